@@ -1,0 +1,31 @@
+"""The operators a compiled plan runs: one contract, one module per family.
+
+Each operator states its output shape from input shapes and attributes, computes
+``reference(...)`` in float64 numpy (the truth), bounds how far a kernel may stray from it
+(``tolerance``), and runs a CPU ``kernel`` that writes into a given output buffer. Operators
+know nothing of models: no layer, no checkpoint, no spec.
+"""
+
+from .activation import GatedActivation, Activation
+from .attention import Attention, KVWrite
+from .base import Operator, PerCall, Tolerance
+from .elementwise import Add, Mul, TakeRow
+from .embedding import Embedding
+from .linear import Linear
+from .norm import RMSNorm
+from .rope import Rope, rope_inv_freq, rope_tables
+from .sampling import Sampler
+
+OPERATORS: dict[str, Operator] = {
+    op.name: op
+    for op in (
+        Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
+        Activation(), GatedActivation(), Add(), Mul(), TakeRow(),
+    )
+}
+
+__all__ = [
+    "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
+    "Rope", "rope_inv_freq", "rope_tables", "Attention", "KVWrite", "Activation",
+    "GatedActivation", "Add", "Mul", "TakeRow", "Sampler",
+]

@@ -1,0 +1,99 @@
+"""The operator contract every family implements, and the per-call values attributes may name.
+
+Not for: scheduling, memory placement or model structure (``runtime``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@dataclass(frozen=True)
+class PerCall:
+    """An attribute known only at the call: ``value = call[name] + offset``.
+
+    ``name`` is one of a call's bounds: ``start`` (the first position a call runs), ``rows``
+    (how many of a compiled capacity it runs) or ``position`` (the last position it runs).
+    """
+
+    name: str
+    offset: int = 0
+
+    def resolve(self, call: Mapping[str, int]) -> int:
+        return int(call[self.name]) + self.offset
+
+
+def resolve(attrs: Mapping[str, Any], call: Mapping[str, int]) -> dict[str, Any]:
+    """``attrs`` with every ``PerCall`` value replaced by its value at ``call``."""
+    return {k: v.resolve(call) if isinstance(v, PerCall) else v for k, v in attrs.items()}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a float32 kernel's output may be from the float64 reference.
+
+    ``|kernel - reference| <= atol + rtol * scale`` elementwise, where ``scale`` is the
+    operator's magnitude for that element (by default ``|reference|``).
+    """
+
+    atol: float
+    rtol: float
+
+    def bound(self, scale: np.ndarray | float) -> np.ndarray | float:
+        return self.atol + self.rtol * np.abs(scale)
+
+
+class Operator:
+    """One operator family.
+
+    Subclasses set ``name`` and implement ``shape``, ``reference`` and ``kernel``; they may
+    refine ``tolerance``, ``scale`` (the magnitude the relative tolerance applies to) and
+    ``scratch`` (float32 elements of working memory the kernel needs).
+    """
+
+    name: str = ""
+    #: Which input the kernel writes in place (a cache write), else None.
+    writes: int | None = None
+    #: Whether an output keeps its first input's per-call row bound (``rows``).
+    keeps_bound: bool = True
+
+    def shape(self, *shapes: tuple[int, ...], **attrs: Any) -> tuple[int, ...]:
+        """The output shape for inputs of ``shapes``. Raises ValueError on a mismatch."""
+        raise NotImplementedError
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> np.ndarray:
+        """The output in float64, computed plainly from the definition."""
+        raise NotImplementedError
+
+    def kernel(self, out: np.ndarray, *inputs: np.ndarray, scratch: np.ndarray | None = None,
+               **attrs: Any) -> None:
+        """Compute the output into ``out`` (float32), allocating nothing of its size."""
+        raise NotImplementedError
+
+    def tolerance(self, *shapes: tuple[int, ...], **attrs: Any) -> Tolerance:
+        """The bound a float32 kernel meets; a few ulps of the output by default."""
+        return Tolerance(atol=1e-6, rtol=8 * EPS32)
+
+    def scale(self, reference: np.ndarray, *inputs: np.ndarray, **attrs: Any) -> np.ndarray:
+        """The magnitude each element's relative error is measured against."""
+        return np.abs(reference)
+
+    def pack(self, index: int, array: np.ndarray, **attrs: Any) -> np.ndarray:
+        """The form the kernel reads input ``index`` (a weight) in, made once at compile.
+
+        float32, C-contiguous by default; the reference always reads the weight as loaded.
+        """
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def scratch(self, *shapes: tuple[int, ...], **attrs: Any) -> int:
+        """float32 elements of working memory the kernel needs; none by default."""
+        return 0
+
+
+def as64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)

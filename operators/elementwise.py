@@ -1,0 +1,75 @@
+"""Elementwise add and multiply (with an optional scalar), and taking one row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import EPS32, Operator, Tolerance, as64
+
+
+class Add(Operator):
+    """``a + scale * b``, same shapes (a residual add; ``scale`` is Granite's
+    ``residual_multiplier``, 1.0 for none)."""
+
+    name = "add"
+
+    def shape(self, a, b, scale=1.0):
+        if a != b:
+            raise ValueError(f"add: shapes {a} and {b} differ")
+        return a
+
+    def reference(self, a, b, scale=1.0):
+        return as64(a) + scale * as64(b)
+
+    def kernel(self, out, a, b, scratch=None, scale=1.0):
+        if scale == 1.0:
+            np.add(a, b, out=out)
+        else:
+            np.multiply(b, np.float32(scale), out=out)
+            out += a
+
+    def tolerance(self, a, b, scale=1.0):
+        return Tolerance(atol=0.0, rtol=2 * EPS32)
+
+    def scale(self, reference, a, b, scale=1.0):
+        return np.abs(as64(a)) + np.abs(scale * as64(b))
+
+
+class Mul(Operator):
+    """``a * b`` elementwise, or ``a * scale`` when ``b`` is absent."""
+
+    name = "mul"
+
+    def shape(self, a, b=None, scale=1.0):
+        if b is not None and a != b:
+            raise ValueError(f"mul: shapes {a} and {b} differ")
+        return a
+
+    def reference(self, a, b=None, scale=1.0):
+        return as64(a) * (scale if b is None else as64(b))
+
+    def kernel(self, out, a, b=None, scratch=None, scale=1.0):
+        np.multiply(a, np.float32(scale) if b is None else b, out=out)
+
+    def tolerance(self, a, b=None, scale=1.0):
+        return Tolerance(atol=0.0, rtol=EPS32)
+
+
+class TakeRow(Operator):
+    """Row ``index`` of ``x`` ``(n, d)`` as ``(1, d)``: a prompt chunk's last row, whose
+    logits alone are needed."""
+
+    name = "take_row"
+    keeps_bound = False
+
+    def shape(self, x, index=0):
+        return (1, x[1])
+
+    def reference(self, x, index=0):
+        return as64(x)[index: index + 1]
+
+    def kernel(self, out, x, scratch=None, index=0):
+        out[0] = x[index]
+
+    def tolerance(self, x, index=0):
+        return Tolerance(atol=0.0, rtol=0.0)

@@ -1,0 +1,44 @@
+"""Linear projection, as torch.nn.Linear: ``x @ weight.T (+ bias)``.
+
+One row is a GEMV, a prompt chunk's rows one GEMM; both are BLAS through numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import EPS32, Operator, Tolerance, as64
+
+
+class Linear(Operator):
+    """``x`` ``(n, in)`` and ``weight`` ``(out, in)`` (row-major, a checkpoint's own layout)
+    give ``(n, out)``; an optional third input ``bias`` ``(out,)`` is added.
+    """
+
+    name = "linear"
+
+    def shape(self, x, weight, bias=None):
+        if len(x) != 2 or len(weight) != 2 or x[1] != weight[1]:
+            raise ValueError(f"linear: x {x} does not meet weight {weight} (out, in)")
+        if bias is not None and bias != (weight[0],):
+            raise ValueError(f"linear: bias {bias} is not ({weight[0]},)")
+        return (x[0], weight[0])
+
+    def reference(self, x, weight, bias=None):
+        y = as64(x) @ as64(weight).T
+        return y if bias is None else y + as64(bias)
+
+    def kernel(self, out, x, weight, bias=None, scratch=None):
+        np.matmul(x, weight.T, out=out)
+        if bias is not None:
+            out += bias
+
+    def tolerance(self, x, weight, bias=None):
+        # A float32 dot product of K terms errs by at most ~K * eps * sum|x_k w_k| (Higham);
+        # BLAS's blocked sums stay well inside it, so a fraction of K is used.
+        K = x[1]
+        return Tolerance(atol=1e-6, rtol=max(4.0, K / 8) * EPS32)
+
+    def scale(self, reference, x, weight, bias=None):
+        mag = np.abs(as64(x)) @ np.abs(as64(weight)).T
+        return mag if bias is None else mag + np.abs(as64(bias))

@@ -1,0 +1,49 @@
+"""Normalization over the last axis: RMSNorm (weight or 1 + weight) and LayerNorm."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import EPS32, Operator, Tolerance, as64
+
+
+class RMSNorm(Operator):
+    """``x`` ``(n, d)`` and ``weight`` ``(d,)`` give ``x / sqrt(mean(x^2) + eps) * w``.
+
+    Attributes: ``eps``; ``plus_one`` scales by ``1 + weight`` instead, as transformers'
+    Gemma3RMSNorm (``x * (1 + w)``, in float32). The sum of squares is taken in float32 as
+    transformers' LlamaRMSNorm does on float32 hidden states.
+    """
+
+    name = "rms_norm"
+
+    def shape(self, x, weight, eps=1e-6, plus_one=False):
+        if weight != (x[-1],):
+            raise ValueError(f"rms_norm: weight {weight} is not ({x[-1]},) for x {x}")
+        return x
+
+    def reference(self, x, weight, eps=1e-6, plus_one=False):
+        x = as64(x)
+        w = as64(weight) + (1.0 if plus_one else 0.0)
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def kernel(self, out, x, weight, scratch=None, eps=1e-6, plus_one=False):
+        n = x.shape[0]
+        ms = scratch[:n].reshape(n, 1)
+        np.einsum("ij,ij->i", x, x, out=ms[:, 0])
+        ms *= np.float32(1.0 / x.shape[-1])
+        ms += np.float32(eps)
+        np.sqrt(ms, out=ms)
+        np.divide(x, ms, out=out)
+        out *= weight  # packed: already 1 + weight where plus_one
+
+    def pack(self, index, array, eps=1e-6, plus_one=False):
+        w = np.asarray(array, np.float32)
+        # transformers adds the one in float32, as here.
+        return np.ascontiguousarray(w + np.float32(1.0) if plus_one else w)
+
+    def scratch(self, x, weight, eps=1e-6, plus_one=False):
+        return x[0]
+
+    def tolerance(self, x, weight, eps=1e-6, plus_one=False):
+        return Tolerance(atol=1e-6, rtol=max(8.0, x[-1] / 16) * EPS32)

@@ -1,0 +1,152 @@
+"""A decoder-only language model: its module tree, its body, and its two compiled versions.
+
+The decode step runs one token (the carried ``token``) at ``position``; the prompt chunk
+runs ``prefill_chunk`` ids from ``start``, of which a call runs the first ``rows``. Both
+return the logits after their last row and the carried values of the next call: the token
+drawn from those logits and ``position + 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from operators import PerCall
+
+from .blocks import DecoderLayer, Embedding, LayerOptions, Linear, NormOptions, RMSNorm, \
+    RopeOptions, rope_table
+from .graph import CallSpec, Handle, Recorder
+from .module import Module
+from .plan import Plan
+from .reference import Reference
+
+
+@dataclass(frozen=True)
+class CausalOptions:
+    """A causal model's whole shape: what the interpreter builds from a spec and config.
+
+    ``layers`` holds one ``LayerOptions`` per layer (layers may differ: sliding windows,
+    RoPE tables). ``ropes`` names each RoPE table a layer may read. ``tied``: ``lm_head``
+    shares ``embed_tokens``' weight. ``max_seq_len``: positions the KV caches hold;
+    ``prefill_chunk``: ids a prompt call holds.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    layers: tuple[LayerOptions, ...]
+    norm: NormOptions
+    ropes: dict[str, RopeOptions] = field(default_factory=dict)
+    tied: bool = False
+    embedding_scale: float = 1.0
+    max_seq_len: int = 2048
+    prefill_chunk: int = 256
+
+
+class Decoder(Module):
+    """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``."""
+
+    def __init__(self, o: CausalOptions):
+        self.embed_tokens = Embedding(o.vocab_size, o.hidden_size, o.embedding_scale)
+        self.layers = [DecoderLayer(o.hidden_size, lo, o.max_seq_len) for lo in o.layers]
+        self.norm = RMSNorm(o.hidden_size, o.norm)
+
+
+class CausalLM(Module):
+    """``model`` (a Decoder) and ``lm_head``; compiled into a decode step and a prompt chunk.
+
+    Raises:
+        ValueError: ``prefill_chunk`` is not in ``[1, max_seq_len]``.
+    """
+
+    def __init__(self, o: CausalOptions):
+        if not 1 <= o.prefill_chunk <= o.max_seq_len:
+            raise ValueError(f"prefill_chunk {o.prefill_chunk} is not within 1..max_seq_len "
+                             f"{o.max_seq_len}")
+        self.model = Decoder(o)
+        self.lm_head = Linear(o.hidden_size, o.vocab_size, False)
+        if o.tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.config = o
+        self.rope_tables = {name: rope_table(r, o.max_seq_len) for name, r in o.ropes.items()}
+        self.name_tree()
+        self._versions: dict[tuple[bool, bool], "Version"] = {}
+        self.reference_states: dict[int, np.ndarray] = {}
+
+    def body(self, rec: Recorder) -> Handle:
+        """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""
+        c = rec.call
+        ids = rec.input("ids", (c.capacity,), np.int32, bounded=c.prompt)
+        ropes = {name: (rec.hold("const", f"rope.{name}.cos", cos),
+                        rec.hold("const", f"rope.{name}.sin", sin))
+                 for name, (cos, sin) in self.rope_tables.items()}
+        x = self.model.embed_tokens(rec, ids)
+        for layer in self.model.layers:
+            x = layer(rec, x, ropes)
+        if c.prompt:
+            x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
+        return self.lm_head(rec, self.model.norm(rec, x))
+
+    def version(self, prompt: bool, check: bool = False) -> "Version":
+        """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
+        key = (prompt, check)
+        if key not in self._versions:
+            self._versions[key] = Version(self, prompt, check)
+        return self._versions[key]
+
+    @property
+    def decode_step(self) -> "Version":
+        return self.version(False)
+
+    @property
+    def prompt_chunk(self) -> "Version":
+        return self.version(True)
+
+
+class Version:
+    """One compiled shape of a CausalLM, called with its carried and per-call values.
+
+    ``version(ids, token=..., position=..., start=..., rows=...)`` returns ``(logits,
+    carry)``: logits ``(vocab,)`` float32 (a view, valid until the next call) and ``carry``,
+    the next decode step's keyword arguments. ``reference(...)`` runs the same recording
+    eagerly in float64 on its own caches.
+    """
+
+    def __init__(self, lm: CausalLM, prompt: bool, check: bool):
+        C = lm.config.prefill_chunk if prompt else 1
+        call = CallSpec(prompt, C, start=PerCall("start" if prompt else "position"))
+        rec = Recorder(call)
+        out = lm.body(rec)
+        self.prompt, self.capacity = prompt, C
+        self.plan = Plan(rec, out, check=check)
+        self._reference = Reference(rec, out, lm.reference_states)
+        self.vocab_size = lm.config.vocab_size
+
+    def _call(self, runner, ids, token, position, start, rows, sampler):
+        if self.prompt:
+            if ids is None or start is None or rows is None:
+                raise TypeError("a prompt chunk takes ids, start and rows")
+            call = {"start": int(start), "rows": int(rows), "position": int(start) + int(rows) - 1}
+            inputs = {"ids": np.asarray(ids, np.int32)}
+        else:
+            if token is None or position is None:
+                raise TypeError("a decode step takes token and position")
+            call = {"start": int(position), "rows": 1, "position": int(position)}
+            inputs = {"ids": np.asarray([token], np.int32)}
+        logits = runner(inputs, call).reshape(-1)
+        draw = sampler if sampler is not None else greedy
+        return logits, {"token": draw(logits), "position": call["position"] + 1}
+
+    def __call__(self, ids=None, *, token=None, position=None, start=None, rows=None,
+                 sampler: Callable[[np.ndarray], int] | None = None):
+        return self._call(self.plan.run, ids, token, position, start, rows, sampler)
+
+    def reference(self, ids=None, *, token=None, position=None, start=None, rows=None,
+                  sampler: Callable[[np.ndarray], int] | None = None):
+        return self._call(self._reference.run, ids, token, position, start, rows, sampler)
+
+
+def greedy(logits: np.ndarray) -> int:
+    """The id of the largest logit (the lowest id on ties), as transformers' argmax."""
+    return int(np.argmax(logits))

@@ -1,0 +1,71 @@
+"""Modules: a tree of params (checkpoint tensors by dotted name), state and children.
+
+Attribute names are the checkpoint's own (``q_proj``, ``input_layernorm``), so a module's
+params are named exactly as a Hugging Face checkpoint names its tensors. A param shared by
+two names (a tied ``lm_head``) is one ``Param`` object reached twice.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+
+class Param:
+    """A weight of ``shape``, float32 once loaded (``array`` is None until then)."""
+
+    def __init__(self, *shape: int):
+        self.shape = tuple(int(s) for s in shape)
+        self.array: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"Param{self.shape}"
+
+
+class State:
+    """Memory a module keeps from call to call, float32 zeros of ``shape`` (a KV cache)."""
+
+    def __init__(self, *shape: int):
+        self.shape = tuple(int(s) for s in shape)
+        # np.zeros maps pages lazily: a long context costs memory only where it is written.
+        self.array = np.zeros(self.shape, np.float32)
+
+
+class Module:
+    """A node of the tree. Subclasses set Params, States, Modules and lists of Modules as
+    attributes; ``path`` is the module's dotted name, set by ``name_tree``."""
+
+    path: str = ""
+
+    def children(self) -> Iterator[tuple[str, "Module"]]:
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, list) and value and isinstance(value[0], Module):
+                for i, child in enumerate(value):
+                    yield f"{name}.{i}", child
+
+    def name_tree(self, prefix: str = "") -> "Module":
+        self.path = prefix
+        for name, child in self.children():
+            child.name_tree(f"{prefix}.{name}" if prefix else name)
+        return self
+
+    def named_params(self) -> Iterator[tuple[str, Param]]:
+        """Every (dotted name, Param), a tied param once under each of its names."""
+        for name, value in vars(self).items():
+            if isinstance(value, Param):
+                yield (f"{self.path}.{name}" if self.path else name), value
+        for _, child in self.children():
+            yield from child.named_params()
+
+    def named_states(self) -> Iterator[tuple[str, State]]:
+        for name, value in vars(self).items():
+            if isinstance(value, State):
+                yield (f"{self.path}.{name}" if self.path else name), value
+        for _, child in self.children():
+            yield from child.named_states()
+
+    def where(self, name: str = "") -> str:
+        return f"{self.path}.{name}" if name and self.path else (name or self.path)

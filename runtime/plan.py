@@ -1,0 +1,162 @@
+"""``compile``: a recording turned into a plan for one input shape, run with no allocation.
+
+A plan orders the recording's steps, places every intermediate in one arena by lifetime,
+packs each weight once into the form its kernel reads, and on each call runs the kernels
+on views of the arena, bounded by the call's ``rows``. With ``check=True`` every step is
+compared, on the same inputs, with its operator's float64 reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from operators.base import resolve
+
+from .arena import Span, aligned, place
+from .graph import Handle, Recorder, Step
+
+
+class CheckError(AssertionError):
+    """A compiled step missed its operator's reference by more than its tolerance."""
+
+
+class _Run:
+    """One step, bound to its arrays: what the hot loop reads."""
+
+    __slots__ = ("step", "kernel", "out", "ins", "bounded_in", "bounded_out", "static",
+                 "per_call", "scratch", "index")
+
+    def __init__(self, index, step, kernel, out, ins, bounded_in, bounded_out, scratch):
+        self.index, self.step, self.kernel = index, step, kernel
+        self.out, self.ins, self.scratch = out, ins, scratch
+        self.bounded_in, self.bounded_out = bounded_in, bounded_out
+        self.static, self.per_call = step.static, step.per_call
+
+
+class Plan:
+    """A compiled version of one recording.
+
+    Args:
+        recorder: the recorded body; ``output`` its result handle.
+        check: compare every step with its operator's reference at each call
+            (``CheckError`` at the first miss).
+
+    ``run(inputs, call)`` feeds ``inputs`` (by input name, int32) and runs with ``call``'s
+    per-call values (``start``, ``rows``, ``position``); it returns a view of the output in
+    the arena, valid until the next call.
+    """
+
+    def __init__(self, recorder: Recorder, output: Handle, *, check: bool = False):
+        self.recorder, self.output, self.check = recorder, output, check
+        self.steps = recorder.steps
+        self.inputs = {name: np.zeros(h.shape, h.dtype) for name, h in recorder.inputs.items()}
+        spans = self._lifetimes()
+        self.arena_elements = place(list(spans.values()))
+        self.arena = np.empty(self.arena_elements, np.float32)
+        self._views: dict[int, np.ndarray] = {}
+        self._spans = spans
+        self._packed: dict[tuple, np.ndarray] = {}
+        self.runs = [self._bind(i, s) for i, s in enumerate(self.steps)]
+        self._out = self._array(output)
+        self.checked: list[str] = []
+
+    # -- compile ---------------------------------------------------------------------------
+    def _lifetimes(self) -> dict[object, Span]:
+        spans: dict[object, Span] = {}
+
+        def touch(h: Handle | None, i: int):
+            if h is None or h.root.kind != "value":
+                return
+            r = h.root
+            s = spans.get(id(r))
+            if s is None:
+                spans[id(r)] = Span(id(r), aligned(r.size), i, i)
+            else:
+                s.last = max(s.last, i)
+
+        for i, step in enumerate(self.steps):
+            for h in step.inputs:
+                touch(h, i)
+            touch(step.output, i)
+            need = step.op.scratch(*[None if h is None else h.shape for h in step.inputs],
+                                   **step.static)
+            if need:
+                spans[("scratch", i)] = Span(("scratch", i), aligned(need), i, i)
+        touch(self.output, len(self.steps))
+        return spans
+
+    def _array(self, h: Handle) -> np.ndarray:
+        root = h.root
+        if root.kind == "input":
+            base = self.inputs[root.name]
+        elif root.kind in ("param", "state", "const"):
+            base = root.array
+        else:
+            s = self._spans[id(root)]
+            base = self.arena[s.offset: s.offset + root.size].reshape(root.shape)
+        return base if h.base is None else base.reshape(h.shape)
+
+    def _bind(self, i: int, step: Step) -> _Run:
+        ins = []
+        for k, h in enumerate(step.inputs):
+            if h is None:
+                ins.append(None)
+            elif h.root.kind == "param":
+                key = (id(h.root.array), step.op.name, k, repr(sorted(step.static.items())))
+                if key not in self._packed:
+                    self._packed[key] = step.op.pack(k, h.root.array, **step.static)
+                ins.append(self._packed[key])
+            else:
+                ins.append(self._array(h))
+        s = self._spans.get(("scratch", i))
+        scratch = None if s is None else self.arena[s.offset: s.offset + s.size]
+        return _Run(i, step, step.op.kernel, self._array(step.output), ins,
+                    [h is not None and h.bounded for h in step.inputs], step.output.bounded,
+                    scratch)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(a.nbytes for a in self._packed.values())
+
+    # -- call ------------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:
+        for name, value in inputs.items():
+            buf = self.inputs[name]
+            buf[: len(value)] = value
+        rows = call.get("rows", 1)
+        for r in self.runs:
+            ins = [x[:rows] if b else x for x, b in zip(r.ins, r.bounded_in)]
+            out = r.out[:rows] if r.bounded_out else r.out
+            attrs = r.static if not r.per_call else {**r.static, **resolve(r.per_call, call)}
+            if self.check:
+                self._check(r, out, ins, attrs)
+            else:
+                r.kernel(out, *ins, scratch=r.scratch, **attrs)
+        return self._out[:rows] if self.output.bounded else self._out
+
+    def _check(self, r: _Run, out, ins, attrs) -> None:
+        step = r.step
+        writes = step.op.writes
+        # Copies taken before the kernel runs: a writing step changes its state in place.
+        before = [None if x is None else
+                  np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype) for x in ins]
+        r.kernel(out, *ins, scratch=r.scratch, **attrs)
+        originals = [None if h is None or h.root.kind != "param" else h.root.array
+                     for h in step.inputs]
+        ref_ins = [o if o is not None else b for o, b in zip(originals, before)]
+        expected = step.op.reference(*ref_ins, **attrs)
+        got = np.asarray(ins[writes] if writes is not None else out, np.float64)
+        tol = step.op.tolerance(*[None if x is None else x.shape for x in ins], **attrs)
+        bound = tol.bound(step.op.scale(expected, *ref_ins, **attrs))
+        err = np.abs(got - expected)
+        excess = err - bound
+        worst = float(np.max(excess)) if excess.size else 0.0
+        if not np.isfinite(got).all() or worst > 0:
+            at = int(np.argmax(excess)) if excess.size else 0
+            raise CheckError(
+                f"step {r.index} ({step.op.name} in {step.where or 'model'}): max error "
+                f"{float(err.flat[at]):.3g} past its bound {float(np.broadcast_to(bound, err.shape).flat[at]):.3g} "
+                f"(atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) at {np.unravel_index(at, err.shape)}")
+        self.checked.append(step.where)

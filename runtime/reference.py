@@ -1,0 +1,61 @@
+"""``reference``: a recording run eagerly through each operator's float64 reference.
+
+The truth a compiled plan is judged by. It holds its own copy of every state (float64 KV
+caches), so a reference run and a compiled run of the same calls never share memory.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from operators.base import resolve
+
+from .graph import Handle, Recorder
+
+
+class Reference:
+    """Runs ``recorder``'s steps eagerly; ``run`` mirrors ``Plan.run``."""
+
+    def __init__(self, recorder: Recorder, output: Handle, states: dict[int, np.ndarray]):
+        self.recorder, self.output = recorder, output
+        # One float64 copy of each state, shared by every version over the same model.
+        self.states = states
+
+    def _state(self, h: Handle) -> np.ndarray:
+        key = id(h.root.array)
+        if key not in self.states:
+            self.states[key] = np.zeros(h.root.array.shape, np.float64)
+        return self.states[key]
+
+    def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:
+        rows = call.get("rows", 1)
+        values: dict[int, np.ndarray] = {}
+
+        def read(h: Handle | None):
+            if h is None:
+                return None
+            root = h.root
+            if root.kind == "input":
+                x = np.asarray(inputs[root.name])
+                x = x[:rows] if root.bounded else x
+            elif root.kind in ("param", "const"):
+                x = root.array
+            elif root.kind == "state":
+                x = self._state(root)
+            else:
+                x = values[id(root)]
+            if h.base is None:
+                return x
+            shape = (x.shape[0],) + h.shape[1:] if h.bounded else h.shape
+            return x.reshape(shape)
+
+        for step in self.recorder.steps:
+            attrs = {**step.static, **resolve(step.per_call, call)}
+            ins = [read(h) for h in step.inputs]
+            out = step.op.reference(*ins, **attrs)
+            # A writing step (a cache write) has changed its float64 state where it is.
+            if step.op.writes is None:
+                values[id(step.output)] = out
+        return read(self.output)

@@ -1,0 +1,43 @@
+"""Weights drawn at a seed, for runs and checks with no checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .module import Module
+
+
+def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
+    """One float32 tensor per distinct param of ``module``, by its first dotted name.
+
+    Matrices are normal with standard deviation ``1 / sqrt(in_features)`` (activations stay
+    of order one through every layer, so the logits are not flat and a wrong model shows);
+    vectors (norm weights, biases) are ``N(0, 0.1)``, around 1 for a norm that multiplies by
+    its weight, around 0 for biases and ``1 + weight`` norms. Drawn in name order from
+    ``numpy.random.default_rng(seed)``, so a name's tensor depends only on the seed and the
+    tree.
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    seen: set[int] = set()
+    for name, p in sorted(module.named_params(), key=lambda item: item[0]):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if len(p.shape) == 2:
+            t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[1]))
+            if name.endswith("embed_tokens.weight"):
+                t *= np.float32(np.sqrt(p.shape[1]))
+        else:
+            t = np.float32(0.1) * rng.standard_normal(p.shape, dtype=np.float32)
+            if name.endswith("norm.weight") and not getattr(_owner(module, name), "plus_one", False):
+                t += np.float32(1.0)
+        out[name] = t
+    return out
+
+
+def _owner(module: Module, name: str):
+    node = module
+    for part in name.split(".")[:-1]:
+        node = node[int(part)] if isinstance(node, list) else getattr(node, part)
+    return getattr(node, "options", None)
