@@ -1,0 +1,134 @@
+"""From a spec and a checkpoint (or drawn weights) to a loaded model, ready to compile.
+
+The one place the declarative layer meets the runtime: it reads config.json, expands the
+spec, fits the context to the host, builds the module tree and fills its weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from runtime.causal import CausalLM, CausalOptions
+from runtime.checkpoint import Checkpoint, LoadReport, fill, load
+from runtime.host import checkpoint_directory, fit
+from runtime.tokenizer import Tokenizer
+from runtime.weights import draw_weights
+
+from .interpreter import Expanded, expand
+from .loader import load_spec
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class Loaded:
+    """A model ready to run: the tree with its weights, its tokenizer (None without a
+    checkpoint directory), what the spec expanded to, and where each weight came from."""
+
+    lm: CausalLM
+    tokenizer: Tokenizer | None
+    expanded: Expanded
+    report: LoadReport
+    directory: Path | None
+    config_json: dict
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no config.json (a checkpoint directory holds one)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
+def _footprint(o: CausalOptions) -> tuple[int, int]:
+    """Bytes the model holds whatever its context, and bytes per position of context."""
+    E, V = o.hidden_size, o.vocab_size
+    fixed = V * E * (1 if o.tied else 2) + E
+    per_position = 0
+    for lo in o.layers:
+        a, M = lo.attention, lo.mlp.intermediate_size
+        fixed += E * (a.heads + 2 * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
+        fixed += 3 * E * M + 2 * E
+        per_position += 2 * a.kv_heads * a.head_dim  # the layer's keys and values
+    heads = max((lo.attention.heads for lo in o.layers), default=0)
+    per_position += heads * (o.prefill_chunk + 1)  # attention scores, prompt and decode
+    per_position += sum(r.rotary_dim for r in o.ropes.values())  # cos and sin rows
+    # The prompt chunk's activations: a generous dozen rows of the widest layer.
+    widest = max([E, V] + [lo.mlp.intermediate_size for lo in o.layers])
+    fixed += 12 * o.prefill_chunk * widest
+    return 4 * fixed, 4 * per_position
+
+
+def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
+               random_weights: int | None = None, toy: bool = False,
+               max_seq_len: int | None = None, prefill_chunk: int | None = None,
+               progress: Progress | None = None) -> Loaded:
+    """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
+
+    Args:
+        checkpoint: a checkpoint directory or a hub id (``runtime.host``).
+        random_weights: a seed; weights are drawn at it instead of read.
+        toy: the spec's ``toy`` shape (with ``random_weights``, no files at all).
+        max_seq_len: the context; default the checkpoint's own where it fits this host's
+            memory, else the longest whole number of prompt chunks that does.
+        progress: called with (tensors loaded, tensors) while weights load.
+
+    Raises:
+        FileNotFoundError: the spec, checkpoint, config.json or tokenizer is missing.
+        SpecError: the spec is invalid or does not fit the config.
+        CheckpointError: the weights do not fit the model (every tensor named).
+        ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own).
+    """
+    spec = load_spec(spec_path)
+    directory = None
+    if toy:
+        if checkpoint is not None:
+            raise ValueError("--toy draws a tiny shape; it takes no --checkpoint")
+        if random_weights is None:
+            raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
+        toy_spec = spec.get("toy")
+        if toy_spec is None:
+            raise spec.error((), "this spec has no toy: section for --toy")
+        config_json = dict(toy_spec["config"])
+        source = f"{spec.file} toy.config"
+        prefill_chunk = prefill_chunk or toy_spec.get("prefill_chunk")
+    elif checkpoint is not None:
+        directory = checkpoint_directory(checkpoint)
+        config_json = read_config(directory)
+        source = str(directory / "config.json")
+    else:
+        raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with no files")
+    expanded = expand(spec, config_json, prefill_chunk=prefill_chunk, source=source)
+    native = expanded.options.max_seq_len
+    if max_seq_len is not None:
+        if not 1 <= max_seq_len <= native:
+            raise ValueError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
+                             "model's own context")
+        L = max_seq_len
+    else:
+        fixed, per_position = _footprint(expanded.options)
+        L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
+    if L != native:
+        expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
+                          source=source)
+    lm = CausalLM(expanded.options)
+    if random_weights is not None:
+        report = fill(lm, draw_weights(lm, random_weights))
+    else:
+        assert directory is not None
+        report = load(lm, Checkpoint(directory), expanded.renames, progress=progress)
+    tokenizer = None
+    if directory is not None and (directory / "tokenizer.json").exists():
+        tokenizer = Tokenizer(directory)
+    return Loaded(lm, tokenizer, expanded, report, directory, config_json)

@@ -1,0 +1,14 @@
+"""The error a spec gets: where in which file, and what would be valid."""
+
+from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """A problem in a spec, at ``file:line:col`` (1-based; 0 where no place is known).
+
+    ``str()`` is ``FILE:LINE:COL: error: MESSAGE``, the form editors and CI annotations read.
+    """
+
+    def __init__(self, file: str, line: int, col: int, message: str):
+        super().__init__(f"{file}:{line}:{col}: error: {message}")
+        self.file, self.line, self.col, self.message = str(file), line, col, message

@@ -1,0 +1,130 @@
+"""One conversation over a CausalLM's compiled versions, and generation that streams.
+
+A session knows which tokens the KV caches hold. Asked for the logits after a history, it
+runs only what the caches do not hold: one more token is a decode step, anything else runs
+in prompt chunks from the first token that differs. Bad input (an id outside the vocabulary,
+a history past ``max_seq_len``) is refused before any call, so the caches keep what they held.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from .causal import CausalLM, greedy
+
+
+@dataclass
+class Stats:
+    """A generation's timings: ``ttft`` seconds from the call to the first token drawn;
+    ``decode_tokens_per_s`` over the tokens drawn after it (NaN with fewer than two);
+    ``prompt_tokens`` run, ``tokens`` drawn."""
+
+    prompt_tokens: int
+    tokens: int
+    ttft: float
+    decode_tokens_per_s: float
+
+
+class Session:
+    """A conversation over ``lm``. Several sessions may share one model; the caches hold one
+    session's tokens at a time, so a session whose tokens another replaced runs again from
+    the first token."""
+
+    def __init__(self, lm: CausalLM, reference: bool = False):
+        self.lm = lm
+        self.reference = reference  # run the float64 reference instead of the compiled plans
+        self._held = np.zeros(0, np.int64)
+        self.calls: list[tuple[str, int, int]] = []  # (version, start, rows) of each call
+        self.stats: Stats | None = None
+
+    def _validate(self, tokens: Iterable[int], more: int = 0) -> np.ndarray:
+        t = np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
+        if t.ndim != 1 or t.size == 0 or t.dtype.kind not in "iu":
+            raise ValueError("a history is a non-empty sequence of token ids")
+        t = t.astype(np.int64)
+        V, L = self.lm.config.vocab_size, self.lm.config.max_seq_len
+        bad = np.flatnonzero((t < 0) | (t >= V))
+        if bad.size:
+            raise IndexError(f"token id {int(t[bad[0]])} at position {int(bad[0])} is outside "
+                             f"the vocabulary [0, {V})")
+        if t.size + more > L:
+            raise ValueError(f"{t.size} tokens{f' and {more} more to draw' if more else ''} do "
+                             f"not fit max_seq_len {L} (--max-seq-len raises it up to the "
+                             "model's own)")
+        return t
+
+    @property
+    def held(self) -> int:
+        """How many tokens of this session the caches hold."""
+        return self._held.size if getattr(self.lm, "holder", None) is self else 0
+
+    def _common(self, tokens: np.ndarray) -> int:
+        held = self._held if getattr(self.lm, "holder", None) is self else self._held[:0]
+        n = min(held.size, tokens.size)
+        differ = np.flatnonzero(held[:n] != tokens[:n])
+        return int(differ[0]) if differ.size else n
+
+    def logits(self, tokens: Iterable[int]) -> np.ndarray:
+        """The logits ``(vocab,)`` float32 after the last of ``tokens``, the whole history.
+
+        Raises:
+            ValueError: ``tokens`` is empty or longer than ``max_seq_len``.
+            IndexError: a token is outside ``[0, vocab_size)``.
+        """
+        tokens = self._validate(tokens)
+        return np.array(self._run(tokens, greedy)[0])
+
+    def _run(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
+        lm, n = self.lm, tokens.size
+        # The last token is always run: its logits are what the call returns.
+        start = min(self._common(tokens), n - 1)
+        lm.holder, self._held = self, tokens[:start]
+        if start == n - 1:  # one token past what the caches hold: a decode step
+            version = lm.decode_step
+            run = version.reference if self.reference else version
+            logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler)
+            self.calls.append(("decode", n - 1, 1))
+        else:
+            version = lm.prompt_chunk
+            run = version.reference if self.reference else version
+            C = version.capacity
+            ids = np.zeros(C, np.int32)
+            for s in range(start, n, C):
+                rows = min(C, n - s)
+                ids[:rows] = tokens[s: s + rows]
+                logits, carry = run(ids, start=s, rows=rows, sampler=sampler)
+                self.calls.append(("prompt", s, rows))
+        self._held = tokens
+        return logits, carry["token"]
+
+    def generate(self, tokens: Iterable[int], max_tokens: int,
+                 sampler: Callable[[np.ndarray], int] = greedy,
+                 eos: Iterable[int] = ()) -> Iterator[int]:
+        """Draw up to ``max_tokens`` after ``tokens``, each yielded as it is drawn, stopping
+        after the first of ``eos``; ``stats`` is set once the last is drawn.
+
+        Raises (before anything runs):
+            ValueError: the history and the tokens to draw do not fit ``max_seq_len``.
+            IndexError: a token is outside the vocabulary.
+        """
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens {max_tokens} draws nothing; give 1 or more")
+        history = self._validate(tokens, more=max_tokens - 1)
+        prompt_tokens, eos = history.size, frozenset(eos)
+        begin = time.perf_counter()
+        _, token = self._run(history, sampler)
+        ttft = time.perf_counter() - begin
+        yield token
+        drawn, after = 1, time.perf_counter()
+        while drawn < max_tokens and token not in eos:
+            history = np.append(history, token)
+            _, token = self._run(history, sampler)
+            drawn += 1
+            yield token
+        elapsed = time.perf_counter() - after
+        rate = (drawn - 1) / elapsed if drawn > 1 and elapsed > 0 else float("nan")
+        self.stats = Stats(prompt_tokens, drawn, ttft, rate)
