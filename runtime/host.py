@@ -64,14 +64,14 @@ def fit(native: int, chunk: int, fixed: int, per_position: int, budget: int | No
     budget = host_budget() if budget is None else budget
     need = fixed + per_position * native
     if need <= budget:
-        logger.info("max_seq_len %d, the checkpoint's own: %.2f GiB of a %.1f GiB budget",
+        logger.info("max_seq_len %d, the model's own: %.2f GiB of a %.1f GiB budget",
                     native, need / 2**30, budget / 2**30)
         return native
     fits = int((budget - fixed) // per_position) // chunk * chunk
     if fits < chunk:
         raise ValueError(f"{fixed / 2**30:.1f} GiB of weights and one {chunk}-token chunk do not "
                          f"fit this host's {budget / 2**30:.1f} GiB budget")
-    logger.warning("max_seq_len %d, not the checkpoint's %d: that would hold %.1f GiB, past this "
+    logger.warning("max_seq_len %d, not the model's own %d: that would hold %.1f GiB, past this "
                    "host's %.1f GiB budget (memory less %.0f GiB reserved)", fits, native,
                    need / 2**30, budget / 2**30, HOST_RESERVE / 2**30)
     return fits

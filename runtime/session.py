@@ -118,13 +118,15 @@ class Session:
         begin = time.perf_counter()
         _, token = self._run(history, sampler)
         ttft = time.perf_counter() - begin
-        yield token
         drawn, after = 1, time.perf_counter()
-        while drawn < max_tokens and token not in eos:
-            history = np.append(history, token)
-            _, token = self._run(history, sampler)
-            drawn += 1
+        try:
             yield token
-        elapsed = time.perf_counter() - after
-        rate = (drawn - 1) / elapsed if drawn > 1 and elapsed > 0 else float("nan")
-        self.stats = Stats(prompt_tokens, drawn, ttft, rate)
+            while drawn < max_tokens and token not in eos:
+                history = np.append(history, token)
+                _, token = self._run(history, sampler)
+                drawn += 1
+                yield token
+        finally:  # also when a caller stops early
+            elapsed = time.perf_counter() - after
+            rate = (drawn - 1) / elapsed if drawn > 1 and elapsed > 0 else float("nan")
+            self.stats = Stats(prompt_tokens, drawn, ttft, rate)

@@ -1,0 +1,198 @@
+"""The ``iron-spec`` command line (typer): run a spec, lint specs, print the schema."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import jinja2
+import numpy as np
+import typer
+
+from operators import Sampler
+from runtime.checkpoint import CheckpointError
+from runtime.session import Session
+from runtime.tokenizer import TextStream
+
+from .build import Loaded, load_model
+from .errors import SpecError
+from .lint import lint_paths
+from .schema import SCHEMA_PATH
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Declarative YAML specs for language models: lint, run, check.")
+log = logging.getLogger("iron_spec")
+EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
+            jinja2.TemplateError)
+
+
+def _fail(e: Exception, code: int = 1) -> None:
+    typer.echo(f"error: {e}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _progress() -> Iterator:
+    """A progress display on a terminal; nothing when stderr is piped."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as p:
+        yield p
+
+
+def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chunk) -> Loaded:
+    with _progress() as p:
+        task = None if p is None else p.add_task("loading weights", total=None)
+
+        def advance(done: int, total: int) -> None:
+            if p is not None:
+                p.update(task, completed=done, total=total)
+
+        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
+                            max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
+                            progress=advance)
+        for prompt, what in ((False, "compiling decode step"), (True, "compiling prompt chunk")):
+            if p is not None:
+                p.update(task, description=what, completed=0, total=1)
+            loaded.lm.version(prompt)
+            if p is not None:
+                p.update(task, completed=1)
+    return loaded
+
+
+def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
+    """Flags given, else the checkpoint's generation_config.json, as transformers' generate:
+    greedy unless it says do_sample."""
+    gen = {}
+    if loaded.directory is not None and (loaded.directory / "generation_config.json").exists():
+        gen = json.loads((loaded.directory / "generation_config.json").read_text())
+    sample = bool(gen.get("do_sample", False))
+    if temperature is None:
+        temperature = float(gen.get("temperature", 1.0)) if sample else 0.0
+    if top_k is None:
+        top_k = int(gen.get("top_k", 50)) if sample else None
+    if top_p is None:
+        top_p = float(gen.get("top_p", 1.0)) if sample else 1.0
+    return Sampler(temperature, top_k, top_p, seed)
+
+
+@app.command()
+def run(
+    spec: Path = typer.Argument(..., help="the spec YAML, e.g. specs/llama3.yaml"),
+    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
+    chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),
+    num_tokens: Optional[int] = typer.Option(None, help="most tokens to draw per turn [default: 64, or 512 in a chat]"),
+    temperature: Optional[float] = typer.Option(None, help="0 is greedy [default: generation_config.json's, else greedy]"),
+    top_k: Optional[int] = typer.Option(None, help="keep the K most likely tokens"),
+    top_p: Optional[float] = typer.Option(None, help="keep the most likely tokens up to probability P"),
+    seed: int = typer.Option(0, help="the sampler's seed"),
+    max_seq_len: Optional[int] = typer.Option(None, help="context length [default: the checkpoint's own, fitted to this host's memory]"),
+    prefill_chunk: Optional[int] = typer.Option(None, help="ids a prompt call holds [default: the spec's]"),
+    random_weights: Optional[int] = typer.Option(None, help="draw weights at this seed instead of reading them"),
+    toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
+    prompt_len: int = typer.Option(24, help="with no tokenizer (--toy), this many random prompt ids"),
+) -> None:
+    """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr)
+    try:
+        loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk)
+        sampler = _sampling(loaded, temperature, top_k, top_p, seed)
+        session, tok = Session(loaded.lm), loaded.tokenizer
+        eos = tok.eos_ids if tok is not None else frozenset()
+        if tok is None:
+            if prompt is not None or chat:
+                raise ValueError("--prompt and --chat need the checkpoint's tokenizer.json; "
+                                 "a --toy run prompts with random ids")
+            rng = np.random.default_rng(random_weights)
+            ids = rng.integers(0, loaded.lm.config.vocab_size, prompt_len).tolist()
+            typer.echo(f"prompt ids: {' '.join(map(str, ids))}", err=True)
+            _generate(session, ids, num_tokens or 64, sampler, eos, None)
+        elif not chat:
+            if prompt is None:
+                raise ValueError("give --prompt TEXT, or --chat")
+            _generate(session, tok.encode(prompt), num_tokens or 64, sampler, eos, tok)
+        else:
+            _chat(session, tok, prompt, num_tokens or 512, sampler)
+    except EXPECTED as e:
+        _fail(e)
+
+
+def _generate(session: Session, ids: list[int], n: int, sampler, eos, tok) -> list[int]:
+    stream = TextStream(tok) if tok is not None else None
+    drawn = []
+    for token in session.generate(ids, n, sampler, eos):
+        drawn.append(token)
+        if token in eos:
+            continue  # the end of the turn: drawn, not shown
+        piece = stream.push(token) if stream is not None else f" {token}"
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    s = session.stats
+    typer.echo(f"\n[prefill] {s.prompt_tokens} tokens, time to first token {s.ttft:.3f} s", err=True)
+    if s.tokens > 1:
+        typer.echo(f"[decode]  {s.tokens - 1} tokens, {s.decode_tokens_per_s:.1f} tokens/s", err=True)
+    return drawn
+
+
+def _chat(session: Session, tok, first: Optional[str], n: int, sampler) -> None:
+    messages: list[dict] = []
+    interactive = first is None
+    while True:
+        if first is not None:
+            text, first = first, None
+        elif interactive:
+            typer.echo("> ", nl=False, err=True)
+            line = sys.stdin.readline()
+            if not line or not line.strip():
+                return
+            text = line.rstrip("\n")
+        else:
+            return
+        messages.append({"role": "user", "content": text})
+        drawn = _generate(session, tok.chat(messages), n, sampler, tok.eos_ids, tok)
+        messages.append({"role": "assistant", "content": tok.decode(drawn)})
+        if not interactive:
+            return
+
+
+@app.command()
+def lint(
+    paths: List[Path] = typer.Argument(..., help="spec files or folders of them"),
+    format: str = typer.Option("text", "--format", help="text | json | github"),
+) -> None:
+    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems, 2 could not run."""
+    if format not in ("text", "json", "github"):
+        _fail(ValueError(f"--format {format!r} is not text, json or github"), 2)
+    try:
+        problems, files = lint_paths(paths)
+    except FileNotFoundError as e:
+        _fail(e, 2)
+    if format == "json":
+        typer.echo(json.dumps([{"file": p.file, "line": p.line, "col": p.col,
+                                "message": p.message} for p in problems], indent=2))
+    else:
+        for p in problems:
+            if format == "github":
+                typer.echo(f"::error file={p.file},line={p.line},col={p.col}::{p.message}")
+            else:
+                typer.echo(str(p))
+        if format == "text":
+            typer.echo(f"{len(files)} spec{'s' * (len(files) != 1)}, {len(problems)} "
+                       f"problem{'s' * (len(problems) != 1)}", err=True)
+    raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def schema() -> None:
+    """Print the spec JSON Schema."""
+    typer.echo(SCHEMA_PATH.read_text())
