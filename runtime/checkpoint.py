@@ -9,6 +9,7 @@ works without torch (ml_dtypes). Nothing is unpickled, ever.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,11 @@ class TensorInfo:
     end: int
 
 
+def _count(x) -> bool:
+    """Whether a header's shape entry or offset is what the format allows: an integer >= 0."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def _header(path: Path) -> dict[str, TensorInfo]:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -65,10 +71,13 @@ def _header(path: Path) -> dict[str, TensorInfo]:
             dtype, shape, (b, e) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry") from None
+        if not isinstance(dtype, str) or not all(_count(x) for x in (*shape, b, e)):
+            raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry (dtype "
+                                  f"{dtype!r}, shape {list(shape)}, data_offsets {[b, e]})")
         if dtype not in DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, not one of "
                                   f"{', '.join(DTYPES)}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
+        nbytes = math.prod(shape) * np.dtype(DTYPES[dtype]).itemsize  # exact: no int64 wrap
         if not (0 <= b <= e) or e - b != nbytes:
             raise CheckpointError(f"{path}: tensor {name!r} {dtype}{list(shape)} spans bytes "
                                   f"{b}..{e}, not {nbytes} bytes")
@@ -110,11 +119,14 @@ class Checkpoint:
 
     def _sharded(self, index: Path) -> None:
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            weight_map = json.loads(index.read_bytes())["weight_map"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: not a safetensors index with a weight_map ({e})") from None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(s, str) for s in weight_map.values()):
+            raise CheckpointError(f"{index}: its weight_map is not an object of tensor -> shard file")
         for shard in sorted(set(weight_map.values())):
-            if Path(shard).name != shard or shard in (".", ".."):
+            if Path(shard).name != shard or shard in ("", ".", ".."):
                 raise CheckpointError(f"{index}: shard {shard!r} is not a file beside the index")
             file = index.parent / shard
             if not file.exists():
@@ -142,12 +154,13 @@ class Checkpoint:
 
 
 def renamed(name: str, renames: Mapping[str, str]) -> str:
-    """``name`` with the first rename whose key is a run of whole dotted parts of it applied."""
+    """``name`` with the first rename whose key is a run of whole dotted parts of it applied
+    (a rename to ``""`` drops the run)."""
     dotted = f".{name}."
     for old, new in renames.items():
         at = dotted.find(f".{old}.")
         if at >= 0:
-            return (dotted[:at + 1] + new + dotted[at + 1 + len(old):]).strip(".")
+            return (dotted[:at] + (f".{new}" if new else "") + dotted[at + 1 + len(old):]).strip(".")
     return name
 
 

@@ -67,7 +67,8 @@ def fit(native: int, chunk: int, fixed: int, per_position: int, budget: int | No
         logger.info("max_seq_len %d, the model's own: %.2f GiB of a %.1f GiB budget",
                     native, need / 2**30, budget / 2**30)
         return native
-    fits = int((budget - fixed) // per_position) // chunk * chunk
+    # per_position 0 (nothing grows with the context): only the weights could not fit
+    fits = int((budget - fixed) // per_position) // chunk * chunk if per_position > 0 else 0
     if fits < chunk:
         raise ValueError(f"{fixed / 2**30:.1f} GiB of weights and one {chunk}-token chunk do not "
                          f"fit this host's {budget / 2**30:.1f} GiB budget")

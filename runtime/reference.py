@@ -22,6 +22,8 @@ class Reference:
         self.recorder, self.output = recorder, output
         # One float64 copy of each state, shared by every version over the same model.
         self.states = states
+        # Weights cast to float64 once, not at every step that reads them.
+        self._params: dict[int, np.ndarray] = {}
 
     def _state(self, h: Handle) -> np.ndarray:
         key = id(h.root.array)
@@ -41,7 +43,9 @@ class Reference:
                 x = np.asarray(inputs[root.name])
                 x = x[:rows] if root.bounded else x
             elif root.kind in ("param", "const"):
-                x = root.array
+                x = self._params.get(id(root.array))
+                if x is None:
+                    x = self._params[id(root.array)] = np.asarray(root.array, np.float64)
             elif root.kind == "state":
                 x = self._state(root)
             else:

@@ -2,7 +2,8 @@
 
 A session knows which tokens the KV caches hold. Asked for the logits after a history, it
 runs only what the caches do not hold: one more token is a decode step, anything else runs
-in prompt chunks from the first token that differs. Bad input (an id outside the vocabulary,
+in prompt chunks from the prompt-chunk boundary at or before the first token that differs
+(or that a decode step wrote), so its logits are bit for bit those of a fresh run. Bad input (an id outside the vocabulary,
 a history past ``max_seq_len``) is refused before any call, so the caches keep what they held.
 """
 
@@ -38,6 +39,8 @@ class Session:
         self.lm = lm
         self.reference = reference  # run the float64 reference instead of the compiled plans
         self._held = np.zeros(0, np.int64)
+        # Leading positions whose keys and values are exactly a fresh run's (whole chunks).
+        self._exact = 0
         self.calls: list[tuple[str, int, int]] = []  # (version, start, rows) of each call
         self.stats: Stats | None = None
 
@@ -80,25 +83,32 @@ class Session:
 
     def _run(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
         lm, n = self.lm, tokens.size
-        # The last token is always run: its logits are what the call returns.
-        start = min(self._common(tokens), n - 1)
-        lm.holder, self._held = self, tokens[:start]
-        if start == n - 1:  # one token past what the caches hold: a decode step
+        common = self._common(tokens)
+        if self.held == n - 1 == common:
+            # One token past what the caches hold: a decode step, as generation runs it.
             version = lm.decode_step
             run = version.reference if self.reference else version
             logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler)
             self.calls.append(("decode", n - 1, 1))
+            self._exact = min(self._exact, n - 1)
         else:
             version = lm.prompt_chunk
             run = version.reference if self.reference else version
             C = version.capacity
+            # A GEMM's row depends on how many rows the call holds (OpenBLAS: up to 6e-5
+            # apart), so only whole chunks from a multiple of C are what a fresh run
+            # computes; resuming at the boundary keeps every result bitwise a fresh run's.
+            start = min(common, self._exact) // C * C
+            lm.holder, self._held, self._exact = self, tokens[:start], start
             ids = np.zeros(C, np.int32)
             for s in range(start, n, C):
                 rows = min(C, n - s)
                 ids[:rows] = tokens[s: s + rows]
                 logits, carry = run(ids, start=s, rows=rows, sampler=sampler)
                 self.calls.append(("prompt", s, rows))
-        self._held = tokens
+                if rows == C:
+                    self._exact = s + C
+        lm.holder, self._held = self, tokens
         return logits, carry["token"]
 
     def generate(self, tokens: Iterable[int], max_tokens: int,

@@ -78,7 +78,10 @@ class Tokenizer:
             return self._tok.encode(text, add_special_tokens=False).ids
         encoded = self._tok.encode(text)
         words = encoded.sequence_ids
-        lead = words.index(0) if 0 in words else len(words)
+        if 0 not in words:  # no token of the text's own (""): the specials put before a text
+            probe = self._tok.encode("a").sequence_ids
+            words = probe if 0 in probe else [0]
+        lead = words.index(0)
         return encoded.ids[:lead] + self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

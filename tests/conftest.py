@@ -1,0 +1,34 @@
+"""Shared fixtures: the real checkpoints ``../shared/data/make_checkpoints.sh`` builds.
+
+Where they are absent a test that needs one is skipped, except in CI (``CI=true``), where
+it fails: a green CI must have run them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+CHECKPOINTS = Path(os.environ.get("IRON_SPEC_CHECKPOINTS",
+                                  Path.home() / ".cache" / "iron-spec" / "checkpoints"))
+
+
+def checkpoint(name: str) -> Path:
+    """The directory of real checkpoint ``name``; skip (fail in CI) where it is absent."""
+    path = CHECKPOINTS / name
+    if not (path / "config.json").exists():
+        message = (f"{path} is missing: build it with bash ../shared/data/make_checkpoints.sh "
+                   f"{CHECKPOINTS}")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return checkpoint("smollm2-135m-instruct")

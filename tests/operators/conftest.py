@@ -1,0 +1,71 @@
+"""Running an operator's kernel as a compiled plan would, and checking it against the reference.
+
+The kernel gets float32 inputs (weights at ``packed`` indexes through ``op.pack``), an
+output buffer and scratch both filled with NaN (so an element the kernel leaves unwritten,
+or scratch it reads before writing, shows), and the attributes. The reference gets the same
+float32 values as loaded, so the comparison measures the kernel's arithmetic alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _run_kernel(op, *inputs, packed=(), **attrs):
+    shapes = tuple(np.shape(x) for x in inputs)
+    args = []
+    for i, x in enumerate(inputs):
+        x = np.asarray(x)
+        if i in packed:
+            args.append(op.pack(i, x, **attrs))
+        elif x.dtype.kind == "f":
+            args.append(np.array(x, np.float32))  # a copy: a kernel may write an input
+        else:
+            args.append(x)
+    out = np.full(op.shape(*shapes, **attrs), np.nan, np.float32)
+    scratch = np.full(max(1, op.scratch(*shapes, **attrs)), np.nan, np.float32)
+    op.kernel(out, *args, scratch=scratch, **attrs)
+    return args[op.writes] if op.writes is not None else out
+
+
+def _check_kernel(op, *inputs, packed=(), **attrs):
+    """Assert ``|kernel - reference| <= tol.bound(scale)``; return both outputs."""
+    shapes = tuple(np.shape(x) for x in inputs)
+    got = _run_kernel(op, *inputs, packed=packed, **attrs)
+    ref_inputs = [np.array(x) for x in inputs]  # the reference may write a cache in place
+    ref = op.reference(*ref_inputs, **attrs)
+    assert got.dtype == np.float32
+    assert got.shape == ref.shape == op.shape(*shapes, **attrs)
+    bound = op.tolerance(*shapes, **attrs).bound(op.scale(ref, *inputs, **attrs))
+    err = np.abs(got.astype(np.float64) - ref)
+    bad = ~(err <= bound)  # NaN fails
+    assert not bad.any(), (
+        f"{op.name} {attrs}: {bad.sum()} of {bad.size} elements out of bound; "
+        f"worst err {np.nanmax(err)} vs bound {np.min(np.broadcast_to(bound, err.shape)[bad])}")
+    return got, ref
+
+
+@pytest.fixture
+def run_kernel():
+    return _run_kernel
+
+
+@pytest.fixture
+def check_kernel():
+    return _check_kernel
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20240607)
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.fixture
+def randn(rng):
+    """``randn(*shape, scale=1.0)``: standard normal float32 values from the fixed ``rng``."""
+    return lambda *shape, scale=1.0: f32(rng, *shape, scale=scale)

@@ -1,0 +1,243 @@
+"""KVWrite and causal GQA attention over a ``(kv_heads, L, head_dim)`` cache."""
+
+import math
+
+import numpy as np
+import pytest
+
+from operators import Attention, KVWrite
+
+OP = Attention()
+KV = KVWrite()
+
+
+# --- KVWrite ---------------------------------------------------------------------------
+
+def test_kv_write_places_rows_at_start(run_kernel, randn):
+    x = randn(2, 3, 4)  # (n, kv_heads, head_dim)
+    cache = np.zeros((3, 6, 4), np.float32)
+    for written in (run_kernel(KV, x, cache, start=4), KV.reference(x, cache.copy(), start=4)):
+        assert written.shape == (3, 6, 4)
+        for i in range(2):
+            for g in range(3):
+                np.testing.assert_array_equal(written[g, 4 + i], x[i, g])
+        np.testing.assert_array_equal(written[:, :4], 0.0)  # earlier positions untouched
+
+
+def test_kv_write_kernel_writes_the_cache_in_place(randn):
+    x = randn(1, 2, 4)
+    cache = np.zeros((2, 5, 4), np.float32)
+    KV.kernel(np.empty(0, np.float32), x, cache, scratch=np.empty(1, np.float32), start=2)
+    np.testing.assert_array_equal(cache[:, 2], x[0])
+    np.testing.assert_array_equal(np.delete(cache, 2, axis=1), 0.0)
+
+
+def test_kv_write_shape_mismatch():
+    assert KV.shape((1, 2, 4), (2, 9, 4)) == (2, 9, 4)
+    with pytest.raises(ValueError):
+        KV.shape((1, 3, 4), (2, 9, 4))
+
+
+# --- attention: hand cases -------------------------------------------------------------
+
+def _cache(*rows_per_head):
+    """A float64 cache from per-kv-head lists of rows (the kernel gets it in float32)."""
+    return np.array(rows_per_head, np.float64)
+
+
+def test_one_key_returns_its_value(run_kernel, randn):
+    # A query at position 0 sees one key: softmax weight 1, output = that value, per head.
+    q = randn(1, 4, 8)
+    keys, values = randn(2, 5, 8), randn(2, 5, 8)
+    expected = np.repeat(values[:, 0], 2, axis=0).reshape(1, 32)  # heads 0,1 -> kv 0; 2,3 -> kv 1
+    np.testing.assert_allclose(OP.reference(q, keys, values), expected, rtol=1e-15)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values), expected, rtol=1e-6)
+
+
+def test_two_keys_by_hand(run_kernel):
+    # head_dim 4, default scale 4 ** -0.5 = 0.5: scores 0 and 0.5 * 2 ln 3 = ln 3, so
+    # weights 1/4 and 3/4, and values 0 and 4 give 3.
+    q = np.array([[[1.0, 0.0, 0.0, 0.0]]])
+    keys = _cache([[0.0, 0.0, 0.0, 0.0], [2 * math.log(3.0), 0.0, 0.0, 0.0]])
+    values = _cache([[0.0, 0.0, 8.0, 0.0], [4.0, 4.0, 0.0, 0.0]])
+    expected = [[3.0, 3.0, 2.0, 0.0]]  # 1/4 * v0 + 3/4 * v1
+    np.testing.assert_allclose(OP.reference(q, keys, values, start=1), expected, rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values, start=1), expected,
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_explicit_scale_replaces_default(run_kernel):
+    # scale 1: scores 0 and ln 3 directly (head_dim 1 would give the same with the default).
+    q = np.array([[[math.log(3.0), 0.0]]])
+    keys = _cache([[0.0, 0.0], [1.0, 0.0]])
+    values = _cache([[0.0, 0.0], [1.0, -1.0]])
+    expected = [[0.75, -0.75]]
+    np.testing.assert_allclose(OP.reference(q, keys, values, start=1, scale=1.0), expected,
+                               rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values, start=1, scale=1.0), expected,
+                               rtol=1e-6)
+
+
+def test_equal_scores_average_the_values():
+    q = np.zeros((1, 1, 2))
+    keys = np.ones((1, 3, 2))
+    values = _cache([[3.0, 0.0], [0.0, 6.0], [0.0, 0.0]])
+    np.testing.assert_allclose(OP.reference(q, keys, values, start=2), [[1.0, 2.0]], rtol=1e-15)
+
+
+def test_softcap_by_hand(run_kernel):
+    # Score 100 capped at 1 * tanh(100 / 1) = 1 (to 1e-86): weights 1 : e, values 0 and 1.
+    q = np.array([[[100.0]]])
+    keys = _cache([[0.0], [1.0]])
+    values = _cache([[0.0], [1.0]])
+    expected = math.e / (1.0 + math.e)  # 0.7310585786300049
+    np.testing.assert_allclose(OP.reference(q, keys, values, start=1, softcap=1.0), [[expected]],
+                               rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values, start=1, softcap=1.0),
+                               [[expected]], rtol=1e-6)
+    # without the cap, the second key takes all the weight
+    np.testing.assert_allclose(OP.reference(q, keys, values, start=1), [[1.0]], rtol=1e-12)
+
+
+def test_rows_of_weights_sum_to_one():
+    # With every value 1 the output is the sum of the softmax weights.
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((5, 4, 8)) * 3
+    keys = rng.standard_normal((2, 9, 8)) * 3
+    out = OP.reference(q, keys, np.ones((2, 9, 8)), start=4, window=3, softcap=5.0)
+    np.testing.assert_allclose(out, 1.0, rtol=1e-14)
+
+
+# --- attention: masks and cache reads --------------------------------------------------
+
+def _both(run_kernel, q, keys, values, **attrs):
+    return [OP.reference(q, keys, values, **attrs), run_kernel(OP, q, keys, values, **attrs)]
+
+
+def test_causal_query_ignores_later_keys(run_kernel, randn):
+    n = 6
+    q, keys, values = randn(n, 2, 8), randn(1, n, 8), randn(1, n, 8)
+    base = _both(run_kernel, q, keys, values)
+    for p in range(n - 1):
+        k2, v2 = keys.copy(), values.copy()
+        k2[:, p + 1:] = randn(1, n - p - 1, 8, scale=10.0)
+        v2[:, p + 1:] = randn(1, n - p - 1, 8, scale=10.0)
+        for before, after in zip(base, _both(run_kernel, q, k2, v2)):
+            np.testing.assert_allclose(after[: p + 1], before[: p + 1], rtol=0, atol=1e-6)
+            assert not np.allclose(after[p + 1:], before[p + 1:])  # later rows do see them
+
+
+def test_decode_reads_only_cache_up_to_its_position(run_kernel, randn):
+    # Positions after p hold NaN (unwritten cache); a query at p must not see them, and its
+    # output is that of a cache holding positions 0..p alone.
+    p, L = 4, 10
+    q = randn(1, 4, 8)
+    keys, values = randn(2, L, 8), randn(2, L, 8)
+    keys[:, p + 1:] = np.nan
+    values[:, p + 1:] = np.nan
+    short = _both(run_kernel, q, keys[:, : p + 1].copy(), values[:, : p + 1].copy(), start=p)
+    for got, want in zip(_both(run_kernel, q, keys, values, start=p), short):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_decode_equals_the_prompt_row(run_kernel, randn):
+    # One query at p with start=p gives row p of a whole-prompt call; so does a chunk.
+    n = 7
+    q, keys, values = randn(n, 4, 16), randn(2, n, 16), randn(2, n, 16)
+    for window in (None, 3):
+        ref_all, got_all = _both(run_kernel, q, keys, values, window=window)
+        for p in (0, 3, 6):
+            ref, got = _both(run_kernel, q[p: p + 1], keys, values, start=p, window=window)
+            np.testing.assert_allclose(ref, ref_all[p: p + 1], rtol=1e-12)
+            np.testing.assert_allclose(got, got_all[p: p + 1], rtol=1e-5, atol=1e-6)
+        ref, got = _both(run_kernel, q[4:], keys, values, start=4, window=window)  # a chunk
+        np.testing.assert_allclose(ref, ref_all[4:], rtol=1e-12)
+        np.testing.assert_allclose(got, got_all[4:], rtol=1e-5, atol=1e-6)
+
+
+def test_gqa_equals_repeated_kv_heads(run_kernel, randn):
+    # transformers' repeat_kv: kv head g serves query heads g * R .. g * R + R - 1.
+    q, keys, values = randn(3, 6, 8), randn(2, 5, 8), randn(2, 5, 8)
+    for grouped, repeated in zip(
+            _both(run_kernel, q, keys, values, start=2),
+            _both(run_kernel, q, np.repeat(keys, 3, axis=0), np.repeat(values, 3, axis=0),
+                  start=2)):
+        np.testing.assert_allclose(grouped, repeated, rtol=1e-5, atol=1e-6)
+    # and it is not the tiled order (head h reading kv head h % G)
+    tiled = OP.reference(q, np.tile(keys, (3, 1, 1)), np.tile(values, (3, 1, 1)), start=2)
+    assert not np.allclose(OP.reference(q, keys, values, start=2), tiled)
+
+
+def test_heads_are_concatenated_in_order(randn):
+    # Output columns h * D .. (h + 1) * D are head h alone.
+    q, keys, values = randn(2, 4, 8), randn(4, 2, 8), randn(4, 2, 8)
+    out = OP.reference(q, keys, values)
+    for h in range(4):
+        alone = OP.reference(q[:, h: h + 1], keys[h: h + 1], values[h: h + 1])
+        np.testing.assert_allclose(out[:, 8 * h: 8 * h + 8], alone, rtol=1e-14)
+
+
+def test_window_one_sees_only_its_own_position(run_kernel, randn):
+    q, keys, values = randn(5, 2, 4), randn(1, 5, 4), randn(1, 5, 4)
+    expected = np.repeat(values[0][:, None], 2, axis=1).reshape(5, 8)
+    for got in _both(run_kernel, q, keys, values, window=1):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_window_sees_keys_p_minus_window_plus_one_to_p(run_kernel, randn, window):
+    # transformers' sliding_window: a query at p attends kv positions p - window + 1 .. p.
+    n = 8
+    q, keys, values = randn(n, 2, 4), randn(1, n, 4), randn(1, n, 4)
+    base = _both(run_kernel, q, keys, values, window=window)
+    for p in range(window, n):
+        first_seen = p - window + 1
+        k2, v2 = keys.copy(), values.copy()
+        k2[:, :first_seen] = randn(1, first_seen, 4, scale=10.0)
+        v2[:, :first_seen] = randn(1, first_seen, 4, scale=10.0)
+        for before, after in zip(base, _both(run_kernel, q, k2, v2, window=window)):
+            # rows p.. all start at or after first_seen
+            np.testing.assert_allclose(after[p:], before[p:], rtol=0, atol=1e-6)
+        # the oldest key in the window does count
+        v3 = values.copy()
+        v3[:, first_seen] += 5.0
+        assert not np.allclose(OP.reference(q, keys, v3, window=window)[p], base[0][p])
+
+
+def test_window_at_least_the_sequence_is_no_window(randn):
+    q, keys, values = randn(4, 2, 8), randn(2, 4, 8), randn(2, 4, 8)
+    np.testing.assert_allclose(OP.reference(q, keys, values, window=4),
+                               OP.reference(q, keys, values), rtol=1e-15)
+
+
+# --- attention: kernel against reference -----------------------------------------------
+
+@pytest.mark.parametrize("n,H,G,D,start,L,window,softcap", [
+    (1, 4, 4, 16, 0, 8, None, None),      # first decode step
+    (1, 9, 3, 64, 40, 64, None, None),    # decode deep in a GQA cache (SmolLM2's 9 / 3)
+    (7, 8, 2, 32, 0, 16, None, None),     # a prompt
+    (5, 4, 1, 32, 6, 16, None, None),     # a later chunk, MQA
+    (6, 4, 2, 16, 3, 12, 4, None),        # sliding window, chunk
+    (1, 4, 2, 16, 20, 32, 5, None),       # sliding window, decode
+    (4, 4, 2, 16, 2, 8, None, 50.0),      # softcap (Gemma 2's 50)
+    (3, 2, 2, 256, 1, 8, 2, 30.0),        # all at once, wide heads
+])
+def test_kernel_within_tolerance(check_kernel, randn, n, H, G, D, start, L, window, softcap):
+    q = randn(n, H, D, scale=2.0)
+    keys, values = randn(G, L, D, scale=2.0), randn(G, L, D)
+    check_kernel(OP, q, keys, values, start=start, window=window, softcap=softcap)
+
+
+def test_kernel_with_explicit_scale_within_tolerance(check_kernel, randn):
+    check_kernel(OP, randn(3, 4, 16), randn(2, 8, 16), randn(2, 8, 16), start=2, scale=0.3)
+
+
+def test_shape_and_mismatches():
+    assert OP.shape((3, 6, 8), (2, 10, 8), (2, 10, 8)) == (3, 48)
+    with pytest.raises(ValueError):
+        OP.shape((3, 5, 8), (2, 10, 8), (2, 10, 8))  # 5 heads do not group into 2
+    with pytest.raises(ValueError):
+        OP.shape((3, 6, 8), (2, 10, 4), (2, 10, 4))  # head_dim differs
+    with pytest.raises(ValueError):
+        OP.shape((3, 6, 8), (2, 10, 8), (2, 9, 8))   # keys and values differ

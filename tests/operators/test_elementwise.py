@@ -1,0 +1,57 @@
+"""Add (``a + scale * b``), Mul (``a * b`` or ``a * scale``), TakeRow."""
+
+import numpy as np
+import pytest
+
+from operators import Add, Mul, TakeRow
+
+A = np.array([[1.0, 2.0], [-3.0, 4.0]], np.float32)
+B = np.array([[10.0, 20.0], [0.5, -8.0]], np.float32)
+
+
+@pytest.mark.parametrize("scale,expected", [
+    (1.0, [[11.0, 22.0], [-2.5, -4.0]]),
+    (0.5, [[6.0, 12.0], [-2.75, 0.0]]),    # Granite's residual_multiplier
+])
+def test_add_hand(run_kernel, scale, expected):
+    np.testing.assert_array_equal(Add().reference(A, B, scale=scale), expected)
+    np.testing.assert_array_equal(run_kernel(Add(), A, B, scale=scale), expected)
+
+
+def test_mul_hand(run_kernel):
+    expected = [[10.0, 40.0], [-1.5, -32.0]]
+    np.testing.assert_array_equal(Mul().reference(A, B), expected)
+    np.testing.assert_array_equal(run_kernel(Mul(), A, B), expected)
+
+
+def test_mul_by_scalar_hand(run_kernel):
+    expected = [[0.25, 0.5], [-0.75, 1.0]]
+    np.testing.assert_array_equal(Mul().reference(A, scale=0.25), expected)
+    np.testing.assert_array_equal(run_kernel(Mul(), A, scale=0.25), expected)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.22, 3.7])
+def test_add_kernel_within_tolerance(check_kernel, randn, scale):
+    check_kernel(Add(), randn(5, 64), randn(5, 64, scale=30.0), scale=scale)
+
+
+def test_mul_kernel_within_tolerance(check_kernel, randn):
+    check_kernel(Mul(), randn(5, 64), randn(5, 64))
+    check_kernel(Mul(), randn(5, 64), scale=0.1234567)
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_take_row(run_kernel, index):
+    x = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
+    expected = [[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]][index]]
+    assert TakeRow().shape((3, 2), index=index) == (1, 2)
+    np.testing.assert_array_equal(TakeRow().reference(x, index=index), expected)
+    np.testing.assert_array_equal(run_kernel(TakeRow(), x, index=index), expected)
+
+
+def test_shape_mismatches():
+    with pytest.raises(ValueError):
+        Add().shape((2, 3), (3, 2))
+    with pytest.raises(ValueError):
+        Mul().shape((2, 3), (2, 4))
+    assert Mul().shape((2, 3)) == (2, 3)

@@ -1,0 +1,132 @@
+"""The compiled model against its own float64 reference, and sessions over it.
+
+The reference is independent of the compiled plan in everything but the recording: it runs
+each operator's float64 definition, on its own caches. Greedy decoding must draw the same
+tokens from both (a drawn token either matches or it does not: no tolerance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iron_spec.build import load_model
+from runtime.session import Session
+from tests.conftest import SPECS
+
+LLAMA = SPECS / "llama3.yaml"
+
+
+def greedy_run(lm, prompt: list[int], steps: int, reference: bool) -> list[int]:
+    session = Session(lm, reference=reference)
+    return list(session.generate(prompt, steps))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model(LLAMA, random_weights=0, toy=True)
+
+
+def test_toy_compiled_equals_reference_over_32_steps(toy):
+    lm = toy.lm
+    C = lm.config.prefill_chunk
+    prompt = np.random.default_rng(1).integers(0, lm.config.vocab_size, 2 * C + 5).tolist()
+    compiled = greedy_run(lm, prompt, 32, reference=False)
+    reference = greedy_run(lm, prompt, 32, reference=True)
+    assert compiled == reference
+    assert len(set(compiled)) > 4, "a toy drawing one token over and over proves little"
+
+
+def test_toy_logits_close_to_reference(toy):
+    lm = toy.lm
+    prompt = list(range(3, 3 + lm.config.prefill_chunk + 7))
+    got = Session(lm).logits(prompt)
+    want = Session(lm, reference=True).logits(prompt)
+    # float32 against float64 through two layers: a few float32 ulps of the logits' scale.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("held", [0, 3])
+def test_extending_history_reuses_the_cache_bitwise_equal_to_fresh(toy, held):
+    lm = toy.lm
+    C = lm.config.prefill_chunk
+    rng = np.random.default_rng(2)
+    history = rng.integers(0, lm.config.vocab_size, 2 * C + held).tolist()
+    turn = rng.integers(0, lm.config.vocab_size, C + 6).tolist()
+    # Fresh runs first: sessions share the model's caches, one conversation at a time.
+    fresh = Session(lm)
+    whole = fresh.logits(history + turn).copy()
+    nxt = int(np.argmax(whole))
+    whole_next = fresh.logits(history + turn + [nxt]).copy()
+
+    chat = Session(lm)
+    chat.logits(history)
+    chat.calls.clear()
+    extended = chat.logits(history + turn)
+    # The whole chunks the history filled are not run again: the turn runs from the
+    # boundary at or before its first token (only new tokens when the history ends on one).
+    assert chat.calls[0] == ("prompt", 2 * C, min(C, held + len(turn)))
+    assert sum(rows for _, _, rows in chat.calls) == held + len(turn)
+    assert extended.tobytes() == whole.tobytes()
+    # One more token is one decode step, as in the fresh session.
+    chat.calls.clear()
+    assert chat.logits(history + turn + [nxt]).tobytes() == whole_next.tobytes()
+    assert chat.calls == [("decode", len(history) + len(turn), 1)]
+
+
+def test_refused_input_changes_nothing(toy):
+    lm = toy.lm
+    V, L = lm.config.vocab_size, lm.config.max_seq_len
+    prompt = [5, 6, 7, 8]
+    other = Session(lm)
+    other.logits(prompt)
+    fresh = other.logits(prompt + [1]).copy()
+    session = Session(lm)
+    session.logits(prompt)
+    calls = list(session.calls)
+    with pytest.raises(IndexError, match=f"token id {V} at position 4 is outside"):
+        session.logits(prompt + [V])
+    with pytest.raises(IndexError, match="token id -1"):
+        session.logits([-1] + prompt)
+    with pytest.raises(ValueError, match=f"do not fit max_seq_len {L}"):
+        session.logits([1] * (L + 1))
+    with pytest.raises(ValueError, match="do not fit"):
+        list(session.generate([1] * (L - 2), 4))
+    assert session.calls == calls and session.held == len(prompt)
+    # Still works, and still holds its conversation: the next token is one decode step.
+    session.calls.clear()
+    assert session.logits(prompt + [1]).tobytes() == fresh.tobytes()
+    assert session.calls == [("decode", 4, 1)]
+
+
+def test_two_sessions_share_one_model(toy):
+    lm = toy.lm
+    a, b = Session(lm), Session(lm)
+    pa, pb = [1, 2, 3, 4, 5], [9, 8, 7]
+    la = a.logits(pa).copy()
+    b.logits(pb)
+    a.calls.clear()
+    # b replaced a's tokens in the caches: a runs from its first token again.
+    assert a.logits(pa).tobytes() == la.tobytes()
+    assert a.calls[0][:2] == ("prompt", 0)
+
+
+def test_real_checkpoint_compiled_equals_reference(smollm2):
+    loaded = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512, prefill_chunk=64)
+    prompt = loaded.tokenizer.encode(
+        "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
+        "France. It is named after the engineer Gustave Eiffel, whose company designed and "
+        "built the tower from 1887 to 1889. Locally nicknamed 'La dame de fer', it was "
+        "constructed as the centerpiece of the 1889 World's Fair.")
+    assert len(prompt) > loaded.lm.config.prefill_chunk
+    compiled = greedy_run(loaded.lm, prompt, 32, reference=False)
+    reference = greedy_run(loaded.lm, prompt, 32, reference=True)
+    assert compiled == reference
+
+
+def test_real_checkpoint_greedy_continuation(smollm2):
+    # transformers' own greedy continuation on this checkpoint (float32): " Paris.\n\nThe answer is:".
+    loaded = load_model(LLAMA, checkpoint=smollm2, max_seq_len=256)
+    tok = loaded.tokenizer
+    drawn = list(Session(loaded.lm).generate(tok.encode("The capital of France is"), 8))
+    assert tok.decode(drawn) == " Paris.\n\nThe answer is:"
