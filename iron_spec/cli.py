@@ -90,7 +90,7 @@ def run(
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),
-    num_tokens: Optional[int] = typer.Option(None, help="most tokens to draw per turn [default: 64, or 512 in a chat]"),
+    num_tokens: Optional[int] = typer.Option(None, help="most tokens to draw per turn [default: 64; in a chat, up to the end of the turn]"),
     temperature: Optional[float] = typer.Option(None, help="0 is greedy [default: generation_config.json's, else greedy]"),
     top_k: Optional[int] = typer.Option(None, help="keep the K most likely tokens"),
     top_p: Optional[float] = typer.Option(None, help="keep the most likely tokens up to probability P"),
@@ -121,7 +121,7 @@ def run(
                 raise ValueError("give --prompt TEXT, or --chat")
             _generate(session, tok.encode(prompt), num_tokens or 64, sampler, eos, tok)
         else:
-            _chat(session, tok, prompt, num_tokens or 512, sampler)
+            _chat(session, tok, prompt, num_tokens, sampler)
     except EXPECTED as e:
         _fail(e)
 
@@ -144,7 +144,9 @@ def _generate(session: Session, ids: list[int], n: int, sampler, eos, tok) -> li
     return drawn
 
 
-def _chat(session: Session, tok, first: Optional[str], n: int, sampler) -> None:
+def _chat(session: Session, tok, first: Optional[str], n: Optional[int], sampler) -> None:
+    """Turns from ``first`` or stdin; each reply ends at the end of the assistant's turn, at
+    ``n`` tokens, or where the context is full, whichever comes first."""
     messages: list[dict] = []
     interactive = first is None
     while True:
@@ -159,7 +161,10 @@ def _chat(session: Session, tok, first: Optional[str], n: int, sampler) -> None:
         else:
             return
         messages.append({"role": "user", "content": text})
-        drawn = _generate(session, tok.chat(messages), n, sampler, tok.eos_ids, tok)
+        ids = tok.chat(messages)
+        room = session.lm.config.max_seq_len - len(ids) + 1
+        drawn = _generate(session, ids, n if n is not None else max(1, min(512, room)), sampler,
+                          tok.eos_ids, tok)
         messages.append({"role": "assistant", "content": tok.decode(drawn)})
         if not interactive:
             return
