@@ -20,7 +20,6 @@ from runtime.tokenizer import TextStream
 
 from .build import Loaded, load_model
 from .errors import SpecError
-from .lint import lint_paths
 from .schema import SCHEMA_PATH
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -171,33 +170,12 @@ def _chat(session: Session, tok, first: Optional[str], n: Optional[int], sampler
 
 
 @app.command()
-def lint(
-    paths: List[Path] = typer.Argument(..., help="spec files or folders of them"),
-    format: str = typer.Option("text", "--format", help="text | json | github"),
-) -> None:
-    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems, 2 could not run."""
-    if format not in ("text", "json", "github"):
-        _fail(ValueError(f"--format {format!r} is not text, json or github"), 2)
-    try:
-        problems, files = lint_paths(paths)
-    except FileNotFoundError as e:
-        _fail(e, 2)
-    if format == "json":
-        typer.echo(json.dumps([{"file": p.file, "line": p.line, "col": p.col,
-                                "message": p.message} for p in problems], indent=2))
-    else:
-        for p in problems:
-            if format == "github":
-                typer.echo(f"::error file={p.file},line={p.line},col={p.col}::{p.message}")
-            else:
-                typer.echo(str(p))
-        if format == "text":
-            typer.echo(f"{len(files)} spec{'s' * (len(files) != 1)}, {len(problems)} "
-                       f"problem{'s' * (len(problems) != 1)}", err=True)
-    raise typer.Exit(1 if problems else 0)
-
-
-@app.command()
 def schema() -> None:
     """Print the spec JSON Schema."""
     typer.echo(SCHEMA_PATH.read_text())
+
+
+# Commands that live in their own modules, registered here (one line each).
+from . import lint as _lint  # noqa: E402  (after app: the modules import nothing from here)
+
+app.command("lint")(_lint.command)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, List
+
+import typer
 
 from .errors import SpecError
 from .interpreter import expand
@@ -51,3 +54,31 @@ def lint_paths(paths: Iterable[Path]) -> tuple[list[SpecError], list[Path]]:
     for f in files:
         problems += lint_file(f)
     return problems, files
+
+
+def command(
+    paths: List[Path] = typer.Argument(..., help="spec files or folders of them"),
+    format: str = typer.Option("text", "--format", help="text | json | github"),
+) -> None:
+    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems, 2 could not run."""
+    if format not in ("text", "json", "github"):
+        typer.echo(f"error: --format {format!r} is not text, json or github", err=True)
+        raise typer.Exit(2)
+    try:
+        problems, files = lint_paths(paths)
+    except FileNotFoundError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if format == "json":
+        typer.echo(json.dumps([{"file": p.file, "line": p.line, "col": p.col,
+                                "message": p.message} for p in problems], indent=2))
+    else:
+        for p in problems:
+            if format == "github":
+                typer.echo(f"::error file={p.file},line={p.line},col={p.col}::{p.message}")
+            else:
+                typer.echo(str(p))
+        if format == "text":
+            typer.echo(f"{len(files)} spec{'s' * (len(files) != 1)}, {len(problems)} "
+                       f"problem{'s' * (len(problems) != 1)}", err=True)
+    raise typer.Exit(1 if problems else 0)

@@ -57,6 +57,16 @@ def test_kernel_within_tolerance(check_kernel, act):
     check_kernel(OP, x, act=act)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # silu, x < -88
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_kernel_extreme_inputs(check_kernel, act):
+    # Far tails: act(x) -> x for large x, -> 0 (no NaN from inf / inf) for large negative x.
+    x = np.array([[-1e4, -100.0, -89.0, 89.0, 100.0, 1e4]], np.float32)
+    got, _ = check_kernel(OP, x, act=act)
+    np.testing.assert_allclose(got[0, 3:], x[0, 3:], rtol=1e-6)
+    np.testing.assert_allclose(got[0, :3], 0.0, atol=1e-30)
+
+
 def test_unknown_activation_raises():
     with pytest.raises(ValueError, match="silu"):
         OP.shape((2, 3), act="swish")

@@ -229,13 +229,18 @@ def test_raise_exception_is_a_template_error(tiny):
 @pytest.mark.parametrize("template", [
     "{{ ''.__class__.__mro__ }}",
     "{{ messages.__class__.__base__.__subclasses__() }}",
-    "{{ raise_exception.__globals__ }}",
+    "{{ raise_exception.__globals__['json'] }}",
     "{% set x = [] %}{{ x.append(1) }}",  # the immutable sandbox: no mutation either
 ])
 def test_the_sandbox_refuses_escapes(tiny, template):
     tok = with_template(tiny, template)
     with pytest.raises(jinja2.exceptions.SecurityError):
         tok.chat(HI)
+
+
+def test_the_sandbox_renders_an_unsafe_attribute_as_nothing(tiny):
+    tok = with_template(tiny, "[{{ ''.__class__ }}{{ raise_exception.__globals__ }}]")
+    assert tok.decode(tok.chat(HI)) == "[]"
 
 
 def test_stream_holds_back_a_split_character(tiny):
