@@ -36,6 +36,12 @@ class Loaded:
     report: LoadReport
     directory: Path | None
     config_json: dict
+    random_weights: int | None = None
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's distinct weights (float32) by their model names; a tied one once."""
+        params = dict(self.lm.named_params())
+        return {name: params[name].array for name in self.report.sources}
 
 
 def read_config(directory: Path) -> dict:
@@ -131,4 +137,4 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)
-    return Loaded(lm, tokenizer, expanded, report, directory, config_json)
+    return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights)

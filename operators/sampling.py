@@ -16,7 +16,7 @@ class Sampler:
     Args:
         temperature: 0 is greedy (argmax, the lowest id on ties); otherwise logits are
             divided by it.
-        top_k: keep the ``top_k`` largest logits (None or 0: all).
+        top_k: keep the ``top_k`` largest logits and any tied with the k-th (None or 0: all).
         top_p: keep the smallest set of most likely tokens whose probability reaches
             ``top_p`` (1.0: all), always at least one.
         seed: the generator's seed.
@@ -50,8 +50,11 @@ class Sampler:
             return probs
         x = x / self.temperature
         order = np.argsort(-x, kind="stable")
-        if self.top_k is not None:
-            order = order[: self.top_k]
+        if self.top_k is not None and self.top_k < order.size:
+            # transformers' TopKLogitsWarper removes only what is below the k-th largest:
+            # tokens tied with it stay.
+            kth = x[order[self.top_k - 1]]
+            order = order[x[order] >= kth]
         kept = x[order]
         p = np.exp(kept - kept[0])
         p /= p.sum()

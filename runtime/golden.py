@@ -1,0 +1,145 @@
+"""Golden logits: transformers' own model's next-token distributions, recorded once and read
+without torch or transformers.
+
+A golden is a small ``.npz``: the token sequence (a prompt, then the reference's own greedy
+tokens, teacher-forced), and for each of ``steps`` positions the reference's ``K`` most likely
+tokens with their log-probabilities and the log of the probability left in the tail. That is
+all KL(reference || ours) and top-1 need; KL is computed over the top ``K`` tokens plus the
+tail as one bucket (a lower bound on the full KL, equal to it when ``K`` covers the vocabulary,
+as on toy shapes). It is keyed by a fingerprint of the config and the weights, and refused
+when either changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+TOP_K = 256
+
+
+class GoldenError(ValueError):
+    """A golden that is missing, malformed, or recorded from other config or weights."""
+
+
+def fingerprint(config_json: Mapping[str, Any], tensors: Iterable[tuple[str, np.ndarray]]) -> str:
+    """A digest of the config (canonical JSON) and every tensor's name, dtype, shape and its
+    first and last 4 KiB: what tells one set of weights from another without hashing GBs."""
+    h = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode())
+    for name, t in sorted(tensors, key=lambda item: item[0]):
+        flat = np.ascontiguousarray(t).reshape(-1).view(np.uint8)
+        h.update(f"{name}:{t.dtype}:{list(t.shape)}".encode())
+        h.update(flat[:4096].tobytes())
+        h.update(flat[-4096:].tobytes())
+    return h.hexdigest()[:16]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, np.float64).reshape(-1)
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+@dataclass
+class Golden:
+    """``tokens`` (int32): the prompt (``prompt_len``) then the reference's greedy tokens.
+    Row ``i`` is the reference's distribution after ``tokens[:prompt_len + i]``: ``top_ids``
+    ``(steps, K)`` int32, most likely first, ``top_logprobs`` ``(steps, K)`` float32, and
+    ``tail`` ``(steps,)`` the log of the probability of every other token."""
+
+    fingerprint: str
+    tokens: np.ndarray
+    prompt_len: int
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    tail: np.ndarray
+    meta: dict
+
+    @property
+    def steps(self) -> int:
+        return int(self.top_ids.shape[0])
+
+    def history(self, step: int) -> np.ndarray:
+        return self.tokens[: self.prompt_len + step]
+
+    @classmethod
+    def from_logits(cls, fp: str, tokens, prompt_len: int, logits: np.ndarray, meta: dict,
+                    k: int = TOP_K) -> "Golden":
+        """From the reference's full logits ``(steps, vocab)``."""
+        rows = [log_softmax(r) for r in np.asarray(logits)]
+        k = min(k, rows[0].size)
+        ids = np.stack([np.argsort(-r, kind="stable")[:k] for r in rows]).astype(np.int32)
+        top = np.stack([r[i] for r, i in zip(rows, ids)])
+        rest = 1.0 - np.exp(top).sum(axis=1)
+        tail = np.log(np.clip(rest, 1e-300, None))
+        tail[rest <= 1e-12] = -np.inf
+        return cls(fp, np.asarray(tokens, np.int32), int(prompt_len), ids,
+                   top.astype(np.float32), tail, meta)
+
+    def divergence(self, step: int, logits: np.ndarray) -> tuple[float, bool]:
+        """KL(reference || ours) at ``step`` over the top tokens and the tail bucket, and
+        whether both rank the same token first."""
+        ours = log_softmax(logits)
+        ids = self.top_ids[step]
+        p = np.exp(self.top_logprobs[step].astype(np.float64))
+        kl = float(np.sum(p * (self.top_logprobs[step] - ours[ids])))
+        if np.isfinite(self.tail[step]):
+            q_tail = max(1.0 - float(np.exp(ours[ids]).sum()), 1e-300)
+            kl += float(np.exp(self.tail[step]) * (self.tail[step] - np.log(q_tail)))
+        return max(kl, 0.0), int(np.argmax(ours)) == int(ids[0])
+
+    # -- files -----------------------------------------------------------------------------
+    def write(self, path: str | Path) -> None:
+        """Write to ``path`` whole: a temporary name, then renamed, so no reader sees half."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+        np.savez_compressed(partial, fingerprint=self.fingerprint, tokens=self.tokens,
+                            prompt_len=self.prompt_len, top_ids=self.top_ids,
+                            top_logprobs=self.top_logprobs, tail=self.tail,
+                            meta=json.dumps(self.meta, sort_keys=True))
+        os.replace(partial, path)
+
+    @classmethod
+    def read(cls, path: str | Path, expected: str | None = None) -> "Golden":
+        """The golden at ``path``.
+
+        Raises:
+            GoldenError: no file (saying how to record one), a malformed file, or one
+                recorded from other config or weights than ``expected`` (stale).
+        """
+        path = Path(path)
+        if not path.exists():
+            raise GoldenError(f"{path} is missing: record it where torch and transformers are "
+                              "installed (pip install -e '.[golden]'; iron-spec check ... "
+                              "--record-golden)")
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                g = cls(str(f["fingerprint"]), f["tokens"], int(f["prompt_len"]), f["top_ids"],
+                        f["top_logprobs"], f["tail"], json.loads(str(f["meta"])))
+        except (KeyError, ValueError, OSError) as e:
+            raise GoldenError(f"{path}: not a golden ({e})") from None
+        if expected is not None and g.fingerprint != expected:
+            raise GoldenError(f"{path} is stale: recorded from config and weights {g.fingerprint}, "
+                              f"these are {expected}; re-record it (iron-spec check ... "
+                              "--record-golden, where transformers is installed)")
+        return g
+
+
+def kl_stats(results: list[tuple[float, bool]]) -> dict[str, float]:
+    """Mean, p90 and max KL of (kl, top1) results, and the count of top-1 mismatches."""
+    kl = np.array([k for k, _ in results], np.float64)
+    return {"mean": float(kl.mean()), "p90": float(np.percentile(kl, 90)),
+            "max": float(kl.max()), "top1_mismatches": int(sum(not t for _, t in results))}
+
+
+def teacher_forced(golden: Golden, logits: Callable[[np.ndarray], np.ndarray]
+                   ) -> list[tuple[float, bool]]:
+    """KL and top-1 of ``logits(history)`` against the golden at each of its steps."""
+    return [golden.divergence(i, logits(golden.history(i))) for i in range(golden.steps)]
