@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from runtime.causal import CausalLM, CausalOptions
-from runtime.checkpoint import Checkpoint, LoadReport, fill, load
+from runtime.checkpoint import Checkpoint, LoadReport, fill, load, renamed
+from runtime.golden import fingerprint
 from runtime.host import checkpoint_directory, fit
 from runtime.tokenizer import Tokenizer
 from runtime.weights import draw_weights
@@ -37,6 +38,16 @@ class Loaded:
     directory: Path | None
     config_json: dict
     random_weights: int | None = None
+    checkpoint: Checkpoint | None = None
+
+    def checkpoint_tensors(self) -> dict[str, np.ndarray]:
+        """The weights as a checkpoint holds them: the files' tensors (their own names and
+        dtypes, unread until touched), or drawn ones under the names a checkpoint would use
+        (the spec's renames undone)."""
+        if self.checkpoint is not None and self.random_weights is None:
+            return {name: self.checkpoint.raw(name) for name in self.checkpoint.tensors}
+        inverse = {new: old for old, new in self.expanded.renames.items()}
+        return {renamed(name, inverse): t for name, t in self.weights().items()}
 
     def weights(self) -> dict[str, np.ndarray]:
         """The model's distinct weights (float32) by their model names; a tied one once."""
@@ -129,12 +140,21 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)
     lm = CausalLM(expanded.options)
+    checkpoint = None
     if random_weights is not None:
         report = fill(lm, draw_weights(lm, random_weights))
     else:
         assert directory is not None
-        report = load(lm, Checkpoint(directory), expanded.renames, progress=progress)
+        checkpoint = Checkpoint(directory)
+        report = load(lm, checkpoint, expanded.renames, progress=progress)
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)
-    return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights)
+    return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
+                  checkpoint)
+
+
+def input_fingerprint(loaded: Loaded) -> str:
+    """What a golden is keyed by: the config.json and the checkpoint's tensors, the inputs
+    transformers ran on; not the spec, which is what a golden judges."""
+    return fingerprint(loaded.config_json, loaded.checkpoint_tensors().items())

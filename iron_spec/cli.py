@@ -179,3 +179,6 @@ def schema() -> None:
 from . import lint as _lint  # noqa: E402  (after app: the modules import nothing from here)
 
 app.command("lint")(_lint.command)
+from . import check as _check  # noqa: E402
+
+app.command("check")(_check.command)

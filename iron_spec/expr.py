@@ -47,6 +47,8 @@ def parse(text: str) -> ast.Expression:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"expression {text!r} is not valid: {e.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"expression {text!r} nests too deeply") from None
     for node in ast.walk(tree):
         if isinstance(node, (ast.Expression, ast.Name, ast.Load)) or type(node) in _BINARY \
                 or type(node) in _UNARY:
@@ -55,6 +57,8 @@ def parse(text: str) -> ast.Expression:
             if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
                 raise ExprError(f"expression {text!r}: only numbers are literals, not "
                                 f"{node.value!r}")
+            if not math.isfinite(node.value):
+                raise ExprError(f"expression {text!r}: {node.value} is not a finite number")
             continue
         if isinstance(node, (ast.BinOp, ast.UnaryOp)):
             op = node.op
@@ -63,8 +67,11 @@ def parse(text: str) -> ast.Expression:
                                 "allowed (only + - * / // % **)")
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in _CALLS and not node.keywords and node.args \
+                and node.func.id in _CALLS and not node.keywords \
                 and not any(isinstance(a, ast.Starred) for a in node.args):
+            if len(node.args) < 2:
+                raise ExprError(f"expression {text!r}: {node.func.id}() takes two or more "
+                                "arguments")
             continue
         if isinstance(node, ast.Name):
             continue

@@ -12,23 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.checkpoint import renamed
-from runtime.golden import Golden, fingerprint
+from runtime.golden import Golden
 
-from .build import Loaded
+from .build import Loaded, input_fingerprint
 
 GOLDEN_STEPS = 40
 
-
-def model_fingerprint(loaded: Loaded) -> str:
-    """The fingerprint of a loaded model: its config.json and its weights (float32)."""
-    return fingerprint(loaded.config_json, loaded.weights().items())
-
-
-def _checkpoint_names(loaded: Loaded) -> dict[str, np.ndarray]:
-    """The weights under the names a checkpoint holds them by (renames undone)."""
-    inverse = {new: old for old, new in loaded.expanded.renames.items()}
-    return {renamed(name, inverse): t for name, t in loaded.weights().items()}
 
 
 def hugging_face(loaded: Loaded):
@@ -52,7 +41,7 @@ def hugging_face(loaded: Loaded):
     with tempfile.TemporaryDirectory() as d:
         Path(d, "config.json").write_text(json.dumps(loaded.config_json))
         state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
-                 _checkpoint_names(loaded).items()}
+                 loaded.checkpoint_tensors().items()}
         save_file(state, str(Path(d, "model.safetensors")))
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
             d, dtype=torch.float32, output_loading_info=True)
@@ -82,5 +71,5 @@ def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Gold
             tokens.append(int(np.argmax(row)))
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "dtype": "float32", "model": type(model).__name__}
-    return Golden.from_logits(model_fingerprint(loaded), tokens[:-1], len(prompt),
+    return Golden.from_logits(input_fingerprint(loaded), tokens[:-1], len(prompt),
                               np.stack(rows), meta)

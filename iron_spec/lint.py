@@ -1,17 +1,50 @@
-"""``iron-spec lint``: every problem of every spec, each at its line and column."""
+"""``iron-spec lint``: every problem of every spec, each at its line and column.
+
+A spec is checked in three passes, every problem of each kept: the schema (``schema``); the
+rules the schema cannot see (``rules``: expressions naming no field, config fields that
+cannot resolve, options a kind does not take, duplicate architectures, and with ``--config``
+the keys of a config.json nothing maps); then the spec expanded and its model built on its
+toy config (and on ``--config``'s), which checks option values and renames.
+
+Not for: the rules themselves (``rules``), showing a model (``show``).
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import typer
 
+from . import rules
 from .errors import SpecError
-from .interpreter import expand
-from .loader import load_spec
+from .loader import Spec, load_spec
 from .schema import validate
+
+FORMATS = ("text", "json", "github")
+
+
+@dataclass
+class ConfigFile:
+    """A checkpoint's config.json given to ``--config``: where it is, and what it holds."""
+
+    path: str
+    data: dict
+
+    @classmethod
+    def read(cls, path: Path) -> "ConfigFile":
+        """Raises FileNotFoundError (no file) or ValueError (not a JSON object)."""
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such config.json")
+        try:
+            data = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return cls(str(path), data)
 
 
 def spec_files(paths: Iterable[Path]) -> list[Path]:
@@ -30,55 +63,106 @@ def spec_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
-def lint_file(path: Path) -> list[SpecError]:
-    """The problems of one spec: YAML, schema, then expanding it on its toy config."""
-    try:
-        spec = load_spec(path)
-    except SpecError as e:
-        return [e]
+def _merge(problems: list[SpecError], more: list[SpecError]) -> None:
+    """Add ``more``, less any on a line already reported: expanding stops at the first
+    problem, which is usually one a rule found already (at its key, where a rule points at
+    its value)."""
+    lines = {p.line for p in problems}
+    problems += [p for p in more if p.line not in lines]
+
+
+def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
+    """Every problem of one parsed spec, in file order (``config``: also against it)."""
     problems = validate(spec)
-    if problems:
-        return problems
+    problems += rules.expressions(spec) + rules.config_fields(spec) + rules.kinds(spec)
+    problems += rules.ignored(spec)
     toy = spec.get("toy", "config")
-    if toy is not None:
-        try:
-            expand(spec, toy, source=f"{path} toy.config")
-        except SpecError as e:
-            return [e]
-    return []
+    configs = []
+    if isinstance(toy, dict):
+        configs.append((toy, "toy.config", ("toy", "config")))
+    elif "toy" not in spec.data:
+        problems.append(spec.error((), "no toy: section: lint expands a spec on its toy config "
+                                       "(and --toy runs it); give a tiny config.json there"))
+    if config is not None:
+        configs.append((config.data, config.path, ("config",)))
+        problems += rules.unmapped(spec, config.data, config.path)
+        problems += rules.architecture(spec, config.data, config.path)
+    names: set[str] = set()
+    for data, source, place in configs:
+        found = rules.config_keys(spec, data, source)
+        problems += found
+        if found:
+            continue
+        model, stopped = rules.build(spec, data, f"{spec.file} {source}" if source ==
+                                     "toy.config" else source, place)
+        _merge(problems, stopped)
+        if model is not None:
+            names |= {name for name, _ in model.named_params()}
+    if names:
+        problems += rules.renames(spec, names)
+    unique = {(p.line, p.col, p.message): p for p in problems}
+    return sorted(unique.values(), key=lambda p: (p.line, p.col, p.message))
 
 
-def lint_paths(paths: Iterable[Path]) -> tuple[list[SpecError], list[Path]]:
+def lint_paths(paths: Iterable[Path], config: ConfigFile | None = None
+               ) -> tuple[list[SpecError], list[Path]]:
+    """Every problem of every spec under ``paths``, and the spec files read.
+
+    Raises FileNotFoundError naming a path that does not exist.
+    """
     files = spec_files(paths)
     problems: list[SpecError] = []
+    specs = []
     for f in files:
-        problems += lint_file(f)
+        try:
+            spec = load_spec(f)
+        except SpecError as e:
+            problems.append(e)
+            continue
+        specs.append(spec)
+        problems += lint_spec(spec, config)
+    problems += rules.duplicate_architectures(specs)
+    order = {str(f): i for i, f in enumerate(files)}
+    problems.sort(key=lambda p: (order.get(p.file, len(order)), p.line, p.col))
     return problems, files
+
+
+def render(problems: list[SpecError], format: str) -> str:
+    """``problems`` as ``text`` (``FILE:LINE:COL: error: MESSAGE``), ``json`` or ``github``
+    (workflow annotations)."""
+    if format == "json":
+        return json.dumps([{"file": p.file, "line": p.line, "col": p.col, "message": p.message}
+                           for p in problems], indent=2)
+    if format == "github":
+        # A workflow command's message ends at a newline, and `%` starts an escape.
+        def esc(s: str) -> str:
+            return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        return "\n".join(f"::error file={esc(p.file)},line={p.line},col={p.col}::{esc(p.message)}"
+                         for p in problems)
+    return "\n".join(map(str, problems))
 
 
 def command(
     paths: List[Path] = typer.Argument(..., help="spec files or folders of them"),
     format: str = typer.Option("text", "--format", help="text | json | github"),
+    config: Optional[Path] = typer.Option(None, "--config", help="a checkpoint's config.json: "
+                                          "also report every key of it the spec neither maps "
+                                          "nor ignores"),
 ) -> None:
-    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems, 2 could not run."""
-    if format not in ("text", "json", "github"):
-        typer.echo(f"error: --format {format!r} is not text, json or github", err=True)
+    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems found,
+    2 could not run."""
+    if format not in FORMATS:
+        typer.echo(f"error: --format {format!r} is not one of {', '.join(FORMATS)}", err=True)
         raise typer.Exit(2)
     try:
-        problems, files = lint_paths(paths)
-    except FileNotFoundError as e:
+        problems, files = lint_paths(paths, None if config is None else ConfigFile.read(config))
+    except (FileNotFoundError, ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    if format == "json":
-        typer.echo(json.dumps([{"file": p.file, "line": p.line, "col": p.col,
-                                "message": p.message} for p in problems], indent=2))
-    else:
-        for p in problems:
-            if format == "github":
-                typer.echo(f"::error file={p.file},line={p.line},col={p.col}::{p.message}")
-            else:
-                typer.echo(str(p))
-        if format == "text":
-            typer.echo(f"{len(files)} spec{'s' * (len(files) != 1)}, {len(problems)} "
-                       f"problem{'s' * (len(problems) != 1)}", err=True)
+    out = render(problems, format)
+    if out:
+        typer.echo(out)
+    if format == "text":
+        typer.echo(f"{len(files)} spec{'s' * (len(files) != 1)}, {len(problems)} "
+                   f"problem{'s' * (len(problems) != 1)}", err=True)
     raise typer.Exit(1 if problems else 0)

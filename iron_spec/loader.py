@@ -1,7 +1,7 @@
-"""Reading a spec file: safe YAML only, bounded in size and alias expansion, every node's
-place kept so an error can name its line and column.
+"""Reading a spec file: safe YAML only, bounded in size, nesting and alias expansion, every
+node's place kept so an error can name its line and column.
 
-Not for: what the spec means (``schema``, ``config``, ``interpreter``).
+Not for: what the spec means (``schema``, ``config``, ``interpreter``, ``rules``).
 """
 
 from __future__ import annotations
@@ -16,28 +16,35 @@ from .errors import SpecError
 
 MAX_BYTES = 2**20  # a spec is a page of YAML; anything larger is refused unread
 MAX_NODES = 100_000  # nodes after alias expansion: a billion-laughs file stops here
+MAX_DEPTH = 64  # nesting; a spec needs under ten, a self-referencing alias never ends
 
 Path_ = tuple  # a node's place: the keys and indices leading to it
 
 
 @dataclass
 class Spec:
-    """A parsed spec: ``data`` (plain dicts, lists and scalars) and ``marks``, each node's
-    (line, col), 1-based, by its path of keys and indices."""
+    """A parsed spec: ``data`` (plain dicts, lists and scalars) and, by each node's path of
+    keys and indices, its place (line, col), 1-based: ``marks`` holds a mapping entry's key
+    (or a list item, or the top level), ``values`` the value node itself."""
 
     file: str
     data: Any
     marks: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
 
-    def mark(self, path: Path_) -> tuple[int, int]:
-        """The place of ``path``, or of its nearest ancestor that has one."""
+    def mark(self, path: Path_, value: bool = False) -> tuple[int, int]:
+        """The place of ``path`` (its value node with ``value``), or of its nearest ancestor
+        that has one."""
         path = tuple(path)
+        if value and path in self.values:
+            return self.values[path]
         while path and path not in self.marks:
             path = path[:-1]
         return self.marks.get(path, (1, 1))
 
-    def error(self, path: Path_, message: str) -> SpecError:
-        line, col = self.mark(path)
+    def error(self, path: Path_, message: str, value: bool = False) -> SpecError:
+        """A SpecError at ``path``'s key (at its value node with ``value``)."""
+        line, col = self.mark(path, value)
         return SpecError(self.file, line, col, message)
 
     def get(self, *path: Any, default: Any = None) -> Any:
@@ -57,16 +64,15 @@ def load_spec(path: str | Path) -> Spec:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        SpecError: larger than 1 MiB, not UTF-8, not YAML (a tab in the indentation, a bad
-            token), empty, more than one document, aliases expanding past ``MAX_NODES``
-            nodes, a duplicate key, or a top level that is not a mapping.
+        SpecError: larger than ``MAX_BYTES``, not UTF-8, or anything ``parse_spec`` refuses.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such spec file")
     size = path.stat().st_size
     if size > MAX_BYTES:
-        raise SpecError(str(path), 1, 1, f"{size} bytes is larger than a spec may be ({MAX_BYTES})")
+        raise SpecError(str(path), 1, 1, f"{size} bytes is larger than a spec may be "
+                                         f"({MAX_BYTES} bytes, 1 MiB)")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
@@ -75,57 +81,103 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
-    """``load_spec`` on ``text`` already read; ``file`` names it in errors."""
+    """``load_spec`` on ``text`` already read; ``file`` names it in errors.
+
+    Raises:
+        SpecError: longer than ``MAX_BYTES``, not YAML (a tab in the indentation, a bad
+            token), empty, more than one document, nested deeper than ``MAX_DEPTH``, aliases
+            expanding past ``MAX_NODES`` nodes, a key that is not text or is repeated, or a
+            top level that is not a mapping.
+    """
+    if len(text) > MAX_BYTES:
+        raise SpecError(file, 1, 1, f"{len(text)} characters is larger than a spec may be "
+                                    f"({MAX_BYTES} bytes, 1 MiB)")
     try:
         docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = e.problem or str(e)
-        if "\t" in text.splitlines()[line - 1][:col] if line - 1 < len(text.splitlines()) else False:
+        lines = text.splitlines()
+        if line - 1 < len(lines) and "\t" in lines[line - 1][:col]:
             problem += " (a tab: YAML indents with spaces only)"
         raise SpecError(file, line, col, f"not valid YAML: {problem}") from None
     except yaml.YAMLError as e:
         raise SpecError(file, 1, 1, f"not valid YAML: {e}") from None
+    except RecursionError:
+        raise SpecError(file, 1, 1, f"nested too deeply (a spec nests under {MAX_DEPTH} "
+                                    "levels)") from None
     if not docs or docs[0] is None:
         raise SpecError(file, 1, 1, "the file is empty; a spec is a mapping starting with `spec: 1`")
     if len(docs) > 1:
         m = docs[1].start_mark
         raise SpecError(file, m.line + 1, m.column + 1, "a spec is one YAML document, not several")
     spec = Spec(file, None)
-    budget = [MAX_NODES]
-    spec.data = _construct(docs[0], (), spec, budget)
+    spec.data = _Builder(spec).build(docs[0], ())
     if not isinstance(spec.data, dict):
-        kind = type(spec.data).__name__
+        kind = {list: "a list", str: "text", int: "a number", float: "a number",
+                bool: "a boolean"}.get(type(spec.data), type(spec.data).__name__)
         raise spec.error((), f"a spec is a mapping of keys (spec, name, architectures, ...), "
-                             f"not a {'list' if kind == 'list' else kind}")
+                             f"not {kind}")
     return spec
 
 
 _scalars = yaml.SafeLoader("")
 
 
-def _construct(node: yaml.Node, path: Path_, spec: Spec, budget: list[int]) -> Any:
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise SpecError(spec.file, node.start_mark.line + 1, node.start_mark.column + 1,
-                        f"the document expands to more than {MAX_NODES} nodes (aliases "
-                        "repeated into a bomb?)")
-    spec.marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
-    if isinstance(node, yaml.MappingNode):
+def _at(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+class _Builder:
+    """Plain data from a composed YAML tree, counting every node it builds (an alias is
+    built again at each use, so a bomb spends the budget) and recording places."""
+
+    def __init__(self, spec: Spec):
+        self.spec, self.budget = spec, MAX_NODES
+
+    def refuse(self, node: yaml.Node, message: str) -> SpecError:
+        return SpecError(self.spec.file, *_at(node), message)
+
+    def build(self, node: yaml.Node, path: Path_) -> Any:
+        self.budget -= 1
+        if self.budget < 0:
+            line, col = self.spec.marks.get(path[:1], _at(node))
+            raise SpecError(self.spec.file, line, col,
+                            f"the document expands to more than {MAX_NODES} nodes at "
+                            f"{path[0] if path else 'the top level'!r} (aliases repeated into "
+                            "a bomb?)")
+        if len(path) > MAX_DEPTH:
+            raise self.refuse(node, f"nested deeper than {MAX_DEPTH} levels (an alias that "
+                                    "contains itself?)")
+        self.spec.marks.setdefault(path, _at(node))
+        self.spec.values.setdefault(path, _at(node))
+        if isinstance(node, yaml.MappingNode):
+            return self.mapping(node, path)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(n, path + (i,)) for i, n in enumerate(node.value)]
+        try:
+            return _scalars.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError as e:
+            raise self.refuse(node, f"not valid YAML: {e.problem}") from None
+
+    def mapping(self, node: yaml.MappingNode, path: Path_) -> dict:
         out: dict = {}
-        _scalars.flatten_mapping(node)
+        try:
+            _scalars.flatten_mapping(node)  # `<<` merge keys
+        except yaml.constructor.ConstructorError as e:
+            raise self.refuse(node, f"not valid YAML: {e.problem}") from None
         for key_node, value_node in node.value:
-            key = _construct(key_node, path, spec, budget)
-            if not isinstance(key, (str, int, float, bool)) or key is None:
-                raise SpecError(spec.file, key_node.start_mark.line + 1,
-                                key_node.start_mark.column + 1, "a key must be a plain scalar")
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.refuse(key_node, "a key must be plain text, not a list or mapping")
+            key = _scalars.construct_object(key_node)
+            if not isinstance(key, str):
+                raise self.refuse(key_node, f"key {key_node.value!r} reads as {key!r}, not "
+                                            f"text; quote it: '{key_node.value}'")
             if key in out:
-                raise SpecError(spec.file, key_node.start_mark.line + 1,
-                                key_node.start_mark.column + 1, f"duplicate key {key!r}")
-            spec.marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            out[key] = _construct(value_node, path + (key,), spec, budget)
+                line, col = self.spec.marks[path + (key,)]
+                raise self.refuse(key_node, f"duplicate key {key!r} (first at line {line}, "
+                                            f"col {col})")
+            self.spec.marks[path + (key,)] = _at(key_node)
+            out[key] = self.build(value_node, path + (key,))
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_construct(n, path + (i,), spec, budget) for i, n in enumerate(node.value)]
-    return _scalars.construct_object(node, deep=True)

@@ -9,23 +9,29 @@ know nothing of models: no layer, no checkpoint, no spec.
 from .activation import GatedActivation, Activation
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
-from .elementwise import Add, Mul, TakeRow
+from .elementwise import Add, Columns, Mul, TakeRow
 from .embedding import Embedding
+from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
-from .rope import Rope, rope_inv_freq, rope_tables
+from .pooling import L2Normalize, MeanRows, Tanh
+from .rope import Rope, rope_inv_freq, rope_table, rope_tables
 from .sampling import Sampler
+from .self_attention import SelfAttention
+from .softcap import Softcap
 
 OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
-        Activation(), GatedActivation(), Add(), Mul(), TakeRow(),
+        Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
+        LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
     )
 }
 
 __all__ = [
     "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
-    "Rope", "rope_inv_freq", "rope_tables", "Attention", "KVWrite", "Activation",
-    "GatedActivation", "Add", "Mul", "TakeRow", "Sampler",
+    "Rope", "rope_inv_freq", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
+    "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
+    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh",
 ]

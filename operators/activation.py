@@ -87,29 +87,47 @@ class Activation(Operator):
 
 
 class GatedActivation(Operator):
-    """``act(gate) * up``: the gate of a gated MLP (transformers' LlamaMLP), ``(n, m)``."""
+    """``act(gate) * up``: the gate of a gated MLP (transformers' LlamaMLP), ``(n, m)``.
+
+    With ``up`` absent, ``gate`` is ``(n, 2m)``: gate then up, as a fused ``gate_up_proj``
+    writes them (transformers' Phi3MLP ``chunk(2, dim=-1)``).
+    """
 
     name = "gated_activation"
 
-    def shape(self, gate, up, act="silu"):
-        if gate != up:
-            raise ValueError(f"gated_activation: gate {gate} and up {up} differ")
+    @staticmethod
+    def _halves(gate, up):
+        if up is not None:
+            return gate, up
+        m = gate.shape[-1] // 2
+        return gate[..., :m], gate[..., m:]
+
+    def shape(self, gate, up=None, act="silu"):
         if act not in ACTIVATIONS:
             raise ValueError(f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if up is None:
+            if gate[-1] % 2:
+                raise ValueError(f"gated_activation: fused gate and up {gate} has an odd width")
+            return gate[:-1] + (gate[-1] // 2,)
+        if gate != up:
+            raise ValueError(f"gated_activation: gate {gate} and up {up} differ")
         return gate
 
-    def reference(self, gate, up, act="silu"):
-        return act_reference(gate, act) * as64(up)
+    def reference(self, gate, up=None, act="silu"):
+        g, u = self._halves(gate, up)
+        return act_reference(g, act) * as64(u)
 
-    def kernel(self, out, gate, up, scratch=None, act="silu"):
-        act_kernel(out, gate, act, scratch[: gate.size].reshape(gate.shape))
-        out *= up
+    def kernel(self, out, gate, up=None, scratch=None, act="silu"):
+        g, u = self._halves(gate, up)
+        act_kernel(out, g, act, scratch[: out.size].reshape(out.shape))
+        out *= u
 
-    def scratch(self, gate, up, act="silu"):
-        return int(np.prod(gate))
+    def scratch(self, gate, up=None, act="silu"):
+        return int(np.prod(gate)) // (2 if up is None else 1)
 
-    def tolerance(self, gate, up, act="silu"):
+    def tolerance(self, gate, up=None, act="silu"):
         return Tolerance(atol=1e-6, rtol=16 * EPS32)
 
-    def scale(self, reference, gate, up, act="silu"):
-        return (np.abs(act_reference(gate, act)) + np.abs(as64(gate))) * np.abs(as64(up))
+    def scale(self, reference, gate, up=None, act="silu"):
+        g, u = self._halves(gate, up)
+        return (np.abs(act_reference(g, act)) + np.abs(as64(g))) * np.abs(as64(u))

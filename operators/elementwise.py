@@ -1,4 +1,5 @@
-"""Elementwise add and multiply (with an optional scalar), and taking one row."""
+"""Elementwise add and multiply (with an optional scalar), taking one row, and taking a run
+of columns."""
 
 from __future__ import annotations
 
@@ -72,4 +73,25 @@ class TakeRow(Operator):
         out[0] = x[index]
 
     def tolerance(self, x, index=0):
+        return Tolerance(atol=0.0, rtol=0.0)
+
+
+class Columns(Operator):
+    """Columns ``begin .. end`` of ``x`` ``(n, d)`` as ``(n, end - begin)``: one part of a
+    fused projection's output (q, k and v of a fused ``qkv_proj``)."""
+
+    name = "columns"
+
+    def shape(self, x, begin=0, end=0):
+        if len(x) != 2 or not 0 <= begin < end <= x[1]:
+            raise ValueError(f"columns: {begin}..{end} is not a run of the columns of {x}")
+        return (x[0], end - begin)
+
+    def reference(self, x, begin=0, end=0):
+        return as64(x)[:, begin:end].copy()
+
+    def kernel(self, out, x, scratch=None, begin=0, end=0):
+        np.copyto(out, x[:, begin:end])
+
+    def tolerance(self, x, begin=0, end=0):
         return Tolerance(atol=0.0, rtol=0.0)

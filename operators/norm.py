@@ -8,7 +8,8 @@ from .base import EPS32, Operator, Tolerance, as64
 
 
 class RMSNorm(Operator):
-    """``x`` ``(n, d)`` and ``weight`` ``(d,)`` give ``x / sqrt(mean(x^2) + eps) * w``.
+    """``x`` ``(n, ..., d)`` and ``weight`` ``(d,)`` give ``x / sqrt(mean(x^2) + eps) * w``
+    over the last axis (a q/k norm runs per head on ``(n, heads, head_dim)``).
 
     Attributes: ``eps``; ``plus_one`` scales by ``1 + weight`` instead, as transformers'
     Gemma3RMSNorm (``x * (1 + w)``, in float32). The sum of squares is taken in float32 as
@@ -28,9 +29,9 @@ class RMSNorm(Operator):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
     def kernel(self, out, x, weight, scratch=None, eps=1e-6, plus_one=False):
-        n = x.shape[0]
-        ms = scratch[:n].reshape(n, 1)
-        np.einsum("ij,ij->i", x, x, out=ms[:, 0])
+        rows = x.shape[:-1]
+        ms = scratch[: int(np.prod(rows))].reshape(*rows, 1)
+        np.einsum("...j,...j->...", x, x, out=ms[..., 0])
         ms *= np.float32(1.0 / x.shape[-1])
         ms += np.float32(eps)
         np.sqrt(ms, out=ms)
@@ -43,7 +44,7 @@ class RMSNorm(Operator):
         return np.ascontiguousarray(w + np.float32(1.0) if plus_one else w)
 
     def scratch(self, x, weight, eps=1e-6, plus_one=False):
-        return x[0]
+        return int(np.prod(x[:-1]))
 
     def tolerance(self, x, weight, eps=1e-6, plus_one=False):
         return Tolerance(atol=1e-6, rtol=max(8.0, x[-1] / 16) * EPS32)

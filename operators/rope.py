@@ -1,8 +1,11 @@
 """Rotary position embedding (RoPE), half-rotated as transformers' Llama, and its tables.
 
 The tables follow transformers' ``modeling_rope_utils``: inverse frequencies in float32 from
-``rope_theta`` and the checkpoint's ``rope_scaling`` (types ``default``, ``linear`` and
-``llama3``), angles ``position * inv_freq`` in float32, cos and sin of them.
+``rope_theta`` and the checkpoint's ``rope_scaling`` (types ``default``, ``linear``,
+``llama3``, ``yarn``, ``dynamic`` and ``longrope``), angles ``position * inv_freq`` in float32,
+cos and sin of them. ``dynamic`` and ``longrope`` change with the sequence length in
+transformers; here each table row is what transformers uses for a token decoded at that
+position with a KV cache (``rope_table``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 
 from .base import EPS32, Operator, Tolerance, as64
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 def rope_inv_freq(dim: int, theta: float,
@@ -24,7 +27,11 @@ def rope_inv_freq(dim: int, theta: float,
     As transformers' ``_compute_default_rope_parameters`` and ``_compute_*_parameters`` for
     ``rope_scaling["rope_type"]`` (or the older ``"type"``): ``linear`` divides by ``factor``;
     ``llama3`` divides long wavelengths by ``factor`` and blends the middle band
-    (``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
+    (``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``);
+    ``yarn`` ramps between interpolated and extrapolated frequencies (``beta_fast``,
+    ``beta_slow``, ``truncate``) and scales cos/sin by its attention factor. ``dynamic`` and
+    ``longrope`` give the default frequencies here (their rows past the original context
+    are ``rope_table``'s).
 
     Raises:
         ValueError: an unknown rope type, or one missing a parameter it needs.
@@ -34,9 +41,12 @@ def rope_inv_freq(dim: int, theta: float,
     kind = "default" if not scaling else scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ValueError(f"rope_scaling type {kind!r} is not one of {', '.join(ROPE_TYPES)}")
-    if kind == "default":
+    if kind in ("default", "dynamic", "longrope"):
+        # dynamic and longrope equal default within their original context (rope_table).
         return inv, 1.0
     try:
+        if kind == "yarn":
+            return _yarn(dim, theta, scaling)
         factor = np.float32(scaling["factor"])
         if kind == "linear":
             return (inv / factor).astype(np.float32), 1.0
@@ -52,6 +62,93 @@ def rope_inv_freq(dim: int, theta: float,
     smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
+
+
+def _yarn(dim: int, theta: float, scaling: Mapping[str, Any]) -> tuple[np.ndarray, float]:
+    """transformers' ``_compute_yarn_parameters`` (float32 as there)."""
+    factor = float(scaling["factor"])
+    old = scaling["original_max_position_embeddings"]
+    attention = scaling.get("attention_factor")
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention is None:
+        attention = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all)
+                     if mscale and mscale_all else get_mscale(factor))
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction(rotations):
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction(fast), correction(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos = np.power(np.float32(theta), np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    extrapolation = (np.float32(1.0) / pos).astype(np.float32)
+    interpolation = (np.float32(1.0) / (np.float32(factor) * pos)).astype(np.float32)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low))
+                   / np.float32(high - low), 0, 1).astype(np.float32)
+    keep = (np.float32(1.0) - ramp).astype(np.float32)
+    inv = interpolation * (np.float32(1.0) - keep) + extrapolation * keep
+    return inv.astype(np.float32), float(attention)
+
+
+def rope_table(dim: int, theta: float, scaling: Mapping[str, Any] | None, positions: int,
+               max_position_embeddings: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``(positions, dim // 2)`` float32 for ``rope_scaling`` ``scaling``.
+
+    Static types are ``rope_tables(rope_inv_freq(...))``. ``dynamic`` (NTK): rows past
+    ``max_position_embeddings`` use the base transformers computes at sequence length
+    ``row + 1``. ``longrope``: rows before ``original_max_position_embeddings`` turn by
+    ``short_factor``, later rows by ``long_factor``; every row scales by the attention factor
+    (given, else from ``factor``, else ``max_position_embeddings / original``). Those are
+    the frequencies transformers applies to a token decoded at that position with a cache.
+
+    Raises:
+        ValueError: as ``rope_inv_freq``.
+    """
+    inv, attention = rope_inv_freq(dim, theta, scaling)
+    kind = "default" if not scaling else scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ("dynamic", "longrope"):
+        return rope_tables(inv, positions, attention)
+    try:
+        if kind == "dynamic":
+            return _dynamic(dim, theta, float(scaling["factor"]), positions,
+                            max_position_embeddings, inv)
+        old = int(scaling.get("original_max_position_embeddings") or max_position_embeddings)
+        factor = scaling.get("factor") or max_position_embeddings / old
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+        shape = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+        cos = np.empty((positions, dim // 2), np.float32)
+        sin = np.empty_like(cos)
+        for key, rows in (("short_factor", slice(0, old)), ("long_factor", slice(old, positions))):
+            ext = np.asarray(scaling[key], np.float32)
+            if ext.shape != (dim // 2,):
+                raise ValueError(f"rope_scaling {key} has {ext.size} values, not {dim // 2}")
+            f = (np.float32(1.0) / (ext * np.power(np.float32(theta), shape))).astype(np.float32)
+            c, s = rope_tables(f, positions, float(attention))
+            cos[rows], sin[rows] = c[rows], s[rows]
+        return cos, sin
+    except KeyError as e:
+        raise ValueError(f"rope_scaling {dict(scaling)} of type {kind!r} lacks {e.args[0]!r}") from None
+
+
+def _dynamic(dim, theta, factor, positions, native, inv):
+    cos, sin = rope_tables(inv, positions)
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    for p in range(native, positions):
+        base = theta * ((factor * (p + 1) / native) - (factor - 1)) ** (dim / (dim - 2))
+        f = (np.float32(1.0) / np.power(np.float32(base), exponents)).astype(np.float32)
+        angle = (np.float32(p) * f).astype(np.float64)
+        cos[p], sin[p] = np.cos(angle), np.sin(angle)
+    return cos, sin
 
 
 def rope_tables(inv_freq: np.ndarray, positions: int,

@@ -1,8 +1,8 @@
 """The building blocks a model's tree is made of, each recording its steps.
 
 Every block is generic: options (dataclasses) say what it does, never which family it
-serves. Semantics follow transformers' ``modeling_llama.py`` (pre-norm decoder layer,
-GQA attention, gated MLP) unless an option says otherwise.
+serves. Semantics follow transformers' ``modeling_llama.py`` (GQA attention, gated MLP)
+unless an option says otherwise. Layers, which compose these, are in ``layers``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from operators import rope_inv_freq, rope_tables
+from operators import rope_table as rope_table_of
 
 from .graph import Handle, Recorder
 from .module import Module, Param, State
@@ -29,12 +29,14 @@ class NormOptions:
 
 @dataclass(frozen=True)
 class RopeOptions:
-    """One RoPE table: ``theta``, transformers' ``rope_scaling`` dict (or None), and the
-    rotated width ``rotary_dim`` (head_dim, or less under partial rotary)."""
+    """One RoPE table: ``theta``, transformers' ``rope_scaling`` dict (or None), the rotated
+    width ``rotary_dim`` (head_dim, or less under partial rotary) and the config's
+    ``max_position_embeddings`` (which ``dynamic`` and ``longrope`` scaling read)."""
 
     theta: float
     rotary_dim: int
     scaling: dict | None = None
+    max_position_embeddings: int = 2048
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class AttentionOptions:
     projection's. ``rope``: the name of the RoPE table this layer reads (None: no RoPE).
     ``scale``: the logit scale (None: ``head_dim ** -0.5``). ``window``: transformers'
     ``sliding_window`` (None: full). ``softcap``: attention logit softcap (None: none).
+    ``qk_norm``: RMSNorm of queries and keys before RoPE, ``head`` over each head's
+    ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention), None
+    for none; it takes the layer's norm options. ``fused_qkv``: one ``qkv_proj`` holds q, k
+    and v, in that order (Phi3Attention).
     """
 
     heads: int
@@ -57,30 +63,38 @@ class AttentionOptions:
     scale: float | None = None
     window: int | None = None
     softcap: float | None = None
+    qk_norm: str | None = None
+    fused_qkv: bool = False
 
 
 @dataclass(frozen=True)
 class MLPOptions:
-    """``kind``: ``gated`` (``down(act(gate(x)) * up(x))``, LlamaMLP); ``act``: a
-    ``hidden_act`` name; ``bias`` on every projection."""
+    """``kind``: ``gated`` (``down(act(gate(x)) * up(x))``, LlamaMLP) or ``plain``
+    (``down(act(up(x)))``); ``act``: a ``hidden_act`` name; ``bias`` on every projection;
+    ``fused``: one ``gate_up_proj`` holds gate then up (Phi3MLP)."""
 
     intermediate_size: int
     kind: str = "gated"
     act: str = "silu"
     bias: bool = False
+    fused: bool = False
 
 
 @dataclass(frozen=True)
 class LayerOptions:
-    """One layer. ``kind``: ``decoder`` (pre-norm: ``x + attn(norm(x))``, then
-    ``x + mlp(norm(x))``). ``residual_scale`` multiplies each block's output before its
-    residual add (1.0: none)."""
+    """One layer. ``kind``: ``decoder`` (norms placed by ``placement``) or ``sandwich``
+    (``placement`` ``sandwich``). ``placement``: ``pre`` (``x + attn(norm(x))``, then
+    ``x + mlp(norm(x))``, LlamaDecoderLayer), ``post`` (``x + norm(attn(x))``, then
+    ``x + norm(mlp(x))``, Olmo2DecoderLayer) or ``sandwich`` (``x + norm(attn(norm(x)))``,
+    then ``x + norm(mlp(norm(x)))``, Gemma2DecoderLayer). ``residual_scale`` multiplies each
+    block's output before its residual add (1.0: none)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
     norm: NormOptions
     kind: str = "decoder"
     residual_scale: float = 1.0
+    placement: str = "pre"
 
 
 class Linear(Module):
@@ -124,28 +138,51 @@ class RMSNorm(Module):
 
 
 class Attention(Module):
-    """q/k/v/o projections, RoPE, a KV cache ``(kv_heads, max_seq_len, head_dim)`` each
-    for keys and values, and causal attention over it up to the call's last position."""
+    """q/k/v/o projections, optional q/k norms, RoPE, a KV cache ``(kv_heads, max_seq_len,
+    head_dim)`` each for keys and values, and causal attention over it up to the call's last
+    position."""
 
-    def __init__(self, hidden_size: int, o: AttentionOptions, max_seq_len: int):
+    def __init__(self, hidden_size: int, o: AttentionOptions, max_seq_len: int,
+                 norm: NormOptions = NormOptions()):
         if o.heads % o.kv_heads:
             raise ValueError(f"{o.heads} attention heads do not group into {o.kv_heads} kv heads")
+        if o.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm {o.qk_norm!r} is not one of {', '.join(map(str, QK_NORMS))}")
         H, G, D = o.heads, o.kv_heads, o.head_dim
-        self.q_proj = Linear(hidden_size, H * D, o.bias)
-        self.k_proj = Linear(hidden_size, G * D, o.bias)
-        self.v_proj = Linear(hidden_size, G * D, o.bias)
+        if o.fused_qkv:
+            self.qkv_proj = Linear(hidden_size, (H + 2 * G) * D, o.bias)
+        else:
+            self.q_proj = Linear(hidden_size, H * D, o.bias)
+            self.k_proj = Linear(hidden_size, G * D, o.bias)
+            self.v_proj = Linear(hidden_size, G * D, o.bias)
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
+        if o.qk_norm is not None:
+            self.q_norm = RMSNorm(D if o.qk_norm == "head" else H * D, norm)
+            self.k_norm = RMSNorm(D if o.qk_norm == "head" else G * D, norm)
         self.options = o
         self.keys = State(G, max_seq_len, D)
         self.values = State(G, max_seq_len, D)
+
+    def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
+        o = self.options
+        if not o.fused_qkv:
+            return self.q_proj(rec, x), self.k_proj(rec, x), self.v_proj(rec, x)
+        H, G, D = o.heads, o.kv_heads, o.head_dim
+        qkv = self.qkv_proj(rec, x)
+        bounds = (0, H * D, (H + G) * D, (H + 2 * G) * D)
+        return tuple(rec.step("columns", qkv, where=self.where(name), begin=a, end=b)
+                     for name, a, b in zip("qkv", bounds, bounds[1:]))
 
     def __call__(self, rec: Recorder, x: Handle, ropes: dict[str, tuple[Handle, Handle]]) -> Handle:
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads, o.head_dim
         start = rec.call.start
-        q = rec.view(self.q_proj(rec, x), (n, H, D))
-        k = rec.view(self.k_proj(rec, x), (n, G, D))
-        v = rec.view(self.v_proj(rec, x), (n, G, D))
+        q, k, v = self._project(rec, x)
+        if o.qk_norm == "all":
+            q, k = self.q_norm(rec, q), self.k_norm(rec, k)
+        q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
+        if o.qk_norm == "head":
+            q, k = self.q_norm(rec, q), self.k_norm(rec, k)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
             q = rec.step("rope", q, cos, sin, where=self.where("q"), start=start)
@@ -160,45 +197,39 @@ class Attention(Module):
 
 
 class MLP(Module):
-    """The feed-forward block: ``down_proj(act(gate_proj(x)) * up_proj(x))`` (gated)."""
+    """The feed-forward block: ``down_proj(act(gate_proj(x)) * up_proj(x))`` (gated, gate
+    and up fused in ``gate_up_proj`` where ``fused``) or ``down_proj(act(up_proj(x)))``."""
 
     def __init__(self, hidden_size: int, o: MLPOptions):
-        if o.kind != "gated":
-            raise ValueError(f"mlp kind {o.kind!r}: only 'gated' is built")
+        if o.kind not in MLP_KINDS:
+            raise ValueError(f"mlp kind {o.kind!r} is not one of {', '.join(MLP_KINDS)}")
         M = o.intermediate_size
-        self.gate_proj = Linear(hidden_size, M, o.bias)
-        self.up_proj = Linear(hidden_size, M, o.bias)
+        if o.kind == "gated" and o.fused:
+            self.gate_up_proj = Linear(hidden_size, 2 * M, o.bias)
+        elif o.kind == "gated":
+            self.gate_proj = Linear(hidden_size, M, o.bias)
+        if not (o.kind == "gated" and o.fused):
+            self.up_proj = Linear(hidden_size, M, o.bias)
         self.down_proj = Linear(M, hidden_size, o.bias)
         self.options = o
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
-        g = self.gate_proj(rec, x)
-        u = self.up_proj(rec, x)
-        h = rec.step("gated_activation", g, u, where=self.path, act=self.options.act)
+        o = self.options
+        if o.kind == "plain":
+            h = rec.step("activation", self.up_proj(rec, x), where=self.path, act=o.act)
+        elif o.fused:
+            h = rec.step("gated_activation", self.gate_up_proj(rec, x), None, where=self.path,
+                         act=o.act)
+        else:
+            h = rec.step("gated_activation", self.gate_proj(rec, x), self.up_proj(rec, x),
+                         where=self.path, act=o.act)
         return self.down_proj(rec, h)
 
 
-class DecoderLayer(Module):
-    """A pre-norm decoder layer, as transformers' LlamaDecoderLayer."""
-
-    def __init__(self, hidden_size: int, o: LayerOptions, max_seq_len: int):
-        if o.kind != "decoder":
-            raise ValueError(f"layer kind {o.kind!r}: only 'decoder' is built")
-        self.input_layernorm = RMSNorm(hidden_size, o.norm)
-        self.self_attn = Attention(hidden_size, o.attention, max_seq_len)
-        self.post_attention_layernorm = RMSNorm(hidden_size, o.norm)
-        self.mlp = MLP(hidden_size, o.mlp)
-        self.options = o
-
-    def __call__(self, rec: Recorder, x: Handle, ropes) -> Handle:
-        scale = self.options.residual_scale
-        a = self.self_attn(rec, self.input_layernorm(rec, x), ropes)
-        x = rec.step("add", x, a, where=self.path, scale=scale)
-        m = self.mlp(rec, self.post_attention_layernorm(rec, x))
-        return rec.step("add", x, m, where=self.path, scale=scale)
+QK_NORMS = (None, "head", "all")
+MLP_KINDS = ("gated", "plain")
 
 
 def rope_table(o: RopeOptions, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """The cos and sin tables ``(positions, rotary_dim // 2)`` of ``o``."""
-    inv, factor = rope_inv_freq(o.rotary_dim, o.theta, o.scaling)
-    return rope_tables(inv, positions, factor)
+    return rope_table_of(o.rotary_dim, o.theta, o.scaling, positions, o.max_position_embeddings)

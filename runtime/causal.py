@@ -15,9 +15,9 @@ import numpy as np
 
 from operators import PerCall
 
-from .blocks import DecoderLayer, Embedding, LayerOptions, Linear, NormOptions, RMSNorm, \
-    RopeOptions, rope_table
+from .blocks import Embedding, LayerOptions, Linear, NormOptions, RMSNorm, RopeOptions, rope_table
 from .graph import CallSpec, Handle, Recorder
+from .layers import DecoderLayer
 from .module import Module
 from .plan import Plan
 from .reference import Reference
@@ -29,7 +29,10 @@ class CausalOptions:
 
     ``layers`` holds one ``LayerOptions`` per layer (layers may differ: sliding windows,
     RoPE tables). ``ropes`` names each RoPE table a layer may read. ``tied``: ``lm_head``
-    shares ``embed_tokens``' weight. ``max_seq_len``: positions the KV caches hold;
+    shares ``embed_tokens``' weight. ``embedding_scale`` multiplies the embedding rows
+    (rounded to float32, as transformers' float32 ``normalizer``). ``logit_scale`` multiplies
+    the logits (Granite's ``1 / logits_scaling``), then ``logit_softcap`` caps them
+    (``final_logit_softcapping``; None: none). ``max_seq_len``: positions the KV caches hold;
     ``prefill_chunk``: ids a prompt call holds.
     """
 
@@ -40,6 +43,8 @@ class CausalOptions:
     ropes: dict[str, RopeOptions] = field(default_factory=dict)
     tied: bool = False
     embedding_scale: float = 1.0
+    logit_scale: float = 1.0
+    logit_softcap: float | None = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -86,7 +91,13 @@ class CausalLM(Module):
             x = layer(rec, x, ropes)
         if c.prompt:
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
-        return self.lm_head(rec, self.model.norm(rec, x))
+        logits = self.lm_head(rec, self.model.norm(rec, x))
+        o = self.config
+        if o.logit_scale != 1.0:
+            logits = rec.step("mul", logits, where="lm_head", scale=o.logit_scale)
+        if o.logit_softcap is not None:
+            logits = rec.step("softcap", logits, where="lm_head", cap=o.logit_softcap)
+        return logits
 
     def version(self, prompt: bool, check: bool = False) -> "Version":
         """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""

@@ -139,14 +139,17 @@ class Checkpoint:
                     f"lacks {sorted(named - held.keys())}")
             self.tensors.update(held)
 
-    def read(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as a new float32 array."""
+    def raw(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as stored (its own dtype), a read-only view of the mapped file."""
         info = self.tensors[name]
         m = self._maps.get(info.file)
         if m is None:
             m = self._maps[info.file] = np.memmap(info.file, np.uint8, mode="r")
-        raw = m[info.begin: info.end].view(DTYPES[info.dtype]).reshape(info.shape)
-        return raw.astype(np.float32)
+        return m[info.begin: info.end].view(DTYPES[info.dtype]).reshape(info.shape)
+
+    def read(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a new float32 array."""
+        return self.raw(name).astype(np.float32)
 
     @property
     def nbytes(self) -> int:

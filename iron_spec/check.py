@@ -1,0 +1,124 @@
+"""``iron-spec check``: run every check on a spec and a checkpoint (or drawn weights), and
+record goldens from transformers.
+
+The reference for KL is the golden recorded for these exact inputs (config.json and
+checkpoint tensors) where one exists, else the model's own float64 ``reference()``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from runtime import checks
+from runtime.golden import Golden, GoldenError
+
+from .build import Loaded, input_fingerprint, load_model
+
+PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
+STEPS = 40
+
+
+def golden_path(loaded: Loaded) -> Path:
+    """Where a golden for ``loaded``'s inputs lives: ``tests/goldens/<spec>/<inputs>.npz``
+    beside the spec's folder, named ``toy-seed<S>`` or after the checkpoint directory."""
+    spec = Path(loaded.expanded.spec.file).resolve()
+    name = loaded.expanded.spec.get("name")
+    if loaded.random_weights is not None:
+        inputs = f"{'toy' if loaded.directory is None else loaded.directory.name}-seed{loaded.random_weights}"
+    else:
+        inputs = loaded.directory.name
+    return spec.parent.parent / "tests" / "goldens" / name / f"{inputs}.npz"
+
+
+def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
+    """The prompt checks run from: ``prefill_chunk + 8`` tokens (more than one chunk), from
+    the packaged text where there is a tokenizer, else drawn at seed 0."""
+    C = loaded.lm.config.prefill_chunk
+    n = min(length or C + 8, loaded.lm.config.max_seq_len - STEPS - 1)
+    if loaded.tokenizer is None:
+        return np.random.default_rng(0).integers(0, loaded.lm.config.vocab_size, n).tolist()
+    text = PROMPT_TEXT.read_text()
+    ids = loaded.tokenizer.encode(text)
+    while len(ids) < n:
+        text += "\n" + text
+        ids = loaded.tokenizer.encode(text)
+    return ids[:n]
+
+
+def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
+    """The golden for these inputs and a note of what was found."""
+    path = path or golden_path(loaded)
+    if not path.exists():
+        return None, f"no golden at {path}"
+    try:
+        return Golden.read(path, input_fingerprint(loaded)), f"golden {path}"
+    except GoldenError as e:
+        return None, str(e)
+
+
+def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS) -> list[checks.Result]:
+    """Every check of the validation issue, in order."""
+    lm = loaded.lm
+    bounds = dict(loaded.expanded.spec.get("validation", "kl", default={}) or {})
+    bounds = bounds or {"mean": 1e-4, "p90": 2e-4, "max": 1e-3}
+    prompt = [int(t) for t in golden.tokens[:golden.prompt_len]] if golden else check_prompt(loaded)
+    C, L = lm.config.prefill_chunk, lm.config.max_seq_len
+    other = check_prompt(loaded, len(prompt) + 7)[7:] if loaded.tokenizer is None else \
+        check_prompt(loaded, 2 * len(prompt))[len(prompt):]
+    turn = other[: C + 3]
+    return [
+        checks.per_step(lm, prompt[: C + 4]),
+        checks.greedy_match(lm, prompt, min(steps, 32)),
+        checks.kl_against(lm, bounds, golden, prompt, steps),
+        checks.determinism(lm, [prompt, other]),
+        checks.chat_turn(lm, prompt, turn),
+        checks.chunked_vs_decode(lm, prompt[: min(len(prompt), 2 * C + 3, 64)], bounds["max"]),
+        checks.deep_decode(lm, prompt[:C], L - 2, bounds["max"]),
+    ]
+
+
+def command(
+    spec: Path = typer.Argument(..., help="the spec YAML"),
+    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    random_weights: Optional[int] = typer.Option(None, help="draw weights at this seed"),
+    toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
+    max_seq_len: Optional[int] = typer.Option(None, help="context length [default: the model's own, fitted; at most 4096 here]"),
+    golden: Optional[Path] = typer.Option(None, help="the golden to judge by [default: tests/goldens/<spec>/<inputs>.npz]"),
+    steps: int = typer.Option(STEPS, help="teacher-forced KL steps"),
+    record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
+) -> None:
+    """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
+    chunked = decode, deep decode. Exit status 1 if any fails."""
+    from .cli import EXPECTED
+    try:
+        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
+                            max_seq_len=max_seq_len or (None if toy else 4096))
+        if record_golden:
+            from .golden_record import record
+            path = golden or golden_path(loaded)
+            record(loaded, check_prompt(loaded), steps).write(path)
+            typer.echo(f"recorded {path}", err=True)
+        found, note = find_golden(loaded, golden)
+        results = run_checks(loaded, found, steps)
+    except (*EXPECTED, GoldenError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    failed = [r for r in results if not r.passed]
+    if as_json:
+        typer.echo(json.dumps({"spec": str(spec), "reference": note, "passed": not failed,
+                               "checks": [{"name": r.name, "passed": r.passed, "figure": r.figure,
+                                           "numbers": r.numbers, "seconds": round(r.seconds, 3)}
+                                          for r in results]}, indent=2, default=float))
+    else:
+        typer.echo(f"{spec}: reference: {note}")
+        for r in results:
+            typer.echo(f"  {'PASS' if r.passed else 'FAIL'}  {r.name:<32} {r.figure}  "
+                       f"({r.seconds:.1f} s)")
+        typer.echo(f"{len(results) - len(failed)}/{len(results)} checks passed")
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,277 @@
+"""Expanding a ``model: encoder`` spec into a runtime encoder, and loading it with weights.
+
+The encoder counterpart of ``interpreter`` and ``build``: config fields resolved, the
+``layer`` (kind ``encoder``), ``embedding`` and ``pooling`` options evaluated into
+``runtime.encoder.EncoderOptions``, the tree built and filled from a checkpoint (strictly;
+only the tensors ``checkpoint.unused`` names are left unread, and reported) or drawn
+weights. The code reads behaviours, never a family's name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from tokenizers import Tokenizer as _Tokenizer
+
+from operators.activation import ACTIVATIONS
+from runtime.blocks import NormOptions
+from runtime.checkpoint import Checkpoint, LoadReport, bind, fill
+from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
+    POOLINGS, draw_encoder_weights
+from runtime.golden import fingerprint
+from runtime.host import checkpoint_directory
+
+from .config import Resolved, evaluate_option, resolve
+from .loader import Spec, load_spec
+from .schema import validate
+
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "head_dim")
+
+
+@dataclass
+class ExpandedEncoder:
+    """An encoder spec over one config.json: the resolved fields, the model's options, the
+    checkpoint renames and the tensor names read on purpose never."""
+
+    spec: Spec
+    resolved: Resolved
+    options: EncoderOptions
+    renames: dict[str, str]
+    unused: tuple[str, ...]
+
+
+def _option(spec: Spec, r: Resolved, path: tuple, default: Any) -> Any:
+    return evaluate_option(spec, path, spec.get(*path, default=default), r)
+
+
+def _number(spec: Spec, r: Resolved, path: tuple, default: Any) -> float:
+    v = _option(spec, r, path, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise spec.error(path, f"{'/'.join(map(str, path))} is {v!r}, not a number")
+    return float(v)
+
+
+def _whole(spec: Spec, r: Resolved, path: tuple, default: Any) -> int:
+    v = _option(spec, r, path, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise spec.error(path, f"{'/'.join(map(str, path))} is {v!r}, not a whole number >= 0")
+    return v
+
+
+def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
+                   source: str = "config.json") -> ExpandedEncoder:
+    """The encoder ``spec`` describes on ``config_json``'s shape.
+
+    ``max_tokens`` (ids a call holds) defaults to the spec's ``runtime.max_tokens``, else the
+    position table's rows.
+
+    Raises:
+        SpecError: a schema violation (the first), a config field that cannot be resolved,
+            a required field missing, a layer kind other than ``encoder``, an option the
+            encoder does not build (a RoPE table, a sliding window, a softcap, a gated MLP)
+            or of the wrong type, or no bound on a call's ids.
+    """
+    problems = validate(spec)
+    if problems:
+        raise problems[0]
+    fields = spec.get("config") or {}
+    missing = [f for f in REQUIRED if f not in fields]
+    if missing:
+        raise spec.error(("config",), f"config lacks the required fields {', '.join(missing)}")
+    r = resolve(spec, config_json, source)
+    v = r.values
+    for name in REQUIRED + tuple(n for n in ("num_key_value_heads",) if n in fields):
+        if isinstance(v[name], bool) or not isinstance(v[name], int):
+            raise spec.error(("config", name), f"config/{name} is {v[name]!r}, not a whole "
+                             f"number (from {r.sources[name]})")
+    layer = ("layer",)
+    if spec.get("layer", "kind") != "encoder":
+        raise spec.error(layer + ("kind",), f"model encoder takes layer kind 'encoder', not "
+                                            f"{spec.get('layer', 'kind')!r}")
+    a, m = layer + ("attention",), layer + ("mlp",)
+    for key in ("rope", "window", "softcap"):
+        if spec.get(*a, key) is not None:
+            raise spec.error(a + (key,), f"an encoder layer builds no attention {key}; leave "
+                                         f"layer/attention/{key} out (or null)")
+    if spec.get(*m, "kind", default="plain") != "plain":
+        raise spec.error(m + ("kind",), "an encoder layer's mlp is 'plain' (up, act, down)")
+    act = _option(spec, r, m + ("act",), "hidden_act")
+    if act not in ACTIVATIONS:
+        raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    norm = NormOptions(kind=spec.get("layer", "norm", "kind", default="rms"),
+                       eps=_number(spec, r, layer + ("norm", "eps"), 1e-6),
+                       plus_one=bool(_option(spec, r, layer + ("norm", "plus_one"), False)))
+    scale = _option(spec, r, a + ("scale",), None)
+    one = EncoderLayerOptions(
+        heads=v["num_attention_heads"], head_dim=v["head_dim"],
+        kv_heads=v.get("num_key_value_heads"), intermediate_size=v["intermediate_size"],
+        norm=norm, act=act, bias=bool(_option(spec, r, a + ("bias",), False)),
+        o_bias=bool(_option(spec, r, a + ("o_bias",), False)),
+        mlp_bias=bool(_option(spec, r, m + ("bias",), False)),
+        scale=None if scale is None else _number(spec, r, a + ("scale",), None),
+        placement=spec.get("layer", "placement", default="post"))
+    e, p = ("embedding",), ("pooling",)
+    positions = _whole(spec, r, e + ("positions",), 0)
+    kind = spec.get("pooling", "kind", default="mean")
+    if kind not in POOLINGS:
+        raise spec.error(p + ("kind",), f"pooling {kind!r} is not one of {', '.join(POOLINGS)}")
+    pooler = bool(_option(spec, r, p + ("pooler",), False))
+    if kind == "pooler" and not pooler:
+        raise spec.error(p + ("kind",), "pooling 'pooler' reads pooler.dense: set pooling/pooler")
+    L = max_tokens or spec.get("runtime", "max_tokens") or positions
+    if not L:
+        raise spec.error(("runtime",), "an encoder with no position table needs "
+                                       "runtime/max_tokens, the ids a call holds")
+    if positions and L > positions:
+        raise spec.error(("runtime", "max_tokens"), f"max_tokens {L} is past the position "
+                                                    f"table's {positions} rows")
+    options = EncoderOptions(
+        vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
+        layers=tuple(one for _ in range(v["num_hidden_layers"])), norm=norm,
+        positions=positions, token_types=_whole(spec, r, e + ("token_types",), 0),
+        embedding_norm=bool(_option(spec, r, e + ("norm",), True)),
+        embedding_scale=_number(spec, r, e + ("scale",), 1.0),
+        pooler=pooler,
+        pooling=PoolingOptions(kind, bool(_option(spec, r, p + ("normalize",), False))),
+        max_tokens=int(L))
+    return ExpandedEncoder(spec, r, options,
+                           dict(spec.get("checkpoint", "renames", default={}) or {}),
+                           tuple(spec.get("checkpoint", "unused", default=[]) or []))
+
+
+class TextIds:
+    """A checkpoint's ``tokenizer.json`` for an encoder: a text's ids with every special
+    token the post-processor adds (``[CLS] ... [SEP]``), as transformers'
+    ``tokenizer(text)``; no padding (whatever the file sets), truncated to ``max_tokens``.
+
+    Raises:
+        FileNotFoundError: no ``tokenizer.json`` in ``directory``.
+    """
+
+    def __init__(self, directory: Path, max_tokens: int):
+        path = Path(directory) / "tokenizer.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
+        self._tok = _Tokenizer.from_file(str(path))
+        self._tok.no_padding()
+        self._tok.enable_truncation(max_tokens)
+
+    def __call__(self, text: str) -> tuple[list[int], list[int]]:
+        """``text``'s ids and token types."""
+        encoded = self._tok.encode(text)
+        return encoded.ids, encoded.type_ids
+
+
+@dataclass
+class LoadedEncoder:
+    """An encoder ready to run: the tree with its weights, its text encoding (None without
+    a checkpoint's tokenizer), what the spec expanded to, and where each weight came from."""
+
+    model: Encoder
+    tokenizer: TextIds | None
+    expanded: ExpandedEncoder
+    report: LoadReport
+    directory: Path | None
+    config_json: dict
+    random_weights: int | None = None
+    checkpoint: Checkpoint | None = None
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's weights (float32) by their model names."""
+        params = dict(self.model.named_params())
+        return {name: params[name].array for name in self.report.sources}
+
+    def checkpoint_tensors(self) -> dict[str, np.ndarray]:
+        """The tensors transformers runs on: the checkpoint's own (every one, as stored), or
+        the drawn weights under the names a checkpoint holds them by."""
+        if self.checkpoint is not None:
+            return {name: self.checkpoint.raw(name) for name in self.checkpoint.tensors}
+        return {self.report.sources[name]: t for name, t in self.weights().items()}
+
+    def fingerprint(self) -> str:
+        """What a golden of this model is keyed by: config.json and the checkpoint's tensors."""
+        return fingerprint(self.config_json, self.checkpoint_tensors().items())
+
+
+def load_checkpoint(model: Encoder, checkpoint: Checkpoint, renames: Mapping[str, str],
+                    unused: tuple[str, ...],
+                    progress: Callable[[int, int], None] | None = None) -> LoadReport:
+    """``runtime.checkpoint.load``, strict, but leaving unread the tensors ``unused`` names
+    (each a whole name; one the checkpoint lacks is fine), listed in the report's
+    ``ignored``."""
+    names = [n for n in checkpoint.tensors if n not in unused]
+    shapes = {n: t.shape for n, t in checkpoint.tensors.items()}
+    bound, report = bind(model, names, shapes, renames)
+    for i, (name, (source, p)) in enumerate(bound.items()):
+        p.array = checkpoint.read(source)
+        if progress is not None:
+            progress(i + 1, len(bound))
+    report.ignored = sorted(report.ignored + [n for n in checkpoint.tensors if n in unused])
+    return report
+
+
+def _sentence_length(directory: Path) -> int | None:
+    """sentence-transformers' ``max_seq_length`` (sentence_bert_config.json), if saved."""
+    path = directory / "sentence_bert_config.json"
+    if not path.exists():
+        return None
+    value = json.loads(path.read_text()).get("max_seq_length")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = None,
+                 random_weights: int | None = None, toy: bool = False,
+                 max_tokens: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> LoadedEncoder:
+    """The encoder of ``spec`` on a checkpoint's config and weights, or drawn ones.
+
+    ``max_tokens`` defaults to the spec's, capped by sentence-transformers'
+    ``max_seq_length`` where the checkpoint saves one (texts are truncated there, as
+    sentence-transformers truncates them).
+
+    Raises:
+        FileNotFoundError: the spec, checkpoint or config.json is missing.
+        SpecError: the spec is invalid or does not fit the config.
+        CheckpointError: the weights do not fit the model (every tensor named).
+        ValueError: no weights source, or ``--toy`` with a checkpoint.
+    """
+    from .build import read_config
+
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    directory = None
+    if toy:
+        if checkpoint is not None:
+            raise ValueError("--toy draws a tiny shape; it takes no --checkpoint")
+        if random_weights is None:
+            raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
+        if spec.get("toy") is None:
+            raise spec.error((), "this spec has no toy: section for --toy")
+        config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
+    elif checkpoint is not None:
+        directory = checkpoint_directory(checkpoint)
+        config_json, source = read_config(directory), str(directory / "config.json")
+        if max_tokens is None:
+            max_tokens = _sentence_length(directory)
+    else:
+        raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with no files")
+    expanded = expand_encoder(spec, config_json, source=source)
+    if max_tokens is not None and max_tokens < expanded.options.max_tokens:
+        expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
+    model = Encoder(expanded.options)
+    ckpt = None
+    if random_weights is not None:
+        report = fill(model, draw_encoder_weights(model, random_weights))
+    else:
+        assert directory is not None
+        ckpt = Checkpoint(directory)
+        report = load_checkpoint(model, ckpt, expanded.renames, expanded.unused, progress)
+    tokenizer = None
+    if directory is not None and (directory / "tokenizer.json").exists():
+        tokenizer = TextIds(directory, expanded.options.max_tokens)
+    return LoadedEncoder(model, tokenizer, expanded, report, directory, config_json,
+                         random_weights, ckpt)

@@ -1,0 +1,267 @@
+"""Lint's semantic rules: what a spec means that its schema cannot see. Each rule reads a
+spec as far as its shape allows (parts the schema refuses are skipped, not crashed on) and
+returns every problem it finds as a SpecError at the node to fix.
+
+Not for: the schema's own checks (``schema``), running lint over files (``lint``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable, Mapping
+
+from runtime.causal import CausalLM
+from runtime.checkpoint import renamed
+
+from . import expr
+from .config import entry, lookup
+from .errors import SpecError
+from .interpreter import expand
+from .kinds import KINDS
+from .loader import Spec
+from .schema import at, slots, where
+
+EXPRESSION = "#/$defs/value"  # the schema's option value: a literal, or text as an expression
+ORDER = ("json", "value", "expr", "default")  # config.resolve tries a field's sources so
+SMALL_CONTEXT = 16  # positions lint builds a model with: its KV caches stay tiny
+ABSENT = lookup({}, "absent")  # what config.lookup gives for a key a config.json lacks
+
+
+def _fields(spec: Spec) -> dict:
+    fields = spec.get("config")
+    return fields if isinstance(fields, dict) else {}
+
+
+def _near(word: str, valid: Iterable[str]) -> str:
+    near = difflib.get_close_matches(word, list(valid), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+
+
+def _names_fields(spec: Spec, path: tuple, text: str, fields: Iterable[str]) -> list[SpecError]:
+    """An expression refused by the language, or naming what is not a field."""
+    try:
+        needed = expr.names(text)
+    except expr.ExprError as e:
+        return [spec.error(path, f"{where(path)}: {e}", value=True)]
+    fields = list(fields)
+    out = []
+    for name in sorted(needed - set(fields)):
+        hint = _near(name, fields) or (
+            f" (text here is an expression; for the literal {name!r} map a field: "
+            f"{{value: {name}}})" if text.strip() == name else "")
+        out.append(spec.error(path, f"{where(path)}: expression {text!r} names {name!r}, not "
+                                    f"a config field{hint}", value=True))
+    return out
+
+
+def expressions(spec: Spec) -> list[SpecError]:
+    """Every expression (a config field's ``expr``, an option's text) that the language
+    refuses or that names no config field."""
+    fields = _fields(spec)
+    out = []
+    for name, raw in fields.items():
+        e = entry(raw)
+        if isinstance(e.get("expr"), str):
+            out += _names_fields(spec, ("config", name, "expr"), e["expr"], fields)
+    seen = set()
+    for path, node in slots(spec.data):
+        value = spec.get(*path)
+        if node.get("$ref") == EXPRESSION and isinstance(value, str) and path not in seen:
+            seen.add(path)
+            out += _names_fields(spec, path, value, fields)
+    return out
+
+
+def config_fields(spec: Spec) -> list[SpecError]:
+    """Config fields whose sources cannot all be used (one always shadows another), and
+    fields whose expressions depend on each other in a cycle."""
+    fields, out = _fields(spec), []
+    for name, raw in fields.items():
+        e = entry(raw)
+        given = [k for k in ORDER if k in e]
+        for i, k in enumerate(given[1:], 1):
+            if given[i - 1] != "json":
+                out.append(spec.error(("config", name, k), f"config.{name}.{k} is never used: "
+                                      f"{given[i - 1]} comes first (a field tries "
+                                      f"{', '.join(ORDER)}, in that order)"))
+    deps = {}
+    for name, raw in fields.items():
+        try:
+            deps[name] = expr.names(entry(raw)["expr"]) & set(fields)
+        except (KeyError, expr.ExprError):
+            deps[name] = set()
+    reported: set[frozenset] = set()
+    for start in fields:
+        stack = [(start, [start])]
+        while stack:
+            name, trail = stack.pop()
+            for d in sorted(deps[name]):
+                if d == start and frozenset(trail) not in reported:
+                    reported.add(frozenset(trail))
+                    out.append(spec.error(("config", start, "expr"), "config fields depend on "
+                                          f"each other in a cycle: {' -> '.join(trail + [d])}"))
+                elif d not in trail:
+                    stack.append((d, trail + [d]))
+    return out
+
+
+def kinds(spec: Spec) -> list[SpecError]:
+    """Options a section's chosen kind does not take (``kinds.KINDS``)."""
+    out = []
+    for path, table in KINDS.items():
+        section = spec.get(*path)
+        if not isinstance(section, dict):
+            continue
+        kind = section.get("kind", at(path).get("properties", {}).get("kind", {}).get("default"))
+        if kind not in table:
+            continue  # an unknown kind is the schema's error
+        takes = table[kind]
+        for key in section:
+            if key != "kind" and key not in takes:
+                out.append(spec.error(path + (key,), f"{where(path)} kind {kind!r} does not take "
+                                      f"option {key!r} (it takes: {', '.join(takes)})"))
+    return out
+
+
+def config_keys(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
+    """Fields mapped from a key ``config_json`` lacks and declaring no fallback."""
+    out = []
+    for name, raw in _fields(spec).items():
+        e = entry(raw)
+        key = e.get("json")
+        if not isinstance(key, str) or any(k in e for k in ORDER[1:]):
+            continue
+        if lookup(config_json, key) is ABSENT:
+            path = ("config", name) if isinstance(raw, str) else ("config", name, "json")
+            out.append(spec.error(path, f"config.{name}: {source} has no key {key!r} and the "
+                                  "field declares no default, expr or value"
+                                  f"{_near(key, config_json)}", value=True))
+    return out
+
+
+def _mapped(spec: Spec) -> dict[str, str]:
+    """Each top-level config.json key a field reads (``a`` of ``a.b``), to the field."""
+    mapped: dict[str, str] = {}
+    for name, raw in _fields(spec).items():
+        key = entry(raw).get("json")
+        if isinstance(key, str):
+            mapped.setdefault(key.split(".")[0], name)
+    return mapped
+
+
+def _ignore(spec: Spec) -> list:
+    ignore = spec.get("ignore")
+    return ignore if isinstance(ignore, list) else []
+
+
+def ignored(spec: Spec) -> list[SpecError]:
+    """Keys listed in ``ignore:`` that a config field reads after all."""
+    mapped = _mapped(spec)
+    return [spec.error(("ignore", i), f"ignore[{i}]: {key!r} is read by config.{mapped[key]}; "
+                       "it is not ignored", value=True)
+            for i, key in enumerate(_ignore(spec)) if key in mapped]
+
+
+def unmapped(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
+    """Keys of ``config_json`` the spec neither maps (the top-level part of a dotted key
+    counts) nor lists in ``ignore:``."""
+    mapped, ignore = _mapped(spec), _ignore(spec)
+    place = ("ignore",) if "ignore" in spec.data else ("config",)
+    out = []
+    for key, value in config_json.items():
+        if key not in mapped and key not in ignore:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            out.append(spec.error(place, f"{source}: key {key!r} (= {shown}) is neither mapped "
+                                  "under config: nor listed in ignore: (a key read by nothing "
+                                  "is a silent default)"))
+    return out
+
+
+def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
+    """A config.json naming architectures none of which this spec serves."""
+    theirs = config_json.get("architectures")
+    ours = spec.get("architectures")
+    if not isinstance(theirs, list) or not isinstance(ours, list) or set(theirs) & set(ours):
+        return []
+    return [spec.error(("architectures",), f"{source} is a {', '.join(map(str, theirs))}; this "
+                       f"spec serves {', '.join(map(str, ours))}")]
+
+
+def build(spec: Spec, config_json: Mapping[str, Any], source: str, place: tuple = ("config",)
+          ) -> tuple[CausalLM | None, list[SpecError]]:
+    """The model ``spec`` expands to on ``config_json`` (a short context, so cheap), or the
+    problem that stops it (a model that does not build: at ``place``)."""
+    try:
+        expanded = expand(spec, config_json, max_seq_len=SMALL_CONTEXT,
+                          prefill_chunk=SMALL_CONTEXT, source=source)
+    except SpecError as e:
+        return None, [e]
+    try:
+        return CausalLM(expanded.options), []
+    except ValueError as e:
+        return None, [spec.error(place, f"the model on {source} does not build: {e}")]
+
+
+def _runs(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)}
+
+
+def _sources(old: str, new: str, target: str) -> Iterable[str]:
+    """The checkpoint names this rename could have turned into ``target``."""
+    parts, run = target.split("."), new.split(".") if new else []
+    for i in range(len(parts) - len(run) + 1):
+        if parts[i:i + len(run)] == run:
+            yield ".".join(parts[:i] + [old] + parts[i + len(run):])
+
+
+def renames(spec: Spec, names: Iterable[str]) -> list[SpecError]:
+    """Renames that could place no tensor: a key or target that is no run of whole dotted
+    names, a target no parameter of the model (``names``, as a checkpoint names them) holds,
+    or a rename every name of which an earlier rename catches first.
+
+    Whether a checkpoint holds tensors under a rename's source is the checkpoint's to say
+    (``iron-spec show --checkpoint``); here only what the model fixes is checked."""
+    table = spec.get("checkpoint", "renames")
+    if not isinstance(table, dict):
+        return []
+    names = sorted(set(names))
+    runs = set().union(*map(_runs, names)) if names else set()
+    out = []
+    for old, new in table.items():
+        path = ("checkpoint", "renames", old)
+        if not isinstance(new, str):
+            continue  # the schema's error
+        bad = [w for w in (old, new) if w and "" in w.split(".")]
+        if bad or not old:
+            out.append(spec.error(path, f"rename {old!r} -> {new!r}: {bad[0] if bad else old!r} "
+                                  "is no run of whole dotted names (a.b.c)"))
+            continue
+        if new and new not in runs:
+            out.append(spec.error(path, f"rename {old!r} -> {new!r}: no parameter of the model "
+                                  f"holds the run {new!r}{_near(new, runs)} (the model's "
+                                  f"names are like {names[len(names) // 2]})"))
+            continue
+        if not any(renamed(s, table) == n for n in names for s in _sources(old, new, n)):
+            out.append(spec.error(path, f"rename {old!r} -> {new!r} places no tensor: every "
+                                  "name it would rename, an earlier rename renames first"))
+    return out
+
+
+def duplicate_architectures(specs: Iterable[Spec]) -> list[SpecError]:
+    """An architecture that more than one spec serves, at each later spec's entry."""
+    first: dict[str, tuple[Spec, int]] = {}
+    out = []
+    for spec in specs:
+        archs = spec.get("architectures")
+        for i, arch in enumerate(archs if isinstance(archs, list) else []):
+            if not isinstance(arch, str):
+                continue
+            if arch in first and first[arch][0] is not spec:
+                other, j = first[arch]
+                line, col = other.mark(("architectures", j), value=True)
+                out.append(spec.error(("architectures", i), f"architectures[{i}]: {arch!r} is "
+                                      f"also served by {other.file}:{line}:{col}; one spec per "
+                                      "architecture", value=True))
+            first.setdefault(arch, (spec, i))
+    return out

@@ -1,0 +1,68 @@
+"""Layer normalization over the last axis, as torch.nn.LayerNorm (BERT's, and every post-norm
+encoder's): the mean removed, divided by the standard deviation, scaled and shifted.
+
+Not for: RMSNorm (``norm``), which keeps the mean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import EPS32, Operator, Tolerance, as64
+
+
+class LayerNorm(Operator):
+    """``x`` ``(n, d)``, ``weight`` ``(d,)`` and an optional ``bias`` ``(d,)`` give
+    ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` per row, ``(n, d)``.
+
+    The variance is the biased one (divided by ``d``), as torch's. Attribute: ``eps``. The
+    kernel takes the mean and the sum of squared deviations in float32, as torch's float32
+    LayerNorm does (its two passes, not one pass of ``E[x^2] - E[x]^2``, which cancels).
+    """
+
+    name = "layer_norm"
+
+    def shape(self, x, weight, bias=None, eps=1e-5):
+        if len(x) != 2:
+            raise ValueError(f"layer_norm takes x (n, d), not {x}")
+        if weight != (x[-1],):
+            raise ValueError(f"layer_norm: weight {weight} is not ({x[-1]},) for x {x}")
+        if bias is not None and bias != (x[-1],):
+            raise ValueError(f"layer_norm: bias {bias} is not ({x[-1]},) for x {x}")
+        return x
+
+    def _normalized(self, x, eps):
+        x = as64(x)
+        c = x - x.mean(axis=-1, keepdims=True)
+        return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+
+    def reference(self, x, weight, bias=None, eps=1e-5):
+        y = self._normalized(x, eps) * as64(weight)
+        return y if bias is None else y + as64(bias)
+
+    def kernel(self, out, x, weight, bias=None, scratch=None, eps=1e-5):
+        n, d = x.shape
+        s = scratch[:n].reshape(n, 1)
+        np.sum(x, axis=-1, keepdims=True, out=s)
+        s *= np.float32(1.0 / d)
+        np.subtract(x, s, out=out)
+        np.einsum("ij,ij->i", out, out, out=s[:, 0])
+        s *= np.float32(1.0 / d)
+        s += np.float32(eps)
+        np.sqrt(s, out=s)
+        out /= s
+        out *= weight
+        if bias is not None:
+            out += bias
+
+    def scratch(self, x, weight, bias=None, eps=1e-5):
+        return x[0]
+
+    def tolerance(self, x, weight, bias=None, eps=1e-5):
+        return Tolerance(atol=1e-6, rtol=max(8.0, x[-1] / 16) * EPS32)
+
+    def scale(self, reference, x, weight, bias=None, eps=1e-5):
+        # The error is relative to the normalized row's magnitude (order one), not to an
+        # output near zero where x is near its mean; then scaled by |weight|, plus |bias|.
+        mag = (np.abs(self._normalized(x, eps)) + 1.0) * np.abs(as64(weight))
+        return mag if bias is None else mag + np.abs(as64(bias))

@@ -1,0 +1,91 @@
+"""Bidirectional self-attention over a call's own rows: no cache, no causal mask.
+
+An encoder's attention: every row of the call attends to every row of the call, and to
+nothing else. A compiled plan hands the kernel the call's first ``rows`` rows only, so rows
+past them (the compiled capacity's unused tail) are never read.
+
+Not for: decoding over a KV cache (``attention``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import EPS32, Operator, Tolerance, as64
+
+
+class SelfAttention(Operator):
+    """Scaled dot-product attention of ``q`` ``(n, heads, head_dim)`` over ``k`` and ``v``
+    ``(n, kv_heads, head_dim)``, all ``n`` rows seeing all ``n``; output ``(n, heads *
+    head_dim)``.
+
+    Query head ``h`` reads kv head ``h // (heads // kv_heads)``, as transformers'
+    ``repeat_kv``. Attribute ``scale``: the logit scale (default ``head_dim ** -0.5``, as
+    transformers' BertSelfAttention). Softmax in float32 (float64 in the reference).
+    """
+
+    name = "self_attention"
+
+    def shape(self, q, k, v, scale=None):
+        if len(q) != 3 or len(k) != 3 or k != v or q[0] != k[0] or q[2] != k[2] or q[1] % k[1]:
+            raise ValueError(f"self_attention: q {q} (n, heads, head_dim) does not meet k {k} "
+                             f"and v {v} (n, kv_heads, head_dim)")
+        return (q[0], q[1] * q[2])
+
+    def reference(self, q, k, v, scale=None):
+        n, H, D = q.shape
+        G = k.shape[1]
+        scale = D ** -0.5 if scale is None else scale
+        kh = np.repeat(as64(k).transpose(1, 0, 2), H // G, axis=0)  # (H, n, D)
+        vh = np.repeat(as64(v).transpose(1, 0, 2), H // G, axis=0)
+        s = np.einsum("nhd,htd->hnt", as64(q), kh) * scale
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return np.einsum("hnt,htd->nhd", p, vh).reshape(n, H * D)
+
+    def kernel(self, out, q, k, v, scratch=None, scale=None):
+        n, H, D = q.shape
+        G = k.shape[1]
+        R = H // G
+        scale = D ** -0.5 if scale is None else scale
+        # Head-major copies in scratch, so each kv group is one GEMM: queries (G, R * n, D).
+        at = 0
+        qg = scratch[at: at + H * n * D].reshape(G, R, n, D)
+        np.copyto(qg, q.reshape(n, G, R, D).transpose(1, 2, 0, 3))
+        qg = qg.reshape(G, R * n, D)
+        at += H * n * D
+        kg = scratch[at: at + G * n * D].reshape(G, n, D)
+        np.copyto(kg, k.transpose(1, 0, 2))
+        at += G * n * D
+        vg = scratch[at: at + G * n * D].reshape(G, n, D)
+        np.copyto(vg, v.transpose(1, 0, 2))
+        at += G * n * D
+        s = scratch[at: at + H * n * n].reshape(G, R * n, n)
+        at += H * n * n
+        m = scratch[at: at + H * n].reshape(G, R * n, 1)
+        np.matmul(qg, kg.transpose(0, 2, 1), out=s)
+        s *= np.float32(scale)
+        np.max(s, axis=-1, keepdims=True, out=m)
+        s -= m
+        np.exp(s, out=s)
+        np.sum(s, axis=-1, keepdims=True, out=m)
+        s /= m
+        o = qg  # the regrouped queries are spent; their room takes the output
+        np.matmul(s, vg, out=o)
+        np.copyto(out.reshape(n, G, R, D), o.reshape(G, R, n, D).transpose(2, 0, 1, 3))
+
+    def scratch(self, q, k, v, scale=None):
+        n, H, D = q
+        G = k[1]
+        return H * n * D + 2 * G * n * D + H * n * n + H * n
+
+    def tolerance(self, q, k, v, scale=None):
+        return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
+
+    def scale(self, reference, q, k, v, scale=None):
+        # A convex combination of values: bounded by the largest |value| of its kv head.
+        n, H, D = q.shape
+        G = k.shape[1]
+        vmax = np.abs(as64(v)).max(axis=(0, 2))  # (G,)
+        return np.broadcast_to(np.repeat(vmax, H // G)[None, :, None], (n, H, D)).reshape(n, H * D) \
+            + np.abs(reference)

@@ -1,0 +1,206 @@
+"""The checks a model must pass, each a figure and a verdict (the seeds' ``testing``).
+
+Every check runs the compiled model against something independent of its kernels: the
+operators' float64 references (per step, and the whole graph through ``reference()``), a
+golden recorded from transformers, or itself run another way (chunked against one token at
+a time, a resumed chat against a fresh run).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .causal import CausalLM
+from .golden import Golden, kl_stats, log_softmax, teacher_forced
+from .plan import CheckError
+from .session import Session
+
+
+@dataclass
+class Result:
+    """One check: its ``name``, whether it ``passed``, its headline ``figure`` (text) and
+    the numbers behind it."""
+
+    name: str
+    passed: bool
+    figure: str
+    numbers: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def divergence(reference: np.ndarray, logits: np.ndarray) -> tuple[float, bool]:
+    """KL(reference || ours) of two rows of logits, and whether both rank one token first."""
+    r, o = log_softmax(reference), log_softmax(logits)
+    return max(float(np.sum(np.exp(r) * (r - o))), 0.0), int(np.argmax(r)) == int(np.argmax(o))
+
+
+def _timed(fn: Callable[[], Result]) -> Result:
+    start = time.perf_counter()
+    result = fn()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def per_step(lm: CausalLM, prompt: list[int], decode_steps: int = 3) -> Result:
+    """``check=True`` on both versions: every step of a prompt (more than one chunk, so a
+    chunk with a per-call ``rows`` bound runs) and a few decode steps, each against its
+    operator's reference on the same inputs."""
+    def run() -> Result:
+        prompt_v, decode_v = lm.version(True, check=True), lm.version(False, check=True)
+        C = prompt_v.capacity
+        ids = np.zeros(C, np.int32)
+        try:
+            for s in range(0, len(prompt), C):
+                rows = min(C, len(prompt) - s)
+                ids[:rows] = prompt[s: s + rows]
+                _, carry = prompt_v(ids, start=s, rows=rows)
+            for _ in range(decode_steps):
+                _, carry = decode_v(**carry)
+        except CheckError as e:
+            return Result("per-step check", False, str(e))
+        n = len(prompt_v.plan.checked) + len(decode_v.plan.checked)
+        return Result("per-step check", True, f"{n} steps within tolerance", {"steps": n})
+    result = _timed(run)
+    lm.holder = None  # the checked calls wrote the caches behind every session's back
+    return result
+
+
+def greedy_match(lm: CausalLM, prompt: list[int], steps: int) -> Result:
+    """Compiled against ``reference()``: the greedy tokens over ``steps`` draws are identical."""
+    def run() -> Result:
+        ours = list(Session(lm).generate(prompt, steps))
+        ref = list(Session(lm, reference=True).generate(prompt, steps))
+        same = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
+        if same is None:
+            return Result("compiled = reference (greedy)", True,
+                          f"{steps} tokens identical", {"steps": steps})
+        return Result("compiled = reference (greedy)", False,
+                      f"first differs at step {same}: {ours[same]} vs {ref[same]}",
+                      {"steps": steps, "first_difference": same})
+    return _timed(run)
+
+
+def kl_against(lm: CausalLM, bounds: dict[str, float], golden: Golden | None,
+               prompt: list[int], steps: int) -> Result:
+    """KL(reference || ours), teacher-forced on the reference's greedy tokens: the golden's
+    where there is one, else ``reference()``'s. Within ``bounds`` (mean, p90, max) and no
+    top-1 mismatch."""
+    def run() -> Result:
+        ours = Session(lm)
+        if golden is not None:
+            results, source = teacher_forced(golden, ours.logits), "golden"
+        else:
+            ref, history, results = Session(lm, reference=True), list(prompt), []
+            for _ in range(steps):
+                r = ref.logits(history)
+                results.append(divergence(r, ours.logits(history)))
+                history.append(int(np.argmax(r)))
+            source = "reference()"
+        stats = kl_stats(results)
+        over = [f"{k} {stats[k]:.3g} > {b:.3g}" for k, b in bounds.items() if stats[k] > b]
+        if stats["top1_mismatches"]:
+            over.append(f"{stats['top1_mismatches']} top-1 mismatches")
+        figure = (f"vs {source}, {len(results)} steps: mean {stats['mean']:.3g}, p90 "
+                  f"{stats['p90']:.3g}, max {stats['max']:.3g}, top-1 mismatches "
+                  f"{stats['top1_mismatches']}")
+        if over:
+            figure += " — " + "; ".join(over)
+        return Result(f"KL vs {source}", not over, figure, {**stats, "source": source})
+    return _timed(run)
+
+
+def determinism(lm: CausalLM, prompts: list[list[int]], steps: int = 4, rounds: int = 3) -> Result:
+    """Two prompts alternated over ``rounds``: every run's logits bitwise equal to the first
+    run of its prompt."""
+    def greedy_logits(prompt):
+        s, history, rows = Session(lm), list(prompt), []
+        for _ in range(steps):
+            rows.append(s.logits(history).copy())
+            history.append(int(np.argmax(rows[-1])))
+        return np.stack(rows)
+
+    def run() -> Result:
+        first, differ = [None] * len(prompts), 0
+        for r in range(rounds * len(prompts)):
+            p = r % len(prompts)
+            logits = greedy_logits(prompts[p])
+            if first[p] is None:
+                first[p] = logits
+            elif logits.tobytes() != first[p].tobytes():
+                differ += 1
+        total = (rounds - 1) * len(prompts)
+        return Result("determinism", differ == 0, f"{differ}/{total} runs differ bitwise",
+                      {"differing_runs": differ, "runs": total})
+    return _timed(run)
+
+
+def chat_turn(lm: CausalLM, history: list[int], turn: list[int], steps: int = 2) -> Result:
+    """A history extended by a turn runs from the turn (the chunk boundary at or before it)
+    and its logits equal, bit for bit, a fresh run of the whole."""
+    def run() -> Result:
+        def greedy(session, tokens):
+            rows = []
+            for _ in range(steps):
+                rows.append(session.logits(tokens).copy())
+                tokens = tokens + [int(np.argmax(rows[-1]))]
+            return np.stack(rows)
+
+        fresh = greedy(Session(lm), history + turn)
+        chat = Session(lm)
+        chat.logits(history)
+        chat.calls.clear()
+        resumed = greedy(chat, history + turn)
+        ran = sum(rows for kind, _, rows in chat.calls if kind == "prompt")
+        same = resumed.tobytes() == fresh.tobytes()
+        C = lm.config.prefill_chunk
+        reused = len(history) // C * C
+        figure = (f"resumed at {chat.calls[0][1]} of {len(history)} held, ran {ran} tokens; "
+                  f"logits {'bitwise equal' if same else 'DIFFER'}")
+        return Result("chat turn", same and chat.calls[0][1] == reused, figure,
+                      {"resumed_at": chat.calls[0][1], "ran": ran, "bitwise": same})
+    return _timed(run)
+
+
+def chunked_vs_decode(lm: CausalLM, tokens: list[int], bound: float) -> Result:
+    """The prompt chunk against one token at a time (decode steps) on the same tokens: the
+    last logits within KL ``bound``."""
+    def run() -> Result:
+        chunked = Session(lm).logits(tokens).copy()
+        one = Session(lm)
+        for n in range(1, len(tokens) + 1):
+            logits = one.logits(tokens[:n])
+        kl, top1 = divergence(chunked, logits)
+        return Result("chunked = decode", kl <= bound and top1,
+                      f"KL {kl:.3g} (bound {bound:.3g}), top-1 {'same' if top1 else 'DIFFERS'}",
+                      {"kl": kl, "top1": top1})
+    return _timed(run)
+
+
+def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) -> Result:
+    """A decode step at ``position`` (near ``max_seq_len``) against ``reference()``, every
+    earlier cache row filled by repeating the prompt's keys and values in both."""
+    def run() -> Result:
+        session = Session(lm)
+        token = int(np.argmax(session.logits(prompt)))
+        ref = Session(lm, reference=True)
+        ref.logits(prompt)
+        n = len(prompt)
+        for _, state in lm.named_states():
+            held = state.array[:, :n].copy()
+            reps = -(-position // n)
+            filled = np.tile(held, (1, reps, 1))[:, :position]
+            state.array[:, :position] = filled
+            lm.reference_states[id(state.array)][:, :position] = filled
+        lm.holder = None
+        got, _ = lm.decode_step(token=token, position=position)
+        got = np.array(got)
+        want, _ = lm.decode_step.reference(token=token, position=position)
+        kl, top1 = divergence(want, got)
+        return Result(f"deep decode at {position}", kl <= bound and top1,
+                      f"KL {kl:.3g} (bound {bound:.3g}), top-1 {'same' if top1 else 'DIFFERS'}",
+                      {"kl": kl, "top1": top1, "position": position})
+    return _timed(run)

@@ -1,0 +1,371 @@
+"""A bidirectional encoder: its module tree, its body, and its one compiled version.
+
+One version is compiled over ``max_tokens`` rows; a call runs the first ``rows`` of them (one
+text's token ids), every row attending to every row of the call and to nothing else. No
+cache, no state: a call depends on its ids alone. The output is the text's pooled embedding
+``(hidden,)`` or, with pooling ``none``, the last hidden states ``(rows, hidden)``.
+
+The tree carries the checkpoint's own names, as transformers' BertModel names its tensors
+(``embeddings.word_embeddings``, ``encoder.layer.N.attention.self.query``, ...), so a
+checkpoint of that layout loads by a plain tree match; other layouts rename onto it.
+
+Not for: generation (``causal``), or several texts in one call (one call per text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .blocks import Embedding, Linear, NormOptions, RMSNorm
+from .graph import CallSpec, Handle, Recorder
+from .module import Module, Param
+from .plan import Plan
+from .reference import Reference
+from .weights import draw_weights
+
+PLACEMENTS = ("post", "pre")
+POOLINGS = ("none", "mean", "cls", "pooler")
+
+
+@dataclass(frozen=True)
+class EncoderLayerOptions:
+    """One encoder layer.
+
+    ``heads``/``kv_heads``/``head_dim``: the attention's. ``bias``: q/k/v biases;
+    ``o_bias``: the attention output projection's; ``mlp_bias``: both MLP projections'.
+    ``act``: the MLP's ``hidden_act`` name (``up -> act -> down``, no gate). ``scale``: the
+    attention logit scale (None: ``head_dim ** -0.5``). ``placement``: ``post``
+    (``norm(x + attn(x))`` then ``norm(x + mlp(x))``, transformers' BertLayer) or ``pre``
+    (``x + attn(norm(x))`` then ``x + mlp(norm(x))``, and a final norm after the last layer).
+    """
+
+    heads: int
+    head_dim: int
+    intermediate_size: int
+    norm: NormOptions
+    kv_heads: int | None = None
+    act: str = "gelu"
+    bias: bool = True
+    o_bias: bool = True
+    mlp_bias: bool = True
+    scale: float | None = None
+    placement: str = "post"
+
+
+@dataclass(frozen=True)
+class PoolingOptions:
+    """How a call's hidden states ``(rows, hidden)`` become its embedding.
+
+    ``kind``: ``none`` (the hidden states themselves), ``mean`` (over the call's rows, as
+    sentence-transformers' mean pooling under an attention mask of ones), ``cls`` (the first
+    row) or ``pooler`` (``tanh(pooler.dense(first row))``, BertModel's ``pooler_output``).
+    ``normalize``: divide the result by its L2 norm (sentence-transformers' Normalize).
+    """
+
+    kind: str = "mean"
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    """An encoder's whole shape: what the declarative layer builds from a spec and config.
+
+    ``positions``: rows of the learned absolute position table (0: none).
+    ``token_types``: rows of the token-type table (0: none); a call's types default to 0.
+    ``embedding_norm``: a norm after the embeddings' sum (BertEmbeddings.LayerNorm).
+    ``embedding_scale`` multiplies the word embeddings (1.0: none).
+    ``norm``: the embedding and final norms' kind and eps. ``pooler``: the tree holds
+    ``pooler.dense`` (hidden -> hidden, BertPooler), whether or not ``pooling`` reads it.
+    ``max_tokens``: rows the compiled version holds (at most ``positions`` where there is a
+    position table).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    layers: tuple[EncoderLayerOptions, ...]
+    norm: NormOptions
+    positions: int = 0
+    token_types: int = 0
+    embedding_norm: bool = True
+    embedding_scale: float = 1.0
+    pooler: bool = False
+    pooling: PoolingOptions = field(default_factory=PoolingOptions)
+    max_tokens: int = 512
+
+
+class LayerNorm(Module):
+    """torch.nn.LayerNorm over the last axis: ``weight`` and ``bias`` ``(size,)``."""
+
+    def __init__(self, size: int, options: NormOptions):
+        self.weight = Param(size)
+        self.bias = Param(size)
+        self.options = options
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        w = rec.hold("param", self.where("weight"), self.weight.array)
+        b = rec.hold("param", self.where("bias"), self.bias.array)
+        return rec.step("layer_norm", x, w, b, where=self.path, eps=self.options.eps)
+
+
+def norm_module(size: int, options: NormOptions) -> Module:
+    """The norm ``options.kind`` names: ``layer`` (LayerNorm) or ``rms`` (RMSNorm).
+
+    Raises:
+        ValueError: another kind, naming the valid ones.
+    """
+    if options.kind == "layer":
+        return LayerNorm(size, options)
+    if options.kind == "rms":
+        return RMSNorm(size, options)
+    raise ValueError(f"norm kind {options.kind!r} is not one of 'layer', 'rms'")
+
+
+class Embeddings(Module):
+    """Word, absolute position and token-type embeddings summed, then normalized, as
+    transformers' BertEmbeddings."""
+
+    def __init__(self, o: EncoderOptions):
+        E = o.hidden_size
+        self.word_embeddings = Embedding(o.vocab_size, E, o.embedding_scale)
+        self.position_embeddings = Embedding(o.positions, E) if o.positions else None
+        self.token_type_embeddings = Embedding(o.token_types, E) if o.token_types else None
+        self.LayerNorm = norm_module(E, o.norm) if o.embedding_norm else None
+
+    def __call__(self, rec: Recorder, ids: Handle, positions: Handle, types: Handle) -> Handle:
+        x = self.word_embeddings(rec, ids)
+        if self.token_type_embeddings is not None:
+            x = rec.step("add", x, self.token_type_embeddings(rec, types), where=self.path)
+        if self.position_embeddings is not None:
+            x = rec.step("add", x, self.position_embeddings(rec, positions), where=self.path)
+        return x if self.LayerNorm is None else self.LayerNorm(rec, x)
+
+
+class SelfAttentionProjections(Module):
+    """``query``, ``key`` and ``value`` (BertSelfAttention), and attention over the call's rows."""
+
+    def __init__(self, E: int, o: EncoderLayerOptions):
+        H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
+        self.query = Linear(E, H * D, o.bias)
+        self.key = Linear(E, G * D, o.bias)
+        self.value = Linear(E, G * D, o.bias)
+        self.options = o
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        o, n = self.options, x.shape[0]
+        H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
+        q = rec.view(self.query(rec, x), (n, H, D))
+        k = rec.view(self.key(rec, x), (n, G, D))
+        v = rec.view(self.value(rec, x), (n, G, D))
+        return rec.step("self_attention", q, k, v, where=self.path, scale=o.scale)
+
+
+class Output(Module):
+    """``dense`` then (post-norm) ``LayerNorm(dense(h) + residual)``: BertSelfOutput and
+    BertOutput. Under pre-norm, ``LayerNorm`` normalizes the block's input instead."""
+
+    def __init__(self, in_features: int, E: int, bias: bool, norm: NormOptions):
+        self.dense = Linear(in_features, E, bias)
+        self.LayerNorm = norm_module(E, norm)
+
+
+class Attention(Module):
+    """``self`` (the projections and attention) and ``output`` (dense and its norm)."""
+
+    def __init__(self, E: int, o: EncoderLayerOptions):
+        self.self = SelfAttentionProjections(E, o)
+        self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm)
+
+
+class Intermediate(Module):
+    """``act(dense(x))``, BertIntermediate."""
+
+    def __init__(self, E: int, o: EncoderLayerOptions):
+        self.dense = Linear(E, o.intermediate_size, o.mlp_bias)
+        self.act = o.act
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        return rec.step("activation", self.dense(rec, x), where=self.path, act=self.act)
+
+
+class EncoderLayer(Module):
+    """One layer: attention and MLP, each with its residual and norm (``placement``).
+
+    Raises:
+        ValueError: an unknown placement, or heads that do not group into kv heads.
+    """
+
+    def __init__(self, E: int, o: EncoderLayerOptions):
+        if o.placement not in PLACEMENTS:
+            raise ValueError(f"placement {o.placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if o.heads % (o.kv_heads or o.heads):
+            raise ValueError(f"{o.heads} attention heads do not group into {o.kv_heads} kv heads")
+        self.attention = Attention(E, o)
+        self.intermediate = Intermediate(E, o)
+        self.output = Output(o.intermediate_size, E, o.mlp_bias, o.norm)
+        self.options = o
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        attn_out, mlp_out = self.attention.output, self.output
+        if self.options.placement == "post":
+            a = attn_out.dense(rec, self.attention.self(rec, x))
+            x = attn_out.LayerNorm(rec, rec.step("add", a, x, where=self.path))
+            m = mlp_out.dense(rec, self.intermediate(rec, x))
+            return mlp_out.LayerNorm(rec, rec.step("add", m, x, where=self.path))
+        a = attn_out.dense(rec, self.attention.self(rec, attn_out.LayerNorm(rec, x)))
+        x = rec.step("add", x, a, where=self.path)
+        m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
+        return rec.step("add", x, m, where=self.path)
+
+
+class Stack(Module):
+    """``layer`` (the list of layers) and, under pre-norm, the final ``LayerNorm``."""
+
+    def __init__(self, o: EncoderOptions):
+        self.layer = [EncoderLayer(o.hidden_size, lo) for lo in o.layers]
+        pre = bool(o.layers) and o.layers[-1].placement == "pre"
+        self.LayerNorm = norm_module(o.hidden_size, o.norm) if pre else None
+
+
+class Pooler(Module):
+    """``tanh(dense(first row))``, as transformers' BertPooler."""
+
+    def __init__(self, E: int):
+        self.dense = Linear(E, E, True)
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        first = rec.step("take_row", x, where=self.path, index=0)
+        return rec.step("tanh", self.dense(rec, first), where=self.path)
+
+
+class Encoder(Module):
+    """``embeddings``, ``encoder`` (the layers) and an optional ``pooler``, as BertModel.
+
+    ``version(pooling)`` compiles the body once per pooling (the spec's by default) over
+    ``max_tokens`` rows.
+
+    Raises:
+        ValueError: ``max_tokens`` is not in ``[1, positions]`` (where there is a position
+            table), or pooling ``pooler`` without a pooler.
+    """
+
+    def __init__(self, o: EncoderOptions):
+        if o.max_tokens < 1 or (o.positions and o.max_tokens > o.positions):
+            raise ValueError(f"max_tokens {o.max_tokens} is not within 1..{o.positions or 'any'}"
+                             ", the position table's rows")
+        self.embeddings = Embeddings(o)
+        self.encoder = Stack(o)
+        self.pooler = Pooler(o.hidden_size) if o.pooler else None
+        self.config = o
+        self.name_tree()
+        self._versions: dict[tuple[PoolingOptions, bool], EncoderVersion] = {}
+
+    def body(self, rec: Recorder, pooling: PoolingOptions) -> Handle:
+        """Record the model over ``rec``'s capacity: ids, positions and token types
+        ``(max_tokens,)`` int32, of which a call runs ``rows``, to the pooled ``(1,
+        hidden)`` or, with pooling ``none``, the hidden states ``(rows, hidden)``."""
+        if pooling.kind not in POOLINGS:
+            raise ValueError(f"pooling {pooling.kind!r} is not one of {', '.join(POOLINGS)}")
+        C = rec.call.capacity
+        ids = rec.input("ids", (C,), np.int32, bounded=True)
+        positions = rec.input("positions", (C,), np.int32, bounded=True)
+        types = rec.input("types", (C,), np.int32, bounded=True)
+        x = self.embeddings(rec, ids, positions, types)
+        for layer in self.encoder.layer:
+            x = layer(rec, x)
+        if self.encoder.LayerNorm is not None:
+            x = self.encoder.LayerNorm(rec, x)
+        if pooling.kind == "mean":
+            x = rec.step("mean_rows", x, where=self.path)
+        elif pooling.kind == "cls":
+            x = rec.step("take_row", x, where=self.path, index=0)
+        elif pooling.kind == "pooler":
+            if self.pooler is None:
+                raise ValueError("pooling 'pooler' needs a pooler (pooler.dense); this model "
+                                 "has none")
+            x = self.pooler(rec, x)
+        if pooling.normalize:
+            x = rec.step("l2_normalize", x, where=self.path)
+        return x
+
+    def version(self, pooling: PoolingOptions | None = None, check: bool = False
+                ) -> "EncoderVersion":
+        """The version compiled for ``pooling`` (default the options'), compiled once."""
+        key = (pooling or self.config.pooling, check)
+        if key not in self._versions:
+            self._versions[key] = EncoderVersion(self, key[0], check)
+        return self._versions[key]
+
+
+class EncoderVersion:
+    """The encoder compiled over ``max_tokens`` rows for one pooling.
+
+    ``version(ids, types=None)`` runs one text: ``ids`` ``(rows,)`` with ``1 <= rows <=
+    max_tokens``, ``types`` its token types (default zeros, as BertModel's). It returns the
+    embedding ``(hidden,)`` float32, or the hidden states ``(rows, hidden)`` with pooling
+    ``none``: a view, valid until the next call. ``reference(...)`` runs the same recording
+    eagerly in float64.
+
+    Raises (both, before any work):
+        ValueError: no ids, more than ``max_tokens``, an id outside ``[0, vocab)``, a type
+            outside the token-type table, or types of another length.
+    """
+
+    def __init__(self, model: Encoder, pooling: PoolingOptions, check: bool):
+        o = model.config
+        rec = Recorder(CallSpec(True, o.max_tokens))
+        out = model.body(rec, pooling)
+        self.pooling, self.max_tokens = pooling, o.max_tokens
+        self.plan = Plan(rec, out, check=check)
+        self._reference = Reference(rec, out, {})
+        self._options = o
+        # Made once: a call feeds views of them, allocating nothing.
+        self._positions = np.arange(o.max_tokens, dtype=np.int32)
+        self._zeros = np.zeros(o.max_tokens, np.int32)
+
+    def _inputs(self, ids, types) -> tuple[dict, dict]:
+        ids = np.asarray(ids)
+        n, o = ids.shape[0] if ids.ndim == 1 else -1, self._options
+        if ids.ndim != 1 or not 1 <= n <= self.max_tokens:
+            raise ValueError(f"{ids.shape} ids: a call takes 1..{self.max_tokens} ids, one text")
+        if ids.min() < 0 or ids.max() >= o.vocab_size:
+            raise ValueError(f"token id {int(ids.max() if ids.max() >= o.vocab_size else ids.min())}"
+                             f" is outside the vocabulary 0..{o.vocab_size - 1}")
+        if types is None:
+            types = self._zeros[:n]
+        else:
+            types = np.asarray(types)
+            if types.shape != (n,):
+                raise ValueError(f"{types.shape} token types for {n} ids")
+            if types.min() < 0 or types.max() >= max(o.token_types, 1):
+                raise ValueError(f"token type {int(types.max())} is outside 0.."
+                                 f"{max(o.token_types, 1) - 1}")
+        return {"ids": ids, "positions": self._positions[:n], "types": types}, {"rows": n}
+
+    def _out(self, y: np.ndarray) -> np.ndarray:
+        return y.reshape(-1) if self.pooling.kind != "none" else y
+
+    def __call__(self, ids, types=None) -> np.ndarray:
+        inputs, call = self._inputs(ids, types)
+        return self._out(self.plan.run(inputs, call))
+
+    def reference(self, ids, types=None) -> np.ndarray:
+        inputs, call = self._inputs(ids, types)
+        return self._out(self._reference.run(inputs, call))
+
+
+def draw_encoder_weights(model: Encoder, seed: int) -> dict[str, np.ndarray]:
+    """``runtime.weights.draw_weights``, with every norm's weight around 1 rather than around
+    0 (it multiplies by its weight; the tree's ``LayerNorm`` names escape draw_weights'
+    ``norm.weight`` rule), so a drawn encoder's outputs are not flattened to its biases."""
+    tensors = draw_weights(model, seed)
+    for name, p in model.named_params():
+        owner = model
+        for part in name.split(".")[:-1]:
+            owner = owner[int(part)] if isinstance(owner, list) else getattr(owner, part)
+        plus_one = getattr(getattr(owner, "options", None), "plus_one", False)
+        if isinstance(owner, (LayerNorm, RMSNorm)) and not plus_one and name.endswith(".weight") \
+                and name in tensors:
+            tensors[name] = tensors[name] + np.float32(1.0)
+    return tensors

@@ -1,0 +1,64 @@
+"""Every spec against transformers' own logits on the same weights, read from committed goldens.
+
+The goldens (tests/goldens/<spec>/) were recorded from transformers' model in float32
+(``iron-spec check ... --record-golden``); reading them needs neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from iron_spec.build import input_fingerprint, load_model
+from iron_spec.check import golden_path
+from iron_spec.loader import load_spec
+from runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
+from runtime.session import Session
+from tests.conftest import SPECS, checkpoint
+
+CAUSAL = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "causal")
+# The real checkpoints ../shared/data/make_checkpoints.sh builds, by the spec serving them.
+REAL = {"llama3": ["smollm2-135m-instruct"], "gemma3": ["gemma-3-270m"]}
+
+
+def judge(loaded, golden: Golden) -> dict:
+    bounds = loaded.expanded.spec.get("validation", "kl")
+    stats = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
+    for k, bound in bounds.items():
+        assert stats[k] <= bound, f"{k} KL {stats[k]:.3g} > {bound}"
+    assert stats["top1_mismatches"] == 0, stats
+    # No top-1 mismatch teacher-forced means free-running greedy draws the golden's tokens.
+    prompt = golden.tokens[: golden.prompt_len].tolist()
+    drawn = list(Session(loaded.lm).generate(prompt, golden.steps - 1))
+    assert drawn == golden.tokens[golden.prompt_len:].tolist()
+    return stats
+
+
+@pytest.mark.parametrize("spec", CAUSAL, ids=lambda p: p.stem)
+def test_toy_matches_transformers(spec: Path):
+    loaded = load_model(spec, random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), input_fingerprint(loaded))
+    judge(loaded, golden)
+
+
+@pytest.mark.parametrize("spec,name", [(s, c) for s, cs in REAL.items() for c in cs])
+def test_real_checkpoint_matches_transformers(spec: str, name: str):
+    directory = checkpoint(name)
+    path = SPECS / f"{spec}.yaml"
+    if not path.exists():
+        pytest.skip(f"{path} is not written yet")
+    loaded = load_model(path, checkpoint=directory, max_seq_len=2048)
+    golden = Golden.read(golden_path(loaded), input_fingerprint(loaded))
+    assert golden.steps >= 40
+    judge(loaded, golden)
+
+
+def test_a_stale_golden_is_refused(tmp_path):
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), input_fingerprint(loaded))
+    other = load_model(SPECS / "llama3.yaml", random_weights=1, toy=True)
+    with pytest.raises(GoldenError, match="is stale: recorded from config and weights"):
+        Golden.read(golden_path(loaded), input_fingerprint(other))
+    with pytest.raises(GoldenError, match="is missing: record it"):
+        Golden.read(tmp_path / "none.npz", golden.fingerprint)
