@@ -108,6 +108,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own).
     """
     spec = load_spec(spec_path)
+    if spec.get("model") == "encoder":
+        raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
+                         "(iron-spec embed), it does not generate")
     directory = None
     if toy:
         if checkpoint is not None:
@@ -158,3 +161,20 @@ def input_fingerprint(loaded: Loaded) -> str:
     """What a golden is keyed by: the config.json and the checkpoint's tensors, the inputs
     transformers ran on; not the spec, which is what a golden judges."""
     return fingerprint(loaded.config_json, loaded.checkpoint_tensors().items())
+
+
+def build_tree(spec, config_json: dict, source: str):
+    """The module tree ``spec`` expands to on ``config_json``, at a small size (what lint
+    builds to check a spec): a CausalLM, or an Encoder for ``model: encoder``.
+
+    Raises:
+        SpecError: the spec does not expand on the config.
+        ValueError: the expanded options do not build.
+    """
+    if spec.get("model") == "encoder":
+        from runtime.encoder import Encoder
+
+        from .encoder import expand_encoder
+        return Encoder(expand_encoder(spec, config_json, source=source).options)
+    return CausalLM(expand(spec, config_json, max_seq_len=16, prefill_chunk=16,
+                           source=source).options)

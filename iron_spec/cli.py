@@ -179,6 +179,17 @@ def schema() -> None:
 from . import lint as _lint  # noqa: E402  (after app: the modules import nothing from here)
 
 app.command("lint")(_lint.command)
+from . import show as _show  # noqa: E402
+app.command("show")(_show.command)
 from . import check as _check  # noqa: E402
 
 app.command("check")(_check.command)
+from . import bench as _bench  # noqa: E402
+
+app.command("bench")(_bench.command)
+from . import embed as _embed  # noqa: E402
+
+app.command("embed")(_embed.command)
+from . import registry as _registry  # noqa: E402
+
+app.command("list")(_registry.command)

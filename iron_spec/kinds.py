@@ -1,16 +1,33 @@
-"""Which options each kind of a kind-chosen section takes: data, one row per kind.
+"""Which options belong to one kind only: data, one row per kind-chosen section.
 
-A section (``layer``, ``layer.norm``, ``layer.mlp``) chooses its kind with its ``kind`` key
-(else the schema's default); lint refuses an option the chosen kind does not take. A new
-kind is a row here beside its entry in spec.schema.json's ``kind`` enum of that section;
-tests/iron_spec/test_lint.py checks the two agree, so neither is added without the other.
+A section's kind is chosen by a discriminator (``layer.kind``, ``layer.norm.kind``,
+``model``; absent, the schema's default). A row lists, per kind, the options of the section
+only that kind takes; lint refuses such an option under any other kind. Options no row
+lists are every kind's (the schema alone says which keys exist). A kind-only option is a
+word here beside its entry in spec.schema.json; tests/iron_spec/test_lint.py checks every
+kind and option named here exists there.
 """
 
 from __future__ import annotations
 
-KINDS: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {
-    ("layer",): {"decoder": ("norm", "residual_scale", "attention", "mlp"),
-                 "encoder": ("norm", "placement", "attention", "mlp")},
-    ("layer", "norm"): {"rms": ("eps", "plus_one"), "layer": ("eps",)},
-    ("layer", "mlp"): {"gated": ("act", "bias"), "plain": ("act", "bias")},
-}
+from typing import NamedTuple
+
+
+class Row(NamedTuple):
+    section: tuple[str, ...]  # the mapping whose keys are checked
+    chosen_by: tuple[str, ...]  # the discriminator's path from the top level
+    only: dict[str, tuple[str, ...]]  # kind -> the section's options only that kind takes
+
+
+CAUSAL_LAYERS = ("decoder", "sandwich")  # the layer kinds of model causal
+
+KINDS: tuple[Row, ...] = (
+    Row((), ("model",), {"causal": ("rope", "head"), "encoder": ("pooling",)}),
+    Row(("embedding",), ("model",), {"encoder": ("positions", "token_types", "norm")}),
+    Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
+    Row(("checkpoint",), ("model",), {"encoder": ("unused",)}),
+    Row(("layer",), ("layer", "kind"), {k: ("residual_scale", "pattern") for k in CAUSAL_LAYERS}),
+    Row(("layer", "attention"), ("layer", "kind"), {
+        k: ("rope", "window", "softcap", "qk_norm", "fused_qkv") for k in CAUSAL_LAYERS}),
+    Row(("layer", "norm"), ("layer", "norm", "kind"), {"rms": ("plus_one",)}),
+)

@@ -123,6 +123,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
 
 
 _scalars = yaml.SafeLoader("")
+_PLAIN = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 
 
 def _at(node: yaml.Node) -> tuple[int, int]:
@@ -152,6 +153,9 @@ class _Builder:
                                     "contains itself?)")
         self.spec.marks.setdefault(path, _at(node))
         self.spec.values.setdefault(path, _at(node))
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN:
+            raise self.refuse(node, f"tag {node.tag!r} is not allowed: a spec is plain "
+                                    "mappings, lists and scalars (safe YAML)")
         if isinstance(node, yaml.MappingNode):
             return self.mapping(node, path)
         if isinstance(node, yaml.SequenceNode):

@@ -10,20 +10,19 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable, Mapping
 
-from runtime.causal import CausalLM
 from runtime.checkpoint import renamed
+from runtime.module import Module
 
 from . import expr
+from .build import build_tree
 from .config import entry, lookup
 from .errors import SpecError
-from .interpreter import expand
 from .kinds import KINDS
 from .loader import Spec
 from .schema import at, slots, where
 
 EXPRESSION = "#/$defs/value"  # the schema's option value: a literal, or text as an expression
 ORDER = ("json", "value", "expr", "default")  # config.resolve tries a field's sources so
-SMALL_CONTEXT = 16  # positions lint builds a model with: its KV caches stay tiny
 ABSENT = lookup({}, "absent")  # what config.lookup gives for a key a config.json lacks
 
 
@@ -106,20 +105,24 @@ def config_fields(spec: Spec) -> list[SpecError]:
 
 
 def kinds(spec: Spec) -> list[SpecError]:
-    """Options a section's chosen kind does not take (``kinds.KINDS``)."""
+    """Options only another kind takes than the one chosen (``kinds.KINDS``)."""
     out = []
-    for path, table in KINDS.items():
-        section = spec.get(*path)
+    for row in KINDS:
+        section = spec.get(*row.section)
         if not isinstance(section, dict):
             continue
-        kind = section.get("kind", at(path).get("properties", {}).get("kind", {}).get("default"))
-        if kind not in table:
-            continue  # an unknown kind is the schema's error
-        takes = table[kind]
+        by, name = row.chosen_by[:-1], row.chosen_by[-1]
+        choice = at(by).get("properties", {}).get(name, {})
+        kind = spec.get(*row.chosen_by, default=choice.get("default"))
+        if kind not in choice.get("enum", ()):
+            continue  # no kind, or an unknown one: the schema's error
         for key in section:
-            if key != "kind" and key not in takes:
-                out.append(spec.error(path + (key,), f"{where(path)} kind {kind!r} does not take "
-                                      f"option {key!r} (it takes: {', '.join(takes)})"))
+            owners = [k for k, options in row.only.items() if key in options]
+            if owners and kind not in owners:
+                out.append(spec.error(row.section + (key,), f"{where(row.chosen_by)} {kind!r} "
+                                      f"does not take {where(row.section + (key,))} (only "
+                                      f"{' and '.join(owners)} take{'s' * (len(owners) == 1)} "
+                                      "it)"))
     return out
 
 
@@ -188,16 +191,14 @@ def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> lis
 
 
 def build(spec: Spec, config_json: Mapping[str, Any], source: str, place: tuple = ("config",)
-          ) -> tuple[CausalLM | None, list[SpecError]]:
-    """The model ``spec`` expands to on ``config_json`` (a short context, so cheap), or the
-    problem that stops it (a model that does not build: at ``place``)."""
+          ) -> tuple[Module | None, list[SpecError]]:
+    """The module tree ``spec`` expands to on ``config_json`` (``build.build_tree``: a short
+    context, so cheap), or the problem that stops it (a tree that does not build: at
+    ``place``)."""
     try:
-        expanded = expand(spec, config_json, max_seq_len=SMALL_CONTEXT,
-                          prefill_chunk=SMALL_CONTEXT, source=source)
+        return build_tree(spec, config_json, source), []
     except SpecError as e:
         return None, [e]
-    try:
-        return CausalLM(expanded.options), []
     except ValueError as e:
         return None, [spec.error(place, f"the model on {source} does not build: {e}")]
 
@@ -213,6 +214,12 @@ def _sources(old: str, new: str, target: str) -> Iterable[str]:
     for i in range(len(parts) - len(run) + 1):
         if parts[i:i + len(run)] == run:
             yield ".".join(parts[:i] + [old] + parts[i + len(run):])
+
+
+def _first(name: str, table: Mapping[str, str]) -> str | None:
+    """The rename ``runtime.checkpoint.renamed`` applies to ``name``: the first whose key is
+    a run of whole dotted parts of it."""
+    return next((old for old in table if f".{old}." in f".{name}."), None)
 
 
 def renames(spec: Spec, names: Iterable[str]) -> list[SpecError]:
@@ -242,7 +249,8 @@ def renames(spec: Spec, names: Iterable[str]) -> list[SpecError]:
                                   f"holds the run {new!r}{_near(new, runs)} (the model's "
                                   f"names are like {names[len(names) // 2]})"))
             continue
-        if not any(renamed(s, table) == n for n in names for s in _sources(old, new, n)):
+        if not any(_first(s, table) == old and renamed(s, table) == n
+                   for n in names for s in _sources(old, new, n)):
             out.append(spec.error(path, f"rename {old!r} -> {new!r} places no tensor: every "
                                   "name it would rename, an earlier rename renames first"))
     return out

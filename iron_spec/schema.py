@@ -162,7 +162,7 @@ def messages(error: jsonschema.ValidationError) -> Iterator[tuple[tuple, str, bo
 
 def validate(spec: Spec) -> list[SpecError]:
     """Every schema violation of ``spec``, in file order, each at its node."""
-    validator = jsonschema.Draft202012Validator(schema())
+    validator = _validator()
     errors: dict[tuple, SpecError] = {}
     for e in validator.iter_errors(spec.data):
         for path, message, value in messages(e):
@@ -210,9 +210,15 @@ def slots(data: Any, node: Any = None, path: tuple = ()) -> Iterator[tuple[tuple
             yield from slots(value, sub, path + (i,))
 
 
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema())
+
+
 def _fits(data: Any, node: Any) -> bool:
-    return jsonschema.Draft202012Validator(schema()).is_valid(data, node) if isinstance(
-        node, dict) else bool(node)
+    if not isinstance(node, dict):
+        return bool(node)
+    return _validator().evolve(schema=node).is_valid(data)
 
 
 def at(path: tuple) -> dict:

@@ -1,5 +1,5 @@
-"""Layer normalization over the last axis, as torch.nn.LayerNorm (BERT's, and every post-norm
-encoder's): the mean removed, divided by the standard deviation, scaled and shifted.
+"""Layer normalization over the last axis, as torch.nn.LayerNorm: the mean removed, divided by
+the standard deviation, scaled and shifted.
 
 Not for: RMSNorm (``norm``), which keeps the mean.
 """

@@ -1,9 +1,9 @@
 """Pooling a call's rows into one vector, and what sentence-embedding heads apply after it:
-mean over rows, L2 normalization of a row, and tanh (BERT's pooler activation).
+mean over rows, L2 normalization of a row, and tanh (a pooler's activation).
 
 Semantics as sentence-transformers' ``Pooling`` (mean over the tokens a mask keeps: here, a
-call's rows) and ``Normalize`` (``torch.nn.functional.normalize``, p=2), and transformers'
-``BertPooler`` (``tanh(dense(first row))``).
+call's rows) and ``Normalize`` (``torch.nn.functional.normalize``, p=2), and a pooler's
+``tanh(dense(first row))``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class L2Normalize(Operator):
 
 
 class Tanh(Operator):
-    """``tanh(x)`` elementwise: BERT's pooler activation (not a ``hidden_act`` name)."""
+    """``tanh(x)`` elementwise: a pooler's activation (not a ``hidden_act`` name)."""
 
     name = "tanh"
 

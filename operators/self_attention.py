@@ -21,7 +21,7 @@ class SelfAttention(Operator):
 
     Query head ``h`` reads kv head ``h // (heads // kv_heads)``, as transformers'
     ``repeat_kv``. Attribute ``scale``: the logit scale (default ``head_dim ** -0.5``, as
-    transformers' BertSelfAttention). Softmax in float32 (float64 in the reference).
+    transformers' ``eager_attention_forward``). Softmax in float32 (float64 in the reference).
     """
 
     name = "self_attention"

@@ -1,0 +1,221 @@
+"""``iron-spec bench``: speed and memory of a spec on a checkpoint, side by side with
+transformers (where the ``golden`` extra is installed) and the memory-bandwidth floor, in one
+run, as ratios. Each figure is the median of ``runs`` runs after a warm-up.
+
+Measured here, never asserted in tests: these figures drift 20% from run to run on a shared
+machine, so only ratios taken in one run mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import typer
+
+from runtime.session import Session
+
+from .build import Loaded, load_model
+
+PROMPTS = (128, 512)
+SHORT, DEEP, DECODE = 128, 2000, 64
+
+
+def median_of(runs: int, fn: Callable[[], float]) -> float:
+    fn()  # warm-up
+    return statistics.median(fn() for _ in range(runs))
+
+
+def threads() -> int:
+    """The BLAS threads numpy runs with: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else
+    every core (OpenBLAS's own default)."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return os.cpu_count() or 1
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory, bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def ours(loaded: Loaded, runs: int) -> dict:
+    lm = loaded.lm
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
+    out: dict = {}
+    for n in PROMPTS:
+        def prefill(n=n):
+            s = Session(lm)
+            start = time.perf_counter()
+            s.logits(prompt[:n])
+            return time.perf_counter() - start
+        seconds = median_of(runs, prefill)
+        out[f"prefill{n}_tokens_per_s"] = n / seconds
+        out[f"ttft{n}_s"] = seconds
+    for name, at in (("short", SHORT), ("deep", DEEP)):
+        def decode(at=at):
+            s = Session(lm)
+            s.logits(prompt[:at])
+            history = prompt[:at]
+            start = time.perf_counter()
+            for _ in range(DECODE):
+                history = history + [int(np.argmax(s.logits(history)))]
+            return DECODE / (time.perf_counter() - start)
+        out[f"decode_{name}_tokens_per_s"] = median_of(runs, decode)
+    out["peak_rss_bytes"] = peak_rss()
+    return out
+
+
+def floor(loaded: Loaded, runs: int) -> dict:
+    """A plain numpy float32 GEMV over every weight matrix a decode step reads, and the copy
+    bandwidth of a 1 GiB array."""
+    mats = [w for w in loaded.weights().values() if w.ndim == 2]
+    head = loaded.lm.lm_head.weight.array
+    embed = loaded.lm.model.embed_tokens.weight.array
+    if head is embed:
+        pass  # tied: the head's pass reads the embedding once, the gather reads one row
+    vectors = {w.shape[1]: np.ones(w.shape[1], np.float32) for w in mats}
+    outs = [np.empty(w.shape[0], np.float32) for w in mats]
+    if embed is not head:
+        drop = next(i for i, w in enumerate(mats) if w is embed)
+        mats.pop(drop)
+        outs.pop(drop)
+
+    def gemv_pass() -> float:
+        start = time.perf_counter()
+        for w, o in zip(mats, outs):
+            np.matmul(w, vectors[w.shape[1]], out=o)
+        return time.perf_counter() - start
+
+    seconds = median_of(runs, gemv_pass)
+    weight_bytes = sum(w.nbytes for w in mats)
+    a = np.ones(2**28, np.float32)
+    b = np.empty_like(a)
+
+    def copy() -> float:
+        start = time.perf_counter()
+        np.copyto(b, a)
+        return time.perf_counter() - start
+
+    copy_s = median_of(runs, copy)
+    del a, b
+    return {"gemv_passes_per_s": 1 / seconds, "decode_weight_bytes": weight_bytes,
+            "gemv_gb_per_s": weight_bytes / seconds / 1e9,
+            "copy_gb_per_s": 2 * 2**30 / copy_s / 1e9,
+            "bandwidth_floor_tokens_per_s": (2 * 2**30 / copy_s) / weight_bytes}
+
+
+def transformers_peer(loaded: Loaded, runs: int, n_threads: int) -> dict | None:
+    """The same measurements of transformers' own model (float32, greedy, KV cache on)."""
+    try:
+        import torch
+        from .golden_record import hugging_face
+    except ImportError:
+        return None
+    torch.set_num_threads(n_threads)
+    model = hugging_face(loaded)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, loaded.lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
+    out: dict = {}
+    with torch.inference_mode():
+        for n in PROMPTS:
+            ids = torch.tensor([prompt[:n]])
+
+            def prefill(ids=ids):
+                start = time.perf_counter()
+                model(ids, use_cache=True)
+                return time.perf_counter() - start
+            seconds = median_of(runs, prefill)
+            out[f"prefill{n}_tokens_per_s"] = n / seconds
+            out[f"ttft{n}_s"] = seconds
+        for name, at in (("short", SHORT), ("deep", DEEP)):
+            def decode(at=at):
+                o = model(torch.tensor([prompt[:at]]), use_cache=True)
+                past, token = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                start = time.perf_counter()
+                for _ in range(DECODE):
+                    o = model(token, past_key_values=past, use_cache=True)
+                    past, token = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                return DECODE / (time.perf_counter() - start)
+            out[f"decode_{name}_tokens_per_s"] = median_of(runs, decode)
+    return out
+
+
+def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
+    n_threads = threads()
+    result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
+              "prefill_chunk": loaded.lm.config.prefill_chunk}
+    result["ours"] = ours(loaded, runs)
+    weights = sum(w.nbytes for w in loaded.weights().values())
+    kv = sum(s.array.nbytes for _, s in loaded.lm.named_states())
+    result["weights_bytes"], result["kv_cache_bytes"] = weights, kv
+    result["floor"] = floor(loaded, runs)
+    result["transformers"] = transformers_peer(loaded, runs, n_threads) if peer else None
+    o, f, t = result["ours"], result["floor"], result["transformers"]
+
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+    result["ratios"] = {
+        "decode_vs_transformers": ratio(o["decode_short_tokens_per_s"], t and t["decode_short_tokens_per_s"]),
+        "decode_vs_gemv_floor": ratio(o["decode_short_tokens_per_s"], f["gemv_passes_per_s"]),
+        "prefill128_vs_transformers": ratio(o["prefill128_tokens_per_s"], t and t["prefill128_tokens_per_s"]),
+        "prefill512_vs_transformers": ratio(o["prefill512_tokens_per_s"], t and t["prefill512_tokens_per_s"]),
+        "deep_vs_short_decode": ratio(o["decode_deep_tokens_per_s"], o["decode_short_tokens_per_s"]),
+        "peak_rss_vs_weights": o["peak_rss_bytes"] / (weights + kv),
+    }
+    return result
+
+
+def report(r: dict) -> str:
+    o, f, t, q = r["ours"], r["floor"], r["transformers"], r["ratios"]
+    lines = [f"threads {r['threads']}, median of {r['runs']} runs after a warm-up, "
+             f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}",
+             f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
+
+    def row(label, key, rkey=None, unit="tok/s"):
+        peer = "" if t is None else f"{t[key]:14.1f}"
+        ratio = "" if rkey is None or q[rkey] is None else f"{q[rkey]:8.2f}"
+        lines.append(f"{label:28}{o[key]:12.1f}{peer:>14}{ratio:>8}  {unit}")
+    row("prefill 128 tokens", "prefill128_tokens_per_s", "prefill128_vs_transformers")
+    row("prefill 512 tokens", "prefill512_tokens_per_s", "prefill512_vs_transformers")
+    lines.append(f"{'TTFT 128 tokens':28}{o['ttft128_s']:12.3f}"
+                 f"{'' if t is None else format(t['ttft128_s'], '14.3f'):>14}          s")
+    row(f"decode at {SHORT}", "decode_short_tokens_per_s", "decode_vs_transformers")
+    row(f"decode at {DEEP}", "decode_deep_tokens_per_s")
+    lines.append(f"numpy GEMV pass over the decode weights: {f['gemv_passes_per_s']:.1f} passes/s "
+                 f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
+                 f"copy bandwidth {f['copy_gb_per_s']:.1f} GB/s, floor "
+                 f"{f['bandwidth_floor_tokens_per_s']:.1f} tok/s")
+    lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB; weights "
+                 f"{r['weights_bytes'] / 2**20:.0f} MiB + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
+    lines.append("ratios: " + ", ".join(f"{k} {'n/a' if v is None else format(v, '.2f')}"
+                                        for k, v in q.items()))
+    return "\n".join(lines)
+
+
+def command(
+    spec: Path = typer.Argument(..., help="the spec YAML"),
+    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    runs: int = typer.Option(3, help="runs per figure, after one warm-up"),
+    max_seq_len: int = typer.Option(4096, help="context length the caches are sized for"),
+    peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+) -> None:
+    """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
+    from .cli import EXPECTED
+    try:
+        loaded = load_model(spec, checkpoint=checkpoint, max_seq_len=max_seq_len)
+        loaded.lm.decode_step, loaded.lm.prompt_chunk  # compiled before anything is timed
+        result = measure(loaded, runs, peer)
+    except EXPECTED as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(json.dumps(result, indent=2) if as_json else report(result))

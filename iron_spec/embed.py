@@ -1,0 +1,93 @@
+"""``iron-spec embed``: the embeddings of texts under an encoder spec, or their cosine matrix.
+
+Each text runs as one call of the compiled encoder (its own rows, nothing shared between
+texts), pooled and normalized as the spec's ``pooling`` says.
+
+Not for: generation (``run``), checking against goldens (``check``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import typer
+
+from runtime.checkpoint import CheckpointError
+
+from .encoder import LoadedEncoder, load_encoder
+from .errors import SpecError
+from .loader import load_spec
+from .registry import for_checkpoint
+
+
+def embed_texts(loaded: LoadedEncoder, texts: list[str]) -> np.ndarray:
+    """The spec's embedding of each text, ``(len(texts), hidden)`` float32.
+
+    Raises:
+        ValueError: the model has no tokenizer, or its pooling keeps every token (``none``).
+    """
+    if loaded.tokenizer is None:
+        raise ValueError("texts need the checkpoint's tokenizer.json")
+    version = loaded.model.version()
+    if version.pooling.kind == "none":
+        raise ValueError("the spec's pooling is 'none': it gives one vector per token, not one "
+                         "per text")
+    rows = []
+    for text in texts:
+        ids, types = loaded.tokenizer(text)
+        rows.append(np.array(version(ids, types)))  # a copy: the output is the arena's
+    return np.stack(rows)
+
+
+def cosine(embeddings: np.ndarray) -> np.ndarray:
+    """The cosine similarity of every pair of rows, ``(n, n)`` float64."""
+    e = np.asarray(embeddings, np.float64)
+    u = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-300)
+    return u @ u.T
+
+
+def _spec_and_texts(args: list[str], checkpoint: Optional[str]) -> tuple[Path, list[str]]:
+    """SPEC is the first argument when it names a .yaml/.yml file, else the checkpoint's
+    config.json architectures pick it."""
+    if args and Path(args[0]).suffix in (".yaml", ".yml"):
+        return Path(args[0]), args[1:]
+    if checkpoint is None:
+        raise ValueError("give --checkpoint DIR (its tokenizer encodes the texts)")
+    return for_checkpoint(checkpoint), args
+
+
+def command(
+    args: List[str] = typer.Argument(..., metavar="[SPEC] TEXT...",
+                                     help="an encoder spec (optional: else the checkpoint's "
+                                          "architectures pick one), then the texts"),
+    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    similarity: bool = typer.Option(False, "--similarity",
+                                    help="print the cosine matrix of the texts' embeddings"),
+    max_tokens: Optional[int] = typer.Option(None, help="ids a text keeps, the rest truncated "
+                                             "[default: the spec's, capped by "
+                                             "sentence-transformers' max_seq_length]"),
+    decimals: int = typer.Option(4, help="decimals printed"),
+) -> None:
+    """Embed TEXTs with an encoder SPEC: one line per text, or with --similarity the cosine
+    matrix (row i, column j: text i against text j)."""
+    try:
+        spec_path, texts = _spec_and_texts(list(args), checkpoint)
+        if not texts:
+            raise ValueError("give at least one TEXT")
+        spec = load_spec(spec_path)
+        if spec.get("model") != "encoder":
+            raise ValueError(f"{spec_path} is model {spec.get('model')!r}: embed runs encoder "
+                             "specs (model: encoder)")
+        if checkpoint is None:
+            raise ValueError("give --checkpoint DIR (its tokenizer encodes the texts)")
+        loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens)
+        e = embed_texts(loaded, texts)
+    except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    table = cosine(e) if similarity else e
+    for row in table:
+        sys.stdout.write(" ".join(f"{x:{decimals + 3}.{decimals}f}" for x in row) + "\n")

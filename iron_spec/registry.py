@@ -1,0 +1,102 @@
+"""The specs this project ships, and which serves a checkpoint: ``iron-spec list``, and a
+spec picked from a config.json's ``architectures`` when none is named.
+
+Not for: reading what a spec means (``interpreter``, ``encoder``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from .errors import SpecError
+from .loader import load_spec
+
+#: The shipped specs' folder; ``IRON_SPEC_SPECS`` points elsewhere.
+SPECS = Path(os.environ.get("IRON_SPEC_SPECS", Path(__file__).resolve().parent.parent / "specs"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One spec file: its ``name``, ``model`` kind and the ``architectures`` it serves."""
+
+    path: Path
+    name: str
+    model: str
+    architectures: tuple[str, ...]
+
+
+def entries(folder: Path | None = None) -> list[Entry]:
+    """Every spec under ``folder`` (default ``SPECS``), by file name.
+
+    Raises:
+        FileNotFoundError: no such folder.
+        SpecError: a spec that does not parse (run ``iron-spec lint`` on it).
+    """
+    folder = Path(folder or SPECS)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no specs folder (IRON_SPEC_SPECS names another)")
+    out = []
+    for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
+        spec = load_spec(path)
+        archs = spec.get("architectures", default=[])
+        out.append(Entry(path, str(spec.get("name", default=path.stem)),
+                         str(spec.get("model", default="?")),
+                         tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()))
+    return out
+
+
+def for_architectures(architectures, source: str, folder: Path | None = None) -> Path:
+    """The spec serving ``architectures`` (a config.json's), the first one a spec serves,
+    as transformers builds ``architectures[0]``.
+
+    Raises:
+        ValueError: ``architectures`` is not a list of names, no spec serves any of them, or
+            two specs serve the same one (naming what each serves).
+    """
+    if not isinstance(architectures, list) or not architectures or \
+            not all(isinstance(a, str) for a in architectures):
+        raise ValueError(f"{source}: its architectures is {architectures!r}, not a list of class "
+                         "names; name the spec to run")
+    known = entries(folder)
+    for arch in architectures:
+        serving = [e for e in known if arch in e.architectures]
+        if len(serving) > 1:
+            raise ValueError(f"{arch} is served by {len(serving)} specs "
+                             f"({', '.join(str(e.path) for e in serving)}); name one")
+        if serving:
+            return serving[0].path
+    served = sorted({a for e in known for a in e.architectures})
+    raise ValueError(f"{source}: no spec serves {', '.join(architectures)} (specs serve: "
+                     f"{', '.join(served) or 'nothing'}); write one, or name a spec")
+
+
+def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
+    """The spec serving the checkpoint's config.json ``architectures``.
+
+    Raises:
+        FileNotFoundError: no checkpoint or config.json there.
+        ValueError: as ``for_architectures``.
+    """
+    from runtime.host import checkpoint_directory
+
+    from .build import read_config
+
+    directory = checkpoint_directory(checkpoint)
+    config = read_config(directory)
+    return for_architectures(config.get("architectures"), str(directory / "config.json"), folder)
+
+
+def command() -> None:
+    """List the specs: name, model kind, the config.json architectures each serves, file."""
+    try:
+        found = entries()
+    except (FileNotFoundError, SpecError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    width = max([len(e.name) for e in found] + [4])
+    for e in found:
+        typer.echo(f"{e.name:<{width}}  {e.model:<8}  {', '.join(e.architectures):<32}  {e.path}")

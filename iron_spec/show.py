@@ -1,0 +1,309 @@
+"""``iron-spec show``: the model a spec expands to, and where each of its weights comes from.
+
+On a checkpoint's config.json (``--checkpoint``) or the spec's toy one (``--toy``, the
+default): every config field's value and source, the layer pattern (each run of alike
+layers: kind, window, RoPE table), the RoPE tables, the module tree with each parameter's
+shape and dtype and, given a checkpoint, the tensor it loads from after renames; then the
+tensors nothing loads and the parameters nothing fills. Only the checkpoint's headers are
+read, never its weights. ``--format json`` gives the same for scripts.
+
+Not for: checking a spec (``lint``), running one (``cli run``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from runtime.checkpoint import Checkpoint, CheckpointError, TensorInfo, renamed
+from runtime.host import checkpoint_directory
+from runtime.module import Module, Param
+
+from .build import build_tree, read_config
+from .config import resolve
+from .errors import SpecError
+from .loader import Spec, load_spec
+
+FORMATS = ("text", "json")
+PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
+
+
+@dataclass
+class Placement:
+    """Where a checkpoint's tensors go, as ``runtime.checkpoint.bind`` places them (after
+    renames, a tied name's tensor ignored), without raising: ``sources`` maps a filled
+    parameter to its tensor; ``tied`` a parameter to the one it shares; ``ignored`` lists
+    tensors of tied names; ``unused`` tensors the spec lists under ``checkpoint.unused``;
+    ``unplaced`` tensors no parameter takes (with the name they were renamed to);
+    ``unfilled`` parameters no tensor fills; ``misshaped`` (tensor, parameter) pairs whose
+    shapes differ."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    unplaced: list[tuple[str, str]] = field(default_factory=list)
+    unfilled: list[str] = field(default_factory=list)
+    misshaped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not (self.unplaced or self.unfilled or self.misshaped)
+
+
+def params(tree: Module) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each distinct parameter by its first name, and each further name to that first."""
+    first: dict[int, str] = {}
+    out: dict[str, Any] = {}
+    tied: dict[str, str] = {}
+    for name, p in tree.named_params():
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)], out[name] = name, p
+    return out, tied
+
+
+def place(tree: Module, tensors: dict[str, TensorInfo], renames: dict[str, str],
+          unused: list[str]) -> Placement:
+    """The placement of ``tensors`` (a checkpoint's headers) on ``tree``'s parameters."""
+    own, tied = params(tree)
+    out = Placement(tied=tied)
+    for source in sorted(tensors):
+        target = renamed(source, renames)
+        if target in tied:
+            out.ignored.append(source)
+        elif target in own and target not in out.sources:
+            out.sources[target] = source
+            if tuple(tensors[source].shape) != own[target].shape:
+                out.misshaped.append((source, target))
+        elif source in unused:
+            out.unused.append(source)
+        else:
+            out.unplaced.append((source, target))
+    out.unfilled = [n for n in own if n not in out.sources]
+    return out
+
+
+@dataclass
+class View:
+    """Everything ``show`` prints, gathered once for both formats."""
+
+    spec: Spec
+    on: str  # what the config came from
+    config: dict[str, dict[str, Any]]
+    tree: Module
+    layers: list[dict[str, Any]]
+    ropes: dict[str, dict[str, Any]]
+    checkpoint: Optional[str] = None
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    placement: Optional[Placement] = None
+
+
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_flat(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def gather(spec_path: Path, checkpoint: Optional[str]) -> View:
+    """The view of ``spec_path`` on ``checkpoint``'s config.json and headers, or on its toy.
+
+    Raises:
+        FileNotFoundError: no spec, checkpoint or config.json there.
+        SpecError: the spec does not load or expand.
+        CheckpointError: the checkpoint's headers are malformed.
+        ValueError: the expanded model does not build.
+    """
+    spec = load_spec(spec_path)
+    directory = None
+    if checkpoint is not None:
+        directory = checkpoint_directory(checkpoint)
+        config_json, on, source = read_config(directory), str(directory / "config.json"), \
+            "config.json"
+    else:
+        toy = spec.get("toy", "config")
+        if not isinstance(toy, dict):
+            raise spec.error((), "this spec has no toy: section; give --checkpoint DIR")
+        config_json, on, source = toy, f"{spec.file} toy.config", "toy.config"
+    tree = build_tree(spec, config_json, on)
+    resolved = resolve(spec, config_json, source)
+    options = getattr(tree, "config", None)
+    view = View(spec, on, {n: {"value": v, "source": resolved.sources[n]}
+                           for n, v in resolved.values.items()}, tree,
+                [_flat(lo) for lo in getattr(options, "layers", ())],
+                {n: dataclasses.asdict(r) for n, r in (getattr(options, "ropes", None) or {}).items()})
+    if directory is not None:
+        view.checkpoint = str(directory)
+        view.tensors = Checkpoint(directory).tensors
+        renames = spec.get("checkpoint", "renames", default={}) or {}
+        unused = spec.get("checkpoint", "unused", default=[]) or []
+        view.placement = place(tree, view.tensors, renames, unused)
+    return view
+
+
+def _runs(layers: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+    """Consecutive alike layers as (first, last, options)."""
+    runs: list[tuple[int, int, dict[str, Any]]] = []
+    for i, lo in enumerate(layers):
+        if runs and runs[-1][2] == lo:
+            runs[-1] = (runs[-1][0], i, lo)
+        else:
+            runs.append((i, i, lo))
+    return runs
+
+
+def _pattern_columns(layers: list[dict[str, Any]]) -> list[str]:
+    """The options a reader looks for (kind, window, RoPE table), then any that vary."""
+    keys = list(layers[0]) if layers else []
+    shown = [k for k in keys if k.rsplit(".", 1)[-1] in ("kind", "window", "rope", "placement")
+             and not k.startswith(("norm.", "mlp."))]
+    return shown + [k for k in keys if k not in shown and len({repr(lo[k]) for lo in layers}) > 1]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if isinstance(value, (dict, list)) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def render_text(view: View) -> str:
+    out = [f"spec      {view.spec.file} ({view.spec.get('name')}, model "
+           f"{view.spec.get('model')})", f"config    {view.on}"]
+    if view.checkpoint:
+        out.append(f"weights   {view.checkpoint} ({len(view.tensors)} tensors, headers only)")
+    out += ["", "config fields"]
+    width = max(map(len, view.config), default=0)
+    for name, c in view.config.items():
+        out.append(f"  {name:<{width}}  {_short(c['value']):<24}  {c['source']}")
+    if view.layers:
+        cols = _pattern_columns(view.layers)
+        out += ["", f"layers ({len(view.layers)})"]
+        for a, b, lo in _runs(view.layers):
+            which = f"{a}" if a == b else f"{a}-{b}"
+            parts = []
+            for k in cols:
+                v = lo[k]
+                if k.endswith("window"):
+                    parts.append("full attention" if v is None else f"sliding window {v}")
+                elif k.endswith("rope"):
+                    parts.append("no rope" if v is None else f"rope {v}")
+                else:
+                    parts.append(f"{k} {v}")
+            out.append(f"  {which:<7} {', '.join(parts)}")
+    if view.ropes:
+        out += ["", "rope tables"]
+        for name, r in view.ropes.items():
+            out.append(f"  {name}: " + ", ".join(f"{k} {_short(v)}" for k, v in r.items()))
+    out += ["", "modules and parameters" + (" (<- checkpoint tensor)" if view.placement else "")]
+    out += _tree_lines(view, view.tree, type(view.tree).__name__, 1)
+    if view.placement is not None:
+        out += [""] + _summary(view)
+    return "\n".join(out)
+
+
+def _tree_lines(view: View, module: Module, label: str, depth: int) -> list[str]:
+    pad = "  " * depth
+    lines = [f"{pad[2:]}{label}"]
+    p = view.placement
+    for attr, value in vars(module).items():
+        if not isinstance(value, Param):
+            continue
+        name = module.where(attr)
+        shape = "[" + ", ".join(map(str, value.shape)) + "]"
+        line = f"{pad}{attr:<8} {shape:<14} {PARAM_DTYPE}"
+        if p is not None:
+            if name in p.tied:
+                line += f"  tied: shares {p.tied[name]}"
+            elif name in p.sources:
+                t = view.tensors[p.sources[name]]
+                line += f"  <- {p.sources[name]} ({t.dtype} {list(t.shape)})"
+            else:
+                line += "  <- NOTHING: no tensor fills it"
+        lines.append(line)
+    for name, child in module.children():
+        lines += _tree_lines(view, child, f"{name}  {type(child).__name__}", depth + 1)
+    return lines
+
+
+def _summary(view: View) -> list[str]:
+    p = view.placement
+    assert p is not None
+    n = len(view.tensors)
+    out = [f"checkpoint: {len(p.sources)} of {n} tensors placed, "
+           f"{len(p.ignored)} ignored (tied), {len(p.unused)} unused (checkpoint.unused), "
+           f"{len(p.unplaced)} left over; {len(p.unfilled)} parameters unfilled, "
+           f"{len(p.misshaped)} mis-shaped"]
+    for name, first in p.tied.items():
+        state = "its tensor ignored" if any(renamed(s, view.spec.get("checkpoint", "renames",
+                default={}) or {}) == name for s in p.ignored) else "no tensor of its own"
+        out.append(f"  tied: {name} -> {first} ({state})")
+    out += [f"  unused: {s}" for s in p.unused]
+    out += [f"  left over: {s}" + (f" (renamed {t})" if t != s else "") for s, t in p.unplaced]
+    out += [f"  unfilled: {name}" for name in p.unfilled]
+    for s, t in p.misshaped:
+        out.append(f"  mis-shaped: {s} is {list(view.tensors[s].shape)}, {t} is "
+                   f"{list(params(view.tree)[0][t].shape)}")
+    return out
+
+
+def render_json(view: View) -> str:
+    own, tied = params(view.tree)
+    p = view.placement
+    rows = []
+    for name, param in view.tree.named_params():
+        row: dict[str, Any] = {"name": name, "shape": list(param.shape), "dtype": PARAM_DTYPE,
+                               "tied_to": tied.get(name), "source": None}
+        if p is not None and name in p.sources:
+            t = view.tensors[p.sources[name]]
+            row.update(source=p.sources[name], source_dtype=t.dtype, source_shape=list(t.shape))
+        rows.append(row)
+    data: dict[str, Any] = {
+        "spec": view.spec.file, "name": view.spec.get("name"), "model": view.spec.get("model"),
+        "config_from": view.on, "config": view.config, "layers": view.layers,
+        "ropes": view.ropes, "params": rows, "checkpoint": None}
+    if p is not None:
+        data["checkpoint"] = {
+            "path": view.checkpoint, "tensors": len(view.tensors), "placed": len(p.sources),
+            "tied": p.tied, "ignored": p.ignored, "unused": p.unused,
+            "unplaced": [s for s, _ in p.unplaced], "unfilled": p.unfilled,
+            "misshaped": [s for s, _ in p.misshaped], "fits": p.fits}
+    return json.dumps(data, indent=2, default=str)
+
+
+def command(
+    spec: Path = typer.Argument(..., help="the spec YAML, e.g. specs/llama3.yaml"),
+    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id: its "
+                                             "config.json, and its tensors placed (headers only)"),
+    toy: bool = typer.Option(False, "--toy", help="the spec's toy config (the default without "
+                                                  "--checkpoint)"),
+    format: str = typer.Option("text", "--format", help="text | json"),
+) -> None:
+    """Show the model SPEC expands to: config fields and their sources, layer pattern, module
+    tree, and each parameter's checkpoint tensor. Exit 0 shown, 1 the spec or checkpoint does
+    not fit, 2 could not run."""
+    if format not in FORMATS:
+        typer.echo(f"error: --format {format!r} is not one of {', '.join(FORMATS)}", err=True)
+        raise typer.Exit(2)
+    if toy and checkpoint is not None:
+        typer.echo("error: --toy shows the spec's toy config; it takes no --checkpoint", err=True)
+        raise typer.Exit(2)
+    try:
+        view = gather(spec, checkpoint)
+    except FileNotFoundError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    except (SpecError, CheckpointError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    typer.echo(render_json(view) if format == "json" else render_text(view))
+    raise typer.Exit(0 if view.placement is None or view.placement.fits else 1)

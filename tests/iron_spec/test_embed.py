@@ -1,0 +1,114 @@
+"""``iron-spec embed`` and ``iron-spec list``: texts to embeddings and cosines on the real
+all-MiniLM-L6-v2 against transformers' numbers (tests/goldens/bert/all-minilm-l6-v2.npz,
+recorded by tests/goldens/bert/record.py), the spec picked by architectures, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from iron_spec.cli import app
+from iron_spec.embed import cosine, embed_texts
+from iron_spec.encoder import load_encoder
+from iron_spec.registry import entries, for_architectures
+from tests.conftest import ROOT, SPECS, checkpoint
+
+GOLDEN = ROOT / "tests" / "goldens" / "bert" / "all-minilm-l6-v2.npz"
+BERT = str(SPECS / "bert.yaml")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return checkpoint("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    with np.load(GOLDEN, allow_pickle=False) as f:
+        g = {k: f[k] for k in f.files}
+    g["texts"], g["ids"] = json.loads(str(g["texts"])), json.loads(str(g["ids"]))
+    return g
+
+
+@pytest.fixture(scope="module")
+def loaded(minilm, golden):
+    loaded = load_encoder(BERT, checkpoint=minilm)
+    assert loaded.fingerprint() == str(golden["fingerprint"]), "stale golden: re-run record.py"
+    return loaded
+
+
+def test_texts_tokenize_as_transformers(loaded, golden):
+    for text, ids in zip(golden["texts"], golden["ids"]):
+        assert loaded.tokenizer(text)[0] == ids
+
+
+def test_embeddings_match_transformers_mean_pooling(loaded, golden):
+    e = golden["embeddings"]
+    got = embed_texts(loaded, golden["texts"])
+    # The spec normalizes (sentence-transformers' Normalize module); transformers' mean
+    # pooling, recorded unnormalized, normalized here.
+    np.testing.assert_allclose(got, e / np.linalg.norm(e, axis=1, keepdims=True), atol=2e-6)
+    np.testing.assert_allclose(cosine(got), golden["cosine"], atol=1e-6)
+
+
+def test_acceptance_similarity_prints_transformers_cosines(minilm, golden):
+    texts = golden["texts"][:2]
+    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts,
+                                 "--similarity"])
+    assert result.exit_code == 0, result.output
+    want = [" ".join(f"{x:7.4f}" for x in row) for row in golden["cosine"][:2, :2]]
+    assert result.stdout.splitlines() == want
+    assert want[0].split()[1] == "0.7553"  # transformers' number, as the issue quotes it
+
+
+def test_spec_picked_by_architectures_when_not_named(minilm, golden):
+    texts = golden["texts"][:3]
+    named = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts])
+    picked = runner.invoke(app, ["embed", "--checkpoint", str(minilm), *texts])
+    assert picked.exit_code == 0, picked.output
+    assert picked.stdout == named.stdout
+    rows = [list(map(float, line.split())) for line in picked.stdout.splitlines()]
+    assert np.array(rows).shape == (3, 384)
+
+
+def test_list_names_each_spec_and_its_architectures():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
+    assert lines["bert"][1:3] == ["encoder", "BertModel"]
+    assert lines["llama3"][1:3] == ["causal", "LlamaForCausalLM"]
+
+
+def test_architectures_pick_the_first_served_and_refuse_the_unknown():
+    assert for_architectures(["NoSuchModel", "BertModel"], "config.json").name == "bert.yaml"
+    with pytest.raises(ValueError, match="no spec serves NoSuchModel.*BertModel"):
+        for_architectures(["NoSuchModel"], "config.json")
+    with pytest.raises(ValueError, match="not a list"):
+        for_architectures("BertModel", "config.json")
+    assert {e.name for e in entries()} >= {"bert", "llama3"}
+
+
+def _error(result) -> str:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    return result.output
+
+
+def test_a_causal_spec_is_refused(minilm):
+    out = _error(runner.invoke(app, ["embed", str(SPECS / "llama3.yaml"), "--checkpoint",
+                                     str(minilm), "hello"]))
+    assert "embed runs encoder specs" in out
+
+
+def test_run_refuses_an_encoder_spec():
+    out = _error(runner.invoke(app, ["run", BERT, "--random-weights", "0", "--toy"]))
+    assert "encoder spec" in out and "iron-spec embed" in out
+
+
+def test_no_checkpoint_no_texts():
+    assert "--checkpoint" in _error(runner.invoke(app, ["embed", BERT, "hello"]))
+    assert "--checkpoint" in _error(runner.invoke(app, ["embed", "hello"]))

@@ -1,0 +1,164 @@
+"""``iron-spec lint``: every broken spec in tests/specs/bad/ reported at the line and column
+its header names, with the message it names; the real specs clean; output formats and exit
+statuses; the rules that need more than one file or a config.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from iron_spec import kinds, rules
+from iron_spec.cli import app
+from iron_spec.lint import ConfigFile, lint_paths, lint_spec
+from iron_spec.loader import parse_spec
+from iron_spec.schema import at, known_keys
+from tests.conftest import ROOT, SPECS
+
+BAD = ROOT / "tests" / "specs" / "bad"
+# A file with no room for a header: its expectations here.
+HEADERLESS = {"empty.yaml": ["1:1: the file is empty"]}
+runner = CliRunner()
+
+
+def expectations(path: Path) -> tuple[list[tuple[int, int, str]], list[Path]]:
+    """The ``# expect: LINE:COL: TEXT`` lines of a bad spec, and its ``# with: FILE``s."""
+    lines = HEADERLESS.get(path.name) or [
+        line[len("# expect: "):] for line in path.read_text().splitlines()
+        if line.startswith("# expect: ")]
+    expect = []
+    for line in lines:
+        m = re.fullmatch(r"(\d+):(\d+): (.+)", line)
+        assert m, f"{path}: malformed expectation {line!r}"
+        expect.append((int(m[1]), int(m[2]), m[3]))
+    with_ = [ROOT / line[len("# with: "):] for line in path.read_text().splitlines()
+             if line.startswith("# with: ")]
+    return expect, with_
+
+
+BAD_SPECS = sorted(BAD.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BAD_SPECS, ids=lambda p: p.stem)
+def test_bad_spec_reported_where_and_as_its_header_says(path):
+    expect, with_ = expectations(path)
+    assert expect, f"{path} names no expectation"
+    problems, _ = lint_paths([*with_, path])
+    assert all(p.file == str(path) for p in problems), problems  # the others are clean
+    got = [(p.line, p.col, p.message) for p in problems]
+    for line, col, text in expect:
+        assert any((l, c) == (line, col) and text in m for l, c, m in got), \
+            f"expected {line}:{col}: {text!r}; lint said:\n" + "\n".join(map(str, problems))
+    # Nothing reported that the header does not expect.
+    assert {(l, c) for l, c, _ in got} == {(l, c) for l, c, _ in expect}, problems
+
+
+def test_the_bad_specs_cover_what_the_issue_lists():
+    assert len(BAD_SPECS) >= 30
+    names = {p.stem for p in BAD_SPECS}
+    assert {"wrong_type", "unknown_key_near_miss", "unknown_layer_kind", "undefined_name",
+            "import_attempt", "alias_bomb", "tab_indented", "empty", "list",
+            "rename_missing_tensor"} <= names
+    assert (BAD / "empty.yaml").read_bytes() == b""
+
+
+def test_specs_are_clean():
+    problems, files = lint_paths([SPECS])
+    assert files and not problems, "\n".join(map(str, problems))
+
+
+def test_every_spec_names_its_schema_and_version():
+    for path in SPECS.glob("*.yaml"):
+        first = path.read_text().splitlines()[0]
+        assert first == "# yaml-language-server: $schema=../iron_spec/spec.schema.json", path
+        assert parse_spec(path.read_text()).data["spec"] == 1
+
+
+def lint(*args):
+    return runner.invoke(app, ["lint", *args])
+
+
+def test_exit_statuses_and_formats():
+    bad = str(BAD / "every_problem.yaml")
+    clean = lint(str(SPECS))
+    assert clean.exit_code == 0 and clean.stdout == ""
+    text = lint(bad)
+    assert text.exit_code == 1
+    assert text.stdout.splitlines()[0] == \
+        f"{bad}:5:7: error: spec must be 1, not the number 2"
+    data = json.loads(lint(bad, "--format", "json").stdout)
+    assert [(d["line"], d["col"]) for d in data] == [(5, 7), (23, 26), (24, 3)]
+    github = lint(bad, "--format", "github").stdout.splitlines()
+    assert github[0] == f"::error file={bad},line=5,col=7::spec must be 1, not the number 2"
+    assert len(github) == 3
+
+
+def test_could_not_run_is_status_2(tmp_path):
+    missing = lint(str(tmp_path / "nope.yaml"))
+    assert missing.exit_code == 2 and "nope.yaml: no such file or folder" in missing.output
+    assert lint(str(SPECS), "--format", "xml").exit_code == 2
+    assert lint(str(SPECS), "--config", str(tmp_path / "none.json")).exit_code == 2
+    (tmp_path / "list.json").write_text("[1]")
+    assert lint(str(SPECS), "--config", str(tmp_path / "list.json")).exit_code == 2
+    assert "Traceback" not in missing.output
+
+
+def test_config_json_keys_nothing_reads(tmp_path):
+    config = json.loads(json.dumps(parse_spec((SPECS / "llama3.yaml").read_text()).data["toy"]
+                                   ["config"]))
+    config.update({"rope_thetaa": 1.0, "initializer_range": 0.02, "sliding_window": 4096})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = lint(str(SPECS / "llama3.yaml"), "--config", str(path))
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    # initializer_range is in ignore:; the other two are read by nothing.
+    assert len(lines) == 2, lines
+    assert "key 'rope_thetaa' (= 1.0) is neither mapped under config: nor listed in ignore:" \
+        in lines[0]
+    assert "key 'sliding_window' (= 4096)" in lines[1]
+
+
+def test_config_json_of_another_architecture(tmp_path):
+    spec = parse_spec((SPECS / "llama3.yaml").read_text(), "llama3.yaml")
+    config = dict(spec.data["toy"]["config"], architectures=["Qwen3ForCausalLM"])
+    problems = lint_spec(spec, ConfigFile("q/config.json", config))
+    assert [p.message for p in problems] == [
+        "q/config.json is a Qwen3ForCausalLM; this spec serves LlamaForCausalLM"]
+
+
+def test_smollm2_config_is_fully_mapped(smollm2):
+    result = lint(str(SPECS / "llama3.yaml"), "--config", str(smollm2 / "config.json"))
+    assert result.exit_code == 0, result.output
+
+
+def test_kinds_table_names_what_the_schema_has():
+    for row in kinds.KINDS:
+        by = at(row.chosen_by[:-1])["properties"][row.chosen_by[-1]]
+        assert set(row.only) <= set(by["enum"]), row
+        for options in row.only.values():
+            assert set(options) <= set(known_keys(at(row.section))), row
+
+
+def test_an_option_only_another_kind_takes():
+    text = (SPECS / "llama3.yaml").read_text().replace("norm: {kind: rms,", "norm: {kind: layer, plus_one: true,")
+    problems = rules.kinds(parse_spec(text, "x.yaml"))
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "plus_one: true" in l)
+    assert [(p.line, p.col, p.message) for p in problems] == [
+        (line, 23, "layer.norm.kind 'layer' does not take layer.norm.plus_one (only rms takes it)")]
+
+
+def test_rename_shadowed_by_an_earlier_one():
+    spec = parse_spec("checkpoint:\n  renames: {layers: layers, layers.0: layers.0}\n")
+    names = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"]
+    problems = rules.renames(spec, names)
+    assert [(p.line, p.col) for p in problems] == [(2, 29)]
+    assert "an earlier rename renames first" in problems[0].message
+
+
+def test_rename_that_drops_a_run_is_checked_against_the_model():
+    spec = parse_spec("checkpoint:\n  renames: {language_model: ''}\n")
+    assert rules.renames(spec, ["model.norm.weight"]) == []

@@ -1,0 +1,80 @@
+"""``iron-spec show``: the expanded model, each parameter's source tensor, leftovers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from safetensors.numpy import save_file
+from typer.testing import CliRunner
+
+from iron_spec.cli import app
+from tests.conftest import SPECS
+
+LLAMA = str(SPECS / "llama3.yaml")
+runner = CliRunner()
+
+
+def show(*args):
+    return runner.invoke(app, ["show", *args])
+
+
+def test_toy_text_shows_sources_pattern_and_tree():
+    result = show(LLAMA, "--toy")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    # Values and sources from specs/llama3.yaml's toy config and its defaults.
+    assert "  num_key_value_heads      2                         toy.config: num_key_value_heads" in out
+    assert "  attention_bias           False                     default" in out
+    assert "  0-1     rope default, full attention" in out
+    assert "      weight   [64, 64]       float32" in out  # q_proj: 4 heads x 16 = 64
+
+
+def test_toy_json_lists_every_param():
+    data = json.loads(show(LLAMA, "--format", "json").stdout)
+    names = [p["name"] for p in data["params"]]
+    # 2 layers x 9 + embed_tokens + norm + lm_head (untied in the toy).
+    assert len(names) == 21 and names[-1] == "lm_head.weight"
+    assert data["config"]["head_dim"] == {"value": 16, "source": "toy.config: head_dim"}
+    assert [l["attention.rope"] for l in data["layers"]] == ["default", "default"]
+    assert data["checkpoint"] is None
+
+
+def test_a_checkpoint_that_does_not_fit_shows_what_is_left(tmp_path):
+    config = json.loads(show(LLAMA, "--format", "json").stdout)
+    toy = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(toy))
+    tensors = {p["name"]: np.zeros(p["shape"], np.float32) for p in config["params"]}
+    del tensors["model.norm.weight"]
+    tensors["model.extra.weight"] = np.zeros(3, np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    result = show(LLAMA, "--checkpoint", str(tmp_path), "--format", "json")
+    assert result.exit_code == 1
+    c = json.loads(result.stdout)["checkpoint"]
+    assert c["unfilled"] == ["model.norm.weight"]
+    assert c["unplaced"] == ["model.extra.weight"]
+    # Tied in this config: the file's lm_head.weight is read by nothing, on purpose.
+    assert c["ignored"] == ["lm_head.weight"] and c["tied"] == {
+        "lm_head.weight": "model.embed_tokens.weight"}
+    assert c["tensors"] == 21 and c["placed"] == 19 and c["fits"] is False
+
+
+def test_could_not_run(tmp_path):
+    assert show(str(tmp_path / "none.yaml")).exit_code == 2
+    assert show(LLAMA, "--toy", "--checkpoint", str(tmp_path)).exit_code == 2
+    assert show(LLAMA, "--format", "yaml").exit_code == 2
+
+
+def test_smollm2_every_tensor_placed(smollm2):
+    result = show(LLAMA, "--checkpoint", str(smollm2))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert ("checkpoint: 272 of 272 tensors placed, 0 ignored (tied), 0 unused "
+            "(checkpoint.unused), 0 left over; 0 parameters unfilled, 0 mis-shaped") in out
+    assert "tied: lm_head.weight -> model.embed_tokens.weight (no tensor of its own)" in out
+    assert "<- model.layers.29.mlp.down_proj.weight (BF16 [576, 1536])" in out
+    data = json.loads(show(LLAMA, "--checkpoint", str(smollm2), "--format", "json").stdout)
+    sources = [p["source"] for p in data["params"] if p["source"]]
+    assert len(sources) == len(set(sources)) == 272

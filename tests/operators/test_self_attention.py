@@ -1,0 +1,69 @@
+"""Bidirectional self-attention over a call's rows: every row sees every row, nothing else."""
+
+import math
+
+import numpy as np
+import pytest
+
+from operators import SelfAttention
+
+OP = SelfAttention()
+
+
+def _loops(q, k, v, scale):
+    """Attention written out one query at a time, from the definition."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    n, H, D = q.shape
+    G = k.shape[1]
+    out = np.zeros((n, H, D))
+    for i in range(n):
+        for h in range(H):
+            g = h // (H // G)
+            s = [scale * float(np.dot(q[i, h], k[j, g])) for j in range(n)]
+            top = max(s)
+            w = [math.exp(x - top) for x in s]
+            out[i, h] = sum(wj * v[j, g] for wj, j in zip(w, range(n))) / sum(w)
+    return out.reshape(n, H * D)
+
+
+def test_reference_equal_keys_average_the_values():
+    n, H, D = 3, 2, 4
+    q = np.random.default_rng(0).standard_normal((n, H, D))
+    k = np.ones((n, H, D))
+    v = np.arange(n * H * D, dtype=np.float64).reshape(n, H, D)
+    expected = np.broadcast_to(v.mean(axis=0), (n, H, D)).reshape(n, H * D)
+    np.testing.assert_allclose(OP.reference(q, k, v), expected, rtol=1e-14)
+
+
+def test_reference_a_single_row_is_its_value():
+    v = np.array([[[1.0, 2.0], [3.0, 4.0]]])
+    np.testing.assert_allclose(OP.reference(np.ones((1, 2, 2)), np.ones((1, 2, 2)), v),
+                               [[1.0, 2.0, 3.0, 4.0]])
+
+
+@pytest.mark.parametrize("H,G", [(4, 4), (4, 2)])
+def test_reference_matches_the_definition(randn, H, G):
+    q, k, v = randn(5, H, 8), randn(5, G, 8), randn(5, G, 8)
+    np.testing.assert_allclose(OP.reference(q, k, v, scale=0.3), _loops(q, k, v, 0.3),
+                               rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(OP.reference(q, k, v), _loops(q, k, v, 8 ** -0.5),
+                               rtol=1e-12, atol=1e-14)
+
+
+def test_no_row_is_masked():
+    # The first row's output moves when the last row's value does: bidirectional.
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((4, 2, 8)) for _ in range(3))
+    w = v.copy()
+    w[-1] += 1.0
+    assert not np.allclose(OP.reference(q, k, v)[0], OP.reference(q, k, w)[0])
+
+
+@pytest.mark.parametrize("n,H,G,D", [(1, 4, 4, 8), (9, 12, 12, 32), (16, 8, 2, 16)])
+def test_kernel_within_tolerance(check_kernel, randn, n, H, G, D):
+    check_kernel(OP, randn(n, H, D, scale=2.0), randn(n, G, D, scale=2.0), randn(n, G, D))
+
+
+def test_shape_refuses_rows_that_differ():
+    with pytest.raises(ValueError, match="does not meet"):
+        OP.shape((4, 2, 8), (3, 2, 8), (3, 2, 8))
