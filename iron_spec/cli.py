@@ -85,7 +85,7 @@ def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
 
 @app.command()
 def run(
-    spec: Path = typer.Argument(..., help="the spec YAML, e.g. specs/llama3.yaml"),
+    spec: Optional[Path] = typer.Argument(None, help="the spec YAML, e.g. specs/llama3.yaml [default: the spec serving --checkpoint's config.json architectures]"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),
@@ -103,6 +103,13 @@ def run(
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
     logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr)
     try:
+        if spec is None:
+            if checkpoint is None:
+                raise ValueError("name a SPEC, or give --checkpoint DIR to pick one from its "
+                                 "config.json architectures")
+            from .registry import for_checkpoint
+            spec = for_checkpoint(checkpoint)
+            log.info("spec %s, serving the checkpoint's architectures", spec)
         loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk)
         sampler = _sampling(loaded, temperature, top_k, top_p, seed)
         session, tok = Session(loaded.lm), loaded.tokenizer
