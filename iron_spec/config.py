@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from . import expr
 from .loader import Spec
 
-_MISSING = object()
+MISSING = object()  # what lookup gives for a key config.json lacks (or holds as null)
 
 
 @dataclass
@@ -41,9 +41,9 @@ def lookup(data: Mapping[str, Any], key: str) -> Any:
     node: Any = data
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
+            return MISSING
         node = node[part]
-    return _MISSING if node is None else node
+    return MISSING if node is None else node
 
 
 def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.json") -> Resolved:
@@ -66,19 +66,19 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
                              + " -> ".join(busy[busy.index(name):] + [name]))
         busy.append(name)
         e = entry(fields[name])
-        got = _MISSING
+        got = MISSING
         if "json" in e:
             got = lookup(config_json, e["json"])
-            if got is not _MISSING:
+            if got is not MISSING:
                 out.sources[name] = f"{source}: {e['json']}"
-        if got is _MISSING and "value" in e:
+        if got is MISSING and "value" in e:
             got, out.sources[name] = e["value"], "value"
-        if got is _MISSING and "expr" in e:
+        if got is MISSING and "expr" in e:
             got = _expression(spec, ("config", name, "expr"), e["expr"], value, fields)
             out.sources[name] = f"expr: {e['expr']}"
-        if got is _MISSING and "default" in e:
+        if got is MISSING and "default" in e:
             got, out.sources[name] = e["default"], "default"
-        if got is _MISSING:
+        if got is MISSING:
             raise spec.error(("config", name), f"{source} has no {e.get('json', name)!r} and "
                              f"field {name!r} declares no default or expr")
         busy.pop()

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as _Tokenizer
 
 from operators.activation import ACTIVATIONS
 from runtime.blocks import NormOptions
-from runtime.checkpoint import Checkpoint, LoadReport, bind, fill
+from runtime.checkpoint import Checkpoint, LoadReport, fill, load
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
 from runtime.golden import fingerprint
@@ -198,23 +198,6 @@ class LoadedEncoder:
         return fingerprint(self.config_json, self.checkpoint_tensors().items())
 
 
-def load_checkpoint(model: Encoder, checkpoint: Checkpoint, renames: Mapping[str, str],
-                    unused: tuple[str, ...],
-                    progress: Callable[[int, int], None] | None = None) -> LoadReport:
-    """``runtime.checkpoint.load``, strict, but leaving unread the tensors ``unused`` names
-    (each a whole name; one the checkpoint lacks is fine), listed in the report's
-    ``ignored``."""
-    names = [n for n in checkpoint.tensors if n not in unused]
-    shapes = {n: t.shape for n, t in checkpoint.tensors.items()}
-    bound, report = bind(model, names, shapes, renames)
-    for i, (name, (source, p)) in enumerate(bound.items()):
-        p.array = checkpoint.read(source)
-        if progress is not None:
-            progress(i + 1, len(bound))
-    report.ignored = sorted(report.ignored + [n for n in checkpoint.tensors if n in unused])
-    return report
-
-
 def _sentence_length(directory: Path) -> int | None:
     """sentence-transformers' ``max_seq_length`` (sentence_bert_config.json), if saved."""
     path = directory / "sentence_bert_config.json"
@@ -269,7 +252,7 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     else:
         assert directory is not None
         ckpt = Checkpoint(directory)
-        report = load_checkpoint(model, ckpt, expanded.renames, expanded.unused, progress)
+        report = load(model, ckpt, expanded.renames, progress, expanded.unused)
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = TextIds(directory, expanded.options.max_tokens)

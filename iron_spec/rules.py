@@ -15,7 +15,7 @@ from runtime.module import Module
 
 from . import expr
 from .build import build_tree
-from .config import entry, lookup
+from .config import MISSING, entry, lookup
 from .errors import SpecError
 from .kinds import KINDS
 from .loader import Spec
@@ -23,7 +23,6 @@ from .schema import at, slots, where
 
 EXPRESSION = "#/$defs/value"  # the schema's option value: a literal, or text as an expression
 ORDER = ("json", "value", "expr", "default")  # config.resolve tries a field's sources so
-ABSENT = lookup({}, "absent")  # what config.lookup gives for a key a config.json lacks
 
 
 def _fields(spec: Spec) -> dict:
@@ -134,7 +133,7 @@ def config_keys(spec: Spec, config_json: Mapping[str, Any], source: str) -> list
         key = e.get("json")
         if not isinstance(key, str) or any(k in e for k in ORDER[1:]):
             continue
-        if lookup(config_json, key) is ABSENT:
+        if lookup(config_json, key) is MISSING:
             path = ("config", name) if isinstance(raw, str) else ("config", name, "json")
             out.append(spec.error(path, f"config.{name}: {source} has no key {key!r} and the "
                                   "field declares no default, expr or value"

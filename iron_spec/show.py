@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import typer
 
-from runtime.checkpoint import Checkpoint, CheckpointError, TensorInfo, renamed
+from runtime.checkpoint import Checkpoint, CheckpointError, Placement, TensorInfo, place, renamed
 from runtime.host import checkpoint_directory
 from runtime.module import Module, Param
 
@@ -33,61 +33,9 @@ FORMATS = ("text", "json")
 PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
 
 
-@dataclass
-class Placement:
-    """Where a checkpoint's tensors go, as ``runtime.checkpoint.bind`` places them (after
-    renames, a tied name's tensor ignored), without raising: ``sources`` maps a filled
-    parameter to its tensor; ``tied`` a parameter to the one it shares; ``ignored`` lists
-    tensors of tied names; ``unused`` tensors the spec lists under ``checkpoint.unused``;
-    ``unplaced`` tensors no parameter takes (with the name they were renamed to);
-    ``unfilled`` parameters no tensor fills; ``misshaped`` (tensor, parameter) pairs whose
-    shapes differ."""
-
-    sources: dict[str, str] = field(default_factory=dict)
-    tied: dict[str, str] = field(default_factory=dict)
-    ignored: list[str] = field(default_factory=list)
-    unused: list[str] = field(default_factory=list)
-    unplaced: list[tuple[str, str]] = field(default_factory=list)
-    unfilled: list[str] = field(default_factory=list)
-    misshaped: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return not (self.unplaced or self.unfilled or self.misshaped)
-
-
-def params(tree: Module) -> tuple[dict[str, Any], dict[str, str]]:
-    """Each distinct parameter by its first name, and each further name to that first."""
-    first: dict[int, str] = {}
-    out: dict[str, Any] = {}
-    tied: dict[str, str] = {}
-    for name, p in tree.named_params():
-        if id(p) in first:
-            tied[name] = first[id(p)]
-        else:
-            first[id(p)], out[name] = name, p
-    return out, tied
-
-
-def place(tree: Module, tensors: dict[str, TensorInfo], renames: dict[str, str],
-          unused: list[str]) -> Placement:
-    """The placement of ``tensors`` (a checkpoint's headers) on ``tree``'s parameters."""
-    own, tied = params(tree)
-    out = Placement(tied=tied)
-    for source in sorted(tensors):
-        target = renamed(source, renames)
-        if target in tied:
-            out.ignored.append(source)
-        elif target in own and target not in out.sources:
-            out.sources[target] = source
-            if tuple(tensors[source].shape) != own[target].shape:
-                out.misshaped.append((source, target))
-        elif source in unused:
-            out.unused.append(source)
-        else:
-            out.unplaced.append((source, target))
-    out.unfilled = [n for n in own if n not in out.sources]
-    return out
+def _tied(tree: Module) -> dict[str, str]:
+    """Each tied param name and the name it shares a param with."""
+    return place(tree, {}, {}).tied
 
 
 @dataclass
@@ -148,7 +96,8 @@ def gather(spec_path: Path, checkpoint: Optional[str]) -> View:
         view.tensors = Checkpoint(directory).tensors
         renames = spec.get("checkpoint", "renames", default={}) or {}
         unused = spec.get("checkpoint", "unused", default=[]) or []
-        view.placement = place(tree, view.tensors, renames, unused)
+        view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,
+                               unused)
     return view
 
 
@@ -252,13 +201,13 @@ def _summary(view: View) -> list[str]:
     out += [f"  unfilled: {name}" for name in p.unfilled]
     for s, t in p.misshaped:
         out.append(f"  mis-shaped: {s} is {list(view.tensors[s].shape)}, {t} is "
-                   f"{list(params(view.tree)[0][t].shape)}")
+                   f"{list(p.params[t].shape)}")
     return out
 
 
 def render_json(view: View) -> str:
-    own, tied = params(view.tree)
     p = view.placement
+    tied = _tied(view.tree)
     rows = []
     for name, param in view.tree.named_params():
         row: dict[str, Any] = {"name": name, "shape": list(param.shape), "dtype": PARAM_DTYPE,

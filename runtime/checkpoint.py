@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -139,6 +139,10 @@ class Checkpoint:
                     f"lacks {sorted(named - held.keys())}")
             self.tensors.update(held)
 
+    def close(self) -> None:
+        """Unmap the files (a later ``raw`` or ``read`` maps them again)."""
+        self._maps.clear()
+
     def raw(self, name: str) -> np.ndarray:
         """Tensor ``name`` as stored (its own dtype), a read-only view of the mapped file."""
         info = self.tensors[name]
@@ -171,75 +175,110 @@ def renamed(name: str, renames: Mapping[str, str]) -> str:
 class LoadReport:
     """Where each param came from: ``sources`` maps a param name to its checkpoint tensor;
     ``tied`` maps a tied name to the param it shares; ``ignored`` lists checkpoint tensors
-    read by nothing because the model ties them."""
+    read by nothing: a tied name's, or one the spec declares unused."""
 
     sources: dict[str, str]
     tied: dict[str, str]
     ignored: list[str]
 
 
-def bind(module: Module, names: Iterable[str], shapes: Mapping[str, tuple[int, ...]],
-         renames: Mapping[str, str]) -> tuple[dict[str, tuple[str, Param]], LoadReport]:
-    """Match checkpoint tensors (``names``, their ``shapes``) to ``module``'s params.
+@dataclass
+class Placement:
+    """Where a checkpoint's tensors go on a module's params, found without raising.
 
-    Returns each param's checkpoint tensor and the report. Raises CheckpointError listing
-    every missing, unexpected and mis-shaped tensor together.
+    ``sources`` maps a filled param to its tensor; ``tied`` a param name to the param it
+    shares; ``ignored`` lists tensors of tied names; ``unused`` tensors declared unused;
+    ``unplaced`` (tensor, renamed name) pairs no param takes; ``unfilled`` params no tensor
+    fills; ``misshaped`` (tensor, param) pairs whose shapes differ.
     """
-    params: dict[str, Param] = {}
-    tied: dict[str, str] = {}
+
+    params: dict[str, Param] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    unplaced: list[tuple[str, str]] = field(default_factory=list)
+    unfilled: list[str] = field(default_factory=list)
+    misshaped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not (self.unplaced or self.unfilled or self.misshaped)
+
+    def report(self) -> LoadReport:
+        return LoadReport(dict(self.sources), dict(self.tied), sorted(self.ignored + self.unused))
+
+
+def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping[str, str],
+          unused: Iterable[str] = ()) -> Placement:
+    """Match checkpoint tensors (name -> shape) to ``module``'s params after ``renames``:
+    a tensor whose renamed name is a tied alias is ignored; one listed in ``unused`` is left
+    unread; every other must fill exactly one param of its shape."""
+    out = Placement()
     first: dict[int, str] = {}
     for name, p in module.named_params():
         if id(p) in first:
-            tied[name] = first[id(p)]
+            out.tied[name] = first[id(p)]
         else:
             first[id(p)] = name
-            params[name] = p
-    by_param: dict[str, str] = {}
-    unexpected, ignored, misshaped = [], [], []
-    for source in names:
+            out.params[name] = p
+    unused = set(unused)
+    for source in shapes:
         target = renamed(source, renames)
-        if target in tied:
-            ignored.append(source)
-        elif target not in params or target in by_param:
-            unexpected.append(source if target == source else f"{source} (renamed {target})")
+        if target in out.tied:
+            out.ignored.append(source)
+        elif target in out.params and target not in out.sources:
+            out.sources[target] = source
+            if tuple(shapes[source]) != out.params[target].shape:
+                out.misshaped.append((source, target))
+        elif source in unused:
+            out.unused.append(source)
         else:
-            by_param[target] = source
-            if tuple(shapes[source]) != params[target].shape:
-                misshaped.append(f"{source} is {list(shapes[source])}, the model's "
-                                 f"{target} is {list(params[target].shape)}")
-    missing = sorted(set(params) - set(by_param))
-    if missing or unexpected or misshaped:
-        parts = []
-        if missing:
-            parts.append(f"missing {len(missing)}: {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected {len(unexpected)}: {', '.join(sorted(unexpected))}")
-        if misshaped:
-            parts.append(f"mis-shaped {len(misshaped)}: {'; '.join(misshaped)}")
-        raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts))
-    return ({n: (by_param[n], params[n]) for n in params},
-            LoadReport({n: by_param[n] for n in params}, tied, sorted(ignored)))
+            out.unplaced.append((source, target))
+    out.unfilled = [n for n in out.params if n not in out.sources]
+    return out
+
+
+def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping[str, str],
+         unused: Iterable[str] = ()) -> Placement:
+    """``place``, strictly: raises CheckpointError listing every missing, unexpected and
+    mis-shaped tensor together, by name."""
+    found = place(module, shapes, renames, unused)
+    if found.fits:
+        return found
+    parts = []
+    if found.unfilled:
+        parts.append(f"missing {len(found.unfilled)}: {', '.join(sorted(found.unfilled))}")
+    if found.unplaced:
+        names = sorted(s if t == s else f"{s} (renamed {t})" for s, t in found.unplaced)
+        parts.append(f"unexpected {len(names)}: {', '.join(names)}")
+    if found.misshaped:
+        parts.append(f"mis-shaped {len(found.misshaped)}: " + "; ".join(
+            f"{s} is {list(shapes[s])}, the model's {t} is {list(found.params[t].shape)}"
+            for s, t in found.misshaped))
+    raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts))
 
 
 def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {},
-         progress: Callable[[int, int], None] | None = None) -> LoadReport:
+         progress: Callable[[int, int], None] | None = None,
+         unused: Iterable[str] = ()) -> LoadReport:
     """Fill every param of ``module`` from ``checkpoint`` (float32), strictly (``bind``).
 
     Nothing is read unless every tensor fits; ``progress(done, total)`` follows the reads.
+    The file's pages are unmapped afterwards, so they stop counting as resident memory.
     """
-    shapes = {n: t.shape for n, t in checkpoint.tensors.items()}
-    bound, report = bind(module, checkpoint.tensors, shapes, renames)
-    for i, (name, (source, p)) in enumerate(bound.items()):
-        p.array = checkpoint.read(source)
+    found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
+    for i, (name, source) in enumerate(found.sources.items()):
+        found.params[name].array = checkpoint.read(source)
         if progress is not None:
-            progress(i + 1, len(bound))
-    return report
+            progress(i + 1, len(found.sources))
+    checkpoint.close()
+    return found.report()
 
 
 def fill(module: Module, tensors: Mapping[str, np.ndarray]) -> LoadReport:
     """Fill every param of ``module`` from in-memory ``tensors``, as strictly as ``load``."""
-    shapes = {n: t.shape for n, t in tensors.items()}
-    bound, report = bind(module, tensors, shapes, {})
-    for name, (source, p) in bound.items():
-        p.array = np.ascontiguousarray(tensors[source], np.float32)
-    return report
+    found = bind(module, {n: t.shape for n, t in tensors.items()}, {})
+    for name, source in found.sources.items():
+        found.params[name].array = np.ascontiguousarray(tensors[source], np.float32)
+    return found.report()
