@@ -77,17 +77,13 @@ def ours(loaded: Loaded, runs: int) -> dict:
 def floor(loaded: Loaded, runs: int) -> dict:
     """A plain numpy float32 GEMV over every weight matrix a decode step reads, and the copy
     bandwidth of a 1 GiB array."""
-    mats = [w for w in loaded.weights().values() if w.ndim == 2]
-    head = loaded.lm.lm_head.weight.array
-    embed = loaded.lm.model.embed_tokens.weight.array
-    if head is embed:
-        pass  # tied: the head's pass reads the embedding once, the gather reads one row
+    lm = loaded.lm
+    embed = lm.model.embed_tokens.weight.array
+    # The embedding's gather reads one row, unless the head is tied to it and reads it all.
+    mats = [w for w in loaded.weights().values()
+            if w.ndim == 2 and (w is not embed or lm.lm_head.weight.array is embed)]
     vectors = {w.shape[1]: np.ones(w.shape[1], np.float32) for w in mats}
     outs = [np.empty(w.shape[0], np.float32) for w in mats]
-    if embed is not head:
-        drop = next(i for i, w in enumerate(mats) if w is embed)
-        mats.pop(drop)
-        outs.pop(drop)
 
     def gemv_pass() -> float:
         start = time.perf_counter()
@@ -106,7 +102,6 @@ def floor(loaded: Loaded, runs: int) -> dict:
         return time.perf_counter() - start
 
     copy_s = median_of(runs, copy)
-    del a, b
     return {"gemv_passes_per_s": 1 / seconds, "decode_weight_bytes": weight_bytes,
             "gemv_gb_per_s": weight_bytes / seconds / 1e9,
             "copy_gb_per_s": 2 * 2**30 / copy_s / 1e9,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from runtime.host import checkpoint_directory, fit
 from runtime.tokenizer import Tokenizer
 from runtime.weights import draw_weights
 
-from .interpreter import Expanded, expand
+from .interpreter import expand
 from .loader import load_spec
 
 Progress = Callable[[int, int], None]
@@ -28,12 +28,13 @@ Progress = Callable[[int, int], None]
 
 @dataclass
 class Loaded:
-    """A model ready to run: the tree with its weights, its tokenizer (None without a
-    checkpoint directory), what the spec expanded to, and where each weight came from."""
+    """A model ready to run: the tree with its weights (a CausalLM, or an encoder), its
+    tokenizer (None without a checkpoint directory), what the spec expanded to, and where
+    each weight came from."""
 
-    lm: CausalLM
-    tokenizer: Tokenizer | None
-    expanded: Expanded
+    model: Any
+    tokenizer: Any
+    expanded: Any
     report: LoadReport
     directory: Path | None
     config_json: dict
@@ -49,10 +50,20 @@ class Loaded:
         inverse = {new: old for old, new in self.expanded.renames.items()}
         return {renamed(name, inverse): t for name, t in self.weights().items()}
 
+    @property
+    def lm(self) -> CausalLM:
+        """The model, a causal one."""
+        return self.model
+
     def weights(self) -> dict[str, np.ndarray]:
         """The model's distinct weights (float32) by their model names; a tied one once."""
-        params = dict(self.lm.named_params())
+        params = dict(self.model.named_params())
         return {name: params[name].array for name in self.report.sources}
+
+    def fingerprint(self) -> str:
+        """What a golden is keyed by: the config.json and the checkpoint's tensors, the
+        inputs transformers ran on; not the spec, which is what a golden judges."""
+        return fingerprint(self.config_json, self.checkpoint_tensors().items())
 
 
 def read_config(directory: Path) -> dict:
@@ -155,12 +166,6 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         tokenizer = Tokenizer(directory)
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
                   checkpoint)
-
-
-def input_fingerprint(loaded: Loaded) -> str:
-    """What a golden is keyed by: the config.json and the checkpoint's tensors, the inputs
-    transformers ran on; not the spec, which is what a golden judges."""
-    return fingerprint(loaded.config_json, loaded.checkpoint_tensors().items())
 
 
 def build_tree(spec, config_json: dict, source: str):

@@ -17,7 +17,7 @@ import typer
 from runtime import checks
 from runtime.golden import Golden, GoldenError
 
-from .build import Loaded, input_fingerprint, load_model
+from .build import Loaded, load_model
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
@@ -56,7 +56,7 @@ def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
     if not path.exists():
         return None, f"no golden at {path}"
     try:
-        return Golden.read(path, input_fingerprint(loaded)), f"golden {path}"
+        return Golden.read(path, loaded.fingerprint()), f"golden {path}"
     except GoldenError as e:
         return None, str(e)
 

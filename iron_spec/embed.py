@@ -17,13 +17,14 @@ import typer
 
 from runtime.checkpoint import CheckpointError
 
-from .encoder import LoadedEncoder, load_encoder
+from .build import Loaded
+from .encoder import load_encoder
 from .errors import SpecError
 from .loader import load_spec
 from .registry import for_checkpoint
 
 
-def embed_texts(loaded: LoadedEncoder, texts: list[str]) -> np.ndarray:
+def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
     """The spec's embedding of each text, ``(len(texts), hidden)`` float32.
 
     Raises:

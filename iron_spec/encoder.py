@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 from tokenizers import Tokenizer as _Tokenizer
 
 from operators.activation import ACTIVATIONS
 from runtime.blocks import NormOptions
-from runtime.checkpoint import Checkpoint, LoadReport, fill, load
+from runtime.checkpoint import Checkpoint, fill, load
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
-from runtime.golden import fingerprint
+
 from runtime.host import checkpoint_directory
 
+from .build import Loaded
 from .config import Resolved, evaluate_option, resolve
 from .loader import Spec, load_spec
 from .schema import validate
@@ -167,35 +167,6 @@ class TextIds:
         return encoded.ids, encoded.type_ids
 
 
-@dataclass
-class LoadedEncoder:
-    """An encoder ready to run: the tree with its weights, its text encoding (None without
-    a checkpoint's tokenizer), what the spec expanded to, and where each weight came from."""
-
-    model: Encoder
-    tokenizer: TextIds | None
-    expanded: ExpandedEncoder
-    report: LoadReport
-    directory: Path | None
-    config_json: dict
-    random_weights: int | None = None
-    checkpoint: Checkpoint | None = None
-
-    def weights(self) -> dict[str, np.ndarray]:
-        """The model's weights (float32) by their model names."""
-        params = dict(self.model.named_params())
-        return {name: params[name].array for name in self.report.sources}
-
-    def checkpoint_tensors(self) -> dict[str, np.ndarray]:
-        """The tensors transformers runs on: the checkpoint's own (every one, as stored), or
-        the drawn weights under the names a checkpoint holds them by."""
-        if self.checkpoint is not None:
-            return {name: self.checkpoint.raw(name) for name in self.checkpoint.tensors}
-        return {self.report.sources[name]: t for name, t in self.weights().items()}
-
-    def fingerprint(self) -> str:
-        """What a golden of this model is keyed by: config.json and the checkpoint's tensors."""
-        return fingerprint(self.config_json, self.checkpoint_tensors().items())
 
 
 def _sentence_length(directory: Path) -> int | None:
@@ -210,7 +181,7 @@ def _sentence_length(directory: Path) -> int | None:
 def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = None,
                  random_weights: int | None = None, toy: bool = False,
                  max_tokens: int | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> LoadedEncoder:
+                 progress: Callable[[int, int], None] | None = None) -> Loaded:
     """The encoder of ``spec`` on a checkpoint's config and weights, or drawn ones.
 
     ``max_tokens`` defaults to the spec's, capped by sentence-transformers'
@@ -256,5 +227,5 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = TextIds(directory, expanded.options.max_tokens)
-    return LoadedEncoder(model, tokenizer, expanded, report, directory, config_json,
-                         random_weights, ckpt)
+    return Loaded(model, tokenizer, expanded, report, directory, config_json,
+                  random_weights, ckpt)

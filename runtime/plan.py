@@ -8,7 +8,7 @@ compared, on the same inputs, with its operator's float64 reference.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from iron_spec.build import input_fingerprint, load_model
+from iron_spec.build import load_model
 from iron_spec.check import golden_path
 from iron_spec.loader import load_spec
 from runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
@@ -38,7 +38,7 @@ def judge(loaded, golden: Golden) -> dict:
 @pytest.mark.parametrize("spec", CAUSAL, ids=lambda p: p.stem)
 def test_toy_matches_transformers(spec: Path):
     loaded = load_model(spec, random_weights=0, toy=True)
-    golden = Golden.read(golden_path(loaded), input_fingerprint(loaded))
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
     judge(loaded, golden)
 
 
@@ -49,16 +49,16 @@ def test_real_checkpoint_matches_transformers(spec: str, name: str):
     if not path.exists():
         pytest.skip(f"{path} is not written yet")
     loaded = load_model(path, checkpoint=directory, max_seq_len=2048)
-    golden = Golden.read(golden_path(loaded), input_fingerprint(loaded))
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
     assert golden.steps >= 40
     judge(loaded, golden)
 
 
 def test_a_stale_golden_is_refused(tmp_path):
     loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
-    golden = Golden.read(golden_path(loaded), input_fingerprint(loaded))
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
     other = load_model(SPECS / "llama3.yaml", random_weights=1, toy=True)
     with pytest.raises(GoldenError, match="is stale: recorded from config and weights"):
-        Golden.read(golden_path(loaded), input_fingerprint(other))
+        Golden.read(golden_path(loaded), other.fingerprint())
     with pytest.raises(GoldenError, match="is missing: record it"):
         Golden.read(tmp_path / "none.npz", golden.fingerprint)

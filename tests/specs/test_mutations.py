@@ -11,7 +11,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.build import input_fingerprint, load_model
+from iron_spec.build import load_model
 from iron_spec.check import golden_path
 from iron_spec.cli import app
 from runtime import checks
@@ -59,9 +59,9 @@ def test_swapped_gate_and_up_fail_against_the_smollm2_golden(smollm2, tmp_path):
                     "mlp.up_proj: mlp.gate_proj}\n")
     broken = load_model(path, checkpoint=smollm2, max_seq_len=1024)
     right = load_model(SPECS / "llama3.yaml", checkpoint=smollm2, max_seq_len=1024)
-    golden = Golden.read(golden_path(right), input_fingerprint(right))
+    golden = Golden.read(golden_path(right), right.fingerprint())
     # Same files, same fingerprint: the golden judges the swapped reading of them.
-    assert input_fingerprint(broken) == golden.fingerprint
+    assert broken.fingerprint() == golden.fingerprint
     result = checks.kl_against(broken.lm, BOUNDS, golden, [], golden.steps)
     assert not result.passed
     assert result.numbers["mean"] > 0.1 and result.numbers["top1_mismatches"] > 10, result.figure
