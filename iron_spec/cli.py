@@ -29,6 +29,20 @@ EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexErro
             jinja2.TemplateError)
 
 
+class _Stderr(logging.Handler):
+    """Log lines to whatever ``sys.stderr`` is when they are emitted, so a progress display
+    that redirects it prints them above itself instead of through its bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+def _log_to_stderr() -> None:
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        log.addHandler(_Stderr())
+        log.setLevel(logging.INFO)
+
+
 def _fail(e: Exception, code: int = 1) -> None:
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(code)
@@ -101,7 +115,7 @@ def run(
     prompt_len: int = typer.Option(24, help="with no tokenizer (--toy), this many random prompt ids"),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
-    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr)
+    _log_to_stderr()
     try:
         if spec is None:
             if checkpoint is None:
