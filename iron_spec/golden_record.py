@@ -14,7 +14,7 @@ import numpy as np
 
 from runtime.golden import Golden
 
-from .build import Loaded, input_fingerprint
+from .build import Loaded
 
 GOLDEN_STEPS = 40
 
@@ -65,11 +65,11 @@ def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Gold
     rows = []
     with torch.no_grad():
         for _ in range(steps):
-            out = model(torch.tensor([tokens]), use_cache=False).logits[0, -1]
+            out = model(torch.tensor([tokens]), use_cache=False, logits_to_keep=1).logits[0, -1]
             row = out.numpy().astype(np.float32)
             rows.append(row)
             tokens.append(int(np.argmax(row)))
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "dtype": "float32", "model": type(model).__name__}
-    return Golden.from_logits(input_fingerprint(loaded), tokens[:-1], len(prompt),
+    return Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
                               np.stack(rows), meta)

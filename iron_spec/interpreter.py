@@ -20,6 +20,7 @@ from .schema import validate
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 DEFAULT_PREFILL_CHUNK = 256
+_ABSENT = object()
 
 
 @dataclass
@@ -45,6 +46,97 @@ def _typed(spec: Spec, path: tuple, value: Any, kind: type | tuple, what: str) -
     return value
 
 
+def _number(spec: Spec, path: tuple, value: Any) -> float | None:
+    return None if value is None else float(_typed(spec, path, value, (int, float), "a number"))
+
+
+def _whole(spec: Spec, path: tuple, value: Any) -> int | None:
+    """A whole number; an integral float (``head_dim * 0.5``) counts."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _typed(spec, path, value, int, "a whole number")
+
+
+def _layer_types(spec: Spec, r: Resolved, n: int) -> list[str | None]:
+    """Each layer's type name under ``layer/pattern``: config's list (``types``), else every
+    ``every``-th layer ``nth`` and the others ``other``; ``[None] * n`` without a pattern."""
+    p = ("layer", "pattern")
+    if spec.get(*p) is None:
+        return [None] * n
+    types = _option(spec, r, p + ("types",), None)
+    options = spec.get(*p, "options", default={}) or {}
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types):
+            raise spec.error(p + ("types",), f"layer types {types!r} are not {n} names, one per layer")
+        where = p + ("types",)
+    else:
+        every = _whole(spec, p + ("every",), _option(spec, r, p + ("every",), None))
+        nth, other = spec.get(*p, "nth"), spec.get(*p, "other")
+        if other is None or (every is not None and (nth is None or every < 1)):
+            raise spec.error(p, "without layer types, a pattern needs other (and every >= 1 with nth)")
+        types = [nth if every and (i + 1) % every == 0 else other for i in range(n)]
+        where = p
+    unknown = sorted(set(types) - set(options))
+    if unknown:
+        raise spec.error(where, f"layer types {', '.join(unknown)} have no entry under "
+                                f"layer/pattern/options (entries: {', '.join(options) or 'none'})")
+    return types
+
+
+def _layer(spec: Spec, r: Resolved, t: str | None) -> LayerOptions:
+    """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
+    ``layer``'s own."""
+
+    def word(*path, default=None):
+        """The raw value at ``path`` under ``layer`` (or its override) and where it is."""
+        at = ("layer",) + path
+        over = ("layer", "pattern", "options", t) + path
+        if t is not None and spec.get(*over, default=_ABSENT) is not _ABSENT:
+            at = over
+        return spec.get(*at, default=default), at
+
+    def opt(*path, default=None):
+        raw, at = word(*path, default=default)
+        return evaluate_option(spec, at, raw, r), at
+
+    def number(*path, default=None):
+        value, at = opt(*path, default=default)
+        return _number(spec, at, value)
+
+    def whole(*path, default=None):
+        value, at = opt(*path, default=default)
+        return None if value is None else _whole(spec, at, value)
+
+    def flag(*path):
+        return bool(opt(*path, default=False)[0])
+
+    norm = NormOptions(kind=word("norm", "kind", default="rms")[0],
+                       eps=number("norm", "eps", default=1e-6), plus_one=flag("norm", "plus_one"))
+    rope, at = word("attention", "rope", default="default")
+    ropes_spec = spec.get("rope", default={}) or {}
+    if rope is not None and rope not in ropes_spec:
+        raise spec.error(at, f"rope table {rope!r} is not under rope: (tables: "
+                             f"{', '.join(ropes_spec) or 'none'})")
+    qk_norm, at = word("attention", "qk_norm", default=None)
+    a = ("attention",)
+    attention = AttentionOptions(
+        heads=whole(*a, "heads", default="num_attention_heads"),
+        kv_heads=whole(*a, "kv_heads", default="num_key_value_heads"),
+        head_dim=whole(*a, "head_dim", default="head_dim"),
+        bias=flag(*a, "bias"), o_bias=flag(*a, "o_bias"), rope=rope,
+        scale=number(*a, "scale"), window=whole(*a, "window"), softcap=number(*a, "softcap"),
+        qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"))
+    act, at = opt("mlp", "act", default="hidden_act")
+    if act not in ACTIVATIONS:
+        raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    mlp = MLPOptions(intermediate_size=whole("mlp", "intermediate_size", default="intermediate_size"),
+                     kind=word("mlp", "kind", default="gated")[0], act=act,
+                     bias=flag("mlp", "bias"), fused=flag("mlp", "fused"))
+    return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"),
+                        residual_scale=number("residual_scale", default=1.0),
+                        placement=word("placement", default="pre")[0])
+
+
 def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | None = None,
            prefill_chunk: int | None = None, source: str = "config.json") -> Expanded:
     """The model ``spec`` describes on ``config_json``'s shape.
@@ -68,55 +160,35 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     for name in REQUIRED:
         _typed(spec, ("config", name), v[name], int, f"a whole number (from {r.sources[name]})")
 
-    layer = ("layer",)
-    norm = NormOptions(
-        kind=spec.get("layer", "norm", "kind", default="rms"),
-        eps=float(_typed(spec, layer + ("norm", "eps"),
-                         _option(spec, r, layer + ("norm", "eps"), 1e-6), (int, float), "a number")),
-        plus_one=bool(_option(spec, r, layer + ("norm", "plus_one"), False)))
-    a = layer + ("attention",)
-    window = _option(spec, r, a + ("window",), None)
-    scale = _option(spec, r, a + ("scale",), None)
-    softcap = _option(spec, r, a + ("softcap",), None)
-    rope = spec.get("layer", "attention", "rope", default="default")
-    ropes_spec = spec.get("rope", default={}) or {}
-    if rope is not None and rope not in ropes_spec:
-        raise spec.error(a + ("rope",), f"rope table {rope!r} is not under rope: (tables: "
-                                        f"{', '.join(ropes_spec) or 'none'})")
-    attention = AttentionOptions(
-        heads=v["num_attention_heads"], kv_heads=v["num_key_value_heads"], head_dim=v["head_dim"],
-        bias=bool(_option(spec, r, a + ("bias",), False)),
-        o_bias=bool(_option(spec, r, a + ("o_bias",), False)),
-        rope=rope,
-        scale=None if scale is None else float(_typed(spec, a + ("scale",), scale, (int, float), "a number")),
-        window=_typed(spec, a + ("window",), window, int, "a whole number"),
-        softcap=None if softcap is None else float(_typed(spec, a + ("softcap",), softcap, (int, float), "a number")))
-    m = layer + ("mlp",)
-    act = _option(spec, r, m + ("act",), "hidden_act")
-    if act not in ACTIVATIONS:
-        raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
-    mlp = MLPOptions(intermediate_size=v["intermediate_size"],
-                     kind=spec.get("layer", "mlp", "kind", default="gated"), act=act,
-                     bias=bool(_option(spec, r, m + ("bias",), False)))
-    residual = float(_option(spec, r, layer + ("residual_scale",), 1.0))
-    one = LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"), residual_scale=residual)
+    types = _layer_types(spec, r, v["num_hidden_layers"])
+    built: dict[str | None, LayerOptions] = {}
+    for t in dict.fromkeys(types):
+        built[t] = _layer(spec, r, t)
     ropes = {}
-    for name in ropes_spec:
+    for name in spec.get("rope", default={}) or {}:
         p = ("rope", name)
         scaling = _option(spec, r, p + ("scaling",), None)
         _typed(spec, p + ("scaling",), scaling, dict, "a rope_scaling mapping or null")
+        original = _option(spec, r, p + ("original_max_position_embeddings",), None)
+        if scaling and original is not None and "original_max_position_embeddings" not in scaling:
+            scaling = {**scaling, "original_max_position_embeddings": _whole(
+                spec, p + ("original_max_position_embeddings",), original)}
         ropes[name] = RopeOptions(
             theta=float(_typed(spec, p + ("theta",), _option(spec, r, p + ("theta",), None),
                                (int, float), "a number")),
-            rotary_dim=int(_option(spec, r, p + ("rotary_dim",), "head_dim")),
-            scaling=scaling)
+            rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
+            scaling=scaling,
+            max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
+                spec, r, p + ("max_position_embeddings",), "max_position_embeddings")))
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
-        layers=tuple(one for _ in range(v["num_hidden_layers"])), norm=norm, ropes=ropes,
+        layers=tuple(built[t] for t in types), norm=built[types[0]].norm, ropes=ropes,
         tied=bool(_option(spec, r, ("head", "tied"), False)),
-        embedding_scale=float(_option(spec, r, ("embedding", "scale"), 1.0)),
+        embedding_scale=_number(spec, ("embedding", "scale"), _option(spec, r, ("embedding", "scale"), 1.0)),
+        logit_scale=_number(spec, ("head", "scale"), _option(spec, r, ("head", "scale"), 1.0)),
+        logit_softcap=_number(spec, ("head", "softcap"), _option(spec, r, ("head", "softcap"), None)),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, dict(spec.get("checkpoint", "renames", default={}) or {}))

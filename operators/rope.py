@@ -17,7 +17,7 @@ import numpy as np
 
 from .base import EPS32, Operator, Tolerance, as64
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 
 
 def rope_inv_freq(dim: int, theta: float,
@@ -29,7 +29,9 @@ def rope_inv_freq(dim: int, theta: float,
     ``llama3`` divides long wavelengths by ``factor`` and blends the middle band
     (``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``);
     ``yarn`` ramps between interpolated and extrapolated frequencies (``beta_fast``,
-    ``beta_slow``, ``truncate``) and scales cos/sin by its attention factor. ``dynamic`` and
+    ``beta_slow``, ``truncate``) and scales cos/sin by its attention factor; ``proportional``
+    turns the first ``partial_rotary_factor`` of the pairs (exponents over the whole ``dim``)
+    and leaves the rest (frequency 0). ``dynamic`` and
     ``longrope`` give the default frequencies here (their rows past the original context
     are ``rope_table``'s).
 
@@ -47,6 +49,12 @@ def rope_inv_freq(dim: int, theta: float,
     try:
         if kind == "yarn":
             return _yarn(dim, theta, scaling)
+        if kind == "proportional":
+            # transformers' _compute_proportional_rope_parameters: the first pairs turn at
+            # exponents over the whole head, the rest (frequency 0) stay as they are.
+            angles = int(scaling.get("partial_rotary_factor", 1.0) * dim // 2)
+            inv[angles:] = 0.0
+            return (inv / np.float32(scaling.get("factor", 1.0))).astype(np.float32), 1.0
         factor = np.float32(scaling["factor"])
         if kind == "linear":
             return (inv / factor).astype(np.float32), 1.0

@@ -11,7 +11,8 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     """One float32 tensor per distinct param of ``module``, by its first dotted name.
 
     Matrices are normal with standard deviation ``1 / sqrt(in_features)`` (activations stay
-    of order one through every layer, so the logits are not flat and a wrong model shows);
+    of order one through every layer, so the logits are not flat and a wrong model shows),
+    embedding rows with ``1 / scale`` (of order one once the model scales them);
     vectors (norm weights, biases) are ``N(0, 0.1)``, around 1 for a norm that multiplies by
     its weight, around 0 for biases and ``1 + weight`` norms. Drawn in name order from
     ``numpy.random.default_rng(seed)``, so a name's tensor depends only on the seed and the
@@ -19,15 +20,18 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     """
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    seen: set[int] = set()
-    for name, p in sorted(module.named_params(), key=lambda item: item[0]):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
+    # A tied param is named as loading names it: by the first of its names in tree order.
+    first: dict[int, tuple[str, object]] = {}
+    for name, p in module.named_params():
+        first.setdefault(id(p), (name, p))
+    for name, p in sorted(first.values(), key=lambda item: item[0]):
         if len(p.shape) == 2:
             t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[1]))
             if name.endswith("embed_tokens.weight"):
-                t *= np.float32(np.sqrt(p.shape[1]))
+                # Rows of order one once the model scales them (Gemma's sqrt(hidden_size)):
+                # larger, the residual stream is the token's own row and every layer a ripple.
+                scale = abs(getattr(_module(module, name), "scale", 1.0)) or 1.0
+                t *= np.float32(np.sqrt(p.shape[1]) / scale)
         else:
             t = np.float32(0.1) * rng.standard_normal(p.shape, dtype=np.float32)
             if name.endswith("norm.weight") and not getattr(_owner(module, name), "plus_one", False):
@@ -36,8 +40,12 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _owner(module: Module, name: str):
+def _module(module: Module, name: str):
     node = module
     for part in name.split(".")[:-1]:
         node = node[int(part)] if isinstance(node, list) else getattr(node, part)
-    return getattr(node, "options", None)
+    return node
+
+
+def _owner(module: Module, name: str):
+    return getattr(_module(module, name), "options", None)

@@ -1,0 +1,84 @@
+"""Every causal spec on its toy: compiled equals the float64 reference (greedy tokens), every
+compiled step within its operator's tolerance, and what each family's YAML says expanded as
+transformers reads the same config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iron_spec.build import load_model
+from iron_spec.interpreter import expand
+from iron_spec.loader import load_spec
+from runtime.session import Session
+from tests.conftest import SPECS
+
+CAUSAL = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "causal")
+
+
+@pytest.mark.parametrize("spec", CAUSAL, ids=lambda p: p.stem)
+def test_toy_compiled_equals_reference_and_checks(spec: Path):
+    lm = load_model(spec, random_weights=0, toy=True).lm
+    C = lm.config.prefill_chunk
+    prompt = np.random.default_rng(1).integers(0, lm.config.vocab_size, C + 5).tolist()
+    steps = min(16, lm.config.max_seq_len - len(prompt))
+    compiled = list(Session(lm).generate(prompt, steps))
+    assert compiled == list(Session(lm, reference=True).generate(prompt, steps))
+    for prompt_chunk in (True, False):
+        lm._versions[(prompt_chunk, False)] = lm.version(prompt_chunk, check=True)
+    # The checked versions now serve every call: CheckError at a step past its tolerance.
+    list(Session(lm).generate(prompt, 3))
+    assert lm.version(True, check=True).plan.checked and lm.version(False, check=True).plan.checked
+
+
+def options(name: str, config: dict):
+    spec = load_spec(SPECS / f"{name}.yaml")
+    return expand(spec, {**spec.get("toy", "config"), **config}).options
+
+
+def test_layer_types_pick_window_and_rope_table_per_layer():
+    o = options("gemma3", {})
+    assert [lo.attention.window for lo in o.layers] == [8, None, 8, None]
+    assert [lo.attention.rope for lo in o.layers] == ["local", "global", "local", "global"]
+    assert o.ropes["global"].scaling == {"rope_type": "linear", "factor": 8.0}
+    assert o.ropes["local"].theta == 10000.0 and o.ropes["global"].theta == 1e6
+
+
+def test_every_nth_rule_without_layer_types():
+    six = options("gemma3", {"layer_types": None, "num_hidden_layers": 7})
+    assert [lo.attention.window for lo in six.layers] == [8] * 5 + [None, 8]
+    two = options("gemma2", {})  # its toy has no layer_types: every second layer is full
+    assert [lo.attention.window for lo in two.layers] == [8, None, 8, None]
+
+
+def test_transformers_5_rope_parameters_read_as_transformers_4_spelling():
+    v4 = options("gemma3", {})
+    toy = load_spec(SPECS / "gemma3.yaml").get("toy", "config")
+    v5 = {k: v for k, v in toy.items()
+          if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")}
+    v5["rope_parameters"] = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    spec = load_spec(SPECS / "gemma3.yaml")
+    o = expand(spec, v5).options
+    for name in ("local", "global"):
+        assert o.ropes[name].theta == v4.ropes[name].theta
+        kind = (o.ropes[name].scaling or {}).get("rope_type", "default")
+        assert kind == (v4.ropes[name].scaling or {}).get("rope_type", "default")
+
+
+def test_multipliers_and_softcaps_reach_the_options():
+    g = options("granite", {})
+    assert (g.embedding_scale, g.logit_scale) == (6.0, 0.25)
+    assert g.layers[0].residual_scale == 0.5 and g.layers[0].attention.scale == 0.125
+    two = options("gemma2", {})
+    assert two.logit_softcap == 2.0 and two.layers[0].attention.softcap == 1.0
+    assert two.embedding_scale == 64 ** 0.5
+
+
+def test_partial_rotary_and_longrope_original_context():
+    o = options("phi3", {})
+    assert o.ropes["default"].rotary_dim == 8  # head_dim 16 * 0.5
+    assert o.ropes["default"].scaling["original_max_position_embeddings"] == 64
