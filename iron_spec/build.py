@@ -17,6 +17,7 @@ from runtime.causal import CausalLM, CausalOptions
 from runtime.checkpoint import Checkpoint, LoadReport, fill, load, renamed
 from runtime.golden import fingerprint
 from runtime.host import checkpoint_directory, fit
+from runtime.module import pack_tree
 from runtime.tokenizer import Tokenizer
 from runtime.weights import draw_weights
 
@@ -161,6 +162,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         assert directory is not None
         checkpoint = Checkpoint(directory)
         report = load(lm, checkpoint, expanded.renames, progress=progress)
+    pack_tree(lm)
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)

@@ -37,6 +37,9 @@ class KVWrite(Operator):
         return Tolerance(atol=0.0, rtol=0.0)
 
 
+LONG = 512  # positions from which one query's attention runs a GEMV per head
+
+
 class Attention(Operator):
     """Causal GQA attention of queries at positions ``start .. start + n`` over a cache.
 
@@ -83,33 +86,51 @@ class Attention(Operator):
     def kernel(self, out, q, keys, values, scratch=None, start=0, scale=None, window=None,
                softcap=None):
         n, H, D = q.shape
-        G, L, _ = keys.shape
+        G = keys.shape[0]
         R, t = H // G, start + n
+        # A window reads only the keys the first query can see, not the whole cache.
+        lo = 0 if window is None else max(0, start - window + 1)
+        w = t - lo
         scale = D ** -0.5 if scale is None else scale
-        # Queries regrouped by kv head, (G, R * n, D), so each group is one GEMM.
-        qg = scratch[: H * n * D].reshape(G, R, n, D)
-        np.copyto(qg, q.reshape(n, G, R, D).transpose(1, 2, 0, 3))
-        qg = qg.reshape(G, R * n, D)
+        if n == 1:  # one query row is already grouped by kv head: no regrouping copies
+            qg, og = q.reshape(G, R, D), out.reshape(G, R, D)
+        else:  # queries regrouped by kv head, (G, R * n, D), so each group is one GEMM
+            qg = scratch[: H * n * D].reshape(G, R, n, D)
+            np.copyto(qg, q.reshape(n, G, R, D).transpose(1, 2, 0, 3))
+            qg = og = qg.reshape(G, R * n, D)
         at = H * n * D
-        s = scratch[at: at + H * n * t].reshape(G, R * n, t)
-        np.matmul(qg, keys[:, :t].transpose(0, 2, 1), out=s)
+        s = scratch[at: at + H * n * w].reshape(G, R * n, w)
+        # One query over a long cache: a GEMV per head reads the keys without the packing
+        # copy a small-M GEMM makes (measured 61 us against 99 us for 2000 positions).
+        per_head = n == 1 and w >= LONG
+        if per_head:
+            for g in range(G):
+                for r in range(R):
+                    np.matmul(keys[g, lo:t], qg[g, r], out=s[g, r])
+        else:
+            np.matmul(qg, keys[:, lo:t].transpose(0, 2, 1), out=s)
         s *= np.float32(scale)
         if softcap is not None:
             s /= np.float32(softcap)
             np.tanh(s, out=s)
             s *= np.float32(softcap)
-        if n > 1 or window is not None:
-            masked = ~self._mask(n, start, window)
-            s.reshape(G, R, n, t)[:, :, masked] = -np.inf
-        m = scratch[at + H * n * t: at + H * n * t + H * n].reshape(G, R * n, 1)
-        np.max(s, axis=-1, keepdims=True, out=m)
+        if n > 1:  # one query at the last position sees every key from lo on
+            masked = ~self._mask(n, start, window)[:, lo:]
+            s.reshape(G, R, n, w)[:, :, masked] = -np.inf
+        m = scratch[at + H * n * w: at + H * n * w + H * n].reshape(G, R * n, 1)
+        np.maximum.reduce(s, axis=-1, keepdims=True, out=m)
         s -= m
         np.exp(s, out=s)
-        np.sum(s, axis=-1, keepdims=True, out=m)
+        np.add.reduce(s, axis=-1, keepdims=True, out=m)
         s /= m
-        o = qg  # the regrouped queries are spent; their room takes the output
-        np.matmul(s, values[:, :t], out=o)
-        np.copyto(out.reshape(n, G, R, D), o.reshape(G, R, n, D).transpose(2, 0, 1, 3))
+        if per_head:
+            for g in range(G):
+                for r in range(R):
+                    np.matmul(s[g, r], values[g, lo:t], out=og[g, r])
+        else:
+            np.matmul(s, values[:, lo:t], out=og)
+        if n > 1:
+            np.copyto(out.reshape(n, G, R, D), og.reshape(G, R, n, D).transpose(2, 0, 1, 3))
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
         n, H, D = q

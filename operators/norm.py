@@ -29,6 +29,13 @@ class RMSNorm(Operator):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
     def kernel(self, out, x, weight, scratch=None, eps=1e-6, plus_one=False):
+        if x.ndim == 2 and x.shape[0] == 1:
+            # One row (a decode step): three calls instead of six; x * rsqrt(mean + eps),
+            # the mean and rsqrt in float32, as transformers' LlamaRMSNorm computes it.
+            mean = np.float32(np.dot(x[0], x[0])) / np.float32(x.shape[1])
+            np.multiply(x, np.float32(1.0) / np.sqrt(mean + np.float32(eps)), out=out)
+            out *= weight
+            return
         rows = x.shape[:-1]
         ms = scratch[: int(np.prod(rows))].reshape(*rows, 1)
         np.einsum("...j,...j->...", x, x, out=ms[..., 0])

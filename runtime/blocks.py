@@ -163,6 +163,12 @@ class Attention(Module):
         self.keys = State(G, max_seq_len, D)
         self.values = State(G, max_seq_len, D)
 
+    def packs(self) -> list[tuple[Param, ...]]:
+        """The projections of one input, stacked at load (``runtime.module.pack``)."""
+        if self.options.fused_qkv:
+            return []
+        return [(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)]
+
     def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
         o = self.options
         if not o.fused_qkv:
@@ -212,6 +218,11 @@ class MLP(Module):
             self.up_proj = Linear(hidden_size, M, o.bias)
         self.down_proj = Linear(M, hidden_size, o.bias)
         self.options = o
+
+    def packs(self) -> list[tuple[Param, ...]]:
+        """The projections of one input, stacked at load (``runtime.module.pack``)."""
+        o = self.options
+        return [(self.gate_proj.weight, self.up_proj.weight)] if o.kind == "gated" and not o.fused else []
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
         o = self.options

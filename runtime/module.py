@@ -69,3 +69,30 @@ class Module:
 
     def where(self, name: str = "") -> str:
         return f"{self.path}.{name}" if name and self.path else (name or self.path)
+
+
+def pack_tree(root: Module) -> None:
+    """``pack`` every group of projections a module of ``root`` declares (its ``packs()``),
+    once its weights are loaded."""
+    modules = [root]
+    while modules:
+        m = modules.pop()
+        for group in getattr(m, "packs", lambda: [])():
+            pack(*group)
+        modules += [child for _, child in m.children()]
+
+
+def pack(*params: Param) -> None:
+    """Stack ``params`` (matrices of one width: the projections a block applies to one
+    input, q/k/v or gate/up) into one C-contiguous array, each param becoming a view of its
+    rows. The weights are not copied twice: a compiled plan then runs the projections as one
+    GEMM over the stacked array (``Plan._fuse``), and the reference reads the same views.
+    """
+    arrays = [p.array for p in params]
+    if any(a is None or a.ndim != 2 or a.shape[1] != arrays[0].shape[1] for a in arrays):
+        raise ValueError(f"pack takes loaded matrices of one width, not {[p.shape for p in params]}")
+    stacked = np.concatenate(arrays, axis=0)
+    at = 0
+    for p in params:
+        p.array = stacked[at: at + p.shape[0]]
+        at += p.shape[0]

@@ -25,13 +25,14 @@ class CheckError(AssertionError):
 class _Run:
     """One step, bound to its arrays: what the hot loop reads."""
 
-    __slots__ = ("step", "kernel", "out", "ins", "bounded_in", "bounded_out", "static",
-                 "per_call", "scratch", "index")
+    __slots__ = ("step", "kernel", "out", "ins", "bounded_in", "bounded_out", "bounded",
+                 "static", "per_call", "scratch", "index")
 
     def __init__(self, index, step, kernel, out, ins, bounded_in, bounded_out, scratch):
         self.index, self.step, self.kernel = index, step, kernel
         self.out, self.ins, self.scratch = out, ins, scratch
         self.bounded_in, self.bounded_out = bounded_in, bounded_out
+        self.bounded = bounded_out or any(bounded_in)
         self.static, self.per_call = step.static, step.per_call
 
 
@@ -50,7 +51,9 @@ class Plan:
 
     def __init__(self, recorder: Recorder, output: Handle, *, check: bool = False):
         self.recorder, self.output, self.check = recorder, output, check
-        self.steps = recorder.steps
+        # Column views of a fused projection's output, by the handle each stands for.
+        self._columns: dict[int, tuple[Handle, int, int]] = {}
+        self.steps = self._fuse(recorder.steps)
         self.inputs = {name: np.zeros(h.shape, h.dtype) for name, h in recorder.inputs.items()}
         spans = self._lifetimes()
         self.arena_elements = place(list(spans.values()))
@@ -63,13 +66,57 @@ class Plan:
         self.checked: list[str] = []
 
     # -- compile ---------------------------------------------------------------------------
+    def _fuse(self, steps: list[Step]) -> list[Step]:
+        """Consecutive projections of one input whose weights are consecutive rows of one
+        array (a block's q/k/v or gate/up, packed at load: ``runtime.module.pack``) become
+        one GEMM over that array; each projection's output is a column view of its output.
+        One call and one pass over the input instead of several; the weights are not copied.
+        """
+        out: list[Step] = []
+        i = 0
+        while i < len(steps):
+            group = [steps[i]]
+            while i + len(group) < len(steps) and _continues(group, steps[i + len(group)]):
+                group.append(steps[i + len(group)])
+            i += len(group)
+            if len(group) == 1:
+                out.append(group[0])
+                continue
+            first = group[0]
+            rows = sum(g.output.shape[1] for g in group)
+            weight = first.inputs[1].root.array.base
+            w = Handle(tuple(weight.shape), "param", "+".join(g.where for g in group),
+                       array=weight)
+            bias = None
+            if first.inputs[2] is not None:
+                b = np.concatenate([g.inputs[2].root.array for g in group])
+                bias = Handle(tuple(b.shape), "param", w.name, array=b)
+            x = first.inputs[0]
+            fused = Handle((x.shape[0], rows), "value", w.name, first.output.bounded)
+            out.append(Step(first.op, (x, w, bias), fused, dict(first.attrs), w.name))
+            at = 0
+            for g in group:
+                width = g.output.shape[1]
+                self._columns[id(g.output)] = (fused, at, at + width)
+                at += width
+        return out
+
+    def _root(self, h: Handle) -> Handle:
+        while True:
+            if id(h) in self._columns:
+                h = self._columns[id(h)][0]
+            elif h.base is not None:
+                h = h.base
+            else:
+                return h
+
     def _lifetimes(self) -> dict[object, Span]:
         spans: dict[object, Span] = {}
 
         def touch(h: Handle | None, i: int):
-            if h is None or h.root.kind != "value":
+            if h is None or self._root(h).kind != "value":
                 return
-            r = h.root
+            r = self._root(h)
             s = spans.get(id(r))
             if s is None:
                 spans[id(r)] = Span(id(r), aligned(r.size), i, i)
@@ -88,25 +135,29 @@ class Plan:
         return spans
 
     def _array(self, h: Handle) -> np.ndarray:
-        root = h.root
-        if root.kind == "input":
-            base = self.inputs[root.name]
-        elif root.kind in ("param", "state", "const"):
-            base = root.array
-        else:
-            s = self._spans[id(root)]
-            base = self.arena[s.offset: s.offset + root.size].reshape(root.shape)
-        return base if h.base is None else base.reshape(h.shape)
+        if id(h) in self._columns:
+            fused, a, b = self._columns[id(h)]
+            return self._array(fused)[:, a:b]
+        if h.base is not None:
+            # A view of a column slice is a strided view: numpy splits its last axis in place.
+            return self._array(h.base).reshape(h.shape)
+        if h.kind == "input":
+            return self.inputs[h.name]
+        if h.kind in ("param", "state", "const"):
+            return h.array
+        s = self._spans[id(h)]
+        return self.arena[s.offset: s.offset + h.size].reshape(h.shape)
 
     def _bind(self, i: int, step: Step) -> _Run:
         ins = []
         for k, h in enumerate(step.inputs):
             if h is None:
                 ins.append(None)
-            elif h.root.kind == "param":
-                key = (id(h.root.array), step.op.name, k, repr(sorted(step.static.items())))
+            elif self._root(h).kind == "param":
+                array = self._root(h).array
+                key = (id(array), step.op.name, k, repr(sorted(step.static.items())))
                 if key not in self._packed:
-                    self._packed[key] = step.op.pack(k, h.root.array, **step.static)
+                    self._packed[key] = step.op.pack(k, array, **step.static)
                 ins.append(self._packed[key])
             else:
                 ins.append(self._array(h))
@@ -127,8 +178,11 @@ class Plan:
             buf[: len(value)] = value
         rows = call.get("rows", 1)
         for r in self.runs:
-            ins = [x[:rows] if b else x for x, b in zip(r.ins, r.bounded_in)]
-            out = r.out[:rows] if r.bounded_out else r.out
+            if r.bounded:
+                ins = [x[:rows] if b else x for x, b in zip(r.ins, r.bounded_in)]
+                out = r.out[:rows] if r.bounded_out else r.out
+            else:
+                ins, out = r.ins, r.out
             attrs = r.static if not r.per_call else {**r.static, **resolve(r.per_call, call)}
             if self.check:
                 self._check(r, out, ins, attrs)
@@ -143,7 +197,7 @@ class Plan:
         before = [None if x is None else
                   np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype) for x in ins]
         r.kernel(out, *ins, scratch=r.scratch, **attrs)
-        originals = [None if h is None or h.root.kind != "param" else h.root.array
+        originals = [None if h is None or self._root(h).kind != "param" else self._root(h).array
                      for h in step.inputs]
         ref_ins = [o if o is not None else b for o, b in zip(originals, before)]
         expected = step.op.reference(*ref_ins, **attrs)
@@ -160,3 +214,21 @@ class Plan:
                 f"{float(err.flat[at]):.3g} past its bound {float(np.broadcast_to(bound, err.shape).flat[at]):.3g} "
                 f"(atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) at {np.unravel_index(at, err.shape)}")
         self.checked.append(step.where)
+
+
+def _continues(group: list[Step], step: Step) -> bool:
+    """Whether ``step`` projects the group's input through the rows right after the group's
+    last weight, in the same array."""
+    first, last = group[0], group[-1]
+    if step.op.name != "linear" or first.op.name != "linear" or step.inputs[0] is not first.inputs[0]:
+        return False
+    if (step.inputs[2] is None) != (first.inputs[2] is None) or step.attrs != first.attrs:
+        return False
+    w, prev = step.inputs[1], last.inputs[1]
+    if w.base is not None or prev.base is not None or w.kind != "param" or prev.kind != "param":
+        return False
+    a, b = prev.array, w.array
+    base = first.inputs[1].array.base
+    return (base is not None and a.base is base and b.base is base and base.flags.c_contiguous
+            and a.shape[1] == b.shape[1]
+            and b.__array_interface__["data"][0] == a.__array_interface__["data"][0] + a.nbytes)

@@ -241,3 +241,23 @@ def test_shape_and_mismatches():
         OP.shape((3, 6, 8), (2, 10, 4), (2, 10, 4))  # head_dim differs
     with pytest.raises(ValueError):
         OP.shape((3, 6, 8), (2, 10, 8), (2, 9, 8))   # keys and values differ
+
+
+@pytest.mark.parametrize("window", [None, 700])
+def test_one_query_over_a_long_cache_matches_the_reference(window):
+    # Past attention.LONG positions one query runs a GEMV per head: same definition.
+    from operators.attention import LONG
+    op = Attention()
+    rng = np.random.default_rng(5)
+    G, R, D, L = 2, 3, 16, 1200
+    q = rng.standard_normal((1, G * R, D)).astype(np.float32)
+    keys = rng.standard_normal((G, L, D)).astype(np.float32)
+    values = rng.standard_normal((G, L, D)).astype(np.float32)
+    start = 1000
+    assert start + 1 - (0 if window is None else start - window + 1) >= LONG
+    out = np.empty((1, G * R * D), np.float32)
+    scratch = np.empty(op.scratch(q.shape, keys.shape, values.shape), np.float32)
+    op.kernel(out, q, keys, values, scratch=scratch, start=start, window=window)
+    want = op.reference(q, keys, values, start=start, window=window)
+    tol = op.tolerance(q.shape, keys.shape, values.shape)
+    assert np.all(np.abs(out - want) <= tol.bound(op.scale(want, q, keys, values, start=start)))
