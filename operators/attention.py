@@ -116,7 +116,7 @@ class Attention(Operator):
             s *= np.float32(softcap)
         if n > 1:  # one query at the last position sees every key from lo on
             masked = ~self._mask(n, start, window)[:, lo:]
-            s.reshape(G, R, n, w)[:, :, masked] = -np.inf
+            np.copyto(s.reshape(G, R, n, w), np.float32(-np.inf), where=masked)
         m = scratch[at + H * n * w: at + H * n * w + H * n].reshape(G, R * n, 1)
         np.maximum.reduce(s, axis=-1, keepdims=True, out=m)
         s -= m
