@@ -8,6 +8,7 @@ compared, on the same inputs, with its operator's float64 reference.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Mapping
 
 import numpy as np
@@ -26,7 +27,7 @@ class _Run:
     """One step, bound to its arrays: what the hot loop reads."""
 
     __slots__ = ("step", "kernel", "out", "ins", "bounded_in", "bounded_out", "bounded",
-                 "static", "per_call", "scratch", "index")
+                 "static", "per_call", "scratch", "index", "fixed")
 
     def __init__(self, index, step, kernel, out, ins, bounded_in, bounded_out, scratch):
         self.index, self.step, self.kernel = index, step, kernel
@@ -34,6 +35,20 @@ class _Run:
         self.bounded_in, self.bounded_out = bounded_in, bounded_out
         self.bounded = bounded_out or any(bounded_in)
         self.static, self.per_call = step.static, step.per_call
+        # A step reading nothing per call is bound to its arrays once: the hot loop only
+        # calls it (a decode step's projections, norms, adds).
+        self.fixed = None if self.bounded or self.per_call else partial(
+            kernel, out, *ins, scratch=scratch, **self.static)
+
+    def arguments(self, rows: int, call: Mapping[str, int]) -> tuple[list, np.ndarray, dict]:
+        """This call's inputs and output (bounded to ``rows``) and attributes."""
+        if self.bounded:
+            ins = [x[:rows] if b else x for x, b in zip(self.ins, self.bounded_in)]
+            out = self.out[:rows] if self.bounded_out else self.out
+        else:
+            ins, out = self.ins, self.out
+        attrs = self.static if not self.per_call else {**self.static, **resolve(self.per_call, call)}
+        return ins, out, attrs
 
 
 class Plan:
@@ -177,17 +192,17 @@ class Plan:
             buf = self.inputs[name]
             buf[: len(value)] = value
         rows = call.get("rows", 1)
-        for r in self.runs:
-            if r.bounded:
-                ins = [x[:rows] if b else x for x, b in zip(r.ins, r.bounded_in)]
-                out = r.out[:rows] if r.bounded_out else r.out
-            else:
-                ins, out = r.ins, r.out
-            attrs = r.static if not r.per_call else {**r.static, **resolve(r.per_call, call)}
-            if self.check:
+        if self.check:
+            for r in self.runs:
+                ins, out, attrs = r.arguments(rows, call)
                 self._check(r, out, ins, attrs)
-            else:
-                r.kernel(out, *ins, scratch=r.scratch, **attrs)
+        else:
+            for r in self.runs:
+                if r.fixed is not None:
+                    r.fixed()
+                else:
+                    ins, out, attrs = r.arguments(rows, call)
+                    r.kernel(out, *ins, scratch=r.scratch, **attrs)
         return self._out[:rows] if self.output.bounded else self._out
 
     def _check(self, r: _Run, out, ins, attrs) -> None:
