@@ -87,9 +87,13 @@ def _footprint(o: CausalOptions) -> tuple[int, int]:
     per_position = 0
     for lo in o.layers:
         a, M = lo.attention, lo.mlp.intermediate_size
-        fixed += E * (a.heads + 2 * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
+        own = a.kv_from is None  # a layer reading another's cache holds no k/v
+        fixed += E * (a.heads + 2 * own * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
         fixed += 3 * E * M + 2 * E
-        per_position += 2 * a.kv_heads * a.head_dim  # the layer's keys and values
+        per_position += 2 * own * a.kv_heads * a.head_dim  # the layer's keys and values
+    if o.per_layer_input is not None:
+        p = o.per_layer_input
+        fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
     heads = max((lo.attention.heads for lo in o.layers), default=0)
     per_position += heads * (o.prefill_chunk + 1)  # attention scores, prompt and decode
     per_position += sum(r.rotary_dim for r in o.ropes.values())  # cos and sin rows

@@ -6,11 +6,12 @@ The code reads behaviours (a layer kind, a norm, an activation), never a family'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from operators.activation import ACTIVATIONS
-from runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, RopeOptions
+from runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
+                            PerLayerInputOptions, RopeOptions)
 from runtime.causal import CausalOptions
 
 from .config import Resolved, evaluate_option, resolve
@@ -125,7 +126,8 @@ def _layer(spec: Spec, r: Resolved, t: str | None) -> LayerOptions:
         head_dim=whole(*a, "head_dim", default="head_dim"),
         bias=flag(*a, "bias"), o_bias=flag(*a, "o_bias"), rope=rope,
         scale=number(*a, "scale"), window=whole(*a, "window"), softcap=number(*a, "softcap"),
-        qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"))
+        qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
+        values_from_keys=flag(*a, "values_from_keys"))
     act, at = opt("mlp", "act", default="hidden_act")
     if act not in ACTIVATIONS:
         raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -134,7 +136,58 @@ def _layer(spec: Spec, r: Resolved, t: str | None) -> LayerOptions:
                      bias=flag("mlp", "bias"), fused=flag("mlp", "fused"))
     return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"),
                         residual_scale=number("residual_scale", default=1.0),
-                        placement=word("placement", default="pre")[0])
+                        placement=word("placement", default="pre")[0],
+                        per_layer_input=_per_layer_input(spec, r))
+
+
+def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:
+    """``layer/per_layer_input`` evaluated; None without it or where its size is 0."""
+    p = ("layer", "per_layer_input")
+    if spec.get(*p) is None:
+        return None
+    size = _whole(spec, p + ("size",), _option(spec, r, p + ("size",), "hidden_size_per_layer_input"))
+    if not size:
+        return None
+    act = _option(spec, r, p + ("act",), "hidden_act")
+    if act not in ACTIVATIONS:
+        raise spec.error(p + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+
+    def number(name: str) -> float:
+        return _number(spec, p + (name,), _option(spec, r, p + (name,), 1.0))
+
+    return PerLayerInputOptions(
+        size=size, act=act,
+        vocab_size=_whole(spec, p + ("vocab_size",), _option(
+            spec, r, p + ("vocab_size",), "vocab_size_per_layer_input")),
+        embedding_scale=number("embedding_scale"), projection_scale=number("projection_scale"),
+        mix_scale=number("mix_scale"))
+
+
+def _share_kv(spec: Spec, r: Resolved, layers: list[LayerOptions],
+              types: list[str | None]) -> list[LayerOptions]:
+    """``layer/kv_sharing``: the last ``last`` layers read the KV cache of the last layer
+    before them of their own type (``layer/pattern``), as transformers' ``kv_sharing_modes``;
+    with ``double_mlp``, their MLPs are twice as wide."""
+    p = ("layer", "kv_sharing")
+    if spec.get(*p) is None:
+        return layers
+    n = len(layers)
+    last = _whole(spec, p + ("last",), _option(spec, r, p + ("last",), 0)) or 0
+    if not 0 <= last < n:
+        raise spec.error(p + ("last",), f"{last} layers sharing KV caches is not within 0..{n - 1} "
+                                        f"(at least the first layer holds its own)")
+    double = bool(_option(spec, r, p + ("double_mlp",), False))
+    first = n - last
+    out = list(layers)
+    for i in range(first, n):
+        source = max((j for j in range(first) if types[j] == types[i]), default=None)
+        if source is None:
+            raise spec.error(p + ("last",), f"layer {i} (type {types[i]}) shares a KV cache, but "
+                                            f"none of layers 0..{first - 1} is of its type")
+        lo = layers[i]
+        mlp = replace(lo.mlp, intermediate_size=2 * lo.mlp.intermediate_size) if double else lo.mlp
+        out[i] = replace(lo, attention=replace(lo.attention, kv_from=source), mlp=mlp)
+    return out
 
 
 def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | None = None,
@@ -185,7 +238,8 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
-        layers=tuple(built[t] for t in types), norm=built[types[0]].norm, ropes=ropes,
+        layers=tuple(_share_kv(spec, r, [built[t] for t in types], types)),
+        norm=built[types[0]].norm, ropes=ropes, per_layer_input=built[types[0]].per_layer_input,
         tied=bool(_option(spec, r, ("head", "tied"), False)),
         embedding_scale=_number(spec, ("embedding", "scale"), _option(spec, r, ("embedding", "scale"), 1.0)),
         logit_scale=_number(spec, ("head", "scale"), _option(spec, r, ("head", "scale"), 1.0)),

@@ -19,15 +19,18 @@ class Row(NamedTuple):
     only: dict[str, tuple[str, ...]]  # kind -> the section's options only that kind takes
 
 
-CAUSAL_LAYERS = ("decoder", "sandwich")  # the layer kinds of model causal
+CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causal
 
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("rope", "head"), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("positions", "token_types", "norm")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("checkpoint",), ("model",), {"encoder": ("unused",)}),
-    Row(("layer",), ("layer", "kind"), {k: ("residual_scale", "pattern") for k in CAUSAL_LAYERS}),
+    Row(("layer",), ("layer", "kind"), {
+        k: ("residual_scale", "pattern", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
+        for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("rope", "window", "softcap", "qk_norm", "fused_qkv") for k in CAUSAL_LAYERS}),
+        k: ("rope", "window", "softcap", "qk_norm", "fused_qkv", "v_norm", "values_from_keys")
+        for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"rms": ("plus_one",)}),
 )

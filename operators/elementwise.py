@@ -37,13 +37,16 @@ class Add(Operator):
 
 
 class Mul(Operator):
-    """``a * b`` elementwise, or ``a * scale`` when ``b`` is absent."""
+    """``a * b`` elementwise, or ``a * scale`` when ``b`` is absent. ``b`` may be of
+    ``a``'s shape or broadcast to it from fewer, trailing axes (a ``(1,)`` gain multiplying
+    a whole layer's output, transformers' Gemma4TextDecoderLayer ``layer_scalar``)."""
 
     name = "mul"
 
     def shape(self, a, b=None, scale=1.0):
-        if b is not None and a != b:
-            raise ValueError(f"mul: shapes {a} and {b} differ")
+        if b is not None and (len(b) > len(a) or any(
+                y not in (1, x) for x, y in zip(a[len(a) - len(b):], b))):
+            raise ValueError(f"mul: shape {b} does not broadcast to {a}")
         return a
 
     def reference(self, a, b=None, scale=1.0):

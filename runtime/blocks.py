@@ -51,7 +51,12 @@ class AttentionOptions:
     ``qk_norm``: RMSNorm of queries and keys before RoPE, ``head`` over each head's
     ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention), None
     for none; it takes the layer's norm options. ``fused_qkv``: one ``qkv_proj`` holds q, k
-    and v, in that order (Phi3Attention).
+    and v, in that order (Phi3Attention). ``v_norm``: values RMS-normed over each head with
+    no weight (the layer's eps), as Gemma4TextAttention's ``v_norm``. ``values_from_keys``:
+    no ``v_proj``; the values are the key projection's output, before the k norm and RoPE
+    (Gemma4TextAttention's ``attention_k_eq_v``). ``kv_from``: the index of an earlier layer
+    whose KV cache this layer reads instead of its own; such a layer holds no k/v projections
+    nor k norm and writes no cache (transformers' KV sharing, ``num_kv_shared_layers``).
     """
 
     heads: int
@@ -65,6 +70,9 @@ class AttentionOptions:
     softcap: float | None = None
     qk_norm: str | None = None
     fused_qkv: bool = False
+    v_norm: bool = False
+    values_from_keys: bool = False
+    kv_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,9 @@ class LayerOptions:
     ``x + mlp(norm(x))``, LlamaDecoderLayer), ``post`` (``x + norm(attn(x))``, then
     ``x + norm(mlp(x))``, Olmo2DecoderLayer) or ``sandwich`` (``x + norm(attn(norm(x)))``,
     then ``x + norm(mlp(norm(x)))``, Gemma2DecoderLayer). ``residual_scale`` multiplies each
-    block's output before its residual add (1.0: none)."""
+    block's output before its residual add (1.0: none). ``ple``: a ``sandwich`` layer, then
+    a per-layer input gated in (``per_layer_input``; None: none), then the whole output
+    times a learned ``layer_scalar`` (Gemma4TextDecoderLayer)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -95,6 +105,29 @@ class LayerOptions:
     kind: str = "decoder"
     residual_scale: float = 1.0
     placement: str = "pre"
+    per_layer_input: "PerLayerInputOptions | None" = None
+
+
+@dataclass(frozen=True)
+class PerLayerInputOptions:
+    """Per-layer inputs: a second input for every layer, ``size`` wide, drawn from the token
+    and the model's embeddings, as transformers' Gemma4TextModel ``get_per_layer_inputs`` and
+    ``project_per_layer_inputs``.
+
+    The model holds ``embed_tokens_per_layer`` ``(vocab_size, layers * size)`` (rows times
+    ``embedding_scale``), ``per_layer_model_projection`` ``(layers * size, hidden)`` (its
+    output times ``projection_scale``, then ``per_layer_projection_norm`` over each layer's
+    ``size``); a layer's input is ``(projection + embedding) * mix_scale``, its slice of the
+    ``layers * size``. A layer gates it in: ``x + norm(per_layer_projection(act(
+    per_layer_input_gate(x)) * input))`` (``act`` a ``hidden_act`` name).
+    """
+
+    size: int
+    vocab_size: int
+    act: str = "gelu_pytorch_tanh"
+    embedding_scale: float = 1.0
+    projection_scale: float = 1.0
+    mix_scale: float = 1.0
 
 
 class Linear(Module):
@@ -123,18 +156,28 @@ class Embedding(Module):
 
 
 class RMSNorm(Module):
-    """RMSNorm over the last axis with ``weight`` ``(hidden,)`` (operators.RMSNorm)."""
+    """RMSNorm over the last axis with ``weight`` ``(hidden,)`` (operators.RMSNorm); with
+    ``weight=False`` none is held and the normed values are the output, as transformers'
+    Gemma4RMSNorm ``with_scale=False`` (a constant of ones stands for the weight: times one
+    is exact)."""
 
-    def __init__(self, size: int, options: NormOptions):
+    def __init__(self, size: int, options: NormOptions, weight: bool = True):
         if options.kind != "rms":
             raise ValueError(f"norm kind {options.kind!r}: only 'rms' is built")
-        self.weight = Param(size)
+        if weight:
+            self.weight = Param(size)
+        else:
+            self.ones = np.ones(size, np.float32)
         self.options = options
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
-        w = rec.hold("param", self.where("weight"), self.weight.array)
+        if hasattr(self, "weight"):
+            w = rec.hold("param", self.where("weight"), self.weight.array)
+            plus_one = self.options.plus_one
+        else:
+            w, plus_one = rec.hold("const", self.where("ones"), self.ones), False
         return rec.step("rms_norm", x, w, where=self.path, eps=self.options.eps,
-                        plus_one=self.options.plus_one)
+                        plus_one=plus_one)
 
 
 class Attention(Module):
@@ -148,29 +191,63 @@ class Attention(Module):
             raise ValueError(f"{o.heads} attention heads do not group into {o.kv_heads} kv heads")
         if o.qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm {o.qk_norm!r} is not one of {', '.join(map(str, QK_NORMS))}")
+        if o.fused_qkv and (o.values_from_keys or o.kv_from is not None):
+            raise ValueError("a fused qkv_proj holds its own keys and values: not with "
+                             "values_from_keys or kv_from")
         H, G, D = o.heads, o.kv_heads, o.head_dim
+        own = o.kv_from is None
         if o.fused_qkv:
             self.qkv_proj = Linear(hidden_size, (H + 2 * G) * D, o.bias)
         else:
             self.q_proj = Linear(hidden_size, H * D, o.bias)
-            self.k_proj = Linear(hidden_size, G * D, o.bias)
-            self.v_proj = Linear(hidden_size, G * D, o.bias)
+            if own:
+                self.k_proj = Linear(hidden_size, G * D, o.bias)
+            if own and not o.values_from_keys:
+                self.v_proj = Linear(hidden_size, G * D, o.bias)
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
         if o.qk_norm is not None:
             self.q_norm = RMSNorm(D if o.qk_norm == "head" else H * D, norm)
-            self.k_norm = RMSNorm(D if o.qk_norm == "head" else G * D, norm)
+            if own:
+                self.k_norm = RMSNorm(D if o.qk_norm == "head" else G * D, norm)
+        if o.v_norm and own:
+            self.v_norm = RMSNorm(D, NormOptions(norm.kind, norm.eps), weight=False)
         self.options = o
-        self.keys = State(G, max_seq_len, D)
-        self.values = State(G, max_seq_len, D)
+        if own:
+            self.keys = State(G, max_seq_len, D)
+            self.values = State(G, max_seq_len, D)
+        else:
+            self.shared: tuple[State, State] | None = None  # set by share()
+
+    def share(self, source: "Attention") -> None:
+        """Read ``source``'s KV cache (``kv_from``'s layer) instead of holding one.
+
+        Raises:
+            ValueError: ``source`` reads another's cache itself, or its cache's shape
+                (kv heads, head_dim) is not this layer's.
+        """
+        o, s = self.options, source.options
+        if s.kv_from is not None or (s.kv_heads, s.head_dim) != (o.kv_heads, o.head_dim):
+            raise ValueError(f"a layer of {o.kv_heads} kv heads of {o.head_dim} cannot read the "
+                             f"cache of one of {s.kv_heads} of {s.head_dim}"
+                             + (" that reads another's" if s.kv_from is not None else ""))
+        self.shared = (source.keys, source.values)
 
     def packs(self) -> list[tuple[Param, ...]]:
         """The projections of one input, stacked at load (``runtime.module.pack``)."""
-        if self.options.fused_qkv:
+        o = self.options
+        if o.fused_qkv or o.kv_from is not None:
             return []
+        if o.values_from_keys:
+            return [(self.q_proj.weight, self.k_proj.weight)]
         return [(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)]
 
-    def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
+    def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle | None, Handle | None]:
         o = self.options
+        if o.kv_from is not None:
+            return self.q_proj(rec, x), None, None
+        if o.values_from_keys:
+            q, k = self.q_proj(rec, x), self.k_proj(rec, x)
+            return q, k, k
         if not o.fused_qkv:
             return self.q_proj(rec, x), self.k_proj(rec, x), self.v_proj(rec, x)
         H, G, D = o.heads, o.kv_heads, o.head_dim
@@ -181,22 +258,47 @@ class Attention(Module):
 
     def __call__(self, rec: Recorder, x: Handle, ropes: dict[str, tuple[Handle, Handle]]) -> Handle:
         o, n = self.options, x.shape[0]
-        H, G, D = o.heads, o.kv_heads, o.head_dim
+        G, D = o.kv_heads, o.head_dim
         start = rec.call.start
         q, k, v = self._project(rec, x)
+        if o.kv_from is not None:
+            return self._attend(rec, self._queries(rec, q, ropes), *self.shared)
         if o.qk_norm == "all":
-            q, k = self.q_norm(rec, q), self.k_norm(rec, k)
-        q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
+            k = self.k_norm(rec, k)
+        k, v = rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
         if o.qk_norm == "head":
-            q, k = self.q_norm(rec, q), self.k_norm(rec, k)
+            k = self.k_norm(rec, k)
+        if o.v_norm:
+            v = self.v_norm(rec, v)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
-            q = rec.step("rope", q, cos, sin, where=self.where("q"), start=start)
             k = rec.step("rope", k, cos, sin, where=self.where("k"), start=start)
+        q = self._queries(rec, q, ropes)
         keys = rec.hold("state", self.where("keys"), self.keys.array)
         values = rec.hold("state", self.where("values"), self.values.array)
         rec.step("kv_write", k, keys, where=self.where("keys"), start=start)
         rec.step("kv_write", v, values, where=self.where("values"), start=start)
+        return self._attend(rec, q, self.keys, self.values)
+
+    def _queries(self, rec: Recorder, q: Handle, ropes) -> Handle:
+        """The projected queries ``(n, H * D)`` normed and turned: ``(n, H, D)``."""
+        o, n = self.options, q.shape[0]
+        if o.qk_norm == "all":
+            q = self.q_norm(rec, q)
+        q = rec.view(q, (n, o.heads, o.head_dim))
+        if o.qk_norm == "head":
+            q = self.q_norm(rec, q)
+        if o.rope is not None:
+            cos, sin = ropes[o.rope]
+            q = rec.step("rope", q, cos, sin, where=self.where("q"), start=rec.call.start)
+        return q
+
+    def _attend(self, rec: Recorder, q: Handle, keys: State, values: State) -> Handle:
+        """Attention of ``q`` over the cache ``keys``, ``values`` up to the call's last
+        position, through ``o_proj``."""
+        o, start = self.options, rec.call.start
+        keys = rec.hold("state", self.where("keys"), keys.array)
+        values = rec.hold("state", self.where("values"), values.array)
         a = rec.step("attention", q, keys, values, where=self.path, start=start,
                      scale=o.scale, window=o.window, softcap=o.softcap)
         return self.o_proj(rec, a)

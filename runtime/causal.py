@@ -15,7 +15,8 @@ import numpy as np
 
 from operators import PerCall
 
-from .blocks import Embedding, LayerOptions, Linear, NormOptions, RMSNorm, RopeOptions, rope_table
+from .blocks import (Embedding, LayerOptions, Linear, NormOptions, PerLayerInputOptions, RMSNorm,
+                     RopeOptions, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
 from .module import Module
@@ -32,8 +33,9 @@ class CausalOptions:
     shares ``embed_tokens``' weight. ``embedding_scale`` multiplies the embedding rows
     (rounded to float32, as transformers' float32 ``normalizer``). ``logit_scale`` multiplies
     the logits (Granite's ``1 / logits_scaling``), then ``logit_softcap`` caps them
-    (``final_logit_softcapping``; None: none). ``max_seq_len``: positions the KV caches hold;
-    ``prefill_chunk``: ids a prompt call holds.
+    (``final_logit_softcapping``; None: none). ``per_layer_input``: every layer's second
+    input (layers of kind ``ple``; None: none). ``max_seq_len``: positions the KV caches
+    hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
     vocab_size: int
@@ -45,17 +47,53 @@ class CausalOptions:
     embedding_scale: float = 1.0
     logit_scale: float = 1.0
     logit_softcap: float | None = None
+    per_layer_input: PerLayerInputOptions | None = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
 
 class Decoder(Module):
-    """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``."""
+    """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``; with
+    per-layer inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
+    ``per_layer_projection_norm`` (transformers' Gemma4TextModel).
+
+    Raises:
+        ValueError: a layer's ``kv_from`` is not an earlier layer holding a cache of its
+            shape.
+    """
 
     def __init__(self, o: CausalOptions):
-        self.embed_tokens = Embedding(o.vocab_size, o.hidden_size, o.embedding_scale)
-        self.layers = [DecoderLayer(o.hidden_size, lo, o.max_seq_len) for lo in o.layers]
-        self.norm = RMSNorm(o.hidden_size, o.norm)
+        E = o.hidden_size
+        self.embed_tokens = Embedding(o.vocab_size, E, o.embedding_scale)
+        self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]
+        for i, layer in enumerate(self.layers):
+            j = layer.options.attention.kv_from
+            if j is not None:
+                if not 0 <= j < i:
+                    raise ValueError(f"layer {i} reads the KV cache of layer {j}, not an earlier one")
+                layer.self_attn.share(self.layers[j].self_attn)
+        self.norm = RMSNorm(E, o.norm)
+        p = o.per_layer_input
+        if p is not None:
+            width = len(o.layers) * p.size
+            self.embed_tokens_per_layer = Embedding(p.vocab_size, width, p.embedding_scale)
+            self.per_layer_model_projection = Linear(E, width)
+            self.per_layer_projection_norm = RMSNorm(p.size, o.norm)
+
+    def per_layer_inputs(self, rec: Recorder, ids: Handle, x: Handle,
+                         o: PerLayerInputOptions) -> list[Handle]:
+        """Each layer's input ``(n, size)`` from ``ids`` and the embeddings ``x``:
+        ``(norm(projection(x) * projection_scale) + embedding(ids)) * mix_scale``, as
+        Gemma4TextModel's ``project_per_layer_inputs``, split by layer."""
+        n, L, P = x.shape[0], len(self.layers), o.size
+        tokens = self.embed_tokens_per_layer(rec, ids)
+        projected = rec.step("mul", self.per_layer_model_projection(rec, x), where=self.path,
+                             scale=o.projection_scale)
+        normed = self.per_layer_projection_norm(rec, rec.view(projected, (n, L, P)))
+        mixed = rec.step("add", rec.view(normed, (n, L * P)), tokens, where=self.path)
+        mixed = rec.step("mul", mixed, where=self.path, scale=o.mix_scale)
+        return [rec.step("columns", mixed, where=f"{self.path}.layers.{i}", begin=i * P,
+                         end=(i + 1) * P) for i in range(L)]
 
 
 class CausalLM(Module):
@@ -87,12 +125,15 @@ class CausalLM(Module):
                         rec.hold("const", f"rope.{name}.sin", sin))
                  for name, (cos, sin) in self.rope_tables.items()}
         x = self.model.embed_tokens(rec, ids)
-        for layer in self.model.layers:
-            x = layer(rec, x, ropes)
+        o = self.config
+        per_layer = [None] * len(self.model.layers)
+        if o.per_layer_input is not None:
+            per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
+        for layer, extra in zip(self.model.layers, per_layer):
+            x = layer(rec, x, ropes, extra)
         if c.prompt:
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
         logits = self.lm_head(rec, self.model.norm(rec, x))
-        o = self.config
         if o.logit_scale != 1.0:
             logits = rec.step("mul", logits, where="lm_head", scale=o.logit_scale)
         if o.logit_softcap is not None:

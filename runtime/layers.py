@@ -6,11 +6,12 @@ Not for: the blocks themselves (``blocks``) or the model around the layers (``ca
 
 from __future__ import annotations
 
-from .blocks import MLP, Attention, LayerOptions, RMSNorm
+from .blocks import MLP, Attention, LayerOptions, Linear, RMSNorm
 from .graph import Handle, Recorder
-from .module import Module
+from .module import Module, Param
 
 PLACEMENTS = ("pre", "post", "sandwich")
+KINDS = ("decoder", "sandwich", "ple")
 
 
 class DecoderLayer(Module):
@@ -22,14 +23,21 @@ class DecoderLayer(Module):
     ``sandwich`` has all four of ``input_layernorm``, ``post_attention_layernorm``,
     ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` (Gemma2DecoderLayer).
 
+    Kind ``ple`` is ``sandwich`` followed by the per-layer input gated in
+    (``per_layer_input_gate``, ``per_layer_projection``, ``post_per_layer_input_norm``, where
+    ``o.per_layer_input`` is set) and the output times ``layer_scalar`` ``(1,)``, as
+    Gemma4TextDecoderLayer.
+
     Raises:
-        ValueError: an unknown kind or placement.
+        ValueError: an unknown kind or placement, or ``per_layer_input`` on another kind.
     """
 
     def __init__(self, hidden_size: int, o: LayerOptions, max_seq_len: int):
-        if o.kind not in ("decoder", "sandwich"):
-            raise ValueError(f"layer kind {o.kind!r} is not decoder or sandwich")
-        placement = "sandwich" if o.kind == "sandwich" else o.placement
+        if o.kind not in KINDS:
+            raise ValueError(f"layer kind {o.kind!r} is not one of {', '.join(KINDS)}")
+        if o.per_layer_input is not None and o.kind != "ple":
+            raise ValueError(f"layer kind {o.kind!r} takes no per-layer input (kind ple does)")
+        placement = "sandwich" if o.kind in ("sandwich", "ple") else o.placement
         if placement not in PLACEMENTS:
             raise ValueError(f"norm placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
         E, n = hidden_size, o.norm
@@ -39,11 +47,32 @@ class DecoderLayer(Module):
         self.pre_feedforward_layernorm = RMSNorm(E, n) if placement == "sandwich" else None
         self.mlp = MLP(E, o.mlp)
         self.post_feedforward_layernorm = RMSNorm(E, n) if placement != "pre" else None
+        p = o.per_layer_input
+        if p is not None:
+            self.per_layer_input_gate = Linear(E, p.size)
+            self.per_layer_projection = Linear(p.size, E)
+            self.post_per_layer_input_norm = RMSNorm(E, n)
+        if o.kind == "ple":
+            self.layer_scalar = Param(1, gain=True)
         self.placement = placement
         self.options = o
 
-    def __call__(self, rec: Recorder, x: Handle, ropes) -> Handle:
-        """The attention then the MLP, each around its norms and added to ``x``."""
+    def __call__(self, rec: Recorder, x: Handle, ropes, per_layer: Handle | None = None) -> Handle:
+        """The attention then the MLP, each around its norms and added to ``x``; for kind
+        ``ple``, then ``per_layer`` ``(n, size)`` gated in and the sum times the scalar."""
+        x = self._blocks(rec, x, ropes)
+        p = self.options.per_layer_input
+        if p is not None:
+            g = rec.step("gated_activation", self.per_layer_input_gate(rec, x), per_layer,
+                         where=self.path, act=p.act)
+            x = self.residual(rec, x, self.post_per_layer_input_norm(
+                rec, self.per_layer_projection(rec, g)))
+        if self.options.kind == "ple":
+            scalar = rec.hold("param", self.where("layer_scalar"), self.layer_scalar.array)
+            x = rec.step("mul", x, scalar, where=self.path)
+        return x
+
+    def _blocks(self, rec: Recorder, x: Handle, ropes) -> Handle:
         pre = self.placement == "pre"
         before_attn = self.input_layernorm
         after_attn = None if pre else self.post_attention_layernorm

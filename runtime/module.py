@@ -13,10 +13,13 @@ import numpy as np
 
 
 class Param:
-    """A weight of ``shape``, float32 once loaded (``array`` is None until then)."""
+    """A weight of ``shape``, float32 once loaded (``array`` is None until then). ``gain``:
+    the weight multiplies a value as it is (a norm's weight, a layer's scalar), so drawn
+    weights centre it on 1 (``runtime.weights``)."""
 
-    def __init__(self, *shape: int):
+    def __init__(self, *shape: int, gain: bool = False):
         self.shape = tuple(int(s) for s in shape)
+        self.gain = gain
         self.array: np.ndarray | None = None
 
     def __repr__(self) -> str:

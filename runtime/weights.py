@@ -14,7 +14,8 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     of order one through every layer, so the logits are not flat and a wrong model shows),
     embedding rows with ``1 / scale`` (of order one once the model scales them);
     vectors (norm weights, biases) are ``N(0, 0.1)``, around 1 for a norm that multiplies by
-    its weight, around 0 for biases and ``1 + weight`` norms. Drawn in name order from
+    its weight and any other gain (``Param.gain``), around 0 for biases and ``1 + weight``
+    norms. Drawn in name order from
     ``numpy.random.default_rng(seed)``, so a name's tensor depends only on the seed and the
     tree.
     """
@@ -27,14 +28,15 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     for name, p in sorted(first.values(), key=lambda item: item[0]):
         if len(p.shape) == 2:
             t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[1]))
-            if name.endswith("embed_tokens.weight"):
+            if name.endswith(("embed_tokens.weight", "embed_tokens_per_layer.weight")):
                 # Rows of order one once the model scales them (Gemma's sqrt(hidden_size)):
                 # larger, the residual stream is the token's own row and every layer a ripple.
                 scale = abs(getattr(_module(module, name), "scale", 1.0)) or 1.0
                 t *= np.float32(np.sqrt(p.shape[1]) / scale)
         else:
             t = np.float32(0.1) * rng.standard_normal(p.shape, dtype=np.float32)
-            if name.endswith("norm.weight") and not getattr(_owner(module, name), "plus_one", False):
+            if p.gain or (name.endswith("norm.weight")
+                          and not getattr(_owner(module, name), "plus_one", False)):
                 t += np.float32(1.0)
         out[name] = t
     return out

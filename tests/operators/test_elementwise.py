@@ -24,6 +24,17 @@ def test_mul_hand(run_kernel):
     np.testing.assert_array_equal(run_kernel(Mul(), A, B), expected)
 
 
+def test_mul_by_a_broadcast_gain_hand(run_kernel):
+    # A (1,) gain times a whole (n, d) output, as Gemma4TextDecoderLayer's layer_scalar.
+    gain = np.array([0.5], np.float32)
+    expected = [[0.5, 1.0], [-1.5, 2.0]]
+    assert Mul().shape((2, 2), (1,)) == (2, 2)
+    np.testing.assert_array_equal(Mul().reference(A, gain), expected)
+    np.testing.assert_array_equal(run_kernel(Mul(), A, gain), expected)
+    row = np.array([2.0, -1.0], np.float32)  # a trailing-axis vector broadcasts too
+    np.testing.assert_array_equal(run_kernel(Mul(), A, row), [[2.0, -2.0], [-6.0, -4.0]])
+
+
 def test_mul_by_scalar_hand(run_kernel):
     expected = [[0.25, 0.5], [-0.75, 1.0]]
     np.testing.assert_array_equal(Mul().reference(A, scale=0.25), expected)
@@ -37,6 +48,7 @@ def test_add_kernel_within_tolerance(check_kernel, randn, scale):
 
 def test_mul_kernel_within_tolerance(check_kernel, randn):
     check_kernel(Mul(), randn(5, 64), randn(5, 64))
+    check_kernel(Mul(), randn(5, 64), randn(1))
     check_kernel(Mul(), randn(5, 64), scale=0.1234567)
 
 
@@ -54,4 +66,6 @@ def test_shape_mismatches():
         Add().shape((2, 3), (3, 2))
     with pytest.raises(ValueError):
         Mul().shape((2, 3), (2, 4))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        Mul().shape((3,), (2, 3))
     assert Mul().shape((2, 3)) == (2, 3)

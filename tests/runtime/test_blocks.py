@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, RopeOptions
+from runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
+                            PerLayerInputOptions, RopeOptions)
 from runtime.causal import CausalLM, CausalOptions
 from runtime.checkpoint import fill
 from runtime.session import Session
@@ -17,15 +18,25 @@ from runtime.weights import draw_weights
 E, V = 32, 64
 
 
-def model(**layer) -> CausalLM:
+PLE = PerLayerInputOptions(size=4, vocab_size=V, embedding_scale=2.0, projection_scale=0.5,
+                           mix_scale=0.7)
+
+
+def model(shared: bool = False, **layer) -> CausalLM:
+    """Two layers of the options given (three, the last reading the first's cache, where
+    ``shared``)."""
     attention = AttentionOptions(heads=4, kv_heads=2, head_dim=8)
     base = LayerOptions(attention, MLPOptions(48), NormOptions(eps=1e-6))
     a = {k[5:]: layer.pop(k) for k in list(layer) if k.startswith("attn_")}
     m = {k[4:]: layer.pop(k) for k in list(layer) if k.startswith("mlp_")}
     lo = dataclasses.replace(base, attention=dataclasses.replace(attention, **a),
                              mlp=dataclasses.replace(base.mlp, **m), **layer)
-    o = CausalOptions(V, E, (lo, lo), lo.norm, {"default": RopeOptions(10000.0, 8)},
-                      max_seq_len=64, prefill_chunk=8, logit_softcap=3.0, logit_scale=0.5)
+    layers = (lo, lo)
+    if shared:
+        layers += (dataclasses.replace(lo, attention=dataclasses.replace(lo.attention, kv_from=0)),)
+    o = CausalOptions(V, E, layers, lo.norm, {"default": RopeOptions(10000.0, 8)},
+                      max_seq_len=64, prefill_chunk=8, logit_softcap=3.0, logit_scale=0.5,
+                      per_layer_input=lo.per_layer_input)
     lm = CausalLM(o)
     fill(lm, draw_weights(lm, 0))
     return lm
@@ -87,6 +98,9 @@ def test_fused_equals_unfused_on_the_same_weights():
     {"placement": "post", "attn_qk_norm": "all", "residual_scale": 0.5},
     {"attn_fused_qkv": True, "mlp_fused": True, "attn_bias": True, "attn_scale": 0.2},
     {"mlp_kind": "plain", "mlp_act": "gelu_pytorch_tanh", "mlp_bias": True},
+    {"kind": "ple", "per_layer_input": PLE, "attn_qk_norm": "head", "attn_v_norm": True,
+     "attn_window": 3, "shared": True},
+    {"kind": "ple", "attn_values_from_keys": True, "attn_scale": 1.0, "shared": True},
 ])
 def test_compiled_equals_reference_and_passes_per_step_check(options):
     lm = model(**options)
@@ -103,6 +117,49 @@ def test_compiled_equals_reference_and_passes_per_step_check(options):
     assert lm.version(True, check=True).plan.checked
 
 
+def test_ple_layer_and_model_names():
+    params = dict(model(kind="ple", per_layer_input=PLE).named_params())
+    layer = {n.split("layers.0.", 1)[1] for n in params if "layers.0." in n}
+    assert {"per_layer_input_gate.weight", "per_layer_projection.weight",
+            "post_per_layer_input_norm.weight", "layer_scalar", "pre_feedforward_layernorm.weight",
+            "post_feedforward_layernorm.weight"} <= layer
+    assert params["model.layers.0.layer_scalar"].shape == (1,)
+    assert params["model.layers.0.per_layer_input_gate.weight"].shape == (4, E)
+    assert params["model.embed_tokens_per_layer.weight"].shape == (V, 2 * 4)
+    assert params["model.per_layer_model_projection.weight"].shape == (2 * 4, E)
+    assert params["model.per_layer_projection_norm.weight"].shape == (4,)
+    # A ple layer without per-layer inputs keeps its scalar and nothing else of them.
+    bare = names(model(kind="ple"))
+    assert "layer_scalar" in bare and not any("per_layer" in n for n in bare)
+
+
+def test_kv_sharing_layer_holds_no_keys_or_values_and_reads_its_source_cache():
+    lm = model(shared=True, attn_qk_norm="head", attn_v_norm=True)
+    params = {n for n, _ in lm.named_params()}
+    shared = {n.split("layers.2.", 1)[1] for n in params if "layers.2." in n}
+    assert {"self_attn.q_proj.weight", "self_attn.q_norm.weight", "self_attn.o_proj.weight"} <= shared
+    assert not {n for n in shared if n.split(".")[1] in ("k_proj", "v_proj", "k_norm", "v_norm")}
+    assert "model.layers.0.self_attn.v_norm.weight" not in params  # v_norm has no weight
+    states = [n for n, _ in lm.named_states()]
+    assert not [n for n in states if "layers.2." in n] and len(states) == 4
+    assert lm.model.layers[2].self_attn.shared[0] is lm.model.layers[0].self_attn.keys
+    keys_only = names(model(attn_values_from_keys=True))
+    assert "self_attn.k_proj.weight" in keys_only and "self_attn.v_proj.weight" not in keys_only
+
+
+def test_v_norm_and_kv_sharing_change_the_logits():
+    # Each option is seen: the same drawn weights give other logits without it.
+    ids = list(range(1, 12))
+    normed = Session(model(attn_v_norm=True)).logits(ids).copy()
+    assert not np.allclose(normed, Session(model()).logits(ids), atol=1e-4)
+    shared = model(shared=True)
+    own = CausalLM(dataclasses.replace(shared.config, layers=shared.config.layers[:2] + (
+        dataclasses.replace(shared.config.layers[2], attention=dataclasses.replace(
+            shared.config.layers[2].attention, kv_from=1)),)))
+    fill(own, {n: p.array for n, p in shared.named_params()})
+    assert not np.allclose(Session(own).logits(ids), Session(shared).logits(ids), atol=1e-4)
+
+
 def test_unknown_options_refused():
     with pytest.raises(ValueError, match="placement"):
         model(placement="middle")
@@ -110,3 +167,9 @@ def test_unknown_options_refused():
         model(attn_qk_norm="both")
     with pytest.raises(ValueError, match="mlp kind"):
         model(mlp_kind="moe")
+    with pytest.raises(ValueError, match="takes no per-layer input"):
+        model(kind="sandwich", per_layer_input=PLE)
+    with pytest.raises(ValueError, match="not an earlier one"):
+        model(attn_kv_from=1)
+    with pytest.raises(ValueError, match="fused qkv_proj"):
+        model(attn_fused_qkv=True, attn_values_from_keys=True)

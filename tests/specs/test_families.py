@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from iron_spec.build import load_model
+from iron_spec.errors import SpecError
 from iron_spec.interpreter import expand
 from iron_spec.loader import load_spec
 from runtime.session import Session
@@ -82,3 +83,35 @@ def test_partial_rotary_and_longrope_original_context():
     o = options("phi3", {})
     assert o.ropes["default"].rotary_dim == 8  # head_dim 16 * 0.5
     assert o.ropes["default"].scaling["original_max_position_embeddings"] == 64
+
+
+def test_kv_sharing_reads_the_last_earlier_layer_of_its_type():
+    # Toy: sliding, full, sliding | sliding, full; the last two share (as kv_sharing_modes).
+    o = options("gemma4", {})
+    assert [lo.attention.kv_from for lo in o.layers] == [None, None, None, 2, 1]
+    assert [lo.mlp.intermediate_size for lo in o.layers] == [96, 96, 96, 192, 192]
+    single = options("gemma4", {"use_double_wide_mlp": False, "num_kv_shared_layers": 1})
+    assert [lo.attention.kv_from for lo in single.layers] == [None] * 4 + [1]
+    assert {lo.mlp.intermediate_size for lo in single.layers} == {96}
+
+
+def test_kv_sharing_without_a_source_of_the_type_is_refused():
+    with pytest.raises(SpecError, match=r"layer 1 \(type full_attention\) .* none of layers 0..0"):
+        options("gemma4", {"num_kv_shared_layers": 4})
+    with pytest.raises(SpecError, match="not within 0..4"):
+        options("gemma4", {"num_kv_shared_layers": 5})
+
+
+def test_per_layer_type_head_width_kv_heads_and_per_layer_inputs():
+    o = options("gemma4", {})
+    full, sliding = o.layers[1].attention, o.layers[0].attention
+    assert (full.head_dim, full.kv_heads, full.values_from_keys, full.window) == (32, 1, True, None)
+    assert (sliding.head_dim, sliding.kv_heads, sliding.values_from_keys) == (16, 2, False)
+    assert full.scale == sliding.scale == 1.0 and full.v_norm and full.qk_norm == "head"
+    assert o.ropes["global"].rotary_dim == 32 and o.ropes["local"].rotary_dim == 16
+    p = o.per_layer_input
+    assert (p.size, p.vocab_size, p.act) == (8, 256, "gelu_pytorch_tanh")
+    assert (p.embedding_scale, p.projection_scale, p.mix_scale) == (8 ** 0.5, 64 ** -0.5, 2 ** -0.5)
+    assert o.logit_softcap == 3.0 and not o.layers[0].norm.plus_one
+    assert options("gemma4", {"attention_k_eq_v": False}).layers[1].attention.values_from_keys is False
+    assert options("gemma4", {"hidden_size_per_layer_input": 0}).per_layer_input is None
