@@ -7,6 +7,7 @@ checkpoint tensors) where one exists, else the model's own float64 ``reference()
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -96,7 +97,10 @@ def command(
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode. Exit status 1 if any fails."""
     from .cli import EXPECTED
+    from .loader import load_spec
     try:
+        if load_spec(spec).get("model") == "encoder":
+            _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json)
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                             max_seq_len=max_seq_len or (None if toy else 4096))
         if record_golden:
@@ -109,6 +113,11 @@ def command(
     except (*EXPECTED, GoldenError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    _report(spec, note, results, as_json)
+
+
+def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool) -> None:
+    """Print ``results`` and exit: 0 all passed, 1 any failed."""
     failed = [r for r in results if not r.passed]
     if as_json:
         typer.echo(json.dumps({"spec": str(spec), "reference": note, "passed": not failed,
@@ -122,3 +131,43 @@ def command(
                        f"({r.seconds:.1f} s)")
         typer.echo(f"{len(results) - len(failed)}/{len(results)} checks passed")
     raise typer.Exit(1 if failed else 0)
+
+
+ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of order-one values
+
+
+def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
+                   as_json: bool) -> None:
+    """``check`` for an encoder spec: its embeddings, against the golden where one exists
+    for these inputs (the texts or ids it was recorded on), else only against itself."""
+    from .encoder import load_encoder
+    loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy)
+    path = golden or golden_path(loaded)
+    model, wants, probes, note = loaded.model, None, [], f"no golden at {path}"
+    data = {}
+    if path.exists():
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+        if str(data.get("fingerprint")) != loaded.fingerprint():
+            note, data = f"{path} is stale (recorded from other inputs)", {}
+        else:
+            note = f"golden {path}"
+    # Goldens hold transformers' BertModel mean-pooled, unnormalized: judged the same way.
+    pooling = dataclasses.replace(model.config.pooling, kind="mean", normalize=False)
+    if "embeddings" in data:  # texts' ids, as the checkpoint's tokenizer gives them
+        probes = [(np.array(i), None) for i in json.loads(str(data["ids"]))]
+        wants = list(data["embeddings"])
+    else:
+        i = 0
+        while f"ids{i}" in data:
+            probes.append((data[f"ids{i}"], data[f"types{i}"]))
+            i += 1
+        if probes:
+            wants = [data[f"mean{k}"] for k in range(len(probes))]
+        else:
+            rng = np.random.default_rng(0)
+            probes = [(rng.integers(0, model.config.vocab_size, n), None) for n in (5, 17)]
+    version = model.version(pooling)
+    results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,
+                                      model.version(pooling, check=True))
+    _report(spec, note, results, as_json)

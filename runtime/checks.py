@@ -204,3 +204,43 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) ->
                       f"KL {kl:.3g} (bound {bound:.3g}), top-1 {'same' if top1 else 'DIFFERS'}",
                       {"kl": kl, "top1": top1, "position": position})
     return _timed(run)
+
+
+def embedding_checks(version, probes: list[tuple[np.ndarray, np.ndarray]],
+                     golden: list[np.ndarray] | None, atol: float,
+                     checked) -> list[Result]:
+    """An encoder's checks on ``probes`` (ids, token types): every step against its operator
+    (``checked``, the version compiled with ``check=True``), compiled against
+    ``reference()``, against transformers' embeddings (``golden``, one per probe) within
+    ``atol``, and two runs bitwise equal."""
+    def per_step() -> Result:
+        try:
+            for ids, types in probes:
+                checked(ids, types)
+        except CheckError as e:
+            return Result("per-step check", False, str(e))
+        return Result("per-step check", True, f"{len(checked.plan.checked)} steps within tolerance")
+
+    def against(name: str, wants: list[np.ndarray], bound: float) -> Result:
+        errors = [float(np.abs(np.array(version(i, t)) - w).max()) for (i, t), w in zip(probes, wants)]
+        cosines = [float(np.dot(version(i, t).reshape(-1), w.reshape(-1)) /
+                         (np.linalg.norm(version(i, t)) * np.linalg.norm(w)))
+                   for (i, t), w in zip(probes, wants)]
+        worst = max(errors)
+        return Result(name, worst <= bound,
+                      f"{len(probes)} texts: max |error| {worst:.3g} (bound {bound:.3g}), "
+                      f"min cosine {min(cosines):.8f}", {"max_error": worst, "min_cosine": min(cosines)})
+
+    def determinism() -> Result:
+        first = [np.array(version(i, t)) for i, t in probes]
+        again = [np.array(version(i, t)) for i, t in reversed(probes)][::-1]
+        differ = sum(a.tobytes() != b.tobytes() for a, b in zip(first, again))
+        return Result("determinism", differ == 0, f"{differ}/{len(probes)} runs differ bitwise")
+
+    results = [_timed(per_step),
+               _timed(lambda: against("compiled = reference()",
+                                      [version.reference(i, t) for i, t in probes], atol))]
+    if golden is not None:
+        results.append(_timed(lambda: against("embeddings vs golden", golden, atol)))
+    results.append(_timed(determinism))
+    return results

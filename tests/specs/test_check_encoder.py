@@ -1,0 +1,34 @@
+"""``iron-spec check`` on the encoder spec: its embeddings against transformers' golden."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from iron_spec.cli import app
+from tests.conftest import SPECS
+
+BERT = (SPECS / "bert.yaml").read_text()
+
+
+def test_bert_toy_passes_against_its_golden():
+    result = CliRunner().invoke(app, ["check", str(SPECS / "bert.yaml"), "--random-weights", "0",
+                                      "--toy"])
+    assert result.exit_code == 0, result.output
+    assert "reference: golden" in result.output and "4/4 checks passed" in result.output
+
+
+def test_the_tanh_gelu_in_place_of_the_exact_one_fails(tmp_path):
+    # BERT's "gelu" is the erf form; the tanh approximation differs by up to ~1e-3 per
+    # activation, far past float32 rounding: the golden catches it.
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "tests" / "goldens").mkdir(parents=True)
+    (tmp_path / "tests" / "goldens" / "bert").symlink_to(SPECS.parent / "tests" / "goldens" / "bert")
+    spec = tmp_path / "specs" / "bert.yaml"
+    old = "  mlp: {kind: plain, act: hidden_act, bias: true}"
+    assert old in BERT
+    spec.write_text(BERT.replace(old, "  mlp: {kind: plain, act: gelu_tanh, bias: true}").replace(
+        "  hidden_act: {json: hidden_act, default: gelu}",
+        "  hidden_act: {json: hidden_act, default: gelu}\n  gelu_tanh: {value: gelu_pytorch_tanh}"))
+    result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy"])
+    assert result.exit_code == 1, result.output
+    assert "FAIL  embeddings vs golden" in result.output
