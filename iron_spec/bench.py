@@ -213,15 +213,22 @@ def report(r: dict) -> str:
 def command(
     spec: Path = typer.Argument(..., help="the spec YAML"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
-    runs: int = typer.Option(3, help="runs per figure, after one warm-up"),
-    max_seq_len: int = typer.Option(4096, help="context length the caches are sized for"),
+    random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
+    toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
+    runs: int = typer.Option(3, min=1, help="runs per figure, after one warm-up"),
+    max_seq_len: int = typer.Option(4096, min=DEEP + DECODE + 1,
+                                    help="context length the caches are sized for"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
     try:
-        loaded = load_model(spec, checkpoint=checkpoint, max_seq_len=max_seq_len)
+        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
+                            max_seq_len=None if toy else max_seq_len)
+        if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
+            raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than the "
+                             f"{DEEP + DECODE + 1} positions the deep decode needs")
         loaded.lm.decode_step, loaded.lm.prompt_chunk  # compiled before anything is timed
         result = measure(loaded, runs, peer)
     except EXPECTED as e:

@@ -8,6 +8,7 @@ checkpoint tensors) where one exists, else the model's own float64 ``reference()
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 from typing import Optional
@@ -52,14 +53,22 @@ def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
 
 
 def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
-    """The golden for these inputs and a note of what was found."""
-    path = path or golden_path(loaded)
-    if not path.exists():
-        return None, f"no golden at {path}"
-    try:
-        return Golden.read(path, loaded.fingerprint()), f"golden {path}"
-    except GoldenError as e:
-        return None, str(e)
+    """The golden for these inputs and a note of what was found.
+
+    A named ``path`` must be a golden of these inputs (GoldenError otherwise); else the
+    spec's goldens folder is searched for one recorded from the same config and tensors,
+    whatever the checkpoint directory is called.
+    """
+    fp = loaded.fingerprint()
+    if path is not None:
+        return Golden.read(path, fp), f"golden {path}"
+    folder = golden_path(loaded).parent
+    for candidate in sorted(folder.glob("*.npz")):
+        try:
+            return Golden.read(candidate, fp), f"golden {candidate}"
+        except GoldenError:
+            continue
+    return None, f"no golden in {folder} for these inputs ({fp})"
 
 
 def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS) -> list[checks.Result]:
@@ -86,11 +95,11 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS) -> lis
 def command(
     spec: Path = typer.Argument(..., help="the spec YAML"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
-    random_weights: Optional[int] = typer.Option(None, help="draw weights at this seed"),
+    random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
-    max_seq_len: Optional[int] = typer.Option(None, help="context length [default: the model's own, fitted; at most 4096 here]"),
-    golden: Optional[Path] = typer.Option(None, help="the golden to judge by [default: tests/goldens/<spec>/<inputs>.npz]"),
-    steps: int = typer.Option(STEPS, help="teacher-forced KL steps"),
+    max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the model's own, fitted; at most 4096 here)"),
+    golden: Optional[Path] = typer.Option(None, help="the golden to judge by (default: tests/goldens/<spec>/<inputs>.npz)"),
+    steps: int = typer.Option(STEPS, min=1, help="teacher-forced KL steps"),
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
 ) -> None:
@@ -104,6 +113,10 @@ def command(
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                             max_seq_len=max_seq_len or (None if toy else 4096))
         if record_golden:
+            missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+            if missing:
+                raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
+                                 "extra: pip install -e '.[golden]'")
             from .golden_record import record
             path = golden or golden_path(loaded)
             record(loaded, check_prompt(loaded), steps).write(path)
@@ -142,16 +155,20 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     for these inputs (the texts or ids it was recorded on), else only against itself."""
     from .encoder import load_encoder
     loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy)
-    path = golden or golden_path(loaded)
-    model, wants, probes, note = loaded.model, None, [], f"no golden at {path}"
-    data = {}
-    if path.exists():
+    model, wants, probes = loaded.model, None, []
+    fp, data = loaded.fingerprint(), {}
+    candidates = [golden] if golden is not None else sorted(golden_path(loaded).parent.glob("*.npz"))
+    note = f"no golden in {golden_path(loaded).parent} for these inputs ({fp})"
+    for path in candidates:
+        if not path.exists():
+            raise GoldenError(f"{path}: no such golden")
         with np.load(path, allow_pickle=False) as f:
-            data = {k: f[k] for k in f.files}
-        if str(data.get("fingerprint")) != loaded.fingerprint():
-            note, data = f"{path} is stale (recorded from other inputs)", {}
-        else:
-            note = f"golden {path}"
+            found = {k: f[k] for k in f.files}
+        if str(found.get("fingerprint")) == fp:
+            data, note = found, f"golden {path}"
+            break
+        if golden is not None:
+            raise GoldenError(f"{path} was recorded from other inputs than these ({fp})")
     # Goldens hold transformers' BertModel mean-pooled, unnormalized: judged the same way.
     pooling = dataclasses.replace(model.config.pooling, kind="mean", normalize=False)
     if "embeddings" in data:  # texts' ids, as the checkpoint's tokenizer gives them

@@ -25,6 +25,7 @@ from .schema import SCHEMA_PATH
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Declarative YAML specs for language models: lint, run, check.")
 log = logging.getLogger("iron_spec")
+DEFAULT_TOKENS = 64
 EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
             jinja2.TemplateError)
 
@@ -44,7 +45,8 @@ def _log_to_stderr() -> None:
 
 
 def _fail(e: Exception, code: int = 1) -> None:
-    typer.echo(f"error: {e}", err=True)
+    # A SpecError says FILE:LINE:COL: error: itself.
+    typer.echo(str(e) if isinstance(e, SpecError) else f"error: {e}", err=True)
     raise typer.Exit(code)
 
 
@@ -99,20 +101,20 @@ def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
 
 @app.command()
 def run(
-    spec: Optional[Path] = typer.Argument(None, help="the spec YAML, e.g. specs/llama3.yaml [default: the spec serving --checkpoint's config.json architectures]"),
+    spec: Optional[Path] = typer.Argument(None, help="the spec YAML, e.g. specs/llama3.yaml (default: the spec serving --checkpoint's config.json architectures)"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),
-    num_tokens: Optional[int] = typer.Option(None, help="most tokens to draw per turn [default: 64; in a chat, up to the end of the turn]"),
-    temperature: Optional[float] = typer.Option(None, help="0 is greedy [default: generation_config.json's, else greedy]"),
-    top_k: Optional[int] = typer.Option(None, help="keep the K most likely tokens"),
+    num_tokens: Optional[int] = typer.Option(None, min=1, help="most tokens to draw per turn (default: 64; in a chat, up to the end of the turn)"),
+    temperature: Optional[float] = typer.Option(None, help="0 is greedy (default: generation_config.json's, else greedy)"),
+    top_k: Optional[int] = typer.Option(None, min=0, help="keep the K most likely tokens"),
     top_p: Optional[float] = typer.Option(None, help="keep the most likely tokens up to probability P"),
-    seed: int = typer.Option(0, help="the sampler's seed"),
-    max_seq_len: Optional[int] = typer.Option(None, help="context length [default: the checkpoint's own, fitted to this host's memory]"),
-    prefill_chunk: Optional[int] = typer.Option(None, help="ids a prompt call holds [default: the spec's]"),
-    random_weights: Optional[int] = typer.Option(None, help="draw weights at this seed instead of reading them"),
+    seed: int = typer.Option(0, min=0, help="the sampler's seed"),
+    max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the checkpoint's own, fitted to this host's memory)"),
+    prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's)"),
+    random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
-    prompt_len: int = typer.Option(24, help="with no tokenizer (--toy), this many random prompt ids"),
+    prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
     _log_to_stderr()
@@ -124,6 +126,10 @@ def run(
             from .registry import for_checkpoint
             spec = for_checkpoint(checkpoint)
             log.info("spec %s, serving the checkpoint's architectures", spec)
+        # The flags are checked before anything loads (a refusal in a second, not a minute).
+        Sampler(temperature or 0.0, top_k, 1.0 if top_p is None else top_p, seed)
+        if not chat and prompt is None and checkpoint is not None and random_weights is None:
+            raise ValueError("give --prompt TEXT, or --chat")
         loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk)
         sampler = _sampling(loaded, temperature, top_k, top_p, seed)
         session, tok = Session(loaded.lm), loaded.tokenizer
@@ -135,11 +141,14 @@ def run(
             rng = np.random.default_rng(random_weights)
             ids = rng.integers(0, loaded.lm.config.vocab_size, prompt_len).tolist()
             typer.echo(f"prompt ids: {' '.join(map(str, ids))}", err=True)
-            _generate(session, ids, num_tokens or 64, sampler, eos, None)
+            _generate(session, ids, num_tokens or DEFAULT_TOKENS, sampler, eos, None)
         elif not chat:
             if prompt is None:
                 raise ValueError("give --prompt TEXT, or --chat")
-            _generate(session, tok.encode(prompt), num_tokens or 64, sampler, eos, tok)
+            ids = tok.encode(prompt)
+            if not ids:
+                raise ValueError("--prompt encodes to no tokens; give some text")
+            _generate(session, ids, num_tokens or DEFAULT_TOKENS, sampler, eos, tok)
         else:
             _chat(session, tok, prompt, num_tokens, sampler)
     except EXPECTED as e:
@@ -169,22 +178,30 @@ def _chat(session: Session, tok, first: Optional[str], n: Optional[int], sampler
     ``n`` tokens, or where the context is full, whichever comes first."""
     messages: list[dict] = []
     interactive = first is None
+    L = session.lm.config.max_seq_len
     while True:
         if first is not None:
             text, first = first, None
         elif interactive:
             typer.echo("> ", nl=False, err=True)
             line = sys.stdin.readline()
-            if not line or not line.strip():
+            if not line:  # end of input ends the chat; an empty line is no turn
                 return
             text = line.rstrip("\n")
+            if not text.strip():
+                continue
         else:
             return
         messages.append({"role": "user", "content": text})
         ids = tok.chat(messages)
-        room = session.lm.config.max_seq_len - len(ids) + 1
-        drawn = _generate(session, ids, n if n is not None else max(1, min(512, room)), sampler,
-                          tok.eos_ids, tok)
+        room = L - len(ids) + 1
+        if room < 1:
+            raise ValueError(f"the conversation ({len(ids)} tokens) fills max_seq_len {L}; "
+                             "start a new one, or raise --max-seq-len")
+        want = n if n is not None else min(512, room)
+        drawn = _generate(session, ids, min(want, room), sampler, tok.eos_ids, tok)
+        if len(drawn) == room and drawn[-1] not in tok.eos_ids:
+            typer.echo(f"[the reply stopped where the context (max_seq_len {L}) is full]", err=True)
         messages.append({"role": "assistant", "content": tok.decode(drawn)})
         if not interactive:
             return

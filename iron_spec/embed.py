@@ -67,10 +67,10 @@ def command(
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     similarity: bool = typer.Option(False, "--similarity",
                                     help="print the cosine matrix of the texts' embeddings"),
-    max_tokens: Optional[int] = typer.Option(None, help="ids a text keeps, the rest truncated "
-                                             "[default: the spec's, capped by "
-                                             "sentence-transformers' max_seq_length]"),
-    decimals: int = typer.Option(4, help="decimals printed"),
+    max_tokens: Optional[int] = typer.Option(None, min=1, help="ids a text keeps, the rest truncated "
+                                             "(default: the spec's, capped by "
+                                             "sentence-transformers' max_seq_length)"),
+    decimals: int = typer.Option(4, min=0, max=12, help="decimals printed"),
 ) -> None:
     """Embed TEXTs with an encoder SPEC: one line per text, or with --similarity the cosine
     matrix (row i, column j: text i against text j)."""

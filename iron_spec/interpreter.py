@@ -6,6 +6,8 @@ The code reads behaviours (a layer kind, a norm, an activation), never a family'
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -48,7 +50,21 @@ def _typed(spec: Spec, path: tuple, value: Any, kind: type | tuple, what: str) -
 
 
 def _number(spec: Spec, path: tuple, value: Any) -> float | None:
-    return None if value is None else float(_typed(spec, path, value, (int, float), "a number"))
+    """A finite number (NaN and infinities are refused where config.json smuggles them in)."""
+    if value is None:
+        return None
+    value = float(_typed(spec, path, value, (int, float), "a number"))
+    if not math.isfinite(value):
+        raise spec.error(path, f"{'/'.join(map(str, path))} is {value}, not a finite number")
+    return value
+
+
+def _positive(spec: Spec, path: tuple, value: Any) -> float:
+    """A finite number above zero (an eps, a rope theta)."""
+    value = _number(spec, path, value)
+    if value is None or value <= 0:
+        raise spec.error(path, f"{'/'.join(map(str, path))} is {value}, not a number above 0")
+    return value
 
 
 def _whole(spec: Spec, path: tuple, value: Any) -> int | None:
@@ -111,8 +127,10 @@ def _layer(spec: Spec, r: Resolved, t: str | None) -> LayerOptions:
     def flag(*path):
         return bool(opt(*path, default=False)[0])
 
+    eps, eps_at = opt("norm", "eps", default=1e-6)
     norm = NormOptions(kind=word("norm", "kind", default="rms")[0],
-                       eps=number("norm", "eps", default=1e-6), plus_one=flag("norm", "plus_one"))
+                       eps=_positive(spec, eps_at, eps),
+                       plus_one=flag("norm", "plus_one"))
     rope, at = word("attention", "rope", default="default")
     ropes_spec = spec.get("rope", default={}) or {}
     if rope is not None and rope not in ropes_spec:
@@ -212,6 +230,9 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     v = r.values
     for name in REQUIRED:
         _typed(spec, ("config", name), v[name], int, f"a whole number (from {r.sources[name]})")
+        if v[name] < 1:
+            raise spec.error(("config", name), f"{name} is {v[name]} (from {r.sources[name]}), "
+                                               "not a whole number of at least 1")
 
     types = _layer_types(spec, r, v["num_hidden_layers"])
     built: dict[str | None, LayerOptions] = {}
@@ -227,8 +248,7 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
             scaling = {**scaling, "original_max_position_embeddings": _whole(
                 spec, p + ("original_max_position_embeddings",), original)}
         ropes[name] = RopeOptions(
-            theta=float(_typed(spec, p + ("theta",), _option(spec, r, p + ("theta",), None),
-                               (int, float), "a number")),
+            theta=_positive(spec, p + ("theta",), _option(spec, r, p + ("theta",), None)),
             rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
             scaling=scaling,
             max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(

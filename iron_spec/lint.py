@@ -120,7 +120,11 @@ def lint_paths(paths: Iterable[Path], config: ConfigFile | None = None
             problems.append(e)
             continue
         specs.append(spec)
-        problems += lint_spec(spec, config)
+        try:
+            problems += lint_spec(spec, config)
+        except Exception as e:  # a spec lint cannot judge is a problem of that spec alone
+            problems.append(SpecError(str(f), 1, 1, f"lint could not check this spec: "
+                                                    f"{type(e).__name__}: {e}"))
     problems += rules.duplicate_architectures(specs)
     order = {str(f): i for i, f in enumerate(files)}
     problems.sort(key=lambda p: (order.get(p.file, len(order)), p.line, p.col))

@@ -27,11 +27,11 @@ class Sampler:
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int = 0):
-        if temperature < 0:
-            raise ValueError(f"temperature {temperature} is negative; 0 is greedy")
+        if not np.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature {temperature} is not a finite number >= 0 (0 is greedy)")
         if top_k is not None and top_k < 0:
             raise ValueError(f"top_k {top_k} is negative; 0 or None keeps every token")
-        if not 0.0 < top_p <= 1.0:
+        if not (np.isfinite(top_p) and 0.0 < top_p <= 1.0):
             raise ValueError(f"top_p {top_p} is outside (0, 1]")
         self.temperature, self.top_k, self.top_p = float(temperature), top_k or None, float(top_p)
         self.seed = seed

@@ -264,12 +264,18 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
          unused: Iterable[str] = ()) -> LoadReport:
     """Fill every param of ``module`` from ``checkpoint`` (float32), strictly (``bind``).
 
-    Nothing is read unless every tensor fits; ``progress(done, total)`` follows the reads.
+    Nothing is read unless every tensor fits; a tensor holding NaN or infinities is refused
+    (CheckpointError naming it); ``progress(done, total)`` follows the reads.
     The file's pages are unmapped afterwards, so they stop counting as resident memory.
     """
     found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
     for i, (name, source) in enumerate(found.sources.items()):
-        found.params[name].array = checkpoint.read(source)
+        array = checkpoint.read(source)
+        if not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            raise CheckpointError(f"{checkpoint.path}: tensor {source} holds {bad} NaN or "
+                                  "infinite values; the weights are damaged")
+        found.params[name].array = array
         if progress is not None:
             progress(i + 1, len(found.sources))
     checkpoint.close()

@@ -227,7 +227,8 @@ class Plan:
             raise CheckError(
                 f"step {r.index} ({step.op.name} in {step.where or 'model'}): max error "
                 f"{float(err.flat[at]):.3g} past its bound {float(np.broadcast_to(bound, err.shape).flat[at]):.3g} "
-                f"(atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) at {np.unravel_index(at, err.shape)}")
+                f"(atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) at "
+                f"{tuple(int(i) for i in np.unravel_index(at, err.shape))}")
         self.checked.append(step.where)
 
 

@@ -37,6 +37,7 @@ class Tokenizer:
 
     Raises:
         FileNotFoundError: no ``tokenizer.json`` in ``directory``.
+        ValueError: ``tokenizer.json`` is not one the tokenizers library can read.
     """
 
     def __init__(self, directory: str | Path):
@@ -44,7 +45,10 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
-        self._tok = _Tokenizer.from_file(str(path))
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
         settings = _read_json(directory / "tokenizer_config.json")
         jinja_file = directory / "chat_template.jinja"
         template = jinja_file.read_text() if jinja_file.exists() else settings.get("chat_template")

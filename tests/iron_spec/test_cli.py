@@ -109,3 +109,43 @@ def test_chat_turn_ends_at_end_of_turn(smollm2):
     assert "Paris" in result.stdout
     assert "<|im_end|>" not in result.stdout
     assert "[decode]" in result.output and "tokens/s" in result.output
+
+
+def test_nan_weights_are_refused_naming_the_tensor(toy_checkpoint):
+    directory, tensors = toy_checkpoint
+    tensors["model.layers.0.mlp.down_proj.weight"][3, 5] = np.nan
+    save_file(tensors, str(directory / "model.safetensors"))
+    line = _error_line(run("--checkpoint", str(directory), "--prompt", "x"))
+    assert "tensor model.layers.0.mlp.down_proj.weight holds 1 NaN or infinite values" in line
+
+
+def test_a_corrupt_tokenizer_is_refused_before_the_weights_load(toy_checkpoint):
+    directory, _ = toy_checkpoint
+    (directory / "tokenizer.json").write_text("{not json")
+    line = _error_line(run("--checkpoint", str(directory), "--prompt", "x"))
+    assert "tokenizer.json: not a tokenizer" in line
+
+
+def test_a_spec_for_another_architecture_is_refused(smollm2):
+    result = runner.invoke(app, ["run", str(SPECS / "gemma3.yaml"), "--checkpoint", str(smollm2),
+                                 "--prompt", "x"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "this spec serves Gemma3ForCausalLM" in result.output
+    assert "is LlamaForCausalLM" in result.output
+
+
+@pytest.mark.parametrize("flag,value", [("--num-tokens", "0"), ("--temperature", "-1"),
+                                        ("--temperature", "nan"), ("--top-p", "0"),
+                                        ("--max-seq-len", "0")])
+def test_bad_flags_are_refused_before_anything_loads(flag, value):
+    result = run("--random-weights", "0", "--toy", flag, value)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert flag.lstrip("-").split("-")[0] in result.output.lower()
+
+
+def test_a_named_golden_that_is_not_one_is_an_error(tmp_path):
+    path = tmp_path / "x.npz"
+    np.savez(path, a=np.zeros(3))
+    result = runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
+                                 "--golden", str(path)])
+    assert result.exit_code == 2 and "not a golden" in result.output
