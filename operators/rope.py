@@ -222,7 +222,7 @@ class Rope(Operator):
 
     def scale(self, reference, x, cos, sin, start=0):
         # Each output is a sum of two products, each bounded by |x|.
-        n, half = x.shape[0], cos.shape[1]
+        half = cos.shape[1]
         mag = np.abs(as64(x)).copy()
         pair = np.abs(as64(x[..., :half])) + np.abs(as64(x[..., half:2 * half]))
         mag[..., :half] = pair

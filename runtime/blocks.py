@@ -7,8 +7,7 @@ unless an option says otherwise. Layers, which compose these, are in ``layers``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
