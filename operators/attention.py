@@ -115,20 +115,25 @@ class Attention(Operator):
             np.tanh(s, out=s)
             s *= np.float32(softcap)
         if n > 1:  # one query at the last position sees every key from lo on
-            masked = ~self._mask(n, start, window)[:, lo:]
-            np.copyto(s.reshape(G, R, n, w), np.float32(-np.inf), where=masked)
+            # Only the columns some query may not see: the chunk's own (causal) and, under a
+            # window, those before the last query's window.
+            first = (start - lo) if window is None else 0
+            masked = ~self._mask(n, start, window)[:, lo + first:]
+            np.copyto(s.reshape(G, R, n, w)[..., first:], np.float32(-np.inf), where=masked)
         m = scratch[at + H * n * w: at + H * n * w + H * n].reshape(G, R * n, 1)
         np.maximum.reduce(s, axis=-1, keepdims=True, out=m)
         s -= m
         np.exp(s, out=s)
         np.add.reduce(s, axis=-1, keepdims=True, out=m)
-        s /= m
+        # The softmax's division is taken after the values' sum: over (rows, head_dim)
+        # rather than (rows, positions), the same quotient to a rounding.
         if per_head:
             for g in range(G):
                 for r in range(R):
                     np.matmul(s[g, r], values[g, lo:t], out=og[g, r])
         else:
             np.matmul(s, values[:, lo:t], out=og)
+        og /= m
         if n > 1:
             np.copyto(out.reshape(n, G, R, D), og.reshape(G, R, n, D).transpose(2, 0, 1, 3))
 
