@@ -22,6 +22,7 @@ import typer
 from runtime.session import Session
 
 from .build import Loaded, load_model
+from .errors import message
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
@@ -232,6 +233,6 @@ def command(
         loaded.lm.decode_step, loaded.lm.prompt_chunk  # compiled before anything is timed
         result = measure(loaded, runs, peer)
     except EXPECTED as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(message(e), err=True)
         raise typer.Exit(2)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

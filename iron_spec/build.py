@@ -108,6 +108,37 @@ def _footprint(o: CausalOptions) -> tuple[int, int]:
 LAYER_OVERHEAD = 200 * 1024  # bytes
 
 
+def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
+                 toy: bool) -> tuple[dict, str, Path | None]:
+    """The config.json a model is built on (a checkpoint's, or the spec's toy), where it came
+    from, and the checkpoint directory (None for a toy).
+
+    Raises:
+        ValueError: no weights source, or ``--toy`` with a checkpoint or without a seed.
+        SpecError: ``--toy`` on a spec with no ``toy:`` section, or a checkpoint whose
+            ``architectures`` the spec does not serve.
+        FileNotFoundError: the checkpoint or its config.json is missing.
+    """
+    if toy:
+        if checkpoint is not None:
+            raise ValueError("--toy draws a tiny shape; it takes no --checkpoint")
+        if random_weights is None:
+            raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
+        if spec.get("toy") is None:
+            raise spec.error((), "this spec has no toy: section for --toy")
+        return dict(spec.get("toy", "config")), f"{spec.file} toy.config", None
+    if checkpoint is None:
+        raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with "
+                         "no files")
+    directory = checkpoint_directory(checkpoint)
+    config_json, source = read_config(directory), str(directory / "config.json")
+    served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
+    if isinstance(archs, list) and archs and not set(archs) & set(served):
+        raise spec.error(("architectures",), f"this spec serves {', '.join(served)}; {source} is "
+                         f"{', '.join(map(str, archs))} (iron-spec list shows which spec serves it)")
+    return config_json, source, directory
+
+
 def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                random_weights: int | None = None, toy: bool = False,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
@@ -132,29 +163,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
                          "(iron-spec embed), it does not generate")
-    directory = None
+    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy)
     if toy:
-        if checkpoint is not None:
-            raise ValueError("--toy draws a tiny shape; it takes no --checkpoint")
-        if random_weights is None:
-            raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
-        toy_spec = spec.get("toy")
-        if toy_spec is None:
-            raise spec.error((), "this spec has no toy: section for --toy")
-        config_json = dict(toy_spec["config"])
-        source = f"{spec.file} toy.config"
-        prefill_chunk = prefill_chunk or toy_spec.get("prefill_chunk")
-    elif checkpoint is not None:
-        directory = checkpoint_directory(checkpoint)
-        config_json = read_config(directory)
-        source = str(directory / "config.json")
-        served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
-        if isinstance(archs, list) and archs and not set(archs) & set(served):
-            raise spec.error(("architectures",), f"this spec serves {', '.join(served)}; {source} "
-                             f"is {', '.join(map(str, archs))} (iron-spec list shows which spec "
-                             "serves it)")
-    else:
-        raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with no files")
+        prefill_chunk = prefill_chunk or spec.get("toy", "prefill_chunk")
     expanded = expand(spec, config_json, prefill_chunk=prefill_chunk, source=source)
     # Read before the weights, so a broken tokenizer.json fails in a second, not a minute.
     tokenizer = None

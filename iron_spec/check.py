@@ -20,6 +20,7 @@ from runtime import checks
 from runtime.golden import Golden, GoldenError
 
 from .build import Loaded, load_model
+from .errors import message
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
@@ -124,7 +125,7 @@ def command(
         found, note = find_golden(loaded, golden)
         results = run_checks(loaded, found, steps)
     except (*EXPECTED, GoldenError) as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(message(e), err=True)
         raise typer.Exit(2)
     _report(spec, note, results, as_json)
 

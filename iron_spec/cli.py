@@ -19,7 +19,7 @@ from runtime.session import Session
 from runtime.tokenizer import TextStream
 
 from .build import Loaded, load_model
-from .errors import SpecError
+from .errors import SpecError, message
 from .schema import SCHEMA_PATH
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -46,7 +46,7 @@ def _log_to_stderr() -> None:
 
 def _fail(e: Exception, code: int = 1) -> None:
     # A SpecError says FILE:LINE:COL: error: itself.
-    typer.echo(str(e) if isinstance(e, SpecError) else f"error: {e}", err=True)
+    typer.echo(message(e), err=True)
     raise typer.Exit(code)
 
 

@@ -19,7 +19,7 @@ from runtime.checkpoint import CheckpointError
 
 from .build import Loaded
 from .encoder import load_encoder
-from .errors import SpecError
+from .errors import SpecError, message
 from .loader import load_spec
 from .registry import for_checkpoint
 
@@ -87,7 +87,7 @@ def command(
         loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens)
         e = embed_texts(loaded, texts)
     except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
-        typer.echo(f"error: {err}", err=True)
+        typer.echo(message(err), err=True)
         raise typer.Exit(1)
     table = cosine(e) if similarity else e
     for row in table:

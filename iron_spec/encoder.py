@@ -22,9 +22,8 @@ from runtime.checkpoint import Checkpoint, fill, load
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
 
-from runtime.host import checkpoint_directory
 
-from .build import Loaded
+from .build import Loaded, model_inputs
 from .config import Resolved, evaluate_option, resolve
 from .loader import Spec, load_spec
 from .schema import validate
@@ -157,7 +156,10 @@ class TextIds:
         path = Path(directory) / "tokenizer.json"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
-        self._tok = _Tokenizer.from_file(str(path))
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
         self._tok.no_padding()
         self._tok.enable_truncation(max_tokens)
 
@@ -194,25 +196,10 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
         CheckpointError: the weights do not fit the model (every tensor named).
         ValueError: no weights source, or ``--toy`` with a checkpoint.
     """
-    from .build import read_config
-
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    directory = None
-    if toy:
-        if checkpoint is not None:
-            raise ValueError("--toy draws a tiny shape; it takes no --checkpoint")
-        if random_weights is None:
-            raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
-        if spec.get("toy") is None:
-            raise spec.error((), "this spec has no toy: section for --toy")
-        config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
-    elif checkpoint is not None:
-        directory = checkpoint_directory(checkpoint)
-        config_json, source = read_config(directory), str(directory / "config.json")
-        if max_tokens is None:
-            max_tokens = _sentence_length(directory)
-    else:
-        raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with no files")
+    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy)
+    if directory is not None and max_tokens is None:
+        max_tokens = _sentence_length(directory)
     expanded = expand_encoder(spec, config_json, source=source)
     if max_tokens is not None and max_tokens < expanded.options.max_tokens:
         expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)

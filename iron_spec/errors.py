@@ -12,3 +12,9 @@ class SpecError(ValueError):
     def __init__(self, file: str, line: int, col: int, message: str):
         super().__init__(f"{file}:{line}:{col}: error: {message}")
         self.file, self.line, self.col, self.message = str(file), line, col, message
+
+
+def message(e: Exception) -> str:
+    """The line a command prints for ``e``: a SpecError says ``FILE:LINE:COL: error:`` itself,
+    anything else gets ``error:`` before it."""
+    return str(e) if isinstance(e, SpecError) else f"error: {e}"

@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional
 import typer
 
 from . import rules
-from .errors import SpecError
+from .errors import SpecError, message
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -161,7 +161,7 @@ def command(
     try:
         problems, files = lint_paths(paths, None if config is None else ConfigFile.read(config))
     except (FileNotFoundError, ValueError, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(message(e), err=True)
         raise typer.Exit(2)
     out = render(problems, format)
     if out:

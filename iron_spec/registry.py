@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from .errors import SpecError
+from .errors import SpecError, message
 from .loader import load_spec
 
 #: The shipped specs' folder; ``IRON_SPEC_SPECS`` points elsewhere.
@@ -95,7 +95,7 @@ def command() -> None:
     try:
         found = entries()
     except (FileNotFoundError, SpecError) as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(message(e), err=True)
         raise typer.Exit(1)
     width = max([len(e.name) for e in found] + [4])
     for e in found:

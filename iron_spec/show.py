@@ -26,7 +26,7 @@ from runtime.module import Module, Param
 
 from .build import build_tree, read_config
 from .config import resolve
-from .errors import SpecError
+from .errors import SpecError, message
 from .loader import Spec, load_spec
 
 FORMATS = ("text", "json")
@@ -249,10 +249,10 @@ def command(
     try:
         view = gather(spec, checkpoint)
     except FileNotFoundError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(message(e), err=True)
         raise typer.Exit(2)
     except (SpecError, CheckpointError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(message(e), err=True)
         raise typer.Exit(1)
     typer.echo(render_json(view) if format == "json" else render_text(view))
     raise typer.Exit(0 if view.placement is None or view.placement.fits else 1)
