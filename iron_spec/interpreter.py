@@ -253,6 +253,15 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
             scaling=scaling,
             max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
                 spec, r, p + ("max_position_embeddings",), "max_position_embeddings")))
+    for lo in built.values():
+        name = lo.attention.rope
+        if name is None or name not in ropes:
+            continue
+        width = ropes[name].rotary_dim
+        if width < 2 or width % 2 or width > lo.attention.head_dim:
+            raise spec.error(("rope", name), f"rope table {name!r} rotates {width} columns: an even "
+                             f"number from 2 to the head_dim ({lo.attention.head_dim}) of the "
+                             "layers reading it")
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)

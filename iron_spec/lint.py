@@ -35,7 +35,11 @@ class ConfigFile:
 
     @classmethod
     def read(cls, path: Path) -> "ConfigFile":
-        """Raises FileNotFoundError (no file) or ValueError (not a JSON object)."""
+        """A config.json, or a checkpoint directory holding one.
+
+        Raises FileNotFoundError (no file) or ValueError (not a JSON object)."""
+        if path.is_dir():
+            path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such config.json")
         try:
@@ -110,7 +114,10 @@ def lint_paths(paths: Iterable[Path], config: ConfigFile | None = None
 
     Raises FileNotFoundError naming a path that does not exist.
     """
+    paths = list(paths)
     files = spec_files(paths)
+    if not files:
+        raise FileNotFoundError(f"no .yaml or .yml spec under {', '.join(map(str, paths))}")
     problems: list[SpecError] = []
     specs = []
     for f in files:
