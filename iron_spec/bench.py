@@ -47,32 +47,43 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def ours(loaded: Loaded, runs: int) -> dict:
-    lm = loaded.lm
+def bench_prompt(loaded: Loaded) -> list[int]:
+    """The ids every measurement reads a prefix of, drawn at seed 0 (the same for the peer)."""
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
+    return rng.integers(0, loaded.lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
+
+
+def figures(runs: int, prefill: Callable[[int], float], decode: Callable[[int], float]) -> dict:
+    """The same figures for any model: ``prefill(n)`` seconds for an n-token prompt,
+    ``decode(at)`` tokens/s over DECODE tokens after ``at``, each the median of ``runs``."""
     out: dict = {}
     for n in PROMPTS:
-        def prefill(n=n):
-            s = Session(lm)
-            start = time.perf_counter()
-            s.logits(prompt[:n])
-            return time.perf_counter() - start
-        seconds = median_of(runs, prefill)
+        seconds = median_of(runs, lambda: prefill(n))
         out[f"prefill{n}_tokens_per_s"] = n / seconds
         out[f"ttft{n}_s"] = seconds
     for name, at in (("short", SHORT), ("deep", DEEP)):
-        def decode(at=at):
-            s = Session(lm)
-            s.logits(prompt[:at])
-            history = prompt[:at]
-            start = time.perf_counter()
-            for _ in range(DECODE):
-                history = history + [int(np.argmax(s.logits(history)))]
-            return DECODE / (time.perf_counter() - start)
-        out[f"decode_{name}_tokens_per_s"] = median_of(runs, decode)
-    out["peak_rss_bytes"] = peak_rss()
+        out[f"decode_{name}_tokens_per_s"] = median_of(runs, lambda: decode(at))
     return out
+
+
+def ours(loaded: Loaded, runs: int) -> dict:
+    lm, prompt = loaded.lm, bench_prompt(loaded)
+
+    def prefill(n: int) -> float:
+        s = Session(lm)
+        start = time.perf_counter()
+        s.logits(prompt[:n])
+        return time.perf_counter() - start
+
+    def decode(at: int) -> float:
+        s, history = Session(lm), prompt[:at]
+        s.logits(history)
+        start = time.perf_counter()
+        for _ in range(DECODE):
+            history = history + [int(np.argmax(s.logits(history)))]
+        return DECODE / (time.perf_counter() - start)
+
+    return {**figures(runs, prefill, decode), "peak_rss_bytes": peak_rss()}
 
 
 def floor(loaded: Loaded, runs: int) -> dict:
@@ -119,30 +130,23 @@ def transformers_peer(loaded: Loaded, runs: int, n_threads: int) -> dict | None:
     except ImportError:
         return None
     torch.set_num_threads(n_threads)
-    model = hugging_face(loaded)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, loaded.lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
-    out: dict = {}
-    with torch.inference_mode():
-        for n in PROMPTS:
-            ids = torch.tensor([prompt[:n]])
+    model, prompt = hugging_face(loaded), bench_prompt(loaded)
 
-            def prefill(ids=ids):
-                start = time.perf_counter()
-                model(ids, use_cache=True, logits_to_keep=1)  # as generate does
-                return time.perf_counter() - start
-            seconds = median_of(runs, prefill)
-            out[f"prefill{n}_tokens_per_s"] = n / seconds
-            out[f"ttft{n}_s"] = seconds
-        for name, at in (("short", SHORT), ("deep", DEEP)):
-            def decode(at=at):
-                # generate's own loop (greedy, KV cache on), each new token's arrival timed.
-                clock = _Clock()
-                model.generate(torch.tensor([prompt[:at]]), max_new_tokens=DECODE + 1,
-                               min_new_tokens=DECODE + 1, do_sample=False, streamer=clock)
-                return DECODE / (clock.times[-1] - clock.times[1])
-            out[f"decode_{name}_tokens_per_s"] = median_of(runs, decode)
-    return out
+    def prefill(n: int) -> float:
+        ids = torch.tensor([prompt[:n]])
+        start = time.perf_counter()
+        model(ids, use_cache=True, logits_to_keep=1)  # as generate does
+        return time.perf_counter() - start
+
+    def decode(at: int) -> float:
+        # generate's own loop (greedy, KV cache on), each new token's arrival timed.
+        clock = _Clock()
+        model.generate(torch.tensor([prompt[:at]]), max_new_tokens=DECODE + 1,
+                       min_new_tokens=DECODE + 1, do_sample=False, streamer=clock)
+        return DECODE / (clock.times[-1] - clock.times[1])
+
+    with torch.inference_mode():
+        return figures(runs, prefill, decode)
 
 
 class _Clock:

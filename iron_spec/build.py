@@ -139,6 +139,19 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
     return config_json, source, directory
 
 
+def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
+                 renames: dict, unused, progress: Progress | None
+                 ) -> tuple[LoadReport, Checkpoint | None]:
+    """Fill ``model``'s params: drawn at ``random_weights`` by ``draw(model, seed)``, else read
+    strictly from ``directory``'s checkpoint (``runtime.checkpoint.load``). Returns the report
+    and the checkpoint read (None when drawn)."""
+    if random_weights is not None:
+        return fill(model, draw(model, random_weights)), None
+    assert directory is not None, "a checkpoint directory, when nothing is drawn"
+    checkpoint = Checkpoint(directory)
+    return load(model, checkpoint, renames, progress, unused), checkpoint
+
+
 def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                random_weights: int | None = None, toy: bool = False,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
@@ -184,13 +197,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)
     lm = _tree(spec, lambda: CausalLM(expanded.options), source)
-    checkpoint = None
-    if random_weights is not None:
-        report = fill(lm, draw_weights(lm, random_weights))
-    else:
-        assert directory is not None
-        checkpoint = Checkpoint(directory)
-        report = load(lm, checkpoint, expanded.renames, progress=progress)
+    report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
+                                      expanded.renames, (), progress)
     pack_tree(lm)
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
                   checkpoint)

@@ -14,16 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tokenizers import Tokenizer as _Tokenizer
-
 from operators.activation import ACTIVATIONS
 from runtime.blocks import NormOptions
-from runtime.checkpoint import Checkpoint, fill, load
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
+from runtime.tokenizer import read_tokenizer_json
 
-
-from .build import Loaded, model_inputs
+from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, evaluate_option, resolve
 from .loader import Spec, load_spec
 from .schema import validate
@@ -153,13 +150,7 @@ class TextIds:
     """
 
     def __init__(self, directory: Path, max_tokens: int):
-        path = Path(directory) / "tokenizer.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
-        try:
-            self._tok = _Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
+        self._tok = read_tokenizer_json(directory)
         self._tok.no_padding()
         self._tok.enable_truncation(max_tokens)
 
@@ -204,13 +195,8 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     if max_tokens is not None and max_tokens < expanded.options.max_tokens:
         expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
     model = Encoder(expanded.options)
-    ckpt = None
-    if random_weights is not None:
-        report = fill(model, draw_encoder_weights(model, random_weights))
-    else:
-        assert directory is not None
-        ckpt = Checkpoint(directory)
-        report = load(model, ckpt, expanded.renames, progress, expanded.unused)
+    report, ckpt = fill_weights(model, directory, random_weights, draw_encoder_weights,
+                                expanded.renames, expanded.unused, progress)
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = TextIds(directory, expanded.options.max_tokens)

@@ -223,10 +223,11 @@ def embedding_checks(version, probes: list[tuple[np.ndarray, np.ndarray]],
         return Result("per-step check", True, f"{len(checked.plan.checked)} steps within tolerance")
 
     def against(name: str, wants: list[np.ndarray], bound: float) -> Result:
-        errors = [float(np.abs(np.array(version(i, t)) - w).max()) for (i, t), w in zip(probes, wants)]
-        cosines = [float(np.dot(version(i, t).reshape(-1), w.reshape(-1)) /
-                         (np.linalg.norm(version(i, t)) * np.linalg.norm(w)))
-                   for (i, t), w in zip(probes, wants)]
+        got = [np.array(version(i, t)).reshape(-1) for i, t in probes]
+        wants = [np.asarray(w).reshape(-1) for w in wants]
+        errors = [float(np.abs(g - w).max()) for g, w in zip(got, wants)]
+        cosines = [float(np.dot(g, w) / (np.linalg.norm(g) * np.linalg.norm(w)))
+                   for g, w in zip(got, wants)]
         worst = max(errors)
         return Result(name, worst <= bound,
                       f"{len(probes)} texts: max |error| {worst:.3g} (bound {bound:.3g}), "

@@ -14,6 +14,22 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _Tokenizer
 
 
+def read_tokenizer_json(directory: str | Path) -> _Tokenizer:
+    """The ``tokenizers`` Tokenizer of ``directory``'s ``tokenizer.json``.
+
+    Raises:
+        FileNotFoundError: there is none.
+        ValueError: the library cannot read it (named, not its bare Exception).
+    """
+    path = Path(directory) / "tokenizer.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
+    try:
+        return _Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
+
+
 def _token_text(value: Any) -> str | None:
     """A special token as ``tokenizer_config.json`` writes it: text, an added-token record, or null."""
     if isinstance(value, dict):
@@ -42,13 +58,7 @@ class Tokenizer:
 
     def __init__(self, directory: str | Path):
         directory = Path(directory)
-        path = directory / "tokenizer.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
-        try:
-            self._tok = _Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
+        self._tok = read_tokenizer_json(directory)
         settings = _read_json(directory / "tokenizer_config.json")
         jinja_file = directory / "chat_template.jinja"
         template = jinja_file.read_text() if jinja_file.exists() else settings.get("chat_template")
