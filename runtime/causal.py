@@ -116,6 +116,8 @@ class CausalLM(Module):
         self.name_tree()
         self._versions: dict[tuple[bool, bool], "Version"] = {}
         self.reference_states: dict[int, np.ndarray] = {}
+        # The session whose tokens the KV caches hold (runtime.session); None: no one's.
+        self.holder = None
 
     def body(self, rec: Recorder) -> Handle:
         """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""

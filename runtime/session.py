@@ -63,10 +63,10 @@ class Session:
     @property
     def held(self) -> int:
         """How many tokens of this session the caches hold."""
-        return self._held.size if getattr(self.lm, "holder", None) is self else 0
+        return self._held.size if self.lm.holder is self else 0
 
     def _common(self, tokens: np.ndarray) -> int:
-        held = self._held if getattr(self.lm, "holder", None) is self else self._held[:0]
+        held = self._held if self.lm.holder is self else self._held[:0]
         n = min(held.size, tokens.size)
         differ = np.flatnonzero(held[:n] != tokens[:n])
         return int(differ[0]) if differ.size else n
