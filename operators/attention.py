@@ -38,6 +38,24 @@ class KVWrite(Operator):
 
 
 LONG = 512  # positions from which one query's attention runs a GEMV per head
+BLOCK = 64  # rows of a prompt chunk whose scores are taken at once
+
+
+def _softcap(s: np.ndarray, cap: float) -> None:
+    """``tanh(s / cap) * cap`` in place (Gemma 2's attention logit softcapping)."""
+    s /= np.float32(cap)
+    np.tanh(s, out=s)
+    s *= np.float32(cap)
+
+
+def _softmax_numerators(s: np.ndarray, total: np.ndarray) -> None:
+    """``exp(s - max)`` in place over the last axis, its sum into ``total``. The softmax's
+    division is left to the caller, taken after the values' sum: over (rows, head_dim)
+    rather than (rows, positions), the same quotient to a rounding."""
+    np.maximum.reduce(s, axis=-1, keepdims=True, out=total)
+    s -= total
+    np.exp(s, out=s)
+    np.add.reduce(s, axis=-1, keepdims=True, out=total)
 
 
 class Attention(Operator):
@@ -59,10 +77,11 @@ class Attention(Operator):
             raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache {keys}")
         return (q[0], q[1] * q[2])
 
-    def _mask(self, n, start, window):
-        t = start + n
-        qpos = np.arange(start, t)[:, None]
-        kpos = np.arange(t)[None, :]
+    def _mask(self, n, start, window, lo=0):
+        """Which keys from ``lo`` to the last query's position each of ``n`` queries at
+        ``start ..`` sees: ``(n, start + n - lo)`` bool."""
+        qpos = np.arange(start, start + n)[:, None]
+        kpos = np.arange(lo, start + n)[None, :]
         allowed = kpos <= qpos
         if window is not None:
             allowed &= kpos > qpos - window
@@ -87,60 +106,85 @@ class Attention(Operator):
                softcap=None):
         n, H, D = q.shape
         G = keys.shape[0]
-        R, t = H // G, start + n
-        # A window reads only the keys the first query can see, not the whole cache.
-        lo = 0 if window is None else max(0, start - window + 1)
+        R = H // G
+        scale = np.float32(D ** -0.5 if scale is None else scale)
+        # The queries times the scale, not the scores: n * H * D products, not n * H * w
+        # (exact where the scale is a power of two, head_dim ** -0.5 for head_dim 64).
+        # Queries are grouped by kv head, then row, (G, n, R, D): a block of rows is one
+        # GEMM per kv head, and its output is written over its queries.
+        qg = scratch[: H * n * D].reshape(G, n, R, D)
+        np.multiply(q.reshape(n, G, R, D).transpose(1, 0, 2, 3), scale, out=qg)
+        rest = scratch[H * n * D:]
+        if n == 1:
+            self._one(qg.reshape(G, R, D), keys, values, rest, start, window, softcap)
+        else:
+            for i in range(0, n, BLOCK):
+                self._block(qg, i, min(n, i + BLOCK), keys, values, rest, start, window, softcap)
+        np.copyto(out.reshape(n, G, R, D), qg.transpose(1, 0, 2, 3))
+
+    def _block(self, qg, i0, i1, keys, values, scratch, start, window, softcap):
+        """Rows ``i0 .. i1`` of a prompt chunk, in place over their queries. A block reads the
+        keys up to its last row's position (no further: causal), from its first row's window
+        on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
+        G, _, R, D = qg.shape
+        nb, hi = i1 - i0, start + i1
+        lo = 0 if window is None else max(0, start + i0 - window + 1)
+        w = hi - lo
+        qb = qg[:, i0:i1].reshape(G, nb * R, D)
+        s = scratch[: G * nb * R * w].reshape(G, nb * R, w)
+        np.matmul(qb, keys[:, lo:hi].transpose(0, 2, 1), out=s)
+        if softcap is not None:
+            _softcap(s, softcap)
+        # Only the columns some row of the block may not see: its own (causal) and, under a
+        # window, those before its last row's window.
+        allowed = self._mask(nb, start + i0, window, lo)
+        rows = s.reshape(G, nb, R, w)
+        causal = start + i0 - lo + 1
+        if causal < w:
+            np.copyto(rows[..., causal:], np.float32(-np.inf),
+                      where=~allowed[:, None, causal:])
+        early = 0 if window is None else max(0, hi - window - lo)
+        if early > 0:
+            np.copyto(rows[..., :early], np.float32(-np.inf), where=~allowed[:, None, :early])
+        m = scratch[G * nb * R * w: G * nb * R * (w + 1)].reshape(G, nb * R, 1)
+        _softmax_numerators(s, m)
+        np.matmul(s, values[:, lo:hi], out=qb)
+        qb /= m
+
+    def _one(self, qg, keys, values, scratch, start, window, softcap):
+        """One query at ``start`` (a decode step), in place over ``qg`` ``(G, R, D)``: it sees
+        every key from its window's first on, so nothing is masked."""
+        G, R, D = qg.shape
+        t = start + 1
+        lo = 0 if window is None else max(0, t - window)
         w = t - lo
-        scale = D ** -0.5 if scale is None else scale
-        if n == 1:  # one query row is already grouped by kv head: no regrouping copies
-            qg, og = q.reshape(G, R, D), out.reshape(G, R, D)
-        else:  # queries regrouped by kv head, (G, R * n, D), so each group is one GEMM
-            qg = scratch[: H * n * D].reshape(G, R, n, D)
-            np.copyto(qg, q.reshape(n, G, R, D).transpose(1, 2, 0, 3))
-            qg = og = qg.reshape(G, R * n, D)
-        at = H * n * D
-        s = scratch[at: at + H * n * w].reshape(G, R * n, w)
-        # One query over a long cache: a GEMV per head reads the keys without the packing
-        # copy a small-M GEMM makes (measured 61 us against 99 us for 2000 positions).
-        per_head = n == 1 and w >= LONG
+        s = scratch[: G * R * w].reshape(G, R, w)
+        # A long cache: a GEMV per head reads the keys without the packing copy a small-M
+        # GEMM makes (measured 61 us against 99 us for 2000 positions).
+        per_head = w >= LONG
         if per_head:
             for g in range(G):
                 for r in range(R):
                     np.matmul(keys[g, lo:t], qg[g, r], out=s[g, r])
         else:
             np.matmul(qg, keys[:, lo:t].transpose(0, 2, 1), out=s)
-        s *= np.float32(scale)
         if softcap is not None:
-            s /= np.float32(softcap)
-            np.tanh(s, out=s)
-            s *= np.float32(softcap)
-        if n > 1:  # one query at the last position sees every key from lo on
-            # Only the columns some query may not see: the chunk's own (causal) and, under a
-            # window, those before the last query's window.
-            first = (start - lo) if window is None else 0
-            masked = ~self._mask(n, start, window)[:, lo + first:]
-            np.copyto(s.reshape(G, R, n, w)[..., first:], np.float32(-np.inf), where=masked)
-        m = scratch[at + H * n * w: at + H * n * w + H * n].reshape(G, R * n, 1)
-        np.maximum.reduce(s, axis=-1, keepdims=True, out=m)
-        s -= m
-        np.exp(s, out=s)
-        np.add.reduce(s, axis=-1, keepdims=True, out=m)
-        # The softmax's division is taken after the values' sum: over (rows, head_dim)
-        # rather than (rows, positions), the same quotient to a rounding.
+            _softcap(s, softcap)
+        m = scratch[G * R * w: G * R * (w + 1)].reshape(G, R, 1)
+        _softmax_numerators(s, m)
         if per_head:
             for g in range(G):
                 for r in range(R):
-                    np.matmul(s[g, r], values[g, lo:t], out=og[g, r])
+                    np.matmul(s[g, r], values[g, lo:t], out=qg[g, r])
         else:
-            np.matmul(s, values[:, lo:t], out=og)
-        og /= m
-        if n > 1:
-            np.copyto(out.reshape(n, G, R, D), og.reshape(G, R, n, D).transpose(2, 0, 1, 3))
+            np.matmul(s, values[:, lo:t], out=qg)
+        qg /= m
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
         n, H, D = q
         L = keys[1]
-        return H * n * D + H * n * L + H * n
+        rows = H * min(n, BLOCK)
+        return H * n * D + rows * (L + 1)
 
     def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)

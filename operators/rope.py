@@ -199,23 +199,33 @@ class Rope(Operator):
         return out
 
     def kernel(self, out, x, cos, sin, scratch=None, start=0):
+        # cos and sin as packed: [cos, cos] and [-sin, sin], so both halves turn in one
+        # pass: x * cos + swap_halves(x) * sin, the same products and sums as the
+        # reference's x1 * c - x2 * s and x2 * c + x1 * s, to the bit.
         n, heads, D = x.shape
-        half = cos.shape[1]
-        c = cos[start:start + n, None, :]
-        s = sin[start:start + n, None, :]
-        x1, x2 = x[..., :half], x[..., half:2 * half]
-        tmp = scratch[: n * heads * half].reshape(n, heads, half)
-        np.multiply(x1, c, out=out[..., :half])
-        np.multiply(x2, s, out=tmp)
-        out[..., :half] -= tmp
-        np.multiply(x2, c, out=out[..., half:2 * half])
-        np.multiply(x1, s, out=tmp)
-        out[..., half:2 * half] += tmp
-        if 2 * half < D:
-            out[..., 2 * half:] = x[..., 2 * half:]
+        R = cos.shape[1]
+        half = R // 2
+        xr = x[..., :R]
+        swapped = scratch[: n * heads * R].reshape(n, heads, 2, half)
+        np.copyto(swapped, xr.reshape(n, heads, 2, half)[:, :, ::-1])
+        swapped = swapped.reshape(n, heads, R)
+        swapped *= sin[start:start + n, None, :]
+        np.multiply(xr, cos[start:start + n, None, :], out=out[..., :R])
+        out[..., :R] += swapped
+        if R < D:
+            out[..., R:] = x[..., R:]
+
+    def pack(self, index, array, start=0):
+        # The tables (L, rotary_dim / 2) widened for one pass over both halves.
+        t = np.asarray(array, np.float32)
+        if index == 1:
+            return np.ascontiguousarray(np.concatenate([t, t], axis=1))
+        if index == 2:
+            return np.ascontiguousarray(np.concatenate([-t, t], axis=1))
+        return super().pack(index, array)
 
     def scratch(self, x, cos, sin, start=0):
-        return x[0] * x[1] * cos[1]
+        return x[0] * x[1] * 2 * cos[1]
 
     def tolerance(self, x, cos, sin, start=0):
         return Tolerance(atol=1e-6, rtol=4 * EPS32)

@@ -115,6 +115,8 @@ class CausalLM(Module):
         self.rope_tables = {name: rope_table(r, o.max_seq_len) for name, r in o.ropes.items()}
         self.name_tree()
         self._versions: dict[tuple[bool, bool], "Version"] = {}
+        # Weights and tables in their kernels' form, shared by every compiled version.
+        self.packed: dict[tuple, np.ndarray] = {}
         self.reference_states: dict[int, np.ndarray] = {}
         # The session whose tokens the KV caches hold (runtime.session); None: no one's.
         self.holder = None
@@ -173,7 +175,7 @@ class Version:
         rec = Recorder(call)
         out = lm.body(rec)
         self.prompt, self.capacity = prompt, C
-        self.plan = Plan(rec, out, check=check)
+        self.plan = Plan(rec, out, check=check, packed=lm.packed)
         self._reference = Reference(rec, out, lm.reference_states)
         self.vocab_size = lm.config.vocab_size
 

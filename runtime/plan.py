@@ -35,9 +35,10 @@ class _Run:
         self.bounded_in, self.bounded_out = bounded_in, bounded_out
         self.bounded = bounded_out or any(bounded_in)
         self.static, self.per_call = step.static, step.per_call
-        # A step reading nothing per call is bound to its arrays once: the hot loop only
-        # calls it (a decode step's projections, norms, adds).
-        self.fixed = None if self.bounded or self.per_call else partial(
+        # A step whose arrays do not change with the call is bound to them once: the hot
+        # loop only calls it, with its per-call attributes if it has any (every step of
+        # the decode step).
+        self.fixed = None if self.bounded else partial(
             kernel, out, *ins, scratch=scratch, **self.static)
 
     def arguments(self, rows: int, call: Mapping[str, int]) -> tuple[list, np.ndarray, dict]:
@@ -64,18 +65,21 @@ class Plan:
     the arena, valid until the next call.
     """
 
-    def __init__(self, recorder: Recorder, output: Handle, *, check: bool = False):
+    def __init__(self, recorder: Recorder, output: Handle, *, check: bool = False,
+                 packed: dict | None = None):
         self.recorder, self.output, self.check = recorder, output, check
-        # Column views of a fused projection's output, by the handle each stands for.
+        # Views of a fused step's output along its second axis (a fused projection's
+        # columns, a fused RoPE's heads), by the handle each stands for.
         self._columns: dict[int, tuple[Handle, int, int]] = {}
-        self.steps = self._fuse(recorder.steps)
+        self.steps = self._fuse_ropes(self._fuse(recorder.steps))
         self.inputs = {name: np.zeros(h.shape, h.dtype) for name, h in recorder.inputs.items()}
         spans = self._lifetimes()
         self.arena_elements = place(list(spans.values()))
         self.arena = np.empty(self.arena_elements, np.float32)
         self._views: dict[int, np.ndarray] = {}
         self._spans = spans
-        self._packed: dict[tuple, np.ndarray] = {}
+        # Weights and tables in their kernels' form; plans of one model may share it.
+        self._packed: dict[tuple, np.ndarray] = {} if packed is None else packed
         self.runs = [self._bind(i, s) for i, s in enumerate(self.steps)]
         self._out = self._array(output)
         self.checked: list[str] = []
@@ -116,6 +120,42 @@ class Plan:
                 at += width
         return out
 
+    def _fuse_ropes(self, steps: list[Step]) -> list[Step]:
+        """Two consecutive RoPE steps over adjacent column ranges of one fused projection
+        (a block's k then q, both straight from the fused q/k/v GEMM), with the same table
+        and start, become one RoPE over the union; each output is a view of its heads.
+        One call instead of two on a decode step's handful of heads."""
+        out: list[Step] = []
+        i = 0
+        while i < len(steps):
+            pair = self._rope_pair(steps[i], steps[i + 1]) if i + 1 < len(steps) else None
+            out.append(steps[i] if pair is None else pair)
+            i += 1 if pair is None else 2
+        return out
+
+    def _rope_pair(self, a: Step, b: Step) -> Step | None:
+        if a.op.name != "rope" or b.op.name != "rope" or a.attrs != b.attrs:
+            return None
+        if a.inputs[1] is not b.inputs[1] or a.inputs[2] is not b.inputs[2]:
+            return None
+        ranges = [self._columns.get(id(s.inputs[0].base)) for s in (a, b)]
+        if None in ranges or ranges[0][0] is not ranges[1][0]:
+            return None
+        (first, (fused, lo, mid)), (second, (_, mid2, hi)) = sorted(
+            zip((a, b), ranges), key=lambda p: p[1][1])
+        x1, x2 = first.inputs[0], second.inputs[0]
+        if mid != mid2 or x1.shape[0] != x2.shape[0] or x1.shape[2] != x2.shape[2]:
+            return None
+        n, h1, D = x1.shape
+        where = f"{first.where}+{second.where}"
+        cols = Handle((n, hi - lo), "value", where, fused.bounded)
+        self._columns[id(cols)] = (fused, lo, hi)
+        x = Handle((n, (hi - lo) // D, D), "value", where, fused.bounded, base=cols)
+        y = Handle(x.shape, "value", f"{where}.rope", fused.bounded)
+        self._columns[id(first.output)] = (y, 0, h1)
+        self._columns[id(second.output)] = (y, h1, x.shape[1])
+        return Step(first.op, (x,) + first.inputs[1:], y, dict(first.attrs), where)
+
     def _root(self, h: Handle) -> Handle:
         while True:
             if id(h) in self._columns:
@@ -152,7 +192,7 @@ class Plan:
     def _array(self, h: Handle) -> np.ndarray:
         if id(h) in self._columns:
             fused, a, b = self._columns[id(h)]
-            return self._array(fused)[:, a:b]
+            return self._array(fused)[:, a:b].reshape(h.shape)
         if h.base is not None:
             # A view of a column slice is a strided view: numpy splits its last axis in place.
             return self._array(h.base).reshape(h.shape)
@@ -168,7 +208,7 @@ class Plan:
         for k, h in enumerate(step.inputs):
             if h is None:
                 ins.append(None)
-            elif self._root(h).kind == "param":
+            elif self._root(h).kind in ("param", "const"):
                 array = self._root(h).array
                 key = (id(array), step.op.name, k, repr(sorted(step.static.items())))
                 if key not in self._packed:
@@ -182,10 +222,6 @@ class Plan:
                     [h is not None and h.bounded for h in step.inputs], step.output.bounded,
                     scratch)
 
-    @property
-    def weight_bytes(self) -> int:
-        return sum(a.nbytes for a in self._packed.values())
-
     # -- call ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:
         for name, value in inputs.items():
@@ -198,11 +234,13 @@ class Plan:
                 self._check(r, out, ins, attrs)
         else:
             for r in self.runs:
-                if r.fixed is not None:
-                    r.fixed()
-                else:
+                if r.fixed is None:
                     ins, out, attrs = r.arguments(rows, call)
                     r.kernel(out, *ins, scratch=r.scratch, **attrs)
+                elif r.per_call:
+                    r.fixed(**{k: v.resolve(call) for k, v in r.per_call.items()})
+                else:
+                    r.fixed()
         return self._out[:rows] if self.output.bounded else self._out
 
     def _check(self, r: _Run, out, ins, attrs) -> None:
@@ -212,8 +250,8 @@ class Plan:
         before = [None if x is None else
                   np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype) for x in ins]
         r.kernel(out, *ins, scratch=r.scratch, **attrs)
-        originals = [None if h is None or self._root(h).kind != "param" else self._root(h).array
-                     for h in step.inputs]
+        originals = [None if h is None or self._root(h).kind not in ("param", "const")
+                     else self._root(h).array for h in step.inputs]
         ref_ins = [o if o is not None else b for o, b in zip(originals, before)]
         expected = step.op.reference(*ref_ins, **attrs)
         got = np.asarray(ins[writes] if writes is not None else out, np.float64)

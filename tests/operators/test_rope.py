@@ -128,7 +128,7 @@ def test_quarter_turn_by_hand(run_kernel):
     # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
     expected = [[[1.0, 0.0]], [[-1.0, 0.0]]]
     np.testing.assert_array_equal(OP.reference(x, cos, sin), expected)
-    np.testing.assert_array_equal(run_kernel(OP, x, cos, sin), expected)
+    np.testing.assert_array_equal(run_kernel(OP, x, cos, sin, packed=(1, 2)), expected)
 
 
 def test_rotate_half_pairs_column_i_with_i_plus_half(run_kernel):
@@ -139,21 +139,21 @@ def test_rotate_half_pairs_column_i_with_i_plus_half(run_kernel):
     # (1, 3) turned a quarter is (-3, 1); (2, 4) turned a half is (-2, -4)
     expected = [[[-3.0, -2.0, 1.0, -4.0]]]
     np.testing.assert_array_equal(OP.reference(x, cos, sin), expected)
-    np.testing.assert_array_equal(run_kernel(OP, x, cos, sin), expected)
+    np.testing.assert_array_equal(run_kernel(OP, x, cos, sin, packed=(1, 2)), expected)
 
 
 def test_position_zero_is_identity(run_kernel, randn):
     cos, sin = _tables(8, 4)
     x = randn(1, 3, 8)
     np.testing.assert_array_equal(OP.reference(x, cos, sin), x)
-    np.testing.assert_array_equal(run_kernel(OP, x, cos, sin), x)
+    np.testing.assert_array_equal(run_kernel(OP, x, cos, sin, packed=(1, 2)), x)
 
 
 def test_rotation_preserves_each_pair_norm(run_kernel, randn):
     cos, sin = _tables(16, 40)
     x = randn(5, 2, 16)
     for got, atol in [(OP.reference(x, cos, sin, start=30), 1e-6),
-                      (run_kernel(OP, x, cos, sin, start=30), 1e-5)]:
+                      (run_kernel(OP, x, cos, sin, start=30, packed=(1, 2)), 1e-5)]:
         pair_norm = lambda y: np.hypot(y[..., :8].astype(np.float64), y[..., 8:])  # noqa: E731
         np.testing.assert_allclose(pair_norm(got), pair_norm(x), rtol=1e-6, atol=atol)
 
@@ -163,7 +163,7 @@ def test_dot_product_depends_only_on_relative_position(run_kernel, randn):
     cos, sin = _tables(32, 64)
     q, k = randn(1, 1, 32), randn(1, 1, 32)
     for rope in (lambda x, s: OP.reference(x, cos, sin, start=s),
-                 lambda x, s: run_kernel(OP, x, cos, sin, start=s).astype(np.float64)):
+                 lambda x, s: run_kernel(OP, x, cos, sin, start=s, packed=(1, 2)).astype(np.float64)):
         dots = [np.sum(rope(q, p) * rope(k, p - 3)) for p in (3, 10, 37, 60)]
         np.testing.assert_allclose(dots, dots[0], rtol=2e-5)
         # and it does depend on the offset
@@ -176,15 +176,15 @@ def test_start_selects_table_rows(run_kernel, randn):
     x = randn(10, 2, 8)
     full = OP.reference(x, cos, sin)
     np.testing.assert_allclose(OP.reference(x[6:9], cos, sin, start=6), full[6:9], rtol=1e-15)
-    np.testing.assert_array_equal(run_kernel(OP, x[6:9], cos, sin, start=6),
-                                  run_kernel(OP, x, cos, sin)[6:9])
+    np.testing.assert_array_equal(run_kernel(OP, x[6:9], cos, sin, start=6, packed=(1, 2)),
+                                  run_kernel(OP, x, cos, sin, packed=(1, 2))[6:9])
 
 
 def test_partial_rotary_leaves_trailing_columns(run_kernel, randn):
     cos, sin = _tables(4, 8)  # rotary 4 of head_dim 10
     x = randn(3, 2, 10)
     ref = OP.reference(x, cos, sin, start=5)
-    got = run_kernel(OP, x, cos, sin, start=5)
+    got = run_kernel(OP, x, cos, sin, start=5, packed=(1, 2))
     np.testing.assert_array_equal(ref[..., 4:], x[..., 4:])
     np.testing.assert_array_equal(got[..., 4:], x[..., 4:])
     assert not np.allclose(ref[..., :4], x[..., :4])  # the rotary part does turn
@@ -197,7 +197,7 @@ def test_partial_rotary_leaves_trailing_columns(run_kernel, randn):
     (1, 4, 64, 64, 0), (1, 4, 64, 64, 117), (6, 3, 32, 32, 10), (5, 2, 80, 32, 3)])
 def test_kernel_within_tolerance(check_kernel, randn, n, heads, head_dim, rotary, start):
     cos, sin = rope_tables(rope_inv_freq(rotary, 500000.0, LLAMA31)[0], 128)
-    check_kernel(OP, randn(n, heads, head_dim, scale=4.0), cos, sin, start=start)
+    check_kernel(OP, randn(n, heads, head_dim, scale=4.0), cos, sin, start=start, packed=(1, 2))
 
 
 def test_shape_mismatch():
