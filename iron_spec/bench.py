@@ -1,6 +1,7 @@
 """``iron-spec bench``: speed and memory of a spec on a checkpoint, side by side with
 transformers (where the ``golden`` extra is installed) and the memory-bandwidth floor, in one
-run, as ratios. Each figure is the median of ``runs`` runs after a warm-up.
+run, as ratios. Every figure is measured once per run, in turn, over ``runs`` runs after a
+warm-up; a figure is the median of its runs, a ratio the median of its runs' ratios.
 
 Measured here, never asserted in tests: these figures drift 20% from run to run on a shared
 machine, so only ratios taken in one run mean anything.
@@ -28,11 +29,6 @@ PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
 
 
-def median_of(runs: int, fn: Callable[[], float]) -> float:
-    fn()  # warm-up
-    return statistics.median(fn() for _ in range(runs))
-
-
 def threads() -> int:
     """The BLAS threads numpy runs with: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else
     every core (OpenBLAS's own default)."""
@@ -53,20 +49,23 @@ def bench_prompt(loaded: Loaded) -> list[int]:
     return rng.integers(0, loaded.lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
 
 
-def figures(runs: int, prefill: Callable[[int], float], decode: Callable[[int], float]) -> dict:
-    """The same figures for any model: ``prefill(n)`` seconds for an n-token prompt,
-    ``decode(at)`` tokens/s over DECODE tokens after ``at``, each the median of ``runs``."""
-    out: dict = {}
+Figures = dict[str, Callable[[], float]]
+
+
+def figures(prefill: Callable[[int], float], decode: Callable[[int], float]) -> Figures:
+    """The same figures for any model, each a call that measures it once: from
+    ``prefill(n)``, seconds for an n-token prompt, and ``decode(at)``, tokens/s over DECODE
+    tokens drawn after an ``at``-token prompt."""
+    out: Figures = {}
     for n in PROMPTS:
-        seconds = median_of(runs, lambda: prefill(n))
-        out[f"prefill{n}_tokens_per_s"] = n / seconds
-        out[f"ttft{n}_s"] = seconds
-    for name, at in (("short", SHORT), ("deep", DEEP)):
-        out[f"decode_{name}_tokens_per_s"] = median_of(runs, lambda: decode(at))
+        out[f"ttft{n}_s"] = lambda n=n: prefill(n)
+    # Short decode last: the floor's GEMV pass, its ratio's other term, comes right after.
+    for name, at in (("deep", DEEP), ("short", SHORT)):
+        out[f"decode_{name}_tokens_per_s"] = lambda at=at: decode(at)
     return out
 
 
-def ours(loaded: Loaded, runs: int) -> dict:
+def ours(loaded: Loaded) -> Figures:
     lm, prompt = loaded.lm, bench_prompt(loaded)
 
     def prefill(n: int) -> float:
@@ -83,12 +82,12 @@ def ours(loaded: Loaded, runs: int) -> dict:
             pass
         return s.stats.decode_tokens_per_s
 
-    return {**figures(runs, prefill, decode), "peak_rss_bytes": peak_rss()}
+    return figures(prefill, decode)
 
 
-def floor(loaded: Loaded, runs: int) -> dict:
-    """A plain numpy float32 GEMV over every weight matrix a decode step reads, and the copy
-    bandwidth of a 1 GiB array."""
+def floor(loaded: Loaded) -> tuple[Figures, dict]:
+    """A plain numpy float32 GEMV over every weight matrix a decode step reads (passes/s),
+    and the copy bandwidth of a 1 GiB array (bytes/s); and the bytes a pass reads."""
     lm = loaded.lm
     embed = lm.model.embed_tokens.weight.array
     # The embedding's gather reads one row, unless the head is tied to it and reads it all.
@@ -97,33 +96,29 @@ def floor(loaded: Loaded, runs: int) -> dict:
     rows = {w.shape[1]: np.ones((1, w.shape[1]), np.float32) for w in mats}
     outs = [np.empty((1, w.shape[0]), np.float32) for w in mats]
 
-    def gemv_pass() -> float:
+    def gemv_passes_per_s() -> float:
         # x @ W.T, a row against the checkpoint's row-major weight: the faster of numpy's
         # two GEMV orientations here (W @ x ran ~15% slower), so the floor flatters nothing.
         start = time.perf_counter()
         for w, o in zip(mats, outs):
             np.matmul(rows[w.shape[1]], w.T, out=o)
-        return time.perf_counter() - start
+        return 1 / (time.perf_counter() - start)
 
-    seconds = median_of(runs, gemv_pass)
-    weight_bytes = sum(w.nbytes for w in mats)
     a = np.ones(2**28, np.float32)
     b = np.empty_like(a)
 
-    def copy() -> float:
+    def copy_bytes_per_s() -> float:
         start = time.perf_counter()
         np.copyto(b, a)
-        return time.perf_counter() - start
+        return 2 * a.nbytes / (time.perf_counter() - start)
 
-    copy_s = median_of(runs, copy)
-    return {"gemv_passes_per_s": 1 / seconds, "decode_weight_bytes": weight_bytes,
-            "gemv_gb_per_s": weight_bytes / seconds / 1e9,
-            "copy_gb_per_s": 2 * 2**30 / copy_s / 1e9,
-            "bandwidth_floor_tokens_per_s": (2 * 2**30 / copy_s) / weight_bytes}
+    return ({"gemv_passes_per_s": gemv_passes_per_s, "copy_bytes_per_s": copy_bytes_per_s},
+            {"decode_weight_bytes": sum(w.nbytes for w in mats)})
 
 
-def transformers_peer(loaded: Loaded, runs: int, n_threads: int) -> dict | None:
-    """The same measurements of transformers' own model (float32, greedy, KV cache on)."""
+def transformers_peer(loaded: Loaded, n_threads: int) -> Figures | None:
+    """The same figures of transformers' own model (float32, greedy, KV cache on), or None
+    where the ``golden`` extra is not installed."""
     try:
         import torch
         from .golden_record import hugging_face
@@ -135,18 +130,19 @@ def transformers_peer(loaded: Loaded, runs: int, n_threads: int) -> dict | None:
     def prefill(n: int) -> float:
         ids = torch.tensor([prompt[:n]])
         start = time.perf_counter()
-        model(ids, use_cache=True, logits_to_keep=1)  # as generate does
+        with torch.inference_mode():
+            model(ids, use_cache=True, logits_to_keep=1)  # as generate does
         return time.perf_counter() - start
 
     def decode(at: int) -> float:
         # generate's own loop (greedy, KV cache on), each new token's arrival timed.
         clock = _Clock()
-        model.generate(torch.tensor([prompt[:at]]), max_new_tokens=DECODE + 1,
-                       min_new_tokens=DECODE + 1, do_sample=False, streamer=clock)
+        with torch.inference_mode():
+            model.generate(torch.tensor([prompt[:at]]), max_new_tokens=DECODE + 1,
+                           min_new_tokens=DECODE + 1, do_sample=False, streamer=clock)
         return DECODE / (clock.times[-1] - clock.times[1])
 
-    with torch.inference_mode():
-        return figures(runs, prefill, decode)
+    return figures(prefill, decode)
 
 
 class _Clock:
@@ -163,28 +159,65 @@ class _Clock:
         pass
 
 
+# Each ratio: (side, figure) over (side, figure), taken within each run.
+RATIOS = {
+    "decode_vs_transformers": (("ours", "decode_short_tokens_per_s"),
+                               ("transformers", "decode_short_tokens_per_s")),
+    "decode_vs_gemv_floor": (("ours", "decode_short_tokens_per_s"), ("floor", "gemv_passes_per_s")),
+    "prefill128_vs_transformers": (("transformers", "ttft128_s"), ("ours", "ttft128_s")),
+    "prefill512_vs_transformers": (("transformers", "ttft512_s"), ("ours", "ttft512_s")),
+    "deep_vs_short_decode": (("ours", "decode_deep_tokens_per_s"), ("ours", "decode_short_tokens_per_s")),
+}
+
+
 def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
+    """Every figure of ours, the floor's and (where installed) transformers', measured in
+    turn within each of ``runs`` runs after a warm-up run. A machine's speed drifts by 20%
+    over a minute; a ratio is the median of its runs' ratios, each from figures taken
+    seconds apart, and a figure the median of its runs."""
     n_threads = threads()
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
               "prefill_chunk": loaded.lm.config.prefill_chunk}
-    result["ours"] = ours(loaded, runs)
+    sides: dict[str, Figures] = {"ours": ours(loaded)}
+    for fn in sides["ours"].values():
+        fn()  # warm-up
+    peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peer's model
+    sides["floor"], floor_static = floor(loaded)
+    peer_figures = transformers_peer(loaded, n_threads) if peer else None
+    if peer_figures is not None:
+        sides["transformers"] = peer_figures
+        for fn in peer_figures.values():
+            fn()  # warm-up
+    samples: dict[str, dict[str, list[float]]] = {
+        side: {name: [] for name in figs} for side, figs in sides.items()}
+    for _ in range(runs):
+        for side, figs in sides.items():
+            for name, fn in figs.items():
+                samples[side][name].append(fn())
+    for side, figs in samples.items():
+        result[side] = {name: statistics.median(v) for name, v in figs.items()}
+    for side in ("ours", "transformers"):
+        if side in result:
+            for n in PROMPTS:
+                result[side][f"prefill{n}_tokens_per_s"] = n / result[side][f"ttft{n}_s"]
+    result["transformers"] = result.get("transformers")
+    result["ours"]["peak_rss_bytes"] = peak
+    f = result["floor"]
+    f.update(floor_static)
+    f["gemv_gb_per_s"] = f["decode_weight_bytes"] * f["gemv_passes_per_s"] / 1e9
+    f["copy_gb_per_s"] = f.pop("copy_bytes_per_s") / 1e9
+    f["bandwidth_floor_tokens_per_s"] = f["copy_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
     weights = sum(w.nbytes for w in loaded.weights().values())
     kv = sum(s.array.nbytes for _, s in loaded.lm.named_states())
     result["weights_bytes"], result["kv_cache_bytes"] = weights, kv
-    result["floor"] = floor(loaded, runs)
-    result["transformers"] = transformers_peer(loaded, runs, n_threads) if peer else None
-    o, f, t = result["ours"], result["floor"], result["transformers"]
 
-    def ratio(a, b):
-        return None if a is None or b is None else a / b
-    result["ratios"] = {
-        "decode_vs_transformers": ratio(o["decode_short_tokens_per_s"], t and t["decode_short_tokens_per_s"]),
-        "decode_vs_gemv_floor": ratio(o["decode_short_tokens_per_s"], f["gemv_passes_per_s"]),
-        "prefill128_vs_transformers": ratio(o["prefill128_tokens_per_s"], t and t["prefill128_tokens_per_s"]),
-        "prefill512_vs_transformers": ratio(o["prefill512_tokens_per_s"], t and t["prefill512_tokens_per_s"]),
-        "deep_vs_short_decode": ratio(o["decode_deep_tokens_per_s"], o["decode_short_tokens_per_s"]),
-        "peak_rss_vs_weights": o["peak_rss_bytes"] / (weights + kv),
-    }
+    def ratio(num, den):
+        if num[0] not in samples or den[0] not in samples:
+            return None
+        return statistics.median(a / b for a, b in zip(samples[num[0]][num[1]],
+                                                       samples[den[0]][den[1]]))
+    result["ratios"] = {name: ratio(*pair) for name, pair in RATIOS.items()}
+    result["ratios"]["peak_rss_vs_weights"] = peak / (weights + kv)
     return result
 
 

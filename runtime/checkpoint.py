@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,7 @@ class Checkpoint:
             self._sharded(path)
         else:
             self.tensors = _header(path)
-        self._maps: dict[Path, np.memmap] = {}
+        self._maps: dict[Path, mmap.mmap] = {}
 
     def _sharded(self, index: Path) -> None:
         try:
@@ -140,7 +141,8 @@ class Checkpoint:
             self.tensors.update(held)
 
     def close(self) -> None:
-        """Unmap the files (a later ``raw`` or ``read`` maps them again)."""
+        """Unmap the files (a later ``raw`` or ``read`` maps them again); a view ``raw``
+        returned keeps its file mapped until it is dropped."""
         self._maps.clear()
 
     def raw(self, name: str) -> np.ndarray:
@@ -148,12 +150,28 @@ class Checkpoint:
         info = self.tensors[name]
         m = self._maps.get(info.file)
         if m is None:
-            m = self._maps[info.file] = np.memmap(info.file, np.uint8, mode="r")
-        return m[info.begin: info.end].view(DTYPES[info.dtype]).reshape(info.shape)
+            with open(info.file, "rb") as f:
+                m = self._maps[info.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        dtype = np.dtype(DTYPES[info.dtype])
+        return np.frombuffer(m, dtype, (info.end - info.begin) // dtype.itemsize,
+                             info.begin).reshape(info.shape)
 
-    def read(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as a new float32 array."""
-        return self.raw(name).astype(np.float32)
+    def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """Tensor ``name`` as float32, into ``out`` (its shape) or a new array. The file's
+        pages it was read from are released at once (they stay in the page cache, not in
+        this process's resident memory): loading never holds the file and the weights in
+        memory together."""
+        raw = self.raw(name)
+        array = np.empty(raw.shape, np.float32) if out is None else out
+        np.copyto(array, raw, casting="unsafe")
+        info = self.tensors[name]
+        m = self._maps[info.file]
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        begin = -(-info.begin // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages of this tensor
+        end = info.end // mmap.PAGESIZE * mmap.PAGESIZE
+        if advice is not None and end > begin:
+            m.madvise(advice, begin, end - begin)
+        return array
 
     @property
     def nbytes(self) -> int:
@@ -270,12 +288,16 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
     """
     found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
     for i, (name, source) in enumerate(found.sources.items()):
-        array = checkpoint.read(source)
-        if not np.isfinite(array).all():
+        param = found.params[name]
+        if param.array is None:
+            param.array = np.empty(param.shape, np.float32)
+        array = checkpoint.read(source, out=param.array)
+        # A float64 sum is finite exactly when every value is (float32 values cannot add up
+        # past float64's range), and takes no array of the tensor's size.
+        if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
             bad = int(array.size - np.isfinite(array).sum())
             raise CheckpointError(f"{checkpoint.path}: tensor {source} holds {bad} NaN or "
                                   "infinite values; the weights are damaged")
-        found.params[name].array = array
         if progress is not None:
             progress(i + 1, len(found.sources))
     checkpoint.close()
@@ -286,5 +308,5 @@ def fill(module: Module, tensors: Mapping[str, np.ndarray]) -> LoadReport:
     """Fill every param of ``module`` from in-memory ``tensors``, as strictly as ``load``."""
     found = bind(module, {n: t.shape for n, t in tensors.items()}, {})
     for name, source in found.sources.items():
-        found.params[name].array = np.ascontiguousarray(tensors[source], np.float32)
+        found.params[name].fill(tensors[source])
     return found.report()

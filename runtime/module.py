@@ -22,6 +22,14 @@ class Param:
         self.gain = gain
         self.array: np.ndarray | None = None
 
+    def fill(self, values: np.ndarray) -> None:
+        """Set the weight to ``values`` (of ``shape``, any float dtype) cast to float32: in
+        place where the param has its memory already (rows of a stacked array, ``pack``),
+        else into a new array."""
+        if self.array is None:
+            self.array = np.empty(self.shape, np.float32)
+        np.copyto(self.array, values, casting="unsafe")
+
     def __repr__(self) -> str:
         return f"Param{self.shape}"
 
@@ -75,8 +83,8 @@ class Module:
 
 
 def pack_tree(root: Module) -> None:
-    """``pack`` every group of projections a module of ``root`` declares (its ``packs()``),
-    once its weights are loaded."""
+    """``pack`` every group of projections a module of ``root`` declares (its ``packs()``);
+    best before the weights are loaded, which then fill the stacked arrays in place."""
     modules = [root]
     while modules:
         m = modules.pop()
@@ -86,16 +94,19 @@ def pack_tree(root: Module) -> None:
 
 
 def pack(*params: Param) -> None:
-    """Stack ``params`` (matrices of one width: the projections a block applies to one
-    input, q/k/v or gate/up) into one C-contiguous array, each param becoming a view of its
-    rows. The weights are not copied twice: a compiled plan then runs the projections as one
-    GEMM over the stacked array (``Plan._fuse``), and the reference reads the same views.
+    """Give ``params`` (matrices of one width: the projections a block applies to one input,
+    q/k/v or gate/up) one C-contiguous array, each param becoming a view of its rows; a
+    param already loaded is copied in. A compiled plan runs the projections as one GEMM over
+    the stacked array (``Plan._fuse``), and the reference reads the same views. Packed
+    before loading, the weights are read straight into their rows: never held twice.
     """
-    arrays = [p.array for p in params]
-    if any(a is None or a.ndim != 2 or a.shape[1] != arrays[0].shape[1] for a in arrays):
-        raise ValueError(f"pack takes loaded matrices of one width, not {[p.shape for p in params]}")
-    stacked = np.concatenate(arrays, axis=0)
+    if any(len(p.shape) != 2 or p.shape[1] != params[0].shape[1] for p in params):
+        raise ValueError(f"pack takes matrices of one width, not {[p.shape for p in params]}")
+    stacked = np.empty((sum(p.shape[0] for p in params), params[0].shape[1]), np.float32)
     at = 0
     for p in params:
-        p.array = stacked[at: at + p.shape[0]]
+        rows = stacked[at: at + p.shape[0]]
+        if p.array is not None:
+            rows[...] = p.array
+        p.array = rows
         at += p.shape[0]

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from runtime.checkpoint import Checkpoint, CheckpointError, bind, fill, load, renamed
-from runtime.module import Module, Param
+from runtime.module import Module, Param, pack
 
 
 # --- a tiny module tree, named as a Hugging Face causal LM names its tensors -----------------
@@ -406,3 +406,37 @@ def test_untied_model_still_needs_its_head(tmp_path):
     save_file(arrays, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="missing 1: lm_head.weight"):
         load(LM().name_tree(), Checkpoint(tmp_path))
+
+
+# --- stacked projections -----------------------------------------------------------------------
+
+def test_params_packed_before_loading_are_read_into_one_array(tmp_path):
+    # The embedding and head have one width (4): stacked, each is a view of its rows, and
+    # the checkpoint's values land there, cast from bfloat16, with no array of their own.
+    arrays = tensors()
+    save_file({n: a.astype(ml_dtypes.bfloat16) for n, a in arrays.items()},
+              str(tmp_path / "model.safetensors"))
+    lm = LM().name_tree()
+    embed, head = lm.model.embed_tokens, lm.lm_head.weight
+    pack(embed, head)
+    base = embed.array.base
+    assert base is head.array.base and base.shape == (20, 4) and base.flags.c_contiguous
+    load(lm, Checkpoint(tmp_path))
+    assert embed.array.base is base and head.array.base is base
+    # tensor i holds i * 1000 + 0, 1, ...; bfloat16 keeps 8 bits, so compare with its cast
+    expect = np.concatenate([arrays["model.embed_tokens"], arrays["lm_head.weight"]])
+    np.testing.assert_array_equal(base, expect.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_packing_loaded_params_copies_them_in():
+    a, b = Param(2, 3), Param(1, 3)
+    a.fill(np.arange(6.0).reshape(2, 3))
+    b.fill(np.array([[7.0, 8.0, 9.0]]))
+    pack(a, b)
+    assert a.array.base is b.array.base
+    assert a.array.base.tolist() == [[0, 1, 2], [3, 4, 5], [7, 8, 9]]
+
+
+def test_packing_matrices_of_different_widths_is_refused():
+    with pytest.raises(ValueError, match="one width"):
+        pack(Param(2, 3), Param(2, 4))
