@@ -130,3 +130,25 @@ def test_real_checkpoint_greedy_continuation(smollm2):
     tok = loaded.tokenizer
     drawn = list(Session(loaded.lm).generate(tok.encode("The capital of France is"), 8))
     assert tok.decode(drawn) == " Paris.\n\nThe answer is:"
+
+
+def test_the_same_history_again_runs_nothing_after_a_prompt_and_reruns_after_a_decode(toy):
+    lm = toy.lm
+    C = lm.config.prefill_chunk
+    history = np.random.default_rng(2).integers(0, lm.config.vocab_size, C + 3).tolist()
+    fresh = Session(lm).logits(history + [7]).copy()  # one prompt run of the whole history
+    session = Session(lm)
+    first = session.logits(history).copy()
+    session.calls.clear()
+    assert session.logits(history).tobytes() == first.tobytes()
+    assert session.calls == []
+    # After a decode step the logits are not a fresh run's: asked again, the session runs
+    # from the last chunk boundary and gives the fresh run's, bit for bit.
+    session.logits(history + [7])
+    session.calls.clear()
+    assert session.logits(history + [7]).tobytes() == fresh.tobytes()
+    assert session.calls == [("prompt", C, 4)]
+    # A caller may write into what it was given; the session keeps its own copy.
+    given = session.logits(history + [7])
+    given[:] = 0.0
+    assert session.logits(history + [7]).tobytes() == fresh.tobytes()
