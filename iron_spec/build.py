@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from operators.attention import BLOCK as ATTENTION_BLOCK
 from runtime.causal import CausalLM, CausalOptions
 from runtime.checkpoint import Checkpoint, LoadReport, fill, load, renamed
 from runtime.golden import fingerprint
@@ -95,8 +96,10 @@ def _footprint(o: CausalOptions) -> tuple[int, int]:
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
     heads = max((lo.attention.heads for lo in o.layers), default=0)
-    per_position += heads * (o.prefill_chunk + 1)  # attention scores, prompt and decode
-    per_position += sum(r.rotary_dim for r in o.ropes.values())  # cos and sin rows
+    # Attention scores: a block of a prompt chunk's rows at a time (operators.attention),
+    # and one row in the decode step.
+    per_position += heads * (min(o.prefill_chunk, ATTENTION_BLOCK) + 2)
+    per_position += 2 * sum(r.rotary_dim for r in o.ropes.values())  # cos and sin, as packed
     # The prompt chunk's activations: a generous dozen rows of the widest layer.
     widest = max([E, V] + [lo.mlp.intermediate_size for lo in o.layers])
     fixed += 12 * o.prefill_chunk * widest
