@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -108,6 +109,12 @@ class Attention(Operator):
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
+        lib = native.lib() if n == 1 else None
+        if lib is not None and q.flags.c_contiguous:
+            # One query (a decode step): the decode pool's threads share its positions.
+            lib.attend(out, q, keys, values, scratch, G, start, window or 0, float(scale),
+                       float(softcap or 0.0))
+            return
         # The queries times the scale, not the scores: n * H * D products, not n * H * w
         # (exact where the scale is a power of two, head_dim ** -0.5 for head_dim 64).
         # Queries are grouped by kv head, then row, (G, n, R, D): a block of rows is one
@@ -182,9 +189,10 @@ class Attention(Operator):
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
         n, H, D = q
-        L = keys[1]
+        G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
-        return H * n * D + rows * (L + 1)
+        own = H * n * D + rows * (L + 1)
+        return max(own, native.attend_scratch(H, G, D, L)) if n == 1 else own
 
     def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)

@@ -1,12 +1,14 @@
 """Linear projection, as torch.nn.Linear: ``x @ weight.T (+ bias)``.
 
-One row is a GEMV, a prompt chunk's rows one GEMM; both are BLAS through numpy.
+One row (a decode step) is a GEMV on the decode pool (``operators.native``) where it is
+built, else BLAS through numpy; a prompt chunk's rows are one GEMM, BLAS through numpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -29,6 +31,11 @@ class Linear(Operator):
         return y if bias is None else y + as64(bias)
 
     def kernel(self, out, x, weight, bias=None, scratch=None):
+        lib = native.lib() if x.shape[0] == 1 else None
+        if lib is not None and x[0].flags.c_contiguous and out[0].flags.c_contiguous \
+                and weight.flags.c_contiguous:
+            lib.gemv(out[0], x[0], weight, bias)
+            return
         np.matmul(x, weight.T, out=out)
         if bias is not None:
             out += bias

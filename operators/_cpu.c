@@ -1,0 +1,589 @@
+/* operators._cpu: the decode step's memory-bound kernels, on a thread pool of our own.
+ *
+ * Why: a decode step streams every weight and, deep in a context, the KV cache, once per
+ * token. numpy's OpenBLAS threads its GEMVs but never a 2000 x 64 one (it runs one core
+ * below about 460k elements), so attention over the cache ran on one core at ~17 GB/s.
+ * A second thread of any other pool (numba, OpenMP, Python) collides with OpenBLAS's
+ * spinning worker and stalls for a scheduler slice (measured 8 ms a call). So the decode
+ * step runs all of its GEMVs and its attention here, on one pool, and OpenBLAS keeps the
+ * prompt chunk's GEMMs. Semantics are the operators' own (operators.linear,
+ * operators.attention); their float64 references judge these kernels like any other.
+ *
+ * The pool: the caller and threads - 1 workers. A task has one part per thread, split
+ * statically, so a result never depends on timing. A worker spins for ~200 us after its
+ * last part, then sleeps; the caller runs part 0, then takes any part whose worker has not
+ * started it (a worker slow to wake never stalls the call), then waits for the parts
+ * workers took. No Python object is touched with the GIL released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+#define MAX_THREADS 64
+#define SPIN_NS 200000L
+
+typedef void (*task_fn)(const void *args, int part, int parts);
+
+static struct {
+    int threads;  /* the caller included; 0 until started */
+    pthread_t workers[MAX_THREADS];
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_mutex_t busy;  /* one task at a time, whichever Python thread posts it */
+    _Atomic long generation;
+    _Atomic int sleepers;
+    _Atomic long claim[MAX_THREADS];  /* generation a part may be taken at; -g once taken */
+    _Atomic long done[MAX_THREADS];   /* generation whose part is finished */
+    task_fn fn;
+    const void *args;
+    long posted;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+          .busy = PTHREAD_MUTEX_INITIALIZER};
+
+static int use_avx2 = 0;
+
+static inline void relax(void) {
+#ifdef HAVE_X86
+    _mm_pause();
+#endif
+}
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static void *worker_main(void *arg) {
+    int part = (int)(intptr_t)arg;
+    long seen = 0;
+    for (;;) {
+        long g = atomic_load(&pool.generation);
+        if (g == seen) {
+            long until = now_ns() + SPIN_NS;
+            for (int i = 1; (g = atomic_load(&pool.generation)) == seen; i++) {
+                relax();
+                if ((i & 255) == 0 && now_ns() > until)
+                    break;
+            }
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&pool.lock);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while ((g = atomic_load(&pool.generation)) == seen)
+                pthread_cond_wait(&pool.wake, &pool.lock);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        seen = g;
+        long expect = g;
+        if (atomic_compare_exchange_strong(&pool.claim[part], &expect, -g)) {
+            pool.fn(pool.args, part, pool.threads);
+            atomic_store(&pool.done[part], g);
+        }
+    }
+    return NULL;
+}
+
+static int pool_start(int threads) {
+    if (pool.threads)
+        return 0;
+    if (threads < 1)
+        threads = 1;
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+    for (int k = 1; k < threads; k++) {
+        if (pthread_create(&pool.workers[k], NULL, worker_main, (void *)(intptr_t)k) != 0) {
+            threads = k;  /* fewer threads than asked: still correct */
+            break;
+        }
+    }
+    pool.threads = threads;
+    return 0;
+}
+
+/* Run fn over the pool's parts; called with the GIL released. */
+static void pool_run(task_fn fn, const void *args) {
+    int T = pool.threads;
+    if (T <= 1) {
+        fn(args, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&pool.busy);
+    long g = ++pool.posted;
+    pool.fn = fn;
+    pool.args = args;
+    for (int k = 1; k < T; k++)
+        atomic_store(&pool.claim[k], g);
+    atomic_store(&pool.generation, g);
+    if (atomic_load(&pool.sleepers)) {
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    fn(args, 0, T);
+    for (int k = 1; k < T; k++) {
+        long expect = g;
+        if (atomic_compare_exchange_strong(&pool.claim[k], &expect, -g)) {
+            fn(args, k, T);
+            atomic_store(&pool.done[k], g);
+        }
+    }
+    for (int k = 1; k < T; k++)
+        for (int i = 1; atomic_load(&pool.done[k]) != g; i++)
+            if ((i & 1023) == 0)
+                sched_yield();
+            else
+                relax();
+    pthread_mutex_unlock(&pool.busy);
+}
+
+/* ---- GEMV: y = W x (+ b), W (n, k) row-major, as torch.nn.Linear on one row ------------ */
+
+typedef struct {
+    const float *w, *x, *b;
+    float *y;
+    Py_ssize_t n, k;
+} gemv_args;
+
+static void gemv_rows_plain(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const float *w = a->w + r * a->k;
+        float acc[8] = {0};
+        Py_ssize_t c = 0;
+        for (; c + 8 <= a->k; c += 8)
+            for (int j = 0; j < 8; j++)
+                acc[j] += w[c + j] * a->x[c + j];
+        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; c < a->k; c++)
+            s += w[c] * a->x[c];
+        a->y[r] = a->b ? s + a->b[r] : s;
+    }
+}
+
+#ifdef HAVE_X86
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) static void gemv_rows_avx2(const gemv_args *a, Py_ssize_t r0,
+                                                               Py_ssize_t r1) {
+    const Py_ssize_t K = a->k, K8 = K & ~(Py_ssize_t)7;
+    Py_ssize_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const float *w0 = a->w + r * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (Py_ssize_t c = 0; c < K8; c += 8) {
+            __m256 x = _mm256_loadu_ps(a->x + c);
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + c), x, s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + c), x, s1);
+            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + c), x, s2);
+            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + c), x, s3);
+        }
+        float t[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
+        for (int i = 0; i < 4; i++) {
+            const float *w = a->w + (r + i) * K;
+            for (Py_ssize_t c = K8; c < K; c++)
+                t[i] += w[c] * a->x[c];
+            a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
+        }
+    }
+    for (; r < r1; r++) {
+        const float *w = a->w + r * K;
+        __m256 s = _mm256_setzero_ps();
+        for (Py_ssize_t c = 0; c < K8; c += 8)
+            s = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(a->x + c), s);
+        float t = hsum8(s);
+        for (Py_ssize_t c = K8; c < K; c++)
+            t += w[c] * a->x[c];
+        a->y[r] = a->b ? t + a->b[r] : t;
+    }
+}
+#endif
+
+static void gemv_part(const void *args, int part, int parts) {
+    const gemv_args *a = args;
+    /* Whole groups of 4 rows per part, so each row's sum is the same at any thread count. */
+    Py_ssize_t groups = (a->n + 3) / 4;
+    Py_ssize_t r0 = groups * part / parts * 4, r1 = groups * (part + 1) / parts * 4;
+    if (r1 > a->n)
+        r1 = a->n;
+    if (r0 >= r1)
+        return;
+#ifdef HAVE_X86
+    if (use_avx2) {
+        gemv_rows_avx2(a, r0, r1);
+        return;
+    }
+#endif
+    gemv_rows_plain(a, r0, r1);
+}
+
+/* ---- attention of one query over a KV cache (a decode step) ----------------------------- */
+
+typedef struct {
+    const float *q, *keys, *values;  /* q (H, D) already scaled; caches (G, L, D) */
+    float *scores, *partial;         /* (T, R, span) and (T, H, D + 2) */
+    int H, G, D;
+    Py_ssize_t L, lo, t, span;
+    float softcap;                   /* 0: none */
+} attend_args;
+
+#ifdef HAVE_X86
+/* exp(x) for x <= 0 to ~2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial in r
+ * (Cephes' expf coefficients), times 2^n; below -87.3 it is 0, as expf's underflow. */
+__attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+__attribute__((target("avx2,fma"))) static void attend_avx2(const attend_args *a, int g,
+                                                           Py_ssize_t j0, Py_ssize_t j1,
+                                                           float *s, float *partial) {
+    const int R = a->H / a->G, D = a->D;
+    const Py_ssize_t n = j1 - j0;
+    const float *K = a->keys + (Py_ssize_t)g * a->L * D, *V = a->values + (Py_ssize_t)g * a->L * D;
+    for (int r = 0; r < R; r++) {
+        const float *q = a->q + ((Py_ssize_t)g * R + r) * D;
+        float *sr = s + (Py_ssize_t)r * n;
+        float m = -FLT_MAX;
+        for (Py_ssize_t j = j0; j < j1; j++) {
+            const float *k = K + j * D;
+            __m256 u = _mm256_setzero_ps(), v = _mm256_setzero_ps();
+            int d = 0;
+            for (; d + 16 <= D; d += 16) {
+                u = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), u);
+                v = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), v);
+            }
+            float x = hsum8(_mm256_add_ps(u, v));
+            for (; d < D; d++)
+                x += q[d] * k[d];
+            if (a->softcap > 0.0f)
+                x = tanhf(x / a->softcap) * a->softcap;
+            sr[j - j0] = x;
+            m = x > m ? x : m;
+        }
+        __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+        Py_ssize_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+            _mm256_storeu_ps(sr + j, e);
+            total = _mm256_add_ps(total, e);
+        }
+        float l = hsum8(total);
+        for (; j < n; j++) {
+            sr[j] = expf(sr[j] - m);
+            l += sr[j];
+        }
+        float *o = partial + ((Py_ssize_t)g * R + r) * (D + 2);
+        for (int d0 = 0; d0 < D; d0 += 32) {
+            int w = D - d0 < 32 ? D - d0 : 32;
+            if (w == 32) {
+                __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+                for (Py_ssize_t jj = 0; jj < n; jj++) {
+                    const float *vj = V + (j0 + jj) * D + d0;
+                    __m256 p = _mm256_set1_ps(sr[jj]);
+                    o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj), o0);
+                    o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8), o1);
+                    o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 16), o2);
+                    o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 24), o3);
+                }
+                _mm256_storeu_ps(o + d0, o0);
+                _mm256_storeu_ps(o + d0 + 8, o1);
+                _mm256_storeu_ps(o + d0 + 16, o2);
+                _mm256_storeu_ps(o + d0 + 24, o3);
+            } else {
+                for (int d = d0; d < D; d++) {
+                    float acc = 0.0f;
+                    for (Py_ssize_t jj = 0; jj < n; jj++)
+                        acc += sr[jj] * V[(j0 + jj) * D + d];
+                    o[d] = acc;
+                }
+            }
+        }
+        o[D] = m;
+        o[D + 1] = l;
+    }
+}
+#endif
+
+static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, float *s,
+                         float *partial) {
+    const int R = a->H / a->G, D = a->D;
+    const Py_ssize_t n = j1 - j0;
+    const float *K = a->keys + (Py_ssize_t)g * a->L * D, *V = a->values + (Py_ssize_t)g * a->L * D;
+    for (int r = 0; r < R; r++) {
+        const float *q = a->q + ((Py_ssize_t)g * R + r) * D;
+        float *sr = s + (Py_ssize_t)r * n;
+        float m = -FLT_MAX, l = 0.0f;
+        for (Py_ssize_t j = j0; j < j1; j++) {
+            float x = 0.0f;
+            for (int d = 0; d < D; d++)
+                x += q[d] * K[j * D + d];
+            if (a->softcap > 0.0f)
+                x = tanhf(x / a->softcap) * a->softcap;
+            sr[j - j0] = x;
+            m = x > m ? x : m;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            sr[j] = expf(sr[j] - m);
+            l += sr[j];
+        }
+        float *o = partial + ((Py_ssize_t)g * R + r) * (D + 2);
+        for (int d = 0; d < D; d++)
+            o[d] = 0.0f;
+        for (Py_ssize_t j = 0; j < n; j++)
+            for (int d = 0; d < D; d++)
+                o[d] += sr[j] * V[(j0 + j) * D + d];
+        o[D] = m;
+        o[D + 1] = l;
+    }
+}
+
+static void attend_part(const void *args, int part, int parts) {
+    const attend_args *a = args;
+    Py_ssize_t w = a->t - a->lo;
+    Py_ssize_t j0 = a->lo + w * part / parts, j1 = a->lo + w * (part + 1) / parts;
+    int R = a->H / a->G;
+    float *s = a->scores + (Py_ssize_t)part * R * a->span;
+    float *partial = a->partial + (Py_ssize_t)part * a->H * (a->D + 2);
+    for (int g = 0; g < a->G; g++) {
+        if (j0 >= j1) {  /* an empty share: weight 0 in the merge */
+            for (int r = 0; r < R; r++) {
+                float *o = partial + ((Py_ssize_t)g * R + r) * (a->D + 2);
+                memset(o, 0, sizeof(float) * a->D);
+                o[a->D] = -FLT_MAX;
+                o[a->D + 1] = 0.0f;
+            }
+            continue;
+        }
+#ifdef HAVE_X86
+        if (use_avx2) {
+            attend_avx2(a, g, j0, j1, s, partial);
+            continue;
+        }
+#endif
+        attend_plain(a, g, j0, j1, s, partial);
+    }
+}
+
+/* ---- Python --------------------------------------------------------------------------- */
+
+static int get_floats(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s float32 array", name,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    if (view->itemsize != 4 || !view->format || strcmp(view->format, "f") != 0) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be float32", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_start(PyObject *self, PyObject *arg) {
+    long threads = PyLong_AsLong(arg);
+    if (threads == -1 && PyErr_Occurred())
+        return NULL;
+    pool_start((int)threads);
+    return PyLong_FromLong(pool.threads);
+}
+
+static PyObject *py_gemv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gemv(y, x, w, b) takes 4 arguments");
+        return NULL;
+    }
+    Py_buffer y, x, w, b = {0};
+    if (get_floats(args[0], &y, 1, "y") < 0)
+        return NULL;
+    if (get_floats(args[1], &x, 0, "x") < 0)
+        goto fail_y;
+    if (get_floats(args[2], &w, 0, "w") < 0)
+        goto fail_x;
+    int has_b = args[3] != Py_None;
+    if (has_b && get_floats(args[3], &b, 0, "b") < 0)
+        goto fail_w;
+    gemv_args a = {w.buf, x.buf, has_b ? b.buf : NULL, y.buf, y.len / 4, x.len / 4};
+    if (w.len / 4 != a.n * a.k || (has_b && b.len / 4 != a.n)) {
+        PyErr_Format(PyExc_ValueError, "gemv: w holds %zd values, not y's %zd rows of x's %zd",
+                     w.len / 4, a.n, a.k);
+        goto fail_b;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(gemv_part, &a);
+    Py_END_ALLOW_THREADS
+    if (has_b)
+        PyBuffer_Release(&b);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    Py_RETURN_NONE;
+fail_b:
+    if (has_b)
+        PyBuffer_Release(&b);
+fail_w:
+    PyBuffer_Release(&w);
+fail_x:
+    PyBuffer_Release(&x);
+fail_y:
+    PyBuffer_Release(&y);
+    return NULL;
+}
+
+/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap):
+ * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D); window 0: none;
+ * softcap 0: none; scratch: scratch_size(...) floats. q is scaled into the scratch. */
+static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "attend takes 10 arguments");
+        return NULL;
+    }
+    long G = PyLong_AsLong(args[5]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[6]), window = PyLong_AsSsize_t(args[7]);
+    double scale = PyFloat_AsDouble(args[8]), softcap = PyFloat_AsDouble(args[9]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer out, q, k, v, scratch;
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (get_floats(args[1], &q, 0, "q") < 0)
+        goto f0;
+    if (get_floats(args[2], &k, 0, "keys") < 0)
+        goto f1;
+    if (get_floats(args[3], &v, 0, "values") < 0)
+        goto f2;
+    if (get_floats(args[4], &scratch, 1, "scratch") < 0)
+        goto f3;
+    Py_ssize_t HD = q.len / 4;
+    int T = pool.threads ? pool.threads : 1;
+    int D = 0, H = 0;
+    Py_ssize_t L = 0;
+    if (G > 0 && k.ndim == 3 && k.shape[0] == G) {
+        L = k.shape[1];
+        D = (int)k.shape[2];
+    }
+    if (D > 0)
+        H = (int)(HD / D);
+    Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
+    Py_ssize_t span = (t - lo + T - 1) / T + 1;
+    Py_ssize_t need = HD + (Py_ssize_t)T * (H / (G > 0 ? G : 1)) * span + (Py_ssize_t)T * H * (D + 2);
+    if (D == 0 || H == 0 || H % G || (Py_ssize_t)H * D != HD || out.len != q.len ||
+        v.len != k.len || start < 0 || t > L || scratch.len / 4 < need) {
+        PyErr_SetString(PyExc_ValueError, "attend: shapes do not fit (q (H, D), caches "
+                        "(kv_heads, L, D) past start, scratch of scratch_size)");
+        goto f4;
+    }
+    float *qs = scratch.buf;
+    for (Py_ssize_t i = 0; i < HD; i++)
+        qs[i] = ((float *)q.buf)[i] * (float)scale;
+    attend_args a = {qs, k.buf, v.buf, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
+                     H, (int)G, D, L, lo, t, span, (float)softcap};
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(attend_part, &a);
+    /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
+    float *o = out.buf;
+    for (int h = 0; h < H; h++) {
+        float m = -FLT_MAX, l = 0.0f;
+        for (int p = 0; p < T; p++) {
+            float mp = a.partial[((Py_ssize_t)p * H + h) * (D + 2) + D];
+            m = mp > m ? mp : m;
+        }
+        float *oh = o + (Py_ssize_t)h * D;
+        for (int d = 0; d < D; d++)
+            oh[d] = 0.0f;
+        for (int p = 0; p < T; p++) {
+            const float *part = a.partial + ((Py_ssize_t)p * H + h) * (D + 2);
+            if (part[D + 1] == 0.0f)
+                continue;
+            float f = expf(part[D] - m);
+            l += part[D + 1] * f;
+            for (int d = 0; d < D; d++)
+                oh[d] += part[d] * f;
+        }
+        for (int d = 0; d < D; d++)
+            oh[d] /= l;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&scratch);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+f4:
+    PyBuffer_Release(&scratch);
+f3:
+    PyBuffer_Release(&v);
+f2:
+    PyBuffer_Release(&k);
+f1:
+    PyBuffer_Release(&q);
+f0:
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+static PyObject *py_threads(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(pool.threads);
+}
+
+static PyObject *py_simd(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(use_avx2 ? "avx2" : "plain");
+}
+
+static PyMethodDef methods[] = {
+    {"start", py_start, METH_O, "start(threads): start the pool once; returns its threads"},
+    {"threads", py_threads, METH_NOARGS, "the pool's threads (0: not started)"},
+    {"simd", py_simd, METH_NOARGS, "the kernels' instruction set: avx2 or plain"},
+    {"gemv", (PyCFunction)(void (*)(void))py_gemv, METH_FASTCALL,
+     "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major; b None or (len(y),)"},
+    {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
+     "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu",
+                                    "The decode step's kernels on a thread pool of our own.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu(void) {
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return PyModule_Create(&module);
+}

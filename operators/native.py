@@ -1,0 +1,47 @@
+"""The decode step's kernels on a thread pool of our own (``operators._cpu``), where built.
+
+``operators/_cpu.c`` is compiled at install (an optional extension: without a C compiler the
+install still succeeds and every operator runs its numpy kernel). It serves one-row GEMVs
+(``Linear``) and one query's attention (``Attention``) on ``threads()`` threads, so a decode
+step never mixes OpenBLAS's worker threads with another pool's. Set ``IRON_SPEC_NATIVE=0``
+to run the numpy kernels only.
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    from . import _cpu
+except ImportError:  # not built: the numpy kernels serve
+    _cpu = None
+
+LIB = _cpu if os.environ.get("IRON_SPEC_NATIVE", "1") != "0" else None
+
+
+def threads() -> int:
+    """The threads a model runs on: ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` where
+    set, else the cores this process may run on (as OpenBLAS's own default). The same count
+    serves BLAS in a prompt chunk and the pool in a decode step, never both at once."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def lib():
+    """The extension with its pool started (once), or None where it is not in use."""
+    if LIB is not None and LIB.threads() == 0:
+        LIB.start(threads())
+    return LIB
+
+
+def attend_scratch(heads: int, kv_heads: int, head_dim: int, positions: int) -> int:
+    """float32 elements ``_cpu.attend`` needs for one query over up to ``positions`` keys."""
+    T = max(1, threads())
+    span = (positions + T - 1) // T + 1
+    return heads * head_dim + T * (heads // kv_heads) * span + T * heads * (head_dim + 2)

@@ -1,0 +1,122 @@
+"""operators._cpu, the decode pool's kernels: the same operators, judged by the same float64
+references and tolerances as their numpy kernels, and the numpy kernels still right when the
+extension is off. In CI the extension must be built (it is compiled at install)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from operators import native
+from operators.attention import Attention
+from operators.linear import Linear
+
+BUILT = native.LIB is not None
+needs_native = pytest.mark.skipif(not BUILT and os.environ.get("CI") != "true",
+                                  reason="operators._cpu is not built here")
+
+
+def test_ci_builds_the_extension():
+    if os.environ.get("CI") == "true":
+        assert BUILT, "operators._cpu did not build: pip install -e . needs a C compiler"
+
+
+@pytest.fixture(params=["native", "numpy"])
+def kernels(request, monkeypatch):
+    """Run a test on the decode pool's kernels, then again on numpy's alone."""
+    if request.param == "native":
+        if not BUILT:
+            pytest.skip("operators._cpu is not built here")
+    else:
+        monkeypatch.setattr(native, "LIB", None)
+    return request.param
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 5), (4, 8), (7, 37), (960, 576), (37, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_row_linear_within_tolerance(kernels, check_kernel, randn, rows, cols, bias):
+    args = [randn(1, cols), randn(rows, cols)] + ([randn(rows)] if bias else [])
+    check_kernel(Linear(), *args, packed=(1,))
+
+
+@needs_native
+def test_gemv_by_hand():
+    w = np.array([[1, 2, 3], [4, 5, 6], [0.5, 0, -1], [2, 2, 2], [1, 0, 0]], np.float32)
+    x = np.array([1, -1, 2], np.float32)
+    y = np.full(5, np.nan, np.float32)
+    native.lib().gemv(y, x, w, np.array([0, 0, 0, 0, 10], np.float32))
+    assert y.tolist() == [5.0, 11.0, -1.5, 4.0, 11.0]  # 1-2+6, 4-5+12, .5-2, 2-2+4, 1+10
+
+
+# (heads, kv_heads, head_dim, cache, start, window, softcap): GQA and MHA, head widths with
+# and without a whole vector of lanes, a short and a long cache, a window, a softcap.
+CASES = [
+    (9, 3, 64, 4096, 127, None, None),
+    (9, 3, 64, 4096, 1999, None, None),
+    (4, 1, 256, 700, 600, 512, None),
+    (8, 4, 16, 40, 0, None, None),
+    (6, 2, 20, 50, 33, None, 5.0),
+    (4, 4, 24, 30, 29, 7, None),
+    (2, 1, 8, 5000, 4999, None, None),
+]
+
+
+@pytest.mark.parametrize("H, G, D, L, start, window, softcap", CASES)
+def test_one_query_attention_within_tolerance(kernels, check_kernel, randn, H, G, D, L, start,
+                                              window, softcap):
+    check_kernel(Attention(), randn(1, H, D, scale=2.0), randn(G, L, D), randn(G, L, D),
+                 start=start, window=window, softcap=softcap)
+
+
+@needs_native
+def test_attention_of_one_key_is_its_value():
+    # A query at position 0 sees one key: softmax weight 1, whatever the score.
+    keys = np.random.default_rng(0).standard_normal((2, 8, 16)).astype(np.float32)
+    values = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(np.float32)
+    q = np.ones((1, 4, 16), np.float32) * 50.0
+    op = Attention()
+    out = np.empty((1, 64), np.float32)
+    op.kernel(out, q, keys, values, scratch=np.empty(op.scratch(q.shape, keys.shape, values.shape),
+                                                     np.float32), start=0)
+    want = np.repeat(values[:, 0], 2, axis=0).reshape(-1)  # heads 0, 1 read kv head 0
+    np.testing.assert_allclose(out[0], want, rtol=1e-6)
+
+
+@needs_native
+@pytest.mark.parametrize("bad, match", [
+    (lambda y, x, w: (y, x, w.astype(np.float64), None), "w must be float32"),
+    (lambda y, x, w: (y, x, w[:, ::2], None), "w must be a C-contiguous"),
+    (lambda y, x, w: (y, x, w[:2], None), "w holds 6 values, not y's 3 rows"),
+    (lambda y, x, w: (y, x, w, np.zeros(2, np.float32)), "w holds"),
+])
+def test_gemv_refuses_what_does_not_fit(bad, match):
+    y, x, w = np.full(3, 7.0, np.float32), np.ones(3, np.float32), np.ones((3, 3), np.float32)
+    with pytest.raises(ValueError, match=match):
+        native.lib().gemv(*bad(y, x, w))
+    assert y.tolist() == [7.0, 7.0, 7.0]  # refused before anything is written
+
+
+@needs_native
+def test_attend_refuses_a_scratch_too_small_or_a_position_past_the_cache():
+    lib = native.lib()
+    q, out = np.ones((4, 8), np.float32), np.empty((4, 8), np.float32)
+    keys = np.ones((2, 10, 8), np.float32)
+    scratch = np.empty(native.attend_scratch(4, 2, 8, 10), np.float32)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        lib.attend(out, q, keys, keys, scratch[:5], 2, 3, 0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        lib.attend(out, q, keys, keys, scratch, 2, 10, 0, 1.0, 0.0)  # position 10 of 10
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        lib.attend(out, q, keys, keys, scratch, 3, 3, 0, 1.0, 0.0)  # 4 heads, 3 kv heads
+
+
+def test_threads_follow_the_blas_environment(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    assert native.threads() == 3
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert native.threads() == 5
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert native.threads() >= 1
