@@ -10,7 +10,6 @@ machine, so only ratios taken in one run mean anything.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
 import time
@@ -20,6 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
+from operators.native import threads
 from runtime.session import Session
 
 from .build import Loaded, load_model
@@ -27,15 +27,6 @@ from .errors import message
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
-
-
-def threads() -> int:
-    """The BLAS threads numpy runs with: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else
-    every core (OpenBLAS's own default)."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return os.cpu_count() or 1
 
 
 def peak_rss() -> int:
