@@ -110,7 +110,7 @@ class Attention(Operator):
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
         lib = native.lib() if n == 1 else None
-        if lib is not None and q.flags.c_contiguous:
+        if lib is not None and all(a.flags.c_contiguous for a in (out, q, keys, values)):
             # One query (a decode step): the decode pool's threads share its positions.
             lib.attend(out, q, keys, values, scratch, G, start, window or 0, float(scale),
                        float(softcap or 0.0))
