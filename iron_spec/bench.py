@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
-from operators.native import threads
+from operators.native import describe, threads
 from runtime.session import Session
 
 from .build import Loaded, load_model
@@ -168,7 +168,7 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
     seconds apart, and a figure the median of its runs."""
     n_threads = threads()
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
-              "prefill_chunk": loaded.lm.config.prefill_chunk}
+              "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe()}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
     for fn in sides["ours"].values():
         fn()  # warm-up
@@ -177,8 +177,10 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
     peer_figures = transformers_peer(loaded, n_threads) if peer else None
     if peer_figures is not None:
         sides["transformers"] = peer_figures
-        for fn in peer_figures.values():
-            fn()  # warm-up
+    for name, side in sides.items():
+        if name != "ours":  # warmed up above
+            for fn in side.values():
+                fn()  # warm-up: a first pass over a fresh array is page faults, not bandwidth
     samples: dict[str, dict[str, list[float]]] = {
         side: {name: [] for name in figs} for side, figs in sides.items()}
     for _ in range(runs):
@@ -215,7 +217,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
 def report(r: dict) -> str:
     o, f, t, q = r["ours"], r["floor"], r["transformers"], r["ratios"]
     lines = [f"threads {r['threads']}, median of {r['runs']} runs after a warm-up, "
-             f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}",
+             f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}; decode "
+             f"kernels: {r['decode_kernels']}",
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
 
     def row(label, key, rkey=None, unit="tok/s"):
@@ -242,8 +245,8 @@ def report(r: dict) -> str:
 def command(
     spec: Path = typer.Argument(..., help="the spec YAML"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
-    random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
-    toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
+    random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed "
+                                                 "(the checkpoint's config, not its weights)"),
     runs: int = typer.Option(3, min=1, help="runs per figure, after one warm-up"),
     max_seq_len: int = typer.Option(4096, min=DEEP + DECODE + 1,
                                     help="context length the caches are sized for"),
@@ -253,8 +256,8 @@ def command(
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
     try:
-        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                            max_seq_len=None if toy else max_seq_len)
+        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
+                            max_seq_len=max_seq_len)
         if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
             raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than the "
                              f"{DEEP + DECODE + 1} positions the deep decode needs")

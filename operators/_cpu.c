@@ -438,9 +438,13 @@ static PyObject *py_gemv(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (has_b && get_floats(args[3], &b, 0, "b") < 0)
         goto fail_w;
     gemv_args a = {w.buf, x.buf, has_b ? b.buf : NULL, y.buf, y.len / 4, x.len / 4};
-    if (w.len / 4 != a.n * a.k || (has_b && b.len / 4 != a.n)) {
+    if (w.len / 4 != a.n * a.k) {
         PyErr_Format(PyExc_ValueError, "gemv: w holds %zd values, not y's %zd rows of x's %zd",
                      w.len / 4, a.n, a.k);
+        goto fail_b;
+    }
+    if (has_b && b.len / 4 != a.n) {
+        PyErr_Format(PyExc_ValueError, "gemv: b holds %zd values, not y's %zd", b.len / 4, a.n);
         goto fail_b;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -477,6 +481,11 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     double scale = PyFloat_AsDouble(args[8]), softcap = PyFloat_AsDouble(args[9]);
     if (PyErr_Occurred())
         return NULL;
+    if (start < 0 || start >= PY_SSIZE_T_MAX / 2 || window < 0 || G < 1) {
+        PyErr_SetString(PyExc_ValueError, "attend: start must be within the cache, window "
+                        ">= 0 (0: none), kv_heads >= 1");
+        return NULL;
+    }
     Py_buffer out, q, k, v, scratch;
     if (get_floats(args[0], &out, 1, "out") < 0)
         return NULL;
@@ -492,7 +501,7 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int T = pool.threads ? pool.threads : 1;
     int D = 0, H = 0;
     Py_ssize_t L = 0;
-    if (G > 0 && k.ndim == 3 && k.shape[0] == G) {
+    if (k.ndim == 3 && k.shape[0] == G) {
         L = k.shape[1];
         D = (int)k.shape[2];
     }
@@ -500,7 +509,7 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
         H = (int)(HD / D);
     Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
     Py_ssize_t span = (t - lo + T - 1) / T + 1;
-    Py_ssize_t need = HD + (Py_ssize_t)T * (H / (G > 0 ? G : 1)) * span + (Py_ssize_t)T * H * (D + 2);
+    Py_ssize_t need = HD + (Py_ssize_t)T * (H / G) * span + (Py_ssize_t)T * H * (D + 2);
     if (D == 0 || H == 0 || H % G || (Py_ssize_t)H * D != HD || out.len != q.len ||
         v.len != k.len || start < 0 || t > L || scratch.len / 4 < need) {
         PyErr_SetString(PyExc_ValueError, "attend: shapes do not fit (q (H, D), caches "

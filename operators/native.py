@@ -16,21 +16,37 @@ try:
 except ImportError:  # not built: the numpy kernels serve
     _cpu = None
 
-LIB = _cpu if os.environ.get("IRON_SPEC_NATIVE", "1") != "0" else None
+BUILT = _cpu is not None
+#: The extension, unless IRON_SPEC_NATIVE turns it off (0, false, off, no).
+LIB = _cpu if os.environ.get("IRON_SPEC_NATIVE", "1").strip().lower() not in (
+    "0", "false", "off", "no") else None
 
 
-def threads() -> int:
-    """The threads a model runs on: ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` where
-    set, else the cores this process may run on (as OpenBLAS's own default). The same count
-    serves BLAS in a prompt chunk and the pool in a decode step, never both at once."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def threads() -> int:
+    """The threads a model runs on: ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` where
+    set, else every core this process may run on (OpenBLAS's own default), and never more
+    than those cores: a pool thread without a core of its own stalls every call. The same
+    count serves BLAS in a prompt chunk and the pool in a decode step, never both at once."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), cores())
+    return cores()
+
+
+def describe() -> str:
+    """Which kernels a decode step runs on, for logs and bench reports."""
+    if LIB is None:
+        return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu not built") + ")"
+    return f"operators._cpu, {lib().threads()} threads, {LIB.simd()}"
 
 
 def lib():
