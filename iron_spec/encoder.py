@@ -21,7 +21,8 @@ from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, Poolin
 from runtime.tokenizer import read_tokenizer_json
 
 from .build import Loaded, fill_weights, model_inputs
-from .config import Resolved, evaluate_option, resolve
+from .config import Resolved, resolve
+from .interpreter import _flag_option, _option
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -41,21 +42,17 @@ class ExpandedEncoder:
     unused: tuple[str, ...]
 
 
-def _option(spec: Spec, r: Resolved, path: tuple, default: Any) -> Any:
-    return evaluate_option(spec, path, spec.get(*path, default=default), r)
-
-
 def _number(spec: Spec, r: Resolved, path: tuple, default: Any) -> float:
     v = _option(spec, r, path, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise spec.error(path, f"{'/'.join(map(str, path))} is {v!r}, not a number")
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {v!r}, not a number")
     return float(v)
 
 
 def _whole(spec: Spec, r: Resolved, path: tuple, default: Any) -> int:
     v = _option(spec, r, path, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise spec.error(path, f"{'/'.join(map(str, path))} is {v!r}, not a whole number >= 0")
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {v!r}, not a whole number >= 0")
     return v
 
 
@@ -101,14 +98,14 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
         raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
     norm = NormOptions(kind=spec.get("layer", "norm", "kind", default="rms"),
                        eps=_number(spec, r, layer + ("norm", "eps"), 1e-6),
-                       plus_one=bool(_option(spec, r, layer + ("norm", "plus_one"), False)))
+                       plus_one=_flag_option(spec, r, layer + ("norm", "plus_one"), False))
     scale = _option(spec, r, a + ("scale",), None)
     one = EncoderLayerOptions(
         heads=v["num_attention_heads"], head_dim=v["head_dim"],
         kv_heads=v.get("num_key_value_heads"), intermediate_size=v["intermediate_size"],
-        norm=norm, act=act, bias=bool(_option(spec, r, a + ("bias",), False)),
-        o_bias=bool(_option(spec, r, a + ("o_bias",), False)),
-        mlp_bias=bool(_option(spec, r, m + ("bias",), False)),
+        norm=norm, act=act, bias=_flag_option(spec, r, a + ("bias",), False),
+        o_bias=_flag_option(spec, r, a + ("o_bias",), False),
+        mlp_bias=_flag_option(spec, r, m + ("bias",), False),
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),
         placement=spec.get("layer", "placement", default="post"))
     e, p = ("embedding",), ("pooling",)
@@ -116,7 +113,7 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
     kind = spec.get("pooling", "kind", default="mean")
     if kind not in POOLINGS:
         raise spec.error(p + ("kind",), f"pooling {kind!r} is not one of {', '.join(POOLINGS)}")
-    pooler = bool(_option(spec, r, p + ("pooler",), False))
+    pooler = _flag_option(spec, r, p + ("pooler",), False)
     if kind == "pooler" and not pooler:
         raise spec.error(p + ("kind",), "pooling 'pooler' reads pooler.dense: set pooling/pooler")
     L = max_tokens or spec.get("runtime", "max_tokens") or positions
@@ -130,10 +127,10 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
         layers=tuple(one for _ in range(v["num_hidden_layers"])), norm=norm,
         positions=positions, token_types=_whole(spec, r, e + ("token_types",), 0),
-        embedding_norm=bool(_option(spec, r, e + ("norm",), True)),
+        embedding_norm=_flag_option(spec, r, e + ("norm",), True),
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,
-        pooling=PoolingOptions(kind, bool(_option(spec, r, p + ("normalize",), False))),
+        pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
         max_tokens=int(L))
     return ExpandedEncoder(spec, r, options,
                            dict(spec.get("checkpoint", "renames", default={}) or {}),

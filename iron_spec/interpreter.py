@@ -43,10 +43,21 @@ def _option(spec: Spec, resolved: Resolved, path: tuple, default: Any) -> Any:
 
 def _typed(spec: Spec, path: tuple, value: Any, kind: type | tuple, what: str) -> Any:
     if isinstance(value, bool) and kind in (int, float, (int, float)):
-        raise spec.error(path, f"{'/'.join(map(str, path))} is {value!r}, not {what}")
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {value!r}, not {what}")
     if value is not None and not isinstance(value, kind):
-        raise spec.error(path, f"{'/'.join(map(str, path))} is {value!r}, not {what}")
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {value!r}, not {what}")
     return value
+
+
+def _flag(spec: Spec, path: tuple, value: Any) -> bool:
+    """A YAML or JSON boolean (null: false). A string such as ``"false"`` is refused rather
+    than read as true, as Python's ``bool`` would."""
+    return bool(_typed(spec, path, value, bool, "true or false"))
+
+
+def _flag_option(spec: Spec, resolved: Resolved, path: tuple, default: bool) -> bool:
+    """The boolean option at ``path`` (``_flag``), evaluated as any option."""
+    return _flag(spec, path, _option(spec, resolved, path, default))
 
 
 def _number(spec: Spec, path: tuple, value: Any) -> float | None:
@@ -55,7 +66,7 @@ def _number(spec: Spec, path: tuple, value: Any) -> float | None:
         return None
     value = float(_typed(spec, path, value, (int, float), "a number"))
     if not math.isfinite(value):
-        raise spec.error(path, f"{'/'.join(map(str, path))} is {value}, not a finite number")
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {value}, not a finite number")
     return value
 
 
@@ -63,7 +74,7 @@ def _positive(spec: Spec, path: tuple, value: Any) -> float:
     """A finite number above zero (an eps, a rope theta)."""
     value = _number(spec, path, value)
     if value is None or value <= 0:
-        raise spec.error(path, f"{'/'.join(map(str, path))} is {value}, not a number above 0")
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {value}, not a number above 0")
     return value
 
 
@@ -125,7 +136,8 @@ def _layer(spec: Spec, r: Resolved, t: str | None) -> LayerOptions:
         return None if value is None else _whole(spec, at, value)
 
     def flag(*path):
-        return bool(opt(*path, default=False)[0])
+        value, at = opt(*path, default=False)
+        return _flag(spec, at, value)
 
     eps, eps_at = opt("norm", "eps", default=1e-6)
     norm = NormOptions(kind=word("norm", "kind", default="rms")[0],
@@ -194,7 +206,7 @@ def _share_kv(spec: Spec, r: Resolved, layers: list[LayerOptions],
     if not 0 <= last < n:
         raise spec.error(p + ("last",), f"{last} layers sharing KV caches is not within 0..{n - 1} "
                                         f"(at least the first layer holds its own)")
-    double = bool(_option(spec, r, p + ("double_mlp",), False))
+    double = _flag_option(spec, r, p + ("double_mlp",), False)
     first = n - last
     out = list(layers)
     for i in range(first, n):
@@ -269,7 +281,7 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
         layers=tuple(_share_kv(spec, r, [built[t] for t in types], types)),
         norm=built[types[0]].norm, ropes=ropes, per_layer_input=built[types[0]].per_layer_input,
-        tied=bool(_option(spec, r, ("head", "tied"), False)),
+        tied=_flag_option(spec, r, ("head", "tied"), False),
         embedding_scale=_number(spec, ("embedding", "scale"), _option(spec, r, ("embedding", "scale"), 1.0)),
         logit_scale=_number(spec, ("head", "scale"), _option(spec, r, ("head", "scale"), 1.0)),
         logit_softcap=_number(spec, ("head", "softcap"), _option(spec, r, ("head", "softcap"), None)),
