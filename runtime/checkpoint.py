@@ -266,15 +266,25 @@ def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping
         return found
     parts = []
     if found.unfilled:
-        parts.append(f"missing {len(found.unfilled)}: {', '.join(sorted(found.unfilled))}")
+        parts.append(f"missing {len(found.unfilled)}: {_some(sorted(found.unfilled))}")
     if found.unplaced:
         names = sorted(s if t == s else f"{s} (renamed {t})" for s, t in found.unplaced)
-        parts.append(f"unexpected {len(names)}: {', '.join(names)}")
+        parts.append(f"unexpected {len(names)}: {_some(names)}")
     if found.misshaped:
-        parts.append(f"mis-shaped {len(found.misshaped)}: " + "; ".join(
+        parts.append(f"mis-shaped {len(found.misshaped)}: " + _some([
             f"{s} is {list(shapes[s])}, the model's {t} is {list(found.params[t].shape)}"
-            for s, t in found.misshaped))
-    raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts))
+            for s, t in found.misshaped], "; "))
+    cut = max(len(found.unfilled), len(found.unplaced), len(found.misshaped)) > SHOWN
+    raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts) + (
+        " (a config.json of another model? `iron-spec show SPEC --checkpoint DIR` lists every "
+        "tensor)" if cut else ""))
+
+
+SHOWN = 8  # names of each kind of misfit an error gives; `iron-spec show` gives them all
+
+
+def _some(items: list[str], sep: str = ", ") -> str:
+    return sep.join(items[:SHOWN]) + (f"{sep}... {len(items) - SHOWN} more" if len(items) > SHOWN else "")
 
 
 def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {},

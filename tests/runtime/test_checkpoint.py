@@ -440,3 +440,19 @@ def test_packing_loaded_params_copies_them_in():
 def test_packing_matrices_of_different_widths_is_refused():
     with pytest.raises(ValueError, match="one width"):
         pack(Param(2, 3), Param(2, 4))
+
+
+def test_a_long_list_of_misfits_names_eight_of_each_kind_and_counts_the_rest():
+    class Wide(Module):
+        def __init__(self):
+            for i in range(20):
+                setattr(self, f"p{i:02d}", Param(3))
+
+    model = Wide().name_tree()
+    tensors = {f"p{i:02d}": np.zeros(4, np.float32) for i in range(20)}  # all mis-shaped
+    with pytest.raises(CheckpointError) as e:
+        fill(model, tensors)
+    text = str(e.value)
+    assert text.count("the model's") == 8 and "... 12 more" in text
+    assert "p00 is [4], the model's p00 is [3]" in text and "p08" not in text
+    assert "iron-spec show SPEC --checkpoint DIR` lists every tensor" in text
