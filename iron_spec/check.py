@@ -21,6 +21,7 @@ from runtime.golden import Golden, GoldenError
 
 from .build import Loaded, load_model
 from .errors import message
+from .interpreter import DEFAULT_PREFILL_CHUNK
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
@@ -41,8 +42,7 @@ def golden_path(loaded: Loaded) -> Path:
 def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
     """The prompt checks run from: ``prefill_chunk + 8`` tokens (more than one chunk), from
     the packaged text where there is a tokenizer, else drawn at seed 0."""
-    C = loaded.lm.config.prefill_chunk
-    n = min(length or C + 8, loaded.lm.config.max_seq_len - STEPS - 1)
+    n = length or loaded.lm.config.prefill_chunk + 8
     if loaded.tokenizer is None:
         return np.random.default_rng(0).integers(0, loaded.lm.config.vocab_size, n).tolist()
     text = PROMPT_TEXT.read_text()
@@ -72,16 +72,45 @@ def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
     return None, f"no golden in {folder} for these inputs ({fp})"
 
 
+def needed_length(prompt: int, steps: int, kl_steps: int | None = None) -> int:
+    """The shortest max_seq_len the checks run in from a prompt of ``prompt`` tokens: the
+    longest history one runs is the prompt and what is drawn after it, ``kl_steps``
+    (default ``steps``) teacher-forced for KL, up to 32 greedy, 4 for determinism; the chat
+    turn's fits in what the context leaves (at least a token of turn and one drawn)."""
+    drawn = max(steps if kl_steps is None else kl_steps, min(steps, 32), 4)
+    return prompt + drawn - 1
+
+
+def require_length(L: int, prompt: int, steps: int, why: str, kl_steps: int | None = None
+                   ) -> None:
+    """Raises ValueError where a context of ``L`` is too short for the checks
+    (``needed_length``), saying how long one must be and why."""
+    needed = needed_length(prompt, steps, kl_steps)
+    if L < needed:
+        raise ValueError(f"check needs a --max-seq-len of at least {needed}, not {L}: it runs a "
+                         f"prompt of {prompt} tokens ({why}) and up to {needed - prompt} more "
+                         "tokens after it")
+
+
 def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS) -> list[checks.Result]:
-    """Every check of the validation issue, in order."""
+    """Every check of the validation issue, in order.
+
+    Raises:
+        ValueError: the model's max_seq_len is too short for them (``require_length``).
+    """
     lm = loaded.lm
     bounds = dict(loaded.expanded.spec.get("validation", "kl", default={}) or {})
     bounds = bounds or {"mean": 1e-4, "p90": 2e-4, "max": 1e-3}
     prompt = [int(t) for t in golden.tokens[:golden.prompt_len]] if golden else check_prompt(loaded)
     C, L = lm.config.prefill_chunk, lm.config.max_seq_len
+    if golden is not None:
+        require_length(L, len(prompt), steps, "the golden's", golden.steps)
+    else:
+        require_length(L, len(prompt), steps, f"a prefill chunk of {C} and 8 more")
     other = check_prompt(loaded, len(prompt) + 7)[7:] if loaded.tokenizer is None else \
         check_prompt(loaded, 2 * len(prompt))[len(prompt):]
-    turn = other[: C + 3]
+    # A turn of up to a chunk and 3 (past the next chunk boundary) in what the context leaves.
+    turn = other[: min(C + 3, L - len(prompt) - 1)]
     return [
         checks.per_step(lm, prompt[: C + 4]),
         checks.greedy_match(lm, prompt, min(steps, 32)),
@@ -109,8 +138,13 @@ def command(
     from .cli import EXPECTED
     from .loader import load_spec
     try:
-        if load_spec(spec).get("model") == "encoder":
+        parsed = load_spec(spec)
+        if parsed.get("model") == "encoder":
             _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json)
+        if max_seq_len is not None:  # refused before the weights load
+            C = (toy and parsed.get("toy", "prefill_chunk")) or \
+                parsed.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
+            require_length(max_seq_len, C + 8, steps, f"a prefill chunk of {C} and 8 more")
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                             max_seq_len=max_seq_len or (None if toy else 4096))
         if record_golden:

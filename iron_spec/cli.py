@@ -16,7 +16,7 @@ import typer
 from operators import Sampler
 from runtime.checkpoint import CheckpointError
 from runtime.session import Session
-from runtime.tokenizer import TextStream
+from runtime.tokenizer import TextStream, utf8_text
 
 from .build import Loaded, load_model
 from .errors import SpecError, message
@@ -85,18 +85,46 @@ def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chun
 
 def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
     """Flags given, else the checkpoint's generation_config.json, as transformers' generate:
-    greedy unless it says do_sample."""
+    greedy unless it says do_sample. A null value is unset, as transformers reads it: that
+    warper is left off (temperature 1, every token, top_p 1).
+
+    Raises:
+        ValueError: generation_config.json is not valid JSON, or holds a value that is not a
+            number or that the sampler refuses (the file named).
+    """
+    path = None if loaded.directory is None else loaded.directory / "generation_config.json"
     gen = {}
-    if loaded.directory is not None and (loaded.directory / "generation_config.json").exists():
-        gen = json.loads((loaded.directory / "generation_config.json").read_text())
-    sample = bool(gen.get("do_sample", False))
+    if path is not None and path.exists():
+        try:
+            gen = json.loads(path.read_text())
+        except ValueError as e:  # json.JSONDecodeError, or UnicodeDecodeError on bytes
+            raise ValueError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(gen, dict):
+            raise ValueError(f"{path}: not a JSON object")
+
+    def setting(key: str, kind, absent, null):
+        """The file's ``key`` as ``kind``; ``absent`` where it has none, ``null`` where null."""
+        if gen.get(key) is None:
+            return null if key in gen else absent
+        try:
+            return kind(gen[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: {key} is {gen[key]!r}, not a number") from None
+
+    sample = bool(gen.get("do_sample"))
     if temperature is None:
-        temperature = float(gen.get("temperature", 1.0)) if sample else 0.0
+        temperature = setting("temperature", float, 1.0, 1.0) if sample else 0.0
     if top_k is None:
-        top_k = int(gen.get("top_k", 50)) if sample else None
+        top_k = setting("top_k", int, 50, None) if sample else None
     if top_p is None:
-        top_p = float(gen.get("top_p", 1.0)) if sample else 1.0
-    return Sampler(temperature, top_k, top_p, seed)
+        top_p = setting("top_p", float, 1.0, 1.0) if sample else 1.0
+    try:
+        return Sampler(temperature, top_k, top_p, seed)
+    except ValueError as e:
+        if not gen:
+            raise
+        # The flags were checked before loading: the value the sampler refuses is the file's.
+        raise ValueError(f"{path}: {e}") from None
 
 
 @app.command()
@@ -105,7 +133,7 @@ def run(
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),
-    num_tokens: Optional[int] = typer.Option(None, min=1, help="most tokens to draw per turn (default: 64; in a chat, up to the end of the turn)"),
+    num_tokens: Optional[int] = typer.Option(None, min=1, help="most tokens to draw per turn (default: 64, or as many as the context leaves room for; in a chat, up to the end of the turn)"),
     temperature: Optional[float] = typer.Option(None, help="0 is greedy (default: generation_config.json's, else greedy)"),
     top_k: Optional[int] = typer.Option(None, min=0, help="keep the K most likely tokens"),
     top_p: Optional[float] = typer.Option(None, help="keep the most likely tokens up to probability P"),
@@ -128,6 +156,8 @@ def run(
             log.info("spec %s, serving the checkpoint's architectures", spec)
         # The flags are checked before anything loads (a refusal in a second, not a minute).
         Sampler(temperature or 0.0, top_k, 1.0 if top_p is None else top_p, seed)
+        if prompt is not None:
+            utf8_text(prompt, "--prompt")
         if not chat and prompt is None and checkpoint is not None and random_weights is None:
             raise ValueError("give --prompt TEXT, or --chat")
         loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk)
@@ -135,30 +165,54 @@ def run(
         session, tok = Session(loaded.lm), loaded.tokenizer
         eos = tok.eos_ids if tok is not None else frozenset()
         if tok is None:
+            if (prompt is not None or chat) and loaded.directory is not None:
+                raise ValueError(f"--prompt and --chat need the checkpoint's tokenizer, and "
+                                 f"{loaded.directory / 'tokenizer.json'} is missing")
             if prompt is not None or chat:
-                raise ValueError("--prompt and --chat need the checkpoint's tokenizer.json; "
+                raise ValueError("--prompt and --chat need a checkpoint's tokenizer.json; "
                                  "a --toy run prompts with random ids")
             rng = np.random.default_rng(random_weights)
             ids = rng.integers(0, loaded.lm.config.vocab_size, prompt_len).tolist()
-            typer.echo(f"prompt ids: {' '.join(map(str, ids))}", err=True)
-            _generate(session, ids, num_tokens or DEFAULT_TOKENS, sampler, eos, None)
+            drawn = _generate(session, ids, _to_draw(num_tokens, ids, session), sampler, eos,
+                              None, shown=f"prompt ids: {' '.join(map(str, ids))}")
         elif not chat:
             if prompt is None:
                 raise ValueError("give --prompt TEXT, or --chat")
             ids = tok.encode(prompt)
             if not ids:
                 raise ValueError("--prompt encodes to no tokens; give some text")
-            _generate(session, ids, num_tokens or DEFAULT_TOKENS, sampler, eos, tok)
+            drawn = _generate(session, ids, _to_draw(num_tokens, ids, session), sampler, eos,
+                              tok)
         else:
             _chat(session, tok, prompt, num_tokens, sampler)
+            return
+        L = loaded.lm.config.max_seq_len
+        if num_tokens is None and len(drawn) == L - len(ids) + 1 and drawn[-1] not in eos:
+            typer.echo(f"[the text stopped where the context (max_seq_len {L}) is full]",
+                       err=True)
     except EXPECTED as e:
         _fail(e)
 
 
-def _generate(session: Session, ids: list[int], n: int, sampler, eos, tok) -> list[int]:
+def _to_draw(asked: Optional[int], ids: list[int], session: Session) -> int:
+    """``--num-tokens`` as asked (the session refuses what does not fit), else the default
+    cut to the room the context leaves after ``ids``, as a chat's reply is; at least 1, so a
+    prompt that alone fills the context is refused by the session, naming the sizes."""
+    if asked is not None:
+        return asked
+    return max(1, min(DEFAULT_TOKENS, session.lm.config.max_seq_len - len(ids) + 1))
+
+
+def _generate(session: Session, ids: list[int], n: int, sampler, eos, tok,
+              shown: Optional[str] = None) -> list[int]:
+    """Draw and stream up to ``n`` tokens after ``ids``; ``shown`` goes to stderr once the
+    session has taken the prompt (a prompt it refuses prints nothing, however long)."""
     stream = TextStream(tok) if tok is not None else None
     drawn = []
     for token in session.generate(ids, n, sampler, eos):
+        if shown is not None:
+            typer.echo(shown, err=True)
+            shown = None
         drawn.append(token)
         if token in eos:
             continue  # the end of the turn: drawn, not shown
@@ -179,16 +233,23 @@ def _chat(session: Session, tok, first: Optional[str], n: Optional[int], sampler
     messages: list[dict] = []
     interactive = first is None
     L = session.lm.config.max_seq_len
+    lines = 0
     while True:
         if first is not None:
             text, first = first, None
         elif interactive:
             typer.echo("> ", nl=False, err=True)
-            line = sys.stdin.readline()
+            line = _read_line()
             if not line:  # end of input ends the chat; an empty line is no turn
                 return
-            text = line.rstrip("\n")
+            lines += 1
+            text = line.rstrip("\r\n")
             if not text.strip():
+                continue
+            try:
+                utf8_text(text, f"line {lines}")
+            except ValueError as e:  # that turn is refused, not the chat
+                typer.echo(f"{message(e)}; skipped", err=True)
                 continue
         else:
             return
@@ -205,6 +266,16 @@ def _chat(session: Session, tok, first: Optional[str], n: Optional[int], sampler
         messages.append({"role": "assistant", "content": tok.decode(drawn)})
         if not interactive:
             return
+
+
+def _read_line() -> str:
+    """A line of stdin ("" at its end), its bytes decoded as Python decodes a command line
+    (surrogateescape), so bytes that are not text reach the UTF-8 check: a stdin decoding
+    strictly (a UTF-8 locale's) would raise in the middle of the chat."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:
+        return sys.stdin.readline()
+    return raw.readline().decode(sys.stdin.encoding or "utf-8", "surrogateescape")
 
 
 @app.command()

@@ -16,6 +16,7 @@ import numpy as np
 import typer
 
 from runtime.checkpoint import CheckpointError
+from runtime.tokenizer import utf8_text
 
 from .build import Loaded
 from .encoder import load_encoder
@@ -28,7 +29,8 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
     """The spec's embedding of each text, ``(len(texts), hidden)`` float32.
 
     Raises:
-        ValueError: the model has no tokenizer, or its pooling keeps every token (``none``).
+        ValueError: the model has no tokenizer, its pooling keeps every token (``none``), or
+            a text is not UTF-8 text.
     """
     if loaded.tokenizer is None:
         raise ValueError("texts need the checkpoint's tokenizer.json")
@@ -36,11 +38,19 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
     if version.pooling.kind == "none":
         raise ValueError("the spec's pooling is 'none': it gives one vector per token, not one "
                          "per text")
+    _utf8(texts)
     rows = []
     for text in texts:
         ids, types = loaded.tokenizer(text)
         rows.append(np.array(version(ids, types)))  # a copy: the output is the arena's
     return np.stack(rows)
+
+
+def _utf8(texts: list[str]) -> None:
+    """Raises ValueError naming the first text that is not UTF-8 text (the tokenizers library
+    would raise a bare TypeError)."""
+    for i, text in enumerate(texts, 1):
+        utf8_text(text, f"TEXT {i}")
 
 
 def cosine(embeddings: np.ndarray) -> np.ndarray:
@@ -67,8 +77,9 @@ def command(
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     similarity: bool = typer.Option(False, "--similarity",
                                     help="print the cosine matrix of the texts' embeddings"),
-    max_tokens: Optional[int] = typer.Option(None, min=1, help="ids a text keeps, the rest truncated "
-                                             "(default: the spec's, capped by "
+    max_tokens: Optional[int] = typer.Option(None, min=2, help="ids a text keeps, the rest truncated; "
+                                             "at least 2, the [CLS] and [SEP] a text is put "
+                                             "between (default: the spec's, capped by "
                                              "sentence-transformers' max_seq_length)"),
     decimals: int = typer.Option(4, min=0, max=12, help="decimals printed"),
 ) -> None:
@@ -78,6 +89,7 @@ def command(
         spec_path, texts = _spec_and_texts(list(args), checkpoint)
         if not texts:
             raise ValueError("give at least one TEXT")
+        _utf8(texts)  # before anything loads
         spec = load_spec(spec_path)
         if spec.get("model") != "encoder":
             raise ValueError(f"{spec_path} is model {spec.get('model')!r}: embed runs encoder "
@@ -85,6 +97,12 @@ def command(
         if checkpoint is None:
             raise ValueError("give --checkpoint DIR (its tokenizer encodes the texts)")
         loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens)
+        cap = loaded.model.config.max_tokens
+        if max_tokens is not None and max_tokens > cap:
+            held = "its position table's rows" if cap == loaded.model.config.positions else \
+                "the spec's runtime/max_tokens"
+            typer.echo(f"--max-tokens {max_tokens} is capped at {cap}, the most ids the model "
+                       f"takes ({held})", err=True)
         e = embed_texts(loaded, texts)
     except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
         typer.echo(message(err), err=True)

@@ -30,6 +30,27 @@ def read_tokenizer_json(directory: str | Path) -> _Tokenizer:
         raise ValueError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
 
 
+def utf8_text(text: str, what: str = "the text") -> str:
+    """``text`` itself, when it is text UTF-8 can encode (what the tokenizers library takes).
+
+    Python hands over bytes of a command line or stdin that are not UTF-8 as lone surrogates
+    (its ``surrogateescape``), which the tokenizers library refuses with a bare TypeError.
+
+    Raises:
+        ValueError: ``what`` is not UTF-8 text, naming the first such byte (or lone
+            surrogate) and its position in bytes from the start.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else \
+            f"lone surrogate U+{code:04X}"
+        raise ValueError(f"{what} is not UTF-8 text: {bad} at position "
+                         f"{len(text[:e.start].encode('utf-8'))}") from None
+    return text
+
+
 def _token_text(value: Any) -> str | None:
     """A special token as ``tokenizer_config.json`` writes it: text, an added-token record, or null."""
     if isinstance(value, dict):
@@ -53,7 +74,8 @@ class Tokenizer:
 
     Raises:
         FileNotFoundError: no ``tokenizer.json`` in ``directory``.
-        ValueError: ``tokenizer.json`` is not one the tokenizers library can read.
+        ValueError: ``tokenizer.json`` is not one the tokenizers library can read, or one of
+            the JSON files is not valid JSON (named).
     """
 
     def __init__(self, directory: str | Path):
@@ -87,7 +109,12 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``text``'s ids. With ``add_special_tokens``, the special tokens the post-processor
         puts before a text (a BOS, or none), as transformers' ``tokenizer(text)`` begins;
-        any it would put after the text are left off."""
+        any it would put after the text are left off.
+
+        Raises:
+            ValueError: ``text`` is not UTF-8 text (``utf8_text``).
+        """
+        utf8_text(text)
         if not add_special_tokens:
             return self._tok.encode(text, add_special_tokens=False).ids
         encoded = self._tok.encode(text)
@@ -110,7 +137,7 @@ class Tokenizer:
         encoded with no added special tokens.
 
         Raises:
-            ValueError: the checkpoint has no chat template.
+            ValueError: the checkpoint has no chat template, or a message is not UTF-8 text.
             jinja2.TemplateError: the template refuses the messages.
         """
         if self.chat_template is None:
@@ -123,9 +150,17 @@ class Tokenizer:
 
 
 def _read_json(path: Path) -> dict:
+    """``path``'s JSON object; {} where there is no such file or it holds no object.
+
+    Raises:
+        ValueError: the file is not valid JSON (named: json's own error does not say which).
+    """
     if not path.exists():
         return {}
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:  # json.JSONDecodeError, or UnicodeDecodeError on bytes
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
     return data if isinstance(data, dict) else {}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from iron_spec.build import load_model
-from iron_spec.cli import app
+from iron_spec.cli import _sampling, app
 from tests.conftest import SPECS
 
 LLAMA = str(SPECS / "llama3.yaml")
@@ -47,6 +48,9 @@ def test_checkpoint_without_tokenizer_refuses_a_text_prompt(toy_checkpoint):
     result = run("--checkpoint", str(directory), "--prompt", "hello")
     assert result.exit_code == 1
     assert "tokenizer" in result.output and "Traceback" not in result.output
+    # It names the file it lacks; the --toy runs' random ids are no answer for a checkpoint.
+    line = _error_line(result)
+    assert f"{directory / 'tokenizer.json'} is missing" in line and "--toy" not in line
 
 
 def _error_line(result) -> str:
@@ -149,3 +153,98 @@ def test_a_named_golden_that_is_not_one_is_an_error(tmp_path):
     result = runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
                                  "--golden", str(path)])
     assert result.exit_code == 2 and "not a golden" in result.output
+
+
+# --- input that is not what it should be: one line, never a traceback --------------------------
+
+def test_a_prompt_that_is_not_utf8_is_refused_naming_the_byte():
+    # Python hands a command line's non-UTF-8 bytes over as lone surrogates (surrogateescape).
+    line = _error_line(run("--random-weights", "0", "--toy", "--prompt", "caf\udce9"))
+    assert "--prompt is not UTF-8 text: byte 0xe9 at position 3" in line
+
+
+def test_a_chat_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on(smollm2):
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(smollm2), "--chat",
+                                 "--num-tokens", "2", "--max-seq-len", "128"],
+                           input=b"caf\xe9\nHi\n")
+    assert result.exit_code == 0, result.output
+    assert "error: line 1 is not UTF-8 text: byte 0xe9 at position 3; skipped" in result.output
+    assert result.output.count("[prefill]") == 1  # the second line had its turn
+    assert "Traceback" not in result.output
+
+
+def write_generation_config(directory, text: str):
+    (directory / "generation_config.json").write_text(text)
+    return directory / "generation_config.json"
+
+
+@pytest.mark.parametrize("settings", [{"do_sample": True, "top_k": None},
+                                      {"do_sample": True, "temperature": None, "top_p": None},
+                                      {"do_sample": None}])
+def test_null_generation_settings_are_unset(toy_checkpoint, settings):
+    directory, _ = toy_checkpoint
+    write_generation_config(directory, json.dumps(settings))
+    result = run("--checkpoint", str(directory), "--random-weights", "0", "--num-tokens", "4")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split()) == 4
+
+
+def test_null_generation_settings_leave_their_warper_off_as_transformers(tmp_path):
+    loaded = SimpleNamespace(directory=tmp_path)
+    write_generation_config(tmp_path, json.dumps({"do_sample": True, "top_k": None,
+                                                  "temperature": None, "top_p": None}))
+    s = _sampling(loaded, None, None, None, 0)
+    assert (s.temperature, s.top_k, s.top_p) == (1.0, None, 1.0)
+    # absent: GenerationConfig's defaults (top_k 50); given: as given; no do_sample: greedy
+    write_generation_config(tmp_path, json.dumps({"do_sample": True, "temperature": 0.5}))
+    s = _sampling(loaded, None, None, None, 0)
+    assert (s.temperature, s.top_k, s.top_p) == (0.5, 50, 1.0)
+    write_generation_config(tmp_path, json.dumps({"do_sample": None, "temperature": 0.5}))
+    assert _sampling(loaded, None, None, None, 0).greedy
+
+
+@pytest.mark.parametrize("text,says", [("{not json", "not valid JSON"),
+                                       ('{"do_sample": true, "top_k": "many"}',
+                                        "top_k is 'many', not a number"),
+                                       ('{"do_sample": true, "top_p": 0}', "top_p 0.0 is outside")])
+def test_a_bad_generation_config_is_refused_naming_the_file(toy_checkpoint, text, says):
+    directory, _ = toy_checkpoint
+    path = write_generation_config(directory, text)
+    line = _error_line(run("--checkpoint", str(directory), "--random-weights", "0"))
+    assert line.startswith(f"error: {path}: ") and says in line
+
+
+def test_check_refuses_a_context_too_short_for_its_checks():
+    def check(length):
+        return runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
+                                   "--max-seq-len", str(length)])
+    # A prompt of a prefill chunk (16) and 8, and 39 tokens after it: 40 KL steps.
+    for length in (1, 32, 62):
+        result = check(length)
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert f"check needs a --max-seq-len of at least 63, not {length}" in result.output
+    result = check(63)
+    assert result.exit_code == 0, result.output
+    assert "7/7 checks passed" in result.stdout
+
+
+def test_the_default_num_tokens_fits_what_the_context_leaves():
+    # 24 prompt ids in a context of 32: 9 drawn (the last needs no room), not 64 refused.
+    result = run("--random-weights", "0", "--toy", "--max-seq-len", "32")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split()) == 9
+    assert "[the text stopped where the context (max_seq_len 32) is full]" in result.output
+
+
+def test_the_default_num_tokens_fits_after_a_text_prompt(smollm2):
+    result = run("--checkpoint", str(smollm2), "--prompt", "Hi", "--max-seq-len", "32",
+                 "--temperature", "0")
+    assert result.exit_code == 0, result.output
+    assert "[decode]  31 tokens" in result.output  # 1 prompt token, 32 drawn
+
+
+def test_a_prompt_past_the_context_is_refused_before_its_ids_print():
+    line = _error_line(run("--random-weights", "0", "--toy", "--prompt-len", "100000"))
+    assert "100000 tokens do not fit max_seq_len 512" in line
+    result = run("--random-weights", "0", "--toy", "--prompt-len", "100000")
+    assert "prompt ids" not in result.output and len(result.output) < 1000

@@ -112,3 +112,32 @@ def test_run_refuses_an_encoder_spec():
 def test_no_checkpoint_no_texts():
     assert "--checkpoint" in _error(runner.invoke(app, ["embed", BERT, "hello"]))
     assert "--checkpoint" in _error(runner.invoke(app, ["embed", "hello"]))
+
+
+def test_max_tokens_below_cls_and_sep_is_refused():
+    result = runner.invoke(app, ["embed", BERT, "--max-tokens", "1", "hello"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--max-tokens" in result.output and "2" in result.output
+
+
+def test_max_tokens_past_the_position_table_is_capped_and_said(minilm):
+    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "hello",
+                                 "--max-tokens", "1000"])
+    assert result.exit_code == 0, result.output
+    assert "--max-tokens 1000 is capped at 512" in result.stderr
+    at_cap = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "hello",
+                                 "--max-tokens", "512"])
+    assert result.stdout == at_cap.stdout and "capped" not in at_cap.stderr
+
+
+def test_a_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
+    # Python hands a command line's non-UTF-8 bytes over as lone surrogates; refused before
+    # anything loads (no checkpoint at tmp_path is read).
+    out = _error(runner.invoke(app, ["embed", BERT, "--checkpoint", str(tmp_path), "ok",
+                                     "caf\udce9"]))
+    assert "error: TEXT 2 is not UTF-8 text: byte 0xe9 at position 3" in out
+
+
+def test_embed_texts_refuses_a_text_that_is_not_utf8(loaded):
+    with pytest.raises(ValueError, match="TEXT 1 is not UTF-8 text: byte 0xe9 at position 3"):
+        embed_texts(loaded, ["caf\udce9"])

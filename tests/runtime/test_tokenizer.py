@@ -5,6 +5,7 @@ themselves, so every expectation can be written by hand."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -256,3 +257,25 @@ def test_stream_holds_back_a_split_character(tiny):
 def test_stream_drops_special_tokens(tiny):
     stream = TextStream(Tokenizer(tiny))
     assert [stream.push(i) for i in [BOS, 0x68, 0x69, EOS]] == ["", "h", "i", ""]
+
+
+@pytest.mark.parametrize("text,says", [
+    ("caf\udce9", "byte 0xe9 at position 3"),  # b"caf\xe9" as Python hands it over
+    ("€\udcff", "byte 0xff at position 3"),  # the position counts bytes: '€' is 3
+    ("a\ud800", "lone surrogate U+D800 at position 1"),
+])
+def test_text_that_is_not_utf8_is_a_value_error_naming_the_byte(tiny, text, says):
+    tok = with_template(tiny, "{{ messages[0]['content'] }}")
+    for add in (True, False):
+        with pytest.raises(ValueError, match=re.escape(f"the text is not UTF-8 text: {says}")):
+            tok.encode(text, add_special_tokens=add)
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        tok.chat([{"role": "user", "content": text}])
+
+
+@pytest.mark.parametrize("name", ["generation_config.json", "tokenizer_config.json",
+                                  "config.json"])
+def test_a_json_file_that_is_not_json_is_named(tiny, name):
+    (tiny / name).write_text("{not json")
+    with pytest.raises(ValueError, match=f"{name}: not valid JSON"):
+        Tokenizer(tiny)
