@@ -221,9 +221,11 @@ def _generate(session: Session, ids: list[int], n: int, sampler, eos, tok,
         sys.stdout.flush()
     sys.stdout.write("\n")
     s = session.stats
-    typer.echo(f"\n[prefill] {s.prompt_tokens} tokens, time to first token {s.ttft:.3f} s", err=True)
+    typer.echo(f"\n[prefill] {s.prompt_tokens} token{'s' * (s.prompt_tokens != 1)}, time to "
+               f"first token {s.ttft:.3f} s", err=True)
     if s.tokens > 1:
-        typer.echo(f"[decode]  {s.tokens - 1} tokens, {s.decode_tokens_per_s:.1f} tokens/s", err=True)
+        typer.echo(f"[decode]  {s.tokens - 1} token{'s' * (s.tokens != 2)}, "
+                   f"{s.decode_tokens_per_s:.1f} tokens/s", err=True)
     return drawn
 
 

@@ -58,7 +58,8 @@ class Session:
             raise IndexError(f"token id {int(t[bad[0]])} at position {int(bad[0])} is outside "
                              f"the vocabulary [0, {V})")
         if t.size + more > L:
-            raise ValueError(f"{t.size} tokens{f' and {more} more to draw' if more else ''} do "
+            raise ValueError(f"{t.size} token{'s' * (t.size != 1)}"
+                             f"{f' and {more} more to draw' if more else ''} do "
                              f"not fit max_seq_len {L} (--max-seq-len raises it up to the "
                              "model's own)")
         return t
