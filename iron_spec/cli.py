@@ -22,7 +22,7 @@ from .build import Loaded, load_model
 from .errors import SpecError, message
 from .schema import SCHEMA_PATH
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help="Declarative YAML specs for language models: lint, run, check.")
 log = logging.getLogger("iron_spec")
 DEFAULT_TOKENS = 64
