@@ -168,7 +168,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
     seconds apart, and a figure the median of its runs."""
     n_threads = threads()
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
-              "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe()}
+              "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe(),
+              "decode_weights": loaded.lm.decode_weights}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
     for fn in sides["ours"].values():
         fn()  # warm-up
@@ -218,7 +219,7 @@ def report(r: dict) -> str:
     o, f, t, q = r["ours"], r["floor"], r["transformers"], r["ratios"]
     lines = [f"threads {r['threads']}, median of {r['runs']} runs after a warm-up, "
              f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}; decode "
-             f"kernels: {r['decode_kernels']}",
+             f"kernels: {r['decode_kernels']}, {r['decode_weights']} weights",
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
 
     def row(label, key, rkey=None, unit="tok/s"):
@@ -252,12 +253,13 @@ def command(
                                     help="context length the caches are sized for"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
     try:
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
-                            max_seq_len=max_seq_len)
+                            max_seq_len=max_seq_len, decode_weights=decode_weights)
         if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
             raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than the "
                              f"{DEEP + DECODE + 1} positions the deep decode needs")

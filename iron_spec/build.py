@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from operators import native as decode_pool
 from operators.attention import BLOCK as ATTENTION_BLOCK
 from runtime.causal import CausalLM, CausalOptions
 from runtime.checkpoint import Checkpoint, LoadReport, fill, load, renamed
@@ -109,6 +110,7 @@ def _footprint(o: CausalOptions) -> tuple[int, int]:
 
 
 LAYER_OVERHEAD = 200 * 1024  # bytes
+DECODE_WEIGHTS = ("float32", "bfloat16")
 
 
 def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
@@ -158,7 +160,7 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
 def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                random_weights: int | None = None, toy: bool = False,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
-               progress: Progress | None = None) -> Loaded:
+               progress: Progress | None = None, decode_weights: str = "float32") -> Loaded:
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
@@ -168,13 +170,23 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         max_seq_len: the context; default the checkpoint's own where it fits this host's
             memory, else the longest whole number of prompt chunks that does.
         progress: called with (tensors loaded, tensors) while weights load.
+        decode_weights: ``float32``, or ``bfloat16``: the decode step streams its
+            projections' weights as bfloat16, half the bytes, where every value holds
+            exactly (a bfloat16 checkpoint's); the prompt chunk keeps float32.
 
     Raises:
         FileNotFoundError: the spec, checkpoint, config.json or tokenizer is missing.
         SpecError: the spec is invalid or does not fit the config.
         CheckpointError: the weights do not fit the model (every tensor named).
-        ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own).
+        ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own,
+            bfloat16 decode weights without the decode pool or that would round a weight).
     """
+    if decode_weights not in DECODE_WEIGHTS:
+        raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
+                         f"{', '.join(DECODE_WEIGHTS)}")
+    if decode_weights != "float32" and decode_pool.LIB is None:
+        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool "
+                         f"({decode_pool.describe()})")
     spec = load_spec(spec_path)
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
@@ -195,6 +207,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         L = max_seq_len
     else:
         fixed, per_position = _footprint(expanded.options)
+        if decode_weights == "bfloat16":  # the decode step's own copy, half the size
+            fixed += fixed // 2
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
@@ -203,6 +217,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, (), progress)
+    lm.decode_weights = decode_weights
+    if decode_weights != "float32":
+        lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
                   checkpoint)
 

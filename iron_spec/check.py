@@ -132,6 +132,7 @@ def command(
     steps: int = typer.Option(STEPS, min=1, help="teacher-forced KL steps"),
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode. Exit status 1 if any fails."""
@@ -146,7 +147,8 @@ def command(
                 parsed.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
             require_length(max_seq_len, C + 8, steps, f"a prefill chunk of {C} and 8 more")
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                            max_seq_len=max_seq_len or (None if toy else 4096))
+                            max_seq_len=max_seq_len or (None if toy else 4096),
+                            decode_weights=decode_weights)
         if record_golden:
             missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
             if missing:

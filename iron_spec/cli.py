@@ -63,7 +63,11 @@ def _progress() -> Iterator:
         yield p
 
 
-def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chunk) -> Loaded:
+DECODE_WEIGHTS_OPTION = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)")
+
+
+def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
+          decode_weights: str = "float32") -> Loaded:
     with _progress() as p:
         task = None if p is None else p.add_task("loading weights", total=None)
 
@@ -73,7 +77,7 @@ def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chun
 
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                             max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
-                            progress=advance)
+                            progress=advance, decode_weights=decode_weights)
         for prompt, what in ((False, "compiling decode step"), (True, "compiling prompt chunk")):
             if p is not None:
                 p.update(task, description=what, completed=0, total=1)
@@ -143,6 +147,7 @@ def run(
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
+    decode_weights: str = DECODE_WEIGHTS_OPTION,
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
     _log_to_stderr()
@@ -160,7 +165,8 @@ def run(
             utf8_text(prompt, "--prompt")
         if not chat and prompt is None and checkpoint is not None and random_weights is None:
             raise ValueError("give --prompt TEXT, or --chat")
-        loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk)
+        loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
+                       decode_weights)
         sampler = _sampling(loaded, temperature, top_k, top_p, seed)
         session, tok = Session(loaded.lm), loaded.tokenizer
         eos = tok.eos_ids if tok is not None else frozenset()

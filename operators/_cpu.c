@@ -154,21 +154,33 @@ static void pool_run(task_fn fn, const void *args) {
 
 typedef struct {
     const float *w, *x, *b;
+    const uint16_t *w16;  /* bfloat16 weights (the upper half of a float32) instead of w */
     float *y;
     Py_ssize_t n, k;
 } gemv_args;
 
+/* A weight as float32: bfloat16 widens exactly (its bits are a float32's upper half). */
+static inline float weight(const gemv_args *a, Py_ssize_t i) {
+    if (a->w16) {
+        uint32_t bits = (uint32_t)a->w16[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    return a->w[i];
+}
+
 static void gemv_rows_plain(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
     for (Py_ssize_t r = r0; r < r1; r++) {
-        const float *w = a->w + r * a->k;
+        const Py_ssize_t w = r * a->k;
         float acc[8] = {0};
         Py_ssize_t c = 0;
         for (; c + 8 <= a->k; c += 8)
             for (int j = 0; j < 8; j++)
-                acc[j] += w[c + j] * a->x[c + j];
+                acc[j] += weight(a, w + c + j) * a->x[c + j];
         float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
         for (; c < a->k; c++)
-            s += w[c] * a->x[c];
+            s += weight(a, w + c) * a->x[c];
         a->y[r] = a->b ? s + a->b[r] : s;
     }
 }
@@ -181,36 +193,44 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Eight weights from element i on, as float32. */
+__attribute__((target("avx2,fma"))) static inline __m256 load8(const gemv_args *a, Py_ssize_t i) {
+    if (a->w16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a->w16 + i))), 16));
+    return _mm256_loadu_ps(a->w + i);
+}
+
 __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(const gemv_args *a, Py_ssize_t r0,
                                                                Py_ssize_t r1) {
     const Py_ssize_t K = a->k, K8 = K & ~(Py_ssize_t)7;
     Py_ssize_t r = r0;
     for (; r + 4 <= r1; r += 4) {
-        const float *w0 = a->w + r * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        const Py_ssize_t w0 = r * K, w1 = w0 + K, w2 = w1 + K, w3 = w2 + K;
         __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
         for (Py_ssize_t c = 0; c < K8; c += 8) {
             __m256 x = _mm256_loadu_ps(a->x + c);
-            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + c), x, s0);
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + c), x, s1);
-            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + c), x, s2);
-            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + c), x, s3);
+            s0 = _mm256_fmadd_ps(load8(a, w0 + c), x, s0);
+            s1 = _mm256_fmadd_ps(load8(a, w1 + c), x, s1);
+            s2 = _mm256_fmadd_ps(load8(a, w2 + c), x, s2);
+            s3 = _mm256_fmadd_ps(load8(a, w3 + c), x, s3);
         }
         float t[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
         for (int i = 0; i < 4; i++) {
-            const float *w = a->w + (r + i) * K;
+            const Py_ssize_t w = (r + i) * K;
             for (Py_ssize_t c = K8; c < K; c++)
-                t[i] += w[c] * a->x[c];
+                t[i] += weight(a, w + c) * a->x[c];
             a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
         }
     }
     for (; r < r1; r++) {
-        const float *w = a->w + r * K;
+        const Py_ssize_t w = r * K;
         __m256 s = _mm256_setzero_ps();
         for (Py_ssize_t c = 0; c < K8; c += 8)
-            s = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(a->x + c), s);
+            s = _mm256_fmadd_ps(load8(a, w + c), _mm256_loadu_ps(a->x + c), s);
         float t = hsum8(s);
         for (Py_ssize_t c = K8; c < K; c++)
-            t += w[c] * a->x[c];
+            t += weight(a, w + c) * a->x[c];
         a->y[r] = a->b ? t + a->b[r] : t;
     }
 }
@@ -414,6 +434,23 @@ static int get_floats(PyObject *obj, Py_buffer *view, int writable, const char *
     return 0;
 }
 
+/* Weights: float32, or bfloat16 as its 16-bit patterns (numpy uint16). */
+static int get_weights(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_SetString(PyExc_ValueError, "w must be a C-contiguous float32 array, or "
+                        "bfloat16 as uint16");
+        return -1;
+    }
+    int f32 = view->itemsize == 4 && view->format && strcmp(view->format, "f") == 0;
+    int u16 = view->itemsize == 2 && view->format && strcmp(view->format, "H") == 0;
+    if (!f32 && !u16) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "w must be float32, or bfloat16 as uint16");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_start(PyObject *self, PyObject *arg) {
     long threads = PyLong_AsLong(arg);
     if (threads == -1 && PyErr_Occurred())
@@ -432,15 +469,17 @@ static PyObject *py_gemv(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     if (get_floats(args[1], &x, 0, "x") < 0)
         goto fail_y;
-    if (get_floats(args[2], &w, 0, "w") < 0)
+    if (get_weights(args[2], &w) < 0)
         goto fail_x;
     int has_b = args[3] != Py_None;
     if (has_b && get_floats(args[3], &b, 0, "b") < 0)
         goto fail_w;
-    gemv_args a = {w.buf, x.buf, has_b ? b.buf : NULL, y.buf, y.len / 4, x.len / 4};
-    if (w.len / 4 != a.n * a.k) {
+    int half = w.itemsize == 2;
+    gemv_args a = {half ? NULL : w.buf, x.buf, has_b ? b.buf : NULL, half ? w.buf : NULL,
+                   y.buf, y.len / 4, x.len / 4};
+    if (w.len / w.itemsize != a.n * a.k) {
         PyErr_Format(PyExc_ValueError, "gemv: w holds %zd values, not y's %zd rows of x's %zd",
-                     w.len / 4, a.n, a.k);
+                     w.len / w.itemsize, a.n, a.k);
         goto fail_b;
     }
     if (has_b && b.len / 4 != a.n) {
@@ -579,7 +618,8 @@ static PyMethodDef methods[] = {
     {"threads", py_threads, METH_NOARGS, "the pool's threads (0: not started)"},
     {"simd", py_simd, METH_NOARGS, "the kernels' instruction set: avx2 or plain"},
     {"gemv", (PyCFunction)(void (*)(void))py_gemv, METH_FASTCALL,
-     "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major; b None or (len(y),)"},
+     "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major, float32 or "
+     "bfloat16 as uint16; b None or (len(y),)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap)"},
     {NULL, NULL, 0, NULL},

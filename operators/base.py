@@ -90,6 +90,15 @@ class Operator:
         """
         return np.ascontiguousarray(array, dtype=np.float32)
 
+    def pack_reduced(self, index: int, array: np.ndarray, dtype: str) -> np.ndarray | None:
+        """Input ``index`` (a weight) in ``dtype`` (``bfloat16``), the form a kernel reads
+        in reduced precision, or None where this operator keeps float32 (the default).
+
+        Raises:
+            ValueError: the weight does not hold exactly in ``dtype``.
+        """
+        return None
+
     def scratch(self, *shapes: tuple[int, ...], **attrs: Any) -> int:
         """float32 elements of working memory the kernel needs; none by default."""
         return 0

@@ -30,7 +30,27 @@ class Linear(Operator):
         y = as64(x) @ as64(weight).T
         return y if bias is None else y + as64(bias)
 
+    def pack_reduced(self, index, array, dtype):
+        """The weight as bfloat16's 16-bit patterns (numpy uint16), where every value holds
+        exactly: a bfloat16 checkpoint's own weights, half the bytes a decode step streams,
+        and the same products as float32's."""
+        if index != 1 or dtype != "bfloat16":
+            return None
+        bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
+        inexact = int(np.count_nonzero(bits & 0xFFFF))
+        if inexact:
+            raise ValueError(f"{inexact} of {bits.size} values do not hold exactly in bfloat16; "
+                             "bfloat16 decode weights keep a bfloat16 checkpoint's weights as "
+                             "they are, never rounded")
+        return (bits >> 16).astype(np.uint16)
+
     def kernel(self, out, x, weight, bias=None, scratch=None):
+        if weight.dtype == np.uint16:  # bfloat16 bits (pack_reduced): a decode step's
+            lib = native.lib()
+            if lib is not None and x.shape[0] == 1 and x[0].flags.c_contiguous:
+                lib.gemv(out[0], x[0], weight, bias)
+                return
+            weight = (weight.astype(np.uint32) << 16).view(np.float32)
         lib = native.lib() if x.shape[0] == 1 else None
         if lib is not None and x[0].flags.c_contiguous and out[0].flags.c_contiguous \
                 and weight.flags.c_contiguous:

@@ -120,6 +120,9 @@ class CausalLM(Module):
         self.reference_states: dict[int, np.ndarray] = {}
         # The session whose tokens the KV caches hold (runtime.session); None: no one's.
         self.holder = None
+        # The decode step's weights: float32, or bfloat16 where they hold exactly
+        # (runtime.plan); set before the decode step compiles.
+        self.decode_weights = "float32"
 
     def body(self, rec: Recorder) -> Handle:
         """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""
@@ -175,7 +178,8 @@ class Version:
         rec = Recorder(call)
         out = lm.body(rec)
         self.prompt, self.capacity = prompt, C
-        self.plan = Plan(rec, out, check=check, packed=lm.packed)
+        self.plan = Plan(rec, out, check=check, packed=lm.packed,
+                         weights="float32" if prompt else lm.decode_weights)
         self._reference = Reference(rec, out, lm.reference_states)
         self.vocab_size = lm.config.vocab_size
 

@@ -66,8 +66,11 @@ class Plan:
     """
 
     def __init__(self, recorder: Recorder, output: Handle, *, check: bool = False,
-                 packed: dict | None = None):
+                 packed: dict | None = None, weights: str = "float32"):
         self.recorder, self.output, self.check = recorder, output, check
+        # Weights in reduced precision (``bfloat16``) where an operator reads them so
+        # (``Operator.pack_reduced``); the rest, and every table, float32.
+        self.weights = weights
         # Views of a fused step's output along its second axis (a fused projection's
         # columns, a fused RoPE's heads), by the handle each stands for.
         self._columns: dict[int, tuple[Handle, int, int]] = {}
@@ -156,6 +159,17 @@ class Plan:
         self._columns[id(second.output)] = (y, h1, x.shape[1])
         return Step(first.op, (x,) + first.inputs[1:], y, dict(first.attrs), where)
 
+    def _pack(self, step: Step, k: int, weight: Handle) -> np.ndarray:
+        """Input ``k`` of ``step`` (a weight or table) in the form its kernel reads."""
+        if self.weights != "float32":
+            try:
+                reduced = step.op.pack_reduced(k, weight.array, self.weights)
+            except ValueError as e:
+                raise ValueError(f"{weight.name}: {e}") from None
+            if reduced is not None:
+                return reduced
+        return step.op.pack(k, weight.array, **step.static)
+
     def _root(self, h: Handle) -> Handle:
         while True:
             if id(h) in self._columns:
@@ -210,9 +224,10 @@ class Plan:
                 ins.append(None)
             elif self._root(h).kind in ("param", "const"):
                 array = self._root(h).array
-                key = (id(array), step.op.name, k, repr(sorted(step.static.items())))
+                key = (id(array), step.op.name, k, repr(sorted(step.static.items())),
+                       self.weights)
                 if key not in self._packed:
-                    self._packed[key] = step.op.pack(k, array, **step.static)
+                    self._packed[key] = self._pack(step, k, self._root(h))
                 ins.append(self._packed[key])
             else:
                 ins.append(self._array(h))

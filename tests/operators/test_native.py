@@ -127,3 +127,44 @@ def test_threads_follow_the_blas_environment_up_to_the_cores(monkeypatch):
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert native.threads() == 8
+
+
+# --- bfloat16 weights --------------------------------------------------------------------
+
+def bfloat16_exact(rng, *shape):
+    """float32 values that hold exactly in bfloat16 (their low 16 bits zero)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    return ((x.view(np.uint32) >> 16) << 16).view(np.float32)
+
+
+@needs_native
+@pytest.mark.parametrize("rows, cols", [(1, 8), (5, 13), (960, 576), (9, 1536)])
+def test_bfloat16_gemv_is_the_float32_gemv_bit_for_bit(rng, rows, cols):
+    # Widening bfloat16 is exact, so the same products in the same order: the same bits.
+    w = bfloat16_exact(rng, rows, cols)
+    x = rng.standard_normal(cols).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    half = Linear().pack_reduced(1, w, "bfloat16")
+    assert half.dtype == np.uint16 and half.nbytes * 2 == w.nbytes
+    want, got = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    native.lib().gemv(want, x, w, b)
+    native.lib().gemv(got, x, half, b)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_bfloat16_weights_refuse_a_value_they_would_round(rng):
+    w = bfloat16_exact(rng, 4, 8)
+    w[2, 3] = np.float32(1.0) + np.float32(2.0 ** -10)  # needs 10 mantissa bits; bfloat16 has 7
+    with pytest.raises(ValueError, match="1 of 32 values do not hold exactly in bfloat16"):
+        Linear().pack_reduced(1, w, "bfloat16")
+    assert Linear().pack_reduced(2, w[0], "bfloat16") is None  # a bias stays float32
+
+
+@pytest.mark.parametrize("kernels", ["native", "numpy"], indirect=True)
+def test_linear_reads_bfloat16_weights_on_either_kernel(kernels, rng):
+    w = bfloat16_exact(rng, 6, 16)
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    out = np.empty((1, 6), np.float32)
+    Linear().kernel(out, x, Linear().pack_reduced(1, w, "bfloat16"))
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)

@@ -152,3 +152,32 @@ def test_the_same_history_again_runs_nothing_after_a_prompt_and_reruns_after_a_d
     given = session.logits(history + [7])
     given[:] = 0.0
     assert session.logits(history + [7]).tobytes() == fresh.tobytes()
+
+
+def test_bfloat16_decode_weights_give_the_float32_decode_bit_for_bit(smollm2):
+    # SmolLM2's weights are bfloat16 on disk: held as bfloat16 they are the same values, and
+    # the decode step's logits the same bits, at half the bytes a token streams.
+    from operators import native
+    if native.LIB is None:
+        pytest.skip("the decode pool is off or not built")
+    f32 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512)
+    bf16 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512, decode_weights="bfloat16")
+    prompt = f32.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    got = []
+    for loaded in (f32, bf16):
+        session, history, steps = Session(loaded.lm), list(prompt), []
+        session.logits(history)
+        for t in (9079, 28, 13):  # three decode steps
+            history.append(t)
+            steps.append(session.logits(history).copy())
+            assert session.calls[-1][0] == "decode"
+        got.append(np.concatenate(steps))
+    assert got[0].tobytes() == got[1].tobytes()
+    assert sum(a.nbytes for a in bf16.lm.packed.values() if a.dtype == np.uint16) > 200e6
+
+
+def test_bfloat16_decode_weights_refuse_drawn_float32_weights():
+    with pytest.raises(ValueError, match="do not hold exactly in bfloat16"):
+        load_model(LLAMA, random_weights=0, toy=True, decode_weights="bfloat16")
+    with pytest.raises(ValueError, match="is not one of float32, bfloat16"):
+        load_model(LLAMA, random_weights=0, toy=True, decode_weights="int4")
