@@ -193,33 +193,38 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Eight weights from element i on, as float32. */
-__attribute__((target("avx2,fma"))) static inline __m256 load8(const gemv_args *a, Py_ssize_t i) {
-    if (a->w16)
+/* Eight weights from element i on, as float32 (bfloat16 widened: its bits shifted up). */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256
+load8(const float *w, const uint16_t *w16, Py_ssize_t i, const int half) {
+    if (half)
         return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a->w16 + i))), 16));
-    return _mm256_loadu_ps(a->w + i);
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w16 + i))), 16));
+    return _mm256_loadu_ps(w + i);
 }
 
-__attribute__((target("avx2,fma"))) static void gemv_rows_avx2(const gemv_args *a, Py_ssize_t r0,
-                                                               Py_ssize_t r1) {
+/* One body, specialized below for each weight type (``half`` a constant there), so neither
+ * inner loop tests the type. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+gemv_rows_avx2(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, const int half) {
+    const float *W = a->w, *X = a->x;
+    const uint16_t *W16 = a->w16;
     const Py_ssize_t K = a->k, K8 = K & ~(Py_ssize_t)7;
     Py_ssize_t r = r0;
     for (; r + 4 <= r1; r += 4) {
         const Py_ssize_t w0 = r * K, w1 = w0 + K, w2 = w1 + K, w3 = w2 + K;
         __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
         for (Py_ssize_t c = 0; c < K8; c += 8) {
-            __m256 x = _mm256_loadu_ps(a->x + c);
-            s0 = _mm256_fmadd_ps(load8(a, w0 + c), x, s0);
-            s1 = _mm256_fmadd_ps(load8(a, w1 + c), x, s1);
-            s2 = _mm256_fmadd_ps(load8(a, w2 + c), x, s2);
-            s3 = _mm256_fmadd_ps(load8(a, w3 + c), x, s3);
+            __m256 x = _mm256_loadu_ps(X + c);
+            s0 = _mm256_fmadd_ps(load8(W, W16, w0 + c, half), x, s0);
+            s1 = _mm256_fmadd_ps(load8(W, W16, w1 + c, half), x, s1);
+            s2 = _mm256_fmadd_ps(load8(W, W16, w2 + c, half), x, s2);
+            s3 = _mm256_fmadd_ps(load8(W, W16, w3 + c, half), x, s3);
         }
         float t[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
         for (int i = 0; i < 4; i++) {
             const Py_ssize_t w = (r + i) * K;
             for (Py_ssize_t c = K8; c < K; c++)
-                t[i] += weight(a, w + c) * a->x[c];
+                t[i] += weight(a, w + c) * X[c];
             a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
         }
     }
@@ -227,12 +232,22 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(const gemv_args *
         const Py_ssize_t w = r * K;
         __m256 s = _mm256_setzero_ps();
         for (Py_ssize_t c = 0; c < K8; c += 8)
-            s = _mm256_fmadd_ps(load8(a, w + c), _mm256_loadu_ps(a->x + c), s);
+            s = _mm256_fmadd_ps(load8(W, W16, w + c, half), _mm256_loadu_ps(X + c), s);
         float t = hsum8(s);
         for (Py_ssize_t c = K8; c < K; c++)
-            t += weight(a, w + c) * a->x[c];
+            t += weight(a, w + c) * X[c];
         a->y[r] = a->b ? t + a->b[r] : t;
     }
+}
+
+__attribute__((target("avx2,fma"))) static void gemv_rows_f32(const gemv_args *a, Py_ssize_t r0,
+                                                              Py_ssize_t r1) {
+    gemv_rows_avx2(a, r0, r1, 0);
+}
+
+__attribute__((target("avx2,fma"))) static void gemv_rows_bf16(const gemv_args *a, Py_ssize_t r0,
+                                                               Py_ssize_t r1) {
+    gemv_rows_avx2(a, r0, r1, 1);
 }
 #endif
 
@@ -247,7 +262,10 @@ static void gemv_part(const void *args, int part, int parts) {
         return;
 #ifdef HAVE_X86
     if (use_avx2) {
-        gemv_rows_avx2(a, r0, r1);
+        if (a->w16)
+            gemv_rows_bf16(a, r0, r1);
+        else
+            gemv_rows_f32(a, r0, r1);
         return;
     }
 #endif
