@@ -6,6 +6,7 @@ Each operator states its output shape from input shapes and attributes, computes
 know nothing of models: no layer, no checkpoint, no spec.
 """
 
+from . import blas_env  # noqa: F401  (first: before numpy loads OpenBLAS)
 from .activation import GatedActivation, Activation
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
