@@ -97,6 +97,22 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* A forked child has none of the parent's workers, and a lock another parent thread held
+ * stays held: the child starts from an empty pool (the next call starts its own workers). */
+static void pool_after_fork(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_mutex_init(&pool.busy, NULL);
+    atomic_store(&pool.generation, 0);
+    atomic_store(&pool.sleepers, 0);
+    for (int k = 0; k < MAX_THREADS; k++) {
+        atomic_store(&pool.claim[k], 0);
+        atomic_store(&pool.done[k], 0);
+    }
+    pool.posted = 0;
+    pool.threads = 0;
+}
+
 static int pool_start(int threads) {
     if (pool.threads)
         return 0;
@@ -452,6 +468,11 @@ static int get_floats(PyObject *obj, Py_buffer *view, int writable, const char *
     return 0;
 }
 
+static int overlaps(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
 /* Weights: float32, or bfloat16 as its 16-bit patterns (numpy uint16). */
 static int get_weights(PyObject *obj, Py_buffer *view) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
@@ -495,9 +516,13 @@ static PyObject *py_gemv(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int half = w.itemsize == 2;
     gemv_args a = {half ? NULL : w.buf, x.buf, has_b ? b.buf : NULL, half ? w.buf : NULL,
                    y.buf, y.len / 4, x.len / 4};
-    if (w.len / w.itemsize != a.n * a.k) {
-        PyErr_Format(PyExc_ValueError, "gemv: w holds %zd values, not y's %zd rows of x's %zd",
-                     w.len / w.itemsize, a.n, a.k);
+    if (w.ndim != 2 || w.shape[0] != a.n || w.shape[1] != a.k) {
+        PyErr_Format(PyExc_ValueError, "gemv: w must be (len(y), len(x)) = (%zd, %zd), not %zd "
+                     "values in %d dimensions", a.n, a.k, w.len / w.itemsize, w.ndim);
+        goto fail_b;
+    }
+    if (overlaps(&y, &x) || overlaps(&y, &w) || (has_b && overlaps(&y, &b))) {
+        PyErr_SetString(PyExc_ValueError, "gemv: y must not share memory with x, w or b");
         goto fail_b;
     }
     if (has_b && b.len / 4 != a.n) {
@@ -568,9 +593,13 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t span = (t - lo + T - 1) / T + 1;
     Py_ssize_t need = HD + (Py_ssize_t)T * (H / G) * span + (Py_ssize_t)T * H * (D + 2);
     if (D == 0 || H == 0 || H % G || (Py_ssize_t)H * D != HD || out.len != q.len ||
-        v.len != k.len || start < 0 || t > L || scratch.len / 4 < need) {
+        v.len != k.len || start < 0 || t > L || scratch.len / 4 < need ||
+        overlaps(&out, &q) || overlaps(&out, &k) || overlaps(&out, &v) ||
+        overlaps(&out, &scratch) || overlaps(&scratch, &q) || overlaps(&scratch, &k) ||
+        overlaps(&scratch, &v)) {
         PyErr_SetString(PyExc_ValueError, "attend: shapes do not fit (q (H, D), caches "
-                        "(kv_heads, L, D) past start, scratch of scratch_size)");
+                        "(kv_heads, L, D) past start, scratch of scratch_size, out and "
+                        "scratch apart from the rest)");
         goto f4;
     }
     float *qs = scratch.buf;
@@ -652,5 +681,6 @@ PyMODINIT_FUNC PyInit__cpu(void) {
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
+    pthread_atfork(NULL, NULL, pool_after_fork);
     return PyModule_Create(&module);
 }

@@ -88,7 +88,9 @@ def test_attention_of_one_key_is_its_value():
 @pytest.mark.parametrize("bad, match", [
     (lambda y, x, w: (y, x, w.astype(np.float64), None), "w must be float32"),
     (lambda y, x, w: (y, x, w[:, ::2], None), "w must be a C-contiguous"),
-    (lambda y, x, w: (y, x, w[:2], None), "w holds 6 values, not y's 3 rows"),
+    (lambda y, x, w: (y, x, w[:2], None), r"w must be \(len\(y\), len\(x\)\) = \(3, 3\), not 6"),
+    (lambda y, x, w: (y[:2], x, w[:3, :2].copy(), None), r"= \(2, 3\), not 6 values"),  # transposed
+    (lambda y, x, w: (y, y, w, None), "y must not share memory with x, w or b"),
     (lambda y, x, w: (y, x, w, np.zeros(2, np.float32)), "b holds 2 values, not y's 3"),
 ])
 def test_gemv_refuses_what_does_not_fit(bad, match):
@@ -168,3 +170,40 @@ def test_linear_reads_bfloat16_weights_on_either_kernel(kernels, rng):
     Linear().kernel(out, x, Linear().pack_reduced(1, w, "bfloat16"))
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+def test_a_forked_child_gets_a_pool_of_its_own_even_mid_call():
+    # Another thread inside a pool call holds its lock when the process forks; the child
+    # must not wait for a thread it does not have.
+    import threading
+    import time
+    lib = native.lib()
+    w, x = np.ones((512, 512), np.float32), np.ones(512, np.float32)
+    stop = threading.Event()
+
+    def busy():
+        y = np.empty(512, np.float32)
+        while not stop.is_set():
+            lib.gemv(y, x, w, None)
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        for _ in range(10):
+            pid = os.fork()
+            if pid == 0:  # the child: one call, right or not, then out
+                y = np.empty(512, np.float32)
+                native.lib().gemv(y, x, w, None)
+                os._exit(0 if (y == 512.0).all() and native.lib().threads() >= 1 else 1)
+            deadline = time.monotonic() + 20
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if done[0] == 0:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("a forked child hung in the pool")
+            assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        stop.set()
+        worker.join()
