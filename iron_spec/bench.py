@@ -201,7 +201,10 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
     f["gemv_gb_per_s"] = f["decode_weight_bytes"] * f["gemv_passes_per_s"] / 1e9
     f["copy_gb_per_s"] = f.pop("copy_bytes_per_s") / 1e9
     f["bandwidth_floor_tokens_per_s"] = f["copy_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
-    weights = sum(w.nbytes for w in loaded.weights().values())
+    # The weights as loaded (float32), and the decode step's reduced copies where it has them.
+    reduced = sum(a.nbytes for a in loaded.lm.packed.values() if a.dtype != np.float32)
+    weights = sum(w.nbytes for w in loaded.weights().values()) + reduced
+    result["reduced_decode_weights_bytes"] = reduced
     kv = sum(s.array.nbytes for _, s in loaded.lm.named_states())
     result["weights_bytes"], result["kv_cache_bytes"] = weights, kv
 
@@ -217,7 +220,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
 
 def report(r: dict) -> str:
     o, f, t, q = r["ours"], r["floor"], r["transformers"], r["ratios"]
-    lines = [f"threads {r['threads']}, median of {r['runs']} runs after a warm-up, "
+    lines = [f"threads {r['threads']}, median of {r['runs']} run{'s' * (r['runs'] != 1)} after "
+             "a warm-up, "
              f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}; decode "
              f"kernels: {r['decode_kernels']}, {r['decode_weights']} weights",
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
@@ -232,12 +236,16 @@ def report(r: dict) -> str:
                  f"{'' if t is None else format(t['ttft128_s'], '14.3f'):>14}          s")
     row(f"decode at {SHORT}", "decode_short_tokens_per_s", "decode_vs_transformers")
     row(f"decode at {DEEP}", "decode_deep_tokens_per_s")
-    lines.append(f"numpy GEMV pass over the decode weights: {f['gemv_passes_per_s']:.1f} passes/s "
+    lines.append(f"numpy GEMV pass over the decode weights as float32: "
+                 f"{f['gemv_passes_per_s']:.1f} passes/s "
                  f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
                  f"copy bandwidth {f['copy_gb_per_s']:.1f} GB/s, floor "
                  f"{f['bandwidth_floor_tokens_per_s']:.1f} tok/s")
+    extra = r["reduced_decode_weights_bytes"]
     lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB; weights "
-                 f"{r['weights_bytes'] / 2**20:.0f} MiB + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
+                 f"{r['weights_bytes'] / 2**20:.0f} MiB"
+                 + (f" (of it {extra / 2**20:.0f} MiB the decode step's {r['decode_weights']})"
+                    if extra else "") + f" + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
     lines.append("ratios: " + ", ".join(f"{k} {'n/a' if v is None else format(v, '.2f')}"
                                         for k, v in q.items()))
     return "\n".join(lines)

@@ -82,8 +82,9 @@ def read_config(directory: Path) -> dict:
     return data
 
 
-def _footprint(o: CausalOptions) -> tuple[int, int]:
-    """Bytes the model holds whatever its context, and bytes per position of context."""
+def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, int]:
+    """Bytes the model holds whatever its context, and bytes per position of context; with
+    bfloat16 decode weights, the decode step's half-size copy of the projections too."""
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E
     per_position = 0
@@ -96,6 +97,8 @@ def _footprint(o: CausalOptions) -> tuple[int, int]:
     if o.per_layer_input is not None:
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
+    if decode_weights == "bfloat16":
+        fixed += fixed // 2  # every weight so far, at half the bytes (a bound: norms stay)
     heads = max((lo.attention.heads for lo in o.layers), default=0)
     # Attention scores: a block of a prompt chunk's rows at a time (operators.attention),
     # and one row in the decode step.
@@ -185,8 +188,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
                          f"{', '.join(DECODE_WEIGHTS)}")
     if decode_weights != "float32" and decode_pool.LIB is None:
-        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool "
-                         f"({decode_pool.describe()})")
+        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
+                         + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
+                            "operators._cpu is not built (reinstall with a C compiler)"))
     spec = load_spec(spec_path)
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
@@ -206,9 +210,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                              "model's own context")
         L = max_seq_len
     else:
-        fixed, per_position = _footprint(expanded.options)
-        if decode_weights == "bfloat16":  # the decode step's own copy, half the size
-            fixed += fixed // 2
+        fixed, per_position = _footprint(expanded.options, decode_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,

@@ -141,6 +141,8 @@ def command(
     try:
         parsed = load_spec(spec)
         if parsed.get("model") == "encoder":
+            if decode_weights != "float32":
+                raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
             _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json)
         if max_seq_len is not None:  # refused before the weights load
             C = (toy and parsed.get("toy", "prefill_chunk")) or \

@@ -6,9 +6,13 @@ loads OpenBLAS, which reads the variable once. A decode step runs on the decode 
 GEMMs holds a core the pool needs, so the first 0.1 s of decoding ran at one core's
 bandwidth (decode of 64 tokens after a 512-token prompt: 71.5 tok/s, against 75.8 with the
 workers asleep; prefill 728 against 726 tok/s). A value already set is kept; a process that
-loaded numpy before this keeps OpenBLAS's default.
+loaded numpy before this keeps OpenBLAS's default, and is left as it is.
 """
 
 import os
+import sys
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")  # 2 ** 20 cycles of spinning
+# Only where it can still act (numpy not loaded yet) and the user set no value of their own.
+# Subprocesses inherit it, as any variable of this process.
+if "numpy" not in sys.modules and not os.environ.get("OPENBLAS_THREAD_TIMEOUT", "").strip():
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "20"  # 2 ** 20 cycles of spinning

@@ -6,6 +6,8 @@ built, else BLAS through numpy; a prompt chunk's rows are one GEMM, BLAS through
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import native
@@ -36,13 +38,17 @@ class Linear(Operator):
         and the same products as float32's."""
         if index != 1 or dtype != "bfloat16":
             return None
-        bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
-        inexact = int(np.count_nonzero(bits & 0xFFFF))
+        # Each float32 as its two 16-bit halves (views, no copy): the high half is the
+        # bfloat16, and the low half must be zero for it to be exact.
+        halves = np.ascontiguousarray(array, np.float32).view(np.uint16).reshape(-1, 2)
+        low, high = (0, 1) if sys.byteorder == "little" else (1, 0)
+        inexact = int(np.count_nonzero(halves[:, low]))
         if inexact:
-            raise ValueError(f"{inexact} of {bits.size} values do not hold exactly in bfloat16; "
-                             "bfloat16 decode weights keep a bfloat16 checkpoint's weights as "
-                             "they are, never rounded")
-        return (bits >> 16).astype(np.uint16)
+            raise ValueError(f"{inexact} of {halves.shape[0]} values do not hold exactly in "
+                             "bfloat16; bfloat16 decode weights keep a bfloat16 checkpoint's "
+                             "weights as they are, never rounded (--decode-weights float32 "
+                             "reads any)")
+        return np.ascontiguousarray(halves[:, high]).reshape(array.shape)
 
     def kernel(self, out, x, weight, bias=None, scratch=None):
         if weight.dtype == np.uint16:  # bfloat16 bits (pack_reduced): a decode step's
