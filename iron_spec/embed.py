@@ -38,10 +38,9 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
     if version.pooling.kind == "none":
         raise ValueError("the spec's pooling is 'none': it gives one vector per token, not one "
                          "per text")
-    _utf8(texts)
     rows = []
-    for text in texts:
-        ids, types = loaded.tokenizer(text)
+    for i, text in enumerate(texts, 1):
+        ids, types = loaded.tokenizer(text, f"TEXT {i}")
         rows.append(np.array(version(ids, types)))  # a copy: the output is the arena's
     return np.stack(rows)
 

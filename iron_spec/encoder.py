@@ -18,7 +18,7 @@ from operators.activation import ACTIVATIONS
 from runtime.blocks import NormOptions
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
-from runtime.tokenizer import read_tokenizer_json
+from runtime.tokenizer import read_tokenizer_json, utf8_text
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
@@ -151,9 +151,13 @@ class TextIds:
         self._tok.no_padding()
         self._tok.enable_truncation(max_tokens)
 
-    def __call__(self, text: str) -> tuple[list[int], list[int]]:
-        """``text``'s ids and token types."""
-        encoded = self._tok.encode(text)
+    def __call__(self, text: str, what: str = "the text") -> tuple[list[int], list[int]]:
+        """``text``'s ids and token types.
+
+        Raises:
+            ValueError: ``text`` is not UTF-8 text (``utf8_text``, naming it ``what``).
+        """
+        encoded = self._tok.encode(utf8_text(text, what))
         return encoded.ids, encoded.type_ids
 
 
