@@ -156,22 +156,25 @@ class Checkpoint:
         return np.frombuffer(m, dtype, (info.end - info.begin) // dtype.itemsize,
                              info.begin).reshape(info.shape)
 
-    def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
-        """Tensor ``name`` as float32, into ``out`` (its shape) or a new array. The file's
-        pages it was read from are released at once (they stay in the page cache, not in
-        this process's resident memory): loading never holds the file and the weights in
-        memory together."""
-        raw = self.raw(name)
-        array = np.empty(raw.shape, np.float32) if out is None else out
-        np.copyto(array, raw, casting="unsafe")
+    def read(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a new float32 array, its file pages released (``release``)."""
+        array = self.raw(name).astype(np.float32)
+        self.release(name)
+        return array
+
+    def release(self, name: str) -> None:
+        """Drop tensor ``name``'s file pages from this process's resident memory (they stay
+        in the page cache), once read: loading never holds the file and the weights in
+        memory together. A later ``raw`` reads them again."""
         info = self.tensors[name]
-        m = self._maps[info.file]
+        m = self._maps.get(info.file)
         advice = getattr(mmap, "MADV_DONTNEED", None)
+        if m is None or advice is None:  # not mapped (nothing resident), or not Unix
+            return
         begin = -(-info.begin // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages of this tensor
         end = info.end // mmap.PAGESIZE * mmap.PAGESIZE
-        if advice is not None and end > begin:
+        if end > begin:
             m.madvise(advice, begin, end - begin)
-        return array
 
     @property
     def nbytes(self) -> int:
@@ -299,9 +302,9 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
     found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
     for i, (name, source) in enumerate(found.sources.items()):
         param = found.params[name]
-        if param.array is None:
-            param.array = np.empty(param.shape, np.float32)
-        array = checkpoint.read(source, out=param.array)
+        param.fill(checkpoint.raw(source))  # into the param's own rows where it has them
+        checkpoint.release(source)
+        array = param.array
         # A float64 sum is finite exactly when every value is (float32 values cannot add up
         # past float64's range), and takes no array of the tensor's size.
         if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
