@@ -51,6 +51,8 @@ def describe() -> str:
 
 def lib():
     """The extension with its pool started (once), or None where it is not in use."""
+    # Asked of the pool at every call (a C call, ~0.1 us), not remembered here: a forked
+    # child's pool is empty again (operators/_cpu.c) and must start its own workers.
     if LIB is not None and LIB.threads() == 0:
         LIB.start(threads())
     return LIB
