@@ -1,9 +1,18 @@
-"""The expression language of specs: arithmetic over config fields, and nothing else.
+"""The expression language of specs: arithmetic and logic over config fields, and nothing else.
 
-Accepted: numbers, field names, ``+ - * / // % **``, unary minus and plus, parentheses,
-``min(...)`` and ``max(...)``. Everything else (attribute access, subscripts, other calls,
-lambdas, comprehensions, strings, comparisons) is refused with an error naming the
-expression. Expressions are parsed by ``ast`` and walked here; nothing is ever ``eval``-ed.
+Accepted: numbers, field names, the literals ``true``/``false``/``null`` (and Python's
+``True``/``False``/``None``), ``+ - * / // % **``, unary minus and plus, parentheses,
+``min(...)`` and ``max(...)``, comparisons ``== != < <= > >=`` (chained as in Python),
+``and``/``or``/``not`` over booleans, and the conditional ``a if c else b``. Everything else
+(attribute access, subscripts, other calls, lambdas, comprehensions, strings, ``is``,
+``in``, bitwise operators) is refused with an error naming the expression. Expressions are
+parsed by ``ast`` and walked here; nothing is ever ``eval``-ed.
+
+Strict where Python is loose: a condition and the operands of ``and``/``or``/``not`` are
+booleans (``sliding_window != null``, never a number's truthiness); ``and``/``or`` give a
+boolean; a boolean equals only a boolean or null (``true == 1`` is refused, not true);
+ordering compares numbers only. The branch a conditional does not take, and the right of
+an ``and``/``or`` that the left decides, are not evaluated (``x != null and x > 0``).
 """
 
 from __future__ import annotations
@@ -17,24 +26,33 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
            ast.Pow: operator.pow}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
+            ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+_ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _CALLS = {"min": min, "max": max}
+LITERALS = {"true": True, "false": False, "null": None}  # YAML's and JSON's spellings
 MAX_EXPONENT = 64  # a power past this is refused (2 ** 10 ** 10 would never end)
 MAX_BITS = 1024  # an integer result past this many bits is refused, so nesting cannot blow up
 MAX_LENGTH = 500
+_LANGUAGE = ("only numbers, field names, true/false/null, + - * / // % **, parentheses, min "
+             "and max, == != < <= > >=, and/or/not, a if c else b")
 
 
 class ExprError(ValueError):
     """An expression that is not in the language, names an unknown field, or cannot be
-    computed (division by zero, a non-number operand)."""
+    computed (division by zero, a non-number operand, a non-boolean condition)."""
 
 
 def _describe(node: ast.AST) -> str:
     return {ast.Attribute: "attribute access", ast.Subscript: "a subscript",
             ast.Call: "a call", ast.Lambda: "a lambda", ast.ListComp: "a comprehension",
             ast.GeneratorExp: "a comprehension", ast.SetComp: "a comprehension",
-            ast.DictComp: "a comprehension", ast.Compare: "a comparison",
-            ast.BoolOp: "a boolean operator", ast.IfExp: "a conditional"}.get(
-        type(node), type(node).__name__)
+            ast.DictComp: "a comprehension"}.get(type(node), type(node).__name__)
+
+
+def _show(v: Any) -> str:
+    return {True: "true", False: "false", None: "null"}.get(v, repr(v)) \
+        if v is None or isinstance(v, bool) else repr(v)
 
 
 def parse(text: str) -> ast.Expression:
@@ -50,21 +68,31 @@ def parse(text: str) -> ast.Expression:
     except (RecursionError, MemoryError):
         raise ExprError(f"expression {text!r} nests too deeply") from None
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Expression, ast.Name, ast.Load)) or type(node) in _BINARY \
-                or type(node) in _UNARY:
+        if isinstance(node, (ast.Expression, ast.Name, ast.Load, ast.IfExp, ast.And, ast.Or,
+                             ast.Not)) or type(node) in _BINARY or type(node) in _UNARY \
+                or type(node) in _COMPARE:
             continue
         if isinstance(node, ast.Constant):
-            if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
-                raise ExprError(f"expression {text!r}: only numbers are literals, not "
-                                f"{node.value!r}")
-            if not math.isfinite(node.value):
-                raise ExprError(f"expression {text!r}: {node.value} is not a finite number")
+            v = node.value
+            if v is not None and not isinstance(v, (bool, int, float)):
+                raise ExprError(f"expression {text!r}: only numbers, true, false and null are "
+                                f"literals, not {v!r}")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ExprError(f"expression {text!r}: {v} is not a finite number")
             continue
         if isinstance(node, (ast.BinOp, ast.UnaryOp)):
             op = node.op
-            if type(op) not in _BINARY and type(op) not in _UNARY:
+            if type(op) not in _BINARY and type(op) not in _UNARY and not isinstance(op, ast.Not):
                 raise ExprError(f"expression {text!r}: operator {type(op).__name__} is not "
-                                "allowed (only + - * / // % **)")
+                                "allowed (only + - * / // % ** and not)")
+            continue
+        if isinstance(node, ast.BoolOp):
+            continue
+        if isinstance(node, ast.Compare):
+            bad = [type(o).__name__ for o in node.ops if type(o) not in _COMPARE]
+            if bad:
+                raise ExprError(f"expression {text!r}: comparison {bad[0]} is not allowed "
+                                "(only == != < <= > >=)")
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
                 and node.func.id in _CALLS and not node.keywords \
@@ -75,32 +103,53 @@ def parse(text: str) -> ast.Expression:
             continue
         if isinstance(node, ast.Name):
             continue
-        raise ExprError(f"expression {text!r}: {_describe(node)} is not allowed (only numbers, "
-                        "field names, + - * / // % **, parentheses, min and max)")
+        raise ExprError(f"expression {text!r}: {_describe(node)} is not allowed ({_LANGUAGE})")
     return tree
 
 
 def names(text: str) -> set[str]:
-    """The field names ``text`` reads (``min`` and ``max`` when called are not fields)."""
+    """The field names ``text`` reads (``min`` and ``max`` when called, and the literals
+    ``true``/``false``/``null``, are not fields)."""
     tree = parse(text)
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called
+            and n.id not in LITERALS}
 
 
 def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
     """The value of ``text`` over ``fields``. A bare field name gives the field's value,
-    whatever its type; arithmetic takes numbers only.
+    whatever its type; arithmetic and ordering take numbers, logic takes booleans.
 
     Raises:
         ExprError: refused syntax, an unknown field (with the known ones), a non-number
-            operand, division by zero, or an integer power past ``MAX_EXPONENT``.
+            operand of arithmetic or ordering, a non-boolean condition or operand of
+            and/or/not, a boolean compared with a number or text, division by zero, or an
+            integer power past ``MAX_EXPONENT``.
     """
     tree = parse(text)
+    unknown = sorted(names(text) - set(fields))
+    if unknown:  # anywhere, a branch not taken too
+        raise ExprError(f"expression {text!r}: no field {unknown[0]!r} (fields: "
+                        f"{', '.join(sorted(fields))})")
 
     def number(v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ExprError(f"expression {text!r}: {v!r} is not a number")
+            raise ExprError(f"expression {text!r}: {_show(v)} is not a number")
         return v
+
+    def boolean(v: Any, what: str) -> bool:
+        if not isinstance(v, bool):
+            raise ExprError(f"expression {text!r}: {what} is {_show(v)}, not true or false "
+                            "(compare it: x != null, x > 0)")
+        return v
+
+    def compare(op: ast.cmpop, a: Any, b: Any) -> bool:
+        if isinstance(op, _ORDER):
+            return _COMPARE[type(op)](number(a), number(b))
+        if a is not None and b is not None and isinstance(a, bool) != isinstance(b, bool):
+            raise ExprError(f"expression {text!r}: compares {_show(a)} with {_show(b)}: a "
+                            "boolean equals only a boolean or null")
+        return _COMPARE[type(op)](a, b)
 
     def walk(node: ast.AST) -> Any:
         if isinstance(node, ast.Expression):
@@ -108,11 +157,30 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
-            if node.id not in fields:
-                raise ExprError(f"expression {text!r}: no field {node.id!r} (fields: "
-                                f"{', '.join(sorted(fields))})")
+            if node.id in LITERALS:
+                return LITERALS[node.id]
             return fields[node.id]
+        if isinstance(node, ast.IfExp):
+            test = boolean(walk(node.test), "the condition")
+            return walk(node.body if test else node.orelse)
+        if isinstance(node, ast.BoolOp):
+            stop = isinstance(node.op, ast.Or)  # the value that decides it
+            what = "an operand of or" if stop else "an operand of and"
+            for value in node.values:
+                if boolean(walk(value), what) is stop:
+                    return stop
+            return not stop
+        if isinstance(node, ast.Compare):
+            left = walk(node.left)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = walk(right_node)
+                if not compare(op, left, right):
+                    return False
+                left = right
+            return True
         if isinstance(node, ast.UnaryOp):
+            if isinstance(node.op, ast.Not):
+                return not boolean(walk(node.operand), "the operand of not")
             return _UNARY[type(node.op)](number(walk(node.operand)))
         if isinstance(node, ast.BinOp):
             a, b = number(walk(node.left)), number(walk(node.right))

@@ -84,9 +84,12 @@ REFUSED = [
     ("a.real", "attribute access"), ("a[0]", "a subscript"), ("abs(a)", "a call"),
     ("lambda: 1", "a lambda"), ("[x for x in a]", "a comprehension"),
     ("{x for x in a}", "a comprehension"), ("(x for x in a)", "a comprehension"),
-    ("a < b", "a comparison"), ("a and b", "a boolean operator"), ("a if b else c", "a conditional"),
-    ("'text'", "only numbers are literals"), ("True", "only numbers are literals"),
-    ("a & b", "BitAnd is not allowed"), ("~a", "Invert is not allowed"), ("not a", "Not is not allowed"),
+    ("a is b", "comparison Is is not allowed"), ("a in b", "comparison In is not allowed"),
+    ("a < b is c", "comparison Is is not allowed"), ("a not in b", "comparison NotIn"),
+    ("'text'", "only numbers, true, false and null are literals"), ("b'x'", "are literals"),
+    ("1j", "are literals"), ("...", "are literals"),
+    ("a & b", "BitAnd is not allowed"), ("~a", "Invert is not allowed"), ("a | b", "BitOr"),
+    ("a if b else c.real", "attribute access"), ("not a[0]", "a subscript"),
     ("__import__('os')", "a call"), ("min(a)", "two or more arguments"),
     ("min(*a)", "a call"), ("max(a, key=b)", "a call"), ("1e999", "not a finite number"),
     ("a; b", "is not valid"), ("(a := 1)", "NamedExpr"), ("f'{a}'", "JoinedStr"),
@@ -130,3 +133,105 @@ def test_a_bare_field_gives_its_value_whatever_its_type():
     assert evaluate("act", {"act": "silu"}) == "silu"
     with pytest.raises(ExprError, match="'silu' is not a number"):
         evaluate("act * 2", {"act": "silu"})
+
+
+# Logic: each value below is what Python's own operators give on these operands, by hand.
+LOGIC = {"t": True, "f": False, "n": None, "a": 3, "b": 7, "act": "silu", "w": 4096}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("true", True), ("false", False), ("null", None), ("True", True), ("False", False),
+    ("None", None), ("a == 3", True), ("a != 3", False), ("a < b", True), ("a <= 3", True),
+    ("a > b", False), ("b >= 7.0", True), ("1 < a < b", True), ("1 < b < a", False),
+    ("n == null", True), ("w != null", True), ("n != None", False), ("t == true", True),
+    ("f == null", False), ("act == act", True), ("act != n", True),
+    ("t and f", False), ("t and t", True), ("f or t", True), ("f or f", False),
+    ("not t", False), ("not f", True), ("not a > b", True), ("t and not f or f", True),
+    ("1 if t else 2", 1), ("1 if f else 2", 2), ("1 if multi_query else a", 3),
+    ("null if f else a // 2", 1), ("(a if a > b else b) * 2", 14),
+    ("w if w != null else 0", 4096), ("f and a / 0", False), ("t or a / 0", True),
+    ("n != null and n > 0", False), ("1 if t else a / 0", 1), ("a / 0 if f else 5", 5),
+    ("a == 3 and b == 7 and t", True), ("min(a, b) if t else max(a, b)", 3),
+])
+def test_logic_gives_what_python_gives(text, expected):
+    got = evaluate(text, {**LOGIC, "multi_query": False})
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1 if a else 2", "the condition is 3, not true or false"),
+    ("1 if n else 2", "the condition is null, not true or false"),
+    ("1 if act else 2", "the condition is 'silu', not true or false"),
+    ("a and t", "an operand of and is 3, not true or false"),
+    ("f or w", "an operand of or is 4096, not true or false"),
+    ("t and n", "an operand of and is null"),
+    ("not a", "the operand of not is 3"),
+    ("t == 1", "compares true with 1: a boolean equals only a boolean or null"),
+    ("0 != f", "compares 0 with false"), ("t == act", "compares true with 'silu'"),
+    ("n < 1", "null is not a number"), ("t > f", "true is not a number"),
+    ("act < a", "'silu' is not a number"), ("t + 1", "true is not a number"),
+    ("-f", "false is not a number"), ("n * 2", "null is not a number"),
+    ("max(t, 1)", "true is not a number"),
+    ("1 if t else z", "no field 'z'"), ("1 if z else 2", "no field 'z'"),
+])
+def test_logic_refusals_say_what_failed(text, message):
+    with pytest.raises(ExprError, match=message) as e:
+        evaluate(text, LOGIC)
+    assert repr(text) in str(e.value)
+
+
+def test_the_literals_are_not_fields():
+    assert names("1 if multi_query and not false else num_key_value_heads") == {
+        "multi_query", "num_key_value_heads"}
+    assert names("x if x != null else true") == {"x"}
+
+
+def _llama(tmp_path, kv_heads: str, field: str = "  multi_query: {json: multi_query, default: false}"):
+    from tests.conftest import SPECS
+    text = (SPECS / "llama3.yaml").read_text()
+    anchor = "  mlp_bias: {json: mlp_bias, default: false}\n"
+    text = text.replace(anchor, anchor + field + "\n").replace(
+        "  attention: {bias: attention_bias, rope: default}",
+        f"  attention: {{bias: attention_bias, rope: default, kv_heads: {kv_heads!r}}}")
+    path = tmp_path / "llama3.yaml"
+    path.write_text(text)
+    return path, text
+
+
+def test_a_conditional_option_selects_one_kv_head(tmp_path):
+    from iron_spec.interpreter import expand
+    from iron_spec.loader import load_spec
+    path, _ = _llama(tmp_path, "1 if multi_query else num_key_value_heads")
+    spec = load_spec(path)
+    toy = dict(spec.get("toy", "config"))
+    assert [lo.attention.kv_heads for lo in expand(spec, toy).options.layers] == [2, 2]
+    toy["multi_query"] = True
+    assert [lo.attention.kv_heads for lo in expand(spec, toy).options.layers] == [1, 1]
+
+
+def test_a_refused_condition_names_the_options_line_and_column(tmp_path):
+    from iron_spec.errors import SpecError
+    from iron_spec.interpreter import expand
+    from iron_spec.loader import load_spec
+    path, text = _llama(tmp_path, "1 if num_attention_heads else num_key_value_heads")
+    spec = load_spec(path)
+    with pytest.raises(SpecError) as e:
+        expand(spec, spec.get("toy", "config"))
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "kv_heads:" in t)
+    col = text.splitlines()[line - 1].index("kv_heads") + 1
+    assert str(e.value).startswith(f"{path}:{line}:{col}: error: ")
+    assert "the condition is 4, not true or false" in str(e.value)
+
+
+def test_a_config_field_expression_is_refused_at_its_own_line(tmp_path):
+    from iron_spec.errors import SpecError
+    from iron_spec.interpreter import expand
+    from iron_spec.loader import load_spec
+    path, text = _llama(tmp_path, "num_key_value_heads",
+                        "  multi_query: {expr: 'hidden_size > 0 and vocab_size'}")
+    spec = load_spec(path)
+    with pytest.raises(SpecError) as e:
+        expand(spec, spec.get("toy", "config"))
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "multi_query:" in t)
+    assert str(e.value).startswith(f"{path}:{line}:")
+    assert "an operand of and is 256, not true or false" in str(e.value)
