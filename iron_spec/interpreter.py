@@ -85,17 +85,28 @@ def _whole(spec: Spec, path: tuple, value: Any) -> int | None:
     return _typed(spec, path, value, int, "a whole number")
 
 
-def _layer_types(spec: Spec, r: Resolved, n: int) -> list[str | None]:
-    """Each layer's type name under ``layer/pattern``: config's list (``types``), else every
-    ``every``-th layer ``nth`` and the others ``other``; ``[None] * n`` without a pattern."""
+def _type_text(t: Any) -> str:
+    return {True: "true", False: "false"}[t] if isinstance(t, bool) else str(t)
+
+
+def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
+    """Each layer's type under ``layer/pattern``: config's list (``types``), else every
+    ``every``-th layer ``nth`` and the others ``other``; ``[None] * n`` without a pattern.
+
+    A type is a name (``layer_types``' ``"sliding_attention"``), an integer or a boolean (a
+    per-layer flag list such as SmolLM3's ``no_rope_layers``, 1 = RoPE): ``options`` is keyed
+    by those very values (YAML ``0:``, ``1:``, ``true:``).
+    """
     p = ("layer", "pattern")
     if spec.get(*p) is None:
         return [None] * n
     types = _option(spec, r, p + ("types",), None)
     options = spec.get(*p, "options", default={}) or {}
     if types is not None:
-        if not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types):
-            raise spec.error(p + ("types",), f"layer types {types!r} are not {n} names, one per layer")
+        if not isinstance(types, list) or len(types) != n or not all(
+                isinstance(t, (str, int)) for t in types):
+            raise spec.error(p + ("types",), f"layer types {types!r} are not {n} names, "
+                             "integers or booleans, one per layer")
         where = p + ("types",)
     else:
         every = _whole(spec, p + ("every",), _option(spec, r, p + ("every",), None))
@@ -104,14 +115,15 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[str | None]:
             raise spec.error(p, "without layer types, a pattern needs other (and every >= 1 with nth)")
         types = [nth if every and (i + 1) % every == 0 else other for i in range(n)]
         where = p
-    unknown = sorted(set(types) - set(options))
+    unknown = sorted({_type_text(t) for t in types if t not in options})
     if unknown:
         raise spec.error(where, f"layer types {', '.join(unknown)} have no entry under "
-                                f"layer/pattern/options (entries: {', '.join(options) or 'none'})")
+                                f"layer/pattern/options (entries: "
+                                f"{', '.join(map(_type_text, options)) or 'none'})")
     return types
 
 
-def _layer(spec: Spec, r: Resolved, t: str | None) -> LayerOptions:
+def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
     ``layer``'s own."""
 
@@ -194,7 +206,7 @@ def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:
 
 
 def _share_kv(spec: Spec, r: Resolved, layers: list[LayerOptions],
-              types: list[str | None]) -> list[LayerOptions]:
+              types: list[Any]) -> list[LayerOptions]:
     """``layer/kv_sharing``: the last ``last`` layers read the KV cache of the last layer
     before them of their own type (``layer/pattern``), as transformers' ``kv_sharing_modes``;
     with ``double_mlp``, their MLPs are twice as wide."""
@@ -247,7 +259,7 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
                                                "not a whole number of at least 1")
 
     types = _layer_types(spec, r, v["num_hidden_layers"])
-    built: dict[str | None, LayerOptions] = {}
+    built: dict[Any, LayerOptions] = {}
     for t in dict.fromkeys(types):
         built[t] = _layer(spec, r, t)
     ropes = {}

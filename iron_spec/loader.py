@@ -19,6 +19,7 @@ MAX_NODES = 100_000  # nodes after alias expansion: a billion-laughs file stops 
 MAX_DEPTH = 64  # nesting; a spec needs under ten, a self-referencing alias never ends
 
 Path_ = tuple  # a node's place: the keys and indices leading to it
+PATTERN_OPTIONS = ("layer", "pattern", "options")  # the one mapping whose keys may be numbers
 
 
 @dataclass
@@ -175,7 +176,9 @@ class _Builder:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.refuse(key_node, "a key must be plain text, not a list or mapping")
             key = _scalars.construct_object(key_node)
-            if not isinstance(key, str):
+            # A per-layer list of flags or integers names its types by value (`0:`, `true:`).
+            typed = path == PATTERN_OPTIONS and isinstance(key, int)
+            if not isinstance(key, str) and not typed:
                 raise self.refuse(key_node, f"key {key_node.value!r} reads as {key!r}, not "
                                             f"text; quote it: '{key_node.value}'")
             if key in out:

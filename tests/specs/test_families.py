@@ -115,3 +115,62 @@ def test_per_layer_type_head_width_kv_heads_and_per_layer_inputs():
     assert o.logit_softcap == 3.0 and not o.layers[0].norm.plus_one
     assert options("gemma4", {"attention_k_eq_v": False}).layers[1].attention.values_from_keys is False
     assert options("gemma4", {"hidden_size_per_layer_input": 0}).per_layer_input is None
+
+
+def test_a_flag_list_selects_rope_and_window_per_layer():
+    # SmolLM3Attention: use_rope = no_rope_layers[i]; its toy's layer_types, as
+    # SmolLM3Config.__post_init__ derives them: sliding exactly where there is no RoPE.
+    o = options("smollm3", {})
+    assert [lo.attention.rope for lo in o.layers] == ["default", None, "default", None]
+    assert [lo.attention.window for lo in o.layers] == [None, 8, None, 8]
+    assert all(lo.attention.o_bias and lo.attention.bias for lo in o.layers)
+
+
+def test_without_the_flag_list_every_interval_th_layer_has_no_rope():
+    # SmolLM3Config: no_rope_layers = [int((i + 1) % no_rope_layer_interval != 0) ...].
+    o = options("smollm3", {"no_rope_layers": None, "num_hidden_layers": 8,
+                            "use_sliding_window": False})
+    assert [lo.attention.rope is None for lo in o.layers] == [False, False, False, True] * 2
+    assert all(lo.attention.window is None for lo in o.layers)
+    o = options("smollm3", {"no_rope_layers": None, "num_hidden_layers": 6,
+                            "no_rope_layer_interval": 3})
+    assert [lo.attention.rope is None for lo in o.layers] == [False, False, True] * 2
+
+
+def _smollm3(tmp_path, old: str, new: str) -> Path:
+    text = (SPECS / "smollm3.yaml").read_text()
+    assert old in text
+    path = tmp_path / "smollm3.yaml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_boolean_types_are_keyed_true_and_false(tmp_path):
+    path = _smollm3(tmp_path, "      1: {}\n      0:\n", "      true: {}\n      false:\n")
+    spec = load_spec(path)
+    toy = {**spec.get("toy", "config"), "no_rope_layers": [True, False, False, True]}
+    o = expand(spec, toy).options
+    assert [lo.attention.rope for lo in o.layers] == ["default", None, None, "default"]
+
+
+def test_a_type_with_no_options_entry_is_named_at_the_types_line(tmp_path):
+    spec = load_spec(SPECS / "smollm3.yaml")
+    toy = {**spec.get("toy", "config"), "no_rope_layers": [1, 2, 1, 0]}
+    with pytest.raises(SpecError, match=r"smollm3.yaml:\d+:5: error: layer types 2 have no "
+                                        r"entry under layer/pattern/options \(entries: 1, 0\)"):
+        expand(spec, toy)
+    toy["no_rope_layers"] = [1, 0.5, 1, 0]
+    with pytest.raises(SpecError, match="are not 4 names, integers or booleans, one per layer"):
+        expand(spec, toy)
+    toy["no_rope_layers"] = [1, 0]
+    with pytest.raises(SpecError, match="are not 4 names"):
+        expand(spec, toy)
+
+
+def test_number_keys_are_taken_only_under_pattern_options(tmp_path):
+    path = _smollm3(tmp_path, "  kind: decoder\n", "  kind: decoder\n  0: {}\n")
+    with pytest.raises(SpecError, match="key '0' reads as 0, not text; quote it"):
+        load_spec(path)
+    path = _smollm3(tmp_path, "      1: {}\n", "      1: {}\n      true: {}\n")
+    with pytest.raises(SpecError, match="duplicate key True"):
+        load_spec(path)
