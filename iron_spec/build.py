@@ -16,7 +16,8 @@ import numpy as np
 from operators import native as decode_pool
 from operators.attention import BLOCK as ATTENTION_BLOCK
 from runtime.causal import CausalLM, CausalOptions
-from runtime.checkpoint import Checkpoint, LoadReport, fill, load, renamed
+from runtime.checkpoint import Checkpoint, LoadReport, fill, load, mark_transposed
+from runtime.renames import RenameError, source
 from runtime.golden import fingerprint
 from runtime.host import checkpoint_directory, fit, host_budget
 from runtime.module import pack_tree
@@ -46,12 +47,25 @@ class Loaded:
 
     def checkpoint_tensors(self) -> dict[str, np.ndarray]:
         """The weights as a checkpoint holds them: the files' tensors (their own names and
-        dtypes, unread until touched), or drawn ones under the names a checkpoint would use
-        (the spec's renames undone)."""
+        dtypes, unread until touched), or drawn ones under the names and in the layouts a
+        checkpoint would use (the spec's renames undone, ``runtime.renames.source``;
+        transposed and row-ordered params turned back, ``Param.to_stored``).
+
+        Raises:
+            SpecError: the renames give a param from two names alike (which one a
+                checkpoint holds is ambiguous).
+        """
         if self.checkpoint is not None and self.random_weights is None:
             return {name: self.checkpoint.raw(name) for name in self.checkpoint.tensors}
-        inverse = {new: old for old, new in self.expanded.renames.items()}
-        return {renamed(name, inverse): t for name, t in self.weights().items()}
+        params, renames = dict(self.model.named_params()), self.expanded.renames
+        out = {}
+        for name, t in self.weights().items():
+            try:
+                stored = source(name, renames)
+            except RenameError as e:
+                raise self.expanded.spec.error(("checkpoint", "renames"), str(e)) from None
+            out[stored] = params[name].to_stored(t)
+        return out
 
     @property
     def lm(self) -> CausalLM:
@@ -216,9 +230,10 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)
     lm = _tree(spec, lambda: CausalLM(expanded.options), source)
+    mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
-                                      expanded.renames, (), progress)
+                                      expanded.renames, expanded.unused, progress)
     lm.decode_weights = decode_weights
     if decode_weights != "float32":
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
@@ -238,13 +253,18 @@ def build_tree(spec, config_json: dict, source: str):
         from runtime.encoder import Encoder
 
         from .encoder import expand_encoder
-        return Encoder(expand_encoder(spec, config_json, source=source).options)
-    options = expand(spec, config_json, max_seq_len=16, prefill_chunk=16, source=source).options
-    fixed, _ = _footprint(options)
-    if fixed > host_budget():
-        raise spec.error(("config",), f"the model on {source} would hold {fixed / 2**30:.1f} GiB, "
-                                      f"past this host's {host_budget() / 2**30:.1f} GiB budget")
-    return CausalLM(options)
+        expanded = expand_encoder(spec, config_json, source=source)
+        tree = Encoder(expanded.options)
+    else:
+        expanded = expand(spec, config_json, max_seq_len=16, prefill_chunk=16, source=source)
+        fixed, _ = _footprint(expanded.options)
+        if fixed > host_budget():
+            raise spec.error(("config",), f"the model on {source} would hold "
+                             f"{fixed / 2**30:.1f} GiB, past this host's "
+                             f"{host_budget() / 2**30:.1f} GiB budget")
+        tree = CausalLM(expanded.options)
+    mark_transposed(tree, expanded.transposed)
+    return tree
 
 
 def _tree(spec, build: Callable[[], Any], source: str):

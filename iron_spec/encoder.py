@@ -18,11 +18,12 @@ from operators.activation import ACTIVATIONS
 from runtime.blocks import NormOptions
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
+from runtime.checkpoint import mark_transposed
 from runtime.tokenizer import read_tokenizer_json, utf8_text
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
-from .interpreter import _flag_option, _option
+from .interpreter import _flag_option, _option, checkpoint_layout
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -40,6 +41,7 @@ class ExpandedEncoder:
     options: EncoderOptions
     renames: dict[str, str]
     unused: tuple[str, ...]
+    transposed: tuple[str, ...] = ()
 
 
 def _number(spec: Spec, r: Resolved, path: tuple, default: Any) -> float:
@@ -132,9 +134,8 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
         pooler=pooler,
         pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
         max_tokens=int(L))
-    return ExpandedEncoder(spec, r, options,
-                           dict(spec.get("checkpoint", "renames", default={}) or {}),
-                           tuple(spec.get("checkpoint", "unused", default=[]) or []))
+    renames, transposed, unused = checkpoint_layout(spec)
+    return ExpandedEncoder(spec, r, options, renames, unused, transposed)
 
 
 class TextIds:
@@ -196,6 +197,7 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     if max_tokens is not None and max_tokens < expanded.options.max_tokens:
         expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
     model = Encoder(expanded.options)
+    mark_transposed(model, expanded.transposed)
     report, ckpt = fill_weights(model, directory, random_weights, draw_encoder_weights,
                                 expanded.renames, expanded.unused, progress)
     tokenizer = None

@@ -15,6 +15,7 @@ from operators.activation import ACTIVATIONS
 from runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
 from runtime.causal import CausalOptions
+from runtime.renames import Pattern, RenameError, compile_table
 
 from .config import Resolved, evaluate_option, resolve
 from .loader import Spec
@@ -28,12 +29,15 @@ _ABSENT = object()
 
 @dataclass
 class Expanded:
-    """A spec over one config.json: the resolved fields and the model's options."""
+    """A spec over one config.json: the resolved fields, the model's options and how the
+    checkpoint's tensors meet its params (``checkpoint_layout``)."""
 
     spec: Spec
     resolved: Resolved
     options: CausalOptions
     renames: dict[str, str]
+    transposed: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
 
 
 def _option(spec: Spec, resolved: Resolved, path: tuple, default: Any) -> Any:
@@ -298,4 +302,31 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
         logit_scale=_number(spec, ("head", "scale"), _option(spec, r, ("head", "scale"), 1.0)),
         logit_softcap=_number(spec, ("head", "softcap"), _option(spec, r, ("head", "softcap"), None)),
         max_seq_len=L, prefill_chunk=min(C, L))
-    return Expanded(spec, r, options, dict(spec.get("checkpoint", "renames", default={}) or {}))
+    return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def checkpoint_layout(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """``checkpoint``'s renames (checkpoint name -> model name, composed in order:
+    ``runtime.renames``), ``transposed`` (model-name patterns of matrices stored ``[in,
+    out]``) and ``unused`` (checkpoint-name patterns of tensors read never).
+
+    Raises:
+        SpecError: a rename or pattern that is not well formed, at its own entry.
+    """
+    c = ("checkpoint",)
+    renames = dict(spec.get(*c, "renames", default={}) or {})
+    for old, new in renames.items():
+        try:
+            compile_table({old: new})
+        except RenameError as e:
+            raise spec.error(c + ("renames", old), str(e)) from None
+    lists = []
+    for key in ("transposed", "unused"):
+        patterns = tuple(spec.get(*c, key, default=[]) or [])
+        for i, text in enumerate(patterns):
+            try:
+                Pattern(text)
+            except RenameError as e:
+                raise spec.error(c + (key, i), f"checkpoint.{key}[{i}]: {e}", value=True) from None
+        lists.append(patterns)
+    return renames, lists[0], lists[1]

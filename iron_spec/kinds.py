@@ -25,7 +25,6 @@ KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("rope", "head"), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("positions", "token_types", "norm")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
-    Row(("checkpoint",), ("model",), {"encoder": ("unused",)}),
     Row(("layer",), ("layer", "kind"), {
         k: ("residual_scale", "pattern", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
         for k in CAUSAL_LAYERS}),

@@ -92,6 +92,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
         problems += rules.unmapped(spec, config.data, config.path)
         problems += rules.architecture(spec, config.data, config.path)
     names: set[str] = set()
+    matrices: set[str] = set()
     for data, source, place in configs:
         found = rules.config_keys(spec, data, source)
         problems += found
@@ -102,8 +103,10 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
         _merge(problems, stopped)
         if model is not None:
             names |= {name for name, _ in model.named_params()}
+            matrices |= {name for name, p in model.named_params() if len(p.shape) == 2}
     if names:
         problems += rules.renames(spec, names)
+        problems += rules.patterns(spec, matrices)
     unique = {(p.line, p.col, p.message): p for p in problems}
     return sorted(unique.values(), key=lambda p: (p.line, p.col, p.message))
 

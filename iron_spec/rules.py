@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable, Mapping
 
-from runtime.checkpoint import renamed
+from runtime.renames import Pattern, RenameError, compile_table, sources
 from runtime.module import Module
 
 from . import expr
@@ -207,51 +207,84 @@ def _runs(name: str) -> set[str]:
     return {".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)}
 
 
-def _sources(old: str, new: str, target: str) -> Iterable[str]:
-    """The checkpoint names this rename could have turned into ``target``."""
-    parts, run = target.split("."), new.split(".") if new else []
-    for i in range(len(parts) - len(run) + 1):
-        if parts[i:i + len(run)] == run:
-            yield ".".join(parts[:i] + [old] + parts[i + len(run):])
-
-
-def _first(name: str, table: Mapping[str, str]) -> str | None:
-    """The rename ``runtime.checkpoint.renamed`` applies to ``name``: the first whose key is
-    a run of whole dotted parts of it."""
-    return next((old for old in table if f".{old}." in f".{name}."), None)
-
-
 def renames(spec: Spec, names: Iterable[str]) -> list[SpecError]:
-    """Renames that could place no tensor: a key or target that is no run of whole dotted
-    names, a target no parameter of the model (``names``, as a checkpoint names them) holds,
-    or a rename every name of which an earlier rename catches first.
+    """Renames that could place no tensor, and tables that cannot be undone.
 
-    Whether a checkpoint holds tensors under a rename's source is the checkpoint's to say
-    (``iron-spec show --checkpoint``); here only what the model fixes is checked."""
+    A rename is checked against the model's parameter names (``names``): each name's
+    checkpoint name is the one the table renames to it through the most renames
+    (``runtime.renames.source``, as drawn weights are written for transformers); a rename
+    that no name's goes through places no tensor, and is refused: its target is no run of
+    any parameter (a typo), or the renames before it take every name it would rename. Two
+    checkpoint names tying for one parameter are refused too (drawn weights could not be
+    written). Whether a checkpoint holds tensors under a rename's source is the
+    checkpoint's to say (``iron-spec show --checkpoint``)."""
     table = spec.get("checkpoint", "renames")
-    if not isinstance(table, dict):
-        return []
-    names = sorted(set(names))
-    runs = set().union(*map(_runs, names)) if names else set()
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        return []  # the schema's error
     out = []
     for old, new in table.items():
-        path = ("checkpoint", "renames", old)
-        if not isinstance(new, str):
-            continue  # the schema's error
-        bad = [w for w in (old, new) if w and "" in w.split(".")]
-        if bad or not old:
-            out.append(spec.error(path, f"rename {old!r} -> {new!r}: {bad[0] if bad else old!r} "
-                                  "is no run of whole dotted names (a.b.c)"))
+        try:
+            compile_table({old: new})
+        except RenameError as e:
+            out.append(spec.error(("checkpoint", "renames", old), str(e)))
+    if out:
+        return out
+    names = sorted(set(names))
+    used: set[int] = set()
+    renames_ = compile_table(table)
+    for name in names:
+        found = sources(name, table)
+        if len(found) > 1 and found[0][1] == found[1][1] and found[0][1] > 0:
+            out.append(spec.error(("checkpoint", "renames"), f"the renames give {name} from both "
+                                  f"{found[0][0]} and {found[1][0]}: which one a checkpoint "
+                                  "holds is ambiguous (drawn weights could not be written)"))
+        for source, applied in found:
+            if applied < found[0][1]:
+                break
+            parts = source.split(".")
+            for i, r in enumerate(renames_):
+                step = r.apply(parts)
+                if step is not None:
+                    used.add(i)
+                    parts = step
+    runs = set().union(*map(_runs, names)) if names else set()
+    for i, (old, new) in enumerate(table.items()):
+        if i in used:
             continue
-        if new and new not in runs:
+        path = ("checkpoint", "renames", old)
+        target = Pattern(new)
+        if new and not any(target.matches(run) for run in runs):
             out.append(spec.error(path, f"rename {old!r} -> {new!r}: no parameter of the model "
                                   f"holds the run {new!r}{_near(new, runs)} (the model's "
                                   f"names are like {names[len(names) // 2]})"))
-            continue
-        if not any(_first(s, table) == old and renamed(s, table) == n
-                   for n in names for s in _sources(old, new, n)):
+        else:
             out.append(spec.error(path, f"rename {old!r} -> {new!r} places no tensor: every "
-                                  "name it would rename, an earlier rename renames first"))
+                                  "name it would rename, an earlier rename renames first (or a "
+                                  "later one renames on past every parameter)"))
+    return out
+
+
+def patterns(spec: Spec, names: Iterable[str]) -> list[SpecError]:
+    """``checkpoint.transposed`` patterns that match no matrix of the model (``names``: its
+    matrices' model names), and ``checkpoint.transposed`` or ``unused`` entries that are no
+    pattern."""
+    names, out = sorted(set(names)), []
+    for key in ("transposed", "unused"):
+        listed = spec.get("checkpoint", key)
+        for i, text in enumerate(listed if isinstance(listed, list) else []):
+            if not isinstance(text, str):
+                continue  # the schema's error
+            try:
+                pattern = Pattern(text)
+            except RenameError as e:
+                out.append(spec.error(("checkpoint", key, i), f"checkpoint.{key}[{i}]: {e}",
+                                      value=True))
+                continue
+            if key == "transposed" and not any(pattern.matches(n) for n in names):
+                out.append(spec.error(("checkpoint", key, i), f"checkpoint.transposed[{i}]: "
+                                      f"{text!r} matches no matrix of the model (a model name, "
+                                      f"such as {names[len(names) // 2] if names else '?'})",
+                                      value=True))
     return out
 
 

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from .module import Module, Param
+from .renames import matching, renamed
 
 DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -181,17 +182,6 @@ class Checkpoint:
         return sum(t.end - t.begin for t in self.tensors.values())
 
 
-def renamed(name: str, renames: Mapping[str, str]) -> str:
-    """``name`` with the first rename whose key is a run of whole dotted parts of it applied
-    (a rename to ``""`` drops the run)."""
-    dotted = f".{name}."
-    for old, new in renames.items():
-        at = dotted.find(f".{old}.")
-        if at >= 0:
-            return (dotted[:at] + (f".{new}" if new else "") + dotted[at + 1 + len(old):]).strip(".")
-    return name
-
-
 @dataclass
 class LoadReport:
     """Where each param came from: ``sources`` maps a param name to its checkpoint tensor;
@@ -232,9 +222,10 @@ class Placement:
 
 def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping[str, str],
           unused: Iterable[str] = ()) -> Placement:
-    """Match checkpoint tensors (name -> shape) to ``module``'s params after ``renames``:
-    a tensor whose renamed name is a tied alias is ignored; one listed in ``unused`` is left
-    unread; every other must fill exactly one param of its shape."""
+    """Match checkpoint tensors (name -> shape) to ``module``'s params after ``renames``
+    (``runtime.renames``: composed, in order): a tensor whose renamed name is a tied alias
+    is ignored; one whose own name a pattern of ``unused`` matches is left unread; every
+    other must fill exactly one param of its stored shape (``Param.stored_shape``)."""
     out = Placement()
     first: dict[int, str] = {}
     for name, p in module.named_params():
@@ -243,16 +234,16 @@ def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mappin
         else:
             first[id(p)] = name
             out.params[name] = p
-    unused = set(unused)
+    unused = list(unused)
     for source in shapes:
         target = renamed(source, renames)
         if target in out.tied:
             out.ignored.append(source)
         elif target in out.params and target not in out.sources:
             out.sources[target] = source
-            if tuple(shapes[source]) != out.params[target].shape:
+            if tuple(shapes[source]) != out.params[target].stored_shape:
                 out.misshaped.append((source, target))
-        elif source in unused:
+        elif matching(source, unused):
             out.unused.append(source)
         else:
             out.unplaced.append((source, target))
@@ -275,7 +266,8 @@ def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping
         parts.append(f"unexpected {len(names)}: {_some(names)}")
     if found.misshaped:
         parts.append(f"mis-shaped {len(found.misshaped)}: " + _some([
-            f"{s} is {list(shapes[s])}, the model's {t} is {list(found.params[t].shape)}"
+            f"{s} is {list(shapes[s])}, the model's {t} is {list(found.params[t].stored_shape)}"
+            + (" stored transposed (checkpoint.transposed)" if found.params[t].transposed else "")
             for s, t in found.misshaped], "; "))
     cut = max(len(found.unfilled), len(found.unplaced), len(found.misshaped)) > SHOWN
     raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts) + (
@@ -295,14 +287,16 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
          unused: Iterable[str] = ()) -> LoadReport:
     """Fill every param of ``module`` from ``checkpoint`` (float32), strictly (``bind``).
 
-    Nothing is read unless every tensor fits; a tensor holding NaN or infinities is refused
+    Nothing is read unless every tensor fits; a param stored in another layout
+    (``Param.transposed``, ``Param.rows``) is turned into the model's as it is read; a tensor holding NaN or infinities is refused
     (CheckpointError naming it); ``progress(done, total)`` follows the reads.
     The file's pages are unmapped afterwards, so they stop counting as resident memory.
     """
     found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
     for i, (name, source) in enumerate(found.sources.items()):
         param = found.params[name]
-        param.fill(checkpoint.raw(source))  # into the param's own rows where it has them
+        # Into the param's own rows where it has them, in the model's layout.
+        param.fill(param.from_stored(checkpoint.raw(source)))
         checkpoint.release(source)
         array = param.array
         # A float64 sum is finite exactly when every value is (float32 values cannot add up
@@ -323,3 +317,17 @@ def fill(module: Module, tensors: Mapping[str, np.ndarray]) -> LoadReport:
     for name, source in found.sources.items():
         found.params[name].fill(tensors[source])
     return found.report()
+
+
+def mark_transposed(module: Module, patterns: Iterable[str]) -> list[str]:
+    """Mark every matrix of ``module`` whose model name one of ``patterns`` matches (whole
+    names; ``runtime.renames`` patterns) as stored ``[in, out]`` (``Param.transposed``), as
+    transformers' ``Conv1D`` stores its weight. Returns the patterns that match no matrix.
+    """
+    patterns, hit = list(patterns), set()
+    for name, p in module.named_params():
+        for pattern in patterns:
+            if len(p.shape) == 2 and matching(name, [pattern]):
+                p.transposed = True
+                hit.add(pattern)
+    return [p for p in patterns if p not in hit]

@@ -15,12 +15,40 @@ import numpy as np
 class Param:
     """A weight of ``shape``, float32 once loaded (``array`` is None until then). ``gain``:
     the weight multiplies a value as it is (a norm's weight, a layer's scalar), so drawn
-    weights centre it on 1 (``runtime.weights``)."""
+    weights centre it on 1 (``runtime.weights``).
+
+    How a checkpoint stores it, where that differs from the model's layout: ``transposed``,
+    a matrix stored ``[in, out]`` (transformers' ``Conv1D``); ``rows``, the stored row each
+    model row is (``model = stored[rows]``: a fused q/k/v projection stored per head).
+    ``from_stored`` and ``to_stored`` turn one layout into the other, exactly.
+    """
 
     def __init__(self, *shape: int, gain: bool = False):
         self.shape = tuple(int(s) for s in shape)
         self.gain = gain
         self.array: np.ndarray | None = None
+        self.transposed = False
+        self.rows: np.ndarray | None = None
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape a checkpoint stores: ``shape``, reversed where ``transposed``."""
+        return self.shape[::-1] if self.transposed else self.shape
+
+    def from_stored(self, values: np.ndarray) -> np.ndarray:
+        """A stored tensor ``stored_shape`` in the model's layout (a view where only
+        transposed, else a copy)."""
+        if self.transposed:
+            values = values.T
+        return values if self.rows is None else values[self.rows]
+
+    def to_stored(self, values: np.ndarray) -> np.ndarray:
+        """The model's ``values`` in the checkpoint's layout (``from_stored`` undone)."""
+        if self.rows is not None:
+            stored = np.empty_like(values)
+            stored[self.rows] = values
+            values = stored
+        return np.ascontiguousarray(values.T) if self.transposed else values
 
     def fill(self, values: np.ndarray) -> None:
         """Set the weight to ``values`` (of ``shape``, any float dtype) cast to float32: in

@@ -152,11 +152,40 @@ def test_an_option_only_another_kind_takes():
 
 
 def test_rename_shadowed_by_an_earlier_one():
-    spec = parse_spec("checkpoint:\n  renames: {layers: layers, layers.0: layers.0}\n")
+    # `h` becomes `model.layers` first, so no name still holds `h.{layer}.mlp` for the second.
+    spec = parse_spec("checkpoint:\n  renames: {h: model.layers, 'h.{layer}.mlp': 'model.layers.{layer}.mlp'}\n")
     names = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"]
     problems = rules.renames(spec, names)
-    assert [(p.line, p.col) for p in problems] == [(2, 29)]
+    assert [(p.line, p.col) for p in problems] == [(2, 30)]
     assert "an earlier rename renames first" in problems[0].message
+
+
+def test_renames_tying_for_one_parameter_are_refused():
+    spec = parse_spec("checkpoint:\n  renames: {a: model, b: model}\n")
+    problems = rules.renames(spec, ["model.norm.weight"])
+    assert len(problems) == 1
+    assert "from both a.norm.weight and b.norm.weight" in problems[0].message
+
+
+def test_renames_composing_over_the_layer_index_lint_clean():
+    spec = parse_spec("checkpoint:\n  renames: {transformer.h: model.layers, attn.c_attn: "
+                      "self_attn.qkv_proj, '*.ln_1': '*.input_layernorm'}\n")
+    names = ["model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.input_layernorm.weight"]
+    assert rules.renames(spec, names) == []
+
+
+def test_rename_whose_sides_hold_other_holes():
+    spec = parse_spec("checkpoint:\n  renames: {'h.{layer}': model.layers}\n")
+    problems = rules.renames(spec, ["model.layers.0.w"])
+    assert len(problems) == 1 and "the same holes" in problems[0].message
+
+
+def test_transposed_pattern_matching_no_matrix():
+    spec = parse_spec("checkpoint:\n  transposed: ['model.layers.{layer}.mlp.c_fc.weight', "
+                      "'model.layers.{layer}.mlp.up_proj.weight']\n")
+    problems = rules.patterns(spec, ["model.layers.0.mlp.up_proj.weight"])
+    assert [(p.line, p.col) for p in problems] == [(2, 16)]
+    assert "matches no matrix of the model" in problems[0].message
 
 
 def test_rename_that_drops_a_run_is_checked_against_the_model():

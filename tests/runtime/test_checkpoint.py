@@ -346,8 +346,9 @@ def test_renames_move_whole_dotted_runs():
     # a rename to "" drops the run, wherever it is
     assert renamed("transformer.h.0.w", {"transformer": ""}) == "h.0.w"
     assert renamed("a.transformer.h", {"transformer": ""}) == "a.h"
-    # the first matching rename applies, once
-    assert renamed("a.b.c", {"b": "x", "a": "y"}) == "a.x.c"
+    # every matching rename applies, in order, each to the name the previous one gave
+    assert renamed("a.b.c", {"b": "x", "a": "y"}) == "y.x.c"
+    assert renamed("a.b.c", {"b": "a", "a": "y"}) == "y.a.c"  # the leftmost run only
 
 
 def test_load_applies_renames(tmp_path):

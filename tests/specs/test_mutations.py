@@ -55,8 +55,9 @@ def test_toy_mutation_fails_check(tmp_path, old, new):
 
 def test_swapped_gate_and_up_fail_against_the_smollm2_golden(smollm2, tmp_path):
     path = tmp_path / "llama3.yaml"
-    path.write_text(LLAMA + "\ncheckpoint:\n  renames: {mlp.gate_proj: mlp.up_proj, "
-                    "mlp.up_proj: mlp.gate_proj}\n")
+    # Renames compose, so a swap goes through a name of neither.
+    path.write_text(LLAMA + "\ncheckpoint:\n  renames: {mlp.gate_proj: mlp.swap, "
+                    "mlp.up_proj: mlp.gate_proj, mlp.swap: mlp.up_proj}\n")
     broken = load_model(path, checkpoint=smollm2, max_seq_len=1024)
     right = load_model(SPECS / "llama3.yaml", checkpoint=smollm2, max_seq_len=1024)
     golden = Golden.read(golden_path(right), right.fingerprint())
