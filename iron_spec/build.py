@@ -100,7 +100,7 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, 
     """Bytes the model holds whatever its context, and bytes per position of context; with
     bfloat16 decode weights, the decode step's half-size copy of the projections too."""
     E, V = o.hidden_size, o.vocab_size
-    fixed = V * E * (1 if o.tied else 2) + E
+    fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
     for lo in o.layers:
         a, M = lo.attention, lo.mlp.intermediate_size

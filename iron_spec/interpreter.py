@@ -173,6 +173,7 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         bias=flag(*a, "bias"), o_bias=flag(*a, "o_bias"), rope=rope,
         scale=number(*a, "scale"), window=whole(*a, "window"), softcap=number(*a, "softcap"),
         qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
+        qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
         values_from_keys=flag(*a, "values_from_keys"))
     act, at = opt("mlp", "act", default="hidden_act")
     if act not in ACTIVATIONS:
@@ -293,6 +294,7 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
+    positions, offset = _positions(spec, r, L)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
         layers=tuple(_share_kv(spec, r, [built[t] for t in types], types)),
@@ -301,8 +303,31 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
         embedding_scale=_number(spec, ("embedding", "scale"), _option(spec, r, ("embedding", "scale"), 1.0)),
         logit_scale=_number(spec, ("head", "scale"), _option(spec, r, ("head", "scale"), 1.0)),
         logit_softcap=_number(spec, ("head", "softcap"), _option(spec, r, ("head", "softcap"), None)),
+        positions=positions, position_offset=offset,
+        head_bias=_flag_option(spec, r, ("head", "bias"), False),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def _positions(spec: Spec, r: Resolved, L: int) -> tuple[int, int]:
+    """``embedding.positions`` (rows of a learned position table; 0: none) and
+    ``embedding.position_offset`` (the row serving position 0).
+
+    Raises:
+        SpecError: a count or offset that is not a whole number >= 0, or a context of ``L``
+            positions the table does not hold from its offset.
+    """
+    e = ("embedding",)
+    rows = _whole(spec, e + ("positions",), _option(spec, r, e + ("positions",), 0)) or 0
+    offset = _whole(spec, e + ("position_offset",), _option(spec, r, e + ("position_offset",), 0)) or 0
+    for name, value in (("positions", rows), ("position_offset", offset)):
+        if value < 0:
+            raise spec.error(e + (name,), f"embedding.{name} is {value}, not a whole number >= 0")
+    if rows and L > rows - offset:
+        raise spec.error(e + ("positions",), f"a context of {L} positions does not fit the "
+                         f"position table's {rows} rows from offset {offset} (at most "
+                         f"{max(rows - offset, 0)})")
+    return rows, offset
 
 
 def checkpoint_layout(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:

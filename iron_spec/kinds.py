@@ -23,13 +23,14 @@ CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causa
 
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("rope", "head"), "encoder": ("pooling",)}),
-    Row(("embedding",), ("model",), {"encoder": ("positions", "token_types", "norm")}),
+    Row(("embedding",), ("model",), {"encoder": ("token_types", "norm")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         k: ("residual_scale", "pattern", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
         for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("rope", "window", "softcap", "qk_norm", "fused_qkv", "v_norm", "values_from_keys")
+        k: ("rope", "window", "softcap", "qk_norm", "fused_qkv", "v_norm", "values_from_keys",
+            "qkv_layout")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"rms": ("plus_one",)}),
 )

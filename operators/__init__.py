@@ -15,6 +15,7 @@ from .embedding import Embedding
 from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
+from .positions import AddRows
 from .pooling import L2Normalize, MeanRows, Tanh
 from .rope import Rope, rope_inv_freq, rope_table, rope_tables
 from .sampling import Sampler
@@ -27,6 +28,7 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
+        AddRows(),
     )
 }
 
@@ -34,5 +36,5 @@ __all__ = [
     "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
     "Rope", "rope_inv_freq", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
-    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh",
+    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows",
 ]

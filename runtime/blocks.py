@@ -50,7 +50,7 @@ class AttentionOptions:
     ``qk_norm``: RMSNorm of queries and keys before RoPE, ``head`` over each head's
     ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention), None
     for none; it takes the layer's norm options. ``fused_qkv``: one ``qkv_proj`` holds q, k
-    and v, in that order (Phi3Attention). ``v_norm``: values RMS-normed over each head with
+    and v, its rows stored as ``qkv_layout`` says (``qkv_rows``). ``v_norm``: values RMS-normed over each head with
     no weight (the layer's eps), as Gemma4TextAttention's ``v_norm``. ``values_from_keys``:
     no ``v_proj``; the values are the key projection's output, before the k norm and RoPE
     (Gemma4TextAttention's ``attention_k_eq_v``). ``kv_from``: the index of an earlier layer
@@ -72,6 +72,39 @@ class AttentionOptions:
     v_norm: bool = False
     values_from_keys: bool = False
     kv_from: int | None = None
+    qkv_layout: str = "blocks"
+
+
+QKV_LAYOUTS = ("blocks", "heads", "groups")
+
+
+def qkv_rows(layout: str, heads: int, kv_heads: int, head_dim: int) -> np.ndarray | None:
+    """Where a fused q/k/v projection's checkpoint stores each row of the model's ``[q; k;
+    v]`` blocks (``Param.rows``: ``model = stored[rows]``), None where it stores them so.
+
+    ``blocks``: ``[q (heads * head_dim); k; v]`` (Phi3Attention; GPT-BigCode's and Falcon's
+    multi-query, one kv head). ``heads``: per head ``(heads, 3, head_dim)``, q, k and v of
+    each head together (GPTNeoXAttention, PersimmonAttention, FalconAttention without
+    multi-query; heads == kv_heads). ``groups``: per kv group ``(kv_heads, heads /
+    kv_heads + 2, head_dim)``, the group's query heads then its key and value
+    (FalconAttention's ``_split_heads`` under ``new_decoder_architecture``); it is
+    ``heads`` with as many groups as heads and ``blocks`` with one.
+
+    Raises:
+        ValueError: an unknown layout, or ``heads`` with fewer kv heads than heads.
+    """
+    if layout not in QKV_LAYOUTS:
+        raise ValueError(f"qkv_layout {layout!r} is not one of {', '.join(QKV_LAYOUTS)}")
+    if layout == "blocks":
+        return None
+    if layout == "heads" and kv_heads != heads:
+        raise ValueError(f"qkv_layout heads stores q, k and v of every head together: "
+                         f"{heads} heads need as many kv heads, not {kv_heads} (groups "
+                         "stores them per kv group)")
+    G, R, D = kv_heads, heads // kv_heads, head_dim
+    stored = np.arange(G * (R + 2) * D).reshape(G, R + 2, D)
+    return np.concatenate([stored[:, :R].reshape(-1), stored[:, R].reshape(-1),
+                           stored[:, R + 1].reshape(-1)])
 
 
 @dataclass(frozen=True)
@@ -197,6 +230,13 @@ class Attention(Module):
         own = o.kv_from is None
         if o.fused_qkv:
             self.qkv_proj = Linear(hidden_size, (H + 2 * G) * D, o.bias)
+            rows = qkv_rows(o.qkv_layout, H, G, D)
+            self.qkv_proj.weight.rows = rows
+            if self.qkv_proj.bias is not None:
+                self.qkv_proj.bias.rows = rows
+        elif o.qkv_layout != "blocks":
+            raise ValueError(f"qkv_layout {o.qkv_layout!r} orders a fused qkv_proj's rows: "
+                             "only with fused_qkv")
         else:
             self.q_proj = Linear(hidden_size, H * D, o.bias)
             if own:

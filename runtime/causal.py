@@ -8,7 +8,7 @@ drawn from those logits and ``position + 1``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -34,8 +34,12 @@ class CausalOptions:
     (rounded to float32, as transformers' float32 ``normalizer``). ``logit_scale`` multiplies
     the logits (Granite's ``1 / logits_scaling``), then ``logit_softcap`` caps them
     (``final_logit_softcapping``; None: none). ``per_layer_input``: every layer's second
-    input (layers of kind ``ple``; None: none). ``max_seq_len``: positions the KV caches
-    hold; ``prefill_chunk``: ids a prompt call holds.
+    input (layers of kind ``ple``; None: none). ``positions``: rows of a learned absolute
+    position table ``model.embed_positions`` (0: none), row ``p + position_offset`` added
+    to the (scaled) token embedding at position ``p``, as transformers' GPT2Model ``wpe``
+    and OPTLearnedPositionalEmbedding (offset 2). ``head_bias``: ``lm_head`` has a bias
+    (GPTJForCausalLM, PhiForCausalLM). ``max_seq_len``: positions the KV caches hold;
+    ``prefill_chunk``: ids a prompt call holds.
     """
 
     vocab_size: int
@@ -48,23 +52,33 @@ class CausalOptions:
     logit_scale: float = 1.0
     logit_softcap: float | None = None
     per_layer_input: PerLayerInputOptions | None = None
+    positions: int = 0
+    position_offset: int = 0
+    head_bias: bool = False
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
 
 class Decoder(Module):
     """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``; with
-    per-layer inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
+    learned positions also ``embed_positions`` ``(positions, hidden)``; with per-layer
+    inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
     ``per_layer_projection_norm`` (transformers' Gemma4TextModel).
 
     Raises:
         ValueError: a layer's ``kv_from`` is not an earlier layer holding a cache of its
-            shape.
+            shape; the position table holds fewer than ``max_seq_len`` rows from its offset.
     """
 
     def __init__(self, o: CausalOptions):
         E = o.hidden_size
         self.embed_tokens = Embedding(o.vocab_size, E, o.embedding_scale)
+        if o.positions:
+            if o.position_offset < 0 or o.max_seq_len > o.positions - o.position_offset:
+                raise ValueError(f"a context of {o.max_seq_len} positions does not fit the "
+                                 f"position table's {o.positions} rows from offset "
+                                 f"{o.position_offset}")
+            self.embed_positions = Embedding(o.positions, E)
         self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]
         for i, layer in enumerate(self.layers):
             j = layer.options.attention.kv_from
@@ -108,7 +122,7 @@ class CausalLM(Module):
             raise ValueError(f"prefill_chunk {o.prefill_chunk} is not within 1..max_seq_len "
                              f"{o.max_seq_len}")
         self.model = Decoder(o)
-        self.lm_head = Linear(o.hidden_size, o.vocab_size, False)
+        self.lm_head = Linear(o.hidden_size, o.vocab_size, o.head_bias)
         if o.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.config = o
@@ -133,6 +147,11 @@ class CausalLM(Module):
                  for name, (cos, sin) in self.rope_tables.items()}
         x = self.model.embed_tokens(rec, ids)
         o = self.config
+        if o.positions:
+            table = self.model.embed_positions
+            w = rec.hold("param", table.where("weight"), table.weight.array)
+            x = rec.step("add_rows", x, w, where=table.path,
+                         start=replace(c.start, offset=c.start.offset + o.position_offset))
         per_layer = [None] * len(self.model.layers)
         if o.per_layer_input is not None:
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)

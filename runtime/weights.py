@@ -28,7 +28,8 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     for name, p in sorted(first.values(), key=lambda item: item[0]):
         if len(p.shape) == 2:
             t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[1]))
-            if name.endswith(("embed_tokens.weight", "embed_tokens_per_layer.weight")):
+            if name.endswith(("embed_tokens.weight", "embed_tokens_per_layer.weight",
+                              "embed_positions.weight")):
                 # Rows of order one once the model scales them (Gemma's sqrt(hidden_size)):
                 # larger, the residual stream is the token's own row and every layer a ripple.
                 scale = abs(getattr(_module(module, name), "scale", 1.0)) or 1.0
