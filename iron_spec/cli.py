@@ -133,7 +133,7 @@ def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
 
 @app.command()
 def run(
-    spec: Optional[Path] = typer.Argument(None, help="the spec YAML, e.g. specs/llama3.yaml (default: the spec serving --checkpoint's config.json architectures)"),
+    spec: Optional[Path] = typer.Argument(None, help="the spec YAML, one of specs/ (iron-spec list) or your own (default: the spec serving --checkpoint's config.json architectures)"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),

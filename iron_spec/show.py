@@ -230,7 +230,7 @@ def render_json(view: View) -> str:
 
 
 def command(
-    spec: Path = typer.Argument(..., help="the spec YAML, e.g. specs/llama3.yaml"),
+    spec: Path = typer.Argument(..., help="the spec YAML, one of specs/ (iron-spec list) or your own"),
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id: its "
                                              "config.json, and its tensors placed (headers only)"),
     toy: bool = typer.Option(False, "--toy", help="the spec's toy config (the default without "
