@@ -191,8 +191,9 @@ def _llama(tmp_path, kv_heads: str, field: str = "  multi_query: {json: multi_qu
     text = (SPECS / "llama3.yaml").read_text()
     anchor = "  mlp_bias: {json: mlp_bias, default: false}\n"
     text = text.replace(anchor, anchor + field + "\n").replace(
-        "  attention: {bias: attention_bias, rope: default}",
-        f"  attention: {{bias: attention_bias, rope: default, kv_heads: {kv_heads!r}}}")
+        "  attention: {bias: attention_bias, o_bias: attention_bias, rope: default}",
+        f"  attention: {{bias: attention_bias, o_bias: attention_bias, rope: default, "
+        f"kv_heads: {kv_heads!r}}}")
     path = tmp_path / "llama3.yaml"
     path.write_text(text)
     return path, text
