@@ -7,7 +7,8 @@ spec, fits the context to the host, builds the module tree and fills its weights
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,7 +17,8 @@ import numpy as np
 from operators import native as decode_pool
 from operators.attention import BLOCK as ATTENTION_BLOCK
 from runtime.causal import CausalLM, CausalOptions
-from runtime.checkpoint import Checkpoint, LoadReport, fill, load, mark_transposed
+from runtime.checkpoint import (Checkpoint, LoadReport, distinct_ties, fill, load,
+                                mark_transposed)
 from runtime.renames import RenameError, source
 from runtime.golden import fingerprint
 from runtime.host import checkpoint_directory, fit, host_budget
@@ -28,6 +30,7 @@ from .interpreter import expand
 from .loader import load_spec
 
 Progress = Callable[[int, int], None]
+log = logging.getLogger("iron_spec")
 
 
 @dataclass
@@ -230,6 +233,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)
     lm = _tree(spec, lambda: CausalLM(expanded.options), source)
+    if random_weights is None and expanded.options.tied:
+        expanded, lm = _untie(spec, expanded, lm, directory, source)
     mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
@@ -239,6 +244,24 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
                   checkpoint)
+
+
+def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str):
+    """``expanded`` and ``lm`` with an untied head where the checkpoint holds the tied
+    names' own tensors with other values (``runtime.checkpoint.distinct_ties``), as
+    transformers loads such a checkpoint: each tensor its own param, and a warning."""
+    checkpoint = Checkpoint(directory)
+    try:
+        distinct = distinct_ties(lm, checkpoint, expanded.renames)
+    finally:
+        checkpoint.close()
+    if not distinct:
+        return expanded, lm
+    log.warning("%s: %s; the checkpoint holds each with its own values, so they are not tied "
+                "(as transformers; a config saying tie_word_embeddings: false says so)", source,
+                ", ".join(f"{a} is tied to {b}" for a, b in distinct))
+    expanded = replace(expanded, options=replace(expanded.options, tied=False))
+    return expanded, _tree(spec, lambda: CausalLM(expanded.options), source)
 
 
 def build_tree(spec, config_json: dict, source: str):

@@ -224,8 +224,10 @@ def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mappin
           unused: Iterable[str] = ()) -> Placement:
     """Match checkpoint tensors (name -> shape) to ``module``'s params after ``renames``
     (``runtime.renames``: composed, in order): a tensor whose renamed name is a tied alias
-    is ignored; one whose own name a pattern of ``unused`` matches is left unread; every
-    other must fill exactly one param of its stored shape (``Param.stored_shape``)."""
+    is ignored, unless the param it shares has no tensor of its own, which it then fills
+    (transformers' ``tie_weights`` swaps source and target so); one whose own name a pattern
+    of ``unused`` matches is left unread; every other must fill exactly one param of its
+    stored shape (``Param.stored_shape``)."""
     out = Placement()
     first: dict[int, str] = {}
     for name, p in module.named_params():
@@ -235,8 +237,12 @@ def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mappin
             first[id(p)] = name
             out.params[name] = p
     unused = list(unused)
+    held = {renamed(source, renames) for source in shapes}
     for source in shapes:
         target = renamed(source, renames)
+        if target in out.tied and out.tied[target] not in held \
+                and out.tied[target] not in out.sources:
+            target = out.tied[target]
         if target in out.tied:
             out.ignored.append(source)
         elif target in out.params and target not in out.sources:
@@ -248,6 +254,23 @@ def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mappin
         else:
             out.unplaced.append((source, target))
     out.unfilled = [n for n in out.params if n not in out.sources]
+    return out
+
+
+def distinct_ties(module: Module, checkpoint: "Checkpoint", renames: Mapping[str, str]
+                  ) -> list[tuple[str, str]]:
+    """The tied names of ``module`` (``lm_head.weight`` sharing the embedding) whose own
+    tensor ``checkpoint`` holds beside the shared param's, with other values: (tied name,
+    the name it shares) pairs. transformers' ``PreTrainedModel.tie_weights`` ties neither of
+    such a pair (it warns and loads each tensor into its own param); equal tensors are tied."""
+    found = place(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames)
+    own = {renamed(source, renames): source for source in checkpoint.tensors}
+    out = []
+    for alias, shared in found.tied.items():
+        if alias in own and shared in found.sources:
+            a, b = checkpoint.raw(own[alias]), checkpoint.raw(found.sources[shared])
+            if a.shape != b.shape or not np.array_equal(a.astype(np.float32), b.astype(np.float32)):
+                out.append((alias, shared))
     return out
 
 

@@ -2,8 +2,8 @@
 the tests): ``python -m tests.specs.divergences.record NAME [--list-tensors]``.
 
 ``--list-tensors`` first writes into the case the tensors transformers' ``save_pretrained``
-writes for its config (plus the case's ``extra_tensors``: a distinct ``lm_head.weight`` beside a
-tied head, say). The golden is then transformers' ``AutoModelForCausalLM`` on the drawn
+writes for its config, plus the case's ``extra_tensors`` (a distinct ``lm_head.weight`` beside a
+tied head, say) and less its ``drop_tensors``. The golden is then transformers' ``AutoModelForCausalLM`` on the drawn
 checkpoint, through ``iron_spec.golden_record.record``, keyed by the checkpoint's fingerprint;
 no code of ours runs the model.
 """
@@ -38,8 +38,21 @@ def list_tensors(name: str) -> None:
         tensors = {n: list(t.shape) for n, t in ck.tensors.items()}
         ck.close()
     tensors.update(c.get("extra_tensors", {}))
+    for dropped in c.get("drop_tensors", []):
+        del tensors[dropped]
     c["tensors"] = dict(sorted(tensors.items()))
     write_case(name, c)
+
+
+def _refuse_partial_load(directory: Path) -> None:
+    """Raises ValueError where transformers would leave a weight as initialized, or drop one:
+    the golden would judge other weights than the checkpoint's."""
+    import transformers
+
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(directory, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if k != "error_msgs" and v}
+    if bad:
+        raise ValueError(f"transformers does not load {directory} whole: {bad}")
 
 
 def main(name: str, tensors: bool) -> None:
@@ -49,6 +62,7 @@ def main(name: str, tensors: bool) -> None:
         directory = materialize(name, Path(d) / name)
         ck = Checkpoint(directory)
         fp = fingerprint(case(name)["config"], ((n, ck.raw(n)) for n in ck.tensors))
+        _refuse_partial_load(directory)
         loaded = SimpleNamespace(directory=directory, random_weights=None,
                                  fingerprint=lambda: fp)
         golden = record(loaded, prompt(name), STEPS)
