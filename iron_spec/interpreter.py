@@ -95,7 +95,8 @@ def _type_text(t: Any) -> str:
 
 def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     """Each layer's type under ``layer/pattern``: config's list (``types``), else every
-    ``every``-th layer ``nth`` and the others ``other``; ``[None] * n`` without a pattern.
+    ``every``-th layer and every layer from index ``from`` on ``nth``, the others ``other``;
+    ``[None] * n`` without a pattern.
 
     A type is a name (``layer_types``' ``"sliding_attention"``), an integer or a boolean (a
     per-layer flag list such as SmolLM3's ``no_rope_layers``, 1 = RoPE): ``options`` is keyed
@@ -114,10 +115,14 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
         where = p + ("types",)
     else:
         every = _whole(spec, p + ("every",), _option(spec, r, p + ("every",), None))
+        start = _whole(spec, p + ("from",), _option(spec, r, p + ("from",), None))
         nth, other = spec.get(*p, "nth"), spec.get(*p, "other")
-        if other is None or (every is not None and (nth is None or every < 1)):
-            raise spec.error(p, "without layer types, a pattern needs other (and every >= 1 with nth)")
-        types = [nth if every and (i + 1) % every == 0 else other for i in range(n)]
+        if other is None or (every is not None and (nth is None or every < 1)) or (
+                start is not None and nth is None):
+            raise spec.error(p, "without layer types, a pattern needs other (and nth with every "
+                                ">= 1 or from)")
+        types = [nth if (every and (i + 1) % every == 0) or (start is not None and i >= start)
+                 else other for i in range(n)]
         where = p
     unknown = sorted({_type_text(t) for t in types if t not in options})
     if unknown:
