@@ -96,7 +96,7 @@ def _type_text(t: Any) -> str:
 def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     """Each layer's type under ``layer/pattern``: config's list (``types``), else every
     ``every``-th layer and every layer from index ``from`` on ``nth``, the others ``other``;
-    ``[None] * n`` without a pattern.
+    the last layer ``last`` where that is given; ``[None] * n`` without a pattern.
 
     A type is a name (``layer_types``' ``"sliding_attention"``), an integer or a boolean (a
     per-layer flag list such as SmolLM3's ``no_rope_layers``, 1 = RoPE): ``options`` is keyed
@@ -124,6 +124,9 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
         types = [nth if (every and (i + 1) % every == 0) or (start is not None and i >= start)
                  else other for i in range(n)]
         where = p
+    last = spec.get(*p, "last")
+    if last is not None and types:
+        types = types[:-1] + [last]
     unknown = sorted({_type_text(t) for t in types if t not in options})
     if unknown:
         raise spec.error(where, f"layer types {', '.join(unknown)} have no entry under "
