@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from operators.activation import ACTIVATIONS
+from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from runtime.blocks import NormOptions
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS, draw_encoder_weights
@@ -96,8 +96,9 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
     if spec.get(*m, "kind", default="plain") != "plain":
         raise spec.error(m + ("kind",), "an encoder layer's mlp is 'plain' (up, act, down)")
     act = _option(spec, r, m + ("act",), "hidden_act")
-    if act not in ACTIVATIONS:
-        raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    if act not in ACTIVATIONS or act in ACTIVATION_PARAMS:
+        raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)} "
+                                       "without parameters")
     norm = NormOptions(kind=spec.get("layer", "norm", "kind", default="rms"),
                        eps=_number(spec, r, layer + ("norm", "eps"), 1e-6),
                        plus_one=_flag_option(spec, r, layer + ("norm", "plus_one"), False))

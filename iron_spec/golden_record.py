@@ -40,7 +40,8 @@ def hugging_face(loaded: Loaded):
         return model.eval()
     with tempfile.TemporaryDirectory() as d:
         Path(d, "config.json").write_text(json.dumps(loaded.config_json))
-        state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+        # np.array, not ascontiguousarray: a 0-d tensor (a buffer) stays 0-d.
+        state = {k: torch.from_numpy(np.array(v, order="C")) for k, v in
                  loaded.checkpoint_tensors().items()}
         save_file(state, str(Path(d, "model.safetensors")))
         model, info = transformers.AutoModelForCausalLM.from_pretrained(

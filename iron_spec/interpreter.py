@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from operators.activation import ACTIVATIONS
+from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
 from runtime.causal import CausalOptions
@@ -204,8 +204,9 @@ def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:
     if not size:
         return None
     act = _option(spec, r, p + ("act",), "hidden_act")
-    if act not in ACTIVATIONS:
-        raise spec.error(p + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    if act not in ACTIVATIONS or act in ACTIVATION_PARAMS:
+        raise spec.error(p + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)} "
+                                       "without parameters")
 
     def number(name: str) -> float:
         return _number(spec, p + (name,), _option(spec, r, p + (name,), 1.0))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from operators import rope_table as rope_table_of
+from operators.activation import ACTIVATION_PARAMS
 
 from .graph import Handle, Recorder
 from .module import Module, Param, State
@@ -110,8 +111,9 @@ def qkv_rows(layout: str, heads: int, kv_heads: int, head_dim: int) -> np.ndarra
 @dataclass(frozen=True)
 class MLPOptions:
     """``kind``: ``gated`` (``down(act(gate(x)) * up(x))``, LlamaMLP) or ``plain``
-    (``down(act(up(x)))``); ``act``: a ``hidden_act`` name; ``bias`` on every projection;
-    ``fused``: one ``gate_up_proj`` holds gate then up (Phi3MLP)."""
+    (``down(act(up(x)))``); ``act``: an ``ACT2FN`` name (one holding parameters holds them
+    in ``act_fn``, ``ActivationParams``); ``bias`` on every projection; ``fused``: one
+    ``gate_up_proj`` holds gate then up (Phi3MLP)."""
 
     intermediate_size: int
     kind: str = "gated"
@@ -343,6 +345,21 @@ class Attention(Module):
         return self.o_proj(rec, a)
 
 
+class ActivationParams(Module):
+    """The parameters an activation holds, named as transformers' activation module names
+    them (``act_fn.alpha_p`` ... of XIELUActivation, ``act_fn.weight`` of nn.PReLU;
+    ``operators.activation.ACTIVATION_PARAMS``); none for most activations."""
+
+    def __init__(self, act: str):
+        self.names = tuple(name for name, _ in ACTIVATION_PARAMS.get(act, ()))
+        for name, shape in ACTIVATION_PARAMS.get(act, ()):
+            setattr(self, name, Param(*shape))
+
+    def __call__(self, rec: Recorder) -> list[Handle]:
+        """The parameters' handles, in the order the activation operators take them."""
+        return [rec.hold("param", self.where(n), getattr(self, n).array) for n in self.names]
+
+
 class MLP(Module):
     """The feed-forward block: ``down_proj(act(gate_proj(x)) * up_proj(x))`` (gated, gate
     and up fused in ``gate_up_proj`` where ``fused``) or ``down_proj(act(up_proj(x)))``."""
@@ -358,6 +375,8 @@ class MLP(Module):
         if not (o.kind == "gated" and o.fused):
             self.up_proj = Linear(hidden_size, M, o.bias)
         self.down_proj = Linear(M, hidden_size, o.bias)
+        if o.act in ACTIVATION_PARAMS:
+            self.act_fn = ActivationParams(o.act)
         self.options = o
 
     def packs(self) -> list[tuple[Param, ...]]:
@@ -367,14 +386,15 @@ class MLP(Module):
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
         o = self.options
+        params = self.act_fn(rec) if hasattr(self, "act_fn") else []
         if o.kind == "plain":
-            h = rec.step("activation", self.up_proj(rec, x), where=self.path, act=o.act)
+            h = rec.step("activation", self.up_proj(rec, x), *params, where=self.path, act=o.act)
         elif o.fused:
-            h = rec.step("gated_activation", self.gate_up_proj(rec, x), None, where=self.path,
-                         act=o.act)
+            h = rec.step("gated_activation", self.gate_up_proj(rec, x), None, *params,
+                         where=self.path, act=o.act)
         else:
             h = rec.step("gated_activation", self.gate_proj(rec, x), self.up_proj(rec, x),
-                         where=self.path, act=o.act)
+                         *params, where=self.path, act=o.act)
         return self.down_proj(rec, h)
 
 
