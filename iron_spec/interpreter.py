@@ -290,11 +290,13 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
             rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
             scaling=scaling,
             max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
-                spec, r, p + ("max_position_embeddings",), "max_position_embeddings")))
-    for lo in built.values():
+                spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
+            interleaved=_flag_option(spec, r, p + ("interleaved",), False))
+    for t, lo in built.items():
         name = lo.attention.rope
         if name is None or name not in ropes:
             continue
+        built[t] = replace(lo, attention=replace(lo.attention, rope_interleaved=ropes[name].interleaved))
         width = ropes[name].rotary_dim
         if width < 2 or width % 2 or width > lo.attention.head_dim:
             raise spec.error(("rope", name), f"rope table {name!r} rotates {width} columns: an even "

@@ -1,4 +1,5 @@
-"""Rotary position embedding (RoPE), half-rotated as transformers' Llama, and its tables.
+"""Rotary position embedding (RoPE), half-rotated as transformers' Llama or on interleaved
+pairs as GPT-J, and its tables.
 
 The tables follow transformers' ``modeling_rope_utils``: inverse frequencies in float32 from
 ``rope_theta`` and the checkpoint's ``rope_scaling`` (types ``default``, ``linear``,
@@ -175,66 +176,94 @@ def rope_tables(inv_freq: np.ndarray, positions: int,
 class Rope(Operator):
     """``x`` ``(n, heads, head_dim)`` turned by the table rows ``start .. start + n``.
 
-    Inputs: ``x``, ``cos`` and ``sin`` ``(positions, rotary // 2)``. The first ``rotary``
-    columns of each head are rotated half against half (transformers' ``rotate_half``), the
-    rest pass through (partial rotary). Attributes: ``start`` (often per call).
+    Inputs: ``x``, ``cos`` and ``sin`` ``(positions, rotary // 2)``; the first ``rotary``
+    columns of each head turn, the rest pass through (partial rotary). Pair ``i`` turns by
+    row column ``i``: ``(x[i], x[i + rotary // 2])`` half against half (transformers'
+    ``rotate_half`` of LlamaAttention), or with ``interleaved`` ``(x[2i], x[2i + 1])``
+    (GPTJAttention's ``rotate_every_two`` with sin and cos ``repeat_interleave``d; the same
+    pairing as the interleaved ``rotate_half`` of CohereAttention and of GlmAttention /
+    Glm4Attention, which turn the first ``rotary_dim`` columns only). Attributes:
+    ``start`` (often per call), ``interleaved``.
+
+    Interleaved pairs are turned here rather than by permuting the q and k projection rows
+    at load into half-against-half order (exact too, as attention scores only see q.k):
+    the permutation would have to follow every reader of those rows (fused q/k/v layouts,
+    biases, per-head q/k norm weights, the tensors ``show`` lists and a golden records),
+    while the kernel costs the same one pass either way.
     """
 
     name = "rope"
 
-    def shape(self, x, cos, sin, start=0):
+    def shape(self, x, cos, sin, start=0, interleaved=False):
         if len(x) != 3 or cos != sin or 2 * cos[1] > x[2]:
             raise ValueError(f"rope: x {x} (n, heads, head_dim) does not meet table {cos}")
         return x
 
-    def reference(self, x, cos, sin, start=0):
+    @staticmethod
+    def _pairs(a, half: int, interleaved: bool):
+        """The two members of every pair along the last axis (views)."""
+        if interleaved:
+            return a[..., 0:2 * half:2], a[..., 1:2 * half:2]
+        return a[..., :half], a[..., half:2 * half]
+
+    def reference(self, x, cos, sin, start=0, interleaved=False):
         x = as64(x)
         n, half = x.shape[0], cos.shape[1]
         c = as64(cos)[start:start + n, None, :]
         s = as64(sin)[start:start + n, None, :]
         out = x.copy()
-        x1, x2 = x[..., :half], x[..., half:2 * half]
-        out[..., :half] = x1 * c - x2 * s
-        out[..., half:2 * half] = x2 * c + x1 * s
+        x1, x2 = self._pairs(x, half, interleaved)
+        o1, o2 = self._pairs(out, half, interleaved)
+        o1[...] = x1 * c - x2 * s
+        o2[...] = x2 * c + x1 * s
         return out
 
-    def kernel(self, out, x, cos, sin, scratch=None, start=0):
-        # cos and sin as packed: [cos, cos] and [-sin, sin], so both halves turn in one
-        # pass: x * cos + swap_halves(x) * sin, the same products and sums as the
-        # reference's x1 * c - x2 * s and x2 * c + x1 * s, to the bit.
+    def kernel(self, out, x, cos, sin, scratch=None, start=0, interleaved=False):
+        # cos and sin as packed (``pack``): per column, so every column turns in one pass:
+        # x * cos + partner(x) * sin, the same products and sums as the reference's
+        # x1 * c - x2 * s and x2 * c + x1 * s, to the bit.
         n, heads, D = x.shape
         R = cos.shape[1]
         half = R // 2
         xr = x[..., :R]
-        swapped = scratch[: n * heads * R].reshape(n, heads, 2, half)
-        np.copyto(swapped, xr.reshape(n, heads, 2, half)[:, :, ::-1])
-        swapped = swapped.reshape(n, heads, R)
-        swapped *= sin[start:start + n, None, :]
+        if interleaved:
+            partner = scratch[: n * heads * R].reshape(n, heads, half, 2)
+            np.copyto(partner, xr.reshape(n, heads, half, 2)[..., ::-1])
+        else:
+            partner = scratch[: n * heads * R].reshape(n, heads, 2, half)
+            np.copyto(partner, xr.reshape(n, heads, 2, half)[:, :, ::-1])
+        partner = partner.reshape(n, heads, R)
+        partner *= sin[start:start + n, None, :]
         np.multiply(xr, cos[start:start + n, None, :], out=out[..., :R])
-        out[..., :R] += swapped
+        out[..., :R] += partner
         if R < D:
             out[..., R:] = x[..., R:]
 
-    def pack(self, index, array, start=0):
-        # The tables (L, rotary_dim / 2) widened for one pass over both halves.
+    def pack(self, index, array, start=0, interleaved=False):
+        # The tables (L, rotary_dim / 2) widened to one value per column: half against
+        # half [cos, cos] and [-sin, sin]; interleaved each pair's (cos, cos), (-sin, sin).
         t = np.asarray(array, np.float32)
-        if index == 1:
-            return np.ascontiguousarray(np.concatenate([t, t], axis=1))
-        if index == 2:
-            return np.ascontiguousarray(np.concatenate([-t, t], axis=1))
+        if index in (1, 2):
+            first = t if index == 1 else -t
+            if interleaved:
+                return np.ascontiguousarray(np.stack([first, t], axis=2).reshape(t.shape[0], -1))
+            return np.ascontiguousarray(np.concatenate([first, t], axis=1))
         return super().pack(index, array)
 
-    def scratch(self, x, cos, sin, start=0):
+    def scratch(self, x, cos, sin, start=0, interleaved=False):
         return x[0] * x[1] * 2 * cos[1]
 
-    def tolerance(self, x, cos, sin, start=0):
+    def tolerance(self, x, cos, sin, start=0, interleaved=False):
         return Tolerance(atol=1e-6, rtol=4 * EPS32)
 
-    def scale(self, reference, x, cos, sin, start=0):
+    def scale(self, reference, x, cos, sin, start=0, interleaved=False):
         # Each output is a sum of two products, each bounded by |x|.
         half = cos.shape[1]
-        mag = np.abs(as64(x)).copy()
-        pair = np.abs(as64(x[..., :half])) + np.abs(as64(x[..., half:2 * half]))
-        mag[..., :half] = pair
-        mag[..., half:2 * half] = pair
+        x = as64(x)
+        mag = np.abs(x).copy()
+        a, b = self._pairs(x, half, interleaved)
+        m1, m2 = self._pairs(mag, half, interleaved)
+        pair = np.abs(a) + np.abs(b)
+        m1[...] = pair
+        m2[...] = pair
         return mag

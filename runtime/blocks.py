@@ -31,12 +31,16 @@ class NormOptions:
 class RopeOptions:
     """One RoPE table: ``theta``, transformers' ``rope_scaling`` dict (or None), the rotated
     width ``rotary_dim`` (head_dim, or less under partial rotary) and the config's
-    ``max_position_embeddings`` (which ``dynamic`` and ``longrope`` scaling read)."""
+    ``max_position_embeddings`` (which ``dynamic`` and ``longrope`` scaling read).
+    ``interleaved``: columns ``2i`` and ``2i + 1`` turn together (GPTJAttention's
+    ``rotate_every_two``), else ``i`` and ``i + rotary_dim / 2`` (LlamaAttention's
+    ``rotate_half``); a layer reading the table turns so (``AttentionOptions``)."""
 
     theta: float
     rotary_dim: int
     scaling: dict | None = None
     max_position_embeddings: int = 2048
+    interleaved: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,8 @@ class AttentionOptions:
 
     ``heads``/``kv_heads``/``head_dim``: transformers' ``num_attention_heads``,
     ``num_key_value_heads``, ``head_dim``. ``bias``: q/k/v biases; ``o_bias``: the output
-    projection's. ``rope``: the name of the RoPE table this layer reads (None: no RoPE).
+    projection's. ``rope``: the name of the RoPE table this layer reads (None: no RoPE);
+    ``rope_interleaved``: that table's ``interleaved`` (``RopeOptions``).
     ``scale``: the logit scale (None: ``head_dim ** -0.5``). ``window``: transformers'
     ``sliding_window`` (None: full). ``softcap``: attention logit softcap (None: none).
     ``qk_norm``: RMSNorm of queries and keys before RoPE, ``head`` over each head's
@@ -65,6 +70,7 @@ class AttentionOptions:
     bias: bool = False
     o_bias: bool = False
     rope: str | None = "default"
+    rope_interleaved: bool = False
     scale: float | None = None
     window: int | None = None
     softcap: float | None = None
@@ -313,7 +319,8 @@ class Attention(Module):
             v = self.v_norm(rec, v)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
-            k = rec.step("rope", k, cos, sin, where=self.where("k"), start=start)
+            k = rec.step("rope", k, cos, sin, where=self.where("k"), start=start,
+                         interleaved=o.rope_interleaved)
         q = self._queries(rec, q, ropes)
         keys = rec.hold("state", self.where("keys"), self.keys.array)
         values = rec.hold("state", self.where("values"), self.values.array)
@@ -331,7 +338,8 @@ class Attention(Module):
             q = self.q_norm(rec, q)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
-            q = rec.step("rope", q, cos, sin, where=self.where("q"), start=rec.call.start)
+            q = rec.step("rope", q, cos, sin, where=self.where("q"), start=rec.call.start,
+                         interleaved=o.rope_interleaved)
         return q
 
     def _attend(self, rec: Recorder, q: Handle, keys: State, values: State) -> Handle:

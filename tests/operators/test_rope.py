@@ -206,3 +206,69 @@ def test_shape_mismatch():
         OP.shape((2, 3, 8), (16, 5), (16, 5))  # rotary 10 > head_dim 8
     with pytest.raises(ValueError):
         OP.shape((2, 24), (16, 4), (16, 4))
+
+
+# --- interleaved pairs (GPT-J's rotate_every_two; Cohere's and GLM's rotate_half) ------
+
+def test_interleaved_pairs_column_2i_with_2i_plus_1(run_kernel):
+    # head_dim 4: pairs (0, 1) and (2, 3); a quarter turn for the first, a half for the second.
+    cos = np.array([[0.0, -1.0]], np.float32)
+    sin = np.array([[1.0, 0.0]], np.float32)
+    x = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)
+    # (1, 2) turned a quarter is (-2, 1); (3, 4) turned a half is (-3, -4)
+    expected = [[[-2.0, 1.0, -3.0, -4.0]]]
+    np.testing.assert_array_equal(OP.reference(x, cos, sin, interleaved=True), expected)
+    np.testing.assert_array_equal(
+        run_kernel(OP, x, cos, sin, interleaved=True, packed=(1, 2)), expected)
+
+
+def _gptj(x, cos, sin, start, rotary):
+    """transformers' GPTJ apply_rotary_pos_emb written out: sin and cos repeat_interleave'd,
+    x * cos + rotate_every_two(x) * sin over the first ``rotary`` columns."""
+    x = x.astype(np.float64)
+    n = x.shape[0]
+    c = np.repeat(cos[start:start + n].astype(np.float64), 2, axis=-1)[:, None, :]
+    s = np.repeat(sin[start:start + n].astype(np.float64), 2, axis=-1)[:, None, :]
+    rot = x[..., :rotary]
+    every_two = np.stack([-rot[..., 1::2], rot[..., ::2]], axis=-1).reshape(rot.shape)
+    out = x.copy()
+    out[..., :rotary] = rot * c + every_two * s
+    return out
+
+
+@pytest.mark.parametrize("head_dim,rotary,start", [(16, 16, 0), (16, 16, 9), (24, 8, 5)])
+def test_interleaved_is_gptj_rotate_every_two(run_kernel, randn, head_dim, rotary, start):
+    cos, sin = _tables(rotary, 20)
+    x = randn(4, 3, head_dim, scale=2.0)
+    want = _gptj(x, cos, sin, start, rotary)
+    np.testing.assert_allclose(OP.reference(x, cos, sin, start=start, interleaved=True), want,
+                               rtol=1e-14, atol=1e-14)
+    got = run_kernel(OP, x, cos, sin, start=start, interleaved=True, packed=(1, 2))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got[..., rotary:], x[..., rotary:])
+
+
+def test_interleaved_is_half_rotation_of_permuted_columns(randn):
+    # Columns (0, 2, 4, ..., 1, 3, 5, ...) of an interleaved head are a half-rotated head:
+    # the permutation of q/k rows that would serve interleaved RoPE by the other layout.
+    cos, sin = _tables(8, 12)
+    x = randn(3, 2, 12)
+    perm = np.r_[0:8:2, 1:8:2, 8:12]
+    inter = OP.reference(x, cos, sin, start=4, interleaved=True)
+    half = OP.reference(x[..., perm], cos, sin, start=4)
+    np.testing.assert_allclose(inter[..., perm], half, rtol=1e-15, atol=1e-15)
+
+
+def test_interleaved_tables_pack_per_pair():
+    cos = np.array([[1.0, 2.0]], np.float32)
+    np.testing.assert_array_equal(OP.pack(1, cos, interleaved=True), [[1.0, 1.0, 2.0, 2.0]])
+    np.testing.assert_array_equal(OP.pack(2, cos, interleaved=True), [[-1.0, 1.0, -2.0, 2.0]])
+    np.testing.assert_array_equal(OP.pack(2, cos), [[-1.0, -2.0, 1.0, 2.0]])
+
+
+@pytest.mark.parametrize("n,heads,head_dim,rotary,start", [
+    (1, 4, 64, 64, 117), (6, 3, 32, 32, 10), (5, 2, 80, 32, 3), (3, 2, 64, 16, 0)])
+def test_interleaved_kernel_within_tolerance(check_kernel, randn, n, heads, head_dim, rotary, start):
+    cos, sin = rope_tables(rope_inv_freq(rotary, 10000.0)[0], 128)
+    check_kernel(OP, randn(n, heads, head_dim, scale=4.0), cos, sin, start=start,
+                 interleaved=True, packed=(1, 2))
