@@ -33,6 +33,7 @@ def ops(plan: Plan) -> list[str]:
 
 @pytest.mark.parametrize("spec, ropes_per_layer", [
     ("llama3", 1),   # k and q straight from the fused q/k/v GEMM: one RoPE
+    ("helium", 1),   # the same on interleaved pairs
     ("qwen3", 2),    # each normed on its own first (q_norm, k_norm): two
 ])
 def test_rope_of_k_and_q_is_one_step_where_both_come_from_the_projection(spec, ropes_per_layer):
@@ -43,6 +44,7 @@ def test_rope_of_k_and_q_is_one_step_where_both_come_from_the_projection(spec, r
 
 @pytest.mark.parametrize("spec, fused_pairs", [
     ("llama3", True),
+    ("helium", True),   # interleaved pairs, tables packed per pair
     ("phi3", False),    # q, k and v split from one qkv_proj by copying steps: not fused
     ("gemma3", False),  # q and k normed first
 ])
