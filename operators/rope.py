@@ -189,7 +189,9 @@ class Rope(Operator):
     at load into half-against-half order (exact too, as attention scores only see q.k):
     the permutation would have to follow every reader of those rows (fused q/k/v layouts,
     biases, per-head q/k norm weights, the tensors ``show`` lists and a golden records),
-    while the kernel costs the same one pass either way.
+    while the kernel costs the same one pass either way. This numpy kernel is the only one:
+    the C decode pool (``operators._cpu``) runs GEMVs and attention, never RoPE, so no path
+    turns an interleaved table half against half.
     """
 
     name = "rope"
