@@ -143,7 +143,7 @@ def command(
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":
                 raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
-            _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json)
+            _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json, record_golden)
         if max_seq_len is not None:  # refused before the weights load
             C = (toy and parsed.get("toy", "prefill_chunk")) or \
                 parsed.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
@@ -189,41 +189,44 @@ ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of orde
 
 
 def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
-                   as_json: bool) -> None:
-    """``check`` for an encoder spec: its embeddings, against the golden where one exists
-    for these inputs (the texts or ids it was recorded on), else only against itself."""
+                   as_json: bool, record_golden: bool = False) -> None:
+    """``check`` for an encoder spec: its last hidden states and its pooled embeddings
+    against transformers' (each within ``ENCODER_ATOL``, max absolute error) where a golden
+    exists for these inputs, else only against itself. ``record_golden`` records one first
+    through transformers' own ``AutoModel`` (``golden_record.record_encoder``)."""
+    from runtime.encoder_golden import EncoderGolden, find_encoder_golden
     from .encoder import load_encoder
     loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy)
-    model, wants, probes = loaded.model, None, []
-    fp, data = loaded.fingerprint(), {}
-    candidates = [golden] if golden is not None else sorted(golden_path(loaded).parent.glob("*.npz"))
-    note = f"no golden in {golden_path(loaded).parent} for these inputs ({fp})"
-    for path in candidates:
-        if not path.exists():
-            raise GoldenError(f"{path}: no such golden")
-        with np.load(path, allow_pickle=False) as f:
-            found = {k: f[k] for k in f.files}
-        if str(found.get("fingerprint")) == fp:
-            data, note = found, f"golden {path}"
-            break
-        if golden is not None:
-            raise GoldenError(f"{path} was recorded from other inputs than these ({fp})")
-    # Goldens hold transformers' BertModel mean-pooled, unnormalized: judged the same way.
-    pooling = dataclasses.replace(model.config.pooling, kind="mean", normalize=False)
-    if "embeddings" in data:  # texts' ids, as the checkpoint's tokenizer gives them
-        probes = [(np.array(i), None) for i in json.loads(str(data["ids"]))]
-        wants = list(data["embeddings"])
+    model, fp = loaded.model, loaded.fingerprint()
+    if record_golden:
+        missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
+                             "extra: pip install -e '.[golden]'")
+        from .golden_record import record_encoder
+        path = golden or golden_path(loaded)
+        record_encoder(loaded).write(path)
+        typer.echo(f"recorded {path}", err=True)
+    folder = golden_path(loaded).parent
+    if golden is not None:
+        found, where = EncoderGolden.read(golden, fp), golden
     else:
-        i = 0
-        while f"ids{i}" in data:
-            probes.append((data[f"ids{i}"], data[f"types{i}"]))
-            i += 1
-        if probes:
-            wants = [data[f"mean{k}"] for k in range(len(probes))]
-        else:
-            rng = np.random.default_rng(0)
-            probes = [(rng.integers(0, model.config.vocab_size, n), None) for n in (5, 17)]
+        found, where = find_encoder_golden(folder, fp)
+    note = f"golden {where}" if found else f"no golden in {folder} for these inputs ({fp})"
+    pooling = model.config.pooling
+    if found is not None and found.pooling == "mean":
+        # bert's older goldens hold transformers' mean pooling, unnormalized: judged so.
+        pooling = dataclasses.replace(pooling, kind="mean", normalize=False)
+    if found is not None:
+        probes, wants = found.probes, found.pooled
+    else:
+        rng = np.random.default_rng(0)
+        probes, wants = [(rng.integers(0, model.config.vocab_size, n), None) for n in (5, 17)], None
     version = model.version(pooling)
     results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,
                                       model.version(pooling, check=True))
+    if found is not None and found.hidden is not None:
+        states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
+        results.insert(-1, checks.hidden_states_against(states, probes, found.hidden,
+                                                        ENCODER_ATOL))
     _report(spec, note, results, as_json)

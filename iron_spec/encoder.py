@@ -113,23 +113,42 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
         placement=spec.get("layer", "placement", default="post"))
     e, p = ("embedding",), ("pooling",)
     positions = _whole(spec, r, e + ("positions",), 0)
+    offset = _whole(spec, r, e + ("position_offset",), 0)
+    padding = _option(spec, r, e + ("position_padding",), None)
+    if padding is not None:
+        padding = _whole(spec, r, e + ("position_padding",), None)
+        if offset < 1:
+            raise spec.error(e + ("position_padding",), "a padding id takes row position_offset "
+                             f"- 1; set embedding/position_offset above 0 (it is {offset})")
+    if offset and not positions:
+        raise spec.error(e + ("position_offset",), f"position offset {offset} without a position "
+                                                   "table (embedding/positions)")
+    width = _option(spec, r, e + ("size",), None)
+    if width is not None:
+        width = _whole(spec, r, e + ("size",), None)
+        if width < 1:
+            raise spec.error(e + ("size",), "embedding/size is 0, not a width of at least 1")
     kind = spec.get("pooling", "kind", default="mean")
     if kind not in POOLINGS:
         raise spec.error(p + ("kind",), f"pooling {kind!r} is not one of {', '.join(POOLINGS)}")
     pooler = _flag_option(spec, r, p + ("pooler",), False)
     if kind == "pooler" and not pooler:
         raise spec.error(p + ("kind",), "pooling 'pooler' reads pooler.dense: set pooling/pooler")
-    L = max_tokens or spec.get("runtime", "max_tokens") or positions
-    if not L:
-        raise spec.error(("runtime",), "an encoder with no position table needs "
-                                       "runtime/max_tokens, the ids a call holds")
-    if positions and L > positions:
+    L = max_tokens or spec.get("runtime", "max_tokens") or positions - offset
+    if not L or L < 1:
+        raise spec.error(("runtime",) if not positions else e + ("position_offset",),
+                         "an encoder with no position table needs runtime/max_tokens, the ids "
+                         "a call holds" if not positions else f"position offset {offset} leaves "
+                         f"no row of the position table's {positions}")
+    if positions and L > positions - offset:
         raise spec.error(("runtime", "max_tokens"), f"max_tokens {L} is past the position "
-                                                    f"table's {positions} rows")
+                                                    f"table's {positions} rows less offset "
+                                                    f"{offset}")
     options = EncoderOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
         layers=tuple(one for _ in range(v["num_hidden_layers"])), norm=norm,
-        positions=positions, token_types=_whole(spec, r, e + ("token_types",), 0),
+        positions=positions, position_offset=offset, position_padding=padding,
+        embedding_size=width, token_types=_whole(spec, r, e + ("token_types",), 0),
         embedding_norm=_flag_option(spec, r, e + ("norm",), True),
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,

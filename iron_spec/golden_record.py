@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import json
 import tempfile
+from typing import Any
 from pathlib import Path
 
 import numpy as np
 
+from runtime.encoder_golden import EncoderGolden
 from runtime.golden import Golden
 
 from .build import Loaded
 
 GOLDEN_STEPS = 40
+# Texts an encoder golden of a real checkpoint is recorded on (its tokenizer's ids).
+TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
+         "The girl is carrying a baby.", "A man is riding a horse.",
+         "Der Himmel ist BLAU, oder? 42 €"]
 
 
-
-def hugging_face(loaded: Loaded):
-    """transformers' own causal LM in float32 on ``loaded``'s weights.
+def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
+    """transformers' own model in float32 on ``loaded``'s weights, through the Auto class
+    ``auto`` (the causal LM by default; ``AutoModel``, the bare encoder, for an encoder).
 
     A real checkpoint directory loads as it is; drawn weights are written with the config
     to a temporary checkpoint first, so transformers renames and ties them as it loads any.
@@ -34,9 +40,9 @@ def hugging_face(loaded: Loaded):
     import transformers
     from safetensors.torch import save_file
 
+    cls = getattr(transformers, auto)
     if loaded.directory is not None and loaded.random_weights is None:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            loaded.directory, dtype=torch.float32)
+        model = cls.from_pretrained(loaded.directory, dtype=torch.float32)
         return model.eval()
     with tempfile.TemporaryDirectory() as d:
         Path(d, "config.json").write_text(json.dumps(loaded.config_json))
@@ -44,8 +50,7 @@ def hugging_face(loaded: Loaded):
         state = {k: torch.from_numpy(np.array(v, order="C")) for k, v in
                  loaded.checkpoint_tensors().items()}
         save_file(state, str(Path(d, "model.safetensors")))
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(
-            d, dtype=torch.float32, output_loading_info=True)
+        model, info = cls.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
     tied = set(loaded.report.tied)
     missing = [k for k in info["missing_keys"] if k not in tied]
     if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
@@ -74,3 +79,76 @@ def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Gold
             "dtype": "float32", "model": type(model).__name__}
     return Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
                               np.stack(rows), meta)
+
+
+def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """The (ids, types) an encoder golden is recorded on: ``TEXTS`` through the checkpoint's
+    tokenizer where there is one; else drawn at seed 0, of 11 ids, of the most a call holds
+    (its second half of token type 1 where there are two types) and of 1 id. Where
+    config.json names a ``pad_token_id`` in the vocabulary, the first two drawn probes hold
+    it inside them, so positions that count around padding are judged too."""
+    o = loaded.model.config
+    if loaded.tokenizer is not None:
+        out = []
+        for text in TEXTS:
+            ids, types = loaded.tokenizer(text)
+            out.append((np.asarray(ids, np.int32),
+                        np.asarray(types, np.int32) if o.token_types else None))
+        return out
+    rng = np.random.default_rng(0)
+    L = o.max_tokens
+    probes = [(rng.integers(0, o.vocab_size, 11), np.zeros(11, np.int64)),
+              (rng.integers(0, o.vocab_size, L), (np.arange(L) >= L // 2).astype(np.int64)),
+              (rng.integers(0, o.vocab_size, 1), np.zeros(1, np.int64))]
+    pad = loaded.config_json.get("pad_token_id")
+    if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < o.vocab_size:
+        probes[0][0][3] = pad
+        probes[1][0][L // 3] = pad
+    return [(ids.astype(np.int32), types.astype(np.int32) if o.token_types >= 2 else
+             (np.zeros_like(types, np.int32) if o.token_types else None))
+            for ids, types in probes]
+
+
+def record_encoder(loaded: Loaded) -> EncoderGolden:
+    """transformers' own encoder (``AutoModel``, float32) on ``encoder_probes``: its last
+    hidden states, and the spec's pooling of them (BertPooler's ``pooler_output`` for
+    pooling ``pooler``), as an EncoderGolden keyed by ``loaded``'s fingerprint.
+
+    Raises:
+        ImportError: torch or transformers is not installed.
+        ValueError: transformers' model lacks or does not take some of the weights, or has
+            no pooler where the spec pools through one.
+    """
+    import torch
+    import transformers
+
+    model = hugging_face(loaded, "AutoModel")
+    pooling = loaded.model.config.pooling
+    probes = encoder_probes(loaded)
+    hidden, pooled = [], []
+    with torch.no_grad():
+        for ids, types in probes:
+            kwargs: dict[str, Any] = {"input_ids": torch.from_numpy(ids.astype(np.int64))[None]}
+            if types is not None:
+                kwargs["token_type_ids"] = torch.from_numpy(types.astype(np.int64))[None]
+            out = model(**kwargs)
+            h = out.last_hidden_state[0].numpy().astype(np.float32)
+            if pooling.kind == "pooler":
+                if getattr(out, "pooler_output", None) is None:
+                    raise ValueError(f"transformers' {type(model).__name__} has no pooler, and "
+                                     "the spec pools through pooler.dense")
+                p = out.pooler_output[0].numpy().astype(np.float64)
+            elif pooling.kind == "cls":
+                p = h[0].astype(np.float64)
+            elif pooling.kind == "mean":
+                p = h.astype(np.float64).mean(axis=0)
+            else:
+                p = None
+            if p is not None and pooling.normalize:
+                p = p / np.linalg.norm(p)
+            hidden.append(h)
+            pooled.append(h if p is None else p.astype(np.float32))
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "dtype": "float32", "model": type(model).__name__,
+            "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
+    return EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta)

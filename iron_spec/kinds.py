@@ -23,7 +23,8 @@ CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causa
 
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("rope", "head"), "encoder": ("pooling",)}),
-    Row(("embedding",), ("model",), {"encoder": ("token_types", "norm")}),
+    Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "norm",
+                                                  "size")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         k: ("residual_scale", "pattern", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())

@@ -246,3 +246,27 @@ def embedding_checks(version, probes: list[tuple[np.ndarray, np.ndarray]],
         results.append(_timed(lambda: against("embeddings vs golden", golden, atol)))
     results.append(_timed(determinism))
     return results
+
+
+def hidden_states_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
+                          wants: list[np.ndarray], atol: float) -> Result:
+    """An encoder's last hidden states (``version`` compiled with pooling ``none``) on
+    ``probes`` against transformers' (``wants``, ``(rows, hidden)`` each): the largest
+    absolute error within ``atol``, and every row's cosine."""
+    def run() -> Result:
+        errors, cosines = [], []
+        for (ids, types), want in zip(probes, wants):
+            got = np.asarray(version(ids, types), np.float64)
+            want = np.asarray(want, np.float64)
+            if got.shape != want.shape:
+                return Result("hidden states vs golden", False, f"shape {got.shape}, the "
+                              f"golden's {want.shape}")
+            errors.append(float(np.abs(got - want).max()))
+            cosines.append(float((np.sum(got * want, 1) / (np.linalg.norm(got, axis=1)
+                                                           * np.linalg.norm(want, axis=1))).min()))
+        worst = max(errors)
+        return Result("hidden states vs golden", worst <= atol,
+                      f"{len(probes)} texts, every row: max |error| {worst:.3g} (bound "
+                      f"{atol:.3g}), min cosine {min(cosines):.8f}",
+                      {"max_error": worst, "min_cosine": min(cosines)})
+    return _timed(run)

@@ -73,6 +73,14 @@ class EncoderOptions:
     """An encoder's whole shape: what the declarative layer builds from a spec and config.
 
     ``positions``: rows of the learned absolute position table (0: none).
+    ``position_offset``: row ``p + offset`` serves position ``p`` (RoBERTa's
+    ``padding_idx + 1``). ``position_padding``: a padding id (None: none) that, as in
+    transformers' RobertaEmbeddings.create_position_ids_from_input_ids, takes row
+    ``position_offset - 1`` wherever it occurs and is not counted: a text's ``k``-th other id
+    (from 0) takes row ``k + position_offset``.
+    ``embedding_size``: the width of the embedding tables and their norm (None: hidden); where
+    it differs from ``hidden_size``, ``embeddings_project`` (a Linear with bias) maps the
+    normalized embeddings to ``hidden_size``, as transformers' ElectraModel.
     ``token_types``: rows of the token-type table (0: none); a call's types default to 0.
     ``embedding_norm``: a norm after the embeddings' sum (BertEmbeddings.LayerNorm).
     ``embedding_scale`` multiplies the word embeddings (1.0: none).
@@ -87,6 +95,9 @@ class EncoderOptions:
     layers: tuple[EncoderLayerOptions, ...]
     norm: NormOptions
     positions: int = 0
+    position_offset: int = 0
+    position_padding: int | None = None
+    embedding_size: int | None = None
     token_types: int = 0
     embedding_norm: bool = True
     embedding_scale: float = 1.0
@@ -127,7 +138,7 @@ class Embeddings(Module):
     transformers' BertEmbeddings."""
 
     def __init__(self, o: EncoderOptions):
-        E = o.hidden_size
+        E = o.embedding_size or o.hidden_size
         self.word_embeddings = Embedding(o.vocab_size, E, o.embedding_scale)
         self.position_embeddings = Embedding(o.positions, E) if o.positions else None
         self.token_type_embeddings = Embedding(o.token_types, E) if o.token_types else None
@@ -240,7 +251,8 @@ class Pooler(Module):
 
 
 class Encoder(Module):
-    """``embeddings``, ``encoder`` (the layers) and an optional ``pooler``, as BertModel.
+    """``embeddings``, ``encoder`` (the layers) and an optional ``pooler``, as BertModel
+    (and ``embeddings_project`` where the embeddings are narrower, as ElectraModel).
 
     ``version(pooling)`` compiles the body once per pooling (the spec's by default) over
     ``max_tokens`` rows.
@@ -251,10 +263,19 @@ class Encoder(Module):
     """
 
     def __init__(self, o: EncoderOptions):
-        if o.max_tokens < 1 or (o.positions and o.max_tokens > o.positions):
-            raise ValueError(f"max_tokens {o.max_tokens} is not within 1..{o.positions or 'any'}"
-                             ", the position table's rows")
+        top = o.positions - o.position_offset
+        if o.position_offset < 0 or (o.position_padding is not None and o.position_offset < 1):
+            raise ValueError(f"position offset {o.position_offset} is below "
+                             f"{0 if o.position_padding is None else 1} (with a padding id, the "
+                             "padding takes row offset - 1)")
+        if o.max_tokens < 1 or (o.positions and o.max_tokens > top):
+            raise ValueError(f"max_tokens {o.max_tokens} is not within 1..{top if o.positions else 'any'}"
+                             f", the position table's {o.positions} rows past offset "
+                             f"{o.position_offset}")
         self.embeddings = Embeddings(o)
+        width = o.embedding_size or o.hidden_size
+        self.embeddings_project = Linear(width, o.hidden_size, True) \
+            if width != o.hidden_size else None
         self.encoder = Stack(o)
         self.pooler = Pooler(o.hidden_size) if o.pooler else None
         self.config = o
@@ -272,6 +293,8 @@ class Encoder(Module):
         positions = rec.input("positions", (C,), np.int32, bounded=True)
         types = rec.input("types", (C,), np.int32, bounded=True)
         x = self.embeddings(rec, ids, positions, types)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(rec, x)
         for layer in self.encoder.layer:
             x = layer(rec, x)
         if self.encoder.LayerNorm is not None:
@@ -320,8 +343,9 @@ class EncoderVersion:
         self.plan = Plan(rec, out, check=check)
         self._reference = Reference(rec, out, {})
         self._options = o
-        # Made once: a call feeds views of them, allocating nothing.
-        self._positions = np.arange(o.max_tokens, dtype=np.int32)
+        # Made once: a call feeds views of them, allocating nothing (but where a padding id
+        # occurs in a text with position_padding, which counts around it).
+        self._positions = np.arange(o.max_tokens, dtype=np.int32) + np.int32(o.position_offset)
         self._zeros = np.zeros(o.max_tokens, np.int32)
 
     def _inputs(self, ids, types) -> tuple[dict, dict]:
@@ -341,7 +365,18 @@ class EncoderVersion:
             if types.min() < 0 or types.max() >= max(o.token_types, 1):
                 raise ValueError(f"token type {int(types.max())} is outside 0.."
                                  f"{max(o.token_types, 1) - 1}")
-        return {"ids": ids, "positions": self._positions[:n], "types": types}, {"rows": n}
+        return {"ids": ids, "positions": self.positions(ids), "types": types}, {"rows": n}
+
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """The position-table row of each of ``ids`` ``(rows,)``: ``p + position_offset`` at
+        position ``p``, or with ``position_padding`` as transformers'
+        RobertaEmbeddings.create_position_ids_from_input_ids (``cumsum(mask) * mask +
+        padding_idx``, ``mask = ids != padding_idx``, where ``padding_idx = offset - 1``)."""
+        o, n = self._options, ids.shape[0]
+        if o.position_padding is None or not (ids == o.position_padding).any():
+            return self._positions[:n]
+        mask = (ids != o.position_padding).astype(np.int32)
+        return (np.cumsum(mask, dtype=np.int32) * mask + np.int32(o.position_offset - 1))
 
     def _out(self, y: np.ndarray) -> np.ndarray:
         return y.reshape(-1) if self.pooling.kind != "none" else y

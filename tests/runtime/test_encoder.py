@@ -149,3 +149,60 @@ def test_loading_is_strict_but_for_declared_unused_tensors(toy, tmp_path):
     loaded = load_encoder(spec, checkpoint=tmp_path)
     assert loaded.report.ignored == ["embeddings.position_ids"]
     assert "pooler.dense.weight" in loaded.report.sources
+
+
+def _options(**over) -> EncoderOptions:
+    norm = NormOptions(kind="layer", eps=1e-12)
+    layer = EncoderLayerOptions(heads=2, head_dim=4, intermediate_size=16, norm=norm)
+    base = dict(vocab_size=16, hidden_size=8, layers=(layer,), norm=norm, positions=12,
+                max_tokens=8)
+    return EncoderOptions(**{**base, **over})
+
+
+def _version(**over):
+    model = Encoder(_options(**over))
+    fill(model, draw_encoder_weights(model, 0))
+    return model.version()
+
+
+def test_positions_count_around_padding_as_roberta():
+    # RobertaEmbeddings.create_position_ids_from_input_ids with padding_idx 1, by hand:
+    # mask [1 1 0 1 0 1], cumsum [1 2 2 3 3 4], * mask [1 2 0 3 0 4], + 1 = [2 3 1 4 1 5].
+    version = _version(position_offset=2, position_padding=1, max_tokens=10)
+    assert version.positions(np.array([0, 5, 1, 7, 1, 9])).tolist() == [2, 3, 1, 4, 1, 5]
+    assert version.positions(np.array([0, 5, 7])).tolist() == [2, 3, 4]  # no padding: offset
+    offset_only = _version(position_offset=2, max_tokens=10)
+    assert offset_only.positions(np.array([0, 5, 1, 7])).tolist() == [2, 3, 4, 5]
+    assert _version().positions(np.array([3, 1, 4])).tolist() == [0, 1, 2]
+
+
+def test_an_offset_shortens_what_a_call_holds():
+    with pytest.raises(ValueError, match="max_tokens 11 is not within 1..10, the position "
+                                         "table's 12 rows past offset 2"):
+        Encoder(_options(position_offset=2, max_tokens=11))
+    with pytest.raises(ValueError, match="with a padding id, the padding takes row offset - 1"):
+        Encoder(_options(position_padding=1))
+    with pytest.raises(ValueError, match="position offset -1 is below 0"):
+        Encoder(_options(position_offset=-1))
+
+
+def test_a_spec_offset_gives_max_tokens_and_its_errors_their_lines(tmp_path):
+    from iron_spec.encoder import expand_encoder
+    from iron_spec.errors import SpecError
+    from iron_spec.loader import load_spec, parse_spec
+    spec = load_spec(SPECS / "roberta.yaml")
+    o = expand_encoder(spec, spec.get("toy", "config")).options
+    assert (o.positions, o.position_offset, o.position_padding, o.max_tokens) == (26, 2, 1, 24)
+    assert o.token_types == 1
+    text = (SPECS / "roberta.yaml").read_text()
+    bad = parse_spec(text.replace('position_offset: "pad_token_id + 1"', "position_offset: 0"),
+                     str(tmp_path / "r.yaml"))
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "position_padding:" in t)
+    with pytest.raises(SpecError, match=rf"r.yaml:{line}:3: error: a padding id takes row "
+                                        "position_offset - 1"):
+        expand_encoder(bad, bad.get("toy", "config"))
+    far = parse_spec(text.replace('position_offset: "pad_token_id + 1"', "position_offset: 30"),
+                     str(tmp_path / "r.yaml"))
+    with pytest.raises(SpecError, match="position offset 30 leaves no row of the position "
+                                        "table's 26"):
+        expand_encoder(far, far.get("toy", "config"))

@@ -1,0 +1,110 @@
+"""Encoder goldens: transformers' own encoder's outputs on a few probes, recorded once and read
+without torch or transformers.
+
+A golden is a small ``.npz`` keyed by the fingerprint of config.json and the checkpoint's
+tensors (``runtime.golden.fingerprint``): for each probe ``i``, its ids ``ids{i}`` and token
+types ``types{i}`` ``(rows,)`` int32, transformers' ``last_hidden_state`` ``hidden{i}``
+``(rows, hidden)`` float32, and ``pooled{i}`` ``(hidden,)`` float32, the spec's pooling
+(mean, first row, or BertPooler's ``pooler_output``; normalized where the spec says) applied
+to transformers' outputs. Two older layouts of ``tests/goldens/bert/`` read too: per probe
+``mean{i}`` (mean pooling, unnormalized) in place of ``pooled{i}``; or ``ids`` (JSON) with
+``embeddings`` (mean pooling under the attention mask, unnormalized) and no hidden states.
+
+Not for: causal models (``runtime.golden``), recording (``iron_spec.golden_record``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .golden import GoldenError
+
+
+@dataclass
+class EncoderGolden:
+    """``probes``: (ids, types) per probe, ``(rows,)`` int32 each (types None: zeros).
+    ``hidden``: transformers' last hidden states per probe ``(rows, hidden)`` float32, or
+    None (an older layout). ``pooled``: the pooled embedding per probe ``(hidden,)``
+    float32. ``pooling``: how ``pooled`` was pooled: ``"spec"`` (the spec's own pooling) or
+    ``"mean"`` (mean over the rows, unnormalized: the older layouts)."""
+
+    fingerprint: str
+    probes: list[tuple[np.ndarray, np.ndarray | None]]
+    pooled: list[np.ndarray]
+    hidden: list[np.ndarray] | None = None
+    pooling: str = "spec"
+    meta: dict = field(default_factory=dict)
+
+    def write(self, path: Path) -> None:
+        """Write to ``path`` through a temporary name in its folder (made if absent)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {"fingerprint": self.fingerprint, "meta": json.dumps(self.meta, sort_keys=True),
+                  "pooling": self.pooling}
+        for i, (ids, types) in enumerate(self.probes):
+            arrays[f"ids{i}"] = np.asarray(ids, np.int32)
+            arrays[f"types{i}"] = np.zeros(len(ids), np.int32) if types is None else \
+                np.asarray(types, np.int32)
+            arrays[f"pooled{i}"] = np.asarray(self.pooled[i], np.float32)
+            if self.hidden is not None:
+                arrays[f"hidden{i}"] = np.asarray(self.hidden[i], np.float32)
+        partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+        np.savez_compressed(partial, **arrays)
+        os.replace(partial, path)
+
+    @classmethod
+    def read(cls, path: Path, fp: str) -> "EncoderGolden":
+        """The golden at ``path``, recorded from inputs of fingerprint ``fp``.
+
+        Raises:
+            GoldenError: no file at ``path``, not a golden of these layouts, or recorded from
+                other config or weights (stale).
+        """
+        path = Path(path)
+        if not path.exists():
+            raise GoldenError(f"{path} is missing: record it with iron-spec check ... "
+                              "--record-golden")
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                data = {k: f[k] for k in f.files}
+        except (OSError, ValueError) as e:
+            raise GoldenError(f"{path}: not a golden ({e})") from None
+        theirs = str(data.get("fingerprint", ""))
+        if theirs != fp:
+            raise GoldenError(f"{path} is stale: recorded from config and weights {theirs}, "
+                              f"these are {fp}")
+        meta = json.loads(str(data["meta"])) if "meta" in data else {}
+        if "embeddings" in data:
+            ids = [np.asarray(i, np.int32) for i in json.loads(str(data["ids"]))]
+            return cls(fp, [(i, None) for i in ids], list(data["embeddings"]), None, "mean", meta)
+        probes, pooled, hidden, i = [], [], [], 0
+        while f"ids{i}" in data:
+            probes.append((data[f"ids{i}"], data[f"types{i}"]))
+            if f"pooled{i}" in data:
+                pooled.append(data[f"pooled{i}"])
+            elif f"mean{i}" in data:
+                pooled.append(data[f"mean{i}"])
+            if f"hidden{i}" in data:
+                hidden.append(data[f"hidden{i}"])
+            i += 1
+        if not probes or len(pooled) != len(probes) or len(hidden) not in (0, len(probes)):
+            raise GoldenError(f"{path}: not an encoder golden (ids{{i}}, types{{i}}, pooled{{i}} "
+                              "per probe)")
+        pooling = "spec" if "pooling" in data else "mean"
+        return cls(fp, probes, pooled, hidden or None, pooling, meta)
+
+
+def find_encoder_golden(folder: Path, fp: str) -> tuple[EncoderGolden | None, Path | None]:
+    """The golden among ``folder``'s ``*.npz`` recorded from inputs of fingerprint ``fp``,
+    whatever its file is called, and its path; (None, None) where none is."""
+    for candidate in sorted(Path(folder).glob("*.npz")):
+        try:
+            return EncoderGolden.read(candidate, fp), candidate
+        except GoldenError:
+            continue
+    return None, None

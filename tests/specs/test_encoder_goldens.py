@@ -1,0 +1,118 @@
+"""Every encoder spec against transformers' own encoder on the same weights, read from
+committed goldens (tests/goldens/<spec>/, recorded by ``iron-spec check ... --record-golden``
+through transformers' AutoModel): last hidden states and pooled embeddings within
+``ENCODER_ATOL``. Reading them needs neither torch nor transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.cli import app
+from iron_spec.encoder import load_encoder
+from iron_spec.loader import load_spec
+from runtime.encoder_golden import EncoderGolden
+from tests.conftest import SPECS
+
+ENCODERS = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "encoder")
+
+
+@pytest.mark.parametrize("spec", ENCODERS, ids=lambda p: p.stem)
+def test_toy_matches_transformers(spec: Path):
+    loaded = load_encoder(spec, random_weights=0, toy=True)
+    golden = EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+    model = loaded.model
+    pooling = model.config.pooling if golden.pooling == "spec" else dataclasses.replace(
+        model.config.pooling, kind="mean", normalize=False)
+    pooled = model.version(pooling)
+    for (ids, types), want in zip(golden.probes, golden.pooled):
+        assert np.abs(pooled(ids, types) - want).max() <= ENCODER_ATOL
+    assert golden.hidden is not None, "the golden holds transformers' hidden states"
+    states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
+    for (ids, types), want in zip(golden.probes, golden.hidden):
+        assert np.abs(states(ids, types) - want).max() <= ENCODER_ATOL
+
+
+def _copy(tmp_path: Path, name: str, edit=None) -> Path:
+    """The spec ``name`` (edited by ``edit``) in a checkout of its own beside its goldens."""
+    (tmp_path / "specs").mkdir(exist_ok=True)
+    (tmp_path / "tests" / "goldens").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(SPECS.parent / "tests" / "goldens" / name, tmp_path / "tests" / "goldens" / name,
+                    dirs_exist_ok=True)
+    text = (SPECS / f"{name}.yaml").read_text()
+    path = tmp_path / "specs" / f"{name}.yaml"
+    path.write_text(edit(text) if edit else text)
+    return path
+
+
+def _check(path: Path):
+    return CliRunner().invoke(app, ["check", str(path), "--random-weights", "0", "--toy"])
+
+
+def test_roberta_toy_is_judged_against_its_golden():
+    result = _check(SPECS / "roberta.yaml")
+    assert result.exit_code == 0, result.output
+    assert "reference: golden" in result.output
+    assert "PASS  hidden states vs golden" in result.output
+    assert "PASS  embeddings vs golden" in result.output
+
+
+@pytest.mark.parametrize("drop", [("  position_offset: \"pad_token_id + 1\"\n",
+                                   "  position_padding: pad_token_id\n"),
+                                  ("  position_padding: pad_token_id\n",)],
+                         ids=["no offset", "offset without padding"])
+def test_roberta_without_its_positions_fails_against_the_golden(tmp_path, drop):
+    # RobertaEmbeddings: row k + padding_idx + 1 for the k-th id that is not padding, and
+    # the golden's probes hold the padding id inside them; BERT's positions 0.. are wrong.
+    def edit(text):
+        for line in drop:
+            assert line in text
+            text = text.replace(line, "")
+        return text
+    result = _check(_copy(tmp_path, "roberta", edit))
+    assert result.exit_code == 1, result.output
+    assert "reference: golden" in result.output
+    assert "FAIL  hidden states vs golden" in result.output
+    assert "FAIL  embeddings vs golden" in result.output
+
+
+def test_electra_embeddings_are_narrower_and_projected():
+    # ElectraEmbeddings: tables and LayerNorm embedding_size wide; ElectraModel:
+    # embeddings_project = nn.Linear(embedding_size, hidden_size) where the two differ.
+    shapes = {n: p.shape for n, p in load_encoder(SPECS / "electra.yaml", random_weights=0,
+                                                  toy=True).model.named_params()}
+    assert shapes["embeddings.word_embeddings.weight"] == (128, 16)
+    assert shapes["embeddings.position_embeddings.weight"] == (24, 16)
+    assert shapes["embeddings.LayerNorm.weight"] == (16,)
+    assert shapes["embeddings_project.weight"] == (32, 16)
+    assert shapes["embeddings_project.bias"] == (32,)
+    bert = {n for n, _ in load_encoder(SPECS / "bert.yaml", random_weights=0,
+                                       toy=True).model.named_params()}
+    assert not any(n.startswith("embeddings_project") for n in bert)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or importlib.util.find_spec("torch") is None,
+                    reason="recording needs torch and transformers (the golden extra)")
+def test_record_then_check_a_roberta_style_toy(tmp_path):
+    # In a subprocess: this test process never imports torch.
+    path = _copy(tmp_path, "roberta")
+    shutil.rmtree(tmp_path / "tests" / "goldens" / "roberta")
+    cli = [str(Path(sys.executable).with_name("iron-spec")), "check", str(path), "--random-weights", "0",
+           "--toy"]
+    first = subprocess.run(cli + ["--record-golden"], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr + first.stdout
+    written = tmp_path / "tests" / "goldens" / "roberta" / "toy-seed0.npz"
+    assert f"recorded {written}" in first.stderr
+    again = subprocess.run(cli, capture_output=True, text=True)
+    assert again.returncode == 0 and f"reference: golden {written}" in again.stdout, again.stdout
+    assert "PASS  hidden states vs golden" in again.stdout
