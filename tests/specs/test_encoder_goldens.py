@@ -116,3 +116,17 @@ def test_record_then_check_a_roberta_style_toy(tmp_path):
     again = subprocess.run(cli, capture_output=True, text=True)
     assert again.returncode == 0 and f"reference: golden {written}" in again.stdout, again.stdout
     assert "PASS  hidden states vs golden" in again.stdout
+
+
+def test_distilbert_drawn_weights_carry_distilberts_own_names():
+    # DistilBertModel's state dict (transformers 5.24): no token-type table, q_lin/k_lin/
+    # v_lin/out_lin, sa_layer_norm, ffn.lin1/lin2, output_layer_norm under transformer.layer.N.
+    names = set(load_encoder(SPECS / "distilbert.yaml", random_weights=0,
+                             toy=True).checkpoint_tensors())
+    per_layer = ["attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin",
+                 "sa_layer_norm", "ffn.lin1", "ffn.lin2", "output_layer_norm"]
+    want = {f"transformer.layer.{i}.{m}.{p}" for i in range(3) for m in per_layer
+            for p in ("weight", "bias")}
+    want |= {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+             "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"}
+    assert names == want
