@@ -205,7 +205,15 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
                              "extra: pip install -e '.[golden]'")
         from .golden_record import record_encoder
         path = golden or golden_path(loaded)
-        record_encoder(loaded).write(path)
+        try:
+            recorded = record_encoder(loaded)
+        except Exception as e:  # whatever transformers raises on a config or weights it refuses
+            said = " ".join(str(e).split()) or "(no message)"
+            source = (loaded.directory / "config.json" if loaded.directory is not None else
+                      f"{loaded.expanded.spec.file} toy.config")
+            raise ValueError(f"--record-golden: transformers refuses {source}: "
+                             f"{type(e).__name__}: {said}") from None
+        recorded.write(path)
         typer.echo(f"recorded {path}", err=True)
     folder = golden_path(loaded).parent
     if golden is not None:

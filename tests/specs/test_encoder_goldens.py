@@ -130,3 +130,20 @@ def test_distilbert_drawn_weights_carry_distilberts_own_names():
     want |= {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
              "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"}
     assert names == want
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or importlib.util.find_spec("torch") is None,
+                    reason="recording needs torch and transformers (the golden extra)")
+def test_a_config_transformers_refuses_is_one_line_naming_it(tmp_path):
+    # RobertaEmbeddings' nn.Embedding(..., padding_idx=pad_token_id) refuses a padding id
+    # past the vocabulary; the toy's own table holds it (max_position_embeddings 300).
+    path = _copy(tmp_path, "roberta", lambda t: t.replace("    pad_token_id: 1\n",
+                                                          "    pad_token_id: 200\n").replace(
+        "    max_position_embeddings: 26\n", "    max_position_embeddings: 300\n"))
+    shutil.rmtree(tmp_path / "tests" / "goldens" / "roberta")
+    cli = [str(Path(sys.executable).with_name("iron-spec")), "check", str(path),
+           "--random-weights", "0", "--toy", "--record-golden"]
+    run = subprocess.run(cli, capture_output=True, text=True)
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+    assert f"--record-golden: transformers refuses {path} toy.config: " in run.stderr
