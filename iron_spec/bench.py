@@ -23,6 +23,7 @@ from operators.native import describe, threads
 from runtime.session import Session
 
 from .build import Loaded, load_model
+from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import message
 
 PROMPTS = (128, 512)
@@ -262,12 +263,14 @@ def command(
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
+    allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
     try:
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
-                            max_seq_len=max_seq_len, decode_weights=decode_weights)
+                            max_seq_len=max_seq_len, decode_weights=decode_weights,
+                            allow_unread_config=allow_unread_config)
         if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
             raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than the "
                              f"{DEEP + DECODE + 1} positions the deep decode needs")

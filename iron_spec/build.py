@@ -26,6 +26,7 @@ from runtime.module import pack_tree
 from runtime.tokenizer import Tokenizer
 from runtime.weights import draw_weights
 
+from .config import account
 from .interpreter import expand
 from .loader import load_spec
 
@@ -134,14 +135,16 @@ DECODE_WEIGHTS = ("float32", "bfloat16")
 
 
 def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
-                 toy: bool) -> tuple[dict, str, Path | None]:
+                 toy: bool, allow_unread_config: bool = False) -> tuple[dict, str, Path | None]:
     """The config.json a model is built on (a checkpoint's, or the spec's toy), where it came
-    from, and the checkpoint directory (None for a toy).
+    from, and the checkpoint directory (None for a toy); every key of it accounted for by
+    the spec (``config.account``) unless ``allow_unread_config``.
 
     Raises:
         ValueError: no weights source, or ``--toy`` with a checkpoint or without a seed.
-        SpecError: ``--toy`` on a spec with no ``toy:`` section, or a checkpoint whose
-            ``architectures`` the spec does not serve.
+        SpecError: ``--toy`` on a spec with no ``toy:`` section, a checkpoint whose
+            ``architectures`` the spec does not serve, or a config.json key the spec neither
+            reads nor ignores (every such key named).
         FileNotFoundError: the checkpoint or its config.json is missing.
     """
     if toy:
@@ -151,7 +154,9 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
             raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
         if spec.get("toy") is None:
             raise spec.error((), "this spec has no toy: section for --toy")
-        return dict(spec.get("toy", "config")), f"{spec.file} toy.config", None
+        config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
+        account(spec, config_json, source, allow_unread_config)
+        return config_json, source, None
     if checkpoint is None:
         raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with "
                          "no files")
@@ -161,6 +166,7 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
     if isinstance(archs, list) and archs and not set(archs) & set(served):
         raise spec.error(("architectures",), f"this spec serves {', '.join(served)}; {source} is "
                          f"{', '.join(map(str, archs))} (iron-spec list shows which spec serves it)")
+    account(spec, config_json, source, allow_unread_config)
     return config_json, source, directory
 
 
@@ -180,7 +186,8 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
 def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                random_weights: int | None = None, toy: bool = False,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
-               progress: Progress | None = None, decode_weights: str = "float32") -> Loaded:
+               progress: Progress | None = None, decode_weights: str = "float32",
+               allow_unread_config: bool = False) -> Loaded:
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
@@ -193,10 +200,13 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         decode_weights: ``float32``, or ``bfloat16``: the decode step streams its
             projections' weights as bfloat16, half the bytes, where every value holds
             exactly (a bfloat16 checkpoint's); the prompt chunk keeps float32.
+        allow_unread_config: load although config.json holds keys the spec neither reads
+            nor ignores (refused otherwise, every such key named).
 
     Raises:
         FileNotFoundError: the spec, checkpoint, config.json or tokenizer is missing.
-        SpecError: the spec is invalid or does not fit the config.
+        SpecError: the spec is invalid, does not fit the config, or leaves a config.json
+            key unaccounted for.
         CheckpointError: the weights do not fit the model (every tensor named).
         ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own,
             bfloat16 decode weights without the decode pool or that would round a weight).
@@ -212,7 +222,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
                          "(iron-spec embed), it does not generate")
-    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy)
+    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
+                                                  allow_unread_config)
     if toy:
         prefill_chunk = prefill_chunk or spec.get("toy", "prefill_chunk")
     expanded = expand(spec, config_json, prefill_chunk=prefill_chunk, source=source)

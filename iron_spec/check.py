@@ -20,6 +20,7 @@ from runtime import checks
 from runtime.golden import Golden, GoldenError
 
 from .build import Loaded, load_model
+from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import message
 from .interpreter import DEFAULT_PREFILL_CHUNK
 
@@ -133,6 +134,7 @@ def command(
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
     decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
+    allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode. Exit status 1 if any fails."""
@@ -143,14 +145,16 @@ def command(
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":
                 raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
-            _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json, record_golden)
+            _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json, record_golden,
+                           allow_unread_config)
         if max_seq_len is not None:  # refused before the weights load
             C = (toy and parsed.get("toy", "prefill_chunk")) or \
                 parsed.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
             require_length(max_seq_len, C + 8, steps, f"a prefill chunk of {C} and 8 more")
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                             max_seq_len=max_seq_len or (None if toy else 4096),
-                            decode_weights=decode_weights)
+                            decode_weights=decode_weights,
+                            allow_unread_config=allow_unread_config)
         if record_golden:
             missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
             if missing:
@@ -189,14 +193,16 @@ ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of orde
 
 
 def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
-                   as_json: bool, record_golden: bool = False) -> None:
+                   as_json: bool, record_golden: bool = False,
+                   allow_unread_config: bool = False) -> None:
     """``check`` for an encoder spec: its last hidden states and its pooled embeddings
     against transformers' (each within ``ENCODER_ATOL``, max absolute error) where a golden
     exists for these inputs, else only against itself. ``record_golden`` records one first
     through transformers' own ``AutoModel`` (``golden_record.record_encoder``)."""
     from runtime.encoder_golden import EncoderGolden, find_encoder_golden
     from .encoder import load_encoder
-    loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy)
+    loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
+                          allow_unread_config=allow_unread_config)
     model, fp = loaded.model, loaded.fingerprint()
     if record_golden:
         missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]

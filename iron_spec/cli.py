@@ -19,6 +19,7 @@ from runtime.session import Session
 from runtime.tokenizer import TextStream, utf8_text
 
 from .build import Loaded, load_model
+from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import SpecError, message
 from .schema import SCHEMA_PATH
 
@@ -67,7 +68,7 @@ DECODE_WEIGHTS_OPTION = typer.Option("float32", "--decode-weights", help="the de
 
 
 def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-          decode_weights: str = "float32") -> Loaded:
+          decode_weights: str = "float32", allow_unread_config: bool = False) -> Loaded:
     with _progress() as p:
         task = None if p is None else p.add_task("loading weights", total=None)
 
@@ -77,7 +78,8 @@ def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chun
 
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                             max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
-                            progress=advance, decode_weights=decode_weights)
+                            progress=advance, decode_weights=decode_weights,
+                            allow_unread_config=allow_unread_config)
         for prompt, what in ((False, "compiling decode step"), (True, "compiling prompt chunk")):
             if p is not None:
                 p.update(task, description=what, completed=0, total=1)
@@ -148,6 +150,7 @@ def run(
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
     decode_weights: str = DECODE_WEIGHTS_OPTION,
+    allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
     _log_to_stderr()
@@ -166,7 +169,7 @@ def run(
         if not chat and prompt is None and checkpoint is not None and random_weights is None:
             raise ValueError("give --prompt TEXT, or --chat")
         loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-                       decode_weights)
+                       decode_weights, allow_unread_config)
         sampler = _sampling(loaded, temperature, top_k, top_p, seed)
         session, tok = Session(loaded.lm), loaded.tokenizer
         eos = tok.eos_ids if tok is not None else frozenset()

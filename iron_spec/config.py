@@ -21,6 +21,10 @@ from . import expr
 from .loader import Spec
 
 MISSING = object()  # what lookup gives for a key config.json lacks (or holds as null)
+ALLOW_UNREAD = "--allow-unread-config"  # the flag every loading command takes
+ALLOW_UNREAD_HELP = ("load although config.json holds keys the spec neither reads nor "
+                     "ignores (their values then go unread: you vouch that the model does "
+                     "not depend on them)")
 
 
 @dataclass
@@ -103,6 +107,60 @@ def _expression(spec: Spec, path: tuple, text: Any, value, fields: Mapping[str, 
         return expr.evaluate(text, {n: value(n) for n in needed})
     except expr.ExprError as e:
         raise spec.error(path, str(e)) from None
+
+
+def mapped(spec: Spec) -> dict[str, str]:
+    """Each top-level config.json key a field reads (``a`` of ``a.b``), to the field."""
+    fields = spec.get("config")
+    out: dict[str, str] = {}
+    for name, raw in (fields if isinstance(fields, dict) else {}).items():
+        key = entry(raw).get("json")
+        if isinstance(key, str):
+            out.setdefault(key.split(".")[0], name)
+    return out
+
+
+def ignored_keys(spec: Spec) -> list:
+    """The spec's ``ignore:`` list (empty where it is none)."""
+    ignore = spec.get("ignore")
+    return ignore if isinstance(ignore, list) else []
+
+
+def shown(value: Any) -> str:
+    """A config.json value as a message quotes it: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def unread(spec: Spec, config_json: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The keys of ``config_json`` (with their values) the spec neither maps (the top-level
+    part of a dotted key counts) nor lists in ``ignore:``, in the file's order."""
+    read, ignore = mapped(spec), ignored_keys(spec)
+    return [(k, v) for k, v in config_json.items() if k not in read and k not in ignore]
+
+
+def unread_message(source: str, key: str, value: Any) -> str:
+    """What lint and every load say of one unread key."""
+    return (f"{source}: key {key!r} (= {shown(value)}) is neither mapped under config: nor "
+            "listed in ignore: (a key read by nothing is a silent default)")
+
+
+def account(spec: Spec, config_json: Mapping[str, Any], source: str,
+            allow_unread: bool = False) -> None:
+    """Refuse a config.json the spec does not account for: every key read by a field or
+    listed in ``ignore:``, as ``lint --config`` checks it. ``allow_unread`` lets unread keys
+    pass (the user's word that their defaults are right).
+
+    Raises:
+        SpecError: at the spec's ``ignore:`` (else ``config:``), naming ``source`` and every
+            unread key with its value, in one error.
+    """
+    keys = [] if allow_unread else unread(spec, config_json)
+    if keys:
+        place = ("ignore",) if "ignore" in spec.data else ("config",)
+        lines = [unread_message(source, k, v) for k, v in keys]
+        raise spec.error(place, "\n  ".join(lines) + f"\n  (map or ignore each in the spec; "
+                         f"{ALLOW_UNREAD} loads it anyway)")
 
 
 def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> Any:

@@ -19,6 +19,7 @@ from runtime.checkpoint import CheckpointError
 from runtime.tokenizer import utf8_text
 
 from .build import Loaded
+from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .encoder import load_encoder
 from .errors import SpecError, message
 from .loader import load_spec
@@ -81,6 +82,7 @@ def command(
                                              "between (default: the spec's, capped by "
                                              "sentence-transformers' max_seq_length)"),
     decimals: int = typer.Option(4, min=0, max=12, help="decimals printed"),
+    allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Embed TEXTs with an encoder SPEC: one line per text, or with --similarity the cosine
     matrix (row i, column j: text i against text j)."""
@@ -95,7 +97,8 @@ def command(
                              "specs (model: encoder)")
         if checkpoint is None:
             raise ValueError("give --checkpoint DIR (its tokenizer encodes the texts)")
-        loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens)
+        loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens,
+                              allow_unread_config=allow_unread_config)
         cap = loaded.model.config.max_tokens
         if max_tokens is not None and max_tokens > cap:
             held = "its position table's rows" if cap == loaded.model.config.positions else \

@@ -196,21 +196,25 @@ def _sentence_length(directory: Path) -> int | None:
 def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = None,
                  random_weights: int | None = None, toy: bool = False,
                  max_tokens: int | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> Loaded:
+                 progress: Callable[[int, int], None] | None = None,
+                 allow_unread_config: bool = False) -> Loaded:
     """The encoder of ``spec`` on a checkpoint's config and weights, or drawn ones.
 
     ``max_tokens`` defaults to the spec's, capped by sentence-transformers'
     ``max_seq_length`` where the checkpoint saves one (texts are truncated there, as
-    sentence-transformers truncates them).
+    sentence-transformers truncates them). ``allow_unread_config``: load although
+    config.json holds keys the spec neither reads nor ignores.
 
     Raises:
         FileNotFoundError: the spec, checkpoint or config.json is missing.
-        SpecError: the spec is invalid or does not fit the config.
+        SpecError: the spec is invalid, does not fit the config, or leaves a config.json
+            key unaccounted for (every such key named).
         CheckpointError: the weights do not fit the model (every tensor named).
         ValueError: no weights source, or ``--toy`` with a checkpoint.
     """
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy)
+    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
+                                                  allow_unread_config)
     if directory is not None and max_tokens is None:
         max_tokens = _sentence_length(directory)
     expanded = expand_encoder(spec, config_json, source=source)

@@ -104,6 +104,8 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
         if model is not None:
             names |= {name for name, _ in model.named_params()}
             matrices |= {name for name, p in model.named_params() if len(p.shape) == 2}
+    if isinstance(toy, dict):  # after the builds: a key unread is no reason to hide why
+        problems += rules.unmapped(spec, toy, "toy.config")
     if names:
         problems += rules.renames(spec, names)
         problems += rules.patterns(spec, matrices)

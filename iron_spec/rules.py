@@ -15,7 +15,7 @@ from runtime.module import Module
 
 from . import expr
 from .build import build_tree
-from .config import MISSING, entry, lookup
+from .config import MISSING, entry, ignored_keys, lookup, mapped, unread, unread_message
 from .errors import SpecError
 from .kinds import KINDS
 from .loader import Spec
@@ -141,42 +141,20 @@ def config_keys(spec: Spec, config_json: Mapping[str, Any], source: str) -> list
     return out
 
 
-def _mapped(spec: Spec) -> dict[str, str]:
-    """Each top-level config.json key a field reads (``a`` of ``a.b``), to the field."""
-    mapped: dict[str, str] = {}
-    for name, raw in _fields(spec).items():
-        key = entry(raw).get("json")
-        if isinstance(key, str):
-            mapped.setdefault(key.split(".")[0], name)
-    return mapped
-
-
-def _ignore(spec: Spec) -> list:
-    ignore = spec.get("ignore")
-    return ignore if isinstance(ignore, list) else []
-
-
 def ignored(spec: Spec) -> list[SpecError]:
     """Keys listed in ``ignore:`` that a config field reads after all."""
-    mapped = _mapped(spec)
-    return [spec.error(("ignore", i), f"ignore[{i}]: {key!r} is read by config.{mapped[key]}; "
+    read = mapped(spec)
+    return [spec.error(("ignore", i), f"ignore[{i}]: {key!r} is read by config.{read[key]}; "
                        "it is not ignored", value=True)
-            for i, key in enumerate(_ignore(spec)) if key in mapped]
+            for i, key in enumerate(ignored_keys(spec)) if key in read]
 
 
 def unmapped(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
     """Keys of ``config_json`` the spec neither maps (the top-level part of a dotted key
     counts) nor lists in ``ignore:``."""
-    mapped, ignore = _mapped(spec), _ignore(spec)
     place = ("ignore",) if "ignore" in spec.data else ("config",)
-    out = []
-    for key, value in config_json.items():
-        if key not in mapped and key not in ignore:
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            out.append(spec.error(place, f"{source}: key {key!r} (= {shown}) is neither mapped "
-                                  "under config: nor listed in ignore: (a key read by nothing "
-                                  "is a silent default)"))
-    return out
+    return [spec.error(place, unread_message(source, key, value))
+            for key, value in unread(spec, config_json)]
 
 
 def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:

@@ -25,7 +25,7 @@ from runtime.host import checkpoint_directory
 from runtime.module import Module, Param
 
 from .build import build_tree, read_config
-from .config import resolve
+from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from .errors import SpecError, message
 from .loader import Spec, load_spec
 
@@ -64,12 +64,14 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def gather(spec_path: Path, checkpoint: Optional[str]) -> View:
-    """The view of ``spec_path`` on ``checkpoint``'s config.json and headers, or on its toy.
+def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool = False) -> View:
+    """The view of ``spec_path`` on ``checkpoint``'s config.json and headers, or on its toy;
+    a config.json key the spec neither reads nor ignores is refused unless
+    ``allow_unread_config`` (``config.account``).
 
     Raises:
         FileNotFoundError: no spec, checkpoint or config.json there.
-        SpecError: the spec does not load or expand.
+        SpecError: the spec does not load or expand, or leaves a config.json key unread.
         CheckpointError: the checkpoint's headers are malformed.
         ValueError: the expanded model does not build.
     """
@@ -84,6 +86,7 @@ def gather(spec_path: Path, checkpoint: Optional[str]) -> View:
         if not isinstance(toy, dict):
             raise spec.error((), "this spec has no toy: section; give --checkpoint DIR")
         config_json, on, source = toy, f"{spec.file} toy.config", "toy.config"
+    account(spec, config_json, on, allow_unread_config)
     tree = build_tree(spec, config_json, on)
     resolved = resolve(spec, config_json, source)
     options = getattr(tree, "config", None)
@@ -236,6 +239,7 @@ def command(
     toy: bool = typer.Option(False, "--toy", help="the spec's toy config (the default without "
                                                   "--checkpoint)"),
     format: str = typer.Option("text", "--format", help="text | json"),
+    allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Show the model SPEC expands to: config fields and their sources, layer pattern, module
     tree, and each parameter's checkpoint tensor. Exit 0 shown, 1 the spec or checkpoint does
@@ -247,7 +251,7 @@ def command(
         typer.echo("error: --toy shows the spec's toy config; it takes no --checkpoint", err=True)
         raise typer.Exit(2)
     try:
-        view = gather(spec, checkpoint)
+        view = gather(spec, checkpoint, allow_unread_config)
     except FileNotFoundError as e:
         typer.echo(message(e), err=True)
         raise typer.Exit(2)

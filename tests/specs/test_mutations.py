@@ -47,10 +47,20 @@ def kl_figure(output: str) -> float:
 ], ids=["no-llama3-scaling", "theta-100x-small"])
 def test_toy_mutation_fails_check(tmp_path, old, new):
     spec = mutated(tmp_path, old, new)
-    result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy"])
+    # Past the config accounting (a mutant reading a key no more is refused before any check).
+    result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy",
+                                      "--allow-unread-config"])
     assert result.exit_code == 1, result.output
     assert "reference: golden" in result.output
     assert kl_figure(result.output) > 1e-3, result.output
+
+
+def test_a_mutant_reading_a_key_no_more_is_refused_at_load(tmp_path):
+    spec = mutated(tmp_path, "  rope_scaling: {json: rope_scaling, default: null}",
+                   "  rope_scaling: {value: null}")
+    result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy"])
+    assert result.exit_code == 2
+    assert "toy.config: key 'rope_scaling' (= {'rope_type': 'llama3'" in result.output
 
 
 def test_swapped_gate_and_up_fail_against_the_smollm2_golden(smollm2, tmp_path):
