@@ -7,24 +7,100 @@ Each field of a spec's ``config:`` section is one of:
 - ``{json: KEY, expr: EXPR}``: that value, else the expression over other fields;
 - ``{expr: EXPR}``: always the expression; ``{value: VALUE}``: always the literal.
 
-A value config.json holds as null counts as absent, as transformers writes unset options.
+A value config.json holds as null is the value None, as transformers passes it to the config
+class. Where the config class turns None into something, ``if_null`` beside ``json`` says
+what: ``if_null: fallback`` has a null take the field's fallback as an absent key does
+(LlamaConfig: ``num_key_value_heads`` None is ``num_attention_heads``, as absent),
+``if_null: {expr: EXPR}`` or ``if_null: {value: VALUE}`` its own (Qwen2Config: absent is
+32, None is ``num_attention_heads``).
+
+Every config.json is read in transformers 5's spelling (``standard``): transformers 4's RoPE
+keys are moved into ``rope_parameters`` first, so a spec maps that alone.
+
 A ``default`` is always a literal and an ``expr`` always an expression, so ``silu`` is never
 mistaken for a field name.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import expr
 from .loader import Spec
 
-MISSING = object()  # what lookup gives for a key config.json lacks (or holds as null)
+MISSING = object()  # what lookup gives for a key config.json lacks
 ALLOW_UNREAD = "--allow-unread-config"  # the flag every loading command takes
 ALLOW_UNREAD_HELP = ("load although config.json holds keys the spec neither reads nor "
                      "ignores (their values then go unread: you vouch that the model does "
                      "not depend on them)")
+
+
+# transformers 4's RoPE keys, each to its place in transformers 5's rope_parameters ("" the
+# mapping itself), as RotaryEmbeddingConfigMixin.convert_rope_params_to_dict moves them; a
+# spec's rope_parameters_from adds or overrides places (a layer type's, as Gemma3TextConfig's
+# rope_local_base_freq -> sliding_attention.rope_theta).
+ROPE_PARAMETERS_FROM = {"rope_scaling": "", "rope_theta": "rope_theta",
+                        "partial_rotary_factor": "partial_rotary_factor"}
+
+
+def rope_moves(spec: Spec) -> dict[str, str]:
+    """Each transformers-4 key this spec's configs fold into ``rope_parameters``, to its
+    place there (``ROPE_PARAMETERS_FROM`` under the spec's ``rope_parameters_from``; a key
+    mapped to null is not moved)."""
+    own = spec.get("rope_parameters_from")
+    table = {**ROPE_PARAMETERS_FROM, **(own if isinstance(own, dict) else {})}
+    return {k: v for k, v in table.items() if isinstance(v, str)}
+
+
+def standard(spec: Spec, config_json: Mapping[str, Any]) -> tuple[dict, dict[str, str]]:
+    """``config_json`` in transformers 5's spelling, so a spec reads one: each of
+    ``rope_moves(spec)``'s keys moved into ``rope_parameters`` at its place, as
+    transformers' ``convert_rope_params_to_dict`` and ``standardize_rope_params`` do. A
+    mapping (``rope_scaling``) updates the mapping at its place (its values win, as
+    transformers lets ``rope_scaling`` replace ``rope_parameters``); a single value goes
+    where ``rope_parameters`` holds none (``rope_parameters``' own win). A null moves
+    nothing. Then each table (the mapping, or each of its mappings by layer type) of
+    rope_type llama3, yarn or longrope gets its ``original_max_position_embeddings``: the
+    config's top-level one in a single table (as transformers gives it priority), else
+    ``max_position_embeddings``. Also returns each moved key's place (``rope_theta`` ->
+    ``rope_parameters.rope_theta``). ``config_json`` is not changed.
+    """
+    moves = {k: place for k, place in rope_moves(spec).items() if k in config_json
+             and (place or isinstance(config_json[k], (Mapping, type(None))))}
+    params = config_json.get("rope_parameters")
+    if not isinstance(params, (dict, type(None))) or (params is None and not moves):
+        return dict(config_json), {}
+    data = {k: v for k, v in config_json.items() if k not in moves}
+    params = copy.deepcopy(params) if params is not None else {}
+    for key, place in moves.items():
+        value, parts = config_json[key], place.split(".") if place else []
+        if value is None:
+            continue
+        node = params
+        for part in parts if isinstance(value, Mapping) else parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        if isinstance(value, Mapping):
+            node.update(copy.deepcopy(dict(value)))
+        else:
+            node.setdefault(parts[-1], value)
+    nested = [t for t in params.values() if isinstance(t, dict)]
+    for table in nested or [params]:
+        kind = table.get("rope_type", table.get("type"))
+        if kind in ("llama3", "yarn", "longrope"):
+            top = config_json.get("original_max_position_embeddings")
+            if top is not None and not nested:
+                table["original_max_position_embeddings"] = top
+            elif "max_position_embeddings" in config_json:
+                table.setdefault("original_max_position_embeddings",
+                                 config_json["max_position_embeddings"])
+    if params or moves:
+        data["rope_parameters"] = params
+    return data, {k: ".".join(["rope_parameters", *filter(None, [place])])
+                  for k, place in moves.items()}
 
 
 @dataclass
@@ -42,12 +118,14 @@ def entry(raw: Any) -> dict:
 
 
 def lookup(data: Mapping[str, Any], key: str) -> Any:
+    """config.json's value at dotted ``key`` (None where it holds null), MISSING where it has
+    no such key (a part of the way null or no mapping counts as no key)."""
     node: Any = data
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return MISSING
         node = node[part]
-    return MISSING if node is None else node
+    return node
 
 
 def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.json") -> Resolved:
@@ -59,8 +137,14 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
             in a cycle.
     """
     fields = spec.get("config", default={}) or {}
+    config_json, moved = standard(spec, config_json)
     out = Resolved()
     busy: list[str] = []
+
+    def origin(key: str) -> str:
+        froms = [k for k, place in moved.items()
+                 if place == key or place.startswith(key + ".") or key.startswith(place + ".")]
+        return f"{source}: {key}" + (f" (from {', '.join(froms)})" if froms else "")
 
     def value(name: str) -> Any:
         if name in out.values:
@@ -73,8 +157,17 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
         got = MISSING
         if "json" in e:
             got = lookup(config_json, e["json"])
-            if got is not MISSING:
-                out.sources[name] = f"{source}: {e['json']}"
+            null = e.get("if_null", "none")
+            if got is None and isinstance(null, dict) and "value" in null:
+                got, out.sources[name] = null["value"], f"{origin(e['json'])} if_null: value"
+            elif got is None and isinstance(null, dict) and "expr" in null:
+                got = _expression(spec, ("config", name, "if_null", "expr"), null["expr"], value,
+                                  fields)
+                out.sources[name] = f"{origin(e['json'])} if_null: expr: {null['expr']}"
+            elif got is None and null == "fallback":
+                got = MISSING
+            elif got is not MISSING:
+                out.sources[name] = origin(e["json"])
         if got is MISSING and "value" in e:
             got, out.sources[name] = e["value"], "value"
         if got is MISSING and "expr" in e:
@@ -134,9 +227,21 @@ def shown(value: Any) -> str:
 
 def unread(spec: Spec, config_json: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The keys of ``config_json`` (with their values) the spec neither maps (the top-level
-    part of a dotted key counts) nor lists in ``ignore:``, in the file's order."""
+    part of a dotted key counts) nor lists in ``ignore:``, in the file's order; read in
+    transformers 5's spelling (``standard``: ``rope_theta`` is read as
+    ``rope_parameters.rope_theta``)."""
     read, ignore = mapped(spec), ignored_keys(spec)
-    return [(k, v) for k, v in config_json.items() if k not in read and k not in ignore]
+    data, moved = standard(spec, config_json)
+    out = []
+    for k, v in data.items():
+        if k in read or k in ignore:
+            continue
+        if k == "rope_parameters" and moved:  # as the file spells them
+            out += [(m, config_json[m]) for m in moved]
+            v = config_json.get(k, MISSING)
+        if v is not MISSING:
+            out.append((k, v))
+    return out
 
 
 def unread_message(source: str, key: str, value: Any) -> str:

@@ -79,7 +79,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
     """Every problem of one parsed spec, in file order (``config``: also against it)."""
     problems = validate(spec)
     problems += rules.expressions(spec) + rules.config_fields(spec) + rules.kinds(spec)
-    problems += rules.ignored(spec)
+    problems += rules.ignored(spec) + rules.spellings(spec)
     toy = spec.get("toy", "config")
     configs = []
     if isinstance(toy, dict):

@@ -15,7 +15,8 @@ from runtime.module import Module
 
 from . import expr
 from .build import build_tree
-from .config import MISSING, entry, ignored_keys, lookup, mapped, unread, unread_message
+from .config import (MISSING, entry, ignored_keys, lookup, mapped, rope_moves, standard, unread,
+                     unread_message)
 from .errors import SpecError
 from .kinds import KINDS
 from .loader import Spec
@@ -61,6 +62,9 @@ def expressions(spec: Spec) -> list[SpecError]:
         e = entry(raw)
         if isinstance(e.get("expr"), str):
             out += _names_fields(spec, ("config", name, "expr"), e["expr"], fields)
+        null = e.get("if_null")
+        if isinstance(null, dict) and isinstance(null.get("expr"), str):
+            out += _names_fields(spec, ("config", name, "if_null", "expr"), null["expr"], fields)
     seen = set()
     for path, node in slots(spec.data):
         value = spec.get(*path)
@@ -71,11 +75,19 @@ def expressions(spec: Spec) -> list[SpecError]:
 
 
 def config_fields(spec: Spec) -> list[SpecError]:
-    """Config fields whose sources cannot all be used (one always shadows another), and
-    fields whose expressions depend on each other in a cycle."""
+    """Config fields whose sources cannot all be used (one always shadows another), an
+    ``if_null`` with no ``json`` to be null or no fallback to fall back to, and fields whose
+    expressions depend on each other in a cycle."""
     fields, out = _fields(spec), []
     for name, raw in fields.items():
         e = entry(raw)
+        if "if_null" in e and "json" not in e:
+            out.append(spec.error(("config", name, "if_null"), f"config.{name}.if_null is never "
+                                  "used: the field reads no json key that could be null"))
+        elif e.get("if_null") == "fallback" and not any(k in e for k in ORDER[1:]):
+            out.append(spec.error(("config", name, "if_null"), f"config.{name}.if_null: fallback "
+                                  "falls back to nothing: give the field a default, expr or "
+                                  "value"))
         given = [k for k in ORDER if k in e]
         for i, k in enumerate(given[1:], 1):
             if given[i - 1] != "json":
@@ -84,10 +96,14 @@ def config_fields(spec: Spec) -> list[SpecError]:
                                       f"{', '.join(ORDER)}, in that order)"))
     deps = {}
     for name, raw in fields.items():
-        try:
-            deps[name] = expr.names(entry(raw)["expr"]) & set(fields)
-        except (KeyError, expr.ExprError):
-            deps[name] = set()
+        deps[name] = set()
+        e = entry(raw)
+        null = e.get("if_null")
+        for text in (e.get("expr"), null.get("expr") if isinstance(null, dict) else None):
+            try:
+                deps[name] |= expr.names(text) & set(fields) if isinstance(text, str) else set()
+            except expr.ExprError:
+                pass
     reported: set[frozenset] = set()
     for start in fields:
         stack = [(start, [start])]
@@ -133,11 +149,29 @@ def config_keys(spec: Spec, config_json: Mapping[str, Any], source: str) -> list
         key = e.get("json")
         if not isinstance(key, str) or any(k in e for k in ORDER[1:]):
             continue
-        if lookup(config_json, key) is MISSING:
+        if lookup(standard(spec, config_json)[0], key) is MISSING:
             path = ("config", name) if isinstance(raw, str) else ("config", name, "json")
             out.append(spec.error(path, f"config.{name}: {source} has no key {key!r} and the "
                                   "field declares no default, expr or value"
                                   f"{_near(key, config_json)}", value=True))
+    return out
+
+
+def spellings(spec: Spec) -> list[SpecError]:
+    """Fields reading a transformers-4 key that every config.json is read without
+    (``config.standard`` moves it into ``rope_parameters``): such a field would always fall
+    back."""
+    moves, out = rope_moves(spec), []
+    for name, raw in _fields(spec).items():
+        key = entry(raw).get("json")
+        if isinstance(key, str) and key.split(".")[0] in moves:
+            top = key.split(".")[0]
+            place = ".".join(["rope_parameters", *filter(None, [moves[top]])])
+            path = ("config", name) if isinstance(raw, str) else ("config", name, "json")
+            out.append(spec.error(path, f"config.{name} reads {key!r}, which every config.json "
+                                  f"is read with in transformers 5's spelling, as {place!r} "
+                                  "(config.standard, as transformers' "
+                                  "convert_rope_params_to_dict): read that", value=True))
     return out
 
 

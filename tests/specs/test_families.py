@@ -43,7 +43,8 @@ def test_layer_types_pick_window_and_rope_table_per_layer():
     o = options("gemma3", {})
     assert [lo.attention.window for lo in o.layers] == [8, None, 8, None]
     assert [lo.attention.rope for lo in o.layers] == ["local", "global", "local", "global"]
-    assert o.ropes["global"].scaling == {"rope_type": "linear", "factor": 8.0}
+    # Gemma3TextConfig's rope_parameters["full_attention"] on the toy's transformers-4 keys.
+    assert o.ropes["global"].scaling == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
     assert o.ropes["local"].theta == 10000.0 and o.ropes["global"].theta == 1e6
 
 

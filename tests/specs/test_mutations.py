@@ -40,14 +40,14 @@ def kl_figure(output: str) -> float:
 
 @pytest.mark.parametrize("old,new", [
     # The llama3 RoPE scaling dropped: the toy's original_max_position_embeddings is 64.
-    ("  rope_scaling: {json: rope_scaling, default: null}", "  rope_scaling: {value: null}"),
+    ("  rope_scaling: {json: rope_parameters, default: null}", "  rope_scaling: {value: null}"),
     # rope_theta read 100 times too small.
     ("  default: {theta: rope_theta, scaling: rope_scaling}",
      "  default: {theta: \"rope_theta / 100\", scaling: rope_scaling}"),
 ], ids=["no-llama3-scaling", "theta-100x-small"])
 def test_toy_mutation_fails_check(tmp_path, old, new):
     spec = mutated(tmp_path, old, new)
-    # Past the config accounting (a mutant reading a key no more is refused before any check).
+    # Past the config accounting, should a mutant leave a key unread.
     result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy",
                                       "--allow-unread-config"])
     assert result.exit_code == 1, result.output
@@ -56,11 +56,11 @@ def test_toy_mutation_fails_check(tmp_path, old, new):
 
 
 def test_a_mutant_reading_a_key_no_more_is_refused_at_load(tmp_path):
-    spec = mutated(tmp_path, "  rope_scaling: {json: rope_scaling, default: null}",
-                   "  rope_scaling: {value: null}")
+    spec = mutated(tmp_path, "  hidden_act: {json: hidden_act, default: silu}",
+                   "  hidden_act: {value: silu}")
     result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy"])
     assert result.exit_code == 2
-    assert "toy.config: key 'rope_scaling' (= {'rope_type': 'llama3'" in result.output
+    assert "toy.config: key 'hidden_act' (= 'silu') is neither mapped" in result.output
 
 
 def test_swapped_gate_and_up_fail_against_the_smollm2_golden(smollm2, tmp_path):
