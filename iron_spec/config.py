@@ -106,10 +106,12 @@ def standard(spec: Spec, config_json: Mapping[str, Any]) -> tuple[dict, dict[str
 @dataclass
 class Resolved:
     """Field values and, for each, where it came from (``config.json: KEY``, ``default``,
-    ``expr: EXPR`` or ``value``)."""
+    ``expr: EXPR`` or ``value``); ``read``: the fields options evaluated so far name (what
+    lint's unread-field rule counts)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    read: set[str] = field(default_factory=set)
 
 
 def entry(raw: Any) -> dict:
@@ -225,12 +227,63 @@ def shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def refused_keys(spec: Spec) -> set[str]:
+    """The top-level config.json keys ``refuse:`` entries name (``a`` of ``a.b``): read by the
+    spec, which serves their other values."""
+    entries = spec.get("refuse")
+    return {e["key"].split(".")[0] for e in (entries if isinstance(entries, list) else [])
+            if isinstance(e, dict) and isinstance(e.get("key"), str)}
+
+
+def same(a: Any, b: Any) -> bool:
+    """JSON equality: a boolean equals only a boolean (``True == 1`` in Python, not here)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def refusals(spec: Spec, config_json: Mapping[str, Any], source: str
+             ) -> list[tuple[int, str]]:
+    """The ``refuse:`` entries ``config_json`` meets, each as (its index, what to say): an
+    entry ``{key, value, why}`` where config.json holds ``value`` at ``key`` (an absent key
+    is never refused), ``{when, why}`` where the expression over the config fields is true.
+
+    Raises:
+        SpecError: a ``when`` that is refused, names no field or is not a boolean.
+    """
+    entries = spec.get("refuse")
+    data = standard(spec, config_json)[0]
+    out, resolved = [], None
+    for i, e in enumerate(entries if isinstance(entries, list) else []):
+        if not isinstance(e, dict):
+            continue
+        why = e.get("why", "")
+        if isinstance(e.get("key"), str) and "value" in e:
+            got = lookup(data, e["key"])
+            if got is not MISSING and same(got, e["value"]):
+                out.append((i, f"{source}: {e['key']} is {shown(got)}, which this spec cannot "
+                               f"serve: {why}"))
+        elif isinstance(e.get("when"), str):
+            resolved = resolved or resolve(spec, config_json, source)
+            path = ("refuse", i, "when")
+            held = evaluate_option(spec, path, e["when"], resolved)
+            if not isinstance(held, bool):
+                raise spec.error(path, f"refuse[{i}].when {e['when']!r} is {shown(held)}, not "
+                                       "true or false")
+            if held:
+                named = ", ".join(f"{n} = {shown(resolved.values[n])}"
+                                  for n in sorted(expr.names(e["when"])))
+                out.append((i, f"{source}: {e['when']} ({named}), which this spec cannot "
+                               f"serve: {why}"))
+    return out
+
+
 def unread(spec: Spec, config_json: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The keys of ``config_json`` (with their values) the spec neither maps (the top-level
     part of a dotted key counts) nor lists in ``ignore:``, in the file's order; read in
     transformers 5's spelling (``standard``: ``rope_theta`` is read as
     ``rope_parameters.rope_theta``)."""
-    read, ignore = mapped(spec), ignored_keys(spec)
+    read, ignore = {**mapped(spec), **dict.fromkeys(refused_keys(spec))}, ignored_keys(spec)
     data, moved = standard(spec, config_json)
     out = []
     for k, v in data.items():
@@ -252,14 +305,19 @@ def unread_message(source: str, key: str, value: Any) -> str:
 
 def account(spec: Spec, config_json: Mapping[str, Any], source: str,
             allow_unread: bool = False) -> None:
-    """Refuse a config.json the spec does not account for: every key read by a field or
-    listed in ``ignore:``, as ``lint --config`` checks it. ``allow_unread`` lets unread keys
-    pass (the user's word that their defaults are right).
+    """Refuse a config.json the spec does not account for, as ``lint --config`` checks it:
+    a value the spec says it cannot serve (``refuse:``, whatever ``allow_unread``), or a key
+    neither read by a field or a refusal nor listed in ``ignore:``. ``allow_unread`` lets
+    unread keys pass (the user's word that their defaults are right).
 
     Raises:
-        SpecError: at the spec's ``ignore:`` (else ``config:``), naming ``source`` and every
-            unread key with its value, in one error.
+        SpecError: at the first refusal met, naming each met (key, value, why); else at the
+            spec's ``ignore:`` (else ``config:``), naming ``source`` and every unread key
+            with its value, in one error.
     """
+    met = refusals(spec, config_json, source)
+    if met:
+        raise spec.error(("refuse", met[0][0]), "\n  ".join(text for _, text in met))
     keys = [] if allow_unread else unread(spec, config_json)
     if keys:
         place = ("ignore",) if "ignore" in spec.data else ("config",)
@@ -277,6 +335,7 @@ def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> An
         needed = expr.names(raw)
     except expr.ExprError as e:
         raise spec.error(path, str(e)) from None
+    resolved.read |= needed
     unknown = sorted(needed - set(resolved.values))
     if unknown:
         raise spec.error(path, f"{raw!r} names {', '.join(unknown)}, not a config field "

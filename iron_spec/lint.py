@@ -79,7 +79,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
     """Every problem of one parsed spec, in file order (``config``: also against it)."""
     problems = validate(spec)
     problems += rules.expressions(spec) + rules.config_fields(spec) + rules.kinds(spec)
-    problems += rules.ignored(spec) + rules.spellings(spec)
+    problems += rules.ignored(spec) + rules.spellings(spec) + rules.unread_fields(spec)
     toy = spec.get("toy", "config")
     configs = []
     if isinstance(toy, dict):
@@ -90,6 +90,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
     if config is not None:
         configs.append((config.data, config.path, ("config",)))
         problems += rules.unmapped(spec, config.data, config.path)
+        problems += rules.refused(spec, config.data, config.path)
         problems += rules.architecture(spec, config.data, config.path)
     names: set[str] = set()
     matrices: set[str] = set()
@@ -105,7 +106,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
             names |= {name for name, _ in model.named_params()}
             matrices |= {name for name, p in model.named_params() if len(p.shape) == 2}
     if isinstance(toy, dict):  # after the builds: a key unread is no reason to hide why
-        problems += rules.unmapped(spec, toy, "toy.config")
+        problems += rules.unmapped(spec, toy, "toy.config") + rules.refused(spec, toy, "toy.config")
     if names:
         problems += rules.renames(spec, names)
         problems += rules.patterns(spec, matrices)

@@ -15,8 +15,8 @@ from runtime.module import Module
 
 from . import expr
 from .build import build_tree
-from .config import (MISSING, entry, ignored_keys, lookup, mapped, rope_moves, standard, unread,
-                     unread_message)
+from .config import (MISSING, entry, ignored_keys, lookup, mapped, refusals, rope_moves, standard,
+                     unread, unread_message)
 from .errors import SpecError
 from .kinds import KINDS
 from .loader import Spec
@@ -58,6 +58,10 @@ def expressions(spec: Spec) -> list[SpecError]:
     refuses or that names no config field."""
     fields = _fields(spec)
     out = []
+    entries = spec.get("refuse")
+    for i, e in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(e, dict) and isinstance(e.get("when"), str):
+            out += _names_fields(spec, ("refuse", i, "when"), e["when"], fields)
     for name, raw in fields.items():
         e = entry(raw)
         if isinstance(e.get("expr"), str):
@@ -117,6 +121,47 @@ def config_fields(spec: Spec) -> list[SpecError]:
                 elif d not in trail:
                     stack.append((d, trail + [d]))
     return out
+
+
+def _named(text: Any) -> set[str]:
+    try:
+        return expr.names(text) if isinstance(text, str) else set()
+    except expr.ExprError:
+        return set()
+
+
+def unread_fields(spec: Spec) -> list[SpecError]:
+    """Fields nothing reads: no option's expression (given, or the interpreter's default
+    for an option left out, as evaluated on the toy config), no other field's expression,
+    no ``refuse`` condition, and no field the model needs (``interpreter.REQUIRED``). A
+    config.json key mapped into such a field changes nothing: silently wrong."""
+    from .encoder import REQUIRED as ENCODER, expand_encoder
+    from .interpreter import REQUIRED, expand
+
+    fields = _fields(spec)
+    encoder = spec.get("model") == "encoder"
+    read = set(ENCODER + ("num_key_value_heads",) if encoder else REQUIRED)
+    for path, node in slots(spec.data):
+        if node.get("$ref") == EXPRESSION:
+            read |= _named(spec.get(*path))
+    for raw in fields.values():
+        e = entry(raw)
+        null = e.get("if_null")
+        read |= _named(e.get("expr")) | _named(null.get("expr") if isinstance(null, dict) else None)
+    entries = spec.get("refuse")
+    for e in entries if isinstance(entries, list) else []:
+        read |= _named(e.get("when")) if isinstance(e, dict) else set()
+    toy = spec.get("toy", "config")
+    if isinstance(toy, dict):
+        try:
+            read |= (expand_encoder if encoder else expand)(spec, toy).resolved.read
+        except (SpecError, ValueError, TypeError):
+            return []  # a spec that does not expand: its own error, and nothing judged here
+    return [spec.error(("config", name), f"config.{name} is read by nothing: no option, no "
+                       "other field and no required field names it, so the config.json key "
+                       "mapped here changes nothing (use it where it acts, or drop the field "
+                       "and list the key under ignore:)")
+            for name in fields if name not in read]
 
 
 def kinds(spec: Spec) -> list[SpecError]:
@@ -189,6 +234,15 @@ def unmapped(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[Sp
     place = ("ignore",) if "ignore" in spec.data else ("config",)
     return [spec.error(place, unread_message(source, key, value))
             for key, value in unread(spec, config_json)]
+
+
+def refused(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
+    """The values of ``config_json`` the spec's ``refuse:`` says it cannot serve, each at its
+    entry (a ``when`` that cannot be judged: at it)."""
+    try:
+        return [spec.error(("refuse", i), text) for i, text in refusals(spec, config_json, source)]
+    except SpecError as e:
+        return [e]
 
 
 def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:

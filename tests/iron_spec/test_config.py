@@ -83,3 +83,70 @@ def flags(command: str) -> set[str]:
 @pytest.mark.parametrize("command", ["run", "check", "show", "bench", "embed"])
 def test_every_loading_command_takes_the_flag(command):
     assert "--allow-unread-config" in flags(command)
+
+
+GEMMA3 = SPECS / "gemma3.yaml"
+
+
+def test_a_refused_value_is_refused_at_load_naming_key_value_and_why(tmp_path):
+    # Gemma3Attention.is_causal = not config.use_bidirectional_attention: with it true,
+    # transformers' model attends both ways, which this causal spec cannot serve (7j).
+    d = config_dir(tmp_path, GEMMA3, use_bidirectional_attention=True)
+    for allow in (False, True):  # no flag lets a refused value through
+        with pytest.raises(SpecError) as e:
+            load_model(GEMMA3, checkpoint=d, random_weights=0, allow_unread_config=allow)
+        assert f"{d / 'config.json'}: use_bidirectional_attention is True, which this spec " \
+               "cannot serve: transformers' Gemma3 then attends both ways" in str(e.value)
+    line = next(i for i, t in enumerate(GEMMA3.read_text().splitlines(), 1)
+                if t.strip() == "- key: use_bidirectional_attention")
+    assert e.value.line == line
+
+
+def test_a_refused_key_with_another_value_is_served(tmp_path):
+    d = config_dir(tmp_path, GEMMA3, use_bidirectional_attention=False)
+    assert load_model(GEMMA3, checkpoint=d, random_weights=0).lm.config.layers[0].attention
+
+
+def test_lint_config_reports_a_refused_value(tmp_path):
+    d = config_dir(tmp_path, GEMMA3, use_bidirectional_attention=True)
+    result = runner.invoke(app, ["lint", str(GEMMA3), "--config", str(d)])
+    assert result.exit_code == 1
+    assert "use_bidirectional_attention is True, which this spec cannot serve" in result.output
+
+
+def test_a_refusal_by_condition(tmp_path):
+    text = LLAMA.read_text().replace("layer:\n", 'refuse:\n  - when: "num_key_value_heads == '
+                                     'num_attention_heads and hidden_size > 32"\n    why: no '
+                                     'full multi-head attention here\n\nlayer:\n', 1)
+    spec = tmp_path / "llama3.yaml"
+    spec.write_text(text)
+    assert load_model(spec, random_weights=0, toy=True)  # the toy: 2 kv heads of 4
+    d = config_dir(tmp_path, num_key_value_heads=4)
+    with pytest.raises(SpecError, match=r"num_key_value_heads == num_attention_heads and "
+                       r"hidden_size > 32 \(hidden_size = 64, num_attention_heads = 4, "
+                       r"num_key_value_heads = 4\), which this spec cannot serve: no full"):
+        load_model(spec, checkpoint=d, random_weights=0)
+
+
+def lint_variant(tmp_path, old: str, new: str) -> list[str]:
+    from iron_spec.lint import lint_paths
+    text = LLAMA.read_text()
+    assert old in text
+    path = tmp_path / "llama3.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return [p.message for p in lint_paths([path])[0]]
+
+
+def test_a_field_no_option_reads_is_a_lint_error(tmp_path):
+    problems = lint_variant(tmp_path, "  attention: {bias: attention_bias, rope: default}",
+                            "  attention: {rope: default}")
+    assert [p for p in problems if "read by nothing" in p] == [
+        "config.attention_bias is read by nothing: no option, no other field and no required "
+        "field names it, so the config.json key mapped here changes nothing (use it where it "
+        "acts, or drop the field and list the key under ignore:)"]
+
+
+def test_an_option_left_to_its_default_reads_the_default_field(tmp_path):
+    # mlp.act left out is the interpreter's "hidden_act": that field is read.
+    assert lint_variant(tmp_path, "  mlp: {kind: gated, act: hidden_act, bias: mlp_bias}",
+                        "  mlp: {kind: gated, bias: mlp_bias}") == []
