@@ -138,10 +138,10 @@ def lint_variant(tmp_path, old: str, new: str) -> list[str]:
 
 
 def test_a_field_no_option_reads_is_a_lint_error(tmp_path):
-    problems = lint_variant(tmp_path, "  attention: {bias: attention_bias, rope: default}",
-                            "  attention: {rope: default}")
+    problems = lint_variant(tmp_path, "  mlp: {kind: gated, act: hidden_act, bias: mlp_bias}",
+                            "  mlp: {kind: gated, act: hidden_act}")
     assert [p for p in problems if "read by nothing" in p] == [
-        "config.attention_bias is read by nothing: no option, no other field and no required "
+        "config.mlp_bias is read by nothing: no option, no other field and no required "
         "field names it, so the config.json key mapped here changes nothing (use it where it "
         "acts, or drop the field and list the key under ignore:)"]
 
