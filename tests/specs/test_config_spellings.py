@@ -67,6 +67,17 @@ def test_gemma3_transformers_4_keys_go_to_their_layer_types():
                       "sliding_attention": {"rope_theta": 10000.0}}
 
 
+def test_olmo3_transformers_4_theta_is_the_full_layers_only():
+    # Olmo3Config(rope_theta=1234.0).rope_parameters in transformers 5.24: {"sliding_attention":
+    # {"rope_type": "default", "rope_theta": 500000.0}, "full_attention": {"rope_type":
+    # "default", "rope_theta": 1234.0}} (its convert_rope_params_to_dict pops rope_theta for
+    # the full table; the sliding one keeps default_theta).
+    spec, config = toy("olmo3")
+    del config["rope_parameters"]
+    o = expand(spec, {**config, "rope_theta": 1234.0}).options
+    assert (o.ropes["full"].theta, o.ropes["sliding"].theta) == (1234.0, 500000.0)
+
+
 def test_a_field_reading_a_moved_key_is_a_lint_error(tmp_path):
     from iron_spec.lint import lint_paths
     text = (SPECS / "llama3.yaml").read_text().replace(
