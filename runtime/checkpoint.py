@@ -221,13 +221,14 @@ class Placement:
 
 
 def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping[str, str],
-          unused: Iterable[str] = ()) -> Placement:
+          unused: Iterable[str] = (), stored: bool = True) -> Placement:
     """Match checkpoint tensors (name -> shape) to ``module``'s params after ``renames``
     (``runtime.renames``: composed, in order): a tensor whose renamed name is a tied alias
     is ignored, unless the param it shares has no tensor of its own, which it then fills
     (transformers' ``tie_weights`` swaps source and target so); one whose own name a pattern
     of ``unused`` matches is left unread; every other must fill exactly one param of its
-    stored shape (``Param.stored_shape``)."""
+    stored shape (``Param.stored_shape``; its own shape where not ``stored``: tensors in
+    the model's layout)."""
     out = Placement()
     first: dict[int, str] = {}
     for name, p in module.named_params():
@@ -247,7 +248,8 @@ def place(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mappin
             out.ignored.append(source)
         elif target in out.params and target not in out.sources:
             out.sources[target] = source
-            if tuple(shapes[source]) != out.params[target].stored_shape:
+            p = out.params[target]
+            if tuple(shapes[source]) != (p.stored_shape if stored else p.shape):
                 out.misshaped.append((source, target))
         elif matching(source, unused):
             out.unused.append(source)
@@ -275,10 +277,10 @@ def distinct_ties(module: Module, checkpoint: "Checkpoint", renames: Mapping[str
 
 
 def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping[str, str],
-         unused: Iterable[str] = ()) -> Placement:
+         unused: Iterable[str] = (), stored: bool = True) -> Placement:
     """``place``, strictly: raises CheckpointError listing every missing, unexpected and
     mis-shaped tensor together, by name."""
-    found = place(module, shapes, renames, unused)
+    found = place(module, shapes, renames, unused, stored)
     if found.fits:
         return found
     parts = []
@@ -289,8 +291,9 @@ def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping
         parts.append(f"unexpected {len(names)}: {_some(names)}")
     if found.misshaped:
         parts.append(f"mis-shaped {len(found.misshaped)}: " + _some([
-            f"{s} is {list(shapes[s])}, the model's {t} is {list(found.params[t].stored_shape)}"
-            + (" stored transposed (checkpoint.transposed)" if found.params[t].transposed else "")
+            f"{s} is {list(shapes[s])}, the model's {t} is "
+            + (f"{list(found.params[t].stored_shape)} stored transposed (checkpoint.transposed)"
+               if stored and found.params[t].transposed else f"{list(found.params[t].shape)}")
             for s, t in found.misshaped], "; "))
     cut = max(len(found.unfilled), len(found.unplaced), len(found.misshaped)) > SHOWN
     raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts) + (
@@ -335,8 +338,9 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
 
 
 def fill(module: Module, tensors: Mapping[str, np.ndarray]) -> LoadReport:
-    """Fill every param of ``module`` from in-memory ``tensors``, as strictly as ``load``."""
-    found = bind(module, {n: t.shape for n, t in tensors.items()}, {})
+    """Fill every param of ``module`` from in-memory ``tensors`` in the model's layout (its
+    names and shapes: drawn weights), as strictly as ``load``."""
+    found = bind(module, {n: t.shape for n, t in tensors.items()}, {}, stored=False)
     for name, source in found.sources.items():
         found.params[name].fill(tensors[source])
     return found.report()

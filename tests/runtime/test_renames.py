@@ -111,3 +111,14 @@ def test_a_transposed_matrix_of_the_wrong_shape_says_so():
     with pytest.raises(CheckpointError, match=r"layers.0.weight is \[2, 3\], the model's "
                        r"layers.0.weight is \[3, 2\] stored transposed"):
         bind(net, shapes, {})
+
+
+def test_drawn_tensors_fill_a_transposed_param_in_the_model_layout():
+    from runtime.checkpoint import fill
+    net = Net().name_tree()
+    mark_transposed(net, ["layers.{layer}.weight"])
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)  # the model's (out, in)
+    fill(net, {"layers.0.weight": w, "layers.1.weight": w, "layers.0.bias": np.zeros(2, np.float32),
+               "layers.1.bias": np.zeros(2, np.float32)})
+    assert net.layers[0].weight.array.tolist() == w.tolist()
+    assert net.layers[0].weight.to_stored(w).shape == (3, 2)  # written back [in, out]
