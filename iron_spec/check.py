@@ -2,7 +2,8 @@
 record goldens from transformers.
 
 The reference for KL is the golden recorded for these exact inputs (config.json and
-checkpoint tensors) where one exists, else the model's own float64 ``reference()``.
+checkpoint tensors) where one is found (``goldens``), else the model's own float64
+``reference()``; only a golden verifies a spec against transformers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import importlib.util
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import typer
@@ -19,31 +20,41 @@ import typer
 from runtime import checks
 from runtime.golden import Golden, GoldenError
 
-from .build import Loaded, load_model
+from runtime.host import fit
+
+from . import goldens
+from .build import Loaded, _footprint, load_model, model_inputs
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import message
-from .interpreter import DEFAULT_PREFILL_CHUNK
+from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
+CHECK_CONTEXT = 4096  # the most context check runs in: its deep decode fills all of it
+GREEDY_STEPS = 32
+# Exit statuses (README): every check passed and the spec is verified against transformers
+# (or --self-only asked for no more); a check failed or the input was refused; a usage
+# error (click's); every check passed but no golden judged the spec.
+PASSED, FAILED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
+PROMPT_EXTRA = 8  # prompt tokens past a whole chunk, so a chunk with a rows bound runs
 
 
 def golden_path(loaded: Loaded) -> Path:
-    """Where a golden for ``loaded``'s inputs lives: ``tests/goldens/<spec>/<inputs>.npz``
-    beside the spec's folder, named ``toy-seed<S>`` or after the checkpoint directory."""
-    spec = Path(loaded.expanded.spec.file).resolve()
-    name = loaded.expanded.spec.get("name")
+    """Where ``--record-golden`` writes a golden for ``loaded``'s inputs by default:
+    ``<store>/<spec>/<inputs>.npz`` (``goldens.record_store``), named ``toy-seed<S>`` or
+    after the checkpoint directory."""
+    spec = loaded.expanded.spec
     if loaded.random_weights is not None:
         inputs = f"{'toy' if loaded.directory is None else loaded.directory.name}-seed{loaded.random_weights}"
     else:
         inputs = loaded.directory.name
-    return spec.parent.parent / "tests" / "goldens" / name / f"{inputs}.npz"
+    return goldens.record_store(spec.file) / spec.get("name") / f"{inputs}.npz"
 
 
 def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
     """The prompt checks run from: ``prefill_chunk + 8`` tokens (more than one chunk), from
     the packaged text where there is a tokenizer, else drawn at seed 0."""
-    n = length or loaded.lm.config.prefill_chunk + 8
+    n = length or loaded.lm.config.prefill_chunk + PROMPT_EXTRA
     if loaded.tokenizer is None:
         return np.random.default_rng(0).integers(0, loaded.lm.config.vocab_size, n).tolist()
     text = PROMPT_TEXT.read_text()
@@ -57,20 +68,18 @@ def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
 def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
     """The golden for these inputs and a note of what was found.
 
-    A named ``path`` must be a golden of these inputs (GoldenError otherwise); else the
-    spec's goldens folder is searched for one recorded from the same config and tensors,
-    whatever the checkpoint directory is called.
+    A named ``path`` must be a golden of these inputs (GoldenError otherwise); else every
+    store (``goldens.stores``) is searched for one recorded from the same config and
+    tensors, whatever it is called.
     """
     fp = loaded.fingerprint()
     if path is not None:
         return Golden.read(path, fp), f"golden {path}"
-    folder = golden_path(loaded).parent
-    for candidate in sorted(folder.glob("*.npz")):
-        try:
-            return Golden.read(candidate, fp), f"golden {candidate}"
-        except GoldenError:
-            continue
-    return None, f"no golden in {folder} for these inputs ({fp})"
+    spec = loaded.expanded.spec
+    found, searched = goldens.find(fp, spec.get("name"), spec.file)
+    if found is None:
+        return None, goldens.not_found(fp, searched)
+    return Golden.read(found, fp), f"golden {found}"
 
 
 def needed_length(prompt: int, steps: int, kl_steps: int | None = None) -> int:
@@ -78,7 +87,7 @@ def needed_length(prompt: int, steps: int, kl_steps: int | None = None) -> int:
     longest history one runs is the prompt and what is drawn after it, ``kl_steps``
     (default ``steps``) teacher-forced for KL, up to 32 greedy, 4 for determinism; the chat
     turn's fits in what the context leaves (at least a token of turn and one drawn)."""
-    drawn = max(steps if kl_steps is None else kl_steps, min(steps, 32), 4)
+    drawn = max(steps if kl_steps is None else kl_steps, min(steps, GREEDY_STEPS), 4)
     return prompt + drawn - 1
 
 
@@ -93,8 +102,60 @@ def require_length(L: int, prompt: int, steps: int, why: str, kl_steps: int | No
                          "tokens after it")
 
 
-def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS) -> list[checks.Result]:
-    """Every check of the validation issue, in order.
+def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | None,
+              prefill_chunk: int | None, steps: int, decode_weights: str,
+              allow_unread_config: bool = False) -> tuple[int, int, str]:
+    """The context and prompt chunk check runs at, and a line saying where they came from.
+
+    The context is ``max_seq_len`` as given, else the model's own, at most ``CHECK_CONTEXT``
+    and within this host's memory (``runtime.host.fit``). The prompt chunk is
+    ``prefill_chunk`` as given, else the spec's (its toy's with ``toy``), shrunk until a
+    prompt of a chunk and 8 and the tokens drawn after it fit the context.
+
+    Raises:
+        ValueError: ``max_seq_len`` past the model's own, a given ``prefill_chunk`` whose
+            prompt does not fit, or a context too short for even a one-token chunk.
+    """
+    config_json, source, _ = model_inputs(spec, checkpoint, random_weights, toy,
+                                          allow_unread_config)
+    C = prefill_chunk or (toy and spec.get("toy", "prefill_chunk")) or \
+        spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
+    options = expand(spec, config_json, prefill_chunk=C, source=source).options
+    native = options.max_seq_len
+    if max_seq_len is not None:
+        if not 1 <= max_seq_len <= native:
+            raise ValueError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
+                             "model's own context")
+        L, where = max_seq_len, f"context {max_seq_len} (--max-seq-len)"
+    else:
+        fixed, per_position = _footprint(options, decode_weights)
+        L = fit(min(native, CHECK_CONTEXT), min(C, native), fixed, per_position)
+        where = f"context {L} (the model's own {native}" + \
+            (f", at most {CHECK_CONTEXT} in check)" if L < native else ")")
+    after = needed_length(0, steps) + PROMPT_EXTRA  # tokens past a chunk the checks need
+    if C + after > L:
+        what = "--max-seq-len" if max_seq_len is not None else "the context"
+        if prefill_chunk is not None:
+            raise ValueError(f"--prefill-chunk {C} does not fit {what} {L}: check runs a prompt "
+                             f"of a chunk and {PROMPT_EXTRA} and {after - PROMPT_EXTRA} tokens "
+                             f"after it; give a --prefill-chunk of at most {L - after}, or none")
+        if L - after < 1:
+            raise ValueError(f"check needs a context of at least {after + 1}, and {what} is "
+                             f"{L}: it runs a prompt of a chunk and {PROMPT_EXTRA} and "
+                             f"{after - PROMPT_EXTRA} tokens after it (--steps lowers that)")
+        fitted = L - after
+        fitted = fitted // 8 * 8 if fitted >= 64 else fitted
+        where += f", prompt chunk {fitted} (the spec's {C}, shrunk to fit)"
+        C = fitted
+    else:
+        where += f", prompt chunk {C}" + (" (--prefill-chunk)" if prefill_chunk else "")
+    return L, C, where
+
+
+def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
+               done: Callable[[checks.Result], None] = lambda r: None) -> list[checks.Result]:
+    """Every check of the validation issue, in order, each handed to ``done`` as it
+    finishes.
 
     Raises:
         ValueError: the model's max_seq_len is too short for them (``require_length``).
@@ -107,20 +168,26 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS) -> lis
     if golden is not None:
         require_length(L, len(prompt), steps, "the golden's", golden.steps)
     else:
-        require_length(L, len(prompt), steps, f"a prefill chunk of {C} and 8 more")
+        require_length(L, len(prompt), steps, f"a prefill chunk of {C} and {PROMPT_EXTRA} more")
     other = check_prompt(loaded, len(prompt) + 7)[7:] if loaded.tokenizer is None else \
         check_prompt(loaded, 2 * len(prompt))[len(prompt):]
     # A turn of up to a chunk and 3 (past the next chunk boundary) in what the context leaves.
     turn = other[: min(C + 3, L - len(prompt) - 1)]
-    return [
-        checks.per_step(lm, prompt[: C + 4]),
-        checks.greedy_match(lm, prompt, min(steps, 32)),
-        checks.kl_against(lm, bounds, golden, prompt, steps),
-        checks.determinism(lm, [prompt, other]),
-        checks.chat_turn(lm, prompt, turn),
-        checks.chunked_vs_decode(lm, prompt[: min(len(prompt), 2 * C + 3, 64)], bounds["max"]),
-        checks.deep_decode(lm, prompt[:C], L - 2, bounds["max"]),
+    plan = [
+        lambda: checks.per_step(lm, prompt[: C + 4]),
+        lambda: checks.greedy_match(lm, prompt, min(steps, GREEDY_STEPS)),
+        lambda: checks.kl_against(lm, bounds, golden, prompt, steps),
+        lambda: checks.determinism(lm, [prompt, other]),
+        lambda: checks.chat_turn(lm, prompt, turn),
+        lambda: checks.chunked_vs_decode(lm, prompt[: min(len(prompt), 2 * C + 3, 64)],
+                                         bounds["max"]),
+        lambda: checks.deep_decode(lm, prompt[:C], L - 2, bounds["max"]),
     ]
+    results = []
+    for check in plan:
+        results.append(check())
+        done(results[-1])
+    return results
 
 
 def command(
@@ -128,78 +195,130 @@ def command(
     checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
-    max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the model's own, fitted; at most 4096 here)"),
-    golden: Optional[Path] = typer.Option(None, help="the golden to judge by (default: tests/goldens/<spec>/<inputs>.npz)"),
+    max_seq_len: Optional[int] = typer.Option(None, min=1, help=f"context length (default: the model's own, at most {CHECK_CONTEXT}, within this host's memory)"),
+    prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's, shrunk to fit the context)"),
+    golden: Optional[Path] = typer.Option(None, help="the golden to judge by, or to record into (default: any golden of these inputs in the stores; recorded into `tests/goldens/<spec>/<inputs>.npz` of the spec's checkout, else the user store)"),
     steps: int = typer.Option(STEPS, min=1, help="teacher-forced KL steps"),
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
+    self_only: bool = typer.Option(False, "--self-only", help="the self-consistency checks alone, with no golden: exit 0 when they pass, though nothing is verified against transformers"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
     decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
-    chunked = decode, deep decode. Exit status 1 if any fails."""
+    chunked = decode, deep decode; one line per check as it finishes. Verified against
+    transformers only where a golden of these inputs judged it. Exit status 0 verified
+    (or, with --self-only, every self-consistency check passed), 1 a check failed or the
+    input was refused, 2 a usage error, 3 every check passed but nothing verified the spec
+    against transformers (no golden for these inputs)."""
     from .cli import EXPECTED
     from .loader import load_spec
+    if self_only and (golden is not None or record_golden):
+        raise typer.BadParameter("--self-only judges by no golden; it takes no --golden or "
+                                 "--record-golden", param_hint="--self-only")
     try:
         parsed = load_spec(spec)
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":
                 raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
             _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json, record_golden,
-                           allow_unread_config)
-        if max_seq_len is not None:  # refused before the weights load
-            C = (toy and parsed.get("toy", "prefill_chunk")) or \
-                parsed.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
-            require_length(max_seq_len, C + 8, steps, f"a prefill chunk of {C} and 8 more")
+                           self_only, allow_unread_config)
+        L, C, shape = fit_shape(parsed, checkpoint, random_weights, toy, max_seq_len,
+                                prefill_chunk, steps, decode_weights, allow_unread_config)
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                            max_seq_len=max_seq_len or (None if toy else 4096),
-                            decode_weights=decode_weights,
+                            max_seq_len=L, prefill_chunk=C, decode_weights=decode_weights,
                             allow_unread_config=allow_unread_config)
         if record_golden:
-            missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-            if missing:
-                raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
-                                 "extra: pip install -e '.[golden]'")
-            from .golden_record import record
             path = golden or golden_path(loaded)
-            record(loaded, check_prompt(loaded), steps).write(path)
+            _record(loaded, path, steps)
             typer.echo(f"recorded {path}", err=True)
-        found, note = find_golden(loaded, golden)
-        results = run_checks(loaded, found, steps)
+        found, note = (None, "self-consistency only") if self_only else find_golden(loaded, golden)
+        _header(spec, shape, note, as_json)
+        results = run_checks(loaded, found, steps, lambda r: _line(r, as_json))
     except (*EXPECTED, GoldenError) as e:
         typer.echo(message(e), err=True)
-        raise typer.Exit(2)
-    _report(spec, note, results, as_json)
+        raise typer.Exit(FAILED)
+    _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
 
 
-def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool) -> None:
-    """Print ``results`` and exit: 0 all passed, 1 any failed."""
+def _record(loaded: Loaded, path: Path, steps: int) -> None:
+    """transformers' golden for ``loaded``'s inputs, written to ``path``.
+
+    Raises:
+        ValueError: torch or transformers is missing, or transformers refuses the config or
+            the weights (its message, on one line, naming the config).
+    """
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
+                         "extra: pip install -e '.[golden]'")
+    from .golden_record import record
+    try:
+        golden = record(loaded, check_prompt(loaded), steps)
+    except Exception as e:  # whatever transformers raises on a config it refuses
+        said = " ".join(str(e).split()) or "(no message)"
+        source = (loaded.directory / "config.json" if loaded.directory is not None else
+                  f"{loaded.expanded.spec.file} toy.config")
+        raise ValueError(f"--record-golden: transformers refuses {source}: "
+                         f"{type(e).__name__}: {said}") from None
+    golden.write(path)
+
+
+def _header(spec: Path, shape: str, note: str, as_json: bool) -> None:
+    typer.echo(f"{spec}: {shape}; reference: {note}", err=as_json)
+
+
+def _line(r: checks.Result, as_json: bool) -> None:
+    """One check's line, printed (and flushed) as it finishes; on stderr with ``--json``."""
+    typer.echo(f"  {'PASS' if r.passed else 'FAIL'}  {r.name:<32} {r.figure}  "
+               f"({r.seconds:.1f} s)", err=as_json)
+
+
+def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
+            verified: bool, self_only: bool) -> None:
+    """The verdict, and exit: 0 every check passed and a golden verified the spec (or
+    ``self_only``), 1 any failed, 3 every check passed and nothing verified it."""
     failed = [r for r in results if not r.passed]
+    n, ok = len(results), len(results) - len(failed)
+    if failed:
+        code, verdict = FAILED, "failed"
+        summary = f"{ok}/{n} checks passed: FAILED ({', '.join(r.name for r in failed)})"
+    elif verified:
+        code, verdict = PASSED, "verified"
+        summary = f"{n}/{n} checks passed: verified against transformers ({note})"
+    elif self_only:
+        code, verdict = PASSED, "self-consistency only"
+        summary = f"{n}/{n} checks passed: self-consistency only, not verified against transformers"
+    else:
+        code, verdict = NOT_VERIFIED, "not verified"
+        summary = (f"{n}/{n} self-consistency checks passed; NOT VERIFIED against "
+                   f"transformers: {note}. Record a golden with --record-golden (needs torch "
+                   "and transformers), name one with --golden, or give --self-only for the "
+                   "self-consistency checks alone")
     if as_json:
-        typer.echo(json.dumps({"spec": str(spec), "reference": note, "passed": not failed,
+        typer.echo(json.dumps({"spec": str(spec), "reference": note, "verdict": verdict,
+                               "verified": verdict == "verified", "passed": not failed,
+                               "exit_status": code,
                                "checks": [{"name": r.name, "passed": r.passed, "figure": r.figure,
                                            "numbers": r.numbers, "seconds": round(r.seconds, 3)}
                                           for r in results]}, indent=2, default=float))
     else:
-        typer.echo(f"{spec}: reference: {note}")
-        for r in results:
-            typer.echo(f"  {'PASS' if r.passed else 'FAIL'}  {r.name:<32} {r.figure}  "
-                       f"({r.seconds:.1f} s)")
-        typer.echo(f"{len(results) - len(failed)}/{len(results)} checks passed")
-    raise typer.Exit(1 if failed else 0)
+        typer.echo(summary)
+    raise typer.Exit(code)
 
 
 ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of order-one values
 
 
 def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
-                   as_json: bool, record_golden: bool = False,
+                   as_json: bool, record_golden: bool = False, self_only: bool = False,
                    allow_unread_config: bool = False) -> None:
     """``check`` for an encoder spec: its last hidden states and its pooled embeddings
     against transformers' (each within ``ENCODER_ATOL``, max absolute error) where a golden
-    exists for these inputs, else only against itself. ``record_golden`` records one first
-    through transformers' own ``AutoModel`` (``golden_record.record_encoder``)."""
-    from runtime.encoder_golden import EncoderGolden, find_encoder_golden
+    is found for these inputs (``goldens.find``), else only against itself, and said so.
+    ``record_golden`` records one first through transformers' own ``AutoModel``
+    (``golden_record.record_encoder``)."""
+    from runtime.encoder_golden import EncoderGolden
     from .encoder import load_encoder
     loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                           allow_unread_config=allow_unread_config)
@@ -221,12 +340,15 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
                              f"{type(e).__name__}: {said}") from None
         recorded.write(path)
         typer.echo(f"recorded {path}", err=True)
-    folder = golden_path(loaded).parent
-    if golden is not None:
-        found, where = EncoderGolden.read(golden, fp), golden
+    found = None
+    if self_only:
+        note = "self-consistency only"
+    elif golden is not None:
+        found, note = EncoderGolden.read(golden, fp), f"golden {golden}"
     else:
-        found, where = find_encoder_golden(folder, fp)
-    note = f"golden {where}" if found else f"no golden in {folder} for these inputs ({fp})"
+        where, searched = goldens.find(fp, loaded.expanded.spec.get("name"), spec)
+        found = None if where is None else EncoderGolden.read(where, fp)
+        note = f"golden {where}" if found else goldens.not_found(fp, searched)
     pooling = model.config.pooling
     if found is not None and found.pooling == "mean":
         # bert's older goldens hold transformers' mean pooling, unnormalized: judged so.
@@ -237,10 +359,13 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
         rng = np.random.default_rng(0)
         probes, wants = [(rng.integers(0, model.config.vocab_size, n), None) for n in (5, 17)], None
     version = model.version(pooling)
+    _header(spec, "embeddings", note, as_json)
     results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,
                                       model.version(pooling, check=True))
     if found is not None and found.hidden is not None:
         states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
         results.insert(-1, checks.hidden_states_against(states, probes, found.hidden,
                                                         ENCODER_ATOL))
-    _report(spec, note, results, as_json)
+    for r in results:
+        _line(r, as_json)
+    _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)

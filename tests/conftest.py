@@ -32,3 +32,13 @@ def checkpoint(name: str) -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return checkpoint("smollm2-135m-instruct")
+
+
+@pytest.fixture(autouse=True)
+def golden_stores(tmp_path_factory, monkeypatch) -> Path:
+    """An empty user store for goldens (``XDG_CACHE_HOME``) and no ``IRON_SPEC_GOLDENS``: what
+    a user has recorded never judges a test. Returns the user store."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("IRON_SPEC_GOLDENS", raising=False)
+    return cache / "iron-spec" / "goldens"

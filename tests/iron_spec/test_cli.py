@@ -152,7 +152,7 @@ def test_a_named_golden_that_is_not_one_is_an_error(tmp_path):
     np.savez(path, a=np.zeros(3))
     result = runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
                                  "--golden", str(path)])
-    assert result.exit_code == 2 and "not a golden" in result.output
+    assert result.exit_code == 1 and "not a golden" in result.output
 
 
 # --- input that is not what it should be: one line, never a traceback --------------------------
@@ -214,18 +214,26 @@ def test_a_bad_generation_config_is_refused_naming_the_file(toy_checkpoint, text
     assert line.startswith(f"error: {path}: ") and says in line
 
 
-def test_check_refuses_a_context_too_short_for_its_checks():
-    def check(length):
-        return runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
+def test_check_fits_its_prompt_chunk_to_a_short_context():
+    def check(length, seed=1):
+        return runner.invoke(app, ["check", LLAMA, "--random-weights", str(seed), "--toy",
                                    "--max-seq-len", str(length)])
-    # A prompt of a prefill chunk (16) and 8, and 39 tokens after it: 40 KL steps.
-    for length in (1, 32, 62):
+    # A prompt of a chunk and 8, and 39 tokens after it (40 KL steps): a chunk of 1 at least.
+    for length in (1, 32, 47):
         result = check(length)
-        assert result.exit_code == 2 and "Traceback" not in result.output
-        assert f"check needs a --max-seq-len of at least 63, not {length}" in result.output
-    result = check(63)
-    assert result.exit_code == 0, result.output
-    assert "7/7 checks passed" in result.stdout
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert f"check needs a context of at least 48, and --max-seq-len is {length}" in \
+            result.output
+    result = check(62)  # the toy's chunk of 16 needs 63: 15 it is
+    assert result.exit_code == 3, result.output  # seed 1: no golden, not verified
+    assert "prompt chunk 15 (the spec's 16, shrunk to fit)" in result.output
+    assert "7/7 self-consistency checks passed" in result.stdout
+    # The golden's prompt is what it is: 24 tokens and 39 after them.
+    result = check(62, seed=0)
+    assert result.exit_code == 1
+    assert "check needs a --max-seq-len of at least 63, not 62: it runs a prompt of 24 " \
+           "tokens (the golden's)" in result.output
+    assert "7/7 checks passed: verified against transformers" in check(63, seed=0).stdout
 
 
 def test_the_default_num_tokens_fits_what_the_context_leaves():

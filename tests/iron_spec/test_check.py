@@ -1,0 +1,177 @@
+"""``iron-spec check``'s verdict: verified against transformers only by a golden of these very
+inputs, found wherever the spec is; "not verified" and a non-zero status without one."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+from typer.testing import CliRunner
+
+from iron_spec import goldens
+from iron_spec.build import load_model
+from iron_spec.cli import app
+from tests.conftest import SPECS
+
+LLAMA = (SPECS / "llama3.yaml").read_text()
+SWAPPED = LLAMA + ("\ncheckpoint:\n  renames: {mlp.gate_proj: mlp.up_proj, "
+                   "mlp.up_proj: mlp.gate_proj}\n")
+CHECKOUT_GOLDEN = SPECS.parent / "tests" / "goldens" / "llama3" / "toy-seed0.npz"
+runner = CliRunner()
+
+
+def check(*args):
+    return runner.invoke(app, ["check", *map(str, args)])
+
+
+def toy_checkpoint(directory, **config):
+    """The llama3 toy drawn at seed 0, saved as a checkpoint directory (``config`` changed
+    where given): the very inputs the committed toy-seed0 golden was recorded from."""
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({**loaded.config_json, **config}))
+    save_file({k: np.ascontiguousarray(v) for k, v in loaded.checkpoint_tensors().items()},
+              str(directory / "model.safetensors"))
+    return directory
+
+
+def outside(tmp_path, text: str):
+    """A spec saved in a folder of no checkout."""
+    path = tmp_path / "elsewhere" / "llama3.yaml"
+    path.parent.mkdir()
+    path.write_text(text)
+    return path
+
+
+def test_a_swapped_gate_and_up_outside_the_checkout_fails_on_the_golden_it_finds(tmp_path):
+    spec = outside(tmp_path, SWAPPED)
+    result = check(spec, "--checkpoint", toy_checkpoint(tmp_path / "ckpt"))
+    assert result.exit_code == 1, result.output
+    # Found by fingerprint in the installation's goldens, whatever the directory is called.
+    assert f"reference: golden {CHECKOUT_GOLDEN}" in result.output
+    mean = float(re.search(r"FAIL  KL vs golden .*? mean ([0-9.e+-]+)", result.output).group(1))
+    assert mean > 1e-3, result.output
+    assert "FAILED (KL vs golden" in result.output and "verified" not in result.output
+
+
+def test_a_swapped_gate_and_up_with_no_golden_is_not_verified(tmp_path):
+    spec = outside(tmp_path, SWAPPED)
+    # Drawn weights under the swapped names: other tensors, so no golden has these inputs.
+    result = check(spec, "--random-weights", "0", "--toy")
+    assert result.exit_code == 3, result.output
+    assert "FAIL" not in result.output  # it agrees with itself: only a golden can tell
+    assert "NOT VERIFIED against transformers: no golden for these inputs" in result.output
+    assert "verified against transformers (" not in result.output
+
+
+def test_self_only_is_said_plainly_and_exits_0(tmp_path):
+    result = check(outside(tmp_path, SWAPPED), "--random-weights", "0", "--toy", "--self-only")
+    assert result.exit_code == 0, result.output
+    assert "checks passed: self-consistency only, not verified against transformers" in \
+        result.output
+    assert "KL vs reference()" in result.output
+
+
+def test_self_only_takes_no_golden():
+    result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--self-only",
+                   "--golden", CHECKOUT_GOLDEN)
+    assert result.exit_code == 2 and "--self-only" in result.output
+
+
+def test_json_gives_the_verdict(tmp_path):
+    result = check(outside(tmp_path, LLAMA), "--random-weights", "1", "--toy", "--json")
+    assert result.exit_code == 3
+    out = json.loads(result.stdout)
+    assert (out["verdict"], out["verified"], out["passed"], out["exit_status"]) == \
+        ("not verified", False, True, 3)
+    result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["verdict"] == "verified"
+
+
+@pytest.mark.parametrize("store", ["env", "user"])
+def test_a_golden_in_the_user_store_or_the_env_folder_is_found(tmp_path, monkeypatch,
+                                                                golden_stores, store):
+    spec = outside(tmp_path, LLAMA)
+    folder = tmp_path / "mine" if store == "env" else golden_stores
+    if store == "env":
+        monkeypatch.setenv("IRON_SPEC_GOLDENS", str(folder))
+    # A golden under another spec's name still judges: the fingerprint decides.
+    target = folder / "somebody" / "copied.npz"
+    target.parent.mkdir(parents=True)
+    shutil.copy(CHECKOUT_GOLDEN, target)
+    with np.load(CHECKOUT_GOLDEN) as f:
+        fp = str(f["fingerprint"])
+    monkeypatch.setattr(goldens, "INSTALLED", tmp_path / "no-installation")
+    assert goldens.find(fp, "llama3", spec) == (target, goldens.stores(spec))
+    assert folder in goldens.stores(spec)
+    assert goldens.find("0" * 16, "llama3", spec)[0] is None
+
+
+def test_records_go_to_the_checkout_else_the_env_folder_else_the_user_store(
+        tmp_path, monkeypatch, golden_stores):
+    assert goldens.record_store(SPECS / "llama3.yaml") == SPECS.parent / "tests" / "goldens"
+    spec = outside(tmp_path, LLAMA)
+    assert goldens.record_store(spec) == golden_stores
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert goldens.record_store(spec) == tmp_path / "xdg" / "iron-spec" / "goldens"
+    monkeypatch.setenv("IRON_SPEC_GOLDENS", str(tmp_path / "env"))
+    assert goldens.record_store(spec) == tmp_path / "env"
+
+
+def test_a_256_context_checkpoint_checks_with_no_flag(tmp_path):
+    # Every shipped spec's prompt chunk is 256: it shrinks so a prompt of a chunk and 8
+    # and the 39 tokens drawn after it fit 256.
+    ckpt = toy_checkpoint(tmp_path / "ckpt", max_position_embeddings=256)
+    result = check(SPECS / "llama3.yaml", "--checkpoint", ckpt)
+    assert result.exit_code == 3, result.output  # its config is new: no golden
+    assert "context 256 (the model's own 256), prompt chunk 208 (the spec's 256, shrunk to " \
+           "fit)" in result.output
+    assert "FAIL" not in result.output and "deep decode at 254" in result.output
+
+
+def test_a_context_too_short_for_any_chunk_is_refused_naming_its_need():
+    result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--max-seq-len", "40")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "check needs a context of at least 48, and --max-seq-len is 40" in result.output
+    result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--max-seq-len",
+                   "100", "--prefill-chunk", "64")
+    assert result.exit_code == 1
+    assert "--prefill-chunk 64 does not fit --max-seq-len 100" in result.output
+    assert "at most 53" in result.output
+
+
+def test_prefill_chunk_is_taken(tmp_path):
+    result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--prefill-chunk", "8")
+    assert result.exit_code == 0, result.output
+    assert "prompt chunk 8 (--prefill-chunk)" in result.output
+
+
+def test_a_config_transformers_refuses_is_one_line_naming_it(monkeypatch):
+    import importlib.util
+
+    import iron_spec.check as check_module
+    from iron_spec import golden_record
+    real = importlib.util.find_spec
+    monkeypatch.setattr(check_module.importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("torch", "transformers") else
+                        real(name, *a))
+
+    def refuse(*_):  # as transformers 5 does on a config without pad_token_id
+        raise AttributeError("'LlamaConfig' object has no attribute 'pad_token_id'\n  more")
+    monkeypatch.setattr(golden_record, "record", refuse)
+    result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--record-golden")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip() == (
+        f"error: --record-golden: transformers refuses {SPECS / 'llama3.yaml'} toy.config: "
+        "AttributeError: 'LlamaConfig' object has no attribute 'pad_token_id' more")
+
+
+def test_help_keeps_its_placeholders():
+    result = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "300"})
+    assert "tests/goldens/<spec>/<inputs>.npz" in result.output
+    assert "the model's own, at most 4096" in result.output and "--prefill-chunk" in result.output
