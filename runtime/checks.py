@@ -8,6 +8,7 @@ a time, a resumed chat against a fresh run).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -69,11 +70,37 @@ def per_step(lm: CausalLM, prompt: list[int], decode_steps: int = 3) -> Result:
     return result
 
 
-def greedy_match(lm: CausalLM, prompt: list[int], steps: int) -> Result:
-    """Compiled against ``reference()``: the greedy tokens over ``steps`` draws are identical."""
+class Trajectory:
+    """The float64 ``reference()``'s own greedy run from ``prompt``, ``steps`` draws, run once
+    where first read and shared by the checks that judge by it: ``logits`` ``(steps,
+    vocab)`` float64, row ``i`` after ``tokens[:len(prompt) + i]``; ``tokens`` the prompt and
+    every token drawn."""
+
+    def __init__(self, lm: CausalLM, prompt: list[int], steps: int):
+        self.lm, self.prompt, self.steps = lm, list(prompt), steps
+
+    @functools.cached_property
+    def logits(self) -> np.ndarray:
+        session, history, rows = Session(self.lm, reference=True), list(self.prompt), []
+        for _ in range(self.steps):
+            rows.append(session.logits(history))
+            history.append(int(np.argmax(rows[-1])))
+        self.tokens = history
+        return np.stack(rows)
+
+    def drawn(self, steps: int) -> list[int]:
+        """The first ``steps`` tokens drawn (``steps`` at most ``self.steps``)."""
+        self.logits
+        return self.tokens[len(self.prompt): len(self.prompt) + steps]
+
+
+def greedy_match(lm: CausalLM, prompt: list[int], steps: int,
+                 reference: Trajectory | None = None) -> Result:
+    """Compiled against ``reference()``: the greedy tokens over ``steps`` draws are
+    identical (``reference``: its run, if one is shared with other checks)."""
     def run() -> Result:
         ours = list(Session(lm).generate(prompt, steps))
-        ref = list(Session(lm, reference=True).generate(prompt, steps))
+        ref = (reference or Trajectory(lm, prompt, steps)).drawn(steps)
         same = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
         if same is None:
             return Result("compiled = reference (greedy)", True,
@@ -85,20 +112,23 @@ def greedy_match(lm: CausalLM, prompt: list[int], steps: int) -> Result:
 
 
 def kl_against(lm: CausalLM, bounds: dict[str, float], golden: Golden | None,
-               prompt: list[int], steps: int) -> Result:
+               prompt: list[int], steps: int, reference: Trajectory | None = None) -> Result:
     """KL(reference || ours), teacher-forced on the reference's greedy tokens: the golden's
-    where there is one, else ``reference()``'s. Within ``bounds`` (mean, p90, max) and no
-    top-1 mismatch."""
+    where there is one, else ``reference()``'s (``reference``: its run, if one is shared,
+    of at least ``steps`` draws). Within ``bounds`` (mean, p90, max) and no top-1
+    mismatch."""
     def run() -> Result:
         ours = Session(lm)
         if golden is not None:
             results, source = teacher_forced(golden, ours.logits), "golden"
         else:
-            ref, history, results = Session(lm, reference=True), list(prompt), []
-            for _ in range(steps):
-                r = ref.logits(history)
-                results.append(divergence(r, ours.logits(history)))
-                history.append(int(np.argmax(r)))
+            # The reference's whole run first, then ours: alternating the two on one model
+            # re-ran both from the first token at every step (each session's caches held
+            # the other's tokens), 9 minutes on SmolLM2.
+            ref = reference or Trajectory(lm, prompt, steps)
+            rows, n = ref.logits, len(prompt)
+            results = [divergence(rows[i], ours.logits(ref.tokens[: n + i]))
+                       for i in range(steps)]
             source = "reference()"
         stats = kl_stats(results)
         over = [f"{k} {stats[k]:.3g} > {b:.3g}" for k, b in bounds.items()
@@ -183,19 +213,21 @@ def chunked_vs_decode(lm: CausalLM, tokens: list[int], bound: float) -> Result:
 
 def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) -> Result:
     """A decode step at ``position`` (near ``max_seq_len``) against ``reference()``, every
-    earlier cache row filled by repeating the prompt's keys and values in both."""
+    earlier cache row filled by repeating the compiled prompt's keys and values in both."""
     def run() -> Result:
         session = Session(lm)
         token = int(np.argmax(session.logits(prompt)))
-        ref = Session(lm, reference=True)
-        ref.logits(prompt)
         n = len(prompt)
         for _, state in lm.named_states():
             held = state.array[:, :n].copy()
             reps = -(-position // n)
             filled = np.tile(held, (1, reps, 1))[:, :position]
             state.array[:, :position] = filled
-            lm.reference_states[id(state.array)][:, :position] = filled
+            # The reference's cache holds the very same rows: no float64 prompt run to fill
+            # it first (every row of it would be overwritten here).
+            mirror = lm.reference_states.setdefault(id(state.array),
+                                                    np.zeros(state.array.shape, np.float64))
+            mirror[:, :position] = filled
         lm.holder = None
         got, _ = lm.decode_step(token=token, position=position)
         got = np.array(got)

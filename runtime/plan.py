@@ -261,12 +261,14 @@ class Plan:
     def _check(self, r: _Run, out, ins, attrs) -> None:
         step = r.step
         writes = step.op.writes
-        # Copies taken before the kernel runs: a writing step changes its state in place.
-        before = [None if x is None else
-                  np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype) for x in ins]
-        r.kernel(out, *ins, scratch=r.scratch, **attrs)
         originals = [None if h is None or self._root(h).kind not in ("param", "const")
                      else self._root(h).array for h in step.inputs]
+        # Copies taken before the kernel runs: a writing step changes its state in place.
+        # A weight is read as stored, never copied (the reference widens what it needs).
+        before = [None if x is None or o is not None else
+                  np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype)
+                  for x, o in zip(ins, originals)]
+        r.kernel(out, *ins, scratch=r.scratch, **attrs)
         ref_ins = [o if o is not None else b for o, b in zip(originals, before)]
         expected = step.op.reference(*ref_ins, **attrs)
         got = np.asarray(ins[writes] if writes is not None else out, np.float64)
