@@ -18,8 +18,9 @@ from iron_spec.cli import app
 from tests.conftest import SPECS
 
 LLAMA = (SPECS / "llama3.yaml").read_text()
-SWAPPED = LLAMA + ("\ncheckpoint:\n  renames: {mlp.gate_proj: mlp.up_proj, "
-                   "mlp.up_proj: mlp.gate_proj}\n")
+# Renames compose, so the swap goes through a name of neither.
+SWAPPED = LLAMA + ("\ncheckpoint:\n  renames: {mlp.gate_proj: mlp.swap, "
+                   "mlp.up_proj: mlp.gate_proj, mlp.swap: mlp.up_proj}\n")
 CHECKOUT_GOLDEN = SPECS.parent / "tests" / "goldens" / "llama3" / "toy-seed0.npz"
 runner = CliRunner()
 
