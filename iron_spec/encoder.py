@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from runtime.blocks import NormOptions
 from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
-    POOLINGS, draw_encoder_weights
+    POOLINGS
 from runtime.checkpoint import mark_transposed
 from runtime.tokenizer import read_tokenizer_json, utf8_text
+from runtime.weights import draw_weights
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
-from .interpreter import _flag_option, _option, checkpoint_layout
+from .interpreter import _flag_option, _option, checkpoint_layout, norm_options
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -99,9 +99,7 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
     if act not in ACTIVATIONS or act in ACTIVATION_PARAMS:
         raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)} "
                                        "without parameters")
-    norm = NormOptions(kind=spec.get("layer", "norm", "kind", default="rms"),
-                       eps=_number(spec, r, layer + ("norm", "eps"), 1e-6),
-                       plus_one=_flag_option(spec, r, layer + ("norm", "plus_one"), False))
+    norm = norm_options(spec, r, layer + ("norm",))
     scale = _option(spec, r, a + ("scale",), None)
     one = EncoderLayerOptions(
         heads=v["num_attention_heads"], head_dim=v["head_dim"],
@@ -222,7 +220,7 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
         expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
     model = Encoder(expanded.options)
     mark_transposed(model, expanded.transposed)
-    report, ckpt = fill_weights(model, directory, random_weights, draw_encoder_weights,
+    report, ckpt = fill_weights(model, directory, random_weights, draw_weights,
                                 expanded.renames, expanded.unused, progress)
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():

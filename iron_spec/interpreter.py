@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
+from runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
 from runtime.causal import CausalOptions
 from runtime.renames import Pattern, RenameError, compile_table
@@ -135,6 +135,25 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     return types
 
 
+def norm_options(spec: Spec, r: Resolved, path: tuple) -> NormOptions:
+    """The norm at ``path`` (``layer/norm``): its ``kind``, ``eps``, ``plus_one``, ``weight``
+    and ``bias`` evaluated, each error naming the option's own line.
+
+    Raises:
+        SpecError: a kind other than ``rms`` or ``layer``, an eps not above 0, a flag that is
+            not a boolean.
+    """
+    kind = spec.get(*path, "kind", default="rms")
+    if kind not in NORM_KINDS:
+        raise spec.error(path + ("kind",), f"norm kind {kind!r} is not one of "
+                                           f"{', '.join(NORM_KINDS)}")
+    return NormOptions(
+        kind=kind, eps=_positive(spec, path + ("eps",), _option(spec, r, path + ("eps",), 1e-6)),
+        plus_one=_flag_option(spec, r, path + ("plus_one",), False),
+        weight=_flag_option(spec, r, path + ("weight",), True),
+        bias=_flag_option(spec, r, path + ("bias",), True))
+
+
 def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
     ``layer``'s own."""
@@ -163,10 +182,7 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         value, at = opt(*path, default=False)
         return _flag(spec, at, value)
 
-    eps, eps_at = opt("norm", "eps", default=1e-6)
-    norm = NormOptions(kind=word("norm", "kind", default="rms")[0],
-                       eps=_positive(spec, eps_at, eps),
-                       plus_one=flag("norm", "plus_one"))
+    norm = norm_options(spec, r, ("layer", "norm"))
     rope, at = word("attention", "rope", default="default")
     ropes_spec = spec.get("rope", default={}) or {}
     if rope is not None and rope not in ropes_spec:

@@ -33,5 +33,5 @@ KINDS: tuple[Row, ...] = (
         k: ("rope", "window", "softcap", "qk_norm", "fused_qkv", "v_norm", "values_from_keys",
             "qkv_layout")
         for k in CAUSAL_LAYERS}),
-    Row(("layer", "norm"), ("layer", "norm", "kind"), {"rms": ("plus_one",)}),
+    Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
 )

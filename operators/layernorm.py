@@ -12,19 +12,26 @@ from .base import EPS32, Operator, Tolerance, as64
 
 
 class LayerNorm(Operator):
-    """``x`` ``(n, d)``, ``weight`` ``(d,)`` and an optional ``bias`` ``(d,)`` give
-    ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` per row, ``(n, d)``.
+    """``x`` ``(n, ..., d)``, ``weight`` ``(d,)`` and an optional ``bias`` ``(d,)`` give
+    ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` over the last axis, of ``x``'s
+    shape (a q/k norm runs per head on ``(n, heads, head_dim)``, as transformers'
+    PersimmonAttention's ``q_layernorm``).
 
-    The variance is the biased one (divided by ``d``), as torch's. Attribute: ``eps``. The
-    kernel takes the mean and the sum of squared deviations in float32, as torch's float32
-    LayerNorm does (its two passes, not one pass of ``E[x^2] - E[x]^2``, which cancels).
+    The variance is the biased one (divided by ``d``), as torch's. Attributes: ``eps``;
+    ``plus_one`` scales by ``1 + weight`` instead, as transformers' NemotronLayerNorm1P
+    (``weight + 1`` in float32, then ``F.layer_norm``). The kernel takes the mean and the sum
+    of squared deviations in float32, as torch's float32 LayerNorm does (its two passes, not
+    one pass of ``E[x^2] - E[x]^2``, which cancels).
+
+    Raises (``shape``):
+        ValueError: ``x`` has fewer than two axes, or ``weight``/``bias`` is not ``(d,)``.
     """
 
     name = "layer_norm"
 
-    def shape(self, x, weight, bias=None, eps=1e-5):
-        if len(x) != 2:
-            raise ValueError(f"layer_norm takes x (n, d), not {x}")
+    def shape(self, x, weight, bias=None, eps=1e-5, plus_one=False):
+        if len(x) < 2:
+            raise ValueError(f"layer_norm takes x (n, ..., d), not {x}")
         if weight != (x[-1],):
             raise ValueError(f"layer_norm: weight {weight} is not ({x[-1]},) for x {x}")
         if bias is not None and bias != (x[-1],):
@@ -36,33 +43,41 @@ class LayerNorm(Operator):
         c = x - x.mean(axis=-1, keepdims=True)
         return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
 
-    def reference(self, x, weight, bias=None, eps=1e-5):
-        y = self._normalized(x, eps) * as64(weight)
+    def _weight(self, weight, plus_one):
+        return as64(weight) + (1.0 if plus_one else 0.0)
+
+    def reference(self, x, weight, bias=None, eps=1e-5, plus_one=False):
+        y = self._normalized(x, eps) * self._weight(weight, plus_one)
         return y if bias is None else y + as64(bias)
 
-    def kernel(self, out, x, weight, bias=None, scratch=None, eps=1e-5):
-        n, d = x.shape
-        s = scratch[:n].reshape(n, 1)
+    def kernel(self, out, x, weight, bias=None, scratch=None, eps=1e-5, plus_one=False):
+        rows, d = x.shape[:-1], x.shape[-1]
+        s = scratch[: int(np.prod(rows))].reshape(*rows, 1)
         np.sum(x, axis=-1, keepdims=True, out=s)
         s *= np.float32(1.0 / d)
         np.subtract(x, s, out=out)
-        np.einsum("ij,ij->i", out, out, out=s[:, 0])
+        np.einsum("...j,...j->...", out, out, out=s[..., 0])
         s *= np.float32(1.0 / d)
         s += np.float32(eps)
         np.sqrt(s, out=s)
         out /= s
-        out *= weight
+        out *= weight  # packed: already 1 + weight where plus_one
         if bias is not None:
             out += bias
 
-    def scratch(self, x, weight, bias=None, eps=1e-5):
-        return x[0]
+    def pack(self, index, array, eps=1e-5, plus_one=False):
+        w = np.asarray(array, np.float32)
+        # transformers adds the one in float32, as here; the bias (index 2) as it is.
+        return np.ascontiguousarray(w + np.float32(1.0) if plus_one and index == 1 else w)
 
-    def tolerance(self, x, weight, bias=None, eps=1e-5):
+    def scratch(self, x, weight, bias=None, eps=1e-5, plus_one=False):
+        return int(np.prod(x[:-1]))
+
+    def tolerance(self, x, weight, bias=None, eps=1e-5, plus_one=False):
         return Tolerance(atol=1e-6, rtol=max(8.0, x[-1] / 16) * EPS32)
 
-    def scale(self, reference, x, weight, bias=None, eps=1e-5):
+    def scale(self, reference, x, weight, bias=None, eps=1e-5, plus_one=False):
         # The error is relative to the normalized row's magnitude (order one), not to an
         # output near zero where x is near its mean; then scaled by |weight|, plus |bias|.
-        mag = (np.abs(self._normalized(x, eps)) + 1.0) * np.abs(as64(weight))
+        mag = (np.abs(self._normalized(x, eps)) + 1.0) * np.abs(self._weight(weight, plus_one))
         return mag if bias is None else mag + np.abs(as64(bias))

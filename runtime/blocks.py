@@ -20,11 +20,17 @@ from .module import Module, Param, State
 
 @dataclass(frozen=True)
 class NormOptions:
-    """``kind``: ``rms`` (RMSNorm); ``plus_one`` scales by ``1 + weight`` (Gemma's)."""
+    """A norm over the last axis (``Norm``). ``kind``: ``rms`` (RMSNorm, as transformers'
+    LlamaRMSNorm) or ``layer`` (LayerNorm, as torch.nn.LayerNorm); ``eps`` added to the
+    mean square (the variance); ``plus_one`` scales by ``1 + weight`` (Gemma3RMSNorm,
+    NemotronLayerNorm1P); ``weight``: false holds no weight (OlmoLayerNorm's non-affine
+    ``F.layer_norm``); ``bias`` (LayerNorm only) adds a ``bias``."""
 
     kind: str = "rms"
     eps: float = 1e-6
     plus_one: bool = False
+    weight: bool = True
+    bias: bool = True
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class AttentionOptions:
     ``rope_interleaved``: that table's ``interleaved`` (``RopeOptions``).
     ``scale``: the logit scale (None: ``head_dim ** -0.5``). ``window``: transformers'
     ``sliding_window`` (None: full). ``softcap``: attention logit softcap (None: none).
-    ``qk_norm``: RMSNorm of queries and keys before RoPE, ``head`` over each head's
+    ``qk_norm``: the layer's norm (``Norm``: RMSNorm or LayerNorm) of queries and keys
+    before RoPE, ``head`` over each head's
     ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention), None
     for none; it takes the layer's norm options. ``fused_qkv``: one ``qkv_proj`` holds q, k
     and v, its rows stored as ``qkv_layout`` says (``qkv_rows``). ``v_norm``: values RMS-normed over each head with
@@ -195,29 +202,42 @@ class Embedding(Module):
         return rec.step("embedding", ids, w, where=self.path, scale=self.scale)
 
 
-class RMSNorm(Module):
-    """RMSNorm over the last axis with ``weight`` ``(hidden,)`` (operators.RMSNorm); with
-    ``weight=False`` none is held and the normed values are the output, as transformers'
-    Gemma4RMSNorm ``with_scale=False`` (a constant of ones stands for the weight: times one
-    is exact)."""
+class Norm(Module):
+    """The norm ``options`` names over the last axis of ``size`` (``x`` ``(n, size)``, or
+    ``(n, heads, size)`` for a q/k norm per head): ``rms`` runs operators.RMSNorm (as
+    transformers' LlamaRMSNorm; Gemma3RMSNorm with ``plus_one``), ``layer`` runs
+    operators.LayerNorm (as torch.nn.LayerNorm; NemotronLayerNorm1P with ``plus_one``).
 
-    def __init__(self, size: int, options: NormOptions, weight: bool = True):
-        if options.kind != "rms":
-            raise ValueError(f"norm kind {options.kind!r}: only 'rms' is built")
-        if weight:
-            self.weight = Param(size)
-        else:
+    Params: ``weight`` ``(size,)``, and for ``layer`` with ``bias`` also ``bias`` ``(size,)``.
+    With ``options.weight`` false none is held and the normed values are the output, as
+    transformers' OlmoLayerNorm (``F.layer_norm(x, shape, None, None)``) and Gemma4RMSNorm
+    ``with_scale=False`` (a constant of ones stands for the weight: times one is exact).
+
+    Raises:
+        ValueError: a kind other than ``rms`` or ``layer``.
+    """
+
+    def __init__(self, size: int, options: NormOptions):
+        if options.kind not in NORM_KINDS:
+            raise ValueError(f"norm kind {options.kind!r} is not one of {', '.join(NORM_KINDS)}")
+        # A weight that multiplies as it is (not 1 + weight) is drawn around 1.
+        self.weight = Param(size, gain=not options.plus_one) if options.weight else None
+        if not options.weight:
             self.ones = np.ones(size, np.float32)
+        self.bias = Param(size) if options.kind == "layer" and options.bias else None
         self.options = options
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
-        if hasattr(self, "weight"):
+        o = self.options
+        if self.weight is not None:
             w = rec.hold("param", self.where("weight"), self.weight.array)
-            plus_one = self.options.plus_one
+            plus_one = o.plus_one
         else:
             w, plus_one = rec.hold("const", self.where("ones"), self.ones), False
-        return rec.step("rms_norm", x, w, where=self.path, eps=self.options.eps,
-                        plus_one=plus_one)
+        if o.kind == "rms":
+            return rec.step("rms_norm", x, w, where=self.path, eps=o.eps, plus_one=plus_one)
+        b = None if self.bias is None else rec.hold("param", self.where("bias"), self.bias.array)
+        return rec.step("layer_norm", x, w, b, where=self.path, eps=o.eps, plus_one=plus_one)
 
 
 class Attention(Module):
@@ -253,11 +273,11 @@ class Attention(Module):
                 self.v_proj = Linear(hidden_size, G * D, o.bias)
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
         if o.qk_norm is not None:
-            self.q_norm = RMSNorm(D if o.qk_norm == "head" else H * D, norm)
+            self.q_norm = Norm(D if o.qk_norm == "head" else H * D, norm)
             if own:
-                self.k_norm = RMSNorm(D if o.qk_norm == "head" else G * D, norm)
+                self.k_norm = Norm(D if o.qk_norm == "head" else G * D, norm)
         if o.v_norm and own:
-            self.v_norm = RMSNorm(D, NormOptions(norm.kind, norm.eps), weight=False)
+            self.v_norm = Norm(D, NormOptions("rms", norm.eps, weight=False))
         self.options = o
         if own:
             self.keys = State(G, max_seq_len, D)
@@ -407,6 +427,7 @@ class MLP(Module):
 
 
 QK_NORMS = (None, "head", "all")
+NORM_KINDS = ("rms", "layer")
 MLP_KINDS = ("gated", "plain")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from operators import PerCall
 
-from .blocks import (Embedding, LayerOptions, Linear, NormOptions, PerLayerInputOptions, RMSNorm,
+from .blocks import (Embedding, LayerOptions, Linear, Norm, NormOptions, PerLayerInputOptions,
                      RopeOptions, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
@@ -86,13 +86,13 @@ class Decoder(Module):
                 if not 0 <= j < i:
                     raise ValueError(f"layer {i} reads the KV cache of layer {j}, not an earlier one")
                 layer.self_attn.share(self.layers[j].self_attn)
-        self.norm = RMSNorm(E, o.norm)
+        self.norm = Norm(E, o.norm)
         p = o.per_layer_input
         if p is not None:
             width = len(o.layers) * p.size
             self.embed_tokens_per_layer = Embedding(p.vocab_size, width, p.embedding_scale)
             self.per_layer_model_projection = Linear(E, width)
-            self.per_layer_projection_norm = RMSNorm(p.size, o.norm)
+            self.per_layer_projection_norm = Norm(p.size, o.norm)
 
     def per_layer_inputs(self, rec: Recorder, ids: Handle, x: Handle,
                          o: PerLayerInputOptions) -> list[Handle]:

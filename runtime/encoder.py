@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blocks import Embedding, Linear, NormOptions, RMSNorm
+from .blocks import Embedding, Linear, Norm, NormOptions
 from .graph import CallSpec, Handle, Recorder
 from .module import Module, Param
 from .plan import Plan
 from .reference import Reference
-from .weights import draw_weights
 
 PLACEMENTS = ("post", "pre")
 POOLINGS = ("none", "mean", "cls", "pooler")
@@ -106,33 +105,6 @@ class EncoderOptions:
     max_tokens: int = 512
 
 
-class LayerNorm(Module):
-    """torch.nn.LayerNorm over the last axis: ``weight`` and ``bias`` ``(size,)``."""
-
-    def __init__(self, size: int, options: NormOptions):
-        self.weight = Param(size)
-        self.bias = Param(size)
-        self.options = options
-
-    def __call__(self, rec: Recorder, x: Handle) -> Handle:
-        w = rec.hold("param", self.where("weight"), self.weight.array)
-        b = rec.hold("param", self.where("bias"), self.bias.array)
-        return rec.step("layer_norm", x, w, b, where=self.path, eps=self.options.eps)
-
-
-def norm_module(size: int, options: NormOptions) -> Module:
-    """The norm ``options.kind`` names: ``layer`` (LayerNorm) or ``rms`` (RMSNorm).
-
-    Raises:
-        ValueError: another kind, naming the valid ones.
-    """
-    if options.kind == "layer":
-        return LayerNorm(size, options)
-    if options.kind == "rms":
-        return RMSNorm(size, options)
-    raise ValueError(f"norm kind {options.kind!r} is not one of 'layer', 'rms'")
-
-
 class Embeddings(Module):
     """Word, absolute position and token-type embeddings summed, then normalized, as
     transformers' BertEmbeddings."""
@@ -142,7 +114,7 @@ class Embeddings(Module):
         self.word_embeddings = Embedding(o.vocab_size, E, o.embedding_scale)
         self.position_embeddings = Embedding(o.positions, E) if o.positions else None
         self.token_type_embeddings = Embedding(o.token_types, E) if o.token_types else None
-        self.LayerNorm = norm_module(E, o.norm) if o.embedding_norm else None
+        self.LayerNorm = Norm(E, o.norm) if o.embedding_norm else None
 
     def __call__(self, rec: Recorder, ids: Handle, positions: Handle, types: Handle) -> Handle:
         x = self.word_embeddings(rec, ids)
@@ -178,7 +150,7 @@ class Output(Module):
 
     def __init__(self, in_features: int, E: int, bias: bool, norm: NormOptions):
         self.dense = Linear(in_features, E, bias)
-        self.LayerNorm = norm_module(E, norm)
+        self.LayerNorm = Norm(E, norm)
 
 
 class Attention(Module):
@@ -236,7 +208,7 @@ class Stack(Module):
     def __init__(self, o: EncoderOptions):
         self.layer = [EncoderLayer(o.hidden_size, lo) for lo in o.layers]
         pre = bool(o.layers) and o.layers[-1].placement == "pre"
-        self.LayerNorm = norm_module(o.hidden_size, o.norm) if pre else None
+        self.LayerNorm = Norm(o.hidden_size, o.norm) if pre else None
 
 
 class Pooler(Module):
@@ -388,19 +360,3 @@ class EncoderVersion:
     def reference(self, ids, types=None) -> np.ndarray:
         inputs, call = self._inputs(ids, types)
         return self._out(self._reference.run(inputs, call))
-
-
-def draw_encoder_weights(model: Encoder, seed: int) -> dict[str, np.ndarray]:
-    """``runtime.weights.draw_weights``, with every norm's weight around 1 rather than around
-    0 (it multiplies by its weight; the tree's ``LayerNorm`` names escape draw_weights'
-    ``norm.weight`` rule), so a drawn encoder's outputs are not flattened to its biases."""
-    tensors = draw_weights(model, seed)
-    for name, p in model.named_params():
-        owner = model
-        for part in name.split(".")[:-1]:
-            owner = owner[int(part)] if isinstance(owner, list) else getattr(owner, part)
-        plus_one = getattr(getattr(owner, "options", None), "plus_one", False)
-        if isinstance(owner, (LayerNorm, RMSNorm)) and not plus_one and name.endswith(".weight") \
-                and name in tensors:
-            tensors[name] = tensors[name] + np.float32(1.0)
-    return tensors

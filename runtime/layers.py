@@ -6,7 +6,7 @@ Not for: the blocks themselves (``blocks``) or the model around the layers (``ca
 
 from __future__ import annotations
 
-from .blocks import MLP, Attention, LayerOptions, Linear, RMSNorm
+from .blocks import MLP, Attention, LayerOptions, Linear, Norm
 from .graph import Handle, Recorder
 from .module import Module, Param
 
@@ -41,17 +41,17 @@ class DecoderLayer(Module):
         if placement not in PLACEMENTS:
             raise ValueError(f"norm placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
         E, n = hidden_size, o.norm
-        self.input_layernorm = RMSNorm(E, n) if placement != "post" else None
+        self.input_layernorm = Norm(E, n) if placement != "post" else None
         self.self_attn = Attention(E, o.attention, max_seq_len, n)
-        self.post_attention_layernorm = RMSNorm(E, n)
-        self.pre_feedforward_layernorm = RMSNorm(E, n) if placement == "sandwich" else None
+        self.post_attention_layernorm = Norm(E, n)
+        self.pre_feedforward_layernorm = Norm(E, n) if placement == "sandwich" else None
         self.mlp = MLP(E, o.mlp)
-        self.post_feedforward_layernorm = RMSNorm(E, n) if placement != "pre" else None
+        self.post_feedforward_layernorm = Norm(E, n) if placement != "pre" else None
         p = o.per_layer_input
         if p is not None:
             self.per_layer_input_gate = Linear(E, p.size)
             self.per_layer_projection = Linear(p.size, E)
-            self.post_per_layer_input_norm = RMSNorm(E, n)
+            self.post_per_layer_input_norm = Norm(E, n)
         if o.kind == "ple":
             self.layer_scalar = Param(1, gain=True)
         self.placement = placement

@@ -13,9 +13,9 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     Matrices are normal with standard deviation ``1 / sqrt(in_features)`` (activations stay
     of order one through every layer, so the logits are not flat and a wrong model shows),
     embedding rows with ``1 / scale`` (of order one once the model scales them);
-    vectors (norm weights, biases) are ``N(0, 0.1)``, around 1 for a norm that multiplies by
-    its weight and any other gain (``Param.gain``), around 0 for biases and ``1 + weight``
-    norms. Drawn in name order from
+    vectors (norm weights, biases) are ``N(0, 0.1)``, around 1 for a gain (``Param.gain``: a
+    norm that multiplies by its weight, a layer's scalar), around 0 for biases and
+    ``1 + weight`` norms. Drawn in name order from
     ``numpy.random.default_rng(seed)``, so a name's tensor depends only on the seed and the
     tree.
     """
@@ -36,8 +36,7 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
                 t *= np.float32(np.sqrt(p.shape[1]) / scale)
         else:
             t = np.float32(0.1) * rng.standard_normal(p.shape, dtype=np.float32)
-            if p.gain or (name.endswith("norm.weight")
-                          and not getattr(_owner(module, name), "plus_one", False)):
+            if p.gain:
                 t += np.float32(1.0)
         out[name] = t
     return out
@@ -49,6 +48,3 @@ def _module(module: Module, name: str):
         node = node[int(part)] if isinstance(node, list) else getattr(node, part)
     return node
 
-
-def _owner(module: Module, name: str):
-    return getattr(_module(module, name), "options", None)

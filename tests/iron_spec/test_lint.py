@@ -144,11 +144,12 @@ def test_kinds_table_names_what_the_schema_has():
 
 
 def test_an_option_only_another_kind_takes():
-    text = (SPECS / "llama3.yaml").read_text().replace("norm: {kind: rms,", "norm: {kind: layer, plus_one: true,")
+    text = (SPECS / "llama3.yaml").read_text().replace("norm: {kind: rms,", "norm: {kind: rms, bias: false,")
     problems = rules.kinds(parse_spec(text, "x.yaml"))
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if "plus_one: true" in l)
+    line, col = next((i, l.index("bias: false") + 1)
+                     for i, l in enumerate(text.splitlines(), 1) if "bias: false" in l)
     assert [(p.line, p.col, p.message) for p in problems] == [
-        (line, 23, "layer.norm.kind 'layer' does not take layer.norm.plus_one (only rms takes it)")]
+        (line, col, "layer.norm.kind 'rms' does not take layer.norm.bias (only layer takes it)")]
 
 
 def test_rename_shadowed_by_an_earlier_one():

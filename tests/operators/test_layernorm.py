@@ -49,3 +49,32 @@ def test_kernel_without_bias(check_kernel, randn):
 def test_shape_refuses_a_mismatched_weight():
     with pytest.raises(ValueError, match="weight"):
         OP.shape((2, 8), (7,), (8,))
+
+
+def test_reference_plus_one_scales_by_one_plus_weight():
+    # As NemotronLayerNorm1P: x normalizes to [-1, 1]; weight [1, -0.5] scales by [2, 0.5].
+    x = np.array([[-1.0, 1.0]])
+    got = OP.reference(x, np.array([1.0, -0.5]), np.array([0.0, 1.0]), eps=0.0, plus_one=True)
+    np.testing.assert_allclose(got, [[-2.0, 1.5]], rtol=1e-15)
+
+
+def test_reference_per_head_rows():
+    # (n, heads, d): each head's row normalized on its own. Head 0 [0, 4] -> [-1, 1];
+    # head 1 [10, 12] -> [-1, 1] too (mean 11, variance 1).
+    x = np.array([[[0.0, 4.0], [10.0, 12.0]]])
+    np.testing.assert_allclose(OP.reference(x, np.ones(2), eps=0.0), [[[-1, 1], [-1, 1]]])
+
+
+def test_kernel_per_head_within_tolerance(check_kernel, randn):
+    check_kernel(OP, randn(5, 4, 16) + np.float32(3.0), 1 + randn(16, scale=0.1),
+                 randn(16, scale=0.1), packed=(1, 2), eps=1e-5)
+
+
+def test_kernel_plus_one_packs_the_one(check_kernel, randn):
+    check_kernel(OP, randn(3, 32), randn(32, scale=0.1), randn(32, scale=0.1), packed=(1, 2),
+                 eps=1e-5, plus_one=True)
+
+
+def test_shape_refuses_a_vector():
+    with pytest.raises(ValueError, match=r"\(n, \.\.\., d\)"):
+        OP.shape((8,), (8,))

@@ -173,3 +173,73 @@ def test_unknown_options_refused():
         model(attn_kv_from=1)
     with pytest.raises(ValueError, match="fused qkv_proj"):
         model(attn_fused_qkv=True, attn_values_from_keys=True)
+
+
+LAYER = NormOptions("layer", 1e-5)
+
+
+@pytest.mark.parametrize("norm,expect", [
+    (LAYER, {"input_layernorm.weight", "input_layernorm.bias",
+             "post_attention_layernorm.weight", "post_attention_layernorm.bias"}),
+    (NormOptions("layer", 1e-5, bias=False), NORMS),
+    (NormOptions("layer", 1e-5, weight=False, bias=False), set()),
+    (NormOptions("layer", 1e-5, plus_one=True), {"input_layernorm.weight", "input_layernorm.bias",
+                                                 "post_attention_layernorm.weight",
+                                                 "post_attention_layernorm.bias"}),
+])
+def test_layer_norm_kinds_hold_transformers_params(norm, expect):
+    lm = model(norm=norm, attn_qk_norm="head")
+    got = names(lm)
+    qk = {n.replace("input_layernorm", f"self_attn.{q}_norm") for n in expect
+          if n.startswith("input_") for q in "qk"}
+    assert {n for n in got if "norm" in n} == expect | qk
+    final = {n for n, _ in lm.named_params() if n.startswith("model.norm.")}
+    assert final == {"model." + n.replace("input_layernorm", "norm") for n in expect
+                     if n.startswith("input_")}
+
+
+def _final_norm_only(norm: NormOptions, weights: dict) -> np.ndarray:
+    """Logits of a model of no layers: lm_head(norm(embedding)) of ids 3 and 5."""
+    lm = CausalLM(CausalOptions(V, E, (), norm, {}, max_seq_len=8, prefill_chunk=4))
+    fill(lm, weights)
+    return Session(lm).logits([3, 5])
+
+
+@pytest.mark.parametrize("norm", [
+    LAYER, NormOptions("layer", 1e-5, bias=False), NormOptions("layer", 1e-5, weight=False),
+    NormOptions("layer", 1e-5, plus_one=True), NormOptions("rms", 1e-6, weight=False)])
+def test_final_norm_kinds_match_a_hand_computation(norm):
+    # torch.nn.LayerNorm by hand: the biased variance, eps inside the root; with plus_one
+    # the weight is 1 + w (NemotronLayerNorm1P); weight false: no affine part (OlmoLayerNorm).
+    r = np.random.default_rng(7)
+    emb, head = r.standard_normal((V, E)), r.standard_normal((V, E)) / np.sqrt(E)
+    w, b = 1 + 0.1 * r.standard_normal(E), 0.1 * r.standard_normal(E)
+    weights = {"model.embed_tokens.weight": emb, "lm_head.weight": head}
+    if norm.weight:
+        weights["model.norm.weight"] = w
+    if norm.kind == "layer" and norm.bias:
+        weights["model.norm.bias"] = b
+    x = emb[5]
+    if norm.kind == "layer":
+        x = x - x.mean()
+    y = x / np.sqrt(np.mean(x * x) + norm.eps)
+    if norm.weight:
+        y = y * (1 + w if norm.plus_one else w)
+    if norm.kind == "layer" and norm.bias:
+        y = y + b
+    got = _final_norm_only(norm, {k: v.astype(np.float32) for k, v in weights.items()})
+    np.testing.assert_allclose(got, head @ y, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("options", [
+    {"norm": LAYER, "attn_qk_norm": "head", "attn_bias": True},
+    {"norm": NormOptions("layer", 1e-5, weight=False, bias=False), "attn_qk_norm": "all"},
+    {"norm": NormOptions("layer", 1e-5, plus_one=True), "placement": "post"},
+])
+def test_layer_norm_compiled_equals_reference_and_passes_per_step_check(options):
+    test_compiled_equals_reference_and_passes_per_step_check(options)
+
+
+def test_an_unknown_norm_kind_is_refused():
+    with pytest.raises(ValueError, match="norm kind 'batch' is not one of rms, layer"):
+        model(norm=NormOptions("batch"))

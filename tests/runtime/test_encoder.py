@@ -10,9 +10,9 @@ from safetensors.numpy import save_file
 from iron_spec.encoder import load_encoder
 from runtime.blocks import NormOptions
 from runtime.checkpoint import CheckpointError
-from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
-    draw_encoder_weights
+from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions
 from runtime.checkpoint import fill
+from runtime.weights import draw_weights
 from tests.conftest import ROOT, SPECS
 
 GOLDEN = ROOT / "tests" / "goldens" / "bert" / "toy-seed0.npz"
@@ -120,7 +120,7 @@ def test_pre_norm_matches_a_hand_computation():
     model = Encoder(EncoderOptions(vocab_size=50, hidden_size=16, layers=(layer,), norm=norm,
                                    positions=10, embedding_norm=False,
                                    pooling=PoolingOptions("none"), max_tokens=10))
-    weights = draw_encoder_weights(model, 3)
+    weights = draw_weights(model, 3)
     fill(model, weights)
     assert "encoder.LayerNorm.weight" in weights and "embeddings.LayerNorm.weight" not in weights
     ids = np.array([4, 8, 15, 16, 23, 42])

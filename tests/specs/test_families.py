@@ -12,7 +12,8 @@ import pytest
 from iron_spec.build import load_model
 from iron_spec.errors import SpecError
 from iron_spec.interpreter import expand
-from iron_spec.loader import load_spec
+from iron_spec.loader import load_spec, parse_spec
+from runtime.blocks import NormOptions
 from runtime.session import Session
 from tests.conftest import SPECS
 
@@ -175,3 +176,22 @@ def test_number_keys_are_taken_only_under_pattern_options(tmp_path):
     path = _smollm3(tmp_path, "      1: {}\n", "      1: {}\n      true: {}\n")
     with pytest.raises(SpecError, match="duplicate key True"):
         load_spec(path)
+
+
+def test_layer_norm_options_reach_every_norm():
+    text = (SPECS / "llama3.yaml").read_text().replace(
+        "norm: {kind: rms,", "norm: {kind: layer, weight: false, bias: false, plus_one: true,")
+    spec = parse_spec(text, "x.yaml")
+    o = expand(spec, spec.get("toy", "config")).options
+    want = NormOptions("layer", o.norm.eps, plus_one=True, weight=False, bias=False)
+    assert o.norm == want and all(lo.norm == want for lo in o.layers)
+
+
+def test_a_norm_flag_not_a_boolean_is_refused_at_its_line():
+    text = (SPECS / "llama3.yaml").read_text().replace("norm: {kind: rms,",
+                                                       "norm: {kind: layer, bias: 2,")
+    spec = parse_spec(text, "x.yaml")
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "bias: 2" in l)
+    col = text.splitlines()[line - 1].index("bias: 2") + 1
+    with pytest.raises(SpecError, match=rf"x.yaml:{line}:{col}: .*layer.norm.bias is 2, not true"):
+        expand(spec, spec.get("toy", "config"))
