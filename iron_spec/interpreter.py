@@ -158,6 +158,9 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
     ``layer``'s own."""
 
+    def _clip(value, at):
+        return None if value is None else _positive(spec, at, value)
+
     def word(*path, default=None):
         """The raw value at ``path`` under ``layer`` (or its override) and where it is."""
         at = ("layer",) + path
@@ -198,17 +201,23 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         scale=number(*a, "scale"), window=whole(*a, "window"), softcap=number(*a, "softcap"),
         qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
-        values_from_keys=flag(*a, "values_from_keys"))
+        values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")))
     act, at = opt("mlp", "act", default="hidden_act")
     if act not in ACTIVATIONS:
         raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
     mlp = MLPOptions(intermediate_size=whole("mlp", "intermediate_size", default="intermediate_size"),
                      kind=word("mlp", "kind", default="gated")[0], act=act,
                      bias=flag("mlp", "bias"), fused=flag("mlp", "fused"))
+    parallel = flag("parallel")
+    placement = word("placement", default="pre")[0]
+    if parallel and (spec.get("layer", "kind") != "decoder" or placement != "pre"):
+        raise spec.error(("layer", "parallel"), "a parallel layer is kind decoder, placement pre "
+                         f"(not {spec.get('layer', 'kind')}, {placement})")
+    shared_norm, at = opt("shared_norm", default=True)
     return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"),
                         residual_scale=number("residual_scale", default=1.0),
-                        placement=word("placement", default="pre")[0],
-                        per_layer_input=_per_layer_input(spec, r))
+                        placement=placement, per_layer_input=_per_layer_input(spec, r),
+                        parallel=parallel, shared_norm=_flag(spec, at, shared_norm))
 
 
 def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:

@@ -28,10 +28,11 @@ KINDS: tuple[Row, ...] = (
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         k: ("residual_scale", "pattern", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
+        + (("parallel", "shared_norm") if k == "decoder" else ())
         for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
         k: ("rope", "window", "softcap", "qk_norm", "fused_qkv", "v_norm", "values_from_keys",
-            "qkv_layout")
+            "qkv_layout", "clip_qkv")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
 )

@@ -10,7 +10,7 @@ from . import blas_env  # noqa: F401  (first: before numpy loads OpenBLAS)
 from .activation import GatedActivation, Activation
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
-from .elementwise import Add, Columns, Mul, TakeRow
+from .elementwise import Add, Clamp, Columns, Mul, TakeRow
 from .embedding import Embedding
 from .layernorm import LayerNorm
 from .linear import Linear
@@ -28,7 +28,7 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
-        AddRows(),
+        AddRows(), Clamp(),
     )
 }
 
@@ -36,5 +36,5 @@ __all__ = [
     "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
     "Rope", "rope_inv_freq", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
-    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows",
+    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
 ]

@@ -98,3 +98,26 @@ class Columns(Operator):
 
     def tolerance(self, x, begin=0, end=0):
         return Tolerance(atol=0.0, rtol=0.0)
+
+
+class Clamp(Operator):
+    """``x`` clamped to ``[-limit, limit]``, of ``x``'s shape: transformers' OlmoAttention
+    ``clip_qkv`` (``clamp_(min=-clip_qkv, max=clip_qkv)`` on each projection). Attribute:
+    ``limit``, above 0 (the kernel clamps to it rounded to float32, as torch does)."""
+
+    name = "clamp"
+
+    def shape(self, x, limit=1.0):
+        if not limit > 0:
+            raise ValueError(f"clamp: limit {limit} is not above 0")
+        return x
+
+    def reference(self, x, limit=1.0):
+        return np.clip(as64(x), -limit, limit)
+
+    def kernel(self, out, x, scratch=None, limit=1.0):
+        c = np.float32(limit)
+        np.clip(x, -c, c, out=out)
+
+    def tolerance(self, x, limit=1.0):
+        return Tolerance(atol=0.0, rtol=EPS32)

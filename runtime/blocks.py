@@ -69,6 +69,8 @@ class AttentionOptions:
     (Gemma4TextAttention's ``attention_k_eq_v``). ``kv_from``: the index of an earlier layer
     whose KV cache this layer reads instead of its own; such a layer holds no k/v projections
     nor k norm and writes no cache (transformers' KV sharing, ``num_kv_shared_layers``).
+    ``clip_qkv``: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` right after their
+    projections, as OlmoAttention (None: none).
     """
 
     heads: int
@@ -87,6 +89,7 @@ class AttentionOptions:
     values_from_keys: bool = False
     kv_from: int | None = None
     qkv_layout: str = "blocks"
+    clip_qkv: float | None = None
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups")
@@ -144,7 +147,14 @@ class LayerOptions:
     then ``x + norm(mlp(norm(x)))``, Gemma2DecoderLayer). ``residual_scale`` multiplies each
     block's output before its residual add (1.0: none). ``ple``: a ``sandwich`` layer, then
     a per-layer input gated in (``per_layer_input``; None: none), then the whole output
-    times a learned ``layer_scalar`` (Gemma4TextDecoderLayer)."""
+    times a learned ``layer_scalar`` (Gemma4TextDecoderLayer).
+
+    ``parallel`` (kind ``decoder``, placement ``pre``): attention and MLP both read the
+    layer's input and one residual add sums them, ``x + (attn(n1(x)) + mlp(n2(x)))``
+    (GPTNeoXLayer with ``use_parallel_residual``, GPTJBlock, PhiDecoderLayer,
+    CohereDecoderLayer, FalconDecoderLayer with ``parallel_attn``); ``shared_norm``: n1 and
+    n2 are one ``input_layernorm`` (GPT-J, Phi, Cohere), else n2 is
+    ``post_attention_layernorm`` (GPT-NeoX's names)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -153,6 +163,8 @@ class LayerOptions:
     residual_scale: float = 1.0
     placement: str = "pre"
     per_layer_input: "PerLayerInputOptions | None" = None
+    parallel: bool = False
+    shared_norm: bool = True
 
 
 @dataclass(frozen=True)
@@ -328,6 +340,10 @@ class Attention(Module):
         G, D = o.kv_heads, o.head_dim
         start = rec.call.start
         q, k, v = self._project(rec, x)
+        if o.clip_qkv is not None:
+            q, k, v = (None if h is None else rec.step("clamp", h, where=self.where(name),
+                                                        limit=o.clip_qkv)
+                       for name, h in zip("qkv", (q, k, v)))
         if o.kv_from is not None:
             return self._attend(rec, self._queries(rec, q, ropes), *self.shared)
         if o.qk_norm == "all":

@@ -28,8 +28,15 @@ class DecoderLayer(Module):
     ``o.per_layer_input`` is set) and the output times ``layer_scalar`` ``(1,)``, as
     Gemma4TextDecoderLayer.
 
+    ``parallel`` (kind ``decoder``, placement ``pre``): ``x + (attn(input_layernorm(x)) +
+    mlp(n(x)))``, ``n`` the same ``input_layernorm`` where ``shared_norm`` (PhiDecoderLayer,
+    GPTJBlock), else ``post_attention_layernorm`` (GPTNeoXLayer with
+    ``use_parallel_residual``). transformers sums in other orders (GPT-NeoX ``m + a + x``,
+    Cohere ``x + a + m``): float32 rounding of one add apart.
+
     Raises:
-        ValueError: an unknown kind or placement, or ``per_layer_input`` on another kind.
+        ValueError: an unknown kind or placement, ``per_layer_input`` on another kind, or
+            ``parallel`` on a layer other than a ``pre`` decoder.
     """
 
     def __init__(self, hidden_size: int, o: LayerOptions, max_seq_len: int):
@@ -40,10 +47,14 @@ class DecoderLayer(Module):
         placement = "sandwich" if o.kind in ("sandwich", "ple") else o.placement
         if placement not in PLACEMENTS:
             raise ValueError(f"norm placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if o.parallel and (o.kind != "decoder" or placement != "pre"):
+            raise ValueError(f"a parallel layer is a decoder placed pre, not kind {o.kind!r} "
+                             f"placed {placement!r}")
         E, n = hidden_size, o.norm
         self.input_layernorm = Norm(E, n) if placement != "post" else None
         self.self_attn = Attention(E, o.attention, max_seq_len, n)
-        self.post_attention_layernorm = Norm(E, n)
+        shared = o.parallel and o.shared_norm
+        self.post_attention_layernorm = None if shared else Norm(E, n)
         self.pre_feedforward_layernorm = Norm(E, n) if placement == "sandwich" else None
         self.mlp = MLP(E, o.mlp)
         self.post_feedforward_layernorm = Norm(E, n) if placement != "pre" else None
@@ -73,6 +84,12 @@ class DecoderLayer(Module):
         return x
 
     def _blocks(self, rec: Recorder, x: Handle, ropes) -> Handle:
+        if self.options.parallel:
+            h = self.input_layernorm(rec, x)
+            a = self.self_attn(rec, h, ropes)
+            n2 = self.post_attention_layernorm
+            m = self.mlp(rec, h if n2 is None else n2(rec, x))
+            return self.residual(rec, x, rec.step("add", a, m, where=self.path))
         pre = self.placement == "pre"
         before_attn = self.input_layernorm
         after_attn = None if pre else self.post_attention_layernorm

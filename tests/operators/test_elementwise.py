@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from operators import Add, Mul, TakeRow
+from operators import Add, Clamp, Mul, TakeRow
 
 A = np.array([[1.0, 2.0], [-3.0, 4.0]], np.float32)
 B = np.array([[10.0, 20.0], [0.5, -8.0]], np.float32)
@@ -69,3 +69,15 @@ def test_shape_mismatches():
     with pytest.raises(ValueError, match="does not broadcast"):
         Mul().shape((3,), (2, 3))
     assert Mul().shape((2, 3)) == (2, 3)
+
+
+def test_clamp_hand(run_kernel):
+    # As OlmoAttention's clip_qkv 2.5: values past +-2.5 become +-2.5, the rest stay.
+    expected = [[1.0, 2.0], [-2.5, 2.5]]
+    np.testing.assert_array_equal(Clamp().reference(A, limit=2.5), expected)
+    np.testing.assert_array_equal(run_kernel(Clamp(), A, limit=2.5), expected)
+
+
+def test_clamp_refuses_a_limit_not_above_zero():
+    with pytest.raises(ValueError, match="limit 0 is not above 0"):
+        Clamp().shape((2, 2), limit=0)

@@ -243,3 +243,71 @@ def test_layer_norm_compiled_equals_reference_and_passes_per_step_check(options)
 def test_an_unknown_norm_kind_is_refused():
     with pytest.raises(ValueError, match="norm kind 'batch' is not one of rms, layer"):
         model(norm=NormOptions("batch"))
+
+
+def _one_token_parallel_by_hand(w: dict, token: int, shared: bool, eps: float) -> np.ndarray:
+    """One layer on one token by hand: attention over a single position is its values, so
+    attn = o(v(n1(x))) per kv group; x + attn + mlp(n2(x)), then the final norm and head."""
+    def ln(x, name):
+        c = x - x.mean()
+        return c / np.sqrt(np.mean(c * c) + eps) * w[name + ".weight"] + w[name + ".bias"]
+
+    L = "model.layers.0."
+    x = w["model.embed_tokens.weight"][token]
+    h = ln(x, L + "input_layernorm")
+    v = (w[L + "self_attn.v_proj.weight"] @ h).reshape(2, 8)  # 2 kv heads of 8
+    a = w[L + "self_attn.o_proj.weight"] @ np.repeat(v, 2, axis=0).reshape(-1)  # 4 heads
+    h2 = h if shared else ln(x, L + "post_attention_layernorm")
+    g = w[L + "mlp.gate_proj.weight"] @ h2
+    m = w[L + "mlp.down_proj.weight"] @ (g / (1 + np.exp(-g)) * (w[L + "mlp.up_proj.weight"] @ h2))
+    return w["lm_head.weight"] @ ln(x + a + m, "model.norm")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_parallel_layer_matches_a_hand_computation(shared):
+    attention = AttentionOptions(heads=4, kv_heads=2, head_dim=8, rope=None)
+    lo = LayerOptions(attention, MLPOptions(48), LAYER, parallel=True, shared_norm=shared)
+    lm = CausalLM(CausalOptions(V, E, (lo,), LAYER, {}, max_seq_len=8, prefill_chunk=4))
+    fill(lm, draw_weights(lm, 2))
+    norms = {n for n, _ in lm.named_params() if "layernorm" in n}
+    assert norms == {f"model.layers.0.{n}_layernorm.{p}" for p in ("weight", "bias")
+                     for n in (("input",) if shared else ("input", "post_attention"))}
+    w = {n: p.array.astype(np.float64) for n, p in lm.named_params()}
+    want = _one_token_parallel_by_hand(w, 9, shared, LAYER.eps)
+    np.testing.assert_allclose(Session(lm).logits([9]), want, atol=2e-5, rtol=0)
+    sequential = CausalLM(dataclasses.replace(lm.config, layers=(
+        dataclasses.replace(lo, parallel=False),)))
+    fill(sequential, {n: p.array for n, p in lm.named_params() if n in
+                      dict(sequential.named_params())} | ({} if not shared else {
+                          "model.layers.0.post_attention_layernorm." + p:
+                              w["model.layers.0.input_layernorm." + p].astype(np.float32)
+                          for p in ("weight", "bias")}))
+    assert not np.allclose(Session(sequential).logits([9]), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("options", [
+    {"norm": LAYER, "parallel": True},
+    {"norm": LAYER, "parallel": True, "shared_norm": False, "attn_bias": True, "mlp_bias": True},
+])
+def test_parallel_compiled_equals_reference_and_passes_per_step_check(options):
+    test_compiled_equals_reference_and_passes_per_step_check(options)
+
+
+@pytest.mark.parametrize("options", [{"placement": "post"}, {"kind": "sandwich"}])
+def test_parallel_only_on_a_pre_decoder(options):
+    with pytest.raises(ValueError, match="a parallel layer is a decoder placed pre"):
+        model(parallel=True, **options)
+
+
+def test_clip_qkv_clamps_each_projection():
+    # With a limit below every projection's reach the logits change; with one far above
+    # it they are the unclipped ones exactly (clamping nothing).
+    ids = list(range(1, 12))
+    plain = Session(model()).logits(ids).copy()
+    np.testing.assert_array_equal(Session(model(attn_clip_qkv=1e6)).logits(ids), plain)
+    assert not np.allclose(Session(model(attn_clip_qkv=0.05)).logits(ids), plain, atol=1e-3)
+    test_compiled_equals_reference_and_passes_per_step_check(
+        {"attn_clip_qkv": 0.05, "attn_qk_norm": "head"})
+    lm = model(attn_clip_qkv=0.05, attn_fused_qkv=True)
+    steps = [s for s in lm.version(True).plan.steps if s.op.name == "clamp"]
+    assert len(steps) == 2 * 3 and all(s.static["limit"] == 0.05 for s in steps)

@@ -195,3 +195,26 @@ def test_a_norm_flag_not_a_boolean_is_refused_at_its_line():
     col = text.splitlines()[line - 1].index("bias: 2") + 1
     with pytest.raises(SpecError, match=rf"x.yaml:{line}:{col}: .*layer.norm.bias is 2, not true"):
         expand(spec, spec.get("toy", "config"))
+
+
+def _llama_with(layer_lines: str, **config):
+    text = (SPECS / "llama3.yaml").read_text().replace("  kind: decoder\n",
+                                                       "  kind: decoder\n" + layer_lines, 1)
+    spec = parse_spec(text, "x.yaml")
+    return text, spec, {**spec.get("toy", "config"), **config}
+
+
+@pytest.mark.parametrize("tied,shared", [(True, False), (False, True)])
+def test_parallel_is_an_expression_and_shared_norm_a_flag(tied, shared):
+    text, spec, config = _llama_with(f"  parallel: tie_word_embeddings\n  shared_norm: {str(shared).lower()}\n",
+                                     tie_word_embeddings=tied)
+    lo = expand(spec, config).options.layers[0]
+    assert (lo.parallel, lo.shared_norm) == (tied, shared)
+
+
+def test_parallel_with_post_placement_is_refused_at_its_line():
+    text, spec, config = _llama_with("  placement: post\n  parallel: true\n")
+    line = text.splitlines().index("  parallel: true") + 1
+    with pytest.raises(SpecError, match=rf"x.yaml:{line}:3: .*a parallel layer is kind decoder, "
+                                        r"placement pre \(not decoder, post\)"):
+        expand(spec, config)
