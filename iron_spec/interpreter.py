@@ -158,6 +158,9 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
     ``layer``'s own."""
 
+    def _maybe_flag(value, at):
+        return None if value is None else _flag(spec, at, value)
+
     def _clip(value, at):
         return None if value is None else _positive(spec, at, value)
 
@@ -192,6 +195,9 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         raise spec.error(at, f"rope table {rope!r} is not under rope: (tables: "
                              f"{', '.join(ropes_spec) or 'none'})")
     qk_norm, at = word("attention", "qk_norm", default=None)
+    qk_norm_on, at = opt("attention", "qk_norm_on", default=True)
+    if not _flag(spec, at, qk_norm_on):
+        qk_norm = None
     a = ("attention",)
     attention = AttentionOptions(
         heads=whole(*a, "heads", default="num_attention_heads"),
@@ -201,7 +207,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         scale=number(*a, "scale"), window=whole(*a, "window"), softcap=number(*a, "softcap"),
         qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
-        values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")))
+        values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
+        qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")))
     act, at = opt("mlp", "act", default="hidden_act")
     if act not in ACTIVATIONS:
         raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")

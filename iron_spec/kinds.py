@@ -31,8 +31,8 @@ KINDS: tuple[Row, ...] = (
         + (("parallel", "shared_norm") if k == "decoder" else ())
         for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("rope", "window", "softcap", "qk_norm", "fused_qkv", "v_norm", "values_from_keys",
-            "qkv_layout", "clip_qkv")
+        k: ("rope", "window", "softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
+            "v_norm", "values_from_keys", "qkv_layout", "clip_qkv")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
 )

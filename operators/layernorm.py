@@ -15,7 +15,8 @@ class LayerNorm(Operator):
     """``x`` ``(n, ..., d)``, ``weight`` ``(d,)`` and an optional ``bias`` ``(d,)`` give
     ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` over the last axis, of ``x``'s
     shape (a q/k norm runs per head on ``(n, heads, head_dim)``, as transformers'
-    PersimmonAttention's ``q_layernorm``).
+    PersimmonAttention's ``q_layernorm``; weight and bias may then be ``(heads, head_dim)``,
+    each head its own, as StableLmLayerNormPerHead).
 
     The variance is the biased one (divided by ``d``), as torch's. Attributes: ``eps``;
     ``plus_one`` scales by ``1 + weight`` instead, as transformers' NemotronLayerNorm1P
@@ -24,7 +25,8 @@ class LayerNorm(Operator):
     one pass of ``E[x^2] - E[x]^2``, which cancels).
 
     Raises (``shape``):
-        ValueError: ``x`` has fewer than two axes, or ``weight``/``bias`` is not ``(d,)``.
+        ValueError: ``x`` has fewer than two axes, ``weight`` is neither ``(d,)`` nor (per
+            head) ``(heads, d)``, or ``bias`` is not of the weight's shape.
     """
 
     name = "layer_norm"
@@ -32,10 +34,10 @@ class LayerNorm(Operator):
     def shape(self, x, weight, bias=None, eps=1e-5, plus_one=False):
         if len(x) < 2:
             raise ValueError(f"layer_norm takes x (n, ..., d), not {x}")
-        if weight != (x[-1],):
-            raise ValueError(f"layer_norm: weight {weight} is not ({x[-1]},) for x {x}")
-        if bias is not None and bias != (x[-1],):
-            raise ValueError(f"layer_norm: bias {bias} is not ({x[-1]},) for x {x}")
+        if weight not in _widths(x):
+            raise ValueError(f"layer_norm: weight {weight} is not one of {_widths(x)} for x {x}")
+        if bias is not None and bias != weight:
+            raise ValueError(f"layer_norm: bias {bias} is not the weight's {weight}")
         return x
 
     def _normalized(self, x, eps):
@@ -81,3 +83,9 @@ class LayerNorm(Operator):
         # output near zero where x is near its mean; then scaled by |weight|, plus |bias|.
         mag = (np.abs(self._normalized(x, eps)) + 1.0) * np.abs(self._weight(weight, plus_one))
         return mag if bias is None else mag + np.abs(as64(bias))
+
+
+def _widths(x: tuple) -> list[tuple]:
+    """The weight shapes a norm of ``x`` takes: ``(d,)``, and ``(heads, d)`` per head of an
+    ``x`` ``(n, heads, d)`` (transformers' StableLmLayerNormPerHead)."""
+    return [(x[-1],)] + ([tuple(x[-2:])] if len(x) == 3 else [])

@@ -9,7 +9,8 @@ from .base import EPS32, Operator, Tolerance, as64
 
 class RMSNorm(Operator):
     """``x`` ``(n, ..., d)`` and ``weight`` ``(d,)`` give ``x / sqrt(mean(x^2) + eps) * w``
-    over the last axis (a q/k norm runs per head on ``(n, heads, head_dim)``).
+    over the last axis (a q/k norm runs per head on ``(n, heads, head_dim)``, its weight
+    ``(head_dim,)``, or ``(heads, head_dim)``: each head its own).
 
     Attributes: ``eps``; ``plus_one`` scales by ``1 + weight`` instead, as transformers'
     Gemma3RMSNorm (``x * (1 + w)``, in float32). The sum of squares is taken in float32 as
@@ -19,8 +20,8 @@ class RMSNorm(Operator):
     name = "rms_norm"
 
     def shape(self, x, weight, eps=1e-6, plus_one=False):
-        if weight != (x[-1],):
-            raise ValueError(f"rms_norm: weight {weight} is not ({x[-1]},) for x {x}")
+        if weight not in _widths(x):
+            raise ValueError(f"rms_norm: weight {weight} is not one of {_widths(x)} for x {x}")
         return x
 
     def reference(self, x, weight, eps=1e-6, plus_one=False):
@@ -55,3 +56,9 @@ class RMSNorm(Operator):
 
     def tolerance(self, x, weight, eps=1e-6, plus_one=False):
         return Tolerance(atol=1e-6, rtol=max(8.0, x[-1] / 16) * EPS32)
+
+
+def _widths(x: tuple) -> list[tuple]:
+    """The weight shapes a norm of ``x`` takes: ``(d,)``, and ``(heads, d)`` per head of an
+    ``x`` ``(n, heads, d)`` (transformers' StableLmLayerNormPerHead)."""
+    return [(x[-1],)] + ([tuple(x[-2:])] if len(x) == 3 else [])

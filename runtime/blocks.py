@@ -7,7 +7,7 @@ unless an option says otherwise. Layers, which compose these, are in ``layers``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,16 +61,20 @@ class AttentionOptions:
     ``sliding_window`` (None: full). ``softcap``: attention logit softcap (None: none).
     ``qk_norm``: the layer's norm (``Norm``: RMSNorm or LayerNorm) of queries and keys
     before RoPE, ``head`` over each head's
-    ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention), None
-    for none; it takes the layer's norm options. ``fused_qkv``: one ``qkv_proj`` holds q, k
-    and v, its rows stored as ``qkv_layout`` says (``qkv_rows``). ``v_norm``: values RMS-normed over each head with
+    ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention),
+    ``per_head_weights`` over each head's ``head_dim`` with each head's own weights
+    (StableLmLayerNormPerHead, ``HeadNorms``), None for none; it takes the layer's norm
+    options. ``fused_qkv``: one ``qkv_proj`` holds q, k and v, its rows stored as
+    ``qkv_layout`` says (``qkv_rows``). ``v_norm``: values RMS-normed over each head with
     no weight (the layer's eps), as Gemma4TextAttention's ``v_norm``. ``values_from_keys``:
     no ``v_proj``; the values are the key projection's output, before the k norm and RoPE
     (Gemma4TextAttention's ``attention_k_eq_v``). ``kv_from``: the index of an earlier layer
     whose KV cache this layer reads instead of its own; such a layer holds no k/v projections
     nor k norm and writes no cache (transformers' KV sharing, ``num_kv_shared_layers``).
     ``clip_qkv``: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` right after their
-    projections, as OlmoAttention (None: none).
+    projections, as OlmoAttention (None: none). ``qk_norm_bias``: whether a LayerNorm q/k
+    norm holds a bias, where it differs from the layer's norms (StableLmLayerNormPerHead's
+    ``bias=False`` beside biased layer norms; None: as the layer's).
     """
 
     heads: int
@@ -90,6 +94,7 @@ class AttentionOptions:
     kv_from: int | None = None
     qkv_layout: str = "blocks"
     clip_qkv: float | None = None
+    qk_norm_bias: bool | None = None
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups")
@@ -252,6 +257,44 @@ class Norm(Module):
         return rec.step("layer_norm", x, w, b, where=self.path, eps=o.eps, plus_one=plus_one)
 
 
+class HeadNorms(Module):
+    """One norm per head over its ``size`` columns, each with weights of its own: ``norms``
+    a list of ``heads`` ``Norm``s (``norms.{h}.weight`` ``(size,)``, and ``.bias`` where the
+    options hold one), as transformers' StableLmLayerNormPerHead. Their weights are rows of
+    one ``(heads, size)`` array, so one step norms ``x`` ``(n, heads, size)``: row ``h`` of
+    every token by head ``h``'s weights.
+
+    Raises:
+        ValueError: options holding no weight (heads would not differ: use one ``Norm``).
+    """
+
+    def __init__(self, heads: int, size: int, options: NormOptions):
+        if not options.weight:
+            raise ValueError("norms per head with no weight are one norm: use qk_norm head")
+        self.norms = [Norm(size, options) for _ in range(heads)]
+        self.weights = self._stack([n.weight for n in self.norms])
+        first = self.norms[0].bias
+        self.biases = None if first is None else self._stack([n.bias for n in self.norms])
+        self.options = options
+
+    @staticmethod
+    def _stack(params: list[Param]) -> np.ndarray:
+        # Filled in place at load (Param.fill), each param a row of the stacked array.
+        stacked = np.empty((len(params),) + params[0].shape, np.float32)
+        for i, p in enumerate(params):
+            p.array = stacked[i]
+        return stacked
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        o = self.options
+        w = rec.hold("param", self.where("norms.weight"), self.weights)
+        if o.kind == "rms":
+            return rec.step("rms_norm", x, w, where=self.path, eps=o.eps, plus_one=o.plus_one)
+        b = None if self.biases is None else rec.hold("param", self.where("norms.bias"),
+                                                      self.biases)
+        return rec.step("layer_norm", x, w, b, where=self.path, eps=o.eps, plus_one=o.plus_one)
+
+
 class Attention(Module):
     """q/k/v/o projections, optional q/k norms, RoPE, a KV cache ``(kv_heads, max_seq_len,
     head_dim)`` each for keys and values, and causal attention over it up to the call's last
@@ -284,7 +327,13 @@ class Attention(Module):
             if own and not o.values_from_keys:
                 self.v_proj = Linear(hidden_size, G * D, o.bias)
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
-        if o.qk_norm is not None:
+        if o.qk_norm_bias is not None:
+            norm = replace(norm, bias=o.qk_norm_bias)
+        if o.qk_norm == "per_head_weights":
+            self.q_norm = HeadNorms(H, D, norm)
+            if own:
+                self.k_norm = HeadNorms(G, D, norm)
+        elif o.qk_norm is not None:
             self.q_norm = Norm(D if o.qk_norm == "head" else H * D, norm)
             if own:
                 self.k_norm = Norm(D if o.qk_norm == "head" else G * D, norm)
@@ -349,7 +398,7 @@ class Attention(Module):
         if o.qk_norm == "all":
             k = self.k_norm(rec, k)
         k, v = rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
-        if o.qk_norm == "head":
+        if o.qk_norm in ("head", "per_head_weights"):
             k = self.k_norm(rec, k)
         if o.v_norm:
             v = self.v_norm(rec, v)
@@ -370,7 +419,7 @@ class Attention(Module):
         if o.qk_norm == "all":
             q = self.q_norm(rec, q)
         q = rec.view(q, (n, o.heads, o.head_dim))
-        if o.qk_norm == "head":
+        if o.qk_norm in ("head", "per_head_weights"):
             q = self.q_norm(rec, q)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
@@ -442,7 +491,7 @@ class MLP(Module):
         return self.down_proj(rec, h)
 
 
-QK_NORMS = (None, "head", "all")
+QK_NORMS = (None, "head", "all", "per_head_weights")
 NORM_KINDS = ("rms", "layer")
 MLP_KINDS = ("gated", "plain")
 

@@ -78,3 +78,24 @@ def test_kernel_plus_one_packs_the_one(check_kernel, randn):
 def test_shape_refuses_a_vector():
     with pytest.raises(ValueError, match=r"\(n, \.\.\., d\)"):
         OP.shape((8,), (8,))
+
+
+def test_reference_weights_per_head():
+    # (1, 2 heads, 2): both heads normalize to [-1, 1]; head 0 scaled by [1, 2], head 1 by
+    # [3, 4] and shifted by [0, 10], as StableLmLayerNormPerHead's own norm per head.
+    x = np.array([[[0.0, 4.0], [10.0, 12.0]]])
+    w, b = np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[0.0, 0.0], [0.0, 10.0]])
+    np.testing.assert_allclose(OP.reference(x, w, b, eps=0.0), [[[-1, 2], [-3, 14]]])
+
+
+def test_kernel_weights_per_head_within_tolerance(check_kernel, randn):
+    check_kernel(OP, randn(5, 4, 16), 1 + randn(4, 16, scale=0.1), randn(4, 16, scale=0.1),
+                 packed=(1, 2), eps=1e-5)
+
+
+def test_shape_takes_weights_per_head_only_of_a_per_head_x():
+    assert OP.shape((2, 4, 8), (4, 8), (4, 8)) == (2, 4, 8)
+    with pytest.raises(ValueError, match=r"weight \(2, 8\) is not one of \[\(8,\)\]"):
+        OP.shape((2, 8), (2, 8))
+    with pytest.raises(ValueError, match="bias"):
+        OP.shape((2, 4, 8), (4, 8), (8,))

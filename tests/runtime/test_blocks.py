@@ -311,3 +311,32 @@ def test_clip_qkv_clamps_each_projection():
     lm = model(attn_clip_qkv=0.05, attn_fused_qkv=True)
     steps = [s for s in lm.version(True).plan.steps if s.op.name == "clamp"]
     assert len(steps) == 2 * 3 and all(s.static["limit"] == 0.05 for s in steps)
+
+
+@pytest.mark.parametrize("norm", [LAYER, NormOptions("layer", 1e-5, bias=False),
+                                  NormOptions("rms", 1e-6)])
+def test_qk_norm_per_head_weights_norms_each_head_by_its_own(norm):
+    # Head h of the queries normed by norms.{h} alone, as StableLmLayerNormPerHead: the
+    # model equals one whose heads share a weight only where every head's weight is that one.
+    lm = model(norm=norm, attn_qk_norm="per_head_weights")
+    params = dict(lm.named_params())
+    q = "model.layers.0.self_attn.q_norm.norms."
+    assert {n[len(q):] for n in params if n.startswith(q)} == {
+        f"{h}.{p}" for h in range(4) for p in ("weight", "bias")[: 1 + (norm.kind == "layer" and norm.bias)]}
+    assert sum(n.startswith("model.layers.0.self_attn.k_norm.norms.") and n.endswith("weight")
+               for n in params) == 2
+    shared = model(norm=norm, attn_qk_norm="head")
+    same = {n: p.array for n, p in shared.named_params()}
+    for n, p in shared.named_params():
+        for qk, heads in (("q", 4), ("k", 2)):
+            if f"self_attn.{qk}_norm." in n:
+                for h in range(heads):
+                    same[n.replace(f"{qk}_norm.", f"{qk}_norm.norms.{h}.")] = p.array
+                del same[n]
+    fill(lm, same)
+    ids = list(range(1, 12))
+    np.testing.assert_allclose(Session(lm).logits(ids), Session(shared).logits(ids), atol=1e-5)
+    params["model.layers.1.self_attn.q_norm.norms.3.weight"].array[:] *= 0.5
+    assert not np.allclose(Session(lm).logits(ids), Session(shared).logits(ids), atol=1e-4)
+    test_compiled_equals_reference_and_passes_per_step_check(
+        {"norm": norm, "attn_qk_norm": "per_head_weights"})
