@@ -161,7 +161,7 @@ def _options(**over) -> EncoderOptions:
 
 def _version(**over):
     model = Encoder(_options(**over))
-    fill(model, draw_encoder_weights(model, 0))
+    fill(model, draw_weights(model, 0))
     return model.version()
 
 
