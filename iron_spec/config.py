@@ -130,8 +130,20 @@ def lookup(data: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.json") -> Resolved:
-    """Every field of ``spec``'s ``config`` section, from ``config_json``.
+LAYER = "{layer}"  # in a json key: the layer index, for a field resolved per layer
+
+
+def per_layer_fields(spec: Spec) -> list[str]:
+    """The fields whose json key holds ``{layer}`` (``per_layer_config.{layer}.head_dim``,
+    transformers' per-layer overrides): resolved for each layer, one at a time."""
+    fields = spec.get("config", default={}) or {}
+    return [n for n, raw in fields.items() if LAYER in str(entry(raw).get("json", ""))]
+
+
+def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.json",
+            layer: int | None = None) -> Resolved:
+    """Every field of ``spec``'s ``config`` section, from ``config_json``; a json key's
+    ``{layer}`` is ``layer`` (without one, such a key is absent: the field's fallback).
 
     Raises:
         SpecError: at the field's line: config.json lacks a key that has no fallback, an
@@ -158,7 +170,10 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
         e = entry(fields[name])
         got = MISSING
         if "json" in e:
-            got = lookup(config_json, e["json"])
+            key = str(e["json"])
+            if LAYER in key:
+                key = None if layer is None else key.replace(LAYER, str(layer))
+            got = MISSING if key is None else lookup(config_json, key)
             null = e.get("if_null", "none")
             if got is None and isinstance(null, dict) and "value" in null:
                 got, out.sources[name] = null["value"], f"{origin(e['json'])} if_null: value"

@@ -17,7 +17,7 @@ from runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptio
 from runtime.causal import CausalOptions
 from runtime.renames import Pattern, RenameError, compile_table
 
-from .config import Resolved, evaluate_option, resolve
+from .config import Resolved, evaluate_option, per_layer_fields, resolve
 from .loader import Spec
 from .schema import validate
 
@@ -305,12 +305,25 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
                                                "not a whole number of at least 1")
 
     types = _layer_types(spec, r, v["num_hidden_layers"])
+    # Fields read per layer (transformers' per_layer_config): each layer's own resolution,
+    # and one set of options per type and values of those fields.
+    own = per_layer_fields(spec)
+    rs = [resolve(spec, config_json, source, layer=i) if own else r for i in range(len(types))]
     built: dict[Any, LayerOptions] = {}
-    for t in dict.fromkeys(types):
-        built[t] = _layer(spec, r, t)
+    keys = []
+    for t, ri in zip(types, rs):
+        key = (t,) + tuple(repr(ri.values[f]) for f in own)
+        if key not in built:
+            built[key] = _layer(spec, ri, t)
+        keys.append(key)
+    layers = [built[k] for k in keys]
+    model_fields = r
     ropes = {}
     for name in spec.get("rope", default={}) or {}:
         p = ("rope", name)
+        # A table's options over the fields of the first layer reading it, as transformers'
+        # per_layer_config[layer_type] initialises a layer type's RoPE.
+        r = next((ri for ri, lo in zip(rs, layers) if lo.attention.rope == name), model_fields)
         scaling = _option(spec, r, p + ("scaling",), None)
         _typed(spec, p + ("scaling",), scaling, dict, "a rope_scaling mapping or null")
         original = _option(spec, r, p + ("original_max_position_embeddings",), None)
@@ -324,6 +337,7 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
             max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
                 spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
             interleaved=_flag_option(spec, r, p + ("interleaved",), False))
+    r = model_fields
     for t, lo in built.items():
         name = lo.attention.rope
         if name is None or name not in ropes:
@@ -334,14 +348,15 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
             raise spec.error(("rope", name), f"rope table {name!r} rotates {width} columns: an even "
                              f"number from 2 to the head_dim ({lo.attention.head_dim}) of the "
                              "layers reading it")
+    layers = [built[k] for k in keys]
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
     positions, offset = _positions(spec, r, L)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
-        layers=tuple(_share_kv(spec, r, [built[t] for t in types], types)),
-        norm=built[types[0]].norm, ropes=ropes, per_layer_input=built[types[0]].per_layer_input,
+        layers=tuple(_share_kv(spec, r, layers, types)),
+        norm=layers[0].norm, ropes=ropes, per_layer_input=layers[0].per_layer_input,
         tied=_flag_option(spec, r, ("head", "tied"), False),
         embedding_scale=_number(spec, ("embedding", "scale"), _option(spec, r, ("embedding", "scale"), 1.0)),
         logit_scale=_number(spec, ("head", "scale"), _option(spec, r, ("head", "scale"), 1.0)),
