@@ -17,7 +17,7 @@ from .linear import Linear
 from .norm import RMSNorm
 from .positions import AddRows
 from .pooling import L2Normalize, MeanRows, Tanh
-from .rope import Rope, rope_inv_freq, rope_table, rope_tables
+from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .self_attention import SelfAttention
 from .softcap import Softcap
@@ -34,7 +34,7 @@ OPERATORS: dict[str, Operator] = {
 
 __all__ = [
     "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
-    "Rope", "rope_inv_freq", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
+    "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
 ]

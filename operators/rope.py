@@ -5,8 +5,9 @@ The tables follow transformers' ``modeling_rope_utils``: inverse frequencies in 
 ``rope_theta`` and the checkpoint's ``rope_scaling`` (types ``default``, ``linear``,
 ``llama3``, ``yarn``, ``dynamic`` and ``longrope``), angles ``position * inv_freq`` in float32,
 cos and sin of them. ``dynamic`` and ``longrope`` change with the sequence length in
-transformers; here each table row is what transformers uses for a token decoded at that
-position with a KV cache (``rope_table``).
+transformers: a ``dynamic`` row is what transformers uses for a token decoded at that
+position with a KV cache; a ``longrope`` table is the one for the whole sequence's length
+(``rope_switch``), as transformers turns every position of a forward.
 """
 
 from __future__ import annotations
@@ -107,16 +108,28 @@ def _yarn(dim: int, theta: float, scaling: Mapping[str, Any]) -> tuple[np.ndarra
     return inv.astype(np.float32), float(attention)
 
 
+def rope_switch(scaling: Mapping[str, Any] | None, max_position_embeddings: int) -> int | None:
+    """The sequence length past which a ``rope_table`` changes for every row, or None where
+    it never does: ``longrope``'s ``original_max_position_embeddings`` (transformers'
+    ``longrope_frequency_update`` takes the long factors for all positions of a forward
+    whose last position is past it)."""
+    kind = "default" if not scaling else scaling.get("rope_type", scaling.get("type", "default"))
+    if kind != "longrope":
+        return None
+    return int(scaling.get("original_max_position_embeddings") or max_position_embeddings)
+
+
 def rope_table(dim: int, theta: float, scaling: Mapping[str, Any] | None, positions: int,
-               max_position_embeddings: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin ``(positions, dim // 2)`` float32 for ``rope_scaling`` ``scaling``.
+               max_position_embeddings: int, length: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``(positions, dim // 2)`` float32 for ``rope_scaling`` ``scaling``, as
+    transformers turns a sequence of ``length`` tokens.
 
     Static types are ``rope_tables(rope_inv_freq(...))``. ``dynamic`` (NTK): rows past
     ``max_position_embeddings`` use the base transformers computes at sequence length
-    ``row + 1``. ``longrope``: rows before ``original_max_position_embeddings`` turn by
-    ``short_factor``, later rows by ``long_factor``; every row scales by the attention factor
-    (given, else from ``factor``, else ``max_position_embeddings / original``). Those are
-    the frequencies transformers applies to a token decoded at that position with a cache.
+    ``row + 1``. ``longrope``: every row turns by ``short_factor`` where ``length`` is within
+    ``original_max_position_embeddings``, else by ``long_factor`` (``rope_switch``); every
+    row scales by the attention factor (given, else from ``factor``, else
+    ``max_position_embeddings / original``).
 
     Raises:
         ValueError: as ``rope_inv_freq``.
@@ -135,16 +148,13 @@ def rope_table(dim: int, theta: float, scaling: Mapping[str, Any] | None, positi
         if attention is None:
             attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
         shape = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
-        cos = np.empty((positions, dim // 2), np.float32)
-        sin = np.empty_like(cos)
-        for key, rows in (("short_factor", slice(0, old)), ("long_factor", slice(old, positions))):
+        for key in ("short_factor", "long_factor"):
             ext = np.asarray(scaling[key], np.float32)
             if ext.shape != (dim // 2,):
                 raise ValueError(f"rope_scaling {key} has {ext.size} values, not {dim // 2}")
-            f = (np.float32(1.0) / (ext * np.power(np.float32(theta), shape))).astype(np.float32)
-            c, s = rope_tables(f, positions, float(attention))
-            cos[rows], sin[rows] = c[rows], s[rows]
-        return cos, sin
+        ext = np.asarray(scaling["short_factor" if length <= old else "long_factor"], np.float32)
+        f = (np.float32(1.0) / (ext * np.power(np.float32(theta), shape))).astype(np.float32)
+        return rope_tables(f, positions, float(attention))
     except KeyError as e:
         raise ValueError(f"rope_scaling {dict(scaling)} of type {kind!r} lacks {e.args[0]!r}") from None
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from operators import rope_switch as rope_switch_of
 from operators import rope_table as rope_table_of
 from operators.activation import ACTIVATION_PARAMS
 
@@ -496,6 +497,13 @@ NORM_KINDS = ("rms", "layer")
 MLP_KINDS = ("gated", "plain")
 
 
-def rope_table(o: RopeOptions, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """The cos and sin tables ``(positions, rotary_dim // 2)`` of ``o``."""
-    return rope_table_of(o.rotary_dim, o.theta, o.scaling, positions, o.max_position_embeddings)
+def rope_table(o: RopeOptions, positions: int, length: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The cos and sin tables ``(positions, rotary_dim // 2)`` of ``o`` for a sequence of
+    ``length`` tokens (``operators.rope.rope_table``)."""
+    return rope_table_of(o.rotary_dim, o.theta, o.scaling, positions, o.max_position_embeddings,
+                         length)
+
+
+def rope_switch(o: RopeOptions) -> int | None:
+    """The sequence length past which ``o``'s table changes for every row, else None."""
+    return rope_switch_of(o.scaling, o.max_position_embeddings)

@@ -13,10 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from operators import PerCall
+from operators import OPERATORS, PerCall
 
 from .blocks import (Embedding, LayerOptions, Linear, Norm, NormOptions, PerLayerInputOptions,
-                     RopeOptions, rope_table)
+                     RopeOptions, rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
 from .module import Module
@@ -127,6 +127,7 @@ class CausalLM(Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.config = o
         self.rope_tables = {name: rope_table(r, o.max_seq_len) for name, r in o.ropes.items()}
+        self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
         self._versions: dict[tuple[bool, bool], "Version"] = {}
         # Weights and tables in their kernels' form, shared by every compiled version.
@@ -137,6 +138,28 @@ class CausalLM(Module):
         # The decode step's weights: float32, or bfloat16 where they hold exactly
         # (runtime.plan); set before the decode step compiles.
         self.decode_weights = "float32"
+
+    def fit_rope(self, length: int) -> bool:
+        """Make the RoPE tables those transformers turns a sequence of ``length`` tokens by
+        (a ``longrope`` table past its original context: ``rope_switch``), in place, with
+        their kernels' packed forms, so every compiled version reads them without a new
+        allocation. Returns whether any table changed: the KV caches then hold keys turned
+        by the other table, and what they hold must be recomputed."""
+        changed = []
+        for name, r in self.config.ropes.items():
+            switch = rope_switch(r)
+            if switch is None or (self.rope_length <= switch) == (length <= switch):
+                continue
+            for held, new in zip(self.rope_tables[name], rope_table(r, self.config.max_seq_len,
+                                                                    length)):
+                np.copyto(held, new)
+                changed.append(held)
+        self.rope_length = length
+        ids = {id(a): a for a in changed}
+        for key, packed in self.packed.items():
+            if key[0] in ids:  # (id(array), operator, input index, ...): runtime.plan
+                np.copyto(packed, OPERATORS[key[1]].pack(key[2], ids[key[0]]))
+        return bool(changed)
 
     def body(self, rec: Recorder) -> Handle:
         """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""

@@ -87,6 +87,11 @@ class Session:
 
     def _run(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
         lm, n = self.lm, tokens.size
+        if lm.fit_rope(n):
+            # Every cached key was turned by the table of another sequence length (a
+            # longrope table past its original context): the whole history runs again, as
+            # transformers turns every position by the table of the current length.
+            lm.holder = None
         common = self._common(tokens)
         if self.held == n == common and self._last is not None:
             return self._last, sampler(self._last)

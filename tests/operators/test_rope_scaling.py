@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from operators import RMSNorm, rope_inv_freq, rope_table
+from operators import RMSNorm, rope_inv_freq, rope_switch, rope_table
 
 
 def test_yarn_ramps_from_extrapolated_to_interpolated():
@@ -21,14 +21,20 @@ def test_yarn_ramps_from_extrapolated_to_interpolated():
     assert attention == 0.1 * math.log(4.0) + 1.0
 
 
-def test_longrope_short_rows_then_long_rows_scaled():
+def test_longrope_short_within_the_original_context_long_past_it_every_row_scaled():
+    # transformers' longrope_frequency_update: the long factors for every position of a
+    # sequence longer than original_max_position_embeddings, the short ones otherwise.
     scaling = {"rope_type": "longrope", "short_factor": [1.0, 2.0], "long_factor": [4.0, 8.0],
                "original_max_position_embeddings": 4}
-    cos, sin = rope_table(4, 100.0, scaling, 6, 16)  # factor 16 / 4 = 4
-    attention = math.sqrt(1 + math.log(4.0) / math.log(4))
+    attention = math.sqrt(1 + math.log(4.0) / math.log(4))  # factor 16 / 4 = 4
     short = np.array([1.0, 0.1]) / [1.0, 2.0]
     long = np.array([1.0, 0.1]) / [4.0, 8.0]
+    assert rope_switch(scaling, 16) == 4 and rope_switch(None, 16) is None
+    cos, sin = rope_table(4, 100.0, scaling, 6, 16, length=4)
     np.testing.assert_allclose(cos[3], np.cos(3 * short) * attention, rtol=1e-6)
+    np.testing.assert_allclose(sin[5], np.sin(5 * short) * attention, rtol=1e-6)
+    cos, sin = rope_table(4, 100.0, scaling, 6, 16, length=5)
+    np.testing.assert_allclose(cos[3], np.cos(3 * long) * attention, rtol=1e-6)
     np.testing.assert_allclose(sin[5], np.sin(5 * long) * attention, rtol=1e-6)
 
 
