@@ -64,7 +64,9 @@ class AttentionOptions:
     before RoPE, ``head`` over each head's
     ``head_dim`` (Qwen3Attention), ``all`` over the whole projection (Olmo2Attention),
     ``per_head_weights`` over each head's ``head_dim`` with each head's own weights
-    (StableLmLayerNormPerHead, ``HeadNorms``), None for none; it takes the layer's norm
+    (StableLmLayerNormPerHead, ``HeadNorms``), ``per_head_stacked`` the same with those
+    weights held as one ``(heads, head_dim)`` tensor (CohereLayerNorm of hidden size
+    ``(heads, head_dim)``), None for none; it takes the layer's norm
     options. ``fused_qkv``: one ``qkv_proj`` holds q, k and v, its rows stored as
     ``qkv_layout`` says (``qkv_rows``). ``v_norm``: values RMS-normed over each head with
     no weight (the layer's eps), as Gemma4TextAttention's ``v_norm``. ``values_from_keys``:
@@ -235,14 +237,16 @@ class Norm(Module):
         ValueError: a kind other than ``rms`` or ``layer``.
     """
 
-    def __init__(self, size: int, options: NormOptions):
+    def __init__(self, size: int | tuple[int, int], options: NormOptions):
         if options.kind not in NORM_KINDS:
             raise ValueError(f"norm kind {options.kind!r} is not one of {', '.join(NORM_KINDS)}")
+        # (heads, size): each head's own weights in one tensor, as CohereLayerNorm((H, D)).
+        shape = tuple(size) if isinstance(size, tuple) else (size,)
         # A weight that multiplies as it is (not 1 + weight) is drawn around 1.
-        self.weight = Param(size, gain=not options.plus_one) if options.weight else None
+        self.weight = Param(*shape, gain=not options.plus_one) if options.weight else None
         if not options.weight:
-            self.ones = np.ones(size, np.float32)
-        self.bias = Param(size) if options.kind == "layer" and options.bias else None
+            self.ones = np.ones(shape, np.float32)
+        self.bias = Param(*shape) if options.kind == "layer" and options.bias else None
         self.options = options
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
@@ -330,7 +334,11 @@ class Attention(Module):
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
         if o.qk_norm_bias is not None:
             norm = replace(norm, bias=o.qk_norm_bias)
-        if o.qk_norm == "per_head_weights":
+        if o.qk_norm == "per_head_stacked":
+            self.q_norm = Norm((H, D), norm)
+            if own:
+                self.k_norm = Norm((G, D), norm)
+        elif o.qk_norm == "per_head_weights":
             self.q_norm = HeadNorms(H, D, norm)
             if own:
                 self.k_norm = HeadNorms(G, D, norm)
@@ -399,7 +407,7 @@ class Attention(Module):
         if o.qk_norm == "all":
             k = self.k_norm(rec, k)
         k, v = rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
-        if o.qk_norm in ("head", "per_head_weights"):
+        if o.qk_norm in ("head", "per_head_weights", "per_head_stacked"):
             k = self.k_norm(rec, k)
         if o.v_norm:
             v = self.v_norm(rec, v)
@@ -420,7 +428,7 @@ class Attention(Module):
         if o.qk_norm == "all":
             q = self.q_norm(rec, q)
         q = rec.view(q, (n, o.heads, o.head_dim))
-        if o.qk_norm in ("head", "per_head_weights"):
+        if o.qk_norm in ("head", "per_head_weights", "per_head_stacked"):
             q = self.q_norm(rec, q)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
@@ -492,7 +500,7 @@ class MLP(Module):
         return self.down_proj(rec, h)
 
 
-QK_NORMS = (None, "head", "all", "per_head_weights")
+QK_NORMS = (None, "head", "all", "per_head_weights", "per_head_stacked")
 NORM_KINDS = ("rms", "layer")
 MLP_KINDS = ("gated", "plain")
 

@@ -26,7 +26,7 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     for name, p in module.named_params():
         first.setdefault(id(p), (name, p))
     for name, p in sorted(first.values(), key=lambda item: item[0]):
-        if len(p.shape) == 2:
+        if len(p.shape) == 2 and not p.gain:  # a (heads, size) norm weight is a gain
             t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[1]))
             if name.endswith(("embed_tokens.weight", "embed_tokens_per_layer.weight",
                               "embed_positions.weight")):

@@ -340,3 +340,32 @@ def test_qk_norm_per_head_weights_norms_each_head_by_its_own(norm):
     assert not np.allclose(Session(lm).logits(ids), Session(shared).logits(ids), atol=1e-4)
     test_compiled_equals_reference_and_passes_per_step_check(
         {"norm": norm, "attn_qk_norm": "per_head_weights"})
+
+
+@pytest.mark.parametrize("norm", [NormOptions("layer", 1e-5, bias=False), NormOptions("rms", 1e-6)])
+def test_qk_norm_per_head_stacked_is_per_head_weights_in_one_tensor(norm):
+    # CohereLayerNorm((heads, head_dim)): one q_norm.weight (heads, head_dim) whose row h
+    # norms head h, the same model as per_head_weights with norms.{h}.weight = row h.
+    lm = model(norm=norm, attn_qk_norm="per_head_stacked")
+    params = dict(lm.named_params())
+    assert params["model.layers.0.self_attn.q_norm.weight"].shape == (4, 8)
+    assert params["model.layers.0.self_attn.k_norm.weight"].shape == (2, 8)
+    assert not any(".norms." in n for n in params)
+    rows = params["model.layers.0.self_attn.q_norm.weight"].array
+    assert np.abs(rows.mean() - 1.0) < 0.1  # drawn as a gain, around 1
+    per = model(norm=norm, attn_qk_norm="per_head_weights")
+    weights = {}
+    for n, p in lm.named_params():
+        qk = next((qk for qk in "qk" if f"self_attn.{qk}_norm." in n), None)
+        if qk is None:
+            weights[n] = p.array
+            continue
+        for h in range(p.shape[0]):
+            weights[n.replace(f"{qk}_norm.", f"{qk}_norm.norms.{h}.")] = p.array[h]
+    fill(per, weights)
+    ids = list(range(1, 12))
+    np.testing.assert_allclose(Session(lm).logits(ids), Session(per).logits(ids), atol=1e-6)
+    params["model.layers.1.self_attn.k_norm.weight"].array[1] *= 0.5
+    assert not np.allclose(Session(lm).logits(ids), Session(per).logits(ids), atol=1e-4)
+    test_compiled_equals_reference_and_passes_per_step_check(
+        {"norm": norm, "attn_qk_norm": "per_head_stacked"})
