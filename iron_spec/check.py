@@ -240,7 +240,7 @@ def command(
                             allow_unread_config=allow_unread_config)
         if record_golden:
             path = golden or golden_path(loaded)
-            _record(loaded, path, steps)
+            _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded), steps))
             typer.echo(f"recorded {path}", err=True)
         found, note = (None, "self-consistency only") if self_only else find_golden(loaded, golden)
         _header(spec, shape, note, as_json)
@@ -251,8 +251,10 @@ def command(
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
 
 
-def _record(loaded: Loaded, path: Path, steps: int) -> None:
-    """transformers' golden for ``loaded``'s inputs, written to ``path``.
+def _record(loaded, path: Path, record: Callable) -> None:
+    """transformers' golden for ``loaded``'s inputs, written to ``path``: ``record`` takes
+    the ``golden_record`` module (imported only here, once torch is known to be there) and
+    returns the golden (its causal or its encoder recorder on ``loaded``).
 
     Raises:
         ValueError: torch or transformers is missing, or transformers refuses the config or
@@ -262,10 +264,10 @@ def _record(loaded: Loaded, path: Path, steps: int) -> None:
     if missing:
         raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
                          "extra: pip install -e '.[golden]'")
-    from .golden_record import record
+    from . import golden_record
     try:
-        golden = record(loaded, check_prompt(loaded), steps)
-    except Exception as e:  # whatever transformers raises on a config it refuses
+        golden = record(golden_record)
+    except Exception as e:  # whatever transformers raises on a config or weights it refuses
         said = " ".join(str(e).split()) or "(no message)"
         source = (loaded.directory / "config.json" if loaded.directory is not None else
                   f"{loaded.expanded.spec.file} toy.config")
@@ -334,21 +336,8 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
                           allow_unread_config=allow_unread_config)
     model, fp = loaded.model, loaded.fingerprint()
     if record_golden:
-        missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-        if missing:
-            raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
-                             "extra: pip install -e '.[golden]'")
-        from .golden_record import record_encoder
         path = golden or golden_path(loaded)
-        try:
-            recorded = record_encoder(loaded)
-        except Exception as e:  # whatever transformers raises on a config or weights it refuses
-            said = " ".join(str(e).split()) or "(no message)"
-            source = (loaded.directory / "config.json" if loaded.directory is not None else
-                      f"{loaded.expanded.spec.file} toy.config")
-            raise ValueError(f"--record-golden: transformers refuses {source}: "
-                             f"{type(e).__name__}: {said}") from None
-        recorded.write(path)
+        _record(loaded, path, lambda g: g.record_encoder(loaded))
         typer.echo(f"recorded {path}", err=True)
     found = None
     if self_only:
