@@ -1,4 +1,4 @@
-"""The one compiled part: ``operators._cpu``, the decode step's kernels (see its source).
+"""The one compiled part: ``iron_spec.operators._cpu``, the decode step's kernels (see its source).
 
 Optional: without a C compiler the install goes on and the numpy kernels serve.
 Everything else about the package is in pyproject.toml.
@@ -7,7 +7,7 @@ Everything else about the package is in pyproject.toml.
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
-    "operators._cpu", ["operators/_cpu.c"], optional=True,
+    "iron_spec.operators._cpu", ["operators/_cpu.c"], optional=True,
     extra_compile_args=["-O3", "-pthread", "-fno-strict-aliasing"],
     extra_link_args=["-pthread"],
 )])

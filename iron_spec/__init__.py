@@ -1,3 +1,3 @@
 """The declarative layer: specs, their schema and lint, the interpreter and the CLI."""
 
-import operators  # noqa: F401  (first: sets OpenBLAS's idle spin before numpy loads; operators.blas_env)
+from . import operators  # noqa: F401  (first: sets OpenBLAS's idle spin before numpy loads; operators.blas_env)

@@ -19,8 +19,8 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
-from operators.native import describe, threads
-from runtime.session import Session
+from iron_spec.operators.native import describe, threads
+from iron_spec.runtime.session import Session
 
 from .build import Loaded, load_model
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP

@@ -14,17 +14,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from operators import native as decode_pool
-from operators.attention import BLOCK as ATTENTION_BLOCK
-from runtime.causal import CausalLM, CausalOptions
-from runtime.checkpoint import (Checkpoint, LoadReport, distinct_ties, fill, load,
+from iron_spec.operators import native as decode_pool
+from iron_spec.operators.attention import BLOCK as ATTENTION_BLOCK
+from iron_spec.runtime.causal import CausalLM, CausalOptions
+from iron_spec.runtime.checkpoint import (Checkpoint, LoadReport, distinct_ties, fill, load,
                                 mark_transposed)
-from runtime.renames import RenameError, source
-from runtime.golden import fingerprint
-from runtime.host import checkpoint_directory, fit, host_budget
-from runtime.module import pack_tree
-from runtime.tokenizer import Tokenizer
-from runtime.weights import draw_weights
+from iron_spec.runtime.renames import RenameError, source
+from iron_spec.runtime.golden import fingerprint
+from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
+from iron_spec.runtime.module import pack_tree
+from iron_spec.runtime.tokenizer import Tokenizer
+from iron_spec.runtime.weights import draw_weights
 
 from .config import account
 from .interpreter import expand
@@ -284,7 +284,7 @@ def build_tree(spec, config_json: dict, source: str):
         ValueError: the expanded options do not build.
     """
     if spec.get("model") == "encoder":
-        from runtime.encoder import Encoder
+        from iron_spec.runtime.encoder import Encoder
 
         from .encoder import expand_encoder
         expanded = expand_encoder(spec, config_json, source=source)

@@ -17,10 +17,10 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
-from runtime import checks
-from runtime.golden import Golden, GoldenError
+from iron_spec.runtime import checks
+from iron_spec.runtime.golden import Golden, GoldenError
 
-from runtime.host import fit
+from iron_spec.runtime.host import fit
 
 from . import goldens
 from .build import Loaded, _footprint, load_model, model_inputs
@@ -330,7 +330,7 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     is found for these inputs (``goldens.find``), else only against itself, and said so.
     ``record_golden`` records one first through transformers' own ``AutoModel``
     (``golden_record.record_encoder``)."""
-    from runtime.encoder_golden import EncoderGolden
+    from iron_spec.runtime.encoder_golden import EncoderGolden
     from .encoder import load_encoder
     loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                           allow_unread_config=allow_unread_config)

@@ -13,10 +13,10 @@ import jinja2
 import numpy as np
 import typer
 
-from operators import Sampler
-from runtime.checkpoint import CheckpointError
-from runtime.session import Session
-from runtime.tokenizer import TextStream, utf8_text
+from iron_spec.operators import Sampler
+from iron_spec.runtime.checkpoint import CheckpointError
+from iron_spec.runtime.session import Session
+from iron_spec.runtime.tokenizer import TextStream, utf8_text
 
 from .build import Loaded, load_model
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP

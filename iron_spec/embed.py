@@ -15,8 +15,8 @@ from typing import List, Optional
 import numpy as np
 import typer
 
-from runtime.checkpoint import CheckpointError
-from runtime.tokenizer import utf8_text
+from iron_spec.runtime.checkpoint import CheckpointError
+from iron_spec.runtime.tokenizer import utf8_text
 
 from .build import Loaded
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP

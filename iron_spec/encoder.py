@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
+from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
+from iron_spec.runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS
-from runtime.checkpoint import mark_transposed
-from runtime.tokenizer import read_tokenizer_json, utf8_text
-from runtime.weights import draw_weights
+from iron_spec.runtime.checkpoint import mark_transposed
+from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
+from iron_spec.runtime.weights import draw_weights
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.encoder_golden import EncoderGolden
-from runtime.golden import Golden
+from iron_spec.runtime.encoder_golden import EncoderGolden
+from iron_spec.runtime.golden import Golden
 
 from .build import Loaded
 

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptions, NormOptions,
+from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
+from iron_spec.runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
-from runtime.causal import CausalOptions
-from runtime.renames import Pattern, RenameError, compile_table
+from iron_spec.runtime.causal import CausalOptions
+from iron_spec.runtime.renames import Pattern, RenameError, compile_table
 
 from .config import Resolved, evaluate_option, per_layer_fields, resolve
 from .loader import Spec

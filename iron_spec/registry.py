@@ -15,8 +15,16 @@ import typer
 from .errors import SpecError, message
 from .loader import load_spec
 
+def _shipped() -> Path:
+    """The specs folder: ``iron_spec/specs`` in an install, ``specs/`` beside ``iron_spec/``
+    in a checkout (an editable install maps the one onto the other)."""
+    here = Path(__file__).resolve().parent
+    installed = here / "specs"
+    return installed if installed.is_dir() else here.parent / "specs"
+
+
 #: The shipped specs' folder; ``IRON_SPEC_SPECS`` points elsewhere.
-SPECS = Path(os.environ.get("IRON_SPEC_SPECS", Path(__file__).resolve().parent.parent / "specs"))
+SPECS = Path(os.environ.get("IRON_SPEC_SPECS") or _shipped())
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
         FileNotFoundError: no checkpoint or config.json there.
         ValueError: as ``for_architectures``.
     """
-    from runtime.host import checkpoint_directory
+    from iron_spec.runtime.host import checkpoint_directory
 
     from .build import read_config
 

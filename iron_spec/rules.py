@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable, Mapping
 
-from runtime.renames import Pattern, RenameError, compile_table, sources
-from runtime.module import Module
+from iron_spec.runtime.renames import Pattern, RenameError, compile_table, sources
+from iron_spec.runtime.module import Module
 
 from . import expr
 from .build import build_tree

@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import typer
 
-from runtime.checkpoint import Checkpoint, CheckpointError, Placement, TensorInfo, place, renamed
-from runtime.host import checkpoint_directory
-from runtime.module import Module, Param
+from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError, Placement, TensorInfo, place, renamed
+from iron_spec.runtime.host import checkpoint_directory
+from iron_spec.runtime.module import Module, Param
 
 from .build import build_tree, read_config
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve

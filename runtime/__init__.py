@@ -1,3 +1,3 @@
 """Modules, recording, compile, reference, sessions and checkpoints: the runtime."""
 
-import operators  # noqa: F401  (first: sets OpenBLAS's idle spin before numpy loads; operators.blas_env)
+from iron_spec import operators  # noqa: F401  (first: sets OpenBLAS's idle spin before numpy loads; operators.blas_env)

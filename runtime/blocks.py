@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from operators import rope_switch as rope_switch_of
-from operators import rope_table as rope_table_of
-from operators.activation import ACTIVATION_PARAMS
+from iron_spec.operators import rope_switch as rope_switch_of
+from iron_spec.operators import rope_table as rope_table_of
+from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .graph import Handle, Recorder
 from .module import Module, Param, State

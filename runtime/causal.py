@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from operators import OPERATORS, PerCall
+from iron_spec.operators import OPERATORS, PerCall
 
 from .blocks import (Embedding, LayerOptions, Linear, Norm, NormOptions, PerLayerInputOptions,
                      RopeOptions, rope_switch, rope_table)

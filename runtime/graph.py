@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from operators import OPERATORS, Operator, PerCall
+from iron_spec.operators import OPERATORS, Operator, PerCall
 
 
 @dataclass(eq=False)

@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from operators.base import resolve
+from iron_spec.operators.base import resolve
 
 from .arena import Span, aligned, place
 from .graph import Handle, Recorder, Step

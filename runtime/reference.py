@@ -10,7 +10,7 @@ from typing import Mapping
 
 import numpy as np
 
-from operators.base import resolve
+from iron_spec.operators.base import resolve
 
 from .graph import Handle, Recorder
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from operators import Activation, GatedActivation
-from operators.activation import ACTIVATION_PARAMS, ACTIVATIONS, act_reference
+from iron_spec.operators import Activation, GatedActivation
+from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS, act_reference
 
 OP = Activation()
 GATED = GatedActivation()

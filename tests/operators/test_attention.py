@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import Attention, KVWrite
+from iron_spec.operators import Attention, KVWrite
 
 OP = Attention()
 KV = KVWrite()
@@ -246,7 +246,7 @@ def test_shape_and_mismatches():
 @pytest.mark.parametrize("window", [None, 700])
 def test_one_query_over_a_long_cache_matches_the_reference(window):
     # Past attention.LONG positions one query runs a GEMV per head: same definition.
-    from operators.attention import LONG
+    from iron_spec.operators.attention import LONG
     op = Attention()
     rng = np.random.default_rng(5)
     G, R, D, L = 2, 3, 16, 1200

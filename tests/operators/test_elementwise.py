@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from operators import Add, Clamp, Mul, TakeRow
+from iron_spec.operators import Add, Clamp, Mul, TakeRow
 
 A = np.array([[1.0, 2.0], [-3.0, 4.0]], np.float32)
 B = np.array([[10.0, 20.0], [0.5, -8.0]], np.float32)

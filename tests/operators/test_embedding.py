@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import Embedding
+from iron_spec.operators import Embedding
 
 OP = Embedding()
 TABLE = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)

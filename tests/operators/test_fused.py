@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import Columns, GatedActivation
+from iron_spec.operators import Columns, GatedActivation
 
 
 def test_columns_takes_a_run():

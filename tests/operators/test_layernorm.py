@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from operators import LayerNorm
+from iron_spec.operators import LayerNorm
 
 OP = LayerNorm()
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from operators import Linear
+from iron_spec.operators import Linear
 
 OP = Linear()
 # A hand case: x (2, 3), weight (2, 3), bias (2,).

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from operators import native
-from operators.attention import Attention
-from operators.linear import Linear
+from iron_spec.operators import native
+from iron_spec.operators.attention import Attention
+from iron_spec.operators.linear import Linear
 
 OFF = "the decode pool is off here (IRON_SPEC_NATIVE) or operators._cpu is not built"
 needs_native = pytest.mark.skipif(native.LIB is None, reason=OFF)

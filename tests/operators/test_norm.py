@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from operators import RMSNorm
+from iron_spec.operators import RMSNorm
 
 OP = RMSNorm()
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from operators import L2Normalize, MeanRows, Tanh
+from iron_spec.operators import L2Normalize, MeanRows, Tanh
 
 
 def test_mean_rows_hand_case():

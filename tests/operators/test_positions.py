@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from operators import AddRows
+from iron_spec.operators import AddRows
 
 X = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
 TABLE = np.array([[0.0, 0.0], [10.0, 20.0], [30.0, 40.0], [50.0, 60.0]], np.float32)

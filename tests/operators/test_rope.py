@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import Rope, rope_inv_freq, rope_tables
+from iron_spec.operators import Rope, rope_inv_freq, rope_tables
 
 OP = Rope()
 LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

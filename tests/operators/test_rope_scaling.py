@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from operators import RMSNorm, rope_inv_freq, rope_switch, rope_table
+from iron_spec.operators import RMSNorm, rope_inv_freq, rope_switch, rope_table
 
 
 def test_yarn_ramps_from_extrapolated_to_interpolated():

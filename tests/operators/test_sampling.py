@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import Sampler
+from iron_spec.operators import Sampler
 
 LN = np.log
 

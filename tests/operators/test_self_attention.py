@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import SelfAttention
+from iron_spec.operators import SelfAttention
 
 OP = SelfAttention()
 

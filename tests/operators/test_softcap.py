@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from operators import Softcap
+from iron_spec.operators import Softcap
 
 
 def test_reference_is_tanh_of_x_over_cap_times_cap():

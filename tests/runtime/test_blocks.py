@@ -8,12 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
+from iron_spec.runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
-from runtime.causal import CausalLM, CausalOptions
-from runtime.checkpoint import fill
-from runtime.session import Session
-from runtime.weights import draw_weights
+from iron_spec.runtime.causal import CausalLM, CausalOptions
+from iron_spec.runtime.checkpoint import fill
+from iron_spec.runtime.session import Session
+from iron_spec.runtime.weights import draw_weights
 
 E, V = 32, 64
 

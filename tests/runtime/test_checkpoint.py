@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from runtime.checkpoint import Checkpoint, CheckpointError, bind, fill, load, renamed
-from runtime.module import Module, Param, pack
+from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError, bind, fill, load, renamed
+from iron_spec.runtime.module import Module, Param, pack
 
 
 # --- a tiny module tree, named as a Hugging Face causal LM names its tensors -----------------

@@ -8,11 +8,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from iron_spec.encoder import load_encoder
-from runtime.blocks import NormOptions
-from runtime.checkpoint import CheckpointError
-from runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions
-from runtime.checkpoint import fill
-from runtime.weights import draw_weights
+from iron_spec.runtime.blocks import NormOptions
+from iron_spec.runtime.checkpoint import CheckpointError
+from iron_spec.runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions
+from iron_spec.runtime.checkpoint import fill
+from iron_spec.runtime.weights import draw_weights
 from tests.conftest import ROOT, SPECS
 
 GOLDEN = ROOT / "tests" / "goldens" / "bert" / "toy-seed0.npz"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.host import checkpoint_directory, fit
+from iron_spec.runtime.host import checkpoint_directory, fit
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, qkv_rows
-from runtime.causal import CausalLM, CausalOptions
-from runtime.checkpoint import fill
-from runtime.session import Session
-from runtime.weights import draw_weights
+from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, qkv_rows
+from iron_spec.runtime.causal import CausalLM, CausalOptions
+from iron_spec.runtime.checkpoint import fill
+from iron_spec.runtime.session import Session
+from iron_spec.runtime.weights import draw_weights
 
 
 def test_blocks_are_stored_as_the_model_holds_them():

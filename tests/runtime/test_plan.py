@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from iron_spec.build import load_model
-from runtime.graph import CallSpec, Recorder
-from runtime.plan import Plan
-from operators import PerCall
+from iron_spec.runtime.graph import CallSpec, Recorder
+from iron_spec.runtime.plan import Plan
+from iron_spec.operators import PerCall
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from runtime.checkpoint import Checkpoint, CheckpointError, bind, load, mark_transposed
-from runtime.module import Module, Param
-from runtime.renames import Pattern, Rename, RenameError, renamed, source, sources
+from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError, bind, load, mark_transposed
+from iron_spec.runtime.module import Module, Param
+from iron_spec.runtime.renames import Pattern, Rename, RenameError, renamed, source, sources
 
 GPT2 = {"transformer.h": "model.layers", "transformer.wte": "model.embed_tokens",
         "transformer.ln_f": "model.norm", "attn.c_attn": "self_attn.qkv_proj",
@@ -114,7 +114,7 @@ def test_a_transposed_matrix_of_the_wrong_shape_says_so():
 
 
 def test_drawn_tensors_fill_a_transposed_param_in_the_model_layout():
-    from runtime.checkpoint import fill
+    from iron_spec.runtime.checkpoint import fill
     net = Net().name_tree()
     mark_transposed(net, ["layers.{layer}.weight"])
     w = np.arange(6, dtype=np.float32).reshape(2, 3)  # the model's (out, in)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from iron_spec.build import load_model
-from runtime.session import Session
+from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
 
 LLAMA = SPECS / "llama3.yaml"
@@ -157,7 +157,7 @@ def test_the_same_history_again_runs_nothing_after_a_prompt_and_reruns_after_a_d
 def test_bfloat16_decode_weights_give_the_float32_decode_bit_for_bit(smollm2):
     # SmolLM2's weights are bfloat16 on disk: held as bfloat16 they are the same values, and
     # the decode step's logits the same bits, at half the bytes a token streams.
-    from operators import native
+    from iron_spec.operators import native
     if native.LIB is None:
         pytest.skip("the decode pool is off or not built")
     f32 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512)
@@ -177,7 +177,7 @@ def test_bfloat16_decode_weights_give_the_float32_decode_bit_for_bit(smollm2):
 
 
 def test_bfloat16_decode_weights_refuse_drawn_float32_weights():
-    from operators import native
+    from iron_spec.operators import native
     why = "needs the decode pool" if native.LIB is None else "do not hold exactly in bfloat16"
     with pytest.raises(ValueError, match=why):
         load_model(LLAMA, random_weights=0, toy=True, decode_weights="bfloat16")

@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
-from runtime.tokenizer import TextStream, Tokenizer
+from iron_spec.runtime.tokenizer import TextStream, Tokenizer
 
 SMOLLM2_CHAT_HI = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
                    "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

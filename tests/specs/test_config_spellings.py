@@ -12,7 +12,7 @@ from iron_spec.config import resolve, standard
 from iron_spec.errors import SpecError
 from iron_spec.interpreter import expand
 from iron_spec.loader import load_spec
-from runtime.golden import Golden
+from iron_spec.runtime.golden import Golden
 from tests.conftest import SPECS
 from tests.specs.test_goldens import judge
 

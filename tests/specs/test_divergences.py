@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from iron_spec.build import load_model
-from runtime.golden import Golden
+from iron_spec.runtime.golden import Golden
 from tests.specs.divergences import cases
 from tests.specs.test_goldens import judge
 

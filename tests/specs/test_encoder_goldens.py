@@ -20,7 +20,7 @@ from iron_spec.check import ENCODER_ATOL, golden_path
 from iron_spec.cli import app
 from iron_spec.encoder import load_encoder
 from iron_spec.loader import load_spec
-from runtime.encoder_golden import EncoderGolden
+from iron_spec.runtime.encoder_golden import EncoderGolden
 from tests.conftest import SPECS
 
 ENCODERS = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "encoder")

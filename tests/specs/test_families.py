@@ -13,8 +13,8 @@ from iron_spec.build import load_model
 from iron_spec.errors import SpecError
 from iron_spec.interpreter import expand
 from iron_spec.loader import load_spec, parse_spec
-from runtime.blocks import NormOptions
-from runtime.session import Session
+from iron_spec.runtime.blocks import NormOptions
+from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
 
 CAUSAL = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "causal")

@@ -13,8 +13,8 @@ import pytest
 from iron_spec.build import load_model
 from iron_spec.check import golden_path
 from iron_spec.loader import load_spec
-from runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
-from runtime.session import Session
+from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
+from iron_spec.runtime.session import Session
 from tests.conftest import SPECS, checkpoint
 
 CAUSAL = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "causal")

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from iron_spec.build import load_model
 from iron_spec.check import golden_path
 from iron_spec.cli import app
-from runtime import checks
-from runtime.golden import Golden
+from iron_spec.runtime import checks
+from iron_spec.runtime.golden import Golden
 from tests.conftest import SPECS
 
 LLAMA = (SPECS / "llama3.yaml").read_text()

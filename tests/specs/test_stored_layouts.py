@@ -14,8 +14,8 @@ from safetensors.numpy import save_file
 from iron_spec.build import load_model
 from iron_spec.check import golden_path
 from iron_spec.errors import SpecError
-from runtime.golden import Golden
-from runtime.session import Session
+from iron_spec.runtime.golden import Golden
+from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
 from tests.specs.test_goldens import judge
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from iron_spec.golden_record import record
-from runtime.checkpoint import Checkpoint
-from runtime.golden import fingerprint
+from iron_spec.runtime.checkpoint import Checkpoint
+from iron_spec.runtime.golden import fingerprint
 
 from .cases import STEPS, case, golden_file, materialize, prompt, write_case
 
