@@ -56,12 +56,14 @@ def test_gpt2_masks_a_checkpoint_carries_are_unused(tmp_path):
     np.testing.assert_array_equal(Session(loaded.lm).logits(ids), Session(drawn.lm).logits(ids))
 
 
-@pytest.mark.parametrize("key,value", [("do_layer_norm_before", False),
-                                       ("word_embed_proj_dim", 32),
-                                       ("_remove_final_layer_norm", True)])
-def test_opt_layouts_not_served_are_refused(tmp_path, key, value):
-    drawn, _, _ = written("opt", tmp_path)
+@pytest.mark.parametrize("spec,key,value,why", [
+    ("opt", "do_layer_norm_before", False, "post-norm layers"),
+    ("opt", "word_embed_proj_dim", 32, "project_in/project_out"),
+    ("opt", "_remove_final_layer_norm", True, "no final_layer_norm"),
+    ("gpt2", "scale_attn_by_inverse_layer_idx", True, "layer index \\+ 1")])
+def test_layouts_not_served_are_refused_by_name(tmp_path, spec, key, value, why):
+    drawn, _, _ = written(spec, tmp_path)
     config = dict(drawn.config_json, **{key: value})
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SpecError, match="division by zero"):
-        load_model(SPECS / "opt.yaml", checkpoint=tmp_path)
+    with pytest.raises(SpecError, match=f"(?s){key}.*{why}"):
+        load_model(SPECS / f"{spec}.yaml", checkpoint=tmp_path)
