@@ -23,6 +23,7 @@ from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
 from .build import Loaded, load_model
+from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import message
 
@@ -254,7 +255,7 @@ def report(r: dict) -> str:
 
 def command(
     spec: Path = typer.Argument(..., help="the spec YAML"),
-    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed "
                                                  "(the checkpoint's config, not its weights)"),
     runs: int = typer.Option(3, min=1, help="runs per figure, after one warm-up"),
@@ -267,6 +268,11 @@ def command(
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
+    if checkpoint is None:
+        # A toy's context is too short for the deep decode, and its speed says nothing.
+        raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or a hub "
+                         "id (with --random-weights SEED, weights drawn instead of read); it "
+                         "takes no --toy")
     try:
         loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
                             max_seq_len=max_seq_len, decode_weights=decode_weights,
@@ -278,5 +284,5 @@ def command(
         result = measure(loaded, runs, peer)
     except EXPECTED as e:
         typer.echo(message(e), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(1)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

@@ -36,6 +36,10 @@ GREEDY_STEPS = 32
 # (or --self-only asked for no more); a check failed or the input was refused; a usage
 # error (click's); every check passed but no golden judged the spec.
 PASSED, FAILED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
+EXIT_STATUS = ("Exit status: 0 verified against transformers (or, with --self-only, every "
+               "self-consistency check passed); 1 a check failed or the input was refused; 2 a "
+               "usage error; 3 every check passed but nothing verified the spec against "
+               "transformers (no golden for these inputs).")
 PROMPT_EXTRA = 8  # prompt tokens past a whole chunk, so a chunk with a rows bound runs
 GREEDY_WITH_GOLDEN = 8  # compiled = reference draws where a golden judges KL
 # Each step of the per-step check runs its float64 reference too: a chunk and 4 where the
@@ -202,12 +206,12 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
 
 def command(
     spec: Path = typer.Argument(..., help="the spec YAML"),
-    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help=f"context length (default: the model's own, at most {CHECK_CONTEXT}, within this host's memory)"),
     prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's, shrunk to fit the context)"),
-    golden: Optional[Path] = typer.Option(None, help="the golden to judge by, or to record into (default: any golden of these inputs in the stores; recorded into `tests/goldens/<spec>/<inputs>.npz` of the spec's checkout, else the user store)"),
+    golden: Optional[Path] = typer.Option(None, help="the golden to judge by, or to record into (default: any golden of these inputs in the stores; recorded into the spec's checkout as <spec>/<inputs>.npz under tests/goldens, else the user store)"),
     steps: int = typer.Option(STEPS, min=1, help="teacher-forced KL steps"),
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
     self_only: bool = typer.Option(False, "--self-only", help="the self-consistency checks alone, with no golden: exit 0 when they pass, though nothing is verified against transformers"),
@@ -217,10 +221,7 @@ def command(
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode; one line per check as it finishes. Verified against
-    transformers only where a golden of these inputs judged it. Exit status 0 verified
-    (or, with --self-only, every self-consistency check passed), 1 a check failed or the
-    input was refused, 2 a usage error, 3 every check passed but nothing verified the spec
-    against transformers (no golden for these inputs)."""
+    transformers only where a golden of these inputs judged it."""
     from .cli import EXPECTED
     from .loader import load_spec
     if self_only and (golden is not None or record_golden):

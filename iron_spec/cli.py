@@ -19,16 +19,25 @@ from iron_spec.runtime.session import Session
 from iron_spec.runtime.tokenizer import TextStream, utf8_text
 
 from .build import Loaded, load_model
+from .command import HELP_OPTIONS, Command, Group, number, version
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import SpecError, message
 from .schema import SCHEMA_PATH
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
-                  help="Declarative YAML specs for language models: lint, run, check.")
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
+                  rich_markup_mode="rich", context_settings={"help_option_names": HELP_OPTIONS},
+                  help="Declarative YAML specs for language models: lint, show, check, run, "
+                       "embed and bench them.")
 log = logging.getLogger("iron_spec")
 DEFAULT_TOKENS = 64
 EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
             jinja2.TemplateError)
+
+
+@app.callback()
+def _app(show_version: bool = typer.Option(False, "--version", is_eager=True, callback=version,
+                                           help="print the version and exit")) -> None:
+    pass
 
 
 class _Stderr(logging.Handler):
@@ -133,16 +142,16 @@ def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
         raise ValueError(f"{path}: {e}") from None
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     spec: Optional[Path] = typer.Argument(None, help="the spec YAML, one of specs/ (iron-spec list) or your own (default: the spec serving --checkpoint's config.json architectures)"),
-    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (or, with --chat, the first message)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without --prompt, read turns from stdin"),
     num_tokens: Optional[int] = typer.Option(None, min=1, help="most tokens to draw per turn (default: 64, or as many as the context leaves room for; in a chat, up to the end of the turn)"),
-    temperature: Optional[float] = typer.Option(None, help="0 is greedy (default: generation_config.json's, else greedy)"),
+    temperature: Optional[float] = typer.Option(None, callback=number(0), help="0 is greedy (default: generation_config.json's, else greedy)"),
     top_k: Optional[int] = typer.Option(None, min=0, help="keep the K most likely tokens"),
-    top_p: Optional[float] = typer.Option(None, help="keep the most likely tokens up to probability P"),
+    top_p: Optional[float] = typer.Option(None, callback=number(0, 1, low_open=True), help="keep the most likely tokens up to probability P"),
     seed: int = typer.Option(0, min=0, help="the sampler's seed"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the checkpoint's own, fitted to this host's memory)"),
     prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's)"),
@@ -289,7 +298,7 @@ def _read_line() -> str:
     return raw.readline().decode(sys.stdin.encoding or "utf-8", "surrogateescape")
 
 
-@app.command()
+@app.command(cls=Command)
 def schema() -> None:
     """Print the spec JSON Schema."""
     typer.echo(SCHEMA_PATH.read_text())
@@ -298,18 +307,18 @@ def schema() -> None:
 # Commands that live in their own modules, registered here (one line each).
 from . import lint as _lint  # noqa: E402  (after app: the modules import nothing from here)
 
-app.command("lint")(_lint.command)
+app.command("lint", cls=Command)(_lint.command)
 from . import show as _show  # noqa: E402
-app.command("show")(_show.command)
+app.command("show", cls=Command)(_show.command)
 from . import check as _check  # noqa: E402
 
-app.command("check")(_check.command)
+app.command("check", cls=Command, epilog=_check.EXIT_STATUS)(_check.command)
 from . import bench as _bench  # noqa: E402
 
-app.command("bench")(_bench.command)
+app.command("bench", cls=Command)(_bench.command)
 from . import embed as _embed  # noqa: E402
 
-app.command("embed")(_embed.command)
+app.command("embed", cls=Command)(_embed.command)
 from . import registry as _registry  # noqa: E402
 
-app.command("list")(_registry.command)
+app.command("list", cls=Command)(_registry.command)

@@ -74,7 +74,7 @@ def command(
     args: List[str] = typer.Argument(..., metavar="[SPEC] TEXT...",
                                      help="an encoder spec (optional: else the checkpoint's "
                                           "architectures pick one), then the texts"),
-    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id"),
+    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     similarity: bool = typer.Option(False, "--similarity",
                                     help="print the cosine matrix of the texts' embeddings"),
     max_tokens: Optional[int] = typer.Option(None, min=2, help="ids a text keeps, the rest truncated; "

@@ -166,16 +166,16 @@ def command(
                                           "also report every key of it the spec neither maps "
                                           "nor ignores"),
 ) -> None:
-    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems found,
-    2 could not run."""
+    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems found
+    or a path or --config refused."""
     if format not in FORMATS:
-        typer.echo(f"error: --format {format!r} is not one of {', '.join(FORMATS)}", err=True)
-        raise typer.Exit(2)
+        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMATS)}",
+                                 param_hint="--format")
     try:
         problems, files = lint_paths(paths, None if config is None else ConfigFile.read(config))
     except (FileNotFoundError, ValueError, OSError) as e:
         typer.echo(message(e), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(1)
     out = render(problems, format)
     if out:
         typer.echo(out)

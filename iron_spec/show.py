@@ -25,6 +25,7 @@ from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
 
 from .build import build_tree, read_config
+from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from .errors import SpecError, message
 from .loader import Spec, load_spec
@@ -234,7 +235,7 @@ def render_json(view: View) -> str:
 
 def command(
     spec: Path = typer.Argument(..., help="the spec YAML, one of specs/ (iron-spec list) or your own"),
-    checkpoint: Optional[str] = typer.Option(None, help="checkpoint directory or hub id: its "
+    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id: its "
                                              "config.json, and its tensors placed (headers only)"),
     toy: bool = typer.Option(False, "--toy", help="the spec's toy config (the default without "
                                                   "--checkpoint)"),
@@ -242,20 +243,16 @@ def command(
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Show the model SPEC expands to: config fields and their sources, layer pattern, module
-    tree, and each parameter's checkpoint tensor. Exit 0 shown, 1 the spec or checkpoint does
-    not fit, 2 could not run."""
+    tree, and each parameter's checkpoint tensor. Exit 1 where the spec or checkpoint does
+    not fit, or a file is refused."""
     if format not in FORMATS:
-        typer.echo(f"error: --format {format!r} is not one of {', '.join(FORMATS)}", err=True)
-        raise typer.Exit(2)
+        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMATS)}",
+                                 param_hint="--format")
     if toy and checkpoint is not None:
-        typer.echo("error: --toy shows the spec's toy config; it takes no --checkpoint", err=True)
-        raise typer.Exit(2)
+        raise UsageError("--toy shows the spec's toy config; it takes no --checkpoint")
     try:
         view = gather(spec, checkpoint, allow_unread_config)
-    except FileNotFoundError as e:
-        typer.echo(message(e), err=True)
-        raise typer.Exit(2)
-    except (SpecError, CheckpointError, ValueError) as e:
+    except (SpecError, CheckpointError, FileNotFoundError, ValueError) as e:
         typer.echo(message(e), err=True)
         raise typer.Exit(1)
     typer.echo(render_json(view) if format == "json" else render_text(view))

@@ -174,5 +174,5 @@ def test_a_config_transformers_refuses_is_one_line_naming_it(monkeypatch):
 
 def test_help_keeps_its_placeholders():
     result = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "300"})
-    assert "tests/goldens/<spec>/<inputs>.npz" in result.output
+    assert "<spec>/<inputs>.npz under tests/goldens" in result.output
     assert "the model's own, at most 4096" in result.output and "--prefill-chunk" in result.output

@@ -96,13 +96,13 @@ def test_exit_statuses_and_formats():
     assert len(github) == 3
 
 
-def test_could_not_run_is_status_2(tmp_path):
+def test_refused_input_is_status_1_and_usage_2(tmp_path):
     missing = lint(str(tmp_path / "nope.yaml"))
-    assert missing.exit_code == 2 and "nope.yaml: no such file or folder" in missing.output
+    assert missing.exit_code == 1 and "nope.yaml: no such file or folder" in missing.output
     assert lint(str(SPECS), "--format", "xml").exit_code == 2
-    assert lint(str(SPECS), "--config", str(tmp_path / "none.json")).exit_code == 2
+    assert lint(str(SPECS), "--config", str(tmp_path / "none.json")).exit_code == 1
     (tmp_path / "list.json").write_text("[1]")
-    assert lint(str(SPECS), "--config", str(tmp_path / "list.json")).exit_code == 2
+    assert lint(str(SPECS), "--config", str(tmp_path / "list.json")).exit_code == 1
     assert "Traceback" not in missing.output
 
 

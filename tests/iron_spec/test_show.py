@@ -62,7 +62,7 @@ def test_a_checkpoint_that_does_not_fit_shows_what_is_left(tmp_path):
 
 
 def test_could_not_run(tmp_path):
-    assert show(str(tmp_path / "none.yaml")).exit_code == 2
+    assert show(str(tmp_path / "none.yaml")).exit_code == 1  # refused input
     assert show(LLAMA, "--toy", "--checkpoint", str(tmp_path)).exit_code == 2
     assert show(LLAMA, "--format", "yaml").exit_code == 2
 

@@ -1,0 +1,180 @@
+"""What every ``iron-spec`` command shares: its help as click tools print it (no type noise,
+text shown as written, ``-h``), the exit statuses, and progress on stderr.
+
+Not the commands themselves (``cli`` and the modules it registers) nor what they compute.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
+import typer
+from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+# Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
+DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
+EXIT_STATUS = ("Exit status: 0 done; 1 the input was refused (a spec, config.json, checkpoint, "
+               "tokenizer, golden or text that cannot be used) or a check failed; 2 a usage "
+               "error (an unknown option, a missing argument, a flag's value out of its range "
+               "or flags that do not go together).")
+HELP_OPTIONS = ["-h", "--help"]
+# The value a flag takes, as click tools name it (``--seed INTEGER``); a switch shows none.
+METAVARS = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
+
+
+def _no_type(ctx) -> None:
+    return None
+
+
+def _text(help: str | None) -> str | None:
+    """``help`` as written: paragraphs kept, a docstring's wrapping undone (typer's rich mode
+    keeps every newline), and rich markup escaped (it would eat ``[x]``)."""
+    if not help:
+        return help
+    return escape("\n\n".join(" ".join(p.split()) for p in help.split("\n\n")))
+
+
+def _usage(param: TyperArgument) -> str:
+    """An argument in the usage line as click prints it: ``SPEC``, ``[SPEC]``, ``TEXT...``."""
+    name = param.metavar
+    if param.nargs != 1 and not name.endswith("..."):
+        name += "..."
+    return name if param.required or name.startswith("[") else f"[{name}]"
+
+
+class _HelpSwitch:
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # a switch: no <bool>
+        return option
+
+
+class Command(_HelpSwitch, TyperCommand):
+    """A command whose help follows click tools' conventions (``tidy``); its usage line
+    names arguments as click does (``SPEC``, ``[SPEC]``; typer 0.29 prints ``{spec}``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        return pieces + [_usage(p) for p in self.get_params(ctx) if isinstance(p, TyperArgument)]
+
+
+def tidy(command) -> None:
+    """Give ``command``'s help the conventions of click tools, in place: its text shown as
+    written (``_text``: typer's markdown mode would eat ``<spec>``, its rich mode ``[x]``),
+    each option's value named in capitals (``--seed INTEGER``) and a switch with none (typer
+    prints ``<bool>``, ``<int range>``), arguments by their capitalised names, and the exit
+    statuses (``EXIT_STATUS``) as the epilog unless the command gives its own."""
+    if getattr(command, "_tidy", False):
+        return
+    command._tidy = True
+    command.help = _text(command.help)
+    command.short_help = _text(command.short_help)
+    command.epilog = _text(command.epilog or EXIT_STATUS)
+    for param in getattr(command, "params", ()):
+        param.help = _text(param.help)
+        if isinstance(param, TyperArgument):
+            param.metavar = param.metavar or param.name.upper()
+            param.display_type_rich = _no_type  # the name column says it
+        elif isinstance(param, TyperOption) and param.metavar is None:
+            desc = param.type_descriptor
+            param.metavar = "" if param.is_flag else "PATH" if desc.is_path else \
+                METAVARS.get(desc.annotation, "VALUE")
+
+
+class Group(_HelpSwitch, TyperGroup):
+    """The ``iron-spec`` group: every command it holds follows ``tidy``'s conventions (its
+    usage line too where it is registered with ``cls=Command``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        tidy(self)
+        for command in self.commands.values():
+            tidy(command)
+
+
+class UsageError(typer.BadParameter):
+    """A command line that cannot run as written (exit 2, after the usage line and ``Try
+    -h``), said as it is: a flag missing or flags that do not go together. (typer exports
+    no UsageError of its own; BadParameter is one, prefixed "Invalid value".)"""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def version(value: bool) -> None:
+    """``--version``: the installed package's version (importlib.metadata), then exit 0."""
+    if value:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as installed
+        try:
+            typer.echo(f"iron-spec {installed('iron-spec')}")
+        except PackageNotFoundError:  # a source tree on sys.path, never installed
+            typer.echo("iron-spec (not installed: no version)")
+        raise typer.Exit(DONE)
+
+
+def number(low: Optional[float] = None, high: Optional[float] = None, *,
+           low_open: bool = False) -> Callable:
+    """A typer option callback refusing, as a usage error (exit 2), a value that is not a
+    finite number within ``low``..``high`` (``low`` itself excluded with ``low_open``);
+    None (the flag not given) passes."""
+    def check(value):
+        if value is None:
+            return value
+        bad = not math.isfinite(value) or (low is not None and (value <= low if low_open
+                                                                 else value < low)) \
+            or (high is not None and value > high)
+        if bad:
+            lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+            hi = "" if high is None else f"<= {high:g}"
+            raise typer.BadParameter(f"{value} is not a finite number "
+                                     f"{' and '.join(s for s in (lo, hi) if s)}".rstrip())
+        return value
+    return check
+
+
+class Stages:
+    """Progress on stderr for steps that take seconds: on a terminal one rich bar (the stage,
+    its count where known, elapsed time), rewritten in place and gone when done; elsewhere
+    (a pipe, a file, a test) one plain line per stage as it starts, so a log shows where the
+    time went and a bar never garbles it."""
+
+    def __init__(self, bar):
+        self._bar, self._task = bar, None
+
+    def stage(self, description: str, total: Optional[int] = None) -> Callable[[int, int], None]:
+        """Start a stage; returns ``advance(done, total)`` for its count (a no-op when piped)."""
+        if self._bar is None:
+            print(f"[{description}]", file=sys.stderr, flush=True)
+            return lambda done, total: None
+        if self._task is None:
+            self._task = self._bar.add_task(description, total=total)
+        else:
+            self._bar.reset(self._task, description=description, total=total)
+
+        def advance(done: int, total: int) -> None:
+            self._bar.update(self._task, completed=done, total=total)
+        return advance
+
+
+@contextmanager
+def stages(terminal: Optional[bool] = None) -> Iterator[Stages]:
+    """A ``Stages`` on stderr for the ``with`` block; ``terminal`` (default: whether stderr
+    is one) chooses the bar or the plain lines."""
+    if terminal is None:
+        terminal = sys.stderr.isatty()
+    if not terminal:
+        yield Stages(None)
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        yield Stages(bar)
