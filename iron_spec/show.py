@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -32,6 +33,7 @@ from .loader import Spec, load_spec
 
 FORMATS = ("text", "json")
 PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
+_ITEMSIZE = {"float32": 4}
 
 
 def _tied(tree: Module) -> dict[str, str]:
@@ -105,6 +107,38 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
     return view
 
 
+def sizes(view: View) -> dict[str, Any]:
+    """The parameters as the model holds them, a tied one once: ``{"count", "bytes",
+    "by_dtype": {dtype: {"count", "bytes"}}}`` (every parameter float32 today, whatever the
+    checkpoint stores); given a checkpoint, ``"stored"``: its tensors by the dtype they are
+    stored in, bytes as in its files."""
+    held: dict[str, dict[str, int]] = {}
+    seen: set[int] = set()
+    for _, param in view.tree.named_params():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        n = math.prod(param.shape)
+        row = held.setdefault(PARAM_DTYPE, {"count": 0, "bytes": 0})
+        row["count"] += n
+        row["bytes"] += n * _ITEMSIZE[PARAM_DTYPE]
+    out: dict[str, Any] = {"count": sum(r["count"] for r in held.values()),
+                           "bytes": sum(r["bytes"] for r in held.values()), "by_dtype": held}
+    if view.placement is not None:
+        stored: dict[str, dict[str, int]] = {}
+        for t in view.tensors.values():
+            n = math.prod(t.shape)
+            row = stored.setdefault(t.dtype, {"count": 0, "bytes": 0})
+            row["count"] += n
+            row["bytes"] += t.end - t.begin
+        out["stored"] = stored
+    return out
+
+
+def _amount(count: int, nbytes: int, dtype: str) -> str:
+    return f"{count:,} {dtype} ({nbytes:,} bytes, {nbytes / 2**20:.1f} MiB)"
+
+
 def _runs(layers: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
     """Consecutive alike layers as (first, last, options)."""
     runs: list[tuple[int, int, dict[str, Any]]] = []
@@ -134,6 +168,14 @@ def render_text(view: View) -> str:
            f"{view.spec.get('model')})", f"config    {view.on}"]
     if view.checkpoint:
         out.append(f"weights   {view.checkpoint} ({len(view.tensors)} tensors, headers only)")
+    size = sizes(view)
+    out.append("params    " + ", ".join(_amount(r["count"], r["bytes"], d)
+                                       for d, r in size["by_dtype"].items()) + " as held"
+               + (f" ({size['count']:,} in all)" if len(size["by_dtype"]) > 1 else ""))
+    if "stored" in size:
+        out.append("stored    " + ", ".join(_amount(r["count"], r["bytes"], d)
+                                           for d, r in size["stored"].items())
+                   + " in the checkpoint's files")
     out += ["", "config fields"]
     width = max(map(len, view.config), default=0)
     for name, c in view.config.items():
@@ -223,7 +265,7 @@ def render_json(view: View) -> str:
     data: dict[str, Any] = {
         "spec": view.spec.file, "name": view.spec.get("name"), "model": view.spec.get("model"),
         "config_from": view.on, "config": view.config, "layers": view.layers,
-        "ropes": view.ropes, "params": rows, "checkpoint": None}
+        "ropes": view.ropes, "params": rows, "parameters": sizes(view), "checkpoint": None}
     if p is not None:
         data["checkpoint"] = {
             "path": view.checkpoint, "tensors": len(view.tensors), "placed": len(p.sources),

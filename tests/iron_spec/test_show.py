@@ -78,3 +78,22 @@ def test_smollm2_every_tensor_placed(smollm2):
     data = json.loads(show(LLAMA, "--checkpoint", str(smollm2), "--format", "json").stdout)
     sources = [p["source"] for p in data["params"] if p["source"]]
     assert len(sources) == len(set(sources)) == 272
+
+
+def test_toy_parameter_count_and_bytes():
+    # specs/llama3.yaml's toy by hand: V 256, E 64, I 128, 2 layers, 4 heads and 2 kv heads
+    # of 16, untied head: embed 256*64, per layer q,o 64*64, k,v 32*64, gate/up/down
+    # 3*128*64 and two norms of 64; the final norm 64 and lm_head 256*64.
+    count = 256 * 64 + 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64 + 2 * 64) + 64 + 256 * 64
+    result = show(LLAMA, "--toy")
+    assert f"params    {count:,} float32 ({4 * count:,} bytes, 0.4 MiB) as held" in result.stdout
+    data = json.loads(show(LLAMA, "--toy", "--format", "json").stdout)["parameters"]
+    assert data == {"count": count, "bytes": 4 * count,
+                    "by_dtype": {"float32": {"count": count, "bytes": 4 * count}}}
+
+
+def test_smollm2_parameter_count_is_hugging_faces(smollm2):
+    # The model card's count: 134,515,008 (embeddings tied: counted once), stored bfloat16.
+    out = show(LLAMA, "--checkpoint", str(smollm2)).stdout
+    assert "params    134,515,008 float32 (538,060,032 bytes, 513.1 MiB) as held" in out
+    assert "stored    134,515,008 BF16 (269,030,016 bytes, 256.6 MiB) in the checkpoint's files" in out
