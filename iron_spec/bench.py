@@ -23,9 +23,9 @@ from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
 from .build import Loaded, load_model
-from .command import UsageError
+from .command import UsageError, refuse
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import message
+from .errors import FlagError
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
@@ -268,21 +268,22 @@ def command(
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
-    if checkpoint is None:
-        # A toy's context is too short for the deep decode, and its speed says nothing.
-        raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or a hub "
-                         "id (with --random-weights SEED, weights drawn instead of read); it "
-                         "takes no --toy")
     try:
-        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
-                            max_seq_len=max_seq_len, decode_weights=decode_weights,
-                            allow_unread_config=allow_unread_config)
+        try:
+            loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
+                                max_seq_len=max_seq_len, decode_weights=decode_weights,
+                                allow_unread_config=allow_unread_config)
+        except FlagError:  # no checkpoint, and the spec names no example
+            # A toy's context is too short for the deep decode, and its speed says nothing.
+            raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or a "
+                             "hub id (with --random-weights SEED, weights drawn instead of "
+                             "read), or name one under the spec's examples:; it takes no "
+                             "--toy") from None
         if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
             raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than the "
                              f"{DEEP + DECODE + 1} positions the deep decode needs")
         loaded.lm.decode_step, loaded.lm.prompt_chunk  # compiled before anything is timed
         result = measure(loaded, runs, peer)
     except EXPECTED as e:
-        typer.echo(message(e), err=True)
-        raise typer.Exit(1)
+        refuse(e)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

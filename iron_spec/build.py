@@ -27,6 +27,7 @@ from iron_spec.runtime.tokenizer import Tokenizer
 from iron_spec.runtime.weights import draw_weights
 
 from .config import account
+from .errors import FlagError
 from .interpreter import expand
 from .loader import load_spec
 
@@ -141,26 +142,24 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
     the spec (``config.account``) unless ``allow_unread_config``.
 
     Raises:
-        ValueError: no weights source, or ``--toy`` with a checkpoint or without a seed.
+        FlagError: no weights source, or ``--toy`` with a checkpoint or without a seed.
         SpecError: ``--toy`` on a spec with no ``toy:`` section, a checkpoint whose
             ``architectures`` the spec does not serve, or a config.json key the spec neither
             reads nor ignores (every such key named).
-        FileNotFoundError: the checkpoint or its config.json is missing.
+        FileNotFoundError: the checkpoint or its config.json is missing, or (no checkpoint
+            given) the spec's example is neither cached nor reachable (``example``).
     """
     if toy:
         if checkpoint is not None:
-            raise ValueError("--toy draws a tiny shape; it takes no --checkpoint")
+            raise FlagError("--toy draws a tiny shape; it takes no --checkpoint")
         if random_weights is None:
-            raise ValueError("--toy needs --random-weights SEED: a toy has no checkpoint")
+            raise FlagError("--toy needs --random-weights SEED: a toy has no checkpoint")
         if spec.get("toy") is None:
             raise spec.error((), "this spec has no toy: section for --toy")
         config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
         account(spec, config_json, source, allow_unread_config)
         return config_json, source, None
-    if checkpoint is None:
-        raise ValueError("give --checkpoint DIR, or --random-weights SEED --toy for a run with "
-                         "no files")
-    directory = checkpoint_directory(checkpoint)
+    directory = checkpoint_directory(checkpoint) if checkpoint is not None else example(spec)
     config_json, source = read_config(directory), str(directory / "config.json")
     served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
     if isinstance(archs, list) and archs and not set(archs) & set(served):
@@ -168,6 +167,36 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
                          f"{', '.join(map(str, archs))} (iron-spec list shows which spec serves it)")
     account(spec, config_json, source, allow_unread_config)
     return config_json, source, directory
+
+
+def example(spec) -> Path:
+    """The checkpoint directory of the first hub id the spec names under ``examples:``, for a
+    command given no checkpoint: through ``huggingface_hub`` (its cache, ``HF_HUB_OFFLINE``
+    and its download progress bar, as ``runtime.host.checkpoint_directory``), said in one
+    log line.
+
+    Raises:
+        FlagError: the spec names no example (give --checkpoint).
+        FileNotFoundError: the example is neither in the hub cache nor reachable, saying
+            where the cache is, why the hub was not asked or answered, and what to do.
+    """
+    examples = spec.get("examples", default=None) or []
+    if not examples:
+        raise FlagError("give --checkpoint DIR (or a hub id), or --random-weights SEED --toy "
+                         f"for a run with no files ({spec.file} names no examples:)")
+    repo = examples[0]
+    log.info("checkpoint %s, the spec's first example (examples:)", repo)
+    try:
+        return checkpoint_directory(repo)
+    except FileNotFoundError:
+        from huggingface_hub import constants
+        why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
+               "the hub did not answer")
+        raise FileNotFoundError(
+            f"no --checkpoint given, and {spec.file}'s example {repo} is not in the hub cache "
+            f"({constants.HF_HUB_CACHE}) and cannot be downloaded ({why}): download it where "
+            f"the hub is reachable (hf download {repo}), or give --checkpoint DIR, or "
+            "--random-weights SEED --toy for a run with no files") from None
 
 
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,

@@ -24,8 +24,8 @@ from iron_spec.runtime.host import fit
 
 from . import goldens
 from .build import Loaded, _footprint, load_model, model_inputs
+from .command import refuse
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import message
 from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
@@ -247,8 +247,7 @@ def command(
         _header(spec, shape, note, as_json)
         results = run_checks(loaded, found, steps, lambda r: _line(r, as_json))
     except (*EXPECTED, GoldenError) as e:
-        typer.echo(message(e), err=True)
-        raise typer.Exit(FAILED)
+        refuse(e)
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
 
 

@@ -19,9 +19,9 @@ from iron_spec.runtime.session import Session
 from iron_spec.runtime.tokenizer import TextStream, utf8_text
 
 from .build import Loaded, load_model
-from .command import HELP_OPTIONS, Command, Group, number, version
+from .command import HELP_OPTIONS, Command, Group, number, refuse, version
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import SpecError, message
+from .errors import FlagError, SpecError, message
 from .schema import SCHEMA_PATH
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
@@ -54,10 +54,8 @@ def _log_to_stderr() -> None:
         log.setLevel(logging.INFO)
 
 
-def _fail(e: Exception, code: int = 1) -> None:
-    # A SpecError says FILE:LINE:COL: error: itself.
-    typer.echo(message(e), err=True)
-    raise typer.Exit(code)
+def _fail(e: Exception) -> None:
+    refuse(e)  # a SpecError says FILE:LINE:COL: error: itself; a FlagError exits 2
 
 
 @contextmanager
@@ -166,7 +164,7 @@ def run(
     try:
         if spec is None:
             if checkpoint is None:
-                raise ValueError("name a SPEC, or give --checkpoint DIR to pick one from its "
+                raise FlagError("name a SPEC, or give --checkpoint DIR to pick one from its "
                                  "config.json architectures")
             from .registry import for_checkpoint
             spec = for_checkpoint(checkpoint)
@@ -176,7 +174,7 @@ def run(
         if prompt is not None:
             utf8_text(prompt, "--prompt")
         if not chat and prompt is None and checkpoint is not None and random_weights is None:
-            raise ValueError("give --prompt TEXT, or --chat")
+            raise FlagError("give --prompt TEXT, or --chat")
         loaded = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
                        decode_weights, allow_unread_config)
         sampler = _sampling(loaded, temperature, top_k, top_p, seed)
@@ -195,7 +193,7 @@ def run(
                               None, shown=f"prompt ids: {' '.join(map(str, ids))}")
         elif not chat:
             if prompt is None:
-                raise ValueError("give --prompt TEXT, or --chat")
+                raise FlagError("give --prompt TEXT, or --chat")
             ids = tok.encode(prompt)
             if not ids:
                 raise ValueError("--prompt encodes to no tokens; give some text")

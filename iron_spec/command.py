@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+from .errors import FlagError, message
 
 # Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
 DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
@@ -104,6 +106,15 @@ class UsageError(typer.BadParameter):
 
     def format_message(self) -> str:
         return self.message
+
+
+def refuse(e: Exception) -> NoReturn:
+    """End a command on ``e``, a refusal it expects: a FlagError as a usage error (exit 2),
+    anything else as its one line (``errors.message``) and exit 1."""
+    if isinstance(e, FlagError):
+        raise UsageError(str(e)) from None
+    typer.echo(message(e), err=True)
+    raise typer.Exit(REFUSED)
 
 
 def version(value: bool) -> None:

@@ -19,9 +19,10 @@ from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .build import Loaded
+from .command import refuse
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .encoder import load_encoder
-from .errors import SpecError, message
+from .errors import FlagError, SpecError
 from .loader import load_spec
 from .registry import for_checkpoint
 
@@ -66,7 +67,7 @@ def _spec_and_texts(args: list[str], checkpoint: Optional[str]) -> tuple[Path, l
     if args and Path(args[0]).suffix in (".yaml", ".yml"):
         return Path(args[0]), args[1:]
     if checkpoint is None:
-        raise ValueError("give --checkpoint DIR (its tokenizer encodes the texts)")
+        raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
     return for_checkpoint(checkpoint), args
 
 
@@ -89,14 +90,14 @@ def command(
     try:
         spec_path, texts = _spec_and_texts(list(args), checkpoint)
         if not texts:
-            raise ValueError("give at least one TEXT")
+            raise FlagError("give at least one TEXT")
         _utf8(texts)  # before anything loads
         spec = load_spec(spec_path)
         if spec.get("model") != "encoder":
             raise ValueError(f"{spec_path} is model {spec.get('model')!r}: embed runs encoder "
                              "specs (model: encoder)")
         if checkpoint is None:
-            raise ValueError("give --checkpoint DIR (its tokenizer encodes the texts)")
+            raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
         loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens,
                               allow_unread_config=allow_unread_config)
         cap = loaded.model.config.max_tokens
@@ -107,8 +108,7 @@ def command(
                        f"takes ({held})", err=True)
         e = embed_texts(loaded, texts)
     except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
-        typer.echo(message(err), err=True)
-        raise typer.Exit(1)
+        refuse(err)
     table = cosine(e) if similarity else e
     for row in table:
         sys.stdout.write(" ".join(f"{x:{decimals + 3}.{decimals}f}" for x in row) + "\n")

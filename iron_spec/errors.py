@@ -14,6 +14,12 @@ class SpecError(ValueError):
         self.file, self.line, self.col, self.message = str(file), line, col, message
 
 
+class FlagError(ValueError):
+    """The arguments a call was given cannot make a run: one is missing, or two do not go
+    together (``--toy`` with a checkpoint). The CLI exits 2 on it, a usage error, as click
+    does on its own checks; the library raises it as the ValueError it is."""
+
+
 def message(e: Exception) -> str:
     """The line a command prints for ``e``: a SpecError says ``FILE:LINE:COL: error:`` itself,
     anything else gets ``error:`` before it."""

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -83,7 +86,10 @@ USAGE = [
     ["show", LLAMA, "--format", "yaml"],
     ["show", LLAMA, "--toy", "--checkpoint", "/nonexistent/dir"],
     ["check", LLAMA, "--self-only", "--record-golden"],
-    ["bench", LLAMA],
+    ["run", LLAMA, "--toy"],
+    ["run", LLAMA, "--toy", "--random-weights", "0", "--checkpoint", "/nonexistent/dir"],
+    ["check", LLAMA, "--toy"],
+    ["embed", BERT, "hello"],
     ["embed", BERT, "--max-tokens", "1", "hello"],
     ["list", "extra"],
 ]
@@ -103,6 +109,76 @@ def test_usage_errors_exit_2(args):
     assert "Traceback" not in result.output and "Usage:" in result.output
 
 
-def test_bench_names_the_flags_it_takes():
-    result = invoke("bench", LLAMA)
-    assert "--checkpoint" in result.output and "it takes no --toy" in " ".join(result.output.split())
+@pytest.fixture()
+def no_examples(tmp_path):
+    """specs/llama3.yaml without its examples: line."""
+    text = (SPECS / "llama3.yaml").read_text()
+    lines = [l for l in text.splitlines(keepends=True) if not l.startswith("examples:")]
+    assert len(lines) == len(text.splitlines()) - 1
+    (tmp_path / "llama3.yaml").write_text("".join(lines))
+    return str(tmp_path / "llama3.yaml")
+
+
+def test_no_checkpoint_and_no_example_is_a_usage_error(no_examples):
+    for command in ("run", "check"):
+        result = invoke(command, no_examples)
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert "give --checkpoint DIR (or a hub id), or --random-weights SEED --toy" in text
+        assert "names no examples:" in text
+    result = invoke("bench", no_examples)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "give --checkpoint DIR or a hub id" in text and "it takes no --toy" in text
+
+
+# --- a spec's examples: the checkpoint a command takes when given none ------------------------
+
+def cli(*args, env):
+    """The command in a fresh process (huggingface_hub reads HF_HUB_OFFLINE when imported)."""
+    return subprocess.run([sys.executable, "-c", "from iron_spec.cli import app; app()", *args],
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+
+
+def test_an_example_neither_cached_nor_reachable_says_what_to_do(tmp_path):
+    result = cli("run", LLAMA, "--prompt", "x", env={"HF_HUB_OFFLINE": "1",
+                                                     "HF_HOME": str(tmp_path)})
+    assert result.returncode == 1, result.stderr
+    errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert errors == [
+        f"error: no --checkpoint given, and {LLAMA}'s example HuggingFaceTB/SmolLM2-135M-Instruct "
+        f"is not in the hub cache ({tmp_path / 'hub'}) and cannot be downloaded (HF_HUB_OFFLINE "
+        "is set): download it where the hub is reachable (hf download "
+        "HuggingFaceTB/SmolLM2-135M-Instruct), or give --checkpoint DIR, or --random-weights "
+        "SEED --toy for a run with no files"], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_first_example_is_taken_from_the_hub_cache(tmp_path, smollm2):
+    # A hub cache as huggingface_hub lays it out, its snapshot the SmolLM2 checkpoint's files.
+    repo = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in smollm2.iterdir():
+        (snapshot / f.name).symlink_to(f)
+    result = cli("run", LLAMA, "--prompt", "The capital of France is", "--num-tokens", "8",
+                 "--temperature", "0", "--max-seq-len", "256",
+                 env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert "checkpoint HuggingFaceTB/SmolLM2-135M-Instruct, the spec's first example" in result.stderr
+    # transformers' greedy continuation on this checkpoint, float32 (as test_cli's).
+    assert result.stdout.startswith(" Paris.\n\nThe answer is:")
+
+
+def test_lint_refuses_an_example_that_is_no_hub_id(tmp_path):
+    text = (SPECS / "llama3.yaml").read_text()
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("examples:"))
+    bad = tmp_path / "llama3.yaml"
+    bad.write_text(text.replace("examples: [HuggingFaceTB/SmolLM2-135M-Instruct]",
+                                "examples: [not a hub id]"))
+    result = invoke("lint", str(bad))
+    assert result.exit_code == 1
+    assert f"{bad}:{line}:12: error: examples[0]: 'not a hub id' does not match" in result.output
