@@ -107,12 +107,19 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, 
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
-    for lo in o.layers:
+    for i, lo in enumerate(o.layers):
         a, M = lo.attention, lo.mlp.intermediate_size
         own = a.kv_from is None  # a layer reading another's cache holds no k/v
         fixed += E * (a.heads + 2 * own * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
         fixed += 3 * E * M + 2 * E
-        per_position += 2 * own * a.kv_heads * a.head_dim  # the layer's keys and values
+        # The layer's keys and values: a sliding window's ring of window + chunk - 1
+        # positions at most (runtime.causal), unless a layer seeing further reads them.
+        readers = [r.attention.window for r in o.layers if r.attention.kv_from == i]
+        ring = a.window is not None and all(w is not None and w <= a.window for w in readers)
+        if ring:
+            fixed += 2 * own * a.kv_heads * a.head_dim * (a.window + o.prefill_chunk - 1)
+        else:
+            per_position += 2 * own * a.kv_heads * a.head_dim
     if o.per_layer_input is not None:
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
@@ -123,15 +130,21 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, 
     # and one row in the decode step.
     per_position += heads * (min(o.prefill_chunk, ATTENTION_BLOCK) + 2)
     per_position += 2 * sum(r.rotary_dim for r in o.ropes.values())  # cos and sin, as packed
-    # The prompt chunk's activations: a generous dozen rows of the widest layer.
-    widest = max([E, V] + [lo.mlp.intermediate_size for lo in o.layers])
-    fixed += 12 * o.prefill_chunk * widest
+    # The prompt chunk's activations: a generous dozen rows of the widest layer, and one
+    # row of logits (the chunk's last row alone meets lm_head).
+    widest = max([E] + [lo.mlp.intermediate_size for lo in o.layers])
+    fixed += 12 * o.prefill_chunk * widest + V
     # The module tree, both recordings and plans: Python objects, ~165 KB a layer measured
     # on a 2000-layer toy (557 MB loaded, 703 MB compiled, 282 MB of it weights).
     return 4 * fixed + LAYER_OVERHEAD * len(o.layers), 4 * per_position
 
 
 LAYER_OVERHEAD = 200 * 1024  # bytes
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in MiB, or GiB from 1 GiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 DECODE_WEIGHTS = ("float32", "bfloat16")
 
 
@@ -275,6 +288,10 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     lm = _tree(spec, lambda: CausalLM(expanded.options), source)
     if random_weights is None and expanded.options.tied:
         expanded, lm = _untie(spec, expanded, lm, directory, source)
+    now, most = lm.cache_bytes()
+    log.info("KV cache %s reserved now (%d positions); it grows with the sequence, %d "
+             "positions at a time, to at most %s at max_seq_len %d (a sliding-window layer "
+             "holds a ring of its window)", _size(now), lm.reserved, lm.block, _size(most), L)
     mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,

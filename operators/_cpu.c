@@ -295,8 +295,14 @@ typedef struct {
     float *scores, *partial;         /* (T, R, span) and (T, H, D + 2) */
     int H, G, D;
     Py_ssize_t L, lo, t, span;
+    Py_ssize_t rows;                 /* position p at row p % rows: a ring's, else L */
     float softcap;                   /* 0: none */
 } attend_args;
+
+/* Positions are walked by a row pointer that wraps at the cache's end, in the same code
+ * with or without a ring, so a ring's results are bit for bit a whole cache's. */
+#define ROW_AT(base, j) ((base) + ((j) % a->rows) * D)
+#define NEXT_ROW(ptr, base) ((ptr) += D, (ptr) = (ptr) == (base) + a->rows * D ? (base) : (ptr))
 
 #ifdef HAVE_X86
 /* exp(x) for x <= 0 to ~2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial in r
@@ -331,8 +337,8 @@ __attribute__((target("avx2,fma"))) static void attend_avx2(const attend_args *a
         const float *q = a->q + ((Py_ssize_t)g * R + r) * D;
         float *sr = s + (Py_ssize_t)r * n;
         float m = -FLT_MAX;
-        for (Py_ssize_t j = j0; j < j1; j++) {
-            const float *k = K + j * D;
+        const float *k = ROW_AT(K, j0);
+        for (Py_ssize_t j = j0; j < j1; j++, NEXT_ROW(k, K)) {
             __m256 u = _mm256_setzero_ps(), v = _mm256_setzero_ps();
             int d = 0;
             for (; d + 16 <= D; d += 16) {
@@ -364,8 +370,9 @@ __attribute__((target("avx2,fma"))) static void attend_avx2(const attend_args *a
             int w = D - d0 < 32 ? D - d0 : 32;
             if (w == 32) {
                 __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-                for (Py_ssize_t jj = 0; jj < n; jj++) {
-                    const float *vj = V + (j0 + jj) * D + d0;
+                const float *row = ROW_AT(V, j0);
+                for (Py_ssize_t jj = 0; jj < n; jj++, NEXT_ROW(row, V)) {
+                    const float *vj = row + d0;
                     __m256 p = _mm256_set1_ps(sr[jj]);
                     o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj), o0);
                     o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8), o1);
@@ -379,8 +386,9 @@ __attribute__((target("avx2,fma"))) static void attend_avx2(const attend_args *a
             } else {
                 for (int d = d0; d < D; d++) {
                     float acc = 0.0f;
-                    for (Py_ssize_t jj = 0; jj < n; jj++)
-                        acc += sr[jj] * V[(j0 + jj) * D + d];
+                    const float *row = ROW_AT(V, j0);
+                    for (Py_ssize_t jj = 0; jj < n; jj++, NEXT_ROW(row, V))
+                        acc += sr[jj] * row[d];
                     o[d] = acc;
                 }
             }
@@ -400,10 +408,11 @@ static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t 
         const float *q = a->q + ((Py_ssize_t)g * R + r) * D;
         float *sr = s + (Py_ssize_t)r * n;
         float m = -FLT_MAX, l = 0.0f;
-        for (Py_ssize_t j = j0; j < j1; j++) {
+        const float *k = ROW_AT(K, j0);
+        for (Py_ssize_t j = j0; j < j1; j++, NEXT_ROW(k, K)) {
             float x = 0.0f;
             for (int d = 0; d < D; d++)
-                x += q[d] * K[j * D + d];
+                x += q[d] * k[d];
             if (a->softcap > 0.0f)
                 x = tanhf(x / a->softcap) * a->softcap;
             sr[j - j0] = x;
@@ -416,9 +425,10 @@ static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t 
         float *o = partial + ((Py_ssize_t)g * R + r) * (D + 2);
         for (int d = 0; d < D; d++)
             o[d] = 0.0f;
-        for (Py_ssize_t j = 0; j < n; j++)
+        const float *row = ROW_AT(V, j0);
+        for (Py_ssize_t j = 0; j < n; j++, NEXT_ROW(row, V))
             for (int d = 0; d < D; d++)
-                o[d] += sr[j] * V[(j0 + j) * D + d];
+                o[d] += sr[j] * row[d];
         o[D] = m;
         o[D + 1] = l;
     }
@@ -550,22 +560,26 @@ fail_y:
     return NULL;
 }
 
-/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap):
- * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D); window 0: none;
- * softcap 0: none; scratch: scratch_size(...) floats. q is scaled into the scratch. */
+/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring):
+ * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D), position p at
+ * row p % ring (ring 0: at row p); window 0: none; softcap 0: none; scratch:
+ * scratch_size(...) floats. q is scaled into the scratch. */
 static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "attend takes 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "attend takes 11 arguments");
         return NULL;
     }
     long G = PyLong_AsLong(args[5]);
     Py_ssize_t start = PyLong_AsSsize_t(args[6]), window = PyLong_AsSsize_t(args[7]);
     double scale = PyFloat_AsDouble(args[8]), softcap = PyFloat_AsDouble(args[9]);
+    Py_ssize_t ring = PyLong_AsSsize_t(args[10]);
     if (PyErr_Occurred())
         return NULL;
-    if (start < 0 || start >= PY_SSIZE_T_MAX / 2 || window < 0 || G < 1) {
+    if (start < 0 || start >= PY_SSIZE_T_MAX / 2 || window < 0 || G < 1 || ring < 0 ||
+        (ring > 0 && (window == 0 || window > ring))) {
         PyErr_SetString(PyExc_ValueError, "attend: start must be within the cache, window "
-                        ">= 0 (0: none), kv_heads >= 1");
+                        ">= 0 (0: none), kv_heads >= 1, ring >= 0 (0: none) holding the "
+                        "window");
         return NULL;
     }
     Py_buffer out, q, k, v, scratch;
@@ -593,7 +607,8 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t span = (t - lo + T - 1) / T + 1;
     Py_ssize_t need = HD + (Py_ssize_t)T * (H / G) * span + (Py_ssize_t)T * H * (D + 2);
     if (D == 0 || H == 0 || H % G || (Py_ssize_t)H * D != HD || out.len != q.len ||
-        v.len != k.len || start < 0 || t > L || scratch.len / 4 < need ||
+        v.len != k.len || start < 0 || (t > L && !(ring > 0 && L == ring)) ||
+        scratch.len / 4 < need ||
         overlaps(&out, &q) || overlaps(&out, &k) || overlaps(&out, &v) ||
         overlaps(&out, &scratch) || overlaps(&scratch, &q) || overlaps(&scratch, &k) ||
         overlaps(&scratch, &v)) {
@@ -606,7 +621,8 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     for (Py_ssize_t i = 0; i < HD; i++)
         qs[i] = ((float *)q.buf)[i] * (float)scale;
     attend_args a = {qs, k.buf, v.buf, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
-                     H, (int)G, D, L, lo, t, span, (float)softcap};
+                     H, (int)G, D, L, lo, t, span, ring > 0 && ring <= L ? ring : L,
+                     (float)softcap};
     Py_BEGIN_ALLOW_THREADS
     pool_run(attend_part, &a);
     /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
@@ -668,7 +684,7 @@ static PyMethodDef methods[] = {
      "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major, float32 or "
      "bfloat16 as uint16; b None or (len(y),)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
-     "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap)"},
+     "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring)"},
     {NULL, NULL, 0, NULL},
 };
 

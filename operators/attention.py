@@ -1,7 +1,12 @@
 """Scaled dot-product attention over a KV cache, with grouped-query heads (GQA).
 
-A cache holds ``(kv_heads, max_seq_len, head_dim)`` per layer, head-major so each kv head's
-keys are one contiguous block; a call reads it only up to its last position.
+A cache holds ``(kv_heads, capacity, head_dim)`` per layer, head-major so each kv head's
+keys are one contiguous block; a call reads it only up to its last position. Position ``p``
+is row ``p``, or with ``ring`` (a sliding window's cache of ``ring`` rows) row ``p % ring``:
+a ring holds the last ``ring`` positions written, so ``ring >= window + rows - 1`` keeps
+every position a call's queries see (the window before its first row, and its own rows).
+The capacity may be less than the most a cache holds (it grows with the sequence,
+``runtime.module.State``); a call needs its positions (or the ring's rows) within it.
 """
 
 from __future__ import annotations
@@ -12,29 +17,50 @@ from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
+def rows_of(start: int, n: int, ring: int | None) -> np.ndarray:
+    """The cache rows of positions ``start .. start + n``: themselves, or their slots in a
+    ring of ``ring`` rows."""
+    p = np.arange(start, start + n)
+    return p if ring is None else p % ring
+
+
+def _runs(start: int, n: int, ring: int | None) -> list[tuple[int, int, int]]:
+    """Positions ``start .. start + n`` as runs of consecutive rows: ``(first position's
+    offset, row, length)``; one run, or two where a ring's rows wrap past its end."""
+    if ring is None or start % ring + n <= ring:
+        return [(0, start if ring is None else start % ring, n)]
+    first = ring - start % ring
+    return [(0, start % ring, first), (first, 0, n - first)]
+
+
 class KVWrite(Operator):
-    """Write ``x`` ``(n, kv_heads, head_dim)`` into ``cache`` ``(kv_heads, L, head_dim)`` at
-    positions ``start .. start + n``; the cache, written in place, is the output.
+    """Write ``x`` ``(n, kv_heads, head_dim)`` into ``cache`` ``(kv_heads, capacity,
+    head_dim)`` at positions ``start .. start + n`` (rows ``p % ring`` with ``ring``); the
+    cache, written in place, is the output.
     """
 
     name = "kv_write"
     writes = 1
 
-    def shape(self, x, cache, start=0):
+    def shape(self, x, cache, start=0, ring=None):
         if len(x) != 3 or len(cache) != 3 or (x[1], x[2]) != (cache[0], cache[2]):
             raise ValueError(f"kv_write: x {x} does not fit cache {cache}")
+        if ring is not None and not x[0] <= ring == cache[1]:
+            raise ValueError(f"kv_write: a ring of {ring} rows does not hold {x[0]} rows in "
+                             f"cache {cache}")
         return cache
 
-    def reference(self, x, cache, start=0):
+    def reference(self, x, cache, start=0, ring=None):
         # A float64 cache is written where it is (the reference's own, no copy per step).
         out = np.asarray(cache, np.float64)
-        out[:, start:start + x.shape[0]] = as64(x).transpose(1, 0, 2)
+        out[:, rows_of(start, x.shape[0], ring)] = as64(x).transpose(1, 0, 2)
         return out
 
-    def kernel(self, out, x, cache, scratch=None, start=0):
-        cache[:, start:start + x.shape[0]] = x.transpose(1, 0, 2)
+    def kernel(self, out, x, cache, scratch=None, start=0, ring=None):
+        for at, row, n in _runs(start, x.shape[0], ring):
+            cache[:, row:row + n] = x[at:at + n].transpose(1, 0, 2)
 
-    def tolerance(self, x, cache, start=0):
+    def tolerance(self, x, cache, start=0, ring=None):
         return Tolerance(atol=0.0, rtol=0.0)
 
 
@@ -59,23 +85,42 @@ def _softmax_numerators(s: np.ndarray, total: np.ndarray) -> None:
     np.add.reduce(s, axis=-1, keepdims=True, out=total)
 
 
+def _span(cache: np.ndarray, lo: int, hi: int, ring: int | None, buf: np.ndarray) -> np.ndarray:
+    """Positions ``lo .. hi`` of ``cache`` ``(G, capacity, D)`` as ``(G, hi - lo, D)``, in
+    order: a view, or where a ring's rows wrap past its end, its two runs copied into
+    ``buf``, so every kernel reads the positions as a cache without a ring holds them."""
+    runs = _runs(lo, hi - lo, ring)
+    if len(runs) == 1:
+        return cache[:, runs[0][1]: runs[0][1] + hi - lo]
+    G, _, D = cache.shape
+    out = buf[: G * (hi - lo) * D].reshape(G, hi - lo, D)
+    for at, row, n in runs:
+        out[:, at:at + n] = cache[:, row:row + n]
+    return out
+
+
 class Attention(Operator):
     """Causal GQA attention of queries at positions ``start .. start + n`` over a cache.
 
-    Inputs: ``q`` ``(n, heads, head_dim)``, ``keys`` and ``values`` ``(kv_heads, L,
-    head_dim)``, of which positions ``0 .. start + n - 1`` are read. Query head ``h`` reads kv
-    head ``h // (heads // kv_heads)``, as transformers' ``repeat_kv``. Output ``(n, heads *
-    head_dim)``. Attributes: ``start``; ``scale`` (default ``head_dim ** -0.5``); ``window``
-    (a query sees the ``window`` positions ending at its own, transformers'
-    ``sliding_window``; None: all); ``softcap`` (``tanh(s / c) * c`` on the scores; None:
-    none). Softmax in float32 (float64 in the reference).
+    Inputs: ``q`` ``(n, heads, head_dim)``, ``keys`` and ``values`` ``(kv_heads, capacity,
+    head_dim)``, of which positions ``0 .. start + n - 1`` are read (rows ``p % ring`` with
+    ``ring``, of which those in the window). Query head ``h`` reads kv head ``h // (heads //
+    kv_heads)``, as transformers' ``repeat_kv``. Output ``(n, heads * head_dim)``.
+    Attributes: ``start``; ``scale`` (default ``head_dim ** -0.5``); ``window`` (a query
+    sees the ``window`` positions ending at its own, transformers' ``sliding_window``; None:
+    all); ``softcap`` (``tanh(s / c) * c`` on the scores; None: none); ``ring`` (the cache
+    is a ring of that many rows, at least ``window + n - 1``; None: row ``p`` is position
+    ``p``). Softmax in float32 (float64 in the reference).
     """
 
     name = "attention"
 
-    def shape(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
+    def shape(self, q, keys, values, start=0, scale=None, window=None, softcap=None, ring=None):
         if len(q) != 3 or keys != values or len(keys) != 3 or q[1] % keys[0] or q[2] != keys[2]:
             raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache {keys}")
+        if ring is not None and (window is None or ring < window + q[0] - 1 or ring != keys[1]):
+            raise ValueError(f"attention: a ring of {ring} rows (cache {keys}) does not hold a "
+                             f"window of {window} before {q[0]} rows")
         return (q[0], q[1] * q[2])
 
     def _mask(self, n, start, window, lo=0):
@@ -88,23 +133,27 @@ class Attention(Operator):
             allowed &= kpos > qpos - window
         return allowed
 
-    def reference(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
+    def reference(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
+                  ring=None):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
         scale = D ** -0.5 if scale is None else scale
-        k = np.repeat(as64(keys)[:, :t], H // G, axis=0)  # (H, t, D)
-        v = np.repeat(as64(values)[:, :t], H // G, axis=0)
+        # A ring holds the last ``ring`` positions: those before are out of every window.
+        lo = 0 if ring is None else max(0, t - ring)
+        held = rows_of(lo, t - lo, ring)
+        k = np.repeat(as64(keys)[:, held], H // G, axis=0)  # (H, t - lo, D)
+        v = np.repeat(as64(values)[:, held], H // G, axis=0)
         s = np.einsum("nhd,htd->hnt", as64(q), k) * scale
         if softcap is not None:
             s = np.tanh(s / softcap) * softcap
-        s = np.where(self._mask(n, start, window)[None], s, -np.inf)
+        s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("hnt,htd->nhd", p, v).reshape(n, H * D)
 
     def kernel(self, out, q, keys, values, scratch=None, start=0, scale=None, window=None,
-               softcap=None):
+               softcap=None, ring=None):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
@@ -113,7 +162,7 @@ class Attention(Operator):
         if lib is not None and all(a.flags.c_contiguous for a in (out, q, keys, values)):
             # One query (a decode step): the decode pool's threads share its positions.
             lib.attend(out, q, keys, values, scratch, G, start, window or 0, float(scale),
-                       float(softcap or 0.0))
+                       float(softcap or 0.0), ring or 0)
             return
         # The queries times the scale, not the scores: n * H * D products, not n * H * w
         # (exact where the scale is a power of two, head_dim ** -0.5 for head_dim 64).
@@ -121,25 +170,31 @@ class Attention(Operator):
         # GEMM per kv head, and its output is written over its queries.
         qg = scratch[: H * n * D].reshape(G, n, R, D)
         np.multiply(q.reshape(n, G, R, D).transpose(1, 0, 2, 3), scale, out=qg)
-        rest = scratch[H * n * D:]
+        at = H * n * D
+        # Room for a ring's wrapped keys and values, copied in order (_span).
+        spans = 0 if ring is None else G * ring * D
+        kbuf, vbuf = scratch[at: at + spans], scratch[at + spans: at + 2 * spans]
+        rest = scratch[at + 2 * spans:]
+        cache = (keys, values, kbuf, vbuf, ring)
         if n == 1:
-            self._one(qg.reshape(G, R, D), keys, values, rest, start, window, softcap)
+            self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap)
         else:
             for i in range(0, n, BLOCK):
-                self._block(qg, i, min(n, i + BLOCK), keys, values, rest, start, window, softcap)
+                self._block(qg, i, min(n, i + BLOCK), cache, rest, start, window, softcap)
         np.copyto(out.reshape(n, G, R, D), qg.transpose(1, 0, 2, 3))
 
-    def _block(self, qg, i0, i1, keys, values, scratch, start, window, softcap):
+    def _block(self, qg, i0, i1, cache, scratch, start, window, softcap):
         """Rows ``i0 .. i1`` of a prompt chunk, in place over their queries. A block reads the
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
         G, _, R, D = qg.shape
+        keys, values, kbuf, vbuf, ring = cache
         nb, hi = i1 - i0, start + i1
         lo = 0 if window is None else max(0, start + i0 - window + 1)
         w = hi - lo
         qb = qg[:, i0:i1].reshape(G, nb * R, D)
         s = scratch[: G * nb * R * w].reshape(G, nb * R, w)
-        np.matmul(qb, keys[:, lo:hi].transpose(0, 2, 1), out=s)
+        np.matmul(qb, _span(keys, lo, hi, ring, kbuf).transpose(0, 2, 1), out=s)
         if softcap is not None:
             _softcap(s, softcap)
         # Only the columns some row of the block may not see: its own (causal) and, under a
@@ -155,16 +210,18 @@ class Attention(Operator):
             np.copyto(rows[..., :early], np.float32(-np.inf), where=~allowed[:, None, :early])
         m = scratch[G * nb * R * w: G * nb * R * (w + 1)].reshape(G, nb * R, 1)
         _softmax_numerators(s, m)
-        np.matmul(s, values[:, lo:hi], out=qb)
+        np.matmul(s, _span(values, lo, hi, ring, vbuf), out=qb)
         qb /= m
 
-    def _one(self, qg, keys, values, scratch, start, window, softcap):
+    def _one(self, qg, cache, scratch, start, window, softcap):
         """One query at ``start`` (a decode step), in place over ``qg`` ``(G, R, D)``: it sees
         every key from its window's first on, so nothing is masked."""
         G, R, D = qg.shape
+        keys, values, kbuf, vbuf, ring = cache
         t = start + 1
         lo = 0 if window is None else max(0, t - window)
         w = t - lo
+        keys, values = _span(keys, lo, t, ring, kbuf), _span(values, lo, t, ring, vbuf)
         s = scratch[: G * R * w].reshape(G, R, w)
         # A long cache: a GEMV per head reads the keys without the packing copy a small-M
         # GEMM makes (measured 61 us against 99 us for 2000 positions).
@@ -172,9 +229,9 @@ class Attention(Operator):
         if per_head:
             for g in range(G):
                 for r in range(R):
-                    np.matmul(keys[g, lo:t], qg[g, r], out=s[g, r])
+                    np.matmul(keys[g], qg[g, r], out=s[g, r])
         else:
-            np.matmul(qg, keys[:, lo:t].transpose(0, 2, 1), out=s)
+            np.matmul(qg, keys.transpose(0, 2, 1), out=s)
         if softcap is not None:
             _softcap(s, softcap)
         m = scratch[G * R * w: G * R * (w + 1)].reshape(G, R, 1)
@@ -182,23 +239,27 @@ class Attention(Operator):
         if per_head:
             for g in range(G):
                 for r in range(R):
-                    np.matmul(s[g, r], values[g, lo:t], out=qg[g, r])
+                    np.matmul(s[g, r], values[g], out=qg[g, r])
         else:
-            np.matmul(s, values[:, lo:t], out=qg)
+            np.matmul(s, values, out=qg)
         qg /= m
 
-    def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
+    def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
+                ring=None):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
-        own = H * n * D + rows * (L + 1)
+        own = H * n * D + rows * (L + 1) + (0 if ring is None else 2 * G * ring * D)
         return max(own, native.attend_scratch(H, G, D, L)) if n == 1 else own
 
-    def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None):
+    def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
+                  ring=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
-    def scale(self, reference, q, keys, values, start=0, scale=None, window=None, softcap=None):
-        # A convex combination of values: bounded by the largest |value| of its kv head.
+    def scale(self, reference, q, keys, values, start=0, scale=None, window=None, softcap=None,
+              ring=None):
+        # A convex combination of values: bounded by the largest |value| of its kv head
+        # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n

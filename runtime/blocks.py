@@ -350,8 +350,9 @@ class Attention(Module):
             self.v_norm = Norm(D, NormOptions("rms", norm.eps, weight=False))
         self.options = o
         if own:
-            self.keys = State(G, max_seq_len, D)
-            self.values = State(G, max_seq_len, D)
+            # Positions along axis 1, grown as the sequence does (CausalLM.reserve).
+            self.keys = State(G, max_seq_len, D, axis=1, initial=0)
+            self.values = State(G, max_seq_len, D, axis=1, initial=0)
         else:
             self.shared: tuple[State, State] | None = None  # set by share()
 
@@ -416,10 +417,11 @@ class Attention(Module):
             k = rec.step("rope", k, cos, sin, where=self.where("k"), start=start,
                          interleaved=o.rope_interleaved)
         q = self._queries(rec, q, ropes)
-        keys = rec.hold("state", self.where("keys"), self.keys.array)
-        values = rec.hold("state", self.where("values"), self.values.array)
-        rec.step("kv_write", k, keys, where=self.where("keys"), start=start)
-        rec.step("kv_write", v, values, where=self.where("values"), start=start)
+        keys = rec.state(self.where("keys"), self.keys)
+        values = rec.state(self.where("values"), self.values)
+        rec.step("kv_write", k, keys, where=self.where("keys"), start=start, ring=self.keys.ring)
+        rec.step("kv_write", v, values, where=self.where("values"), start=start,
+                 ring=self.values.ring)
         return self._attend(rec, q, self.keys, self.values)
 
     def _queries(self, rec: Recorder, q: Handle, ropes) -> Handle:
@@ -440,10 +442,11 @@ class Attention(Module):
         """Attention of ``q`` over the cache ``keys``, ``values`` up to the call's last
         position, through ``o_proj``."""
         o, start = self.options, rec.call.start
-        keys = rec.hold("state", self.where("keys"), keys.array)
-        values = rec.hold("state", self.where("values"), values.array)
+        ring = keys.ring
+        keys = rec.state(self.where("keys"), keys)
+        values = rec.state(self.where("values"), values)
         a = rec.step("attention", q, keys, values, where=self.path, start=start,
-                     scale=o.scale, window=o.window, softcap=o.softcap)
+                     scale=o.scale, window=o.window, softcap=o.softcap, ring=ring)
         return self.o_proj(rec, a)
 
 

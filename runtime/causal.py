@@ -19,7 +19,7 @@ from .blocks import (Embedding, LayerOptions, Linear, Norm, NormOptions, PerLaye
                      RopeOptions, rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
-from .module import Module
+from .module import Module, State
 from .plan import Plan
 from .reference import Reference
 
@@ -80,12 +80,19 @@ class Decoder(Module):
                                  f"{o.position_offset}")
             self.embed_positions = Embedding(o.positions, E)
         self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]
+        readers: dict[int, list[int]] = {}
         for i, layer in enumerate(self.layers):
             j = layer.options.attention.kv_from
             if j is not None:
                 if not 0 <= j < i:
                     raise ValueError(f"layer {i} reads the KV cache of layer {j}, not an earlier one")
-                layer.self_attn.share(self.layers[j].self_attn)
+                readers.setdefault(j, []).append(i)
+        for i, layer in enumerate(self.layers):
+            self._hold_window(layer.self_attn, [self.layers[r].self_attn for r in readers.get(i, [])],
+                              o.prefill_chunk, o.max_seq_len)
+        for j, rs in readers.items():
+            for i in rs:
+                self.layers[i].self_attn.share(self.layers[j].self_attn)
         self.norm = Norm(E, o.norm)
         p = o.per_layer_input
         if p is not None:
@@ -93,6 +100,23 @@ class Decoder(Module):
             self.embed_tokens_per_layer = Embedding(p.vocab_size, width, p.embedding_scale)
             self.per_layer_model_projection = Linear(E, width)
             self.per_layer_projection_norm = Norm(p.size, o.norm)
+
+    @staticmethod
+    def _hold_window(attn, readers, chunk: int, max_seq_len: int) -> None:
+        """A sliding-window layer's cache as a ring of ``window + chunk - 1`` positions (all
+        a prompt chunk's queries see: the window before its first row and its own rows),
+        where that is shorter than the context and every layer reading it sees no further
+        back (``operators.attention``); else the cache holds every position."""
+        o = attn.options
+        if o.kv_from is not None or o.window is None:
+            return
+        ring = o.window + chunk - 1
+        if ring >= max_seq_len or any(r.options.window is None or r.options.window > o.window
+                                      for r in readers):
+            return
+        G, D = o.kv_heads, o.head_dim
+        attn.keys = State(G, ring, D, axis=1, initial=0, ring=ring)
+        attn.values = State(G, ring, D, axis=1, initial=0, ring=ring)
 
     def per_layer_inputs(self, rec: Recorder, ids: Handle, x: Handle,
                          o: PerLayerInputOptions) -> list[Handle]:
@@ -130,6 +154,10 @@ class CausalLM(Module):
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
         self._versions: dict[tuple[bool, bool], "Version"] = {}
+        # The KV caches grow in blocks of a prompt chunk's positions (reserve).
+        self.block = o.prefill_chunk
+        self.reserved = 0  # positions every cache holds now (a ring: up to its own)
+        self.reserve(1)
         # Weights and tables in their kernels' form, shared by every compiled version.
         self.packed: dict[tuple, np.ndarray] = {}
         self.reference_states: dict[int, np.ndarray] = {}
@@ -138,6 +166,47 @@ class CausalLM(Module):
         # The decode step's weights: float32, or bfloat16 where they hold exactly
         # (runtime.plan); set before the decode step compiles.
         self.decode_weights = "float32"
+
+    def reserve(self, positions: int) -> None:
+        """Make every KV cache hold at least ``positions`` positions (a ring at most its
+        own): they grow by whole blocks of ``block`` positions, and by at least a quarter of
+        what they hold, so copying the held positions costs at most ~5 times the cache's
+        final size over a sequence, while a cache is never more than a quarter and a block
+        past what the sequence needs. Every compiled version is bound to the new memory.
+
+        Raises:
+            ValueError: ``positions`` past ``max_seq_len``.
+        """
+        if positions <= self.reserved:
+            return
+        L = self.config.max_seq_len
+        if positions > L:
+            raise ValueError(f"{positions} positions do not fit max_seq_len {L}")
+        B = self.block
+        grown = max(positions, self.reserved + self.reserved // 4)
+        grown = min(L, -(-grown // B) * B)
+        changed = [s.grow(grown) for _, s in self.named_states()]
+        self.reserved = grown
+        if any(changed):
+            for version in self._versions.values():
+                version.plan.rebind()
+
+    def cache_bytes(self) -> tuple[int, int]:
+        """Bytes the KV caches hold now, and the most they can grow to (at
+        ``max_seq_len``; a sliding-window ring at its own size)."""
+        states = [s for _, s in self.named_states()]
+        return sum(s.nbytes for s in states), sum(s.most_bytes for s in states)
+
+    def resume_at(self, start: int, written: int) -> int:
+        """Where a run may start, at or before ``start``, once the caches hold positions up
+        to ``written`` (exclusive): ``start`` where every ring still holds the window before
+        it (positions written since have replaced the oldest), else 0, the first."""
+        for _, s in self.named_states():
+            if s.ring is not None and start > 0:
+                window = s.ring - self.config.prefill_chunk + 1
+                if written - max(0, start - window + 1) > s.ring:
+                    return 0
+        return start
 
     def fit_rope(self, length: int) -> bool:
         """Make the RoPE tables those transformers turns a sequence of ``length`` tokens by
@@ -220,6 +289,7 @@ class Version:
         rec = Recorder(call)
         out = lm.body(rec)
         self.prompt, self.capacity = prompt, C
+        self.lm = lm
         self.plan = Plan(rec, out, check=check, packed=lm.packed,
                          weights="float32" if prompt else lm.decode_weights)
         self._reference = Reference(rec, out, lm.reference_states)
@@ -236,6 +306,7 @@ class Version:
                 raise TypeError("a decode step takes token and position")
             call = {"start": int(position), "rows": 1, "position": int(position)}
             inputs = {"ids": np.asarray([token], np.int32)}
+        self.lm.reserve(call["position"] + 1)
         logits = runner(inputs, call).reshape(-1)
         draw = sampler if sampler is not None else greedy
         return logits, {"token": draw(logits), "position": call["position"] + 1}

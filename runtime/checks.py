@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from iron_spec.operators.attention import rows_of
+
 from .causal import CausalLM
 from .golden import Golden, kl_stats, log_softmax, teacher_forced
 from .plan import CheckError
@@ -218,16 +220,19 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) ->
         session = Session(lm)
         token = int(np.argmax(session.logits(prompt)))
         n = len(prompt)
+        lm.reserve(position + 1)  # the caches grown to the position, as a sequence grows them
         for _, state in lm.named_states():
-            held = state.array[:, :n].copy()
-            reps = -(-position // n)
-            filled = np.tile(held, (1, reps, 1))[:, :position]
-            state.array[:, :position] = filled
+            held = state.array[:, :min(n, state.capacity)].copy()
+            # Positions 0 .. position - 1, or a ring's last ``ring`` of them in their rows.
+            lo = 0 if state.ring is None else max(0, position - state.ring)
+            rows = rows_of(lo, position - lo, state.ring)
+            reps = -(-position // held.shape[1])
+            filled = np.tile(held, (1, reps, 1))[:, lo:position]
+            state.array[:, rows] = filled
             # The reference's cache holds the very same rows: no float64 prompt run to fill
             # it first (every row of it would be overwritten here).
-            mirror = lm.reference_states.setdefault(id(state.array),
-                                                    np.zeros(state.array.shape, np.float64))
-            mirror[:, :position] = filled
+            mirror = lm.reference_states.setdefault(id(state), np.zeros(state.shape, np.float64))
+            mirror[:, rows] = filled
         lm.holder = None
         got, _ = lm.decode_step(token=token, position=position)
         got = np.array(got)

@@ -34,6 +34,9 @@ class Handle:
     dtype: Any = np.float32
     base: "Handle | None" = None
     array: np.ndarray | None = None  # the param, state or const it stands for
+    # A state's owner (``runtime.module.State``): its ``array`` is the memory, replaced as
+    # the state grows; ``shape`` is the most it holds.
+    owner: Any = None
 
     @property
     def root(self) -> "Handle":
@@ -102,6 +105,16 @@ class Recorder:
         if h is None:
             h = Handle(tuple(array.shape), kind, name, False, array.dtype, array=array)
             self._held[id(array)] = h
+        return h
+
+    def state(self, name: str, state) -> Handle:
+        """The handle of ``state`` (a ``runtime.module.State``), one per state: its shape is
+        the most the state holds, its memory whatever ``state.array`` is at the call."""
+        h = self._held.get(id(state))
+        if h is None:
+            h = Handle(state.shape, "state", name, False, np.float32, array=state.array,
+                       owner=state)
+            self._held[id(state)] = h
         return h
 
     def view(self, h: Handle, shape: tuple[int, ...]) -> Handle:

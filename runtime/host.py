@@ -64,8 +64,8 @@ def fit(native: int, chunk: int, fixed: int, per_position: int, budget: int | No
     budget = host_budget() if budget is None else budget
     need = fixed + per_position * native
     if need <= budget:
-        logger.info("max_seq_len %d, the model's own: %.2f GiB of a %.1f GiB budget",
-                    native, need / 2**30, budget / 2**30)
+        logger.info("max_seq_len %d, the model's own: at most %.2f GiB with the context "
+                    "full, of a %.1f GiB budget", native, need / 2**30, budget / 2**30)
         return native
     # per_position 0 (nothing grows with the context): only the weights could not fit
     fits = int((budget - fixed) // per_position) // chunk * chunk if per_position > 0 else 0

@@ -63,12 +63,55 @@ class Param:
 
 
 class State:
-    """Memory a module keeps from call to call, float32 zeros of ``shape`` (a KV cache)."""
+    """Memory a module keeps from call to call, float32 zeros of ``shape`` (a KV cache).
 
-    def __init__(self, *shape: int):
+    ``shape`` is the most it holds. With ``axis`` (a cache's positions), ``array`` holds
+    only ``capacity`` of them along that axis, starting at ``initial``, and ``grow`` makes
+    it longer: a new array holding the old one's values, so whoever holds ``array`` must
+    take it again (``runtime.plan.Plan.rebind``). ``ring``: the positions are slots of a
+    ring of that many (a sliding window's cache, ``operators.attention``); ``shape`` along
+    ``axis`` is then the ring's.
+    """
+
+    def __init__(self, *shape: int, axis: int | None = None, initial: int | None = None,
+                 ring: int | None = None):
         self.shape = tuple(int(s) for s in shape)
-        # np.zeros maps pages lazily: a long context costs memory only where it is written.
-        self.array = np.zeros(self.shape, np.float32)
+        self.axis, self.ring = axis, ring
+        held = list(self.shape)
+        if axis is not None:
+            held[axis] = self.shape[axis] if initial is None else min(initial, self.shape[axis])
+        # np.zeros maps pages lazily: only what is written costs memory.
+        self.array = np.zeros(tuple(held), np.float32)
+
+    @property
+    def capacity(self) -> int:
+        """Positions ``array`` holds along ``axis`` (all of ``shape`` without one)."""
+        return self.array.shape[self.axis if self.axis is not None else 0]
+
+    def grow(self, capacity: int) -> bool:
+        """Hold ``capacity`` positions (at most ``shape``'s): a new array, the old values
+        copied to its first positions. Returns whether ``array`` changed."""
+        if self.axis is None:
+            return False
+        capacity = min(int(capacity), self.shape[self.axis])
+        if capacity <= self.capacity:
+            return False
+        held = list(self.array.shape)
+        held[self.axis] = capacity
+        array = np.zeros(tuple(held), np.float32)
+        array[(slice(None),) * self.axis + (slice(0, self.capacity),)] = self.array
+        self.array = array
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes ``array`` holds now."""
+        return self.array.nbytes
+
+    @property
+    def most_bytes(self) -> int:
+        """Bytes it holds at its full ``shape``."""
+        return int(np.prod(self.shape)) * 4
 
 
 class Module:

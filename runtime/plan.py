@@ -84,6 +84,10 @@ class Plan:
         # Weights and tables in their kernels' form; plans of one model may share it.
         self._packed: dict[tuple, np.ndarray] = {} if packed is None else packed
         self.runs = [self._bind(i, s) for i, s in enumerate(self.steps)]
+        # Steps reading or writing a state (a KV cache): bound again when one grows.
+        self._stateful = [i for i, s in enumerate(self.steps)
+                          if any(h is not None and self._root(h).kind == "state"
+                                 for h in s.inputs + (s.output,))]
         self._out = self._array(output)
         self.checked: list[str] = []
 
@@ -212,6 +216,8 @@ class Plan:
             return self._array(h.base).reshape(h.shape)
         if h.kind == "input":
             return self.inputs[h.name]
+        if h.kind == "state" and h.owner is not None:
+            return h.owner.array  # as it is now: a growing state's memory is replaced
         if h.kind in ("param", "state", "const"):
             return h.array
         s = self._spans[id(h)]
@@ -236,6 +242,12 @@ class Plan:
         return _Run(i, step, step.op.kernel, self._array(step.output), ins,
                     [h is not None and h.bounded for h in step.inputs], step.output.bounded,
                     scratch)
+
+    def rebind(self) -> None:
+        """Bind every step over a state to the state's memory as it is now: after a KV cache
+        grew (``runtime.module.State.grow``), which replaced its array."""
+        for i in self._stateful:
+            self.runs[i] = self._bind(i, self.steps[i])
 
     # -- call ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:

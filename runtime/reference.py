@@ -24,9 +24,12 @@ class Reference:
         self.states = states
 
     def _state(self, h: Handle) -> np.ndarray:
-        key = id(h.root.array)
+        # By the state itself (its array is replaced as it grows), at the most it holds:
+        # np.zeros maps pages lazily, so only the positions written cost memory.
+        root = h.root
+        key = id(root.owner if root.owner is not None else root.array)
         if key not in self.states:
-            self.states[key] = np.zeros(h.root.array.shape, np.float64)
+            self.states[key] = np.zeros(root.shape, np.float64)
         return self.states[key]
 
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:

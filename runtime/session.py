@@ -111,6 +111,8 @@ class Session:
             # apart), so only whole chunks from a multiple of C are what a fresh run
             # computes; resuming at the boundary keeps every result bitwise a fresh run's.
             start = min(common, self._exact) // C * C
+            # A sliding window's ring may no longer hold the window before that boundary.
+            start = lm.resume_at(start, self.held)
             lm.holder, self._held, self._exact = self, tokens[:start], start
             ids = np.zeros(C, np.int32)
             for s in range(start, n, C):

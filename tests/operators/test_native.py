@@ -107,14 +107,14 @@ def test_attend_refuses_a_scratch_too_small_or_a_position_past_the_cache():
     keys = np.ones((2, 10, 8), np.float32)
     scratch = np.empty(native.attend_scratch(4, 2, 8, 10), np.float32)
     with pytest.raises(ValueError, match="shapes do not fit"):
-        lib.attend(out, q, keys, keys, scratch[:5], 2, 3, 0, 1.0, 0.0)
+        lib.attend(out, q, keys, keys, scratch[:5], 2, 3, 0, 1.0, 0.0, 0)
     with pytest.raises(ValueError, match="shapes do not fit"):
-        lib.attend(out, q, keys, keys, scratch, 2, 10, 0, 1.0, 0.0)  # position 10 of 10
+        lib.attend(out, q, keys, keys, scratch, 2, 10, 0, 1.0, 0.0, 0)  # position 10 of 10
     with pytest.raises(ValueError, match="shapes do not fit"):
-        lib.attend(out, q, keys, keys, scratch, 3, 3, 0, 1.0, 0.0)  # 4 heads, 3 kv heads
+        lib.attend(out, q, keys, keys, scratch, 3, 3, 0, 1.0, 0.0, 0)  # 4 heads, 3 kv heads
     for start, window, kv_heads in [(sys.maxsize, 0, 2), (-1, 0, 2), (3, -1, 2), (3, 0, 0)]:
         with pytest.raises(ValueError, match="start must be within the cache"):
-            lib.attend(out, q, keys, keys, scratch, kv_heads, start, window, 1.0, 0.0)
+            lib.attend(out, q, keys, keys, scratch, kv_heads, start, window, 1.0, 0.0, 0)
 
 
 def test_threads_follow_the_blas_environment_up_to_the_cores(monkeypatch):
