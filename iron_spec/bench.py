@@ -179,7 +179,6 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True,
     for fn in sides["ours"].values():
         fn()  # warm-up
     peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peer's model
-    stage("warm-up: the floor's arrays")
     sides["floor"], floor_static = floor(loaded)
     if peer:
         stage("loading transformers' model")
