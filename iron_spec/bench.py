@@ -22,8 +22,8 @@ import typer
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
-from .build import Loaded, load_model
-from .command import UsageError, refuse
+from .build import Loaded
+from .command import UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError
 
@@ -163,30 +163,37 @@ RATIOS = {
 }
 
 
-def measure(loaded: Loaded, runs: int = 3, peer: bool = True) -> dict:
+def measure(loaded: Loaded, runs: int = 3, peer: bool = True,
+            stage: Callable[[str], object] = lambda what: None) -> dict:
     """Every figure of ours, the floor's and (where installed) transformers', measured in
     turn within each of ``runs`` runs after a warm-up run. A machine's speed drifts by 20%
     over a minute; a ratio is the median of its runs' ratios, each from figures taken
-    seconds apart, and a figure the median of its runs."""
+    seconds apart, and a figure the median of its runs. ``stage`` is told each step as it
+    begins (a progress display: a SmolLM2 run takes about a minute)."""
     n_threads = threads()
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
               "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe(),
               "decode_weights": loaded.lm.decode_weights}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
+    stage("warm-up: iron-spec")
     for fn in sides["ours"].values():
         fn()  # warm-up
     peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peer's model
     sides["floor"], floor_static = floor(loaded)
+    if peer:
+        stage("loading transformers' model")
     peer_figures = transformers_peer(loaded, n_threads) if peer else None
     if peer_figures is not None:
         sides["transformers"] = peer_figures
     for name, side in sides.items():
         if name != "ours":  # warmed up above
+            stage(f"warm-up: {name}")
             for fn in side.values():
                 fn()  # warm-up: a first pass over a fresh array is page faults, not bandwidth
     samples: dict[str, dict[str, list[float]]] = {
         side: {name: [] for name in figs} for side, figs in sides.items()}
-    for _ in range(runs):
+    for i in range(runs):
+        stage(f"run {i + 1} of {runs}")
         for side, figs in sides.items():
             for name, fn in figs.items():
                 samples[side][name].append(fn())
@@ -269,21 +276,22 @@ def command(
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
     from .cli import EXPECTED
     try:
-        try:
-            loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights,
-                                max_seq_len=max_seq_len, decode_weights=decode_weights,
-                                allow_unread_config=allow_unread_config)
-        except FlagError:  # no checkpoint, and the spec names no example
-            # A toy's context is too short for the deep decode, and its speed says nothing.
-            raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or a "
-                             "hub id (with --random-weights SEED, weights drawn instead of "
-                             "read), or name one under the spec's examples:; it takes no "
-                             "--toy") from None
-        if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
-            raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than the "
-                             f"{DEEP + DECODE + 1} positions the deep decode needs")
-        loaded.lm.decode_step, loaded.lm.prompt_chunk  # compiled before anything is timed
-        result = measure(loaded, runs, peer)
+        with stages() as s:  # compiled before anything is timed
+            try:
+                loaded = load_compiled(s, spec, checkpoint=checkpoint,
+                                       random_weights=random_weights, max_seq_len=max_seq_len,
+                                       decode_weights=decode_weights,
+                                       allow_unread_config=allow_unread_config)
+            except FlagError:  # no checkpoint, and the spec names no example
+                # A toy's context is too short for the deep decode, and its speed says nothing.
+                raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or "
+                                 "a hub id (with --random-weights SEED, weights drawn instead "
+                                 "of read), or name one under the spec's examples:; it takes "
+                                 "no --toy") from None
+            if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
+                raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than "
+                                 f"the {DEEP + DECODE + 1} positions the deep decode needs")
+            result = measure(loaded, runs, peer, s.stage)
     except EXPECTED as e:
         refuse(e)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

@@ -23,8 +23,8 @@ from iron_spec.runtime.golden import Golden, GoldenError
 from iron_spec.runtime.host import fit
 
 from . import goldens
-from .build import Loaded, _footprint, load_model, model_inputs
-from .command import refuse
+from .build import Loaded, _footprint, model_inputs
+from .command import load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
@@ -161,8 +161,10 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
 
 
 def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
-               done: Callable[[checks.Result], None] = lambda r: None) -> list[checks.Result]:
-    """Every check of the validation issue, in order, each handed to ``done`` as it
+               done: Callable[[checks.Result], None] = lambda r: None,
+               start: Callable[[str], object] = lambda what: None) -> list[checks.Result]:
+    """Every check of the validation issue, in order, each named to ``start`` as it begins
+    (a progress stage: one takes up to a minute on SmolLM2) and handed to ``done`` as it
     finishes.
 
     Raises:
@@ -188,17 +190,20 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
     greedy = min(steps, GREEDY_STEPS) if golden is None else min(steps, GREEDY_WITH_GOLDEN)
     reference = checks.Trajectory(lm, prompt, greedy if golden is not None else max(greedy, steps))
     plan = [
-        lambda: checks.per_step(lm, prompt[: C + 4 if C + 4 <= PER_STEP_ROWS else PER_STEP_ROWS]),
-        lambda: checks.greedy_match(lm, prompt, greedy, reference),
-        lambda: checks.kl_against(lm, bounds, golden, prompt, steps, reference),
-        lambda: checks.determinism(lm, [prompt, other]),
-        lambda: checks.chat_turn(lm, prompt, turn),
-        lambda: checks.chunked_vs_decode(lm, prompt[: min(len(prompt), 2 * C + 3, 64)],
-                                         bounds["max"]),
-        lambda: checks.deep_decode(lm, prompt[:C], L - 2, bounds["max"]),
+        ("per-step check", lambda: checks.per_step(
+            lm, prompt[: C + 4 if C + 4 <= PER_STEP_ROWS else PER_STEP_ROWS])),
+        ("compiled = reference", lambda: checks.greedy_match(lm, prompt, greedy, reference)),
+        ("KL vs " + ("golden" if golden is not None else "reference"),
+         lambda: checks.kl_against(lm, bounds, golden, prompt, steps, reference)),
+        ("determinism", lambda: checks.determinism(lm, [prompt, other])),
+        ("chat turn", lambda: checks.chat_turn(lm, prompt, turn)),
+        ("chunked = decode", lambda: checks.chunked_vs_decode(
+            lm, prompt[: min(len(prompt), 2 * C + 3, 64)], bounds["max"])),
+        ("deep decode", lambda: checks.deep_decode(lm, prompt[:C], L - 2, bounds["max"])),
     ]
     results = []
-    for check in plan:
+    for what, check in plan:
+        start(f"checking: {what}")
         results.append(check())
         done(results[-1])
     return results
@@ -236,16 +241,20 @@ def command(
                            self_only, allow_unread_config)
         L, C, shape = fit_shape(parsed, checkpoint, random_weights, toy, max_seq_len,
                                 prefill_chunk, steps, decode_weights, allow_unread_config)
-        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                            max_seq_len=L, prefill_chunk=C, decode_weights=decode_weights,
-                            allow_unread_config=allow_unread_config)
-        if record_golden:
-            path = golden or golden_path(loaded)
-            _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded), steps))
-            typer.echo(f"recorded {path}", err=True)
-        found, note = (None, "self-consistency only") if self_only else find_golden(loaded, golden)
-        _header(spec, shape, note, as_json)
-        results = run_checks(loaded, found, steps, lambda r: _line(r, as_json))
+        with stages() as s:
+            loaded = load_compiled(s, spec, checkpoint=checkpoint, random_weights=random_weights,
+                                   toy=toy, max_seq_len=L, prefill_chunk=C,
+                                   decode_weights=decode_weights,
+                                   allow_unread_config=allow_unread_config)
+            if record_golden:
+                path = golden or golden_path(loaded)
+                s.stage("recording the golden from transformers")
+                _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded), steps))
+                typer.echo(f"recorded {path}", err=True)
+            found, note = (None, "self-consistency only") if self_only else \
+                find_golden(loaded, golden)
+            _header(spec, shape, note, as_json)
+            results = run_checks(loaded, found, steps, lambda r: _line(r, as_json), s.stage)
     except (*EXPECTED, GoldenError) as e:
         refuse(e)
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
@@ -332,8 +341,10 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     (``golden_record.record_encoder``)."""
     from iron_spec.runtime.encoder_golden import EncoderGolden
     from .encoder import load_encoder
-    loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                          allow_unread_config=allow_unread_config)
+    with stages() as s:
+        loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights,
+                              toy=toy, allow_unread_config=allow_unread_config,
+                              progress=s.stage("loading weights"))
     model, fp = loaded.model, loaded.fingerprint()
     if record_golden:
         path = golden or golden_path(loaded)

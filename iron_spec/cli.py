@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import jinja2
 import numpy as np
@@ -18,8 +17,8 @@ from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.session import Session
 from iron_spec.runtime.tokenizer import TextStream, utf8_text
 
-from .build import Loaded, load_model
-from .command import HELP_OPTIONS, Command, Group, number, refuse, version
+from .build import Loaded
+from .command import HELP_OPTIONS, Command, Group, load_compiled, number, refuse, stages, version
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, SpecError, message
 from .schema import SCHEMA_PATH
@@ -58,42 +57,16 @@ def _fail(e: Exception) -> None:
     refuse(e)  # a SpecError says FILE:LINE:COL: error: itself; a FlagError exits 2
 
 
-@contextmanager
-def _progress() -> Iterator:
-    """A progress display on a terminal; nothing when stderr is piped."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as p:
-        yield p
-
-
 DECODE_WEIGHTS_OPTION = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)")
 
 
 def _load(spec: Path, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
           decode_weights: str = "float32", allow_unread_config: bool = False) -> Loaded:
-    with _progress() as p:
-        task = None if p is None else p.add_task("loading weights", total=None)
-
-        def advance(done: int, total: int) -> None:
-            if p is not None:
-                p.update(task, completed=done, total=total)
-
-        loaded = load_model(spec, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                            max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
-                            progress=advance, decode_weights=decode_weights,
-                            allow_unread_config=allow_unread_config)
-        for prompt, what in ((False, "compiling decode step"), (True, "compiling prompt chunk")):
-            if p is not None:
-                p.update(task, description=what, completed=0, total=1)
-            loaded.lm.version(prompt)
-            if p is not None:
-                p.update(task, completed=1)
-    return loaded
+    with stages() as s:
+        return load_compiled(s, spec, checkpoint=checkpoint, random_weights=random_weights,
+                             toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
+                             decode_weights=decode_weights,
+                             allow_unread_config=allow_unread_config)
 
 
 def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:

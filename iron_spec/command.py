@@ -163,14 +163,29 @@ class Stages:
         if self._bar is None:
             print(f"[{description}]", file=sys.stderr, flush=True)
             return lambda done, total: None
-        if self._task is None:
-            self._task = self._bar.add_task(description, total=total)
-        else:
-            self._bar.reset(self._task, description=description, total=total)
+        if self._task is not None:  # a fresh task: its count and elapsed time start anew
+            self._bar.remove_task(self._task)
+        self._task = self._bar.add_task(description, total=total)
 
         def advance(done: int, total: int) -> None:
             self._bar.update(self._task, completed=done, total=total)
         return advance
+
+
+def load_compiled(stages: Stages, spec, **kwargs):
+    """``build.load_model(spec, **kwargs)`` with its progress on ``stages``: the weights as
+    they load (tensors read of all), then the decode step and the prompt chunk compiled, each
+    a stage (a SmolLM2 load takes seconds, each compile about one).
+
+    Raises:
+        what ``load_model`` raises.
+    """
+    from .build import load_model
+    loaded = load_model(spec, progress=stages.stage("loading weights"), **kwargs)
+    for prompt, what in ((False, "compiling the decode step"), (True, "compiling the prompt chunk")):
+        stages.stage(what)
+        loaded.lm.version(prompt)
+    return loaded
 
 
 @contextmanager
@@ -183,9 +198,17 @@ def stages(terminal: Optional[bool] = None) -> Iterator[Stages]:
         yield Stages(None)
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                               TextColumn, TimeElapsedColumn)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
-                  transient=True) as bar:
+    from rich.progress import (BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn)
+    from rich.text import Text
+
+    class Count(ProgressColumn):
+        """``done/total`` where the stage counts (tensors read), else nothing (rich's
+        MofNCompleteColumn prints ``0/?``)."""
+
+        def render(self, task):
+            return Text("" if task.total is None else f"{task.completed:.0f}/{task.total:.0f}")
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), Count(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         yield Stages(bar)

@@ -182,3 +182,52 @@ def test_lint_refuses_an_example_that_is_no_hub_id(tmp_path):
     result = invoke("lint", str(bad))
     assert result.exit_code == 1
     assert f"{bad}:{line}:12: error: examples[0]: 'not a hub id' does not match" in result.output
+
+
+# --- progress: one plain line per stage when piped, a bar on a terminal -----------------------
+
+CHECK_STAGES = ["[loading weights]", "[compiling the decode step]",
+                "[compiling the prompt chunk]", "[checking: per-step check]",
+                "[checking: compiled = reference]", "[checking: KL vs golden]",
+                "[checking: determinism]", "[checking: chat turn]",
+                "[checking: chunked = decode]", "[checking: deep decode]"]
+
+
+def test_check_says_each_stage_as_it_starts_when_piped():
+    result = invoke("check", LLAMA, "--random-weights", "0", "--toy")
+    assert result.exit_code == 0, result.output
+    assert [l for l in result.stderr.splitlines() if l.startswith("[")] == CHECK_STAGES
+    assert "━" not in result.output  # no bar where stderr is no terminal
+
+
+def test_run_says_its_stages_when_piped():
+    result = invoke("run", LLAMA, "--random-weights", "0", "--toy", "--num-tokens", "2")
+    assert result.exit_code == 0, result.output
+    assert [l for l in result.stderr.splitlines() if l.startswith("[") and "]" == l[-1]] == \
+        CHECK_STAGES[:3]
+
+
+def test_a_terminal_gets_a_bar_not_lines():
+    # stderr a pseudo-terminal, as a user's: rich draws its bar there and no stage line.
+    import pty
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", "from iron_spec.cli import app; app()",
+                             "check", LLAMA, "--random-weights", "0", "--toy"],
+                            stdout=subprocess.PIPE, stderr=child, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "COLUMNS": "120"})
+    os.close(child)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait(timeout=600)
+    os.close(main)
+    assert proc.returncode == 0
+    text = seen.decode("utf-8", "replace")
+    assert "loading weights" in text or "checking:" in text
+    assert "[loading weights]" not in text and "[checking: deep decode]" not in text
