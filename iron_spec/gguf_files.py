@@ -1,4 +1,4 @@
-"""GGUF files (llama.cpp's checkpoints) as a spec serves them: the spec's ``checkpoint.gguf``
+"""GGUF files (llama.cpp's checkpoints) as a spec serves them: the spec's ``gguf`` section
 (``interpreter.gguf_layout``) meets ``runtime.gguf``'s reader. ``build`` and ``registry`` call
 these where a ``--checkpoint`` is a ``.gguf`` file rather than a directory.
 
@@ -40,11 +40,11 @@ def _open(path: Path, mtime_ns: int) -> GGUFFile:
 def _layout(spec: Spec, file: GGUFFile):
     layout = gguf_layout(spec)
     if layout is None:
-        raise spec.error(("checkpoint",), f"{file.path} is a GGUF file (general.architecture "
-                         f"{file.architecture}); this spec has no checkpoint.gguf section to read "
+        raise spec.error((), f"{file.path} is a GGUF file (general.architecture "
+                         f"{file.architecture}); this spec has no gguf section to read "
                          "one (iron-spec list shows which spec serves which)")
     if layout.architecture != file.architecture:
-        raise spec.error(("checkpoint", "gguf", "architecture"),
+        raise spec.error(("gguf", "architecture"),
                          f"this spec reads GGUF files of {layout.architecture}; {file.path} is "
                          f"{file.architecture} (iron-spec list shows which spec serves which)")
     return layout

@@ -417,10 +417,10 @@ def checkpoint_layout(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tupl
 
 
 def gguf_layout(spec: Spec) -> GGUFLayout | None:
-    """``checkpoint.gguf``: the GGUF files of this spec's family and what llama.cpp's
+    """``gguf``: the GGUF files of this spec's family and what llama.cpp's
     converter did to their tensors (``runtime.gguf.Layout``), serving the spec's first
     ``architectures``; None where the spec names none."""
-    c = ("checkpoint", "gguf")
+    c = ("gguf",)
     if spec.get(*c) is None:
         return None
     archs = tuple(a for a in spec.get("architectures", default=[]) or [] if isinstance(a, str))

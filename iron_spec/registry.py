@@ -31,7 +31,7 @@ SPECS = Path(os.environ.get("IRON_SPEC_SPECS") or _shipped())
 @dataclass(frozen=True)
 class Entry:
     """One spec file: its ``name``, ``model`` kind, the ``architectures`` it serves and the
-    GGUF ``general.architecture`` it reads (``checkpoint.gguf``; None: none)."""
+    GGUF ``general.architecture`` it reads (its ``gguf`` section; None: none)."""
 
     path: Path
     name: str
@@ -54,7 +54,7 @@ def entries(folder: Path | None = None) -> list[Entry]:
     for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
         spec = load_spec(path)
         archs = spec.get("architectures", default=[])
-        gguf = spec.get("checkpoint", "gguf", "architecture")
+        gguf = spec.get("gguf", "architecture")
         out.append(Entry(path, str(spec.get("name", default=path.stem)),
                          str(spec.get("model", default="?")),
                          tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
@@ -107,7 +107,7 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
 
 def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
     """The spec reading GGUF files of ``path``'s ``general.architecture`` (its
-    ``checkpoint.gguf.architecture``).
+    ``gguf.architecture``).
 
     Raises:
         GGUFError: not a readable GGUF file.
@@ -122,7 +122,7 @@ def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
     if not serving:
         read = sorted({e.gguf for e in known if e.gguf})
         raise ValueError(f"{path}: no spec reads GGUF files of {arch} (specs read: "
-                         f"{', '.join(read) or 'none'}); add checkpoint.gguf to a spec, or name one")
+                         f"{', '.join(read) or 'none'}); add a gguf section to a spec, or name one")
     return serving[0].path
 
 

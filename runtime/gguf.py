@@ -10,7 +10,7 @@ convert_hf_to_gguf.py renames with). Its own ``GGUFReader`` is not used: it buil
 object per array item, 28 s for a 262k-token vocabulary, where this reader takes well under one.
 
 What llama.cpp's converter did to a family's tensors (q/k rows permuted, norms shifted) is
-not in the file: the spec says it (``Layout``, from a spec's ``checkpoint.gguf``).
+not in the file: the spec says it (``Layout``, from a spec's ``gguf`` section).
 
 Not for: the tokenizer (``runtime.gguf_vocab``), dequantizing (``runtime.quants``).
 """
@@ -292,7 +292,7 @@ def config(file: GGUFFile, layout: Layout) -> dict:
     arch = file.architecture
     if arch != layout.architecture:
         raise GGUFError(f"{file.path}: general.architecture is {arch}, not {layout.architecture} "
-                        f"(the spec's checkpoint.gguf.architecture)")
+                        f"(the spec's gguf.architecture)")
     for key, what in REFUSED.items():
         key = key.format(arch=arch)
         if key in file.metadata and not (key.endswith("scaling.type")
