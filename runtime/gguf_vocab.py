@@ -142,11 +142,9 @@ def _merges(vocab: dict[str, int], tokens: list[str], types: list[int],
         rank = [-float(i) for i in range(len(tokens))]
     else:
         rank = list(scores)
-    found = []
-    for token, score in zip(tokens, rank):
-        local = [(token[:i], token[i:], score) for i in range(1, len(token))
-                 if token[:i] in vocab and token[i:] in vocab]
-        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
-        found.extend(local)
+    # transformers also orders each token's splits by their pieces' ids first; the sort
+    # below orders them all the same (one token's splits differ in their left piece's length).
+    found = [(token[:i], token[i:], score) for token, score in zip(tokens, rank)
+             for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
     found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
     return [(a, b) for a, b, _ in found]
