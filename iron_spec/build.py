@@ -26,6 +26,7 @@ from iron_spec.runtime.module import pack_tree
 from iron_spec.runtime.tokenizer import Tokenizer
 from iron_spec.runtime.weights import draw_weights
 
+from . import gguf_files
 from .config import account
 from .errors import FlagError
 from .interpreter import expand
@@ -173,7 +174,10 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
         account(spec, config_json, source, allow_unread_config)
         return config_json, source, None
     directory = checkpoint_directory(checkpoint) if checkpoint is not None else example(spec)
-    config_json, source = read_config(directory), str(directory / "config.json")
+    if gguf_files.is_gguf(directory):  # its config.json is built from its metadata
+        config_json, source = gguf_files.config_json(spec, directory), str(directory)
+    else:
+        config_json, source = read_config(directory), str(directory / "config.json")
     served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
     if isinstance(archs, list) and archs and not set(archs) & set(served):
         raise spec.error(("architectures",), f"this spec serves {', '.join(served)}; {source} is "
@@ -213,16 +217,33 @@ def example(spec) -> Path:
 
 
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
-                 renames: dict, unused, progress: Progress | None
-                 ) -> tuple[LoadReport, Checkpoint | None]:
+                 renames: dict, unused, progress: Progress | None, spec=None,
+                 config_json: dict | None = None) -> tuple[LoadReport, Checkpoint | None]:
     """Fill ``model``'s params: drawn at ``random_weights`` by ``draw(model, seed)``, else read
-    strictly from ``directory``'s checkpoint (``runtime.checkpoint.load``). Returns the report
-    and the checkpoint read (None when drawn)."""
+    strictly from ``directory``'s checkpoint (``runtime.checkpoint.load``), or from a GGUF
+    file's tensors as ``spec`` reads them (``gguf_files.checkpoint``, on its ``config_json``).
+    Returns the report and the checkpoint read (None when drawn)."""
     if random_weights is not None:
         return fill(model, draw(model, random_weights)), None
     assert directory is not None, "a checkpoint directory, when nothing is drawn"
-    checkpoint = Checkpoint(directory)
+    if gguf_files.is_gguf(directory):
+        checkpoint = gguf_files.checkpoint(spec, directory, config_json,
+                                           _checkpoint_names(model, renames))
+    else:
+        checkpoint = Checkpoint(directory)
     return load(model, checkpoint, renames, progress, unused), checkpoint
+
+
+def _checkpoint_names(model, renames: dict) -> list[str]:
+    """The checkpoint name of each of ``model``'s params (its renames undone), or its own
+    where the renames lead to it from two (loading then says which)."""
+    out = []
+    for name, _ in model.named_params():
+        try:
+            out.append(source(name, renames))
+        except RenameError:
+            out.append(name)
+    return out
 
 
 def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
@@ -233,7 +254,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
-        checkpoint: a checkpoint directory or a hub id (``runtime.host``).
+        checkpoint: a checkpoint directory, a hub id (``runtime.host``) or a GGUF file
+            (its config, tokenizer and tensors read from it: ``gguf_files``).
         random_weights: a seed; weights are drawn at it instead of read.
         toy: the spec's ``toy`` shape (with ``random_weights``, no files at all).
         max_seq_len: the context; default the checkpoint's own where it fits this host's
@@ -271,7 +293,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     expanded = expand(spec, config_json, prefill_chunk=prefill_chunk, source=source)
     # Read before the weights, so a broken tokenizer.json fails in a second, not a minute.
     tokenizer = None
-    if directory is not None and (directory / "tokenizer.json").exists():
+    if directory is not None and gguf_files.is_gguf(directory):
+        tokenizer = gguf_files.tokenizer(directory)
+    elif directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)
     native = expanded.options.max_seq_len
     if max_seq_len is not None:
@@ -286,7 +310,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)
     lm = _tree(spec, lambda: CausalLM(expanded.options), source)
-    if random_weights is None and expanded.options.tied:
+    # A GGUF file holds a head exactly where it is not tied (runtime.gguf.config).
+    if random_weights is None and expanded.options.tied and not gguf_files.is_gguf(directory):
         expanded, lm = _untie(spec, expanded, lm, directory, source)
     now, most = lm.cache_bytes()
     log.info("KV cache %s reserved now (%d positions); it grows with the sequence, %d "
@@ -295,7 +320,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
-                                      expanded.renames, expanded.unused, progress)
+                                      expanded.renames, expanded.unused, progress, spec,
+                                      config_json)
     lm.decode_weights = decode_weights
     if decode_weights != "float32":
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run

@@ -15,6 +15,7 @@ from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
 from iron_spec.runtime.causal import CausalOptions
+from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
 
 from .config import Resolved, evaluate_option, per_layer_fields, resolve
@@ -413,3 +414,16 @@ def checkpoint_layout(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tupl
                 raise spec.error(c + (key, i), f"checkpoint.{key}[{i}]: {e}", value=True) from None
         lists.append(patterns)
     return renames, lists[0], lists[1]
+
+
+def gguf_layout(spec: Spec) -> GGUFLayout | None:
+    """``gguf``: the GGUF files of this spec's family and what llama.cpp's
+    converter did to their tensors (``runtime.gguf.Layout``), serving the spec's first
+    ``architectures``; None where the spec names none."""
+    c = ("gguf",)
+    if spec.get(*c) is None:
+        return None
+    archs = tuple(a for a in spec.get("architectures", default=[]) or [] if isinstance(a, str))
+    return GGUFLayout(str(spec.get(*c, "architecture")), archs,
+                      _flag(spec, c + ("rope_permuted",), spec.get(*c, "rope_permuted", default=False)),
+                      float(_number(spec, c + ("norm_offset",), spec.get(*c, "norm_offset", default=0)) or 0))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from . import gguf_files
 from .errors import SpecError, message
 from .loader import load_spec
 
@@ -29,12 +30,14 @@ SPECS = Path(os.environ.get("IRON_SPEC_SPECS") or _shipped())
 
 @dataclass(frozen=True)
 class Entry:
-    """One spec file: its ``name``, ``model`` kind and the ``architectures`` it serves."""
+    """One spec file: its ``name``, ``model`` kind, the ``architectures`` it serves and the
+    GGUF ``general.architecture`` it reads (its ``gguf`` section; None: none)."""
 
     path: Path
     name: str
     model: str
     architectures: tuple[str, ...]
+    gguf: str | None = None
 
 
 def entries(folder: Path | None = None) -> list[Entry]:
@@ -51,9 +54,11 @@ def entries(folder: Path | None = None) -> list[Entry]:
     for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
         spec = load_spec(path)
         archs = spec.get("architectures", default=[])
+        gguf = spec.get("gguf", "architecture")
         out.append(Entry(path, str(spec.get("name", default=path.stem)),
                          str(spec.get("model", default="?")),
-                         tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()))
+                         tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
+                         gguf if isinstance(gguf, str) else None))
     return out
 
 
@@ -94,8 +99,31 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
     from .build import read_config
 
     directory = checkpoint_directory(checkpoint)
+    if gguf_files.is_gguf(directory):
+        return for_gguf(directory, folder)
     config = read_config(directory)
     return for_architectures(config.get("architectures"), str(directory / "config.json"), folder)
+
+
+def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
+    """The spec reading GGUF files of ``path``'s ``general.architecture`` (its
+    ``gguf.architecture``).
+
+    Raises:
+        GGUFError: not a readable GGUF file.
+        ValueError: no spec reads that architecture, or two do (naming each).
+    """
+    arch = gguf_files.architecture(path)
+    known = entries(folder)
+    serving = [e for e in known if e.gguf == arch]
+    if len(serving) > 1:
+        raise ValueError(f"GGUF files of {arch} are read by {len(serving)} specs "
+                         f"({', '.join(str(e.path) for e in serving)}); name one")
+    if not serving:
+        read = sorted({e.gguf for e in known if e.gguf})
+        raise ValueError(f"{path}: no spec reads GGUF files of {arch} (specs read: "
+                         f"{', '.join(read) or 'none'}); add a gguf section to a spec, or name one")
+    return serving[0].path
 
 
 def command() -> None:

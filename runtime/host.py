@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+from .gguf import is_gguf
+
 logger = logging.getLogger("iron_spec")
 
 HOST_RESERVE = 2 * 2**30  # bytes left to the OS and the Python process itself
@@ -15,20 +17,22 @@ CHECKPOINT_FILES = ["*config.json", "model*.safetensors*", "tokenizer.json",
 
 
 def checkpoint_directory(checkpoint: str | Path) -> Path:
-    """``checkpoint`` itself if it is a directory, else a hub repository id resolved through
+    """``checkpoint`` itself if it is a directory or a GGUF file (``runtime.gguf``: one file
+    holding config, tokenizer and weights), else a hub repository id resolved through
     ``huggingface_hub`` (its cache, and ``HF_HUB_OFFLINE``, honoured).
 
     Raises:
-        FileNotFoundError: neither a directory nor a repository that is cached or reachable,
-            naming it.
+        FileNotFoundError: neither a directory, a GGUF file, nor a repository that is cached
+            or reachable, naming it.
     """
     path = Path(checkpoint)
-    if path.is_dir():
+    if path.is_dir() or is_gguf(path):
         return path
     text = str(checkpoint)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
         raise FileNotFoundError(f"--checkpoint {text}: not a checkpoint directory (one holding "
-                                "config.json and model.safetensors) nor a hub id like org/name")
+                                "config.json and model.safetensors), a GGUF file, nor a hub id "
+                                "like org/name")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     try:

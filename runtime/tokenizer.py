@@ -102,6 +102,21 @@ class Tokenizer:
         #: tokenizer's eos_token, together.
         self.eos_ids: frozenset[int] = frozenset(eos)
 
+    @classmethod
+    def from_parts(cls, tokenizer: _Tokenizer, chat_template: str | None,
+                   special: dict[str, str | None], eos_ids: Iterable[int]) -> "Tokenizer":
+        """A tokenizer from its parts, where no checkpoint directory holds them (a GGUF
+        file's metadata, ``runtime.gguf_vocab``): the ``tokenizers`` Tokenizer, the chat
+        template, the special tokens' texts by ``tokenizer_config.json``'s names
+        (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``) and the ids generation
+        stops at."""
+        self = cls.__new__(cls)
+        self._tok, self.chat_template = tokenizer, chat_template
+        self.special = {k: special.get(k) for k in ("bos_token", "eos_token", "unk_token",
+                                                     "pad_token")}
+        self.eos_ids = frozenset(eos_ids)
+        return self
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

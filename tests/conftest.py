@@ -29,6 +29,19 @@ def checkpoint(name: str) -> Path:
     return path
 
 
+def download(name: str) -> Path:
+    """The file ``name`` make_checkpoints.sh downloaded (``CHECKPOINTS/.downloads``: the GGUF
+    files the real checkpoints were converted from); skip (fail in CI) where it is absent."""
+    path = CHECKPOINTS / ".downloads" / name
+    if not path.is_file():
+        message = (f"{path} is missing: download it with bash ../shared/data/make_checkpoints.sh "
+                   f"{CHECKPOINTS}")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return checkpoint("smollm2-135m-instruct")

