@@ -261,6 +261,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                          "(iron-spec embed), it does not generate")
     config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
                                                   allow_unread_config)
+    asked = prefill_chunk
     if toy:
         prefill_chunk = prefill_chunk or spec.get("toy", "prefill_chunk")
     expanded = expand(spec, config_json, prefill_chunk=prefill_chunk, source=source)
@@ -284,8 +285,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     else:
         fixed, per_position = _footprint(expanded.options, decode_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
-    if prefill_chunk is not None and not toy and prefill_chunk > L:
-        raise ValueError(f"--prefill-chunk {prefill_chunk} is past the context max_seq_len {L} "
+    if asked is not None and asked > L:
+        raise ValueError(f"--prefill-chunk {asked} is past the context max_seq_len {L} "
                          "(a prompt call holds at most the context; it is not cut silently)")
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,

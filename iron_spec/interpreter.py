@@ -403,10 +403,11 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
     if not isinstance(C, int) or isinstance(C, bool) or not 1 <= C <= MAX_PREFILL_CHUNK:
-        what = "prefill_chunk" if prefill_chunk else "runtime.prefill_chunk"
-        raise spec.error(() if prefill_chunk else ("runtime", "prefill_chunk"),
-                         f"{what} {C!r} is not a whole number within 1..{MAX_PREFILL_CHUNK} "
-                         "(ids a prompt call holds; it is never cut silently)")
+        what = (f"prefill_chunk {C!r} is not a whole number within 1..{MAX_PREFILL_CHUNK} "
+                "(ids a prompt call holds; it is never cut silently)")
+        if prefill_chunk:
+            raise ValueError(what)
+        raise spec.error(("runtime", "prefill_chunk"), f"runtime.{what}")
     positions, offset = _positions(spec, r, L)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
