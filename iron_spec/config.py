@@ -261,7 +261,7 @@ def mapped(spec: Spec) -> dict[str, str]:
 def ignored_keys(spec: Spec) -> list:
     """The spec's ``ignore:`` list (empty where it is none)."""
     ignore = spec.get("ignore")
-    return ignore if isinstance(ignore, list) else []
+    return [k for k in ignore if isinstance(k, str)] if isinstance(ignore, list) else []
 
 
 def shown(value: Any) -> str:

@@ -344,6 +344,9 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
     v = r.values
     for name in REQUIRED:
         _typed(spec, ("config", name), v[name], int, f"a whole number (from {r.sources[name]})")
+        if v[name] is None:
+            raise spec.error(("config", name), f"{name} is null (from {r.sources[name]}), not a "
+                                               "whole number")
         top = MAX_LAYERS if name == "num_hidden_layers" else MAX_INT
         if not 1 <= v[name] <= top:
             raise spec.error(("config", name), f"{name} is {v[name]} (from {r.sources[name]}), "
