@@ -52,7 +52,7 @@ def test_a_bad_flag_is_refused_naming_it(case, flags, says):
 def test_toy_with_a_checkpoint_is_refused(tmp_path):
     result = runner.invoke(app, ["run", LLAMA, "--toy", "--random-weights", "0",
                                  "--checkpoint", str(tmp_path)])
-    assert result.exit_code == 1 and "--toy draws a tiny shape" in result.output
+    assert result.exit_code == 2 and "--toy draws a tiny shape" in result.output  # usage
 
 
 def test_a_checkpoint_that_is_nowhere_is_refused_naming_it(tmp_path):
