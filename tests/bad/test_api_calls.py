@@ -158,3 +158,16 @@ SAMPLERS = [
 def test_a_sampler_out_of_range_is_refused(case, kwargs, says):
     with pytest.raises(ValueError, match=says):
         Sampler(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 5e-324, 1e-300, 1e-30, 1e-8, 1e300])
+def test_sampling_stays_finite_for_any_temperature_accepted(temperature):
+    logits = np.array([1.0, 3.5, -2.0, 3.5 - 1e-6, 0.0], np.float32)
+    s = Sampler(temperature=temperature, seed=0)
+    p = s.probabilities(logits)
+    assert np.isfinite(p).all() and abs(p.sum() - 1.0) < 1e-12, p
+    draws = {s(logits) for _ in range(20)}
+    if temperature < 1e-8:  # at the limit: the largest logit (1 over 3), never the last id
+        assert draws == {1}, draws
+    if temperature == 1e300:  # at the other limit: every token alike
+        assert np.allclose(p, 0.2)
