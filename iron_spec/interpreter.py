@@ -319,10 +319,10 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     try:
         return _expand(spec, config_json, r, max_seq_len, prefill_chunk, source)
     except SpecError as e:
-        raise _traced(spec, r, e, source) from None
+        raise traced(spec, r, e, source) from None
 
 
-def _traced(spec: Spec, r: Resolved, e: SpecError, source: str) -> SpecError:
+def traced(spec: Spec, r: Resolved, e: SpecError, source: str) -> SpecError:
     """``e`` with the config.json keys the option it names was computed from (``(from
     config.json: rope_parameters.rope_theta)``), where the message does not say them."""
     raw = spec.get(*e.path) if e.path is not None else None

@@ -173,3 +173,27 @@ def test_a_config_json_that_is_no_json_object_is_refused_naming_it(toy_dir, case
     with pytest.raises(EXPECTED) as e:
         load_model(LLAMA, checkpoint=toy_dir)
     assert str(e.value).startswith(f"{path}: ") and says in str(e.value), e.value
+
+
+BERT = str(SPECS / "bert.yaml")
+ENCODER = [
+    ("eps_nan", "layer_norm_eps", NAN, "layer.norm.eps is nan"),
+    ("vocab_null", "vocab_size", None, "vocab_size is None"),
+    ("positions_huge", "max_position_embeddings", 10**30, "embedding.positions is 1000000"),
+    ("layers_billion", "num_hidden_layers", 10**9, "num_hidden_layers is 1000000000"),
+    ("mlp_past_memory", "intermediate_size", 10**8, "GiB of weights, past this host's"),
+    ("pad_outside_vocab", "pad_token_id", 10**6, "pad_token_id is 1000000"),
+    ("token_types_negative", "type_vocab_size", -1, "embedding.token_types is -1"),
+]
+
+
+@pytest.mark.parametrize("case, name, value, says", ENCODER, ids=[e[0] for e in ENCODER])
+def test_a_bad_encoder_config_is_refused_before_anything_is_allocated(tmp_path, case, name,
+                                                                      value, says):
+    from iron_spec.encoder import load_encoder
+    from iron_spec.loader import load_spec
+    config = dict(load_spec(BERT).get("toy", "config"), **{name: value})
+    dump(tmp_path / "config.json", json.dumps(config))
+    with pytest.raises(EXPECTED) as e:
+        load_encoder(BERT, checkpoint=tmp_path, random_weights=0)
+    assert str(tmp_path / "config.json") in str(e.value) and says in str(e.value), e.value
