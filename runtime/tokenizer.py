@@ -94,7 +94,7 @@ def _template(value: Any, source: str) -> str | None:
                             f"{', '.join(sorted(named))} and none named default (the one a "
                             "chat renders, as transformers')")
         return named["default"]
-    raise FileError(f"{source}: chat_template is {values._shown(value)}, not text (a jinja "
+    raise FileError(f"{source}: chat_template is {values.shown(value)}, not text (a jinja "
                     "template) nor a list of {name, template}")
 
 

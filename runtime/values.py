@@ -36,14 +36,14 @@ def number(value: Any, where: str, *, above: float | None = None,
         f" >= {at_least:g}" if at_least is not None else "") + (
         f" <= {at_most:g}" if at_most is not None else "")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where} is {_shown(value)} ({_kind(value)}), not {valid}")
+        raise ValueError(f"{where} is {shown(value)} ({_kind(value)}), not {valid}")
     try:
         x = float(value)
     except OverflowError:
-        raise ValueError(f"{where} is {_shown(value)}, not {valid}") from None
+        raise ValueError(f"{where} is {shown(value)}, not {valid}") from None
     if not math.isfinite(x) or (above is not None and not x > above) or (
             at_least is not None and not x >= at_least) or (at_most is not None and not x <= at_most):
-        raise ValueError(f"{where} is {_shown(value)}, not {valid}")
+        raise ValueError(f"{where} is {shown(value)}, not {valid}")
     return x
 
 
@@ -55,7 +55,7 @@ def whole(value: Any, where: str, *, at_least: int = 0, at_most: int = MAX_INT) 
         ValueError: naming ``where``, the value and the valid range.
     """
     if isinstance(value, bool) or not isinstance(value, int) or not at_least <= value <= at_most:
-        raise ValueError(f"{where} is {_shown(value)}"
+        raise ValueError(f"{where} is {shown(value)}"
                          + (f" ({_kind(value)})" if not isinstance(value, int) or
                             isinstance(value, bool) else "")
                          + f", not a whole number within {at_least}..{at_most}")
@@ -69,7 +69,7 @@ def flag(value: Any, where: str) -> bool:
         ValueError: naming ``where``.
     """
     if not isinstance(value, bool):
-        raise ValueError(f"{where} is {_shown(value)} ({_kind(value)}), not true or false")
+        raise ValueError(f"{where} is {shown(value)} ({_kind(value)}), not true or false")
     return value
 
 
@@ -88,7 +88,8 @@ def token_ids(value: Any, where: str, vocab: int | None = None) -> set[int]:
     return {whole(value, where, at_most=top)}
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A value as a message quotes it: its repr, cut to 40 characters."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -129,7 +130,7 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
     if scaling is None:
         return
     if not isinstance(scaling, Mapping):
-        raise ValueError(f"{where} is {_shown(scaling)} ({_kind(scaling)}), not a mapping of "
+        raise ValueError(f"{where} is {shown(scaling)} ({_kind(scaling)}), not a mapping of "
                          "RoPE parameters or null")
     if not scaling:
         return
@@ -138,7 +139,7 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
     if kind is None:
         kind = "default"
     if not isinstance(kind, str) or kind not in ROPE_TYPES:
-        raise ValueError(f"{where}.{type_key} is {_shown(kind)}, not one of {', '.join(ROPE_TYPES)}")
+        raise ValueError(f"{where}.{type_key} is {shown(kind)}, not one of {', '.join(ROPE_TYPES)}")
     for key, needed, check in _ROPE_KEYS.get(kind, []):
         at = f"{where}.{key}"
         if scaling.get(key) is None:
@@ -156,7 +157,7 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
             flag(value, at)
         else:
             if not isinstance(value, list) or not value:
-                raise ValueError(f"{at} is {_shown(value)}, not a list of numbers")
+                raise ValueError(f"{at} is {shown(value)}, not a list of numbers")
             for i, v in enumerate(value):
                 number(v, f"{at}[{i}]", above=0)
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
@@ -222,6 +223,6 @@ def architectures(data: Mapping[str, Any], source: str) -> None:
         return
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         hint = f" (write [{archs!r}])" if isinstance(archs, str) else ""
-        raise ValueError(f"{source}: architectures is {_shown(archs)}, not a list of class "
+        raise ValueError(f"{source}: architectures is {shown(archs)}, not a list of class "
                          f"names{hint}")
 
