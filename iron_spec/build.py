@@ -6,7 +6,6 @@ spec, fits the context to the host, builds the module tree and fills its weights
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +23,8 @@ from iron_spec.runtime.golden import fingerprint
 from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
 from iron_spec.runtime.module import pack_tree
 from iron_spec.runtime.tokenizer import Tokenizer
+from iron_spec.runtime.files import read_object
+from iron_spec.runtime.values import TOKEN_KEYS, architectures, token_ids
 from iron_spec.runtime.weights import draw_weights
 
 from . import gguf_files
@@ -90,15 +91,19 @@ class Loaded:
 
 
 def read_config(directory: Path) -> dict:
+    """``directory``'s config.json, a JSON object (``runtime.files.read_object``), its
+    ``architectures`` (where given) a list of names.
+
+    Raises:
+        FileNotFoundError: there is none.
+        FileError: not a regular file, not UTF-8 JSON, not an object, or ``architectures``
+            that is not a list of text (the file and key named).
+    """
     path = directory / "config.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{path}: no config.json (a checkpoint directory holds one)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
+    data = read_object(path, what="config.json")
+    architectures(data, str(path))
     return data
 
 
@@ -170,6 +175,9 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
             raise FlagError("--toy needs --random-weights SEED: a toy has no checkpoint")
         if spec.get("toy") is None:
             raise spec.error((), "this spec has no toy: section for --toy")
+        if not isinstance(spec.get("toy", "config"), dict):
+            raise spec.error(("toy",), "toy: is not a mapping holding config: (a tiny "
+                             "config.json) for --toy")
         config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
         account(spec, config_json, source, allow_unread_config)
         return config_json, source, None
@@ -288,15 +296,23 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                          "(iron-spec embed), it does not generate")
     config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
                                                   allow_unread_config)
+    asked = prefill_chunk
     if toy:
         prefill_chunk = prefill_chunk or spec.get("toy", "prefill_chunk")
     expanded = expand(spec, config_json, prefill_chunk=prefill_chunk, source=source)
+    for key in TOKEN_KEYS:  # read by the tokenizer where there is one: checked either way
+        token_ids(config_json.get(key), f"{source}: {key}", expanded.options.vocab_size)
     # Read before the weights, so a broken tokenizer.json fails in a second, not a minute.
     tokenizer = None
     if directory is not None and gguf_files.is_gguf(directory):
         tokenizer = gguf_files.tokenizer(directory)
     elif directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)
+        V = expanded.options.vocab_size
+        past = sorted(i for i in tokenizer.eos_ids if i >= V)
+        if past:
+            raise ValueError(f"{tokenizer.eos_sources[past[0]]}: end-of-text id {past[0]} is "
+                             f"outside the model's vocabulary 0..{V - 1} (vocab_size {V})")
     native = expanded.options.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
@@ -306,6 +322,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     else:
         fixed, per_position = _footprint(expanded.options, decode_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
+    if asked is not None and asked > L:
+        raise ValueError(f"--prefill-chunk {asked} is past the context max_seq_len {L} "
+                         "(a prompt call holds at most the context; it is not cut silently)")
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)

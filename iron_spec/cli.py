@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import typer
 
 from iron_spec.operators import Sampler
 from iron_spec.runtime.checkpoint import CheckpointError
+from iron_spec.runtime.files import read_object
+from iron_spec.runtime.values import generation_config
 from iron_spec.runtime.session import Session
 from iron_spec.runtime.tokenizer import TextStream, utf8_text
 
@@ -80,13 +81,10 @@ def _sampling(loaded: Loaded, temperature, top_k, top_p, seed) -> Sampler:
     """
     path = None if loaded.directory is None else loaded.directory / "generation_config.json"
     gen = {}
-    if path is not None and path.exists():
-        try:
-            gen = json.loads(path.read_text())
-        except ValueError as e:  # json.JSONDecodeError, or UnicodeDecodeError on bytes
-            raise ValueError(f"{path}: not valid JSON: {e}") from None
-        if not isinstance(gen, dict):
-            raise ValueError(f"{path}: not a JSON object")
+    if path is not None and (path.exists() or path.is_symlink()):
+        gen = read_object(path, what="generation_config.json")
+        model = getattr(loaded, "model", None)
+        generation_config(gen, str(path), None if model is None else model.config.vocab_size)
 
     def setting(key: str, kind, absent, null):
         """The file's ``key`` as ``kind``; ``absent`` where it has none, ``null`` where null."""

@@ -151,6 +151,12 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
             in a cycle.
     """
     fields = spec.get("config", default={}) or {}
+    _declared(spec, fields)
+    for key, place in rope_moves(spec).items():
+        held = config_json.get(key)
+        if not place and held is not None and not isinstance(held, Mapping):
+            raise spec.error(("config",), f"{source}: {key} is {shown(held)}, not a mapping of "
+                                          "RoPE parameters or null")
     config_json, moved = standard(spec, config_json)
     out = Resolved()
     busy: list[str] = []
@@ -204,7 +210,24 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
     return out
 
 
-def _expression(spec: Spec, path: tuple, text: Any, value, fields: Mapping[str, Any]) -> Any:
+def _declared(spec: Spec, fields: Mapping[str, Any]) -> None:
+    """Every field's ``expr`` and ``if_null: {expr}`` well formed and naming fields, whether
+    or not config.json's key shadows it (a run refuses what lint does).
+
+    Raises:
+        SpecError: at the first expression refused.
+    """
+    for name, raw in fields.items():
+        e = entry(raw)
+        null = e.get("if_null")
+        for path, text in ((("config", name, "expr"), e.get("expr")),
+                           (("config", name, "if_null", "expr"),
+                            null.get("expr") if isinstance(null, dict) else None)):
+            if isinstance(text, str):
+                _names(spec, path, text, fields)
+
+
+def _names(spec: Spec, path: tuple, text: Any, fields: Mapping[str, Any]) -> set[str]:
     try:
         needed = expr.names(text)
     except expr.ExprError as e:
@@ -213,6 +236,11 @@ def _expression(spec: Spec, path: tuple, text: Any, value, fields: Mapping[str, 
     if unknown:
         raise spec.error(path, f"expression {text!r} names {', '.join(unknown)}, not a config "
                                f"field (fields: {', '.join(fields)})")
+    return needed
+
+
+def _expression(spec: Spec, path: tuple, text: Any, value, fields: Mapping[str, Any]) -> Any:
+    needed = _names(spec, path, text, fields)
     try:
         return expr.evaluate(text, {n: value(n) for n in needed})
     except expr.ExprError as e:
@@ -233,7 +261,7 @@ def mapped(spec: Spec) -> dict[str, str]:
 def ignored_keys(spec: Spec) -> list:
     """The spec's ``ignore:`` list (empty where it is none)."""
     ignore = spec.get("ignore")
-    return ignore if isinstance(ignore, list) else []
+    return [k for k in ignore if isinstance(k, str)] if isinstance(ignore, list) else []
 
 
 def shown(value: Any) -> str:

@@ -18,12 +18,15 @@ from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
     POOLINGS
 from iron_spec.runtime.checkpoint import mark_transposed
+from iron_spec.runtime.host import host_budget
 from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
+from iron_spec.runtime.values import MAX_INT, TOKEN_KEYS, token_ids
 from iron_spec.runtime.weights import draw_weights
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
-from .interpreter import _flag_option, _option, checkpoint_layout, norm_options
+from .errors import SpecError
+from .interpreter import MAX_LAYERS, _flag_option, traced, _option, checkpoint_layout, norm_options
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -53,13 +56,28 @@ def _number(spec: Spec, r: Resolved, path: tuple, default: Any) -> float:
 
 def _whole(spec: Spec, r: Resolved, path: tuple, default: Any) -> int:
     v = _option(spec, r, path, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise spec.error(path, f"{'.'.join(map(str, path))} is {v!r}, not a whole number >= 0")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT:
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {v!r}, not a whole number "
+                               f"within 0..{MAX_INT}")
     return v
 
 
 def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
                    source: str = "config.json") -> ExpandedEncoder:
+    """``_expand_encoder``, its option errors naming the config.json keys their fields read
+    (``interpreter.traced``)."""
+    try:
+        return _expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
+    except SpecError as e:
+        try:
+            r = resolve(spec, config_json, source)
+        except SpecError:
+            raise e from None
+        raise traced(spec, r, e, source) from None
+
+
+def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
+                    source: str = "config.json") -> ExpandedEncoder:
     """The encoder ``spec`` describes on ``config_json``'s shape.
 
     ``max_tokens`` (ids a call holds) defaults to the spec's ``runtime.max_tokens``, else the
@@ -84,6 +102,10 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
         if isinstance(v[name], bool) or not isinstance(v[name], int):
             raise spec.error(("config", name), f"config/{name} is {v[name]!r}, not a whole "
                              f"number (from {r.sources[name]})")
+        top = MAX_LAYERS if name == "num_hidden_layers" else MAX_INT
+        if not 1 <= v[name] <= top:
+            raise spec.error(("config", name), f"{name} is {v[name]} (from {r.sources[name]}), "
+                                               f"not a whole number within 1..{top}")
     layer = ("layer",)
     if spec.get("layer", "kind") != "encoder":
         raise spec.error(layer + ("kind",), f"model encoder takes layer kind 'encoder', not "
@@ -191,6 +213,21 @@ def _sentence_length(directory: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def _fits(spec: Spec, o: EncoderOptions, source: str) -> None:
+    """Refuse an encoder whose weights alone (float32: embedding tables, every layer's
+    projections) would not fit this host's memory budget, before any is allocated (numpy
+    maps zeros lazily, so a table of 2**31 rows would be taken and then filled)."""
+    E = o.hidden_size
+    tables = (o.vocab_size + o.positions + o.token_types) * E
+    layers = sum(E * lo.head_dim * (lo.heads + 2 * (lo.kv_heads or lo.heads)) + lo.heads *
+                 lo.head_dim * E + 2 * E * lo.intermediate_size for lo in o.layers)
+    need = 4 * (tables + layers)
+    if need > host_budget():
+        raise spec.error(("config",), f"the encoder on {source} would hold {need / 2**30:.1f} "
+                                      f"GiB of weights, past this host's "
+                                      f"{host_budget() / 2**30:.1f} GiB budget")
+
+
 def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = None,
                  random_weights: int | None = None, toy: bool = False,
                  max_tokens: int | None = None,
@@ -216,8 +253,11 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     if directory is not None and max_tokens is None:
         max_tokens = _sentence_length(directory)
     expanded = expand_encoder(spec, config_json, source=source)
+    for key in TOKEN_KEYS:
+        token_ids(config_json.get(key), f"{source}: {key}", expanded.options.vocab_size)
     if max_tokens is not None and max_tokens < expanded.options.max_tokens:
         expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
+    _fits(spec, expanded.options, source)
     model = Encoder(expanded.options)
     mark_transposed(model, expanded.transposed)
     report, ckpt = fill_weights(model, directory, random_weights, draw_weights,

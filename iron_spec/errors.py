@@ -12,6 +12,7 @@ class SpecError(ValueError):
     def __init__(self, file: str, line: int, col: int, message: str):
         super().__init__(f"{file}:{line}:{col}: error: {message}")
         self.file, self.line, self.col, self.message = str(file), line, col, message
+        self.path: tuple | None = None  # the spec node it is at, where Spec.error made it
 
 
 class FlagError(ValueError):

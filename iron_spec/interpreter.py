@@ -17,6 +17,10 @@ from iron_spec.runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions
 from iron_spec.runtime.causal import CausalOptions
 from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
+from iron_spec.runtime.values import MAX_INT, rope_scaling
+
+from . import expr
+from .errors import SpecError
 
 from .config import Resolved, evaluate_option, per_layer_fields, resolve
 from .loader import Spec
@@ -25,6 +29,8 @@ from .schema import validate
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 DEFAULT_PREFILL_CHUNK = 256
+MAX_LAYERS = 2**16  # layers a model may have: each is a Python object tree of ~200 KB
+MAX_PREFILL_CHUNK = 2**16  # ids a prompt call holds: 64 Ki rows of every activation
 _ABSENT = object()
 
 
@@ -205,7 +211,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         kv_heads=whole(*a, "kv_heads", default="num_key_value_heads"),
         head_dim=whole(*a, "head_dim", default="head_dim"),
         bias=flag(*a, "bias"), o_bias=flag(*a, "o_bias"), rope=rope,
-        scale=number(*a, "scale"), window=whole(*a, "window"), softcap=number(*a, "softcap"),
+        scale=number(*a, "scale"), window=_window(spec, *opt(*a, "window")),
+        softcap=number(*a, "softcap"),
         qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
@@ -226,6 +233,18 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
                         parallel=parallel, shared_norm=_flag(spec, at, shared_norm))
+
+
+def _window(spec: Spec, value: Any, at: tuple) -> int | None:
+    """A sliding window: None (full attention), or a whole number of positions from 1 to
+    ``MAX_INT`` (the attention kernel's int; a window past the context masks nothing)."""
+    if value is None:
+        return None
+    value = _whole(spec, at, value)
+    if not 1 <= value <= MAX_INT:
+        raise spec.error(at, f"{'.'.join(map(str, at))} is {value}, not a whole number within "
+                             f"1..{MAX_INT} (null: full attention)")
+    return value
 
 
 def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:
@@ -298,12 +317,41 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     if missing:
         raise spec.error(("config",), f"config lacks the required fields {', '.join(missing)}")
     r = resolve(spec, config_json, source)
+    try:
+        return _expand(spec, config_json, r, max_seq_len, prefill_chunk, source)
+    except SpecError as e:
+        raise traced(spec, r, e, source) from None
+
+
+def traced(spec: Spec, r: Resolved, e: SpecError, source: str) -> SpecError:
+    """``e`` with the config.json keys the option it names was computed from (``(from
+    config.json: rope_parameters.rope_theta)``), where the message does not say them."""
+    raw = spec.get(*e.path) if e.path is not None else None
+    try:
+        names = sorted(expr.names(raw)) if isinstance(raw, str) else []
+    except expr.ExprError:
+        names = []
+    froms = [r.sources[n] for n in names if r.sources.get(n, "").startswith(f"{source}: ")]
+    froms = [f for f in froms if f.split(" (from ")[0] not in e.message]
+    if not froms:
+        return e
+    traced = SpecError(e.file, e.line, e.col, f"{e.message} (from {'; '.join(froms)})")
+    traced.path = e.path
+    return traced
+
+
+def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len: int | None,
+            prefill_chunk: int | None, source: str) -> Expanded:
     v = r.values
     for name in REQUIRED:
         _typed(spec, ("config", name), v[name], int, f"a whole number (from {r.sources[name]})")
-        if v[name] < 1:
+        if v[name] is None:
+            raise spec.error(("config", name), f"{name} is null (from {r.sources[name]}), not a "
+                                               "whole number")
+        top = MAX_LAYERS if name == "num_hidden_layers" else MAX_INT
+        if not 1 <= v[name] <= top:
             raise spec.error(("config", name), f"{name} is {v[name]} (from {r.sources[name]}), "
-                                               "not a whole number of at least 1")
+                                               f"not a whole number within 1..{top}")
 
     types = _layer_types(spec, r, v["num_hidden_layers"])
     # Fields read per layer (transformers' per_layer_config): each layer's own resolution,
@@ -331,8 +379,13 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
         if scaling and original is not None and "original_max_position_embeddings" not in scaling:
             scaling = {**scaling, "original_max_position_embeddings": _whole(
                 spec, p + ("original_max_position_embeddings",), original)}
+        theta = _positive(spec, p + ("theta",), _option(spec, r, p + ("theta",), None))
+        try:
+            rope_scaling(scaling, _key(spec, r, p + ("scaling",), source), theta)
+        except ValueError as e:
+            raise spec.error(p + ("scaling",), str(e)) from None
         ropes[name] = RopeOptions(
-            theta=_positive(spec, p + ("theta",), _option(spec, r, p + ("theta",), None)),
+            theta=theta,
             rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
             scaling=scaling,
             max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
@@ -353,6 +406,12 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
+    if not isinstance(C, int) or isinstance(C, bool) or not 1 <= C <= MAX_PREFILL_CHUNK:
+        what = (f"prefill_chunk {C!r} is not a whole number within 1..{MAX_PREFILL_CHUNK} "
+                "(ids a prompt call holds; it is never cut silently)")
+        if prefill_chunk:
+            raise ValueError(what)
+        raise spec.error(("runtime", "prefill_chunk"), f"runtime.{what}")
     positions, offset = _positions(spec, r, L)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
@@ -366,6 +425,16 @@ def expand(spec: Spec, config_json: Mapping[str, Any], *, max_seq_len: int | Non
         head_bias=_flag_option(spec, r, ("head", "bias"), False),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def _key(spec: Spec, r: Resolved, path: tuple, source: str) -> str:
+    """Where the option at ``path`` comes from, as an error names it: ``FILE: KEY`` of the
+    config.json key its one field reads, else the option itself."""
+    raw = spec.get(*path)
+    got = r.sources.get(raw, "") if isinstance(raw, str) else ""
+    if got.startswith(f"{source}: "):
+        return got.split(" (from ")[0].split(" if_null")[0]
+    return ".".join(map(str, path))
 
 
 def _positions(spec: Spec, r: Resolved, L: int) -> tuple[int, int]:

@@ -18,6 +18,9 @@ from typing import Iterable, List, Optional
 
 import typer
 
+from iron_spec.runtime.files import read_object
+from iron_spec.runtime.values import architectures
+
 from . import rules
 from .errors import SpecError, message
 from .loader import Spec, load_spec
@@ -40,14 +43,8 @@ class ConfigFile:
         Raises FileNotFoundError (no file) or ValueError (not a JSON object)."""
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such config.json")
-        try:
-            data = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: not JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: not a JSON object")
+        data = read_object(path, what="config.json")
+        architectures(data, str(path))
         return cls(str(path), data)
 
 
@@ -59,8 +56,11 @@ def spec_files(paths: Iterable[Path]) -> list[Path]:
     files = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml"))
-        elif p.is_file():
+            # A folder named x.yaml is no spec; a FIFO or device so named is listed, and
+            # load_spec refuses it as that file's problem.
+            files += sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml")
+                            and not q.is_dir())
+        elif p.exists():
             files.append(p)
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
@@ -131,6 +131,9 @@ def lint_paths(paths: Iterable[Path], config: ConfigFile | None = None
             spec = load_spec(f)
         except SpecError as e:
             problems.append(e)
+            continue
+        except Exception as e:  # whatever one file holds, the others are still reported
+            problems.append(SpecError(str(f), 1, 1, f"could not read this spec: {e}"))
             continue
         specs.append(spec)
         try:

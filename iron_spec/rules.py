@@ -225,7 +225,8 @@ def ignored(spec: Spec) -> list[SpecError]:
     read = mapped(spec)
     return [spec.error(("ignore", i), f"ignore[{i}]: {key!r} is read by config.{read[key]}; "
                        "it is not ignored", value=True)
-            for i, key in enumerate(ignored_keys(spec)) if key in read]
+            for i, key in enumerate(spec.get("ignore") if isinstance(spec.get("ignore"), list)
+                                    else []) if isinstance(key, str) and key in read]
 
 
 def unmapped(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:

@@ -48,7 +48,11 @@ class Sampler:
         if self.greedy:
             probs[int(np.argmax(x))] = 1.0
             return probs
-        x = x / self.temperature
+        # Shifted by the largest before dividing: a tiny temperature (1e-320) then gives 0
+        # and -inf, not inf - inf = NaN, so every temperature accepted draws from a finite
+        # distribution (at the limit, the argmax). The softmax is the same either way.
+        with np.errstate(over="ignore"):  # a difference over a tiny temperature: -inf
+            x = (x - x.max()) / self.temperature
         order = np.argsort(-x, kind="stable")
         if self.top_k is not None and self.top_k < order.size:
             # transformers' TopKLogitsWarper removes only what is below the k-th largest:

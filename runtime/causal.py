@@ -293,23 +293,36 @@ class Version:
         self.plan = Plan(rec, out, check=check, packed=lm.packed,
                          weights="float32" if prompt else lm.decode_weights)
         self._reference = Reference(rec, out, lm.reference_states)
-        self.vocab_size = lm.config.vocab_size
+        self.vocab_size, self.max_seq_len = lm.config.vocab_size, lm.config.max_seq_len
 
     def _call(self, runner, ids, token, position, start, rows, sampler):
+        # Checked before anything runs, so a refused call leaves every cache as it was.
+        V, L = self.vocab_size, self.max_seq_len
         if self.prompt:
             if ids is None or start is None or rows is None:
                 raise TypeError("a prompt chunk takes ids, start and rows")
-            call = {"start": int(start), "rows": int(rows), "position": int(start) + int(rows) - 1}
-            inputs = {"ids": np.asarray(ids, np.int32)}
+            rows = _index(rows, "rows", 1, self.capacity)
+            start = _index(start, "start", 0, L - rows)
+            ids = token_ids(ids, V, "ids")
+            if ids.shape != (self.capacity,):
+                raise ValueError(f"ids hold {ids.size} ids, not the chunk's {self.capacity}")
+            bad = np.flatnonzero((ids[:rows] < 0) | (ids[:rows] >= V))
+            if bad.size:
+                raise IndexError(f"ids[{int(bad[0])}] = {int(ids[bad[0]])} is outside the "
+                                 f"vocabulary 0..{V - 1}")
+            call = {"start": start, "rows": rows, "position": start + rows - 1}
+            inputs = {"ids": ids.astype(np.int32)}
         else:
             if token is None or position is None:
                 raise TypeError("a decode step takes token and position")
-            call = {"start": int(position), "rows": 1, "position": int(position)}
+            token = _index(token, "token", 0, V - 1, IndexError)
+            position = _index(position, "position", 0, L - 1)
+            call = {"start": position, "rows": 1, "position": position}
             inputs = {"ids": np.asarray([token], np.int32)}
         self.lm.reserve(call["position"] + 1)
         logits = runner(inputs, call).reshape(-1)
         draw = sampler if sampler is not None else greedy
-        return logits, {"token": draw(logits), "position": call["position"] + 1}
+        return logits, {"token": drawn(draw(logits), V), "position": call["position"] + 1}
 
     def __call__(self, ids=None, *, token=None, position=None, start=None, rows=None,
                  sampler: Callable[[np.ndarray], int] | None = None):
@@ -318,6 +331,51 @@ class Version:
     def reference(self, ids=None, *, token=None, position=None, start=None, rows=None,
                   sampler: Callable[[np.ndarray], int] | None = None):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler)
+
+
+def _index(value, name: str, lo: int, hi: int, error=ValueError) -> int:
+    """``value`` as an int, where it is an integer (not a boolean) within ``lo..hi``.
+
+    Raises:
+        TypeError: not an integer. ``error`` (ValueError, or IndexError for an id): outside.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} is {value!r} ({type(value).__name__}), not an integer")
+    if not lo <= value <= hi:
+        raise error(f"{name} {int(value)} is outside {lo}..{hi}")
+    return int(value)
+
+
+def token_ids(ids, V: int, what: str = "tokens") -> np.ndarray:
+    """``ids`` as an int64 array, where every one is an integer (a bool is no id, though
+    numpy and Python count it as 1).
+
+    Raises:
+        TypeError: an id that is not an integer (named with its index).
+    """
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"{what} are {ids.dtype} values, not integer token ids")
+        return ids.astype(np.int64).reshape(-1) if ids.ndim == 1 else ids.astype(np.int64)
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{what} is {type(ids).__name__}, not a sequence of token ids")
+    ids = list(ids)
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"{what}[{i}] is {t!r} ({type(t).__name__}), not an integer token id")
+    return np.asarray(ids, np.int64)
+
+
+def drawn(token, V: int) -> int:
+    """A sampler's draw, where it is a token id (an integer within ``0..V - 1``).
+
+    Raises:
+        ValueError: anything else (a sampler returning -1, 7.9 or True is refused, not used).
+    """
+    if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)) \
+            or not 0 <= token < V:
+        raise ValueError(f"the sampler drew {token!r}, not a token id within 0..{V - 1}")
+    return int(token)
 
 
 def greedy(logits: np.ndarray) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Callable, Iterable, Mapping
 
 import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
+from .files import FileError, open_regular
 from .module import Module, Param
 from .renames import matching, renamed
 
@@ -28,6 +31,7 @@ DTYPES = {
     "BOOL": np.bool_,
 }
 MAX_HEADER = 100 * 2**20  # bytes; safetensors' own limit
+FLOATS = ("F64", "F32", "F16", "BF16")  # what a weight may be stored as
 
 
 class CheckpointError(ValueError):
@@ -48,9 +52,33 @@ def _count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict, refusing a name given twice (json keeps the last)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise CheckpointError(f"tensor {k!r} is listed twice")
+        out[k] = v
+    return out
+
+
 def _header(path: Path) -> dict[str, TensorInfo]:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    """The tensors of the safetensors file ``path``, its header validated as the
+    ``safetensors`` library validates it (names unique, dtypes known, every tensor's bytes
+    its shape's, offsets contiguous from 0 without overlap or gap, the data exactly covering
+    the rest of the file), by our checks (which name the tensor) and then by the library's
+    own ``safe_open``.
+
+    Raises:
+        CheckpointError: the file is not a regular file or its header is refused, naming
+            the file and the tensor.
+    """
+    try:
+        f = open_regular(path, "safetensors file")
+    except FileError as e:
+        raise CheckpointError(str(e)) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
             raise CheckpointError(f"{path}: {size} bytes is too short for a safetensors header")
@@ -59,9 +87,13 @@ def _header(path: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{path}: header of {n} bytes does not fit the file's {size} bytes "
                                   "(truncated or not safetensors)")
         try:
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_unique)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path}: header is not JSON ({e})") from None
+        except RecursionError:
+            raise CheckpointError(f"{path}: header is JSON nested too deeply") from None
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
     data = 8 + n
@@ -87,6 +119,24 @@ def _header(path: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{path}: tensor {name!r} ends at byte {data + e}, past the "
                                   f"file's {size} bytes (truncated)")
         out[name] = TensorInfo(path, dtype, shape, data + b, data + e)
+    end = 0
+    for name, info in sorted(out.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
+        b, e = info.begin - data, info.end - data
+        if b != end:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} spans bytes {b}..{e} of the data, but the tensor "
+                f"before it ends at {end}: " + ("they overlap" if b < end else "a gap between")
+                + " (safetensors lays tensors end to end)")
+        end = e
+    if data + end != size:
+        raise CheckpointError(f"{path}: the tensors' data ends at byte {data + end}, the file "
+                              f"at {size}: {size - data - end} bytes after the last tensor "
+                              "(safetensors refuses a file its tensors do not exactly cover)")
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: the safetensors library refuses it: {e}") from None
     return out
 
 
@@ -108,7 +158,7 @@ class Checkpoint:
         if path.is_dir():
             index = path / "model.safetensors.index.json"
             path = index if index.exists() else path / "model.safetensors"
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise FileNotFoundError(f"{path}: no such weights file (a checkpoint directory holds "
                                     "model.safetensors or model.safetensors.index.json)")
         self.path = path
@@ -121,7 +171,12 @@ class Checkpoint:
 
     def _sharded(self, index: Path) -> None:
         try:
-            weight_map = json.loads(index.read_bytes())["weight_map"]
+            with open_regular(index, "safetensors index") as f:
+                weight_map = json.loads(f.read(MAX_HEADER))["weight_map"]
+        except FileError as e:
+            raise CheckpointError(str(e)) from None
+        except RecursionError:
+            raise CheckpointError(f"{index}: JSON nested too deeply") from None
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: not a safetensors index with a weight_map ({e})") from None
         if not isinstance(weight_map, dict) or not all(
@@ -319,22 +374,46 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
     The file's pages are unmapped afterwards, so they stop counting as resident memory.
     """
     found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
+    # Every weight is a float: an integer or boolean tensor where one belongs is no weight
+    # (a cast would be silent), named before anything is read.
+    wrong = [f"{s} ({checkpoint.tensors[s].dtype})" for s in found.sources.values()
+             if checkpoint.tensors[s].dtype not in FLOATS]
+    if wrong:
+        raise CheckpointError(f"{checkpoint.path}: {len(wrong)} tensor{'s' * (len(wrong) != 1)} "
+                              f"where float weights belong hold integers or booleans: "
+                              f"{_some(wrong)} (weights are {', '.join(FLOATS)})")
     for i, (name, source) in enumerate(found.sources.items()):
         param = found.params[name]
         # Into the param's own rows where it has them, in the model's layout.
-        param.fill(param.from_stored(checkpoint.raw(source)))
+        with np.errstate(over="ignore"):  # a value past float32 is named just below
+            param.fill(param.from_stored(checkpoint.raw(source)))
         checkpoint.release(source)
         array = param.array
         # A float64 sum is finite exactly when every value is (float32 values cannot add up
         # past float64's range), and takes no array of the tensor's size.
         if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
-            bad = int(array.size - np.isfinite(array).sum())
-            raise CheckpointError(f"{checkpoint.path}: tensor {source} holds {bad} NaN or "
-                                  "infinite values; the weights are damaged")
+            raise CheckpointError(_not_finite(checkpoint, source, array))
         if progress is not None:
             progress(i + 1, len(found.sources))
     checkpoint.close()
     return found.report()
+
+
+def _not_finite(checkpoint: Checkpoint, source: str, array: np.ndarray) -> str:
+    """What is wrong with tensor ``source`` whose float32 values are not all finite: NaN or
+    infinities in the file, or finite values of a wider dtype past float32's range."""
+    stored = checkpoint.raw(source)
+    wide = np.isfinite(stored.astype(np.float64, copy=False))
+    if wide.all():
+        top = float(np.abs(stored.astype(np.float64)).max())
+        n = int(array.size - np.isfinite(array).sum())
+        return (f"{checkpoint.path}: tensor {source} ({checkpoint.tensors[source].dtype}) holds "
+                f"{n} finite value{'s' * (n != 1)} past float32's range (largest magnitude "
+                f"{top:.3g}, float32's {float(np.finfo(np.float32).max):.3g}); the model "
+                "computes in float32")
+    bad = int(stored.size - wide.sum())
+    return (f"{checkpoint.path}: tensor {source} holds {bad} NaN or infinite values; the "
+            "weights are damaged")
 
 
 def fill(module: Module, tensors: Mapping[str, np.ndarray]) -> LoadReport:

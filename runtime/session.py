@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .causal import CausalLM, greedy
+from .causal import CausalLM, greedy, token_ids
 
 
 @dataclass
@@ -48,10 +48,9 @@ class Session:
         self.stats: Stats | None = None
 
     def _validate(self, tokens: Iterable[int], more: int = 0) -> np.ndarray:
-        t = np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
-        if t.ndim != 1 or t.size == 0 or t.dtype.kind not in "iu":
+        t = token_ids(tokens, self.lm.config.vocab_size, "tokens")
+        if t.ndim != 1 or t.size == 0:
             raise ValueError("a history is a non-empty sequence of token ids")
-        t = t.astype(np.int64)
         V, L = self.lm.config.vocab_size, self.lm.config.max_seq_len
         bad = np.flatnonzero((t < 0) | (t >= V))
         if bad.size:
@@ -136,6 +135,8 @@ class Session:
             ValueError: the history and the tokens to draw do not fit ``max_seq_len``.
             IndexError: a token is outside the vocabulary.
         """
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
+            raise TypeError(f"max_tokens is {max_tokens!r}, not an integer")
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens} draws nothing; give 1 or more")
         history = self._validate(tokens, more=max_tokens - 1)

@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _Tokenizer
+
+from . import values
+from .files import FileError, read_object, read_text, regular
+
+# A chat template's render is bounded, as a template is code from the checkpoint: a loop of
+# 10**10 steps or a string doubled thirty times is refused, not run to the end.
+RENDER_SECONDS = 5.0
+RENDER_CHARS = 32 * 2**20  # characters of output (a 128k-token context is ~0.5M)
+RENDER_BYTES = 512 * 2**20  # memory the render may grow the process by
 
 
 def read_tokenizer_json(directory: str | Path) -> _Tokenizer:
@@ -22,8 +34,9 @@ def read_tokenizer_json(directory: str | Path) -> _Tokenizer:
         ValueError: the library cannot read it (named, not its bare Exception).
     """
     path = Path(directory) / "tokenizer.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{path}: no tokenizer.json (a checkpoint directory holds one)")
+    regular(path, "tokenizer.json")
     try:
         return _Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
@@ -58,10 +71,31 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _ids(value: Any) -> set[int]:
-    if value is None:
-        return set()
-    return {int(v) for v in value} if isinstance(value, list) else {int(value)}
+def _template(value: Any, source: str) -> str | None:
+    """A checkpoint's chat template as transformers takes it: text, or a list of ``{name,
+    template}`` (several named templates; ``PreTrainedTokenizerBase.get_chat_template`` uses
+    ``default``, and with none refuses); null is none.
+
+    Raises:
+        FileError: anything else, or a list whose entries are not ``{name, template}`` text.
+    """
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {}
+        for i, t in enumerate(value):
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str)
+                    and isinstance(t.get("template"), str)):
+                raise FileError(f"{source}: chat_template[{i}] is not a {{name, template}} of "
+                                "text, as transformers saves several templates")
+            named[t["name"]] = t["template"]
+        if "default" not in named:
+            raise FileError(f"{source}: chat_template holds templates "
+                            f"{', '.join(sorted(named))} and none named default (the one a "
+                            "chat renders, as transformers')")
+        return named["default"]
+    raise FileError(f"{source}: chat_template is {values.shown(value)}, not text (a jinja "
+                    "template) nor a list of {name, template}")
 
 
 class Tokenizer:
@@ -81,26 +115,36 @@ class Tokenizer:
     def __init__(self, directory: str | Path):
         directory = Path(directory)
         self._tok = read_tokenizer_json(directory)
-        settings = _read_json(directory / "tokenizer_config.json")
+        config = directory / "tokenizer_config.json"
+        settings = _read_json(config)
         jinja_file = directory / "chat_template.jinja"
-        template = jinja_file.read_text() if jinja_file.exists() else settings.get("chat_template")
-        if isinstance(template, list):  # several named templates: transformers' "default"
-            named = {t.get("name"): t.get("template") for t in template}
-            template = named.get("default")
+        if jinja_file.exists() or jinja_file.is_symlink():
+            template = read_text(jinja_file, what="chat template")
+        else:
+            template = _template(settings.get("chat_template"), str(config))
         self.chat_template: str | None = template
         self.special = {k: _token_text(settings.get(k)) for k in
                         ("bos_token", "eos_token", "unk_token", "pad_token")}
-        eos = set()
-        for source in (_read_json(directory / "generation_config.json"),
-                       _read_json(directory / "config.json")):
-            eos |= _ids(source.get("eos_token_id"))
+        V = self.vocab_size
+        eos: dict[int, str] = {}
+        for name in ("generation_config.json", "config.json"):
+            path = directory / name
+            data = _read_json(path)
+            for key in values.TOKEN_KEYS:
+                ids = values.token_ids(data.get(key), f"{path}: {key}", V)
+                if key == "eos_token_id":
+                    eos.update({i: f"{path}: {key}" for i in ids if i not in eos})
         if self.special["eos_token"] is not None:
             tid = self._tok.token_to_id(self.special["eos_token"])
-            if tid is not None:
-                eos.add(tid)
+            if tid is None:
+                raise FileError(f"{config}: eos_token {self.special['eos_token']!r} is not a "
+                                "token of tokenizer.json (generation could never stop at it)")
+            eos.setdefault(tid, f"{config}: eos_token")
         #: The ids generation stops at: generation_config.json's, config.json's and the
         #: tokenizer's eos_token, together.
         self.eos_ids: frozenset[int] = frozenset(eos)
+        #: Where each of ``eos_ids`` was read (``FILE: KEY``), for errors.
+        self.eos_sources: dict[int, str] = eos
 
     @classmethod
     def from_parts(cls, tokenizer: _Tokenizer, chat_template: str | None,
@@ -158,34 +202,111 @@ class Tokenizer:
         if self.chat_template is None:
             raise ValueError("this checkpoint has no chat template (tokenizer_config.json's "
                              "chat_template or chat_template.jinja); use a plain --prompt")
-        text = _environment().from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            **{k: v for k, v in self.special.items() if v is not None})
+        text = render(self.chat_template, messages=messages,
+                      add_generation_prompt=add_generation_prompt,
+                      **{k: v for k, v in self.special.items() if v is not None})
         return self.encode(text, add_special_tokens=False)
 
 
-def _read_json(path: Path) -> dict:
-    """``path``'s JSON object; {} where there is no such file or it holds no object.
+def render(template: str, **context: Any) -> str:
+    """``template`` rendered over ``context`` in jinja2's immutable sandbox (as transformers'
+    ``render_jinja_template``), bounded: at most ``RENDER_SECONDS`` seconds,
+    ``RENDER_CHARS`` characters of output and ``RENDER_BYTES`` of memory grown; the
+    template's own code is traced line by line to hold the bounds (a render takes
+    milliseconds; the trace costs a few microseconds a line).
 
     Raises:
-        ValueError: the file is not valid JSON (named: json's own error does not say which).
+        jinja2.TemplateError: the template is not valid jinja, refuses the context
+            (``raise_exception``), or passes a bound (``TemplateBoundError``, saying which).
     """
-    if not path.exists():
-        return {}
+    compiled = _environment().from_string(template)
+    deadline, base, steps = time.monotonic() + RENDER_SECONDS, _rss(), [0]
+
+    def check() -> None:
+        if time.monotonic() > deadline:
+            raise TemplateBoundError(f"the chat template ran past {RENDER_SECONDS:g} s "
+                                     "(a loop without end?)")
+        if _rss() - base > RENDER_BYTES:
+            raise TemplateBoundError(f"the chat template grew memory past "
+                                     f"{RENDER_BYTES // 2**20} MiB (a string built without end?)")
+
+    def line(frame, event, arg):
+        steps[0] += 1
+        check()
+        return line
+
+    def calls(frame, event, arg):
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    out, n = [], 0
+    previous = sys.gettrace()
+    sys.settrace(calls)
     try:
-        data = json.loads(path.read_text())
-    except ValueError as e:  # json.JSONDecodeError, or UnicodeDecodeError on bytes
-        raise ValueError(f"{path}: not valid JSON: {e}") from None
-    return data if isinstance(data, dict) else {}
+        for piece in compiled.generate(**context):
+            n += len(piece)
+            if n > RENDER_CHARS:
+                raise TemplateBoundError(f"the chat template's output passed {RENDER_CHARS} "
+                                         "characters")
+            out.append(piece)
+    except MemoryError:
+        raise TemplateBoundError("the chat template ran out of memory") from None
+    except (OverflowError, RecursionError) as e:
+        raise TemplateBoundError(f"the chat template failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.settrace(previous)
+    return "".join(out)
+
+
+class TemplateBoundError(jinja2.TemplateError):
+    """A chat template that passed a bound of its render (time, output, memory)."""
+
+
+def _rss() -> int:
+    """This process's resident memory in bytes (Linux's /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _read_json(path: Path) -> dict:
+    """``path``'s JSON object; {} where there is no such file.
+
+    Raises:
+        FileError: not a regular file, not UTF-8, not valid JSON or not an object (named).
+    """
+    if not path.exists() and not path.is_symlink():
+        return {}
+    return read_object(path)
 
 
 def _raise(message: str):
     raise jinja2.TemplateError(message)
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """transformers' immutable sandbox, with ``*`` and ``**`` held to the render's bounds
+    (one ``"x" * 10**10`` would allocate before any line is traced)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            size, times = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(size, (str, list, tuple)) and isinstance(times, int) \
+                    and len(size) * times > RENDER_CHARS:
+                raise TemplateBoundError(f"the chat template repeats {len(size)} items "
+                                         f"{times} times, past {RENDER_CHARS}")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) \
+                and abs(left) > 1 and right > 4096:
+            raise TemplateBoundError(f"the chat template raises {left} to the power {right}")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
+                   extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, \
         sort_keys=False: json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                                     separators=separators, sort_keys=sort_keys)

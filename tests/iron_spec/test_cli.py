@@ -205,8 +205,8 @@ def test_null_generation_settings_leave_their_warper_off_as_transformers(tmp_pat
 
 @pytest.mark.parametrize("text,says", [("{not json", "not valid JSON"),
                                        ('{"do_sample": true, "top_k": "many"}',
-                                        "top_k is 'many', not a number"),
-                                       ('{"do_sample": true, "top_p": 0}', "top_p 0.0 is outside")])
+                                        "top_k is 'many' (text), not a whole number"),
+                                       ('{"do_sample": true, "top_p": 0}', "top_p is 0, not a finite number above 0")])
 def test_a_bad_generation_config_is_refused_naming_the_file(toy_checkpoint, text, says):
     directory, _ = toy_checkpoint
     path = write_generation_config(directory, text)

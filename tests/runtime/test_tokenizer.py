@@ -173,10 +173,13 @@ def test_eos_union_of_generation_config_config_and_tokenizer(tiny):
     assert Tokenizer(tiny).eos_ids == {5, 7, EOS}
 
 
-def test_an_eos_token_outside_the_vocabulary_adds_nothing(tiny):
+def test_an_eos_token_outside_the_vocabulary_is_refused_naming_it(tiny):
+    # Generation could never stop at a token the tokenizer does not have (issue 13).
     write_json(tiny / "config.json", {"eos_token_id": 3})
     write_json(tiny / "tokenizer_config.json", {"eos_token": "<|nowhere|>"})
-    assert Tokenizer(tiny).eos_ids == {3}
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: eos_token '<\|nowhere\|>' "
+                                         "is not a token of tokenizer.json"):
+        Tokenizer(tiny)
 
 
 def test_chat_template_jinja_is_preferred_over_the_config(tiny):

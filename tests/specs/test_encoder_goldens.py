@@ -146,4 +146,7 @@ def test_a_config_transformers_refuses_is_one_line_naming_it(tmp_path):
            "--random-weights", "0", "--toy", "--record-golden"]
     run = subprocess.run(cli, capture_output=True, text=True)
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
-    assert f"--record-golden: transformers refuses {path} toy.config: " in run.stderr
+    # Refused at load as transformers refuses it, before anything is recorded: one line
+    # naming the file and the key (issue 13: token ids checked against the vocabulary).
+    assert run.stderr.strip() == (f"error: {path} toy.config: pad_token_id is 200, not a "
+                                  "whole number within 0..127"), run.stderr

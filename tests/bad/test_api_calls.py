@@ -1,0 +1,173 @@
+"""Bad calls through the Python API refused as the command line refuses them, before
+anything runs, the session left bit for bit as it was (issue 13): token ids that are not
+integers (a bool is no id), ids outside the vocabulary, positions outside the context, a
+sampler drawing what is no token id, sampler settings out of range."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from iron_spec.build import load_model
+from iron_spec.operators import Sampler
+from iron_spec.runtime.session import Session
+from tests.bad.corpus import LLAMA
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model(LLAMA, random_weights=0, toy=True)
+
+
+@pytest.fixture()
+def warm(toy):
+    """A session holding a short history, its logits after it, and that history."""
+    session = Session(toy.lm)
+    history = [5, 17, 42, 99, 3]
+    return session, session.logits(history).copy(), history
+
+
+def unchanged(session, logits, history, calls):
+    """Nothing ran, and the held history gives the very same logits (bit for bit)."""
+    assert len(session.calls) == calls
+    assert session.held == len(history)
+    assert np.array_equal(session.logits(history), logits)
+    assert len(session.calls) == calls  # asked again for the same history: nothing runs
+
+
+V = 256  # the toy's vocabulary
+HISTORIES = [
+    ("bool_id", [5, True, 7], TypeError, "tokens[1] is True (bool)"),
+    ("all_bools", [True, False], TypeError, "tokens[0] is True (bool)"),
+    ("numpy_bools", np.array([True, False]), TypeError, "bool values"),
+    ("float_id", [5, 2.7], TypeError, "tokens[1] is 2.7 (float)"),
+    ("float_array", np.array([1.0, 2.0]), TypeError, "float64 values"),
+    ("text_id", [5, "7"], TypeError, "tokens[1] is '7' (str)"),
+    ("a_string", "hello", TypeError, "tokens is str"),
+    ("none_id", [None], TypeError, "tokens[0] is None"),
+    ("negative_id", [5, -1], IndexError, "token id -1 at position 1 is outside"),
+    ("past_vocab", [5, V], IndexError, f"token id {V} at position 1 is outside"),
+    ("huge_id", [2**40], IndexError, f"token id {2**40} at position 0"),
+    ("empty", [], ValueError, "non-empty"),
+    ("nested", [[1, 2]], TypeError, "tokens[0] is [1, 2]"),
+]
+
+
+@pytest.mark.parametrize("case, tokens, error, says", HISTORIES, ids=[h[0] for h in HISTORIES])
+def test_a_bad_history_is_refused_and_nothing_changes(warm, case, tokens, error, says):
+    session, logits, history = warm
+    calls = len(session.calls)
+    with pytest.raises(error) as e:
+        session.logits(tokens)
+    assert says in str(e.value), e.value
+    with pytest.raises(error):
+        list(session.generate(tokens, 2))
+    unchanged(session, logits, history, calls)
+
+
+def test_a_history_past_the_context_is_refused(warm, toy):
+    session, logits, history = warm
+    L = toy.lm.config.max_seq_len
+    calls = len(session.calls)
+    with pytest.raises(ValueError, match=f"do not fit max_seq_len {L}"):
+        session.logits([1] * (L + 1))
+    with pytest.raises(ValueError, match="and 10 more to draw"):
+        list(session.generate([1] * (L - 5), 11))
+    unchanged(session, logits, history, calls)
+
+
+@pytest.mark.parametrize("max_tokens, error", [(0, ValueError), (-3, ValueError),
+                                               (2.5, TypeError), (True, TypeError)])
+def test_a_bad_max_tokens_is_refused(warm, max_tokens, error):
+    session, logits, history = warm
+    calls = len(session.calls)
+    with pytest.raises(error):
+        list(session.generate(history, max_tokens))
+    unchanged(session, logits, history, calls)
+
+
+DRAWS = [("minus_one", -1), ("fraction", 7.9), ("past_vocab", V), ("boolean", True),
+         ("none", None), ("text", "3"), ("numpy_float", np.float32(4.0))]
+
+
+@pytest.mark.parametrize("case, draw", DRAWS, ids=[d[0] for d in DRAWS])
+def test_a_sampler_drawing_no_token_id_is_refused(warm, case, draw):
+    session, logits, history = warm
+    with pytest.raises(ValueError, match=re.escape(f"the sampler drew {draw!r}, not a token "
+                                                   f"id within 0..{V - 1}")):
+        list(session.generate(history + [8], 3, sampler=lambda logits: draw))
+    # The history it refused to extend is not held: asked again, it runs afresh.
+    assert session.held <= len(history) + 1
+    assert np.array_equal(session.logits(history), logits)
+
+
+DECODE = [
+    ("token_minus_one", dict(token=-1, position=5), IndexError, "token -1 is outside 0..255"),
+    ("token_past_vocab", dict(token=V, position=5), IndexError, "token 256 is outside"),
+    ("token_bool", dict(token=True, position=5), TypeError, "token is True (bool)"),
+    ("token_float", dict(token=3.0, position=5), TypeError, "token is 3.0 (float)"),
+    ("position_negative", dict(token=3, position=-1), ValueError, "position -1 is outside"),
+    ("position_past_context", dict(token=3, position=10**6), ValueError,
+     "position 1000000 is outside"),
+    ("position_text", dict(token=3, position="5"), TypeError, "position is '5' (str)"),
+]
+
+
+@pytest.mark.parametrize("case, kwargs, error, says", DECODE, ids=[d[0] for d in DECODE])
+def test_a_bad_decode_step_is_refused_before_it_runs(warm, toy, case, kwargs, error, says):
+    session, logits, history = warm
+    for run in (toy.lm.decode_step, toy.lm.decode_step.reference):
+        with pytest.raises(error) as e:
+            run(**kwargs)
+        assert says in str(e.value), e.value
+    unchanged(session, logits, history, len(session.calls))
+
+
+def test_bad_prompt_chunk_calls_are_refused_before_they_run(warm, toy):
+    session, logits, history = warm
+    chunk = toy.lm.prompt_chunk
+    C = chunk.capacity
+    ids = np.zeros(C, np.int32)
+    bad = ids.copy()
+    bad[2] = V
+    for kwargs, error, says in [
+            (dict(ids=bad, start=0, rows=3), IndexError, f"ids[2] = {V} is outside"),
+            (dict(ids=ids, start=0, rows=C + 1), ValueError, f"rows {C + 1} is outside"),
+            (dict(ids=ids, start=-1, rows=1), ValueError, "start -1 is outside"),
+            (dict(ids=ids[:3], start=0, rows=3), ValueError, f"not the chunk's {C}"),
+            (dict(ids=ids.astype(bool), start=0, rows=3), TypeError, "bool values")]:
+        with pytest.raises(error) as e:
+            chunk(**kwargs)
+        assert says in str(e.value), e.value
+    unchanged(session, logits, history, len(session.calls))
+
+
+SAMPLERS = [
+    ("temperature_negative", dict(temperature=-0.5), "temperature"),
+    ("temperature_nan", dict(temperature=float("nan")), "temperature"),
+    ("temperature_infinite", dict(temperature=float("inf")), "temperature"),
+    ("top_k_negative", dict(top_k=-2), "top_k"),
+    ("top_p_zero", dict(top_p=0.0), "top_p"),
+    ("top_p_past_one", dict(top_p=1.01), "top_p"),
+]
+
+
+@pytest.mark.parametrize("case, kwargs, says", SAMPLERS, ids=[s[0] for s in SAMPLERS])
+def test_a_sampler_out_of_range_is_refused(case, kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        Sampler(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 5e-324, 1e-300, 1e-30, 1e-8, 1e300])
+def test_sampling_stays_finite_for_any_temperature_accepted(temperature):
+    logits = np.array([1.0, 3.5, -2.0, 3.5 - 1e-6, 0.0], np.float32)
+    s = Sampler(temperature=temperature, seed=0)
+    p = s.probabilities(logits)
+    assert np.isfinite(p).all() and abs(p.sum() - 1.0) < 1e-12, p
+    draws = {s(logits) for _ in range(20)}
+    if temperature < 1e-8:  # at the limit: the largest logit (1 over 3), never the last id
+        assert draws == {1}, draws
+    if temperature == 1e300:  # at the other limit: every token alike
+        assert np.allclose(p, 0.2)

@@ -1,0 +1,124 @@
+"""Bad flags and arguments refused by the command line, each naming the flag or the file,
+with no traceback (issue 13): values out of range, contexts and prompt chunks past the model
+instead of silently cut, specs that are no files."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from iron_spec.cli import app
+from tests.bad.corpus import LLAMA
+
+runner = CliRunner()
+TOY = ["--random-weights", "0", "--toy", "--num-tokens", "2"]
+
+FLAGS = [
+    ("temperature_negative", ["--temperature", "-1"], "temperature"),
+    ("temperature_nan", ["--temperature", "nan"], "temperature"),
+    ("temperature_infinite", ["--temperature", "inf"], "temperature"),
+    ("top_p_zero", ["--top-p", "0"], "--top-p"),
+    ("top_p_past_one", ["--top-p", "1.5"], "--top-p"),
+    ("top_p_nan", ["--top-p", "nan"], "--top-p"),
+    ("top_k_negative", ["--top-k", "-1"], "top-k"),
+    ("top_k_fraction", ["--top-k", "1.5"], "top-k"),
+    ("num_tokens_zero", ["--num-tokens", "0"], "num-tokens"),
+    ("num_tokens_text", ["--num-tokens", "many"], "num-tokens"),
+    ("max_seq_len_zero", ["--max-seq-len", "0"], "max-seq-len"),
+    ("max_seq_len_past_model", ["--max-seq-len", str(10**9)], "--max-seq-len 1000000000"),
+    ("prefill_chunk_zero", ["--prefill-chunk", "0"], "prefill-chunk"),
+    ("prefill_chunk_billion", ["--prefill-chunk", str(10**9)], "prefill_chunk 1000000000"),
+    ("prefill_chunk_trillion", ["--prefill-chunk", str(10**12)], "prefill_chunk 1000000000000"),
+    ("prefill_chunk_past_context", ["--prefill-chunk", "64", "--max-seq-len", "32"],
+     "--prefill-chunk 64 is past the context max_seq_len 32"),
+    ("seed_negative", ["--seed", "-1"], "seed"),
+    ("decode_weights_unknown", ["--decode-weights", "int4"], "--decode-weights 'int4'"),
+    ("prompt_len_zero", ["--prompt-len", "0"], "prompt-len"),
+]
+
+
+@pytest.mark.parametrize("case, flags, says", FLAGS, ids=[f[0] for f in FLAGS])
+def test_a_bad_flag_is_refused_naming_it(case, flags, says):
+    args = TOY + flags if "--num-tokens" not in flags else TOY[:3] + flags
+    result = runner.invoke(app, ["run", LLAMA, *args])
+    assert result.exit_code in (1, 2), result.output
+    assert "Traceback" not in result.output and result.exception is None or \
+        isinstance(result.exception, SystemExit), result.exception
+    assert says in result.output, result.output
+
+
+def test_toy_with_a_checkpoint_is_refused(tmp_path):
+    result = runner.invoke(app, ["run", LLAMA, "--toy", "--random-weights", "0",
+                                 "--checkpoint", str(tmp_path)])
+    assert result.exit_code == 2 and "--toy draws a tiny shape" in result.output  # usage
+
+
+def test_a_checkpoint_that_is_nowhere_is_refused_naming_it(tmp_path):
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(tmp_path / "nope"),
+                                 "--prompt", "hi"])
+    assert result.exit_code == 1 and f"--checkpoint {tmp_path / 'nope'}" in result.output
+
+
+SPECS = [
+    ("missing", lambda p: None, "no such"),
+    ("directory", lambda p: p.mkdir(), "is a directory"),
+    ("fifo", lambda p: os.mkfifo(p), "is a FIFO"),
+    ("not_utf8", lambda p: p.write_bytes(b"spec: 1\nname: \xff\n"), "not UTF-8"),
+    ("too_large", lambda p: p.write_text("# " + "x" * 2**18 + "\nspec: 1\n"),
+     "larger than a spec may be"),
+]
+
+
+@pytest.mark.parametrize("case, make, says", SPECS, ids=[s[0] for s in SPECS])
+def test_a_spec_that_is_no_spec_file_is_refused_naming_it(tmp_path, case, make, says):
+    path = tmp_path / "x.yaml"
+    make(path)
+    result = runner.invoke(app, ["run", str(path), *TOY])
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
+    assert str(path) in result.output and says in result.output, result.output
+
+
+def test_a_toy_section_that_is_no_mapping_is_refused_naming_its_line(tmp_path):
+    text = open(LLAMA).read()
+    start = text.index("\ntoy:")
+    path = tmp_path / "x.yaml"
+    path.write_text(text[:start] + "\ntoy: [16]\n")
+    result = runner.invoke(app, ["run", str(path), *TOY])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    line = text[:start].count("\n") + 2
+    assert f"{path}:{line}:1: error: " in result.output, result.output
+
+
+def test_runtime_prefill_chunk_past_the_bound_is_refused_not_cut(tmp_path):
+    text = open(LLAMA).read()
+    path = tmp_path / "x.yaml"
+    path.write_text(text.replace("\nruntime:", "\nruntime:\n  prefill_chunk: 1000000000000", 1)
+                    .replace("\n  prefill_chunk: 256", ""))
+    result = runner.invoke(app, ["run", str(path), "--random-weights", "0", "--toy"])
+    # the toy's own chunk wins under --toy; the spec's own is checked on every other load
+    from iron_spec.build import load_model
+    from iron_spec.errors import SpecError
+    (tmp_path / "ck").mkdir()
+    import json
+    from iron_spec.loader import load_spec
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(load_spec(path).get("toy", "config")))
+    with pytest.raises(SpecError) as e:
+        load_model(path, checkpoint=tmp_path / "ck", random_weights=0)
+    assert "runtime.prefill_chunk 1000000000000 is not a whole number within 1..65536" in \
+        str(e.value) and f"{path}:" in str(e.value)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_bad_expression_shadowed_by_a_config_key_is_refused_by_run_as_lint_does(tmp_path):
+    text = open(LLAMA).read()
+    old = 'expr: "hidden_size // num_attention_heads"'
+    assert old in text
+    path = tmp_path / "x.yaml"
+    path.write_text(text.replace(old, 'expr: "hidden_size // num_attention_headz"'))
+    result = runner.invoke(app, ["run", str(path), *TOY])  # the toy config has head_dim
+    assert result.exit_code == 1, result.output
+    assert "names num_attention_headz, not a config field" in result.output, result.output
+    lint = runner.invoke(app, ["lint", str(path)])
+    assert lint.exit_code == 1 and "num_attention_headz" in lint.output
