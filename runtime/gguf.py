@@ -71,6 +71,12 @@ class GGUFTensor:
     begin: int
     end: int
 
+    @property
+    def dtype(self) -> str:
+        """The safetensors dtype it reads as (``checkpoint.load`` takes floats only): its
+        own where it is one, float32 for quantized blocks, which dequantize to it."""
+        return self.format.name if self.format.name in ("F32", "F16", "BF16") else "F32"
+
 
 def is_gguf(path: str | Path) -> bool:
     """Whether ``path`` is a file that begins with GGUF's magic bytes."""
