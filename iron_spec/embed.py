@@ -18,13 +18,13 @@ import typer
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.tokenizer import utf8_text
 
+from .api import load
 from .build import Loaded
 from .command import refuse
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .encoder import load_encoder
 from .errors import FlagError, SpecError
 from .loader import load_spec
-from .registry import for_checkpoint
+from .registry import entries, find
 
 
 def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
@@ -62,19 +62,30 @@ def cosine(embeddings: np.ndarray) -> np.ndarray:
 
 
 def _spec_and_texts(args: list[str], checkpoint: Optional[str]) -> tuple[Path, list[str]]:
-    """SPEC is the first argument when it names a .yaml/.yml file, else the checkpoint's
-    config.json architectures pick it."""
+    """SPEC is the first argument when it names a .yaml/.yml file, or, before other texts,
+    an encoder spec's name (``registry.find``); else the checkpoint's config.json
+    architectures pick it."""
     if args and Path(args[0]).suffix in (".yaml", ".yml"):
-        return Path(args[0]), args[1:]
+        return find(args[0]), args[1:]
+    if len(args) > 1 and args[0] in _encoder_names():
+        return find(args[0]), args[1:]
     if checkpoint is None:
         raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
-    return for_checkpoint(checkpoint), args
+    return find(None, checkpoint), args
+
+
+def _encoder_names() -> set[str]:
+    try:
+        return {n for e in entries() if e.model == "encoder" for n in (e.name, e.path.stem)}
+    except (FileNotFoundError, SpecError):  # a broken folder: names pick nothing
+        return set()
 
 
 def command(
     args: List[str] = typer.Argument(..., metavar="[SPEC] TEXT...",
-                                     help="an encoder spec (optional: else the checkpoint's "
-                                          "architectures pick one), then the texts"),
+                                     help="an encoder spec's name (iron-spec list) or path "
+                                          "(optional: else the checkpoint's architectures "
+                                          "pick one), then the texts"),
     checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     similarity: bool = typer.Option(False, "--similarity",
                                     help="print the cosine matrix of the texts' embeddings"),
@@ -98,15 +109,16 @@ def command(
                              "specs (model: encoder)")
         if checkpoint is None:
             raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
-        loaded = load_encoder(spec, checkpoint=checkpoint, max_tokens=max_tokens,
-                              allow_unread_config=allow_unread_config)
+        model = load(spec_path, checkpoint, max_tokens=max_tokens,
+                     allow_unread_config=allow_unread_config)
+        loaded = model.loaded
         cap = loaded.model.config.max_tokens
         if max_tokens is not None and max_tokens > cap:
             held = "its position table's rows" if cap == loaded.model.config.positions else \
                 "the spec's runtime/max_tokens"
             typer.echo(f"--max-tokens {max_tokens} is capped at {cap}, the most ids the model "
                        f"takes ({held})", err=True)
-        e = embed_texts(loaded, texts)
+        e = model.embed(texts)
     except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
         refuse(err)
     table = cosine(e) if similarity else e

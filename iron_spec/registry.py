@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from . import gguf_files
-from .errors import SpecError, message
+from .errors import FlagError, SpecError, message
 from .loader import load_spec
 
 def _shipped() -> Path:
@@ -26,6 +26,11 @@ def _shipped() -> Path:
 
 #: The shipped specs' folder; ``IRON_SPEC_SPECS`` points elsewhere.
 SPECS = Path(os.environ.get("IRON_SPEC_SPECS") or _shipped())
+
+
+def specs_folder() -> Path:
+    """The specs folder now: ``IRON_SPEC_SPECS`` where set, else the shipped one."""
+    return Path(os.environ.get("IRON_SPEC_SPECS") or _shipped())
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ def entries(folder: Path | None = None) -> list[Entry]:
         FileNotFoundError: no such folder.
         SpecError: a spec that does not parse (run ``iron-spec lint`` on it).
     """
-    folder = Path(folder or SPECS)
+    folder = Path(folder or specs_folder())
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no specs folder (IRON_SPEC_SPECS names another)")
     out = []
@@ -124,6 +129,46 @@ def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
         raise ValueError(f"{path}: no spec reads GGUF files of {arch} (specs read: "
                          f"{', '.join(read) or 'none'}); add a gguf section to a spec, or name one")
     return serving[0].path
+
+
+def find(spec: str | Path | None, checkpoint: str | Path | None = None,
+         folder: Path | None = None) -> Path:
+    """The spec file ``spec`` names: a path to one; a name (``llama3``, a spec's ``name`` or
+    file stem) in ``folder`` (default ``specs_folder()``, so from any working folder); a path
+    relative to a checkout's ``specs/`` (``specs/llama3.yaml``) that is not there, the
+    folder's file of that name; None, the spec serving ``checkpoint``'s architectures.
+
+    Raises:
+        FlagError: neither a spec nor a checkpoint.
+        ValueError: no spec serves the checkpoint's architectures.
+        FileNotFoundError: no such file and no spec of that name (every valid name listed).
+    """
+    if spec is None:
+        if checkpoint is None:
+            raise FlagError("name a spec (iron-spec list shows them), or give a checkpoint "
+                            "to pick one from its config.json architectures")
+        return for_checkpoint(checkpoint, folder)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    folder = Path(folder or specs_folder())
+    if not path.is_absolute() and len(path.parts) == 2 and path.parts[0] == "specs" and \
+            (folder / path.name).is_file():
+        return folder / path.name
+    if len(path.parts) == 1:
+        stem = path.stem if path.suffix in (".yaml", ".yml") else str(path)
+        known = entries(folder) if folder.is_dir() else []
+        for e in known:
+            if stem in (e.name, e.path.stem):
+                return e.path
+        names = sorted({e.path.stem for e in known})
+        import difflib
+        close = difflib.get_close_matches(stem, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise FileNotFoundError(f"{spec}: no such spec file, and no spec of that name in "
+                                f"{folder}{hint} (the specs: {', '.join(names) or 'none'}; "
+                                "IRON_SPEC_SPECS names another folder)")
+    raise FileNotFoundError(f"{spec}: no such spec file")
 
 
 def command() -> None:

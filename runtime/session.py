@@ -63,6 +63,17 @@ class Session:
                              "model's own)")
         return t
 
+    def check(self, tokens: Iterable[int], more: int = 0) -> None:
+        """Refuse ``tokens`` (a history) with ``more`` tokens to draw after it, as a call
+        would, before anything runs.
+
+        Raises:
+            ValueError: ``tokens`` is empty, not ids, or with ``more`` does not fit
+                ``max_seq_len``.
+            IndexError: a token is outside ``[0, vocab_size)``.
+        """
+        self._validate(tokens, more)
+
     @property
     def held(self) -> int:
         """How many tokens of this session the caches hold."""

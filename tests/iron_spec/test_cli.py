@@ -12,7 +12,8 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from iron_spec.build import load_model
-from iron_spec.cli import _sampling, app
+from iron_spec.cli import app
+from iron_spec.generation import read_generation_config, sampler_for
 from tests.conftest import SPECS
 
 LLAMA = str(SPECS / "llama3.yaml")
@@ -187,6 +188,11 @@ def test_null_generation_settings_are_unset(toy_checkpoint, settings):
     result = run("--checkpoint", str(directory), "--random-weights", "0", "--num-tokens", "4")
     assert result.exit_code == 0, result.output
     assert len(result.stdout.split()) == 4
+
+
+def _sampling(loaded, temperature, top_k, top_p, seed):
+    return sampler_for(*read_generation_config(loaded.directory), seed=seed,
+                       temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def test_null_generation_settings_leave_their_warper_off_as_transformers(tmp_path):

@@ -75,6 +75,21 @@ def test_spec_picked_by_architectures_when_not_named(minilm, golden):
     assert np.array(rows).shape == (3, 384)
 
 
+def test_spec_by_name_from_another_folder_and_the_library_alike(minilm, golden, tmp_path,
+                                                                monkeypatch):
+    import iron_spec
+    monkeypatch.chdir(tmp_path)
+    texts = golden["texts"][:2]
+    result = runner.invoke(app, ["embed", "bert", "--checkpoint", str(minilm), *texts,
+                                 "--similarity"])
+    assert result.exit_code == 0, result.output
+    want = [" ".join(f"{x:7.4f}" for x in row) for row in golden["cosine"][:2, :2]]
+    assert result.stdout.splitlines() == want
+    e = iron_spec.load("bert", minilm).embed(texts)
+    assert e.shape == (2, 384) and e.dtype == np.float32
+    np.testing.assert_allclose(cosine(e), golden["cosine"][:2, :2], atol=1e-6)
+
+
 def test_list_names_each_spec_and_its_architectures():
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0, result.output

@@ -1,0 +1,346 @@
+"""The library: ``iron_spec.load(...)`` gives a model a Python user drives.
+
+    import iron_spec
+    model = iron_spec.load("llama3", "path/to/smollm2-135m-instruct")
+    model.generate("The capital of France is", max_new_tokens=8)   # greedy: " Paris. ..."
+    for piece in model.stream("Once upon a time", temperature=0.8, seed=1):
+        print(piece, end="")
+    chat = model.chat(system="You are terse.")
+    chat.send("What is the capital of France?")
+
+A causal spec loads as a ``Model`` (``generate``, ``complete``, ``stream``, ``chat``), an
+encoder spec as an ``EncoderModel`` (``embed``). The CLI's ``run`` and ``embed`` call exactly
+this. Sampling defaults are the checkpoint's generation_config.json, as transformers'.
+
+Not for: checking a spec (``check``), measuring speed (``bench``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from iron_spec.operators.threads import set_threads
+from iron_spec.runtime.session import Session
+
+from .build import Loaded, load_model
+from .generation import Completion, Stream, read_generation_config, sampler_for
+from .loader import load_spec
+from .registry import find
+
+log = logging.getLogger("iron_spec")
+
+#: Tokens a generation draws when neither the caller nor generation_config.json says.
+DEFAULT_NEW_TOKENS = 64
+#: Tokens a chat reply draws at most by default (it ends at the end of its turn).
+DEFAULT_REPLY_TOKENS = 512
+
+
+def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *,
+         max_seq_len: int | None = None, threads: int | None = None,
+         allow_unread_config: bool = False, random_weights: int | None = None,
+         toy: bool = False, prefill_chunk: int | None = None, decode_weights: str = "float32",
+         max_tokens: int | None = None,
+         progress: Callable[[int, int], None] | None = None) -> "Model | EncoderModel":
+    """A model of ``spec`` on ``checkpoint``'s config and weights (or drawn ones).
+
+    Args:
+        spec: a spec's name (``"llama3"``, as ``iron-spec list`` shows), a path to a spec
+            YAML, or None: the spec serving ``checkpoint``'s config.json ``architectures``.
+            Names are looked up in ``IRON_SPEC_SPECS`` where set, else the shipped specs.
+        checkpoint: a directory (config.json, model.safetensors or a sharded index,
+            tokenizer.json) or a Hugging Face hub id (its cache and ``HF_HUB_OFFLINE``).
+        max_seq_len: the context in tokens (default: the checkpoint's own where the model
+            and its KV caches fit this host's memory, else the most that fits).
+        threads: threads for the kernels (default: ``OPENBLAS_NUM_THREADS``, else every core).
+        allow_unread_config: load although config.json holds keys the spec neither reads
+            nor ignores (refused otherwise, every such key named).
+        random_weights: draw the weights at this seed instead of reading them.
+        toy: the spec's tiny ``toy`` shape (with ``random_weights``: no files at all).
+        prefill_chunk: ids a prompt call holds (default: the spec's).
+        decode_weights: ``"float32"`` or ``"bfloat16"`` (the decode step's projections).
+        max_tokens: an encoder's ids per text (default: the spec's).
+        progress: called with (tensors loaded, tensors) as weights load.
+
+    Returns:
+        ``Model`` for a ``model: causal`` spec, ``EncoderModel`` for ``model: encoder``.
+
+    Raises:
+        FileNotFoundError: no such spec (the valid names listed), checkpoint or config.json.
+        SpecError: the spec is invalid or does not fit the config, or config.json holds a
+            key the spec neither reads nor ignores.
+        CheckpointError: the weights do not fit the model (every tensor named).
+        ValueError: a bad argument, or a generation_config.json that is not JSON.
+    """
+    if threads is not None:
+        set_threads(threads)
+    if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
+        checkpoint = Path(checkpoint).expanduser()
+    path = find(spec, checkpoint)
+    parsed = load_spec(path)
+    if parsed.get("model") == "encoder":
+        from .encoder import load_encoder
+        return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
+                                         random_weights=random_weights, toy=toy,
+                                         max_tokens=max_tokens, progress=progress,
+                                         allow_unread_config=allow_unread_config), path)
+    loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
+                        max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
+                        progress=progress, decode_weights=decode_weights,
+                        allow_unread_config=allow_unread_config)
+    return Model(loaded, path)
+
+
+class Model:
+    """A causal language model, loaded.
+
+    Attributes:
+        spec: the spec file's path. config: config.json as read (a dict; the toy's for a
+        toy). tokenizer: ``runtime.tokenizer.Tokenizer`` (None without tokenizer.json).
+        max_seq_len: the context in tokens. generation_config: generation_config.json (a
+        dict, {} where absent). loaded: the ``build.Loaded`` underneath (module tree, report).
+
+    A prompt is text (encoded as transformers' ``tokenizer(text)``: a BOS where the
+    tokenizer puts one), a list of messages (``{"role", "content"}``, rendered by the chat
+    template with the assistant's turn opened), or token ids (a sequence of ints).
+    """
+
+    def __init__(self, loaded: Loaded, spec: Path):
+        self.loaded, self.spec = loaded, spec
+        self.config: dict = loaded.config_json
+        self.tokenizer = loaded.tokenizer
+        self.generation_config, self._gen_path = read_generation_config(
+            loaded.directory, loaded.lm.config.vocab_size)
+        self._session = Session(loaded.lm)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.loaded.lm.config.max_seq_len
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The ids a generation ends at (the tokenizer's, generation_config.json's and
+        config.json's eos_token_id); none without a tokenizer."""
+        return self.tokenizer.eos_ids if self.tokenizer is not None else frozenset()
+
+    def encode(self, prompt: str | Sequence[dict] | Sequence[int] | np.ndarray) -> list[int]:
+        """The ids of ``prompt`` (text, messages or ids, as the class says).
+
+        Raises:
+            TypeError: ``prompt`` is none of these.
+            ValueError: text or messages without a tokenizer, text that encodes to no
+                tokens or is not UTF-8, a checkpoint with no chat template for messages.
+            IndexError: an id outside the vocabulary.
+        """
+        if isinstance(prompt, str) or _messages(prompt):
+            if self.tokenizer is None:
+                where = self.loaded.directory
+                raise ValueError("a text prompt needs the checkpoint's tokenizer, and " +
+                                 (f"{where / 'tokenizer.json'} is missing" if where is not None
+                                  else "a toy has none: give token ids"))
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else \
+                self.tokenizer.chat(list(prompt))
+            if not ids:
+                raise ValueError("the prompt encodes to no tokens; give some text")
+            return ids
+        try:
+            ids = np.asarray(prompt)
+        except (TypeError, ValueError):
+            ids = None
+        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TypeError("a prompt is text, a list of {role, content} messages, or a "
+                            f"sequence of token ids; not {type(prompt).__name__}")
+        if ids.size == 0:
+            raise ValueError("the prompt holds no token ids")
+        V = self.loaded.lm.config.vocab_size
+        bad = np.flatnonzero((ids < 0) | (ids >= V))
+        if bad.size:
+            raise IndexError(f"token id {int(ids[bad[0]])} at position {int(bad[0])} is "
+                             f"outside the vocabulary [0, {V})")
+        return ids.astype(np.int64).tolist()
+
+    def sampler(self, *, seed: int | None = None, **settings: Any):
+        """The ``operators.Sampler`` for ``settings`` (None: generation_config.json's), as
+        ``generation.sampler_for``; ``seed`` None draws a fresh one (``sampler.seed``)."""
+        return sampler_for(self.generation_config, self._gen_path, seed=seed, **settings)
+
+    def stream(self, prompt, *, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, min_p: float | None = None,
+               repetition_penalty: float | None = None, presence_penalty: float | None = None,
+               stop: str | Sequence[str] | None = None, seed: int | None = None,
+               logprobs: bool = False, session: Session | None = None,
+               on_finish=None) -> Stream:
+        """A generation after ``prompt``, run as it is iterated: text pieces as drawn.
+
+        Args:
+            max_new_tokens: most tokens to draw (default: generation_config.json's
+                ``max_new_tokens``, else 64), cut to the room the context leaves when not
+                given (the ``Completion`` then says ``context``).
+            temperature: 0 is greedy; top_k, top_p, min_p, repetition_penalty: as
+                transformers' warpers and processors (``operators.sampling``); each None is
+                generation_config.json's (greedy unless it says ``do_sample``).
+            presence_penalty: subtracted from every token drawn so far (OpenAI/vLLM).
+            stop: text that ends the generation; the text stops before it. A piece that
+                could begin one is held back until the next token decides.
+            seed: the sampler's seed; None draws a fresh one (``result.seed`` says which).
+            logprobs: record each drawn token's log-probability (``result.logprobs``).
+            session: the conversation whose caches to use (default: the model's own).
+
+        Returns:
+            A ``Stream``: iterate it for ``str`` pieces; ``.result`` is the ``Completion``
+            once it is exhausted; ``.text()`` runs it to the end.
+
+        Raises (before anything runs):
+            ValueError: a bad setting, an empty stop string, or a prompt and the tokens to
+                draw that do not fit ``max_seq_len``; as ``encode`` for the prompt.
+            IndexError, TypeError: as ``encode``.
+        """
+        ids = self.encode(prompt)
+        sampler = self.sampler(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
+                               min_p=min_p, repetition_penalty=repetition_penalty,
+                               presence_penalty=presence_penalty)
+        stops = _stops(stop)
+        room = self.max_seq_len - len(ids) + 1
+        if max_new_tokens is not None:
+            n, bound = _whole(max_new_tokens, "max_new_tokens"), False
+        else:
+            default = self.generation_config.get("max_new_tokens")
+            if not isinstance(default, int) or isinstance(default, bool) or default < 1:
+                default = DEFAULT_NEW_TOKENS
+            n, bound = max(1, min(default, room)), default > room
+        session = session if session is not None else self._session
+        session.check(ids, more=n - 1)  # refused here, before anything runs
+        return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
+                      logprobs, bound, on_finish)
+
+    def complete(self, prompt, **options) -> Completion:
+        """The whole generation as a ``Completion`` (text, token ids, finish reason,
+        log-probabilities, seed, timings); options and errors as ``stream``."""
+        s = self.stream(prompt, **options)
+        s.text()
+        return s.result
+
+    def generate(self, prompt, **options) -> str:
+        """The text drawn after ``prompt``; options and errors as ``stream``."""
+        return self.stream(prompt, **options).text()
+
+    def chat(self, system: str | None = None) -> "Conversation":
+        """A conversation: each turn's reply resumes from the KV cache of the turns before.
+
+        Raises:
+            ValueError: the checkpoint has no tokenizer or no chat template.
+        """
+        if self.tokenizer is None or self.tokenizer.chat_template is None:
+            raise ValueError("a chat needs the checkpoint's tokenizer.json and a chat template "
+                             "(tokenizer_config.json's chat_template or chat_template.jinja)")
+        return Conversation(self, system)
+
+
+class ContextFull(ValueError):
+    """A chat turn that does not fit the context: refused, the conversation unchanged."""
+
+
+class Conversation:
+    """Messages so far and a session over them: ``send(text)`` adds a user turn and returns
+    the reply; ``stream(text)`` the same, piece by piece (the turn is kept once the stream
+    ends). ``messages`` is the list of ``{"role", "content"}`` the template renders."""
+
+    def __init__(self, model: Model, system: str | None = None):
+        self.model = model
+        self.messages: list[dict] = [] if system is None else [{"role": "system",
+                                                                 "content": system}]
+        self.session = Session(model.loaded.lm)
+
+    def stream(self, text: str, **options) -> Stream:
+        """The reply to ``text`` as it is drawn; options as ``Model.stream`` (by default at
+        most 512 tokens, ending at the end of the assistant's turn).
+
+        Raises:
+            ContextFull: the conversation with this turn leaves no room to draw a token
+                (nothing changes: the next turn may be shorter).
+            ValueError, IndexError, TypeError: as ``Model.stream``.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a turn is text, not {type(text).__name__}")
+        turn = self.messages + [{"role": "user", "content": text}]
+        ids = self.model.encode(turn)
+        L = self.model.max_seq_len
+        room = L - len(ids) + 1
+        if room < 1:
+            raise ContextFull(f"this turn makes the conversation {len(ids)} tokens, past "
+                              f"max_seq_len {L}; it is refused, the conversation kept as it "
+                              "was (send a shorter one, or load with a larger max_seq_len)")
+        if options.get("max_new_tokens") is None:
+            options["max_new_tokens"] = min(DEFAULT_REPLY_TOKENS, room)
+            context_bound = DEFAULT_REPLY_TOKENS > room
+        else:
+            context_bound = False
+
+        def keep(result: Completion) -> None:
+            self.messages[:] = turn + [{"role": "assistant", "content": result.text}]
+            if context_bound and result.finish_reason == "length":
+                result.finish_reason = "context"
+
+        return self.model.stream(turn, session=self.session, on_finish=keep, **options)
+
+    def send(self, text: str, **options) -> str:
+        """The reply to ``text``; as ``stream``."""
+        return self.stream(text, **options).text()
+
+
+class EncoderModel:
+    """An encoder, loaded: ``embed(texts)`` gives one vector per text.
+
+    Attributes: spec (path), config (config.json as read), tokenizer (``encoder.TextIds``),
+    loaded (the ``build.Loaded`` underneath).
+    """
+
+    def __init__(self, loaded: Loaded, spec: Path):
+        self.loaded, self.spec = loaded, spec
+        self.config: dict = loaded.config_json
+        self.tokenizer = loaded.tokenizer
+
+    def embed(self, texts: str | Iterable[str]) -> np.ndarray:
+        """The spec's pooled embedding of each text, ``(len(texts), hidden_size)`` float32
+        (one row for a single string); each text truncated to the model's ``max_tokens``.
+
+        Raises:
+            ValueError: no tokenizer, a pooling of ``none``, no texts, or a text that is
+                not UTF-8.
+            TypeError: a text that is not a str.
+        """
+        from .embed import embed_texts
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("give at least one text")
+        for i, t in enumerate(texts, 1):
+            if not isinstance(t, str):
+                raise TypeError(f"text {i} is {type(t).__name__}, not str")
+        return embed_texts(self.loaded, texts)
+
+
+def _messages(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and \
+        all(isinstance(m, dict) for m in prompt)
+
+
+def _stops(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    for s in stops:
+        if not isinstance(s, str):
+            raise TypeError(f"a stop string is text, not {type(s).__name__}")
+        if not s:
+            raise ValueError("an empty stop string would stop before anything; give some text")
+    return stops
+
+
+def _whole(n, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{what} {n!r} is not a whole number >= 1")
+    return int(n)

@@ -1,0 +1,228 @@
+"""Generation as a user of transformers expects it: settings from generation_config.json
+where the caller gives none, the draw loop over a session, text pieces as drawn with stop
+strings held back, and what a generation returns.
+
+Not for: the sampling rules themselves (``operators.sampling``), the cache (``runtime``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from iron_spec.operators.sampling import Sampler, log_softmax
+from iron_spec.runtime.files import read_object
+from iron_spec.runtime.session import Session
+from iron_spec.runtime.values import generation_config
+from iron_spec.runtime.tokenizer import TextStream
+
+#: The sampling settings a caller may give; None leaves each to generation_config.json.
+SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty")
+FINISH_REASONS = ("eos", "stop", "length", "context")
+
+
+def read_generation_config(directory: Path | None,
+                           vocab: int | None = None) -> tuple[dict, Path | None]:
+    """``directory``'s generation_config.json as a dict ({} where there is none) and its path,
+    its settings and token ids checked (``runtime.values.generation_config``; ids below
+    ``vocab`` where given).
+
+    Raises:
+        ValueError: the file is not a JSON object within its bounds (``runtime.files``), or
+            holds a setting out of range or an id that is no token (file and key named).
+    """
+    path = None if directory is None else Path(directory) / "generation_config.json"
+    if path is None or not (path.exists() or path.is_symlink()):
+        return {}, path
+    gen = read_object(path, what="generation_config.json")
+    generation_config(gen, str(path), vocab)
+    return gen, path
+
+
+def sampler_for(gen: dict, path: Path | None, *, seed: int | None = None,
+                **given: Any) -> Sampler:
+    """The sampler of the settings ``given`` (``SETTINGS``; None: unset), the rest from
+    generation_config.json's ``gen``, as transformers' ``generate`` merges them: greedy
+    unless it says ``do_sample`` (a temperature given > 0 samples); sampling, an absent
+    ``top_k`` is GenerationConfig's default 50 and a null one is off, as is a null
+    temperature (1) or top_p (1); ``repetition_penalty`` applies greedy or not.
+
+    Raises:
+        ValueError: a file value that is not a number, or a value the sampler refuses (a
+            file's named with its path).
+    """
+    unknown = set(given) - set(SETTINGS)
+    if unknown:
+        raise TypeError(f"unknown sampling settings {', '.join(sorted(unknown))}; "
+                        f"the settings: {', '.join(SETTINGS)}")
+
+    def setting(key: str, kind, absent, null):
+        """The file's ``key`` as ``kind``; ``absent`` where it has none, ``null`` where null."""
+        if gen.get(key) is None:
+            return null if key in gen else absent
+        if isinstance(gen[key], bool):
+            raise ValueError(f"{path}: {key} is {gen[key]!r}, not a number")
+        try:
+            return kind(gen[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: {key} is {gen[key]!r}, not a number") from None
+
+    t = given.get("temperature")
+    sample = bool(gen.get("do_sample")) if t is None else t > 0
+    from_file = {}
+    if t is None:
+        from_file["temperature"] = setting("temperature", float, 1.0, 1.0) if sample else 0.0
+    if given.get("top_k") is None:
+        from_file["top_k"] = setting("top_k", int, 50, None) if sample else None
+    if given.get("top_p") is None:
+        from_file["top_p"] = setting("top_p", float, 1.0, 1.0) if sample else 1.0
+    if given.get("min_p") is None:
+        from_file["min_p"] = setting("min_p", float, None, None) if sample else None
+    if given.get("repetition_penalty") is None:
+        from_file["repetition_penalty"] = setting("repetition_penalty", float, 1.0, 1.0)
+    settings = {**from_file, **{k: v for k, v in given.items() if v is not None}}
+    settings.setdefault("presence_penalty", 0.0)
+    # The caller's own values first, refused as they are; what fails after is the file's.
+    Sampler(**{k: v for k, v in settings.items() if k not in from_file}, seed=0)
+    try:
+        return Sampler(**settings, seed=seed)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+@dataclass
+class Completion:
+    """What one generation gave.
+
+    ``text``: the text drawn, up to the end-of-text token, a stop string (left out) or the
+    last token. ``token_ids``: the ids drawn, the end-of-text token included where drawn.
+    ``finish_reason``: ``eos`` (an end-of-text token), ``stop`` (the stop string ``stop``),
+    ``length`` (``max_new_tokens`` drawn) or ``context`` (the context is full).
+    ``logprobs``: each drawn token's natural log-probability under the model's distribution
+    (the softmax of the raw logits, before any penalty or warper, as vLLM's default
+    ``raw_logprobs``); empty unless asked for. ``seed``: the sampler's (None when greedy).
+    ``prompt_tokens``: ids the prompt held; ``ttft`` seconds to the first token;
+    ``decode_tokens_per_s`` over the tokens after it (NaN with fewer than two).
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[float] = field(default_factory=list)
+    seed: int | None = None
+    stop: str | None = None
+    prompt_tokens: int = 0
+    ttft: float = float("nan")
+    decode_tokens_per_s: float = float("nan")
+
+
+class StopText:
+    """Text pieces with stop strings cut out: ``push(piece)`` returns what may be shown now,
+    holding back an end that could begin a stop string until the next piece decides it;
+    ``stopped`` names the stop string once one appears (the text ends before it, as
+    vLLM's and the OpenAI API's ``stop``); ``flush()`` gives back what is held at the end."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(stops)
+        self.held = ""
+        self.stopped: str | None = None
+
+    def push(self, piece: str) -> str:
+        if self.stopped is not None:
+            return ""
+        text = self.held + piece
+        found = [(text.find(s), -len(s), s) for s in self.stops if s in text]
+        if found:
+            at, _, self.stopped = min(found)
+            self.held = ""
+            return text[:at]
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), keep, -1):
+                if text.endswith(s[:n]):
+                    keep = n
+                    break
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+class Stream:
+    """A generation run lazily: iterate it for the text pieces as they are drawn; once it is
+    exhausted (or closed), ``result`` is the ``Completion``. ``on_finish(result)`` is called
+    then, once."""
+
+    def __init__(self, session: Session, ids: list[int], max_new_tokens: int, sampler: Sampler,
+                 eos: frozenset[int], tokenizer, stop: Sequence[str], logprobs: bool,
+                 context_bound: bool, on_finish: Callable[[Completion], None] | None = None):
+        self.session, self.ids, self.n = session, list(ids), max_new_tokens
+        self.sampler, self.eos, self.tokenizer = sampler, eos, tokenizer
+        self.stop, self.want_logprobs = tuple(stop), logprobs
+        self.context_bound, self.on_finish = context_bound, on_finish
+        self.result: Completion | None = None
+        self._pieces = self._run()
+
+    def __iter__(self) -> Iterator[str]:
+        return self._pieces
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    def text(self) -> str:
+        """Run to the end; the whole text."""
+        for _ in self._pieces:
+            pass
+        return self.result.text
+
+    def _run(self) -> Iterator[str]:
+        session, sampler = self.session, self.sampler
+        history, drawn, logprobs = list(self.ids), [], []
+        text = TextStream(self.tokenizer) if self.tokenizer is not None else None
+        stops = StopText(self.stop)
+        shown, reason = [], "length"
+        begin = time.perf_counter()
+        ttft, after = float("nan"), begin
+        try:
+            while len(drawn) < self.n:
+                logits = session.logits(history)
+                token = sampler(logits, seen=history, generated=drawn)
+                if not drawn:
+                    ttft, after = time.perf_counter() - begin, time.perf_counter()
+                drawn.append(token)
+                history.append(token)
+                if self.want_logprobs:
+                    logprobs.append(float(log_softmax(logits)[token]))
+                if token in self.eos:
+                    reason = "eos"  # the end of the text: drawn, not shown
+                    break
+                piece = text.push(token) if text is not None else f" {token}"
+                piece = stops.push(piece)
+                if piece:
+                    shown.append(piece)
+                    yield piece
+                if stops.stopped is not None:
+                    reason = "stop"
+                    break
+            else:
+                reason = "context" if self.context_bound else "length"
+            if reason != "stop":
+                rest = stops.flush()
+                if rest:
+                    shown.append(rest)
+                    yield rest
+        finally:
+            elapsed = time.perf_counter() - after
+            rate = (len(drawn) - 1) / elapsed if len(drawn) > 1 and elapsed > 0 else float("nan")
+            self.result = Completion("".join(shown), drawn, reason, logprobs,
+                                     None if sampler.greedy else sampler.seed, stops.stopped,
+                                     len(self.ids), ttft, rate)
+            if self.on_finish is not None:
+                self.on_finish(self.result)

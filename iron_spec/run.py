@@ -1,0 +1,254 @@
+"""``iron-spec run``: generate from a spec, on the library (``iron_spec.api``) and nothing else.
+
+The text streams to stdout as drawn (or, with ``--json``, one JSON object per generation);
+stderr gets the seed of a sampled run, why the text ended where that is not plain (an
+end-of-text token, the context full), the time to first token and the decode tokens/s.
+
+Not for: checking a spec (``check``), measuring speed (``bench``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import typer
+
+from iron_spec.operators import Sampler
+from iron_spec.runtime.tokenizer import utf8_text
+
+from .api import Model, load
+from .command import number, refuse, stages
+from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
+from .errors import FlagError, message
+from .generation import Completion, Stream
+
+
+def command(
+    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help="a spec's name (iron-spec list) or a spec YAML's path (default: the spec serving --checkpoint's config.json architectures)"),
+    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
+    prompt: Optional[str] = typer.Option(None, help="the text to continue (with --chat, the first message); - reads it from stdin"),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="read the prompt from this file (- is stdin)"),
+    chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without a prompt, read turns from stdin, one a line"),
+    system: Optional[str] = typer.Option(None, help="with --chat: the system message the conversation starts with"),
+    num_tokens: Optional[int] = typer.Option(None, "--num-tokens", min=1, help="most tokens to draw per turn (default: generation_config.json's max_new_tokens, else 64, cut to the room the context leaves; in a chat 512, ending at the end of the turn)"),
+    temperature: Optional[float] = typer.Option(None, callback=number(0), help="0 is greedy (default: generation_config.json's, else greedy)"),
+    top_k: Optional[int] = typer.Option(None, min=0, help="keep the K most likely tokens (0: all)"),
+    top_p: Optional[float] = typer.Option(None, callback=number(0, 1, low_open=True), help="keep the most likely tokens up to probability P"),
+    min_p: Optional[float] = typer.Option(None, callback=number(0, 1), help="keep the tokens at least P times as likely as the most likely one"),
+    repetition_penalty: Optional[float] = typer.Option(None, callback=number(0, low_open=True), help="divide the scores of tokens already in the text by this (multiply the negative ones), as transformers; 1 is none"),
+    presence_penalty: Optional[float] = typer.Option(None, callback=number(), help="subtract this from the scores of tokens already drawn, as the OpenAI API; 0 is none"),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", metavar="TEXT", help="end the text before this string (repeat for several)"),
+    seed: Optional[int] = typer.Option(None, min=0, help="the sampler's seed (default: a fresh one, printed on stderr)"),
+    threads: Optional[int] = typer.Option(None, min=1, help="threads for the kernels (default: OPENBLAS_NUM_THREADS, else every core)"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON object per generation: text, token ids, per-token log-probabilities, finish reason, seed, timings"),
+    max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the checkpoint's own, fitted to this host's memory)"),
+    prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's)"),
+    random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
+    toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
+    prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
+    allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
+) -> None:
+    """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
+    from .cli import EXPECTED, _log_to_stderr
+    _log_to_stderr()
+    try:
+        if spec is None and checkpoint is None:
+            raise FlagError("name a SPEC, or give --checkpoint DIR to pick one from its "
+                            "config.json architectures")
+        settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty)
+        # The flags are checked before anything loads (a refusal in a second, not a minute).
+        Sampler(**{k: v for k, v in settings.items() if v is not None}, seed=seed or 0)
+        if stop is not None and not all(stop):
+            raise FlagError("--stop '' would stop before anything; give some text")
+        if system is not None and not chat:
+            raise FlagError("--system is the system message of a --chat; give --chat too")
+        if prompt is not None and prompt_file is not None:
+            raise FlagError("give --prompt or --prompt-file, not both")
+        text = _prompt_text(prompt, prompt_file)
+        if system is not None:
+            utf8_text(system, "--system")
+        if not chat and text is None and checkpoint is not None and random_weights is None:
+            raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+        model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
+                      decode_weights, allow_unread_config, threads)
+        gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
+                   logprobs=json_output)
+        model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
+        out = _Output(model, json_output)
+        if chat:
+            _chat(model, text, system, gen, out)
+            return
+        if model.tokenizer is None:
+            if text is not None:
+                raise ValueError(
+                    "--prompt needs the checkpoint's tokenizer, and "
+                    f"{model.loaded.directory / 'tokenizer.json'} is missing"
+                    if model.loaded.directory is not None else
+                    "--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
+                    "prompts with random ids")
+            rng = np.random.default_rng(random_weights)
+            ids = rng.integers(0, model.loaded.lm.config.vocab_size, prompt_len).tolist()
+            out.show(model.stream(ids, **gen), shown=f"prompt ids: {' '.join(map(str, ids))}")
+        elif text is None:
+            raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+        else:
+            out.show(model.stream(text, **gen))
+    except EXPECTED as e:
+        refuse(e)
+
+
+def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional[str]:
+    """The prompt from ``--prompt`` (``-``: stdin) or ``--prompt-file`` (``-``: stdin), its
+    bytes read as a command line's are (surrogateescape), so what is not UTF-8 is named.
+
+    Raises:
+        FileNotFoundError: no such prompt file.
+        ValueError: the prompt is not UTF-8 text.
+    """
+    if prompt_file is not None:
+        if str(prompt_file) == "-":
+            text, what = _read_stdin(), "the prompt on stdin"
+        else:
+            if not prompt_file.is_file():
+                raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file")
+            text = prompt_file.read_bytes().decode("utf-8", "surrogateescape")
+            what = f"--prompt-file {prompt_file}"
+    elif prompt == "-":
+        text, what = _read_stdin(), "the prompt on stdin"
+    elif prompt is not None:
+        text, what = prompt, "--prompt"
+    else:
+        return None
+    return utf8_text(text, what)
+
+
+def _read_stdin() -> str:
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:
+        return sys.stdin.read()
+    return raw.read().decode("utf-8", "surrogateescape")
+
+
+def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, decode_weights,
+          allow_unread_config, threads) -> Model:
+    """The model through ``iron_spec.load``, both versions compiled, each stage shown
+    (``command.stages``: a bar on a terminal, a line each when piped)."""
+    with stages() as shown:
+        advance = shown.stage("loading weights")
+        model = load(spec, checkpoint, random_weights=random_weights, toy=toy,
+                     max_seq_len=max_seq_len, prefill_chunk=prefill_chunk, progress=advance,
+                     decode_weights=decode_weights, allow_unread_config=allow_unread_config,
+                     threads=threads)
+        if not isinstance(model, Model):
+            raise ValueError(f"{model.spec} is an encoder spec (model: encoder): it gives "
+                             "embeddings (iron-spec embed), it does not generate")
+        for prompt, what in ((False, "compiling the decode step"),
+                             (True, "compiling the prompt chunk")):
+            done = shown.stage(what, 1)
+            model.loaded.lm.version(prompt)
+            done(1, 1)
+    return model
+
+
+class _Output:
+    """One generation's text to stdout as drawn (or its JSON), its notices to stderr."""
+
+    def __init__(self, model: Model, as_json: bool):
+        self.model, self.as_json = model, as_json
+
+    def show(self, stream: Stream, shown: Optional[str] = None) -> Completion:
+        for piece in stream:
+            if shown is not None:  # once the session has taken the prompt
+                typer.echo(shown, err=True)
+                shown = None
+            if not self.as_json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        r = stream.result
+        if shown is not None and r.token_ids:
+            typer.echo(shown, err=True)
+        if self.as_json:
+            sys.stdout.write(json.dumps(self.record(r), ensure_ascii=False) + "\n")
+        else:
+            sys.stdout.write("\n")
+        self.notices(r)
+        return r
+
+    def record(self, r: Completion) -> dict:
+        tok = self.model.tokenizer
+        tokens = [{"id": t, "text": tok.decode([t], skip_special_tokens=False)
+                   if tok is not None else None, "logprob": lp}
+                  for t, lp in zip(r.token_ids, r.logprobs)]
+        return {"text": r.text, "token_ids": r.token_ids, "tokens": tokens,
+                "finish_reason": r.finish_reason, "stop": r.stop, "seed": r.seed,
+                "prompt_tokens": r.prompt_tokens, "ttft_s": _number(r.ttft),
+                "decode_tokens_per_s": _number(r.decode_tokens_per_s)}
+
+    def notices(self, r: Completion) -> None:
+        if r.seed is not None:
+            typer.echo(f"[seed {r.seed}: --seed {r.seed} draws this text again]", err=True)
+        if r.finish_reason == "eos":
+            last = r.token_ids[-1]
+            if len(r.token_ids) == 1:
+                typer.echo(f"[end of text: the first token drawn was the end-of-text token "
+                           f"{last}, so there is no text]", err=True)
+            else:
+                typer.echo(f"[end of text: the model drew its end-of-text token {last}]",
+                           err=True)
+        elif r.finish_reason == "context":
+            typer.echo(f"[the text stopped where the context (max_seq_len "
+                       f"{self.model.max_seq_len}) is full]", err=True)
+        typer.echo(f"\n[prefill] {r.prompt_tokens} token{'s' * (r.prompt_tokens != 1)}, time to "
+                   f"first token {r.ttft:.3f} s", err=True)
+        n = len(r.token_ids)
+        if n > 1:
+            typer.echo(f"[decode]  {n - 1} token{'s' * (n != 2)}, "
+                       f"{r.decode_tokens_per_s:.1f} tokens/s", err=True)
+
+
+def _number(x: float):
+    return None if x != x else x  # NaN is not JSON
+
+
+def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
+          out: _Output) -> None:
+    """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
+    assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
+    the context is refused alone: said on stderr, the conversation goes on as it was."""
+    conversation = model.chat(system)
+    if first is not None:
+        out.show(conversation.stream(first, **gen))
+        return
+    lines = 0
+    while True:
+        typer.echo("> ", nl=False, err=True)
+        line = _read_line()
+        if not line:  # end of input ends the chat; an empty line is no turn
+            return
+        lines += 1
+        text = line.rstrip("\r\n")
+        if not text.strip():
+            continue
+        try:
+            utf8_text(text, f"line {lines}")
+            stream = conversation.stream(text, **gen)
+        except (ValueError, IndexError) as e:  # that turn is refused, not the chat
+            typer.echo(f"{message(e)}; skipped", err=True)
+            continue
+        out.show(stream)
+
+
+def _read_line() -> str:
+    """A line of stdin ("" at its end), its bytes decoded as Python decodes a command line
+    (surrogateescape), so bytes that are not text reach the UTF-8 check: a stdin decoding
+    strictly (a UTF-8 locale's) would raise in the middle of the chat."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:
+        return sys.stdin.readline()
+    return raw.readline().decode(sys.stdin.encoding or "utf-8", "surrogateescape")

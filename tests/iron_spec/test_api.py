@@ -1,0 +1,91 @@
+"""The library as a Python user drives it: ``iron_spec.load(...)`` and its Model."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import iron_spec
+from iron_spec.registry import find
+from tests.conftest import ROOT, SPECS
+
+GOLDEN = np.load(ROOT / "tests" / "goldens" / "llama3" / "toy-seed0.npz")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return iron_spec.load("llama3", random_weights=0, toy=True)
+
+
+def test_importing_operators_loads_no_library():
+    # The library's names load on first use: the operators alone pull in nothing else.
+    code = ("import sys, iron_spec.operators; "
+            "print(sorted(m for m in sys.modules if m.startswith('iron_spec.') and not "
+            "m.startswith('iron_spec.operators')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_greedy_ids_and_logprobs_are_transformers(toy):
+    # The golden's tokens: a prompt of 24 ids, then transformers' own greedy continuation,
+    # and at each step its log-probability of the most likely token.
+    n = int(GOLDEN["prompt_len"])
+    prompt, expected = GOLDEN["tokens"][:n], GOLDEN["tokens"][n:]
+    c = toy.complete(prompt.tolist(), max_new_tokens=expected.size, temperature=0,
+                     logprobs=True)
+    assert c.token_ids == expected.tolist()
+    assert c.finish_reason == "length" and c.seed is None and c.prompt_tokens == n
+    np.testing.assert_allclose(c.logprobs, GOLDEN["top_logprobs"][:expected.size, 0],
+                               atol=1e-4)
+
+
+def test_a_seed_replays_and_no_seed_draws_a_fresh_one(toy):
+    ids = GOLDEN["tokens"][:8].tolist()
+    a = toy.complete(ids, max_new_tokens=12, temperature=1.0)
+    b = toy.complete(ids, max_new_tokens=12, temperature=1.0)
+    assert a.seed is not None and b.seed is not None and a.seed != b.seed
+    again = toy.complete(ids, max_new_tokens=12, temperature=1.0, seed=a.seed)
+    assert again.token_ids == a.token_ids
+
+
+def test_stream_yields_what_generate_returns(toy):
+    ids = GOLDEN["tokens"][:8].tolist()
+    s = toy.stream(ids, max_new_tokens=6, temperature=0)
+    pieces = list(s)
+    assert "".join(pieces) == s.result.text == toy.generate(ids, max_new_tokens=6,
+                                                              temperature=0)
+    assert len(pieces) == 6  # no tokenizer: each id a piece
+
+
+def test_a_prompt_past_the_context_is_refused_before_anything_runs(toy):
+    with pytest.raises(ValueError, match="do not fit max_seq_len 512"):
+        toy.stream([1] * 500, max_new_tokens=20)
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        toy.stream([1, 2, 256])
+    with pytest.raises(TypeError, match="a prompt is text"):
+        toy.stream(3.5)
+    with pytest.raises(ValueError, match="needs the checkpoint's tokenizer"):
+        toy.stream("hello")
+    with pytest.raises(ValueError, match="min_p 2.0 is outside"):
+        toy.stream([1, 2], min_p=2.0)
+
+
+def test_specs_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert find("llama3") == SPECS / "llama3.yaml"
+    assert find("specs/llama3.yaml") == SPECS / "llama3.yaml"  # the README's spelling
+    with pytest.raises(FileNotFoundError) as e:
+        find("lama3")
+    assert "did you mean llama3?" in str(e.value) and "gemma3" in str(e.value)
+    other = tmp_path / "mine"
+    other.mkdir()
+    shutil.copy(SPECS / "llama3.yaml", other / "my_llama.yaml")
+    monkeypatch.setenv("IRON_SPEC_SPECS", str(other))
+    assert find("my_llama") == other / "my_llama.yaml"
+    with pytest.raises(FileNotFoundError, match="the specs: my_llama"):
+        find("qwen3")

@@ -1,0 +1,188 @@
+"""``iron-spec run`` as users of transformers and llama.cpp expect it: specs by name, fresh
+seeds, stop strings, prompts from files and stdin, --system, end-of-text notices, JSON with
+log-probabilities, a chat turn too long refused alone."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from typer.testing import CliRunner
+
+import iron_spec
+from iron_spec.cli import app
+from iron_spec.operators import threads
+from tests.conftest import ROOT
+
+runner = CliRunner()
+TOY = ["--random-weights", "0", "--toy"]
+GOLDEN = np.load(ROOT / "tests" / "goldens" / "llama3" / "toy-seed0.npz")
+# transformers 5.24's greedy chat reply on SmolLM2-135M-Instruct (float32, system "You are
+# a helpful assistant.", apply_chat_template with the generation prompt): 7 tokens, then
+# <|im_end|>.
+PARIS = "The capital of France is Paris."
+
+
+def run(*args, **kwargs):
+    return runner.invoke(app, ["run", *args], **kwargs)
+
+
+def test_a_spec_by_name_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run("llama3", *TOY, "--num-tokens", "4")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split()) == 4
+    result = run("lama3", *TOY)
+    assert result.exit_code == 1 and "did you mean llama3?" in result.output
+
+
+def test_a_sampled_run_says_its_fresh_seed_and_the_seed_replays_it():
+    first = run("llama3", *TOY, "--num-tokens", "16", "--temperature", "1")
+    assert first.exit_code == 0, first.output
+    seed = int(re.search(r"\[seed (\d+): --seed \1 draws this text again\]", first.output)[1])
+    again = run("llama3", *TOY, "--num-tokens", "16", "--temperature", "1", "--seed", str(seed))
+    assert again.stdout == first.stdout
+    # A greedy run draws nothing at random: no seed to give.
+    assert "[seed" not in run("llama3", *TOY, "--num-tokens", "2", "--temperature", "0").output
+
+
+def test_json_gives_ids_and_transformers_log_probabilities():
+    # The toy's prompt ids are the golden's (seed 0); its tokens after them are transformers'
+    # greedy ones, with their log-probabilities.
+    result = run("llama3", *TOY, "--num-tokens", "8", "--temperature", "0", "--json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    n = int(GOLDEN["prompt_len"])
+    assert record["token_ids"] == GOLDEN["tokens"][n:n + 8].tolist()
+    assert [t["id"] for t in record["tokens"]] == record["token_ids"]
+    np.testing.assert_allclose([t["logprob"] for t in record["tokens"]],
+                               GOLDEN["top_logprobs"][:8, 0], atol=1e-4)
+    assert record["finish_reason"] == "length" and record["seed"] is None
+    assert record["prompt_tokens"] == n
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--system", "be brief"], "--system is the system message of a --chat"),
+    (["--prompt", "x", "--prompt-file", "f"], "not both"),
+    (["--stop", ""], "would stop before anything"),
+    (["--min-p", "1.5"], "1.5 is not a finite number >= 0 and <= 1"),
+    (["--repetition-penalty", "0"], "0.0 is not a finite number > 0"),
+])
+def test_bad_usage_exits_2(args, says):
+    result = run("llama3", *TOY, *args)
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "Traceback" not in result.output
+
+
+def test_a_missing_prompt_file_is_refused(tmp_path):
+    result = run("llama3", *TOY, "--prompt-file", str(tmp_path / "nope.txt"))
+    assert result.exit_code == 1 and "nope.txt: no such file" in result.output
+
+
+@pytest.fixture()
+def worded(tmp_path):
+    """A toy checkpoint with a word-level tokenizer (``t0`` ... ``t255``, one id each) and a
+    chat template, weights drawn at seed 0."""
+    from safetensors.numpy import save_file
+    model = iron_spec.load("llama3", random_weights=0, toy=True)
+    loaded = model.loaded
+    tensors = {name: np.ascontiguousarray(p.array) for name, p in loaded.lm.named_params()
+               if name in loaded.report.sources}
+    (tmp_path / "config.json").write_text(json.dumps(loaded.config_json))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    tok = HFTokenizer(WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}")}))
+    return tmp_path, model
+
+
+def test_the_end_of_text_as_the_first_token_drawn_is_said(worded):
+    directory, model = worded
+    first = model.complete([1, 2, 3], max_new_tokens=1, temperature=0).token_ids[0]
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": first}))
+    result = run("llama3", "--checkpoint", str(directory), "--prompt", "t1 t2 t3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "\n"
+    assert f"[end of text: the first token drawn was the end-of-text token {first}, so " \
+           "there is no text]" in result.output
+
+
+def test_a_prompt_from_a_file_or_stdin_is_the_prompt(worded, tmp_path):
+    directory, _ = worded
+    (tmp_path / "p.txt").write_text("t5 t6 t7")
+    given = run("llama3", "--checkpoint", str(directory), "--prompt", "t5 t6 t7",
+                "--num-tokens", "5")
+    assert given.exit_code == 0, given.output
+    assert len(given.stdout.split()) == 5
+    for args, stdin in ((["--prompt-file", str(tmp_path / "p.txt")], None),
+                        (["--prompt-file", "-"], "t5 t6 t7"), (["--prompt", "-"], "t5 t6 t7")):
+        result = run("llama3", "--checkpoint", str(directory), *args, "--num-tokens", "5",
+                     input=stdin)
+        assert result.exit_code == 0, result.output
+        assert result.stdout == given.stdout, args
+
+
+def test_stop_strings_cut_the_text_before_them(worded):
+    directory, _ = worded
+    whole = run("llama3", "--checkpoint", str(directory), "--prompt", "t5 t6", "--num-tokens",
+                "12").stdout.rstrip("\n")
+    word = whole.split()[3]  # the fourth word drawn
+    cut = run("llama3", "--checkpoint", str(directory), "--prompt", "t5 t6", "--num-tokens",
+              "12", "--stop", word, "--json")
+    record = json.loads(cut.stdout)
+    assert record["text"] == whole[:whole.index(word)]
+    assert record["finish_reason"] == "stop" and record["stop"] == word
+
+
+def test_a_chat_turn_too_long_is_refused_alone(worded):
+    directory, model = worded
+    long_line = " ".join(["t9"] * 40)
+    result = run("llama3", "--checkpoint", str(directory), "--chat", "--max-seq-len", "32",
+                 "--num-tokens", "2", input=f"t1 t2\n{long_line}\nt3 t4\n")
+    assert result.exit_code == 0, result.output
+    assert "is refused, the conversation kept as it was" in result.output
+    assert result.output.count("[prefill]") == 2  # the turns before and after it ran
+    # In the library: the refused turn changes nothing, and the next one goes on.
+    chat = iron_spec.load("llama3", directory, max_seq_len=32).chat()
+    chat.send("t1 t2", max_new_tokens=2)
+    messages, held = list(chat.messages), chat.session.held
+    with pytest.raises(iron_spec.ContextFull):
+        chat.send(long_line)
+    assert chat.messages == messages and chat.session.held == held
+    chat.send("t3", max_new_tokens=2)
+    assert [m["content"] for m in chat.messages][:3] == ["t1 t2", messages[1]["content"], "t3"]
+
+
+def test_chat_with_a_system_message_replies_as_transformers(smollm2):
+    result = run("llama3", "--checkpoint", str(smollm2), "--chat", "--system",
+                 "You are a helpful assistant.", "--prompt", "What is the capital of France?",
+                 "--max-seq-len", "256")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == PARIS + "\n"
+    assert "[end of text: the model drew its end-of-text token 2]" in result.output
+
+
+def test_threads_sets_what_openblas_and_the_decode_pool_run_on(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # the pool's count, restored after
+    libraries = threads._openblas_libraries()
+    assert libraries, "numpy's OpenBLAS is loaded"
+    lib = ctypes.CDLL(libraries[0])
+    get = next(getattr(lib, n) for n in ("openblas_get_num_threads",
+                                         "scipy_openblas_get_num_threads64_") if hasattr(lib, n))
+    before = get()
+    try:
+        assert threads.set_threads(1) == 1
+        assert get() == 1 and os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    finally:
+        threads.set_threads(before)
+    with pytest.raises(ValueError, match="threads 0 is not a whole number >= 1"):
+        threads.set_threads(0)
