@@ -11,7 +11,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+import numpy as np
+
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
+from iron_spec.operators.rope import rope_inv_freq
 from iron_spec.runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
 from iron_spec.runtime.causal import CausalOptions
@@ -391,6 +394,8 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
             max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
                 spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
             interleaved=_flag_option(spec, r, p + ("interleaved",), False))
+        _finite_frequencies(spec, p, ropes[name], f"{_key(spec, r, p + ('theta',), source)} "
+                            f"and {_key(spec, r, p + ('scaling',), source)}")
     r = model_fields
     for t, lo in built.items():
         name = lo.attention.rope
@@ -402,6 +407,11 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
             raise spec.error(("rope", name), f"rope table {name!r} rotates {width} columns: an even "
                              f"number from 2 to the head_dim ({lo.attention.head_dim}) of the "
                              "layers reading it")
+        scaling = ropes[name].scaling or {}
+        if width == 2 and scaling.get("rope_type", scaling.get("type")) == "dynamic":
+            raise spec.error(("rope", name, "scaling"), f"rope table {name!r} rotates 2 columns "
+                             "with dynamic scaling, whose base grows by a power dim / (dim - 2) "
+                             "(transformers' _compute_dynamic_ntk_parameters): at least 4")
     layers = [built[k] for k in keys]
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
@@ -425,6 +435,21 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_bias=_flag_option(spec, r, ("head", "bias"), False),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def _finite_frequencies(spec: Spec, path: tuple, rope: RopeOptions, where: str) -> None:
+    """Refuse a RoPE table whose parameters, each valid alone, give frequencies float32
+    cannot hold (a theta of 1e-300 is 0 in float32, and every angle then NaN); ``where``
+    names the keys they came from."""
+    with np.errstate(all="ignore"):
+        try:
+            inv, attention = rope_inv_freq(rope.rotary_dim, rope.theta, rope.scaling)
+        except (ValueError, OverflowError, ZeroDivisionError) as e:
+            raise spec.error(path, f"rope table {path[-1]!r}: {e}") from None
+    if not (np.isfinite(inv).all() and math.isfinite(attention)):
+        raise spec.error(path, f"rope table {path[-1]!r}: theta {rope.theta:g} and scaling "
+                               f"{rope.scaling} ({where}) give frequencies float32 cannot "
+                               "hold (NaN or infinite)")
 
 
 def _key(spec: Spec, r: Resolved, path: tuple, source: str) -> str:

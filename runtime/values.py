@@ -121,7 +121,8 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
     and finite, positive where it divides or scales, a whole number where it counts
     positions; llama3's ``high_freq_factor`` above its ``low_freq_factor`` (the band between
     divides by their difference); yarn with a ``theta`` above 1 (its correction range
-    divides by ``log(theta)``). A null (or empty) table is no scaling.
+    divides by ``log(theta)``); longrope's original context at least 2 (its attention factor
+    divides by its log). A null (or empty) table is no scaling.
 
     Raises:
         ValueError: naming ``where`` and the key (``...: rope_parameters.factor is nan, not
@@ -164,6 +165,11 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
         raise ValueError(f"{where}.high_freq_factor {scaling['high_freq_factor']} is not above "
                          f"low_freq_factor {scaling['low_freq_factor']} (the band between them "
                          "divides by their difference)")
+    if kind == "longrope" and scaling.get("original_max_position_embeddings") is not None \
+            and scaling["original_max_position_embeddings"] < 2:
+        raise ValueError(f"{where}.original_max_position_embeddings is "
+                         f"{scaling['original_max_position_embeddings']}: longrope's attention "
+                         "factor divides by its log, so it must be at least 2")
     if kind == "yarn" and not theta > 1:
         raise ValueError(f"rope_theta {theta:g} with {where}.rope_type yarn: yarn's correction "
                          "range divides by log(rope_theta), so it must be above 1")

@@ -82,13 +82,14 @@ def _mutate(data, draw, values, n):
         for k in path[:-1]:
             parent = parent[k]
         if action == "replace":
-            parent[path[-1]] = draw(values)
+            parent[path[-1]] = copy.deepcopy(draw(values))
         elif action == "drop" and isinstance(parent, dict):
             del parent[path[-1]]
         elif isinstance(parent, dict):
-            parent[draw(st.sampled_from(["rope_scaling", "sliding_window", "head_dim",
-                                         "eos_token_id", "rope_theta", "factor",
-                                         "original_max_position_embeddings"]))] = draw(values)
+            key = draw(st.sampled_from(["rope_scaling", "sliding_window", "head_dim",
+                                        "eos_token_id", "rope_theta", "factor",
+                                        "original_max_position_embeddings"]))
+            parent[key] = copy.deepcopy(draw(values))
     return data
 
 
@@ -259,3 +260,39 @@ def test_fuzzed_safetensors_headers_are_judged_as_the_library_judges_them(
         load(_toy_tree(), checkpoint)
     except CheckpointError as e:
         assert str(path) in str(e) or "does not fit the model" in str(e), e
+
+
+# --- tokenizer_config.json and generation_config.json -----------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    import shutil
+    into = tmp_path_factory.mktemp("tok") / "ckpt"
+    shutil.copytree(pristine(tmp_path_factory.getbasetemp()), into)
+    return into
+
+
+@settings(FUZZ, max_examples=200 * SCALE)
+@given(data=st.data())
+def test_fuzzed_tokenizer_and_generation_configs_load_or_are_refused_cleanly(
+        tokenizer_dir, data):
+    from iron_spec.runtime.tokenizer import Tokenizer
+    import jinja2
+    name = data.draw(st.sampled_from(["tokenizer_config.json", "generation_config.json"]))
+    path = tokenizer_dir / name
+    original = path.read_text()
+    edited = _mutate(json.loads(original), data.draw, st.one_of(json_values, st.sampled_from(
+        ["{{ messages }}", "{% for m in messages %}{{ m.content }}{% endfor %}", "{{",
+         "<s>", "</s>", "<unk>", [{"name": "default", "template": "x"}]])),
+        data.draw(st.integers(1, 3)))
+    path.write_text(json.dumps(edited))
+    try:
+        tok = Tokenizer(tokenizer_dir)
+        if tok.chat_template is not None:
+            tok.chat([{"role": "user", "content": "Hi"}])
+        event("read")
+    except (ValueError, jinja2.TemplateError) as e:
+        assert str(path) in str(e) or isinstance(e, jinja2.TemplateError), repr(e)
+        event(f"refused: {type(e).__name__}")
+    finally:
+        path.write_text(original)
