@@ -149,7 +149,7 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
                             "to pick one from its config.json architectures")
         return for_checkpoint(checkpoint, folder)
     path = Path(spec).expanduser()
-    if path.is_file():
+    if path.exists():  # a folder or a FIFO too: the loader refuses those, naming what it is
         return path
     folder = Path(folder or specs_folder())
     if not path.is_absolute() and len(path.parts) == 2 and path.parts[0] == "specs" and \
