@@ -319,6 +319,12 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             raise ValueError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
                              "model's own context")
         L = max_seq_len
+        fixed, per_position = _footprint(expanded.options, decode_weights)
+        need, budget = fixed + per_position * L, host_budget()
+        if need > budget:  # numpy maps zeros lazily: refused here, not by the OOM killer
+            raise ValueError(f"the model on {source} with max_seq_len {L} would hold "
+                             f"{need / 2**30:.1f} GiB, past this host's {budget / 2**30:.1f} "
+                             "GiB budget")
     else:
         fixed, per_position = _footprint(expanded.options, decode_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)

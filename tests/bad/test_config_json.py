@@ -206,3 +206,15 @@ def test_a_bad_encoder_config_is_refused_before_anything_is_allocated(tmp_path, 
     with pytest.raises(EXPECTED) as e:
         load_encoder(BERT, checkpoint=tmp_path, random_weights=0)
     assert str(tmp_path / "config.json") in str(e.value) and says in str(e.value), e.value
+
+
+@pytest.mark.parametrize("max_seq_len", [None, 16])
+def test_a_model_past_the_host_memory_is_refused_before_it_is_allocated(toy_dir, max_seq_len):
+    # 2**31 - 1 rows of 64: 512 GiB of embedding. numpy would map it lazily and the weights'
+    # draw (or read) would then meet the OOM killer; found by the config fuzzer at 10x.
+    config = dict(toy_config(), vocab_size=2**31 - 1)
+    dump(toy_dir / "config.json", config)
+    with pytest.raises(ValueError, match="budget") as e:
+        load_model(LLAMA, checkpoint=toy_dir, random_weights=0, max_seq_len=max_seq_len)
+    if max_seq_len is not None:
+        assert str(toy_dir / "config.json") in str(e.value), e.value
