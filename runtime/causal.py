@@ -59,6 +59,16 @@ class CausalOptions:
     prefill_chunk: int = 256
 
 
+class Table:
+    """A table by position (a RoPE table's cos or sin) holding the rows of the positions
+    the caches hold (``CausalLM.reserve``): ``array`` ``(rows, columns)`` float32 is
+    replaced as it grows; ``shape`` is the most it holds (``max_seq_len`` rows)."""
+
+    def __init__(self, shape: tuple[int, int]):
+        self.shape = shape
+        self.array = np.zeros((0, shape[1]), np.float32)
+
+
 class Decoder(Module):
     """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``; with
     learned positions also ``embed_positions`` ``(positions, hidden)``; with per-layer
@@ -150,14 +160,16 @@ class CausalLM(Module):
         if o.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.config = o
-        self.rope_tables = {name: rope_table(r, o.max_seq_len) for name, r in o.ropes.items()}
+        # cos and sin, each (rows, rotary_dim // 2), rows as the caches grow (reserve).
+        self.rope_tables = {name: (Table((o.max_seq_len, r.rotary_dim // 2)),
+                                   Table((o.max_seq_len, r.rotary_dim // 2)))
+                            for name, r in o.ropes.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
         self._versions: dict[tuple[bool, bool], "Version"] = {}
         # The KV caches grow in blocks of a prompt chunk's positions (reserve).
         self.block = o.prefill_chunk
         self.reserved = 0  # positions every cache holds now (a ring: up to its own)
-        self.reserve(1)
         # Weights and tables in their kernels' form, shared by every compiled version.
         self.packed: dict[tuple, np.ndarray] = {}
         self.reference_states: dict[int, np.ndarray] = {}
@@ -166,13 +178,15 @@ class CausalLM(Module):
         # The decode step's weights: float32, or bfloat16 where they hold exactly
         # (runtime.plan); set before the decode step compiles.
         self.decode_weights = "float32"
+        self.reserve(1)
 
     def reserve(self, positions: int) -> None:
         """Make every KV cache hold at least ``positions`` positions (a ring at most its
-        own): they grow by whole blocks of ``block`` positions, and by at least a quarter of
-        what they hold, so copying the held positions costs at most ~5 times the cache's
-        final size over a sequence, while a cache is never more than a quarter and a block
-        past what the sequence needs. Every compiled version is bound to the new memory.
+        own), and the RoPE tables as many rows: they grow by whole blocks of ``block``
+        positions, and by at least a quarter of what they hold, so copying the held
+        positions costs at most ~5 times the cache's final size over a sequence, while a
+        cache is never more than a quarter and a block past what the sequence needs. Every
+        compiled version is bound to the new memory.
 
         Raises:
             ValueError: ``positions`` past ``max_seq_len``.
@@ -186,8 +200,19 @@ class CausalLM(Module):
         grown = max(positions, self.reserved + self.reserved // 4)
         grown = min(L, -(-grown // B) * B)
         changed = [s.grow(grown) for _, s in self.named_states()]
+        # The tables computed afresh (their rows are a prefix of the whole context's), and
+        # their packed forms dropped while the old arrays live, so no id is reused.
+        stale = set()
+        for name, r in self.config.ropes.items():
+            tables = self.rope_tables[name]
+            new = rope_table(r, grown, self.rope_length)
+            stale |= {id(t.array) for t in tables}
+            for key in [k for k in self.packed if k[0] in stale]:
+                del self.packed[key]
+            for t, array in zip(tables, new):
+                t.array = array
         self.reserved = grown
-        if any(changed):
+        if any(changed) or stale:
             for version in self._versions.values():
                 version.plan.rebind()
 
@@ -219,10 +244,10 @@ class CausalLM(Module):
             switch = rope_switch(r)
             if switch is None or (self.rope_length <= switch) == (length <= switch):
                 continue
-            for held, new in zip(self.rope_tables[name], rope_table(r, self.config.max_seq_len,
-                                                                    length)):
-                np.copyto(held, new)
-                changed.append(held)
+            tables = self.rope_tables[name]
+            for t, new in zip(tables, rope_table(r, len(tables[0].array), length)):
+                np.copyto(t.array, new)
+                changed.append(t.array)
         self.rope_length = length
         ids = {id(a): a for a in changed}
         for key, packed in self.packed.items():
@@ -234,8 +259,8 @@ class CausalLM(Module):
         """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""
         c = rec.call
         ids = rec.input("ids", (c.capacity,), np.int32, bounded=c.prompt)
-        ropes = {name: (rec.hold("const", f"rope.{name}.cos", cos),
-                        rec.hold("const", f"rope.{name}.sin", sin))
+        ropes = {name: (rec.state(f"rope.{name}.cos", cos, "const"),
+                        rec.state(f"rope.{name}.sin", sin, "const"))
                  for name, (cos, sin) in self.rope_tables.items()}
         x = self.model.embed_tokens(rec, ids)
         o = self.config

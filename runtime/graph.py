@@ -34,9 +34,15 @@ class Handle:
     dtype: Any = np.float32
     base: "Handle | None" = None
     array: np.ndarray | None = None  # the param, state or const it stands for
-    # A state's owner (``runtime.module.State``): its ``array`` is the memory, replaced as
-    # the state grows; ``shape`` is the most it holds.
+    # What holds a growing state's or table's memory (``runtime.module.State``,
+    # ``runtime.causal.Table``): its ``array``, replaced as it grows; ``shape`` is the most
+    # it holds. ``array`` is then None.
     owner: Any = None
+
+    @property
+    def memory(self) -> np.ndarray | None:
+        """The array this param, state or const is now."""
+        return self.array if self.owner is None else self.owner.array
 
     @property
     def root(self) -> "Handle":
@@ -107,13 +113,14 @@ class Recorder:
             self._held[id(array)] = h
         return h
 
-    def state(self, name: str, state) -> Handle:
-        """The handle of ``state`` (a ``runtime.module.State``), one per state: its shape is
-        the most the state holds, its memory whatever ``state.array`` is at the call."""
+    def state(self, name: str, state, kind: str = "state") -> Handle:
+        """The handle of ``state``, one per state: memory that grows with the sequence (a
+        ``runtime.module.State``, or with ``kind`` ``const`` a table by position,
+        ``runtime.causal.Table``). Its shape is the most the state holds, its memory
+        whatever ``state.array`` is at the call."""
         h = self._held.get(id(state))
         if h is None:
-            h = Handle(state.shape, "state", name, False, np.float32, array=state.array,
-                       owner=state)
+            h = Handle(state.shape, kind, name, False, np.float32, owner=state)
             self._held[id(state)] = h
         return h
 

@@ -84,9 +84,9 @@ class Plan:
         # Weights and tables in their kernels' form; plans of one model may share it.
         self._packed: dict[tuple, np.ndarray] = {} if packed is None else packed
         self.runs = [self._bind(i, s) for i, s in enumerate(self.steps)]
-        # Steps reading or writing a state (a KV cache): bound again when one grows.
+        # Steps over memory that grows (a KV cache, a RoPE table): bound again when it does.
         self._stateful = [i for i, s in enumerate(self.steps)
-                          if any(h is not None and self._root(h).kind == "state"
+                          if any(h is not None and self._root(h).owner is not None
                                  for h in s.inputs + (s.output,))]
         self._out = self._array(output)
         self.checked: list[str] = []
@@ -167,12 +167,12 @@ class Plan:
         """Input ``k`` of ``step`` (a weight or table) in the form its kernel reads."""
         if self.weights != "float32":
             try:
-                reduced = step.op.pack_reduced(k, weight.array, self.weights)
+                reduced = step.op.pack_reduced(k, weight.memory, self.weights)
             except ValueError as e:
                 raise ValueError(f"{weight.name}: {e}") from None
             if reduced is not None:
                 return reduced
-        return step.op.pack(k, weight.array, **step.static)
+        return step.op.pack(k, weight.memory, **step.static)
 
     def _root(self, h: Handle) -> Handle:
         while True:
@@ -216,10 +216,8 @@ class Plan:
             return self._array(h.base).reshape(h.shape)
         if h.kind == "input":
             return self.inputs[h.name]
-        if h.kind == "state" and h.owner is not None:
-            return h.owner.array  # as it is now: a growing state's memory is replaced
         if h.kind in ("param", "state", "const"):
-            return h.array
+            return h.memory  # as it is now: a growing state's memory is replaced
         s = self._spans[id(h)]
         return self.arena[s.offset: s.offset + h.size].reshape(h.shape)
 
@@ -229,7 +227,7 @@ class Plan:
             if h is None:
                 ins.append(None)
             elif self._root(h).kind in ("param", "const"):
-                array = self._root(h).array
+                array = self._root(h).memory
                 key = (id(array), step.op.name, k, repr(sorted(step.static.items())),
                        self.weights)
                 if key not in self._packed:
@@ -244,8 +242,10 @@ class Plan:
                     scratch)
 
     def rebind(self) -> None:
-        """Bind every step over a state to the state's memory as it is now: after a KV cache
-        grew (``runtime.module.State.grow``), which replaced its array."""
+        """Bind every step over growing memory to that memory as it is now: after a KV cache
+        or a RoPE table grew (``runtime.causal.CausalLM.reserve``), which replaced its array
+        (a table is packed again: the plans' shared ``packed`` must have dropped its old
+        form)."""
         for i in self._stateful:
             self.runs[i] = self._bind(i, self.steps[i])
 
@@ -274,7 +274,7 @@ class Plan:
         step = r.step
         writes = step.op.writes
         originals = [None if h is None or self._root(h).kind not in ("param", "const")
-                     else self._root(h).array for h in step.inputs]
+                     else self._root(h).memory for h in step.inputs]
         # Copies taken before the kernel runs: a writing step changes its state in place.
         # A weight is read as stored, never copied (the reference widens what it needs).
         before = [None if x is None or o is not None else

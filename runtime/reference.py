@@ -47,7 +47,7 @@ class Reference:
                 # As stored: each operator's reference computes in float64 from it. A float64
                 # copy of every weight held here was twice the weights again (1.1 GB on
                 # SmolLM2, per compiled version), more than the model itself.
-                x = root.array
+                x = root.memory
             elif root.kind == "state":
                 x = self._state(root)
             else:

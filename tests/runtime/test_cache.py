@@ -50,6 +50,8 @@ def test_sliding_layers_hold_a_ring_and_full_layers_grow_in_blocks():
     assert lm.reserved == C and all(a.keys.capacity == C for a in attn)
     Session(lm).logits(ids(3 * C + 1))  # positions 0 .. 3C: four blocks
     assert lm.reserved == 4 * C
+    # The RoPE tables hold the rows of the positions reserved, no more.
+    assert all(t.array.shape[0] == 4 * C for ts in lm.rope_tables.values() for t in ts)
     assert [a.keys.capacity for a in attn] == [8 + C - 1, 4 * C, 8 + C - 1, 4 * C]
     now, most = lm.cache_bytes()
     G, D = attn[0].options.kv_heads, attn[0].options.head_dim

@@ -300,6 +300,23 @@ def test_strict_load_fills_every_param(tmp_path):
     assert report.tied == {} and report.ignored == []
 
 
+def test_a_large_tensor_is_read_in_slices_to_the_same_values(tmp_path, monkeypatch):
+    # Slices of 24 bytes: embed_tokens (10 rows of 16 bytes) in slices of one row, each
+    # slice's file pages released as it is copied; the values are the file's, by hand.
+    import iron_spec.runtime.checkpoint as checkpoint
+    monkeypatch.setattr(checkpoint, "SLICE_BYTES", 24)
+    save_file(tensors(), str(tmp_path / "model.safetensors"))
+    released = []
+    original = Checkpoint.release
+    monkeypatch.setattr(Checkpoint, "release", lambda self, name, upto=None: (
+        released.append((name, upto)), original(self, name, upto))[1])
+    lm = LM().name_tree()
+    load(lm, Checkpoint(tmp_path))
+    assert params(lm)["model.embed_tokens"].array[9].tolist() == [36.0, 37.0, 38.0, 39.0]
+    assert params(lm)["lm_head.weight"].array[0].tolist() == [5000.0, 5001.0, 5002.0, 5003.0]
+    assert [u for n, u in released if n == "model.embed_tokens"] == [16 * i for i in range(1, 11)] + [None]
+
+
 def test_every_misfit_is_named_in_one_error_and_nothing_is_filled(tmp_path):
     arrays = tensors()
     del arrays["model.layers.1.norm"]                                # missing
