@@ -339,9 +339,11 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if random_weights is None and expanded.options.tied and not gguf_files.is_gguf(directory):
         expanded, lm = _untie(spec, expanded, lm, directory, source)
     now, most = lm.cache_bytes()
+    rings = sum(s.ring is not None for _, s in lm.named_states()) // 2
     log.info("KV cache %s reserved now (%d positions); it grows with the sequence, %d "
-             "positions at a time, to at most %s at max_seq_len %d (a sliding-window layer "
-             "holds a ring of its window)", _size(now), lm.reserved, lm.block, _size(most), L)
+             "positions at a time, to at most %s at max_seq_len %d%s", _size(now), lm.reserved,
+             lm.block, _size(most), L, f" ({rings} sliding-window layers hold a ring of their "
+             "window)" if rings else "")
     mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
