@@ -261,3 +261,61 @@ def test_one_query_over_a_long_cache_matches_the_reference(window):
     want = op.reference(q, keys, values, start=start, window=window)
     tol = op.tolerance(q.shape, keys.shape, values.shape)
     assert np.all(np.abs(out - want) <= tol.bound(op.scale(want, q, keys, values, start=start)))
+
+
+# --- a ring: a sliding window's cache of the last ``ring`` positions ----------------------
+
+def test_kv_write_into_a_ring_wraps_past_its_end(run_kernel, randn):
+    # Positions 5, 6, 7 in a ring of 6 rows: rows 5, 0, 1.
+    x = randn(3, 2, 4)
+    cache = np.zeros((2, 6, 4), np.float32)
+    for written in (run_kernel(KV, x, cache, start=5, ring=6),
+                    KV.reference(x, cache.copy(), start=5, ring=6)):
+        for i, row in enumerate((5, 0, 1)):
+            np.testing.assert_array_equal(written[:, row], x[i])
+        np.testing.assert_array_equal(written[:, 2:5], 0.0)
+    with pytest.raises(ValueError):
+        KV.shape((7, 2, 4), (2, 6, 4), ring=6)  # more rows than the ring holds
+
+
+def _ring_of(cache, t, ring):
+    """The last ``ring`` of positions ``0 .. t - 1`` of ``cache``, each at row ``p % ring``."""
+    out = np.zeros(cache.shape[:1] + (ring,) + cache.shape[2:], cache.dtype)
+    lo = max(0, t - ring)
+    out[:, np.arange(lo, t) % ring] = cache[:, lo:t]
+    return out
+
+
+@pytest.mark.parametrize("n,start,window,ring", [
+    (5, 20, 4, 8),     # a chunk whose window and rows wrap past the ring's end
+    (5, 3, 4, 8),      # the first positions, no wrap yet
+    (1, 30, 6, 6),     # one query, the ring exactly its window
+    (70, 100, 8, 77),  # more rows than a block of the prompt kernel, over a wrap
+])
+def test_attention_over_a_ring_is_the_whole_cache(run_kernel, randn, n, start, window, ring):
+    from iron_spec.operators import native
+    t = start + n
+    q, keys, values = randn(n, 4, 16), randn(2, t, 16), randn(2, t, 16)
+    want = OP.reference(q, keys, values, start=start, window=window)
+    rk, rv = _ring_of(keys, t, ring), _ring_of(values, t, ring)
+    np.testing.assert_allclose(OP.reference(q, rk, rv, start=start, window=window, ring=ring),
+                               want, rtol=1e-12, atol=1e-12)
+    whole = run_kernel(OP, q, keys, values, start=start, window=window)
+    got = run_kernel(OP, q, rk, rv, start=start, window=window, ring=ring)
+    assert got.tobytes() == whole.tobytes()
+    if n == 1 and native.lib() is not None:  # and the numpy kernel, bit for bit too
+        lib = native.LIB
+        try:
+            native.LIB = None
+            assert run_kernel(OP, q, rk, rv, start=start, window=window, ring=ring).tobytes() \
+                == run_kernel(OP, q, keys, values, start=start, window=window).tobytes()
+        finally:
+            native.LIB = lib
+
+
+def test_a_ring_shorter_than_its_window_and_rows_is_refused():
+    with pytest.raises(ValueError, match="does not hold a window"):
+        OP.shape((5, 4, 16), (2, 7, 16), (2, 7, 16), window=4, ring=7)  # needs 4 + 5 - 1
+    with pytest.raises(ValueError, match="does not hold a window"):
+        OP.shape((1, 4, 16), (2, 7, 16), (2, 7, 16), ring=7)  # a ring without a window
+    assert OP.shape((5, 4, 16), (2, 8, 16), (2, 8, 16), window=4, ring=8) == (5, 64)

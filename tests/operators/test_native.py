@@ -115,6 +115,33 @@ def test_attend_refuses_a_scratch_too_small_or_a_position_past_the_cache():
     for start, window, kv_heads in [(sys.maxsize, 0, 2), (-1, 0, 2), (3, -1, 2), (3, 0, 0)]:
         with pytest.raises(ValueError, match="start must be within the cache"):
             lib.attend(out, q, keys, keys, scratch, kv_heads, start, window, 1.0, 0.0, 0)
+    # A ring holds a window: none without one, nor one shorter than the window.
+    for window, ring in [(0, 10), (11, 10), (3, -1)]:
+        with pytest.raises(ValueError, match="ring >= 0"):
+            lib.attend(out, q, keys, keys, scratch, 2, 3, window, 1.0, 0.0, ring)
+    # Past the cache's end only where the cache is the whole ring.
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        lib.attend(out, q, keys, keys, scratch, 2, 10, 4, 1.0, 0.0, 12)  # a ring of 12, 10 rows
+    lib.attend(out, q, keys, keys, scratch, 2, 25, 4, 1.0, 0.0, 10)  # position 25 at row 5
+
+
+@needs_native
+def test_attend_over_a_ring_is_the_whole_cache_bit_for_bit():
+    # Positions 0 .. 40 of a whole cache, and the last 12 of them in a ring of 12 rows
+    # (position p at row p % 12): one query at 40 with a window of 9 reads the same keys in
+    # the same order, so the same bits.
+    lib, rng = native.lib(), np.random.default_rng(3)
+    G, H, D, t = 2, 4, 40, 41  # head_dim 40: the 32-wide blocks and a scalar tail
+    keys, values = rng.standard_normal((2, G, t, D)).astype(np.float32)
+    ring_k, ring_v = np.zeros((G, 12, D), np.float32), np.zeros((G, 12, D), np.float32)
+    ring_k[:, np.arange(t - 12, t) % 12] = keys[:, t - 12:]
+    ring_v[:, np.arange(t - 12, t) % 12] = values[:, t - 12:]
+    q = rng.standard_normal((H, D)).astype(np.float32)
+    scratch = np.empty(native.attend_scratch(H, G, D, t), np.float32)
+    whole, ring = np.empty((H, D), np.float32), np.empty((H, D), np.float32)
+    lib.attend(whole, q, keys, values, scratch, G, t - 1, 9, 0.25, 0.0, 0)
+    lib.attend(ring, q, ring_k, ring_v, scratch, G, t - 1, 9, 0.25, 0.0, 12)
+    assert ring.tobytes() == whole.tobytes()
 
 
 def test_threads_follow_the_blas_environment_up_to_the_cores(monkeypatch):
