@@ -427,7 +427,9 @@ def _fill(param, checkpoint: Checkpoint, source: str) -> None:
     file pages and its float32 copy are never resident whole together (Gemma 3's 262144 x
     640 embedding: 335 MB of bfloat16 pages beside its 671 MB)."""
     raw = checkpoint.raw(source)
-    if param.transposed or param.rows is not None or raw.ndim == 0 or raw.nbytes <= SLICE_BYTES:
+    # Only a safetensors file maps its pages (a GGUF tensor is dequantized into a new array).
+    if (not isinstance(checkpoint, Checkpoint) or param.transposed or param.rows is not None
+            or raw.ndim == 0 or raw.nbytes <= SLICE_BYTES):
         param.fill(param.from_stored(raw))
         return
     if param.array is None:
