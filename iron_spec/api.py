@@ -135,6 +135,11 @@ class Model:
                 tokens or is not UTF-8, a checkpoint with no chat template for messages.
             IndexError: an id outside the vocabulary.
         """
+        if _messages(prompt):
+            for i, m in enumerate(prompt):
+                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                    raise TypeError(f"message {i} is {m!r}: each message is a mapping with a "
+                                    "text 'role' and a text 'content'")
         if isinstance(prompt, str) or _messages(prompt):
             if self.tokenizer is None:
                 where = self.loaded.directory
@@ -146,13 +151,18 @@ class Model:
             if not ids:
                 raise ValueError("the prompt encodes to no tokens; give some text")
             return ids
+        if isinstance(prompt, (list, tuple)) and not prompt:
+            raise ValueError("the prompt holds no token ids")
         try:
             ids = np.asarray(prompt)
         except (TypeError, ValueError):
             ids = None
-        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu":
+        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu" or (
+                isinstance(prompt, (list, tuple)) and any(isinstance(t, bool) for t in prompt)):
+            held = type(prompt).__name__ if ids is None or ids.ndim != 1 or not len(prompt) \
+                else f"{type(prompt).__name__} of {', '.join(sorted({type(t).__name__ for t in prompt}))}"
             raise TypeError("a prompt is text, a list of {role, content} messages, or a "
-                            f"sequence of token ids; not {type(prompt).__name__}")
+                            f"sequence of integer token ids (not booleans); not {held}")
         if ids.size == 0:
             raise ValueError("the prompt holds no token ids")
         V = self.loaded.lm.config.vocab_size
@@ -331,6 +341,8 @@ def _messages(prompt) -> bool:
 def _stops(stop) -> tuple[str, ...]:
     if stop is None:
         return ()
+    if not isinstance(stop, (str, list, tuple)):
+        raise TypeError(f"stop is text or a list of texts, not {type(stop).__name__}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     for s in stops:
         if not isinstance(s, str):

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+
 from iron_spec.operators.sampling import Sampler, log_softmax
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.session import Session
@@ -70,6 +72,8 @@ def sampler_for(gen: dict, path: Path | None, *, seed: int | None = None,
             raise ValueError(f"{path}: {key} is {gen[key]!r}, not a number") from None
 
     t = given.get("temperature")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating))):
+        raise TypeError(f"temperature {t!r} is not a number")
     sample = bool(gen.get("do_sample")) if t is None else t > 0
     from_file = {}
     if t is None:
@@ -85,7 +89,8 @@ def sampler_for(gen: dict, path: Path | None, *, seed: int | None = None,
     settings = {**from_file, **{k: v for k, v in given.items() if v is not None}}
     settings.setdefault("presence_penalty", 0.0)
     # The caller's own values first, refused as they are; what fails after is the file's.
-    Sampler(**{k: v for k, v in settings.items() if k not in from_file}, seed=0)
+    Sampler(**{k: v for k, v in settings.items() if k not in from_file},
+            seed=0 if seed is None else seed)
     try:
         return Sampler(**settings, seed=seed)
     except ValueError as e:

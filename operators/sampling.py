@@ -115,6 +115,8 @@ class Sampler:
             0.0 is none, a negative value favours them.
 
     Raises:
+        TypeError: a setting that is not a real number (a bool, text), a top_k or seed that
+            is not a whole number.
         ValueError: a negative or non-finite temperature, a negative top_k, top_p outside
             (0, 1], min_p outside [0, 1], a repetition penalty that is not a finite number
             > 0, a presence penalty that is not finite, a seed outside [0, 2**64).
@@ -123,6 +125,18 @@ class Sampler:
     def __init__(self, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int | None = 0, *, min_p: float | None = None,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0):
+        # Types first: a bool is an int to Python and a str compares with nothing, so
+        # either would otherwise pass as a number or fail deep in numpy.
+        for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
+                            ("repetition_penalty", repetition_penalty),
+                            ("presence_penalty", presence_penalty)):
+            if value is not None and (isinstance(value, (bool, np.bool_)) or
+                                      not isinstance(value, (int, float, np.integer, np.floating))):
+                raise TypeError(f"{name} {value!r} is not a number")
+        for name, value in (("top_k", top_k), ("seed", seed)):
+            if value is not None and (isinstance(value, (bool, np.bool_)) or
+                                      not isinstance(value, (int, np.integer))):
+                raise TypeError(f"{name} {value!r} is not a whole number")
         if not np.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature {temperature} is not a finite number >= 0 (0 is greedy)")
         if top_k is not None and top_k < 0:

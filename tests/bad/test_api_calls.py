@@ -171,3 +171,38 @@ def test_sampling_stays_finite_for_any_temperature_accepted(temperature):
         assert draws == {1}, draws
     if temperature == 1e300:  # at the other limit: every token alike
         assert np.allclose(p, 0.2)
+
+
+# The library's own calls (iron_spec.load(...).generate): each argument of the wrong type
+# or value is refused naming it, before anything runs (found by a fresh user's trial).
+LIBRARY = [
+    ("bool_among_ids", dict(prompt=[True, 2]), TypeError, "not booleans"),
+    ("bool_ids", dict(prompt=[True, False]), TypeError, "list of bool"),
+    ("float_ids", dict(prompt=[1.5]), TypeError, "list of float"),
+    ("no_ids", dict(prompt=[]), ValueError, "no token ids"),
+    ("seed_fraction", dict(temperature=1, seed=1.5), TypeError, "seed 1.5"),
+    ("seed_bool", dict(temperature=1, seed=True), TypeError, "seed True"),
+    ("seed_text", dict(temperature=1, seed="x"), TypeError, "seed 'x'"),
+    ("seed_negative", dict(temperature=1, seed=-1), ValueError, "^seed -1 is outside"),
+    ("temperature_text", dict(temperature="hot"), TypeError, "temperature 'hot'"),
+    ("temperature_bool", dict(temperature=True), TypeError, "temperature True"),
+    ("top_k_fraction", dict(temperature=1, top_k=1.5), TypeError, "top_k 1.5"),
+    ("top_p_text", dict(temperature=1, top_p="x"), TypeError, "top_p 'x'"),
+    ("stop_number", dict(stop=5), TypeError, "stop is text"),
+    ("message_without_content", dict(prompt=[{"role": "user"}]), TypeError, "message 0"),
+]
+
+
+@pytest.fixture(scope="module")
+def library():
+    import iron_spec
+
+    return iron_spec.load(LLAMA, random_weights=0, toy=True)
+
+
+@pytest.mark.parametrize("case, kwargs, error, says", LIBRARY, ids=[c[0] for c in LIBRARY])
+def test_a_bad_library_call_is_refused_naming_the_argument(library, case, kwargs, error, says):
+    kwargs = dict(kwargs)
+    prompt = kwargs.pop("prompt", [5, 17, 42])
+    with pytest.raises(error, match=says):
+        library.generate(prompt, max_new_tokens=2, **kwargs)

@@ -25,7 +25,7 @@ def counts() -> dict[str, int]:
         + len(t.TEMPLATES),
         "generation_config.json": len(t.GENERATION_IDS) + len(t.GENERATION_SETTINGS),
         "CLI flags and arguments": len(f.FLAGS) + len(f.SPECS),
-        "API calls": len(a.HISTORIES) + len(a.DRAWS) + len(a.DECODE) + len(a.SAMPLERS) + 4
+        "API calls": len(a.HISTORIES) + len(a.DRAWS) + len(a.DECODE) + len(a.SAMPLERS) + len(a.LIBRARY) + 4
         + 5,  # + 4 max_tokens, 5 prompt-chunk calls
     }
     return {k: v + INLINE.get(k, 0) for k, v in table.items()}
