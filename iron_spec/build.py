@@ -236,13 +236,13 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
     assert directory is not None, "a checkpoint directory, when nothing is drawn"
     if gguf_files.is_gguf(directory):
         checkpoint = gguf_files.checkpoint(spec, directory, config_json,
-                                           _checkpoint_names(model, renames))
+                                           checkpoint_names(model, renames))
     else:
         checkpoint = Checkpoint(directory)
     return load(model, checkpoint, renames, progress, unused), checkpoint
 
 
-def _checkpoint_names(model, renames: dict) -> list[str]:
+def checkpoint_names(model, renames: dict) -> list[str]:
     """The checkpoint name of each of ``model``'s params (its renames undone), or its own
     where the renames lead to it from two (loading then says which)."""
     out = []
