@@ -308,6 +308,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         tokenizer = gguf_files.tokenizer(directory)
     elif directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)
+    if tokenizer is not None:
         V = expanded.options.vocab_size
         past = sorted(i for i in tokenizer.eos_ids if i >= V)
         if past:
