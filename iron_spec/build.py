@@ -236,13 +236,13 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
     assert directory is not None, "a checkpoint directory, when nothing is drawn"
     if gguf_files.is_gguf(directory):
         checkpoint = gguf_files.checkpoint(spec, directory, config_json,
-                                           _checkpoint_names(model, renames))
+                                           checkpoint_names(model, renames))
     else:
         checkpoint = Checkpoint(directory)
     return load(model, checkpoint, renames, progress, unused), checkpoint
 
 
-def _checkpoint_names(model, renames: dict) -> list[str]:
+def checkpoint_names(model, renames: dict) -> list[str]:
     """The checkpoint name of each of ``model``'s params (its renames undone), or its own
     where the renames lead to it from two (loading then says which)."""
     out = []
@@ -308,6 +308,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         tokenizer = gguf_files.tokenizer(directory)
     elif directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = Tokenizer(directory)
+    if tokenizer is not None:
         V = expanded.options.vocab_size
         past = sorted(i for i in tokenizer.eos_ids if i >= V)
         if past:

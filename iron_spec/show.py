@@ -25,7 +25,8 @@ from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError, Placement,
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
 
-from .build import build_tree, read_config
+from . import gguf_files
+from .build import build_tree, checkpoint_names, read_config
 from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from .errors import SpecError, message
@@ -82,8 +83,12 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
     directory = None
     if checkpoint is not None:
         directory = checkpoint_directory(checkpoint)
-        config_json, on, source = read_config(directory), str(directory / "config.json"), \
-            "config.json"
+        if gguf_files.is_gguf(directory):  # its config.json is built from its metadata
+            config_json, on, source = gguf_files.config_json(spec, directory), str(directory), \
+                "config.json"
+        else:
+            config_json, on, source = read_config(directory), str(directory / "config.json"), \
+                "config.json"
     else:
         toy = spec.get("toy", "config")
         if not isinstance(toy, dict):
@@ -99,8 +104,10 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
                 {n: dataclasses.asdict(r) for n, r in (getattr(options, "ropes", None) or {}).items()})
     if directory is not None:
         view.checkpoint = str(directory)
-        view.tensors = Checkpoint(directory).tensors
         renames = spec.get("checkpoint", "renames", default={}) or {}
+        view.tensors = gguf_files.checkpoint(
+            spec, directory, config_json, checkpoint_names(tree, renames)).tensors \
+            if gguf_files.is_gguf(directory) else Checkpoint(directory).tensors
         unused = spec.get("checkpoint", "unused", default=[]) or []
         view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,
                                unused)
@@ -128,7 +135,8 @@ def sizes(view: View) -> dict[str, Any]:
         stored: dict[str, dict[str, int]] = {}
         for t in view.tensors.values():
             n = math.prod(t.shape)
-            row = stored.setdefault(t.dtype, {"count": 0, "bytes": 0})
+            # a GGUF tensor's own type (Q4_1), not the float dtype it reads as
+            row = stored.setdefault(getattr(t, "stored", t.dtype), {"count": 0, "bytes": 0})
             row["count"] += n
             row["bytes"] += t.end - t.begin
         out["stored"] = stored
@@ -221,7 +229,7 @@ def _tree_lines(view: View, module: Module, label: str, depth: int) -> list[str]
                 line += f"  tied: shares {p.tied[name]}"
             elif name in p.sources:
                 t = view.tensors[p.sources[name]]
-                line += f"  <- {p.sources[name]} ({t.dtype} {list(t.shape)})"
+                line += f"  <- {p.sources[name]} ({getattr(t, 'stored', t.dtype)} {list(t.shape)})"
             else:
                 line += "  <- NOTHING: no tensor fills it"
         lines.append(line)

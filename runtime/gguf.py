@@ -77,6 +77,11 @@ class GGUFTensor:
         own where it is one, float32 for quantized blocks, which dequantize to it."""
         return self.format.name if self.format.name in ("F32", "F16", "BF16") else "F32"
 
+    @property
+    def stored(self) -> str:
+        """The element type as stored (``Q4_1``, ``F32``): what ``show`` reports."""
+        return self.format.name
+
 
 def is_gguf(path: str | Path) -> bool:
     """Whether ``path`` is a file that begins with GGUF's magic bytes."""
@@ -410,9 +415,24 @@ class GGUFCheckpoint:
         return array
 
     def blocks(self, name: str) -> tuple[Format, np.ndarray]:
-        """Tensor ``name`` as stored (``GGUFFile.blocks``), in llama.cpp's layout: the rows of
-        a ``rope_permuted`` q/k projection in its interleaved order."""
-        return self.file.blocks(self._source[name][0])
+        """Tensor ``name`` as stored, its blocks untouched, rows in transformers' order: its
+        format and a uint8 array ``(rows, row bytes)`` (``GGUFFile.blocks``; a view of the
+        file, or a copy where a ``rope_permuted`` projection's rows are put back, which moves
+        whole rows and so keeps every block). ``dequantize(*reversed(blocks(name)))``
+        reshaped is ``raw(name)``: what a kernel running Q8_0 (or any block format) weights
+        as they are reads.
+
+        Raises:
+            GGUFError: the tensor is one ``norm_offset`` shifts (its values change: ``raw``).
+        """
+        gname, kind = self._source[name]
+        if self.layout.norm_offset and name.endswith("norm.weight"):
+            raise GGUFError(f"{self.path}: tensor {gname} is stored shifted by "
+                            f"{self.layout.norm_offset}; read it with raw()")
+        fmt, rows = self.file.blocks(gname)
+        if self.layout.rope_permuted and kind in self._heads:
+            rows = unpermute(rows, self._heads[kind])
+        return fmt, rows
 
     def release(self, name: str) -> None:
         self.file.release(self._source[name][0])

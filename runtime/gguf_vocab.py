@@ -82,10 +82,15 @@ def tokenizer(file: GGUFFile) -> Tokenizer:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, ids["bos_token"])])
     special = {name: tokens[i] if i is not None else None for name, i in ids.items()}
-    eos = {i for i in (ids["eos_token"], file.get("tokenizer.ggml.eot_token_id", None),
-                       file.get("tokenizer.ggml.eom_token_id", None)) if i is not None}
-    eos |= {i for i, (t, k) in enumerate(zip(tokens, types))
-            if k == CONTROL and t in END_OF_GENERATION}
+    eos: dict[int, str] = {}
+    for key in ("eos", "eot", "eom"):
+        i = file.get(f"tokenizer.ggml.{key}_token_id", None)
+        if i is not None:
+            eos.setdefault(i, f"{file.path}: tokenizer.ggml.{key}_token_id")
+    for i, (t, k) in enumerate(zip(tokens, types)):
+        if k == CONTROL and t in END_OF_GENERATION:
+            eos.setdefault(i, f"{file.path}: tokenizer.ggml.tokens[{i}] ({t}, an end of "
+                              "generation as the GGUF runtime reads it)")
     return Tokenizer.from_parts(tok, file.get("tokenizer.chat_template", None), special, eos)
 
 

@@ -148,17 +148,18 @@ class Tokenizer:
 
     @classmethod
     def from_parts(cls, tokenizer: _Tokenizer, chat_template: str | None,
-                   special: dict[str, str | None], eos_ids: Iterable[int]) -> "Tokenizer":
+                   special: dict[str, str | None], eos_sources: dict[int, str]) -> "Tokenizer":
         """A tokenizer from its parts, where no checkpoint directory holds them (a GGUF
         file's metadata, ``runtime.gguf_vocab``): the ``tokenizers`` Tokenizer, the chat
         template, the special tokens' texts by ``tokenizer_config.json``'s names
         (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``) and the ids generation
-        stops at."""
+        stops at, each with where it was read (``FILE: KEY``)."""
         self = cls.__new__(cls)
         self._tok, self.chat_template = tokenizer, chat_template
         self.special = {k: special.get(k) for k in ("bos_token", "eos_token", "unk_token",
                                                      "pad_token")}
-        self.eos_ids = frozenset(eos_ids)
+        self.eos_ids = frozenset(eos_sources)
+        self.eos_sources = dict(eos_sources)
         return self
 
     @property

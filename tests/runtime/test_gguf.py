@@ -18,7 +18,8 @@ import pytest
 from iron_spec.build import load_model
 from iron_spec.errors import SpecError
 from iron_spec.registry import for_checkpoint
-from iron_spec.runtime.gguf import GGUFError, GGUFFile, config, unpermute
+from iron_spec.runtime.gguf import GGUFError, GGUFFile, unpermute
+from iron_spec.runtime.quants import dequantize
 from iron_spec.runtime.weights import draw_weights
 from tests.conftest import SPECS
 
@@ -121,6 +122,16 @@ def test_a_gguf_loads_as_the_checkpoint_it_was_converted_from(toy_llama):
         assert got[name].tobytes() == t.tobytes(), name
     assert loaded.config_json["rms_norm_eps"] == 1e-5  # the float32's shortest decimal
     assert loaded.config_json["num_key_value_heads"] == cfg["num_key_value_heads"]
+
+
+def test_the_raw_blocks_are_the_files_in_transformers_row_order(toy_llama):
+    path, expected, _ = toy_llama
+    ckpt = load_model(LLAMA, checkpoint=path, max_seq_len=64).checkpoint
+    for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        fmt, rows = ckpt.blocks(name)
+        assert fmt.name == "Q8_0" and rows.dtype == np.uint8
+        assert rows.shape == (expected[name].shape[0], expected[name].shape[1] // 32 * 34)
+        assert dequantize(rows, fmt).reshape(rows.shape[0], -1).tobytes() == expected[name].tobytes()
 
 
 def test_the_spec_is_picked_by_the_files_architecture(toy_llama):
