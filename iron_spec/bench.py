@@ -22,7 +22,7 @@ import typer
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
-from .build import Loaded
+from .build import DECODE_WEIGHTS_HELP, Loaded
 from .command import UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError
@@ -270,7 +270,7 @@ def command(
                                     help="context length the caches are sized for"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
-    decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
