@@ -296,13 +296,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             reduced decode weights without the decode pool, bfloat16 that would round a
             weight, int8 on rows not a multiple of 32 long).
     """
-    if decode_weights not in DECODE_WEIGHTS:
-        raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
-                         f"{', '.join(DECODE_WEIGHTS)}")
-    if decode_weights != "float32" and decode_pool.LIB is None:
-        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
-                         + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
-                            "operators._cpu is not built (reinstall with a C compiler)"))
+    _refuse_decode_weights(decode_weights)
     spec = load_spec(spec_path)
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
@@ -365,6 +359,35 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
                   checkpoint)
+
+
+def _refuse_decode_weights(decode_weights: str) -> None:
+    """Raises ValueError where ``decode_weights`` is none of DECODE_WEIGHTS, or a reduced
+    form without the decode pool that reads it."""
+    if decode_weights not in DECODE_WEIGHTS:
+        raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
+                         f"{', '.join(DECODE_WEIGHTS)}")
+    if decode_weights != "float32" and decode_pool.LIB is None:
+        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
+                         + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
+                            "operators._cpu is not built (reinstall with a C compiler)"))
+
+
+def use_decode_weights(loaded: Loaded, decode_weights: str) -> None:
+    """Compile ``loaded``'s decode step on ``decode_weights`` too (its weights packed once,
+    beside the forms it already holds), and go back to the weights it had: a bench then
+    switches between them by ``lm.decode_weights``.
+
+    Raises:
+        ValueError: as ``load_model`` does for these decode weights.
+    """
+    _refuse_decode_weights(decode_weights)
+    lm, before = loaded.lm, loaded.lm.decode_weights
+    lm.decode_weights = decode_weights
+    try:
+        lm.decode_step
+    finally:
+        lm.decode_weights = before
 
 
 def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str):

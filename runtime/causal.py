@@ -153,7 +153,7 @@ class CausalLM(Module):
         self.rope_tables = {name: rope_table(r, o.max_seq_len) for name, r in o.ropes.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
-        self._versions: dict[tuple[bool, bool], "Version"] = {}
+        self._versions: dict[tuple[bool, bool, str], "Version"] = {}
         # The KV caches grow in blocks of a prompt chunk's positions (reserve).
         self.block = o.prefill_chunk
         self.reserved = 0  # positions every cache holds now (a ring: up to its own)
@@ -163,8 +163,8 @@ class CausalLM(Module):
         self.reference_states: dict[int, np.ndarray] = {}
         # The session whose tokens the KV caches hold (runtime.session); None: no one's.
         self.holder = None
-        # The decode step's weights: float32, or bfloat16 where they hold exactly
-        # (runtime.plan); set before the decode step compiles.
+        # The decode step's weights: float32 or a reduced form (operators.formats); each
+        # compiles a decode step of its own, so a bench can switch between them.
         self.decode_weights = "float32"
 
     def reserve(self, positions: int) -> None:
@@ -260,7 +260,7 @@ class CausalLM(Module):
 
     def version(self, prompt: bool, check: bool = False) -> "Version":
         """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
-        key = (prompt, check)
+        key = (prompt, check, "float32" if prompt else self.decode_weights)
         if key not in self._versions:
             self._versions[key] = Version(self, prompt, check)
         return self._versions[key]
