@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -210,6 +211,12 @@ static inline float half_to_float(const uint8_t *p) {
     return (h & 0x8000u) ? -f : f;
 }
 
+typedef struct {
+    const float *w, *b, *xt;  /* xt: x in transposed panels (_cpu_gemv.h), mp rows padded */
+    float *out;
+    Py_ssize_t m, n, k, mp;
+} gemm_args;
+
 /* One body (_cpu_gemv.h), compiled once per instruction set. */
 #define SUFFIX _portable
 #define W 4
@@ -274,6 +281,35 @@ static void gemv_part(const void *args, int part, int parts) {
 #endif
     gemv_rows_portable(a, r0, r1);
 }
+
+static int simd_lanes(void) { return simd == SIMD_AVX512 ? 16 : simd == SIMD_AVX2 ? 8 : 4; }
+
+static void gemm_part(const void *args, int part, int parts) {
+    const gemm_args *a = args;
+    /* Whole groups of 6 output columns per part: the same tiles at any thread count. */
+    Py_ssize_t groups = (a->n + 5) / 6;
+    Py_ssize_t j0 = groups * part / parts * 6, j1 = groups * (part + 1) / parts * 6;
+    if (j1 > a->n)
+        j1 = a->n;
+    if (j0 >= j1)
+        return;
+#ifdef HAVE_X86
+    if (simd == SIMD_AVX512) {
+        gemm_cols_avx512(a, j0, j1);
+        return;
+    }
+    if (simd == SIMD_AVX2) {
+        gemm_cols_avx2(a, j0, j1);
+        return;
+    }
+#endif
+    gemm_cols_portable(a, j0, j1);
+}
+
+/* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
+static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
+static float *gemm_xt = NULL;
+static Py_ssize_t gemm_xt_size = 0;
 
 /* ---- attention of one query over a KV cache (a decode step) ----------------------------- */
 
@@ -564,6 +600,85 @@ fail_y:
     return NULL;
 }
 
+/* gemm(out, x, w, b): out (m, n) = x (m, k) @ w (n, k).T (+ b), float32, row-major. */
+static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gemm(out, x, w, b) takes 4 arguments");
+        return NULL;
+    }
+    Py_buffer out, x, w, b = {0};
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (get_floats(args[1], &x, 0, "x") < 0)
+        goto g0;
+    if (get_floats(args[2], &w, 0, "w") < 0)
+        goto g1;
+    int has_b = args[3] != Py_None;
+    if (has_b && get_floats(args[3], &b, 0, "b") < 0)
+        goto g2;
+    if (x.ndim != 2 || w.ndim != 2 || out.ndim != 2 || x.shape[1] != w.shape[1] ||
+        out.shape[0] != x.shape[0] || out.shape[1] != w.shape[0] ||
+        (has_b && b.len / 4 != w.shape[0]) || overlaps(&out, &x) || overlaps(&out, &w) ||
+        (has_b && overlaps(&out, &b))) {
+        PyErr_SetString(PyExc_ValueError, "gemm: out (m, n), x (m, k), w (n, k), b None or "
+                        "(n,); out apart from the rest");
+        goto g3;
+    }
+    gemm_args a = {w.buf, has_b ? b.buf : NULL, NULL, out.buf, x.shape[0], w.shape[0],
+                   x.shape[1], 0};
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&gemm_lock);
+    const Py_ssize_t panel = 2 * simd_lanes();
+    a.mp = (a.m + panel - 1) / panel * panel;
+    if (a.mp * a.k > gemm_xt_size) {
+        free(gemm_xt);
+        gemm_xt = malloc(sizeof(float) * a.mp * a.k);
+        gemm_xt_size = gemm_xt ? a.mp * a.k : 0;
+    }
+    if (!gemm_xt) {
+        failed = 1;
+    } else {
+        const float *X = x.buf;
+        for (Py_ssize_t i0 = 0; i0 < a.mp; i0 += panel) {
+            float *dst = gemm_xt + i0 * a.k;
+            for (Py_ssize_t i = 0; i < panel; i++) {
+                const float *src = X + (i0 + i) * a.k;
+                if (i0 + i < a.m)
+                    for (Py_ssize_t p = 0; p < a.k; p++)
+                        dst[p * panel + i] = src[p];
+                else
+                    for (Py_ssize_t p = 0; p < a.k; p++)
+                        dst[p * panel + i] = 0.0f;
+            }
+        }
+        a.xt = gemm_xt;
+        pool_run(gemm_part, &a);
+    }
+    pthread_mutex_unlock(&gemm_lock);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto g3;
+    }
+    if (has_b)
+        PyBuffer_Release(&b);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+g3:
+    if (has_b)
+        PyBuffer_Release(&b);
+g2:
+    PyBuffer_Release(&w);
+g1:
+    PyBuffer_Release(&x);
+g0:
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
 /* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring):
  * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D), position p at
  * row p % ring (ring 0: at row p); window 0: none; softcap 0: none; scratch:
@@ -721,6 +836,9 @@ static PyMethodDef methods[] = {
      "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major, float32 or "
      "bfloat16 as uint16, or (len(y), len(x) / 32 * 34) Q8_0 blocks as uint8; b None or "
      "(len(y),)"},
+    {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL,
+     "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
+     "row-major; b None or (n,)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring)"},
     {NULL, NULL, 0, NULL},

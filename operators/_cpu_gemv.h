@@ -146,6 +146,53 @@ static inline __attribute__((always_inline)) void GEMV_FN(q8)(const gemv_args *a
     }
 }
 
+/* ---- GEMM: out (m, n) = x (m, k) w (n, k)^T (+ b), a prompt chunk's projection ----------
+ * On xt, x in panels of 2W rows (padded with zeros), each panel transposed, (k, 2W), and
+ * the panels one after another: a panel's 2W values at one p are two vector loads, and a
+ * tile reads its panel in order. Each output element is one sum over p in order. */
+
+/* MR rows of w (from row j) against the panel of xt at row i0: an MR x 2W tile of out,
+ * its sums held in registers over the whole of k. */
+static inline __attribute__((always_inline)) void GEMV_FN(tile)(const gemm_args *a, Py_ssize_t j,
+                                                               Py_ssize_t i0, const int MR) {
+    const Py_ssize_t K = a->k, N = a->n;
+    const float *w = a->w + j * K, *xt = a->xt + i0 * K;  /* this panel's (k, 2W) */
+    FV c[6][2];
+    for (int r = 0; r < MR; r++)
+        c[r][0] = c[r][1] = (FV){0};
+    for (Py_ssize_t p = 0; p < K; p++) {
+        FV x0 = GEMV_FN(xload)(xt + p * 2 * W), x1 = GEMV_FN(xload)(xt + p * 2 * W + W);
+        for (int r = 0; r < MR; r++) {
+            float wr = w[r * K + p];
+            c[r][0] += x0 * wr;
+            c[r][1] += x1 * wr;
+        }
+    }
+    const Py_ssize_t rows = a->m - i0 < 2 * W ? a->m - i0 : 2 * W;
+    float *out = a->out + i0 * N + j;
+    for (int r = 0; r < MR; r++) {
+        const float bias = a->b ? a->b[j + r] : 0.0f;
+        for (Py_ssize_t i = 0; i < rows; i++)
+            out[i * N + r] = (i < W ? c[r][0][i] : c[r][1][i - W]) + bias;
+    }
+}
+
+/* Output columns [j0, j1) over every row: JB rows of w at a time (kept in L2) against
+ * every panel of x (each read from L2 by the block's tiles in turn). */
+static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1) {
+    const Py_ssize_t JB = 96;
+    for (Py_ssize_t jb = j0; jb < j1; jb += JB) {
+        const Py_ssize_t je = jb + JB < j1 ? jb + JB : j1;
+        for (Py_ssize_t i0 = 0; i0 < a->m; i0 += 2 * W) {
+            Py_ssize_t j = jb;
+            for (; j + 6 <= je; j += 6)
+                GEMV_FN(tile)(a, j, i0, 6);
+            for (; j < je; j++)
+                GEMV_FN(tile)(a, j, i0, 1);
+        }
+    }
+}
+
 static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
     if (a->wq)
         GEMV_FN(q8)(a, r0, r1);

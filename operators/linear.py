@@ -1,7 +1,8 @@
 """Linear projection, as torch.nn.Linear: ``x @ weight.T (+ bias)``.
 
 One row (a decode step) is a GEMV on the decode pool (``operators.native``) where it is
-built, else BLAS through numpy; a prompt chunk's rows are one GEMM, BLAS through numpy.
+built, else BLAS through numpy; a prompt chunk's rows are one GEMM, on the same pool
+(``native.GEMM``) or BLAS through numpy.
 """
 
 from __future__ import annotations
@@ -82,10 +83,13 @@ class Linear(Operator):
                 lib.gemv(out[0], x[0], weight, bias)
                 return
             weight = self.widen_reduced(1, weight)
-        lib = native.lib() if x.shape[0] == 1 else None
-        if lib is not None and x[0].flags.c_contiguous and out[0].flags.c_contiguous \
+        lib = native.lib() if x.shape[0] == 1 else native.gemm_lib()
+        if lib is not None and x.flags.c_contiguous and out.flags.c_contiguous \
                 and weight.flags.c_contiguous:
-            lib.gemv(out[0], x[0], weight, bias)
+            if x.shape[0] == 1:
+                lib.gemv(out[0], x[0], weight, bias)
+            else:
+                lib.gemm(out, x, weight, bias)
             return
         np.matmul(x, weight.T, out=out)
         if bias is not None:

@@ -10,6 +10,7 @@ Every build holds the GEMV for each instruction set (portable C vectors, AVX2+FM
 AVX-512), and the best this CPU has runs, chosen by cpuid at import, never by the flags of
 the machine that built it. ``IRON_SPEC_SIMD=portable|avx2|avx512`` picks one instead (a
 ValueError at the first call where this CPU lacks it); ``describe()`` says which runs.
+A prompt chunk's GEMMs run on the pool too (``GEMM``), unless IRON_SPEC_GEMM=blas.
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ def describe() -> str:
     if LIB is None:
         return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu not built") + ")"
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
-            f"{', '.join(LIB.available())})")
+            f"{', '.join(LIB.available())}); prompt GEMMs: "
+            + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)"))
 
 
 SIMD_VARIABLE = "IRON_SPEC_SIMD"
+#: Who runs a prompt chunk's projections (GEMMs): ``native``, the extension's blocked GEMM
+#: on the same pool as the decode step (the default where it is built), or ``blas``,
+#: numpy's BLAS (OpenBLAS), through IRON_SPEC_GEMM=blas.
+GEMM = "blas" if os.environ.get("IRON_SPEC_GEMM", "").strip().lower() == "blas" else "native"
 
 
 def _pick_simd() -> None:
@@ -69,6 +75,11 @@ def _pick_simd() -> None:
     except ValueError as e:
         raise ValueError(f"{SIMD_VARIABLE}={want}: {e} (this CPU runs "
                          f"{', '.join(LIB.available())})") from None
+
+
+def gemm_lib():
+    """The extension where it runs a prompt chunk's GEMMs (``GEMM``), else None."""
+    return lib() if GEMM == "native" else None
 
 
 def lib():

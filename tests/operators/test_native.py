@@ -327,3 +327,22 @@ def test_q8_0_gemv_refuses_rows_of_the_wrong_width():
         native.lib().gemv(y, x, np.zeros((2, 64), np.uint8), None)
     with pytest.raises(ValueError, match="a multiple of 32"):
         native.lib().gemv(y, np.ones(40, np.float32), np.zeros((2, 34), np.uint8), None)
+
+
+@pytest.mark.parametrize("rows, cols, out", [(2, 1, 1), (5, 13, 7), (17, 64, 50), (33, 576, 97),
+                                             (256, 96, 12)])
+def test_prompt_gemm_within_tolerance(simd, check_kernel, randn, monkeypatch, rows, cols, out):
+    # Rows past whole panels (2 * lanes), columns past whole tiles of 6.
+    monkeypatch.setattr(native, "GEMM", "native")
+    check_kernel(Linear(), randn(rows, cols), randn(out, cols), randn(out), packed=(1,))
+
+
+@needs_native
+def test_prompt_gemm_by_hand():
+    x = np.array([[1, 2], [3, 4], [-1, 0]], np.float32)
+    w = np.array([[1, 0], [0, 1], [1, 1], [2, -1]], np.float32)
+    out = np.full((3, 4), np.nan, np.float32)
+    native.lib().gemm(out, x, w, np.array([0, 0, 0, 10], np.float32))
+    assert out.tolist() == [[1, 2, 3, 10], [3, 4, 7, 12], [-1, 0, -1, 8]]
+    with pytest.raises(ValueError, match=r"gemm: out \(m, n\), x \(m, k\), w \(n, k\)"):
+        native.lib().gemm(out, x, w[:, :1].copy(), None)
