@@ -9,6 +9,7 @@ machine, so only ratios taken in one run mean anything.
 
 from __future__ import annotations
 
+import importlib
 import json
 import resource
 import statistics
@@ -144,7 +145,7 @@ def transformers_peer(loaded: Loaded, n_threads: int) -> Figures | None:
     return figures(prefill, decode)
 
 
-def llama_cpp_peer(loaded: Loaded, gguf: Path, n_threads: int) -> tuple[Figures, dict] | None:
+def gguf_peer(loaded: Loaded, gguf: Path, n_threads: int) -> tuple[Figures, dict] | None:
     """The same figures of llama.cpp (llama-cpp-python, the ``peer`` extra) on ``gguf``, a GGUF
     file of the same model: same prompt ids, same threads, greedy; and what it ran (the
     file, its tensor type). None where llama-cpp-python is not installed.
@@ -153,13 +154,13 @@ def llama_cpp_peer(loaded: Loaded, gguf: Path, n_threads: int) -> tuple[Figures,
         ValueError: the file is missing, or its vocabulary is smaller than the model's.
     """
     try:
-        import llama_cpp
+        engine = importlib.import_module(ENGINE_MODULE)
     except ImportError:
         return None
     if not gguf.is_file():
         raise ValueError(f"--gguf {gguf}: no such file")
     prompt = bench_prompt(loaded)
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=len(prompt) + DECODE + 8,
+    llm = getattr(engine, ENGINE_CLASS)(model_path=str(gguf), n_ctx=len(prompt) + DECODE + 8,
                           n_threads=n_threads, n_threads_batch=n_threads, n_batch=512,
                           n_ubatch=512, verbose=False)
     if llm.n_vocab() < loaded.lm.config.vocab_size:
@@ -185,8 +186,14 @@ def llama_cpp_peer(loaded: Loaded, gguf: Path, n_threads: int) -> tuple[Figures,
     kind = llm.metadata.get("general.file_type")
     name = FILE_TYPES.get(int(kind), f"file type {kind}") if kind is not None else "unknown"
     return figures(prefill, decode), {"file": str(gguf), "type": name,
-                                      "version": getattr(llama_cpp, "__version__", "?")}
+                                      "version": getattr(engine, "__version__", "?")}
 
+
+# The GGUF engine bench runs as a peer (the peer extra), by its names: the engine's, its
+# Python module's and package's, its model class's, and the key its ratios are named by.
+ENGINE, ENGINE_MODULE, ENGINE_PACKAGE, ENGINE_CLASS = ("llama.cpp", "llama_cpp",
+                                                       "llama-cpp-python", "Llama")
+ENGINE_KEY = ENGINE_MODULE
 
 # llama.cpp's general.file_type values (llama.h, enum llama_ftype), the ones a bench meets.
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
@@ -216,10 +223,10 @@ RATIOS = {
     "prefill128_vs_transformers": (("transformers", "ttft128_s"), ("ours", "ttft128_s")),
     "prefill512_vs_transformers": (("transformers", "ttft512_s"), ("ours", "ttft512_s")),
     "deep_vs_short_decode": (("ours", "decode_deep_tokens_per_s"), ("ours", "decode_short_tokens_per_s")),
-    "decode_vs_llama_cpp": (("ours", "decode_short_tokens_per_s"),
-                            ("llama.cpp", "decode_short_tokens_per_s")),
-    "prefill128_vs_llama_cpp": (("llama.cpp", "ttft128_s"), ("ours", "ttft128_s")),
-    "prefill512_vs_llama_cpp": (("llama.cpp", "ttft512_s"), ("ours", "ttft512_s")),
+    f"decode_vs_{ENGINE_KEY}": (("ours", "decode_short_tokens_per_s"),
+                                (ENGINE, "decode_short_tokens_per_s")),
+    f"prefill128_vs_{ENGINE_KEY}": ((ENGINE, "ttft128_s"), ("ours", "ttft128_s")),
+    f"prefill512_vs_{ENGINE_KEY}": ((ENGINE, "ttft512_s"), ("ours", "ttft512_s")),
 }
 SHORT_DECODE = "decode_short_tokens_per_s"
 # Bytes a decode step's projection weight takes per float32 byte, by decode weights.
@@ -256,10 +263,10 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
     peer_figures = transformers_peer(loaded, n_threads) if peer else None
     if peer_figures is not None:
         sides["transformers"] = peer_figures
-    llama = llama_cpp_peer(loaded, gguf, n_threads) if peer and gguf is not None else None
-    result["llama.cpp_run"] = None if llama is None else llama[1]
-    if llama is not None:
-        sides["llama.cpp"] = llama[0]
+    engine = gguf_peer(loaded, gguf, n_threads) if peer and gguf is not None else None
+    result[f"{ENGINE}_run"] = None if engine is None else engine[1]
+    if engine is not None:
+        sides[ENGINE] = engine[0]
     for name, side in sides.items():
         if not name.startswith("ours"):  # warmed up above
             stage(f"warm-up: {name}")
@@ -275,12 +282,12 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
     loaded.lm.decode_weights = own
     for side, figs in samples.items():
         result[side] = {name: statistics.median(v) for name, v in figs.items()}
-    for side in ("ours", "transformers", "llama.cpp"):
+    for side in ("ours", "transformers", ENGINE):
         if side in result:
             for n in PROMPTS:
                 result[side][f"prefill{n}_tokens_per_s"] = n / result[side][f"ttft{n}_s"]
     result["transformers"] = result.get("transformers")
-    result["llama.cpp"] = result.get("llama.cpp")
+    result[ENGINE] = result.get(ENGINE)
     result["ours"]["peak_rss_bytes"] = peak
     f = result["floor"]
     f.update(floor_static)
@@ -311,7 +318,7 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
         result["ratios"][f"{w}_decode_vs_bandwidth_floor"] = statistics.median(
             a / b for a, b in zip(mine, floor_at))
         if side != "ours":
-            for peer_side in ("ours", "transformers", "llama.cpp"):
+            for peer_side in ("ours", "transformers", ENGINE):
                 key = own if peer_side == "ours" else peer_side.replace(".", "_")
                 result["ratios"][f"{w}_decode_vs_{key}"] = ratio((side, SHORT_DECODE),
                                                                 (peer_side, SHORT_DECODE))
@@ -342,9 +349,9 @@ def report(r: dict) -> str:
                      f"{'':>14}{'':>8}  tok/s")
         lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
                      f"{'':>14}{'':>8}  tok/s")
-    lp, run = r["llama.cpp"], r["llama.cpp_run"]
+    lp, run = r[ENGINE], r[f"{ENGINE}_run"]
     if lp is not None:
-        lines.append(f"llama.cpp {run['version']} on {Path(run['file']).name} ({run['type']}): "
+        lines.append(f"{ENGINE} {run['version']} on {Path(run['file']).name} ({run['type']}): "
                      f"prefill 128 / 512 {lp['prefill128_tokens_per_s']:.1f} / "
                      f"{lp['prefill512_tokens_per_s']:.1f} tok/s, decode at {SHORT} / {DEEP} "
                      f"{lp[SHORT_DECODE]:.1f} / {lp['decode_deep_tokens_per_s']:.1f} tok/s")
@@ -375,7 +382,7 @@ def command(
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
-    gguf: Optional[Path] = typer.Option(None, metavar="FILE", help="a GGUF file of the same model: llama.cpp (llama-cpp-python, the peer extra) measured on it beside transformers"),
+    gguf: Optional[Path] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp

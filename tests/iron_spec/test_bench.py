@@ -42,4 +42,4 @@ def test_each_decode_weights_is_measured_beside_the_first(short):
 def test_no_llama_cpp_installed_is_no_peer(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
     loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
-    assert bench.llama_cpp_peer(loaded, tmp_path / "x.gguf", 1) is None
+    assert bench.gguf_peer(loaded, tmp_path / "x.gguf", 1) is None
