@@ -153,7 +153,7 @@ class CausalLM(Module):
         self.rope_tables = {name: rope_table(r, o.max_seq_len) for name, r in o.ropes.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
-        self._versions: dict[tuple[bool, bool, str], "Version"] = {}
+        self._versions: dict[tuple, "Version"] = {}
         # The KV caches grow in blocks of a prompt chunk's positions (reserve).
         self.block = o.prefill_chunk
         self.reserved = 0  # positions every cache holds now (a ring: up to its own)
@@ -260,7 +260,10 @@ class CausalLM(Module):
 
     def version(self, prompt: bool, check: bool = False) -> "Version":
         """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
-        key = (prompt, check, "float32" if prompt else self.decode_weights)
+        # Keyed by the decode weights too where they are reduced: a bench switches between
+        # them by decode_weights, each decode step compiled once.
+        key = (prompt, check) if prompt or self.decode_weights == "float32" else \
+            (prompt, check, self.decode_weights)
         if key not in self._versions:
             self._versions[key] = Version(self, prompt, check)
         return self._versions[key]
