@@ -61,7 +61,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         random_weights: draw the weights at this seed instead of reading them.
         toy: the spec's tiny ``toy`` shape (with ``random_weights``: no files at all).
         prefill_chunk: ids a prompt call holds (default: the spec's).
-        decode_weights: ``"float32"`` or ``"bfloat16"`` (the decode step's projections).
+        decode_weights: ``"float32"``, ``"bfloat16"``, ``"bfloat16-rounded"`` or ``"int8"`` (the decode step's projections: build.DECODE_WEIGHTS).
         max_tokens: an encoder's ids per text (default: the spec's).
         progress: called with (tensors loaded, tensors) as weights load.
 

@@ -9,6 +9,7 @@ machine, so only ratios taken in one run mean anything.
 
 from __future__ import annotations
 
+import importlib
 import json
 import resource
 import statistics
@@ -22,13 +23,14 @@ import typer
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
-from .build import Loaded
+from .build import DECODE_WEIGHTS_HELP, Loaded, use_decode_weights
 from .command import UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
+COPY_ELEMENTS = 2**28  # the copy bandwidth's array: 1 GiB, past any cache
 
 
 def peak_rss() -> int:
@@ -58,8 +60,11 @@ def figures(prefill: Callable[[int], float], decode: Callable[[int], float]) -> 
     return out
 
 
-def ours(loaded: Loaded) -> Figures:
+def ours(loaded: Loaded, weights: str | None = None) -> Figures:
+    """Our figures; with ``weights``, only the decode figures, run on a decode step of those
+    weights (the prompt chunk is float32 whatever the decode step reads)."""
     lm, prompt = loaded.lm, bench_prompt(loaded)
+    own = lm.decode_weights if weights is None else weights
 
     def prefill(n: int) -> float:
         s = Session(lm)
@@ -70,12 +75,14 @@ def ours(loaded: Loaded) -> Figures:
     def decode(at: int) -> float:
         # generate's own loop (greedy), timed from the first token drawn to the last, as
         # the peer's: the prompt's prefill is not in it.
+        lm.decode_weights = own  # each weights' decode step compiled once (CausalLM.version)
         s = Session(lm)
         for _ in s.generate(prompt[:at], DECODE + 1):
             pass
         return s.stats.decode_tokens_per_s
 
-    return figures(prefill, decode)
+    out = figures(prefill, decode)
+    return out if weights is None else {k: v for k, v in out.items() if k.startswith("decode")}
 
 
 def floor(loaded: Loaded) -> tuple[Figures, dict]:
@@ -97,7 +104,7 @@ def floor(loaded: Loaded) -> tuple[Figures, dict]:
             np.matmul(rows[w.shape[1]], w.T, out=o)
         return 1 / (time.perf_counter() - start)
 
-    a = np.ones(2**28, np.float32)
+    a = np.ones(COPY_ELEMENTS, np.float32)
     b = np.empty_like(a)
 
     def copy_bytes_per_s() -> float:
@@ -138,6 +145,62 @@ def transformers_peer(loaded: Loaded, n_threads: int) -> Figures | None:
     return figures(prefill, decode)
 
 
+def gguf_peer(loaded: Loaded, gguf: Path, n_threads: int) -> tuple[Figures, dict] | None:
+    """The same figures of llama.cpp (llama-cpp-python, the ``peer`` extra) on ``gguf``, a GGUF
+    file of the same model: same prompt ids, same threads, greedy; and what it ran (the
+    file, its tensor type). None where llama-cpp-python is not installed.
+
+    Raises:
+        ValueError: the file is missing, or its vocabulary is smaller than the model's.
+    """
+    try:
+        engine = importlib.import_module(ENGINE_MODULE)
+    except ImportError:
+        return None
+    if not gguf.is_file():
+        raise ValueError(f"--gguf {gguf}: no such file")
+    prompt = bench_prompt(loaded)
+    llm = getattr(engine, ENGINE_CLASS)(model_path=str(gguf), n_ctx=len(prompt) + DECODE + 8,
+                          n_threads=n_threads, n_threads_batch=n_threads, n_batch=512,
+                          n_ubatch=512, verbose=False)
+    if llm.n_vocab() < loaded.lm.config.vocab_size:
+        raise ValueError(f"--gguf {gguf}: a vocabulary of {llm.n_vocab()} tokens, not the "
+                         f"model's {loaded.lm.config.vocab_size}: not the same model")
+
+    def prefill(n: int) -> float:
+        llm.reset()  # the cache emptied: every prompt token evaluated
+        start = time.perf_counter()
+        llm.eval(prompt[:n])
+        return time.perf_counter() - start
+
+    def decode(at: int) -> float:
+        llm.reset()
+        times = []
+        for _ in llm.generate(prompt[:at], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                              repeat_penalty=1.0, reset=True):
+            times.append(time.perf_counter())
+            if len(times) == DECODE + 1:
+                break
+        return DECODE / (times[-1] - times[0])
+
+    kind = llm.metadata.get("general.file_type")
+    name = FILE_TYPES.get(int(kind), f"file type {kind}") if kind is not None else "unknown"
+    return figures(prefill, decode), {"file": str(gguf), "type": name,
+                                      "version": getattr(engine, "__version__", "?")}
+
+
+# The GGUF engine bench runs as a peer (the peer extra), by its names: the engine's, its
+# Python module's and package's, its model class's, and the key its ratios are named by.
+ENGINE, ENGINE_MODULE, ENGINE_PACKAGE, ENGINE_CLASS = ("llama.cpp", "llama_cpp",
+                                                       "llama-cpp-python", "Llama")
+ENGINE_KEY = ENGINE_MODULE
+
+# llama.cpp's general.file_type values (llama.h, enum llama_ftype), the ones a bench meets.
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+              10: "Q2_K", 12: "Q3_K_M", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+              17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
 class _Clock:
     """A transformers streamer that notes when each piece arrives: the prompt, then every
     token generated."""
@@ -160,33 +223,52 @@ RATIOS = {
     "prefill128_vs_transformers": (("transformers", "ttft128_s"), ("ours", "ttft128_s")),
     "prefill512_vs_transformers": (("transformers", "ttft512_s"), ("ours", "ttft512_s")),
     "deep_vs_short_decode": (("ours", "decode_deep_tokens_per_s"), ("ours", "decode_short_tokens_per_s")),
+    f"decode_vs_{ENGINE_KEY}": (("ours", "decode_short_tokens_per_s"),
+                                (ENGINE, "decode_short_tokens_per_s")),
+    f"prefill128_vs_{ENGINE_KEY}": ((ENGINE, "ttft128_s"), ("ours", "ttft128_s")),
+    f"prefill512_vs_{ENGINE_KEY}": ((ENGINE, "ttft512_s"), ("ours", "ttft512_s")),
 }
+SHORT_DECODE = "decode_short_tokens_per_s"
+# Bytes a decode step's projection weight takes per float32 byte, by decode weights.
+BYTES_PER_FLOAT32_BYTE = {"float32": 1.0, "bfloat16": 0.5, "bfloat16-rounded": 0.5,
+                          "int8": 34 / 128}
 
 
-def measure(loaded: Loaded, runs: int = 3, peer: bool = True,
-            stage: Callable[[str], object] = lambda what: None) -> dict:
-    """Every figure of ours, the floor's and (where installed) transformers', measured in
-    turn within each of ``runs`` runs after a warm-up run. A machine's speed drifts by 20%
-    over a minute; a ratio is the median of its runs' ratios, each from figures taken
-    seconds apart, and a figure the median of its runs. ``stage`` is told each step as it
-    begins (a progress display: a SmolLM2 run takes about a minute)."""
+def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None = None,
+            also: tuple[str, ...] = (), stage: Callable[[str], object] = lambda what: None
+            ) -> dict:
+    """Every figure of ours, the floor's and (where installed) transformers' and llama.cpp's
+    (on ``gguf``), measured in turn within each of ``runs`` runs after a warm-up run; ``also``:
+    more decode weights whose decode figures are measured beside the model's own. A
+    machine's speed drifts by 20% over a minute; a ratio is the median of its runs' ratios,
+    each from figures taken seconds apart, and a figure the median of its runs. ``stage`` is
+    told each step as it begins (a progress display: a SmolLM2 run takes about a minute)."""
     n_threads = threads()
+    own = loaded.lm.decode_weights
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
               "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe(),
-              "decode_weights": loaded.lm.decode_weights}
+              "decode_weights": own, "also_decode_weights": list(also)}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
-    stage("warm-up: iron-spec")
-    for fn in sides["ours"].values():
-        fn()  # warm-up
-    peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peer's model
+    for w in also:
+        sides[f"ours {w}"] = ours(loaded, w)
+    for name in list(sides):
+        stage(f"warm-up: iron-spec" + (name[4:] and f" ({name[5:]} decode weights)"))
+        for fn in sides[name].values():
+            fn()  # warm-up (and each decode step compiled, its weights packed)
+    loaded.lm.decode_weights = own
+    peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peers' models
     sides["floor"], floor_static = floor(loaded)
     if peer:
         stage("loading transformers' model")
     peer_figures = transformers_peer(loaded, n_threads) if peer else None
     if peer_figures is not None:
         sides["transformers"] = peer_figures
+    engine = gguf_peer(loaded, gguf, n_threads) if peer and gguf is not None else None
+    result[f"{ENGINE}_run"] = None if engine is None else engine[1]
+    if engine is not None:
+        sides[ENGINE] = engine[0]
     for name, side in sides.items():
-        if name != "ours":  # warmed up above
+        if not name.startswith("ours"):  # warmed up above
             stage(f"warm-up: {name}")
             for fn in side.values():
                 fn()  # warm-up: a first pass over a fresh array is page faults, not bandwidth
@@ -197,13 +279,15 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True,
         for side, figs in sides.items():
             for name, fn in figs.items():
                 samples[side][name].append(fn())
+    loaded.lm.decode_weights = own
     for side, figs in samples.items():
         result[side] = {name: statistics.median(v) for name, v in figs.items()}
-    for side in ("ours", "transformers"):
+    for side in ("ours", "transformers", ENGINE):
         if side in result:
             for n in PROMPTS:
                 result[side][f"prefill{n}_tokens_per_s"] = n / result[side][f"ttft{n}_s"]
     result["transformers"] = result.get("transformers")
+    result[ENGINE] = result.get(ENGINE)
     result["ours"]["peak_rss_bytes"] = peak
     f = result["floor"]
     f.update(floor_static)
@@ -224,6 +308,20 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True,
                                                        samples[den[0]][den[1]]))
     result["ratios"] = {name: ratio(*pair) for name, pair in RATIOS.items()}
     result["ratios"]["peak_rss_vs_weights"] = peak / (weights + kv)
+    # Each decode weights against the floor of the bytes it reads (copy bandwidth over the
+    # projections at that precision), against transformers' and llama.cpp's decode, and
+    # against our own float32-or-first weights.
+    for w, side in [(own, "ours")] + [(w, f"ours {w}") for w in also]:
+        floor_at = [c / (f["decode_weight_bytes"] * BYTES_PER_FLOAT32_BYTE[w])
+                    for c in samples["floor"]["copy_bytes_per_s"]]
+        mine = samples[side][SHORT_DECODE]
+        result["ratios"][f"{w}_decode_vs_bandwidth_floor"] = statistics.median(
+            a / b for a, b in zip(mine, floor_at))
+        if side != "ours":
+            for peer_side in ("ours", "transformers", ENGINE):
+                key = own if peer_side == "ours" else peer_side.replace(".", "_")
+                result["ratios"][f"{w}_decode_vs_{key}"] = ratio((side, SHORT_DECODE),
+                                                                (peer_side, SHORT_DECODE))
     return result
 
 
@@ -245,6 +343,18 @@ def report(r: dict) -> str:
                  f"{'' if t is None else format(t['ttft128_s'], '14.3f'):>14}          s")
     row(f"decode at {SHORT}", "decode_short_tokens_per_s", "decode_vs_transformers")
     row(f"decode at {DEEP}", "decode_deep_tokens_per_s")
+    for w in r["also_decode_weights"]:
+        mine = r[f"ours {w}"]
+        lines.append(f"{f'decode at {SHORT}, {w}':28}{mine[SHORT_DECODE]:12.1f}"
+                     f"{'':>14}{'':>8}  tok/s")
+        lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
+                     f"{'':>14}{'':>8}  tok/s")
+    lp, run = r[ENGINE], r[f"{ENGINE}_run"]
+    if lp is not None:
+        lines.append(f"{ENGINE} {run['version']} on {Path(run['file']).name} ({run['type']}): "
+                     f"prefill 128 / 512 {lp['prefill128_tokens_per_s']:.1f} / "
+                     f"{lp['prefill512_tokens_per_s']:.1f} tok/s, decode at {SHORT} / {DEEP} "
+                     f"{lp[SHORT_DECODE]:.1f} / {lp['decode_deep_tokens_per_s']:.1f} tok/s")
     lines.append(f"numpy GEMV pass over the decode weights as float32: "
                  f"{f['gemv_passes_per_s']:.1f} passes/s "
                  f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
@@ -253,7 +363,8 @@ def report(r: dict) -> str:
     extra = r["reduced_decode_weights_bytes"]
     lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB; weights "
                  f"{r['weights_bytes'] / 2**20:.0f} MiB"
-                 + (f" (of it {extra / 2**20:.0f} MiB the decode step's {r['decode_weights']})"
+                 + (f" (of it {extra / 2**20:.0f} MiB the decode steps' reduced copies: "
+                    f"{', '.join(w for w in [r['decode_weights'], *r['also_decode_weights']] if w != 'float32')})"
                     if extra else "") + f" + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
     lines.append("ratios: " + ", ".join(f"{k} {'n/a' if v is None else format(v, '.2f')}"
                                         for k, v in q.items()))
@@ -270,17 +381,20 @@ def command(
                                     help="context length the caches are sized for"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
-    decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
+    gguf: Optional[Path] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
-    """Prefill and decode tokens/s, TTFT and peak memory, against transformers and the floor."""
+    """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp
+    (with --gguf) and the floor."""
     from .cli import EXPECTED
+    first, *also = [w.strip() for w in decode_weights.split(",")]
     try:
         with stages() as s:  # compiled before anything is timed
             try:
                 loaded = load_compiled(s, spec, checkpoint=checkpoint,
                                        random_weights=random_weights, max_seq_len=max_seq_len,
-                                       decode_weights=decode_weights,
+                                       decode_weights=first,
                                        allow_unread_config=allow_unread_config)
             except FlagError:  # no checkpoint, and the spec names no example
                 # A toy's context is too short for the deep decode, and its speed says nothing.
@@ -288,10 +402,13 @@ def command(
                                  "a hub id (with --random-weights SEED, weights drawn instead "
                                  "of read), or name one under the spec's examples:; it takes "
                                  "no --toy") from None
+            for w in also:  # each compiled (and refused, where its weights do not fit) now
+                s.stage(f"compiling the decode step on {w} weights")
+                use_decode_weights(loaded, w)
             if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
                 raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than "
                                  f"the {DEEP + DECODE + 1} positions the deep decode needs")
-            result = measure(loaded, runs, peer, s.stage)
+            result = measure(loaded, runs, peer, gguf, tuple(also), s.stage)
     except EXPECTED as e:
         refuse(e)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

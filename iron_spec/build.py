@@ -129,8 +129,8 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, 
     if o.per_layer_input is not None:
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
-    if decode_weights == "bfloat16":
-        fixed += fixed // 2  # every weight so far, at half the bytes (a bound: norms stay)
+    if decode_weights != "float32":  # every weight so far again, in its reduced form (a
+        fixed += fixed * REDUCED_BYTES[decode_weights] // 4  # bound: norms stay float32)
     heads = max((lo.attention.heads for lo in o.layers), default=0)
     # Attention scores: a block of a prompt chunk's rows at a time (operators.attention),
     # and one row in the decode step.
@@ -151,7 +151,17 @@ LAYER_OVERHEAD = 200 * 1024  # bytes
 def _size(n: int) -> str:
     """``n`` bytes in MiB, or GiB from 1 GiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-DECODE_WEIGHTS = ("float32", "bfloat16")
+
+
+DECODE_WEIGHTS = ("float32", "bfloat16", "bfloat16-rounded", "int8")
+# Bytes a weight takes in each reduced form, rounded up (int8: Q8_0's 34 bytes per 32).
+REDUCED_BYTES = {"bfloat16": 2, "bfloat16-rounded": 2, "int8": 2}
+DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 (half the "
+                       "bytes; only where every value holds exactly, as a bfloat16 "
+                       "checkpoint's); bfloat16-rounded (any weights, rounded to nearest); "
+                       "int8 (Q8_0 blocks, as GGUF's: a float16 scale per 32 weights, "
+                       "quantized at load). The prompt chunk keeps float32; check reports "
+                       "the KL the rounding costs")
 
 
 def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
@@ -269,9 +279,11 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         max_seq_len: the context; default the checkpoint's own where it fits this host's
             memory, else the longest whole number of prompt chunks that does.
         progress: called with (tensors loaded, tensors) while weights load.
-        decode_weights: ``float32``, or ``bfloat16``: the decode step streams its
+        decode_weights: ``float32``; ``bfloat16``: the decode step streams its
             projections' weights as bfloat16, half the bytes, where every value holds
-            exactly (a bfloat16 checkpoint's); the prompt chunk keeps float32.
+            exactly (a bfloat16 checkpoint's); ``bfloat16-rounded``: any weights rounded to
+            the nearest bfloat16; ``int8``: llama.cpp's Q8_0 blocks (``operators.formats``),
+            quantized once here. The prompt chunk keeps float32 in every case.
         allow_unread_config: load although config.json holds keys the spec neither reads
             nor ignores (refused otherwise, every such key named).
 
@@ -281,15 +293,10 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             key unaccounted for.
         CheckpointError: the weights do not fit the model (every tensor named).
         ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own,
-            bfloat16 decode weights without the decode pool or that would round a weight).
+            reduced decode weights without the decode pool, bfloat16 that would round a
+            weight, int8 on rows not a multiple of 32 long).
     """
-    if decode_weights not in DECODE_WEIGHTS:
-        raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
-                         f"{', '.join(DECODE_WEIGHTS)}")
-    if decode_weights != "float32" and decode_pool.LIB is None:
-        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
-                         + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
-                            "operators._cpu is not built (reinstall with a C compiler)"))
+    _refuse_decode_weights(decode_weights)
     spec = load_spec(spec_path)
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
@@ -355,6 +362,35 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
                   checkpoint)
+
+
+def _refuse_decode_weights(decode_weights: str) -> None:
+    """Raises ValueError where ``decode_weights`` is none of DECODE_WEIGHTS, or a reduced
+    form without the decode pool that reads it."""
+    if decode_weights not in DECODE_WEIGHTS:
+        raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
+                         f"{', '.join(DECODE_WEIGHTS)}")
+    if decode_weights != "float32" and decode_pool.LIB is None:
+        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
+                         + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
+                            "operators._cpu is not built (reinstall with a C compiler)"))
+
+
+def use_decode_weights(loaded: Loaded, decode_weights: str) -> None:
+    """Compile ``loaded``'s decode step on ``decode_weights`` too (its weights packed once,
+    beside the forms it already holds), and go back to the weights it had: a bench then
+    switches between them by ``lm.decode_weights``.
+
+    Raises:
+        ValueError: as ``load_model`` does for these decode weights.
+    """
+    _refuse_decode_weights(decode_weights)
+    lm, before = loaded.lm, loaded.lm.decode_weights
+    lm.decode_weights = decode_weights
+    try:
+        lm.decode_step
+    finally:
+        lm.decode_weights = before
 
 
 def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str):

@@ -21,6 +21,7 @@ from iron_spec.operators import Sampler
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
+from .build import DECODE_WEIGHTS_HELP
 from .command import number, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
@@ -50,7 +51,7 @@ def command(
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
-    decode_weights: str = typer.Option("float32", "--decode-weights", help="the decode step's projection weights: float32, or bfloat16 (half the bytes; only where every value holds exactly, as a bfloat16 checkpoint's)"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""

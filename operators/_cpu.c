@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -52,7 +53,12 @@ static struct {
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
           .busy = PTHREAD_MUTEX_INITIALIZER};
 
-static int use_avx2 = 0;
+/* The instruction set the kernels run on: the best this CPU has (PyInit, by cpuid), or the
+ * one ``use`` picked (IRON_SPEC_SIMD, tests). Never a build machine's flags: every path is
+ * compiled into every build. */
+enum { SIMD_PORTABLE, SIMD_AVX2, SIMD_AVX512 };
+static const char *const SIMD_NAMES[] = {"portable", "avx2", "avx512"};
+static int simd = SIMD_PORTABLE, simd_best = SIMD_PORTABLE;
 
 static inline void relax(void) {
 #ifdef HAVE_X86
@@ -168,9 +174,16 @@ static void pool_run(task_fn fn, const void *args) {
 
 /* ---- GEMV: y = W x (+ b), W (n, k) row-major, as torch.nn.Linear on one row ------------ */
 
+enum { WEIGHTS_F32, WEIGHTS_BF16 };
+/* Q8_0, llama.cpp's 8-bit blocks: per 32 weights, a float16 scale d and 32 int8 values q,
+ * weight = d * q; a row of k weights is k / 32 such 34-byte blocks, in order. */
+#define Q8_BLOCK 32
+#define Q8_BYTES 34
+
 typedef struct {
     const float *w, *x, *b;
     const uint16_t *w16;  /* bfloat16 weights (the upper half of a float32) instead of w */
+    const uint8_t *wq;    /* Q8_0 blocks instead of w */
     float *y;
     Py_ssize_t n, k;
 } gemv_args;
@@ -186,85 +199,65 @@ static inline float weight(const gemv_args *a, Py_ssize_t i) {
     return a->w[i];
 }
 
-static void gemv_rows_plain(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        const Py_ssize_t w = r * a->k;
-        float acc[8] = {0};
-        Py_ssize_t c = 0;
-        for (; c + 8 <= a->k; c += 8)
-            for (int j = 0; j < 8; j++)
-                acc[j] += weight(a, w + c + j) * a->x[c + j];
-        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (; c < a->k; c++)
-            s += weight(a, w + c) * a->x[c];
-        a->y[r] = a->b ? s + a->b[r] : s;
-    }
+/* A little-endian IEEE float16 (finite) as float32, exactly: its exponent and mantissa
+ * shifted into a float32's place and rescaled by 2^112 (the bias difference), which also
+ * carries a float16 subnormal to its float32 value. */
+static inline float half_to_float(const uint8_t *p) {
+    uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    uint32_t bits = (h & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &bits, 4);
+    f *= 0x1p112f;
+    return (h & 0x8000u) ? -f : f;
 }
+
+typedef struct {
+    const float *w, *b, *xt;  /* xt: x in transposed panels (_cpu_gemv.h), mp rows padded */
+    float *out;
+    Py_ssize_t m, n, k, mp;
+} gemm_args;
+
+/* One body (_cpu_gemv.h), compiled once per instruction set. */
+#define SUFFIX _portable
+#define W 4
+#include "_cpu_gemv.h"
+#undef SUFFIX
+#undef W
 
 #ifdef HAVE_X86
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#define SUFFIX _avx2
+#define W 8
+#include "_cpu_gemv.h"
+#undef SUFFIX
+#undef W
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 
-/* Eight weights from element i on, as float32 (bfloat16 widened: its bits shifted up). */
-__attribute__((target("avx2,fma"), always_inline)) static inline __m256
-load8(const float *w, const uint16_t *w16, Py_ssize_t i, const int half) {
-    if (half)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w16 + i))), 16));
-    return _mm256_loadu_ps(w + i);
-}
-
-/* One body, specialized below for each weight type (``half`` a constant there), so neither
- * inner loop tests the type. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void
-gemv_rows_avx2(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, const int half) {
-    const float *W = a->w, *X = a->x;
-    const uint16_t *W16 = a->w16;
-    const Py_ssize_t K = a->k, K8 = K & ~(Py_ssize_t)7;
-    Py_ssize_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const Py_ssize_t w0 = r * K, w1 = w0 + K, w2 = w1 + K, w3 = w2 + K;
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (Py_ssize_t c = 0; c < K8; c += 8) {
-            __m256 x = _mm256_loadu_ps(X + c);
-            s0 = _mm256_fmadd_ps(load8(W, W16, w0 + c, half), x, s0);
-            s1 = _mm256_fmadd_ps(load8(W, W16, w1 + c, half), x, s1);
-            s2 = _mm256_fmadd_ps(load8(W, W16, w2 + c, half), x, s2);
-            s3 = _mm256_fmadd_ps(load8(W, W16, w3 + c, half), x, s3);
-        }
-        float t[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
-        for (int i = 0; i < 4; i++) {
-            const Py_ssize_t w = (r + i) * K;
-            for (Py_ssize_t c = K8; c < K; c++)
-                t[i] += weight(a, w + c) * X[c];
-            a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
-        }
-    }
-    for (; r < r1; r++) {
-        const Py_ssize_t w = r * K;
-        __m256 s = _mm256_setzero_ps();
-        for (Py_ssize_t c = 0; c < K8; c += 8)
-            s = _mm256_fmadd_ps(load8(W, W16, w + c, half), _mm256_loadu_ps(X + c), s);
-        float t = hsum8(s);
-        for (Py_ssize_t c = K8; c < K; c++)
-            t += weight(a, w + c) * X[c];
-        a->y[r] = a->b ? t + a->b[r] : t;
-    }
-}
-
-__attribute__((target("avx2,fma"))) static void gemv_rows_f32(const gemv_args *a, Py_ssize_t r0,
-                                                              Py_ssize_t r1) {
-    gemv_rows_avx2(a, r0, r1, 0);
-}
-
-__attribute__((target("avx2,fma"))) static void gemv_rows_bf16(const gemv_args *a, Py_ssize_t r0,
-                                                               Py_ssize_t r1) {
-    gemv_rows_avx2(a, r0, r1, 1);
-}
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#endif
+#define SUFFIX _avx512
+#define W 16
+#include "_cpu_gemv.h"
+#undef SUFFIX
+#undef W
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 #endif
 
 static void gemv_part(const void *args, int part, int parts) {
@@ -277,16 +270,46 @@ static void gemv_part(const void *args, int part, int parts) {
     if (r0 >= r1)
         return;
 #ifdef HAVE_X86
-    if (use_avx2) {
-        if (a->w16)
-            gemv_rows_bf16(a, r0, r1);
-        else
-            gemv_rows_f32(a, r0, r1);
+    if (simd == SIMD_AVX512) {
+        gemv_rows_avx512(a, r0, r1);
+        return;
+    }
+    if (simd == SIMD_AVX2) {
+        gemv_rows_avx2(a, r0, r1);
         return;
     }
 #endif
-    gemv_rows_plain(a, r0, r1);
+    gemv_rows_portable(a, r0, r1);
 }
+
+static int simd_lanes(void) { return simd == SIMD_AVX512 ? 16 : simd == SIMD_AVX2 ? 8 : 4; }
+
+static void gemm_part(const void *args, int part, int parts) {
+    const gemm_args *a = args;
+    /* Whole groups of 6 output columns per part: the same tiles at any thread count. */
+    Py_ssize_t groups = (a->n + 5) / 6;
+    Py_ssize_t j0 = groups * part / parts * 6, j1 = groups * (part + 1) / parts * 6;
+    if (j1 > a->n)
+        j1 = a->n;
+    if (j0 >= j1)
+        return;
+#ifdef HAVE_X86
+    if (simd == SIMD_AVX512) {
+        gemm_cols_avx512(a, j0, j1);
+        return;
+    }
+    if (simd == SIMD_AVX2) {
+        gemm_cols_avx2(a, j0, j1);
+        return;
+    }
+#endif
+    gemm_cols_portable(a, j0, j1);
+}
+
+/* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
+static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
+static float *gemm_xt = NULL;
+static Py_ssize_t gemm_xt_size = 0;
 
 /* ---- attention of one query over a KV cache (a decode step) ----------------------------- */
 
@@ -305,6 +328,13 @@ typedef struct {
 #define NEXT_ROW(ptr, base) ((ptr) += D, (ptr) = (ptr) == (base) + a->rows * D ? (base) : (ptr))
 
 #ifdef HAVE_X86
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 /* exp(x) for x <= 0 to ~2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial in r
  * (Cephes' expf coefficients), times 2^n; below -87.3 it is 0, as expf's underflow. */
 __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
@@ -452,7 +482,7 @@ static void attend_part(const void *args, int part, int parts) {
             continue;
         }
 #ifdef HAVE_X86
-        if (use_avx2) {
+        if (simd >= SIMD_AVX2) {
             attend_avx2(a, g, j0, j1, s, partial);
             continue;
         }
@@ -483,18 +513,21 @@ static int overlaps(const Py_buffer *a, const Py_buffer *b) {
     return a0 < b0 + b->len && b0 < a0 + a->len;
 }
 
-/* Weights: float32, or bfloat16 as its 16-bit patterns (numpy uint16). */
+/* Weights: float32, bfloat16 as its 16-bit patterns (numpy uint16), or Q8_0 blocks as
+ * bytes (numpy uint8). */
 static int get_weights(PyObject *obj, Py_buffer *view) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-        PyErr_SetString(PyExc_ValueError, "w must be a C-contiguous float32 array, or "
-                        "bfloat16 as uint16");
+        PyErr_SetString(PyExc_ValueError, "w must be a C-contiguous float32 array, bfloat16 "
+                        "as uint16, or Q8_0 blocks as uint8");
         return -1;
     }
     int f32 = view->itemsize == 4 && view->format && strcmp(view->format, "f") == 0;
     int u16 = view->itemsize == 2 && view->format && strcmp(view->format, "H") == 0;
-    if (!f32 && !u16) {
+    int u8 = view->itemsize == 1 && view->format && strcmp(view->format, "B") == 0;
+    if (!f32 && !u16 && !u8) {
         PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "w must be float32, or bfloat16 as uint16");
+        PyErr_SetString(PyExc_ValueError, "w must be float32, bfloat16 as uint16, or Q8_0 "
+                        "blocks as uint8");
         return -1;
     }
     return 0;
@@ -523,10 +556,17 @@ static PyObject *py_gemv(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int has_b = args[3] != Py_None;
     if (has_b && get_floats(args[3], &b, 0, "b") < 0)
         goto fail_w;
-    int half = w.itemsize == 2;
-    gemv_args a = {half ? NULL : w.buf, x.buf, has_b ? b.buf : NULL, half ? w.buf : NULL,
-                   y.buf, y.len / 4, x.len / 4};
-    if (w.ndim != 2 || w.shape[0] != a.n || w.shape[1] != a.k) {
+    int half = w.itemsize == 2, q8 = w.itemsize == 1;
+    gemv_args a = {half || q8 ? NULL : w.buf, x.buf, has_b ? b.buf : NULL,
+                   half ? w.buf : NULL, q8 ? w.buf : NULL, y.buf, y.len / 4, x.len / 4};
+    if (q8 && (a.k % Q8_BLOCK || w.ndim != 2 || w.shape[0] != a.n ||
+               w.shape[1] != a.k / Q8_BLOCK * Q8_BYTES)) {
+        PyErr_Format(PyExc_ValueError, "gemv: Q8_0 w must be (len(y), len(x) / 32 * 34) = "
+                     "(%zd, %zd / 32 * 34) bytes, len(x) a multiple of 32, not %zd bytes in %d "
+                     "dimensions", a.n, a.k, w.len, w.ndim);
+        goto fail_b;
+    }
+    if (!q8 && (w.ndim != 2 || w.shape[0] != a.n || w.shape[1] != a.k)) {
         PyErr_Format(PyExc_ValueError, "gemv: w must be (len(y), len(x)) = (%zd, %zd), not %zd "
                      "values in %d dimensions", a.n, a.k, w.len / w.itemsize, w.ndim);
         goto fail_b;
@@ -557,6 +597,85 @@ fail_x:
     PyBuffer_Release(&x);
 fail_y:
     PyBuffer_Release(&y);
+    return NULL;
+}
+
+/* gemm(out, x, w, b): out (m, n) = x (m, k) @ w (n, k).T (+ b), float32, row-major. */
+static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gemm(out, x, w, b) takes 4 arguments");
+        return NULL;
+    }
+    Py_buffer out, x, w, b = {0};
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (get_floats(args[1], &x, 0, "x") < 0)
+        goto g0;
+    if (get_floats(args[2], &w, 0, "w") < 0)
+        goto g1;
+    int has_b = args[3] != Py_None;
+    if (has_b && get_floats(args[3], &b, 0, "b") < 0)
+        goto g2;
+    if (x.ndim != 2 || w.ndim != 2 || out.ndim != 2 || x.shape[1] != w.shape[1] ||
+        out.shape[0] != x.shape[0] || out.shape[1] != w.shape[0] ||
+        (has_b && b.len / 4 != w.shape[0]) || overlaps(&out, &x) || overlaps(&out, &w) ||
+        (has_b && overlaps(&out, &b))) {
+        PyErr_SetString(PyExc_ValueError, "gemm: out (m, n), x (m, k), w (n, k), b None or "
+                        "(n,); out apart from the rest");
+        goto g3;
+    }
+    gemm_args a = {w.buf, has_b ? b.buf : NULL, NULL, out.buf, x.shape[0], w.shape[0],
+                   x.shape[1], 0};
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&gemm_lock);
+    const Py_ssize_t panel = 2 * simd_lanes();
+    a.mp = (a.m + panel - 1) / panel * panel;
+    if (a.mp * a.k > gemm_xt_size) {
+        free(gemm_xt);
+        gemm_xt = malloc(sizeof(float) * a.mp * a.k);
+        gemm_xt_size = gemm_xt ? a.mp * a.k : 0;
+    }
+    if (!gemm_xt) {
+        failed = 1;
+    } else {
+        const float *X = x.buf;
+        for (Py_ssize_t i0 = 0; i0 < a.mp; i0 += panel) {
+            float *dst = gemm_xt + i0 * a.k;
+            for (Py_ssize_t i = 0; i < panel; i++) {
+                const float *src = X + (i0 + i) * a.k;
+                if (i0 + i < a.m)
+                    for (Py_ssize_t p = 0; p < a.k; p++)
+                        dst[p * panel + i] = src[p];
+                else
+                    for (Py_ssize_t p = 0; p < a.k; p++)
+                        dst[p * panel + i] = 0.0f;
+            }
+        }
+        a.xt = gemm_xt;
+        pool_run(gemm_part, &a);
+    }
+    pthread_mutex_unlock(&gemm_lock);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto g3;
+    }
+    if (has_b)
+        PyBuffer_Release(&b);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+g3:
+    if (has_b)
+        PyBuffer_Release(&b);
+g2:
+    PyBuffer_Release(&w);
+g1:
+    PyBuffer_Release(&x);
+g0:
+    PyBuffer_Release(&out);
     return NULL;
 }
 
@@ -673,16 +792,53 @@ static PyObject *py_threads(PyObject *self, PyObject *unused) {
 }
 
 static PyObject *py_simd(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(use_avx2 ? "avx2" : "plain");
+    return PyUnicode_FromString(SIMD_NAMES[simd]);
+}
+
+static PyObject *py_available(PyObject *self, PyObject *unused) {
+    PyObject *out = PyTuple_New(simd_best + 1);
+    if (!out)
+        return NULL;
+    for (int i = 0; i <= simd_best; i++)
+        PyTuple_SET_ITEM(out, i, PyUnicode_FromString(SIMD_NAMES[i]));
+    return out;
+}
+
+static PyObject *py_use(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return NULL;
+    for (int i = 0; i <= SIMD_AVX512; i++)
+        if (strcmp(name, SIMD_NAMES[i]) == 0) {
+            if (i > simd_best) {
+                PyErr_Format(PyExc_ValueError, "%s kernels need an instruction set this CPU "
+                             "lacks; it runs %s at best", name, SIMD_NAMES[simd_best]);
+                return NULL;
+            }
+            /* Taken between calls: the pool is idle whenever Python holds the GIL here. */
+            simd = i;
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "%s is not an instruction set of these kernels: portable, "
+                 "avx2 or avx512", name);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"start", py_start, METH_O, "start(threads): start the pool once; returns its threads"},
     {"threads", py_threads, METH_NOARGS, "the pool's threads (0: not started)"},
-    {"simd", py_simd, METH_NOARGS, "the kernels' instruction set: avx2 or plain"},
+    {"simd", py_simd, METH_NOARGS, "the kernels' instruction set: portable, avx2 or avx512"},
+    {"available", py_available, METH_NOARGS,
+     "the instruction sets this CPU runs, portable first, the best last"},
+    {"use", py_use, METH_O, "use(name): run the kernels on portable, avx2 or avx512 "
+     "(ValueError where this CPU lacks it)"},
     {"gemv", (PyCFunction)(void (*)(void))py_gemv, METH_FASTCALL,
      "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major, float32 or "
-     "bfloat16 as uint16; b None or (len(y),)"},
+     "bfloat16 as uint16, or (len(y), len(x) / 32 * 34) Q8_0 blocks as uint8; b None or "
+     "(len(y),)"},
+    {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL,
+     "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
+     "row-major; b None or (n,)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring)"},
     {NULL, NULL, 0, NULL},
@@ -695,7 +851,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu",
 PyMODINIT_FUNC PyInit__cpu(void) {
 #ifdef HAVE_X86
     __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    /* libgcc's cpuid also asks the OS (xgetbv) whether it saves the wider registers. */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        simd_best = SIMD_AVX2;
+    if (simd_best == SIMD_AVX2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        simd_best = SIMD_AVX512;
+    simd = simd_best;
 #endif
     pthread_atfork(NULL, NULL, pool_after_fork);
     return PyModule_Create(&module);

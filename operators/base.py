@@ -91,13 +91,20 @@ class Operator:
         return np.ascontiguousarray(array, dtype=np.float32)
 
     def pack_reduced(self, index: int, array: np.ndarray, dtype: str) -> np.ndarray | None:
-        """Input ``index`` (a weight) in ``dtype`` (``bfloat16``), the form a kernel reads
+        """Input ``index`` (a weight) in ``dtype`` (``bfloat16``, ``bfloat16-rounded``,
+        ``int8``: ``operators.formats``), the form a kernel reads
         in reduced precision, or None where this operator keeps float32 (the default).
 
         Raises:
             ValueError: the weight does not hold exactly in ``dtype``.
         """
         return None
+
+    def widen_reduced(self, index: int, packed: np.ndarray) -> np.ndarray:
+        """The float32 values input ``index``'s reduced form (``pack_reduced``) stands for:
+        what a reference multiplies by to judge the kernel reading it. The packed array
+        itself by default (an operator that keeps float32)."""
+        return packed
 
     def scratch(self, *shapes: tuple[int, ...], **attrs: Any) -> int:
         """float32 elements of working memory the kernel needs; none by default."""

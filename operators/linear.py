@@ -1,16 +1,15 @@
 """Linear projection, as torch.nn.Linear: ``x @ weight.T (+ bias)``.
 
 One row (a decode step) is a GEMV on the decode pool (``operators.native``) where it is
-built, else BLAS through numpy; a prompt chunk's rows are one GEMM, BLAS through numpy.
+built, else BLAS through numpy; a prompt chunk's rows are one GEMM, on the same pool
+(``native.GEMM``) or BLAS through numpy.
 """
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
-from . import native
+from . import formats, native
 from .base import EPS32, Operator, Tolerance, as64
 
 REFERENCE_ROWS = 8192  # weight rows the reference widens to float64 at once
@@ -40,34 +39,57 @@ class Linear(Operator):
         return y if bias is None else y + as64(bias)
 
     def pack_reduced(self, index, array, dtype):
-        """The weight as bfloat16's 16-bit patterns (numpy uint16), where every value holds
-        exactly: a bfloat16 checkpoint's own weights, half the bytes a decode step streams,
-        and the same products as float32's."""
-        if index != 1 or dtype != "bfloat16":
+        """The weight in a decode step's reduced form (``operators.formats``), or None for
+        any other input (a bias stays float32):
+
+        - ``bfloat16``: bfloat16's 16-bit patterns (uint16), where every value holds
+          exactly (a bfloat16 checkpoint's own weights): the same products as float32's.
+        - ``bfloat16-rounded``: any float32 rounded to the nearest bfloat16.
+        - ``int8``: Q8_0 blocks (uint8), a float16 scale per 32 weights of a row.
+
+        Raises:
+            ValueError: a value ``bfloat16`` would round, a value not finite, or (``int8``)
+                rows whose length is not a multiple of 32.
+        """
+        if index != 1:
             return None
-        # Each float32 as its two 16-bit halves (views, no copy): the high half is the
-        # bfloat16, and the low half must be zero for it to be exact.
-        halves = np.ascontiguousarray(array, np.float32).view(np.uint16).reshape(-1, 2)
-        low, high = (0, 1) if sys.byteorder == "little" else (1, 0)
-        inexact = int(np.count_nonzero(halves[:, low]))
-        if inexact:
-            raise ValueError(f"{inexact} of {halves.shape[0]} values do not hold exactly in "
-                             "bfloat16; bfloat16 decode weights keep a bfloat16 checkpoint's "
-                             "weights as they are, never rounded (--decode-weights float32 "
-                             "reads any)")
-        return np.ascontiguousarray(halves[:, high]).reshape(array.shape)
+        if dtype == "bfloat16":
+            bits, inexact = formats.bfloat16_exact(array)
+            if inexact:
+                raise ValueError(f"{inexact} of {bits.size} values do not hold exactly in "
+                                 "bfloat16; bfloat16 decode weights keep a bfloat16 "
+                                 "checkpoint's weights as they are (--decode-weights "
+                                 "bfloat16-rounded rounds them, --decode-weights float32 "
+                                 "reads any)")
+            return bits
+        if dtype == "bfloat16-rounded":
+            return formats.round_bfloat16(array)
+        if dtype == "int8":
+            return formats.quantize_q8_0(array)
+        return None
+
+    def widen_reduced(self, index, packed):
+        """The float32 values a reduced weight stands for (what the kernel multiplies by)."""
+        if packed.dtype == np.uint16:
+            return formats.widen_bfloat16(packed)
+        if packed.dtype == np.uint8:
+            return formats.widen_q8_0(packed)
+        return packed
 
     def kernel(self, out, x, weight, bias=None, scratch=None):
-        if weight.dtype == np.uint16:  # bfloat16 bits (pack_reduced): a decode step's
+        if weight.dtype != np.float32:  # a decode step's reduced weights (pack_reduced)
             lib = native.lib()
             if lib is not None and x.shape[0] == 1 and x[0].flags.c_contiguous:
                 lib.gemv(out[0], x[0], weight, bias)
                 return
-            weight = (weight.astype(np.uint32) << 16).view(np.float32)
-        lib = native.lib() if x.shape[0] == 1 else None
-        if lib is not None and x[0].flags.c_contiguous and out[0].flags.c_contiguous \
+            weight = self.widen_reduced(1, weight)
+        lib = native.lib() if x.shape[0] == 1 else native.gemm_lib()
+        if lib is not None and x.flags.c_contiguous and out.flags.c_contiguous \
                 and weight.flags.c_contiguous:
-            lib.gemv(out[0], x[0], weight, bias)
+            if x.shape[0] == 1:
+                lib.gemv(out[0], x[0], weight, bias)
+            else:
+                lib.gemm(out, x, weight, bias)
             return
         np.matmul(x, weight.T, out=out)
         if bias is not None:

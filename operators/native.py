@@ -5,6 +5,12 @@ install still succeeds and every operator runs its numpy kernel). It serves one-
 (``Linear``) and one query's attention (``Attention``) on ``threads()`` threads, so a decode
 step never mixes OpenBLAS's worker threads with another pool's. Set ``IRON_SPEC_NATIVE=0``
 to run the numpy kernels only.
+
+Every build holds the GEMV for each instruction set (portable C vectors, AVX2+FMA,
+AVX-512), and the best this CPU has runs, chosen by cpuid at import, never by the flags of
+the machine that built it. ``IRON_SPEC_SIMD=portable|avx2|avx512`` picks one instead (a
+ValueError at the first call where this CPU lacks it); ``describe()`` says which runs.
+A prompt chunk's GEMMs run on the pool too (``GEMM``), unless IRON_SPEC_GEMM=blas.
 """
 
 from __future__ import annotations
@@ -46,14 +52,46 @@ def describe() -> str:
     """Which kernels a decode step runs on, for logs and bench reports."""
     if LIB is None:
         return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu not built") + ")"
-    return f"operators._cpu, {lib().threads()} threads, {LIB.simd()}"
+    return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
+            f"{', '.join(LIB.available())}); prompt GEMMs: "
+            + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)"))
+
+
+SIMD_VARIABLE = "IRON_SPEC_SIMD"
+#: Who runs a prompt chunk's projections (GEMMs): ``native``, the extension's blocked GEMM
+#: on the same pool as the decode step (the default where it is built), or ``blas``,
+#: numpy's BLAS (OpenBLAS), through IRON_SPEC_GEMM=blas.
+GEMM = "blas" if os.environ.get("IRON_SPEC_GEMM", "").strip().lower() == "blas" else "native"
+
+
+def _pick_simd() -> None:
+    """The instruction set IRON_SPEC_SIMD names, where it names one (once, before the first
+    call). Raises ValueError where it names none of them or one this CPU lacks."""
+    want = os.environ.get(SIMD_VARIABLE, "").strip().lower()
+    if not want:
+        return
+    try:
+        LIB.use(want)
+    except ValueError as e:
+        raise ValueError(f"{SIMD_VARIABLE}={want}: {e} (this CPU runs "
+                         f"{', '.join(LIB.available())})") from None
+
+
+def gemm_lib():
+    """The extension where it runs a prompt chunk's GEMMs (``GEMM``), else None."""
+    return lib() if GEMM == "native" else None
 
 
 def lib():
-    """The extension with its pool started (once), or None where it is not in use."""
+    """The extension with its pool started (once), or None where it is not in use.
+
+    Raises:
+        ValueError: IRON_SPEC_SIMD names an instruction set this CPU lacks.
+    """
     # Asked of the pool at every call (a C call, ~0.1 us), not remembered here: a forked
     # child's pool is empty again (operators/_cpu.c) and must start its own workers.
     if LIB is not None and LIB.threads() == 0:
+        _pick_simd()
         LIB.start(threads())
     return LIB
 

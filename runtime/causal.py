@@ -166,7 +166,7 @@ class CausalLM(Module):
                             for name, r in o.ropes.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
-        self._versions: dict[tuple[bool, bool], "Version"] = {}
+        self._versions: dict[tuple, "Version"] = {}
         # The KV caches grow in blocks of a prompt chunk's positions (reserve).
         self.block = o.prefill_chunk
         self.reserved = 0  # positions every cache holds now (a ring: up to its own)
@@ -175,8 +175,8 @@ class CausalLM(Module):
         self.reference_states: dict[int, np.ndarray] = {}
         # The session whose tokens the KV caches hold (runtime.session); None: no one's.
         self.holder = None
-        # The decode step's weights: float32, or bfloat16 where they hold exactly
-        # (runtime.plan); set before the decode step compiles.
+        # The decode step's weights: float32 or a reduced form (operators.formats); each
+        # compiles a decode step of its own, so a bench can switch between them.
         self.decode_weights = "float32"
         self.reserve(1)
 
@@ -285,7 +285,10 @@ class CausalLM(Module):
 
     def version(self, prompt: bool, check: bool = False) -> "Version":
         """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
-        key = (prompt, check)
+        # Keyed by the decode weights too where they are reduced: a bench switches between
+        # them by decode_weights, each decode step compiled once.
+        key = (prompt, check) if prompt or self.decode_weights == "float32" else \
+            (prompt, check, self.decode_weights)
         if key not in self._versions:
             self._versions[key] = Version(self, prompt, check)
         return self._versions[key]

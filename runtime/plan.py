@@ -275,6 +275,10 @@ class Plan:
         writes = step.op.writes
         originals = [None if h is None or self._root(h).kind not in ("param", "const")
                      else self._root(h).memory for h in step.inputs]
+        # A weight in reduced precision is judged as the values the kernel reads (bfloat16
+        # rounded, Q8_0's d * q); what the rounding costs is the KL checks' to judge.
+        originals = [o if o is None or x.dtype == np.float32 else step.op.widen_reduced(k, x)
+                     for k, (o, x) in enumerate(zip(originals, ins))]
         # Copies taken before the kernel runs: a writing step changes its state in place.
         # A weight is read as stored, never copied (the reference widens what it needs).
         before = [None if x is None or o is not None else

@@ -179,6 +179,12 @@ ALLOWED_LITERALS: dict[str, str] = {
             "the tokenizer kind, whatever the family), read by runtime/gguf_vocab.py",
     "llama": "a GGUF file's tokenizer.ggml.model value naming a SentencePiece vocabulary "
              "(llama.cpp's word for the tokenizer kind, whatever the family)",
+    # bench's GGUF peer (iron_spec/bench.py ENGINE...): an inference engine and its Python
+    # binding, named after the family but serving every GGUF model.
+    "llama.cpp": "the name of the inference engine bench runs beside us, not the Llama family",
+    "llama_cpp": "the Python module of that engine (llama-cpp-python), and its ratios' key",
+    "llama-cpp-python": "the package of that engine's Python binding (the peer extra)",
+    "Llama": "the engine's model class (llama_cpp.Llama), which loads any GGUF",
 }
 
 

@@ -179,3 +179,26 @@ def test_help_keeps_its_placeholders():
     result = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "300"})
     assert "<spec>/<inputs>.npz under tests/goldens" in result.output
     assert "the model's own, at most 4096" in result.output and "--prefill-chunk" in result.output
+
+
+@pytest.mark.parametrize("weights", ["int8", "bfloat16-rounded"])
+def test_reduced_decode_weights_pass_their_own_kl_gate_against_transformers(weights):
+    # The toy's float32 weights, rounded to bfloat16 or quantized to Q8_0 for the decode
+    # step, judged by transformers' float32 golden: within the reduced gate (KL mean 1e-3),
+    # and every kernel still equal to its reference on the values it reads.
+    result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--decode-weights",
+                   weights, "--json")
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert verdict["verified"]
+    kl = next(c for c in verdict["checks"] if c["name"] == "KL vs golden")["numbers"]
+    assert 0 < kl["mean"] <= 1e-3  # the rounding costs something, within the gate
+    assert f"decode weights {weights}, KL gate mean 0.001" in result.stderr
+
+
+def test_exact_bfloat16_of_float32_weights_is_refused_naming_the_rounded_choice():
+    result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--decode-weights",
+                   "bfloat16")
+    assert result.exit_code == 1
+    assert "do not hold exactly in bfloat16" in result.output
+    assert "--decode-weights bfloat16-rounded rounds them" in result.output

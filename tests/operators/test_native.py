@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from iron_spec.operators import native
+from iron_spec.operators import formats, native
 from iron_spec.operators.attention import Attention
 from iron_spec.operators.linear import Linear
 
@@ -34,11 +34,51 @@ def kernels(request, monkeypatch):
     return request.param
 
 
+SIMD = ("portable", "avx2", "avx512")
+
+
+@pytest.fixture(params=SIMD)
+def simd(request):
+    """Run a test on each instruction set's kernels in turn (skipped where this CPU lacks
+    it), then go back to the one in use."""
+    if native.LIB is None:
+        pytest.skip(OFF)
+    if request.param not in native.LIB.available():
+        pytest.skip(f"this CPU has no {request.param} (it runs {native.LIB.available()})")
+    before = native.LIB.simd()
+    native.LIB.use(request.param)
+    yield request.param
+    native.LIB.use(before)
+
+
 @pytest.mark.parametrize("rows, cols", [(1, 1), (3, 5), (4, 8), (7, 37), (960, 576), (37, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_one_row_linear_within_tolerance(kernels, check_kernel, randn, rows, cols, bias):
     args = [randn(1, cols), randn(rows, cols)] + ([randn(rows)] if bias else [])
     check_kernel(Linear(), *args, packed=(1,))
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (5, 13), (7, 37), (960, 576), (37, 1536)])
+def test_each_instruction_set_within_tolerance(simd, check_kernel, randn, rows, cols):
+    check_kernel(Linear(), randn(1, cols), randn(rows, cols), randn(rows), packed=(1,))
+    assert native.LIB.simd() == simd
+
+
+def test_the_best_instruction_set_runs_unless_one_is_picked(monkeypatch):
+    if native.LIB is None:
+        pytest.skip(OFF)
+    available = native.LIB.available()
+    assert available[0] == "portable" and set(available) <= set(SIMD)
+    with pytest.raises(ValueError, match="sse9 is not an instruction set of these kernels"):
+        native.LIB.use("sse9")
+    missing = [s for s in SIMD if s not in available]
+    if missing:
+        with pytest.raises(ValueError, match=f"{missing[0]} kernels need an instruction set"):
+            native.LIB.use(missing[0])
+        monkeypatch.setenv("IRON_SPEC_SIMD", missing[0])
+        with pytest.raises(ValueError, match=f"IRON_SPEC_SIMD={missing[0]}: .*this CPU runs"):
+            native._pick_simd()
+    assert native.LIB.simd() in available  # a refused pick changes nothing
 
 
 @needs_native
@@ -166,9 +206,8 @@ def bfloat16_exact(rng, *shape):
     return ((x.view(np.uint32) >> 16) << 16).view(np.float32)
 
 
-@needs_native
 @pytest.mark.parametrize("rows, cols", [(1, 8), (5, 13), (960, 576), (9, 1536)])
-def test_bfloat16_gemv_is_the_float32_gemv_bit_for_bit(rng, rows, cols):
+def test_bfloat16_gemv_is_the_float32_gemv_bit_for_bit(simd, rng, rows, cols):
     # Widening bfloat16 is exact, so the same products in the same order: the same bits.
     w = bfloat16_exact(rng, rows, cols)
     x = rng.standard_normal(cols).astype(np.float32)
@@ -234,3 +273,103 @@ def test_a_forked_child_gets_a_pool_of_its_own_even_mid_call():
     finally:
         stop.set()
         worker.join()
+
+
+def test_rounded_bfloat16_by_hand():
+    # bfloat16 keeps 7 mantissa bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (to even: 1),
+    # 1 + 3 * 2^-8 a tie between 1 + 2^-7 and 1 + 2^-6 (to even: 1 + 2^-6), and
+    # 1 + 2^-8 + 2^-20 lies past the tie (up: 1 + 2^-7).
+    w = np.array([[1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -2.0]], np.float32)
+    bits = Linear().pack_reduced(1, w, "bfloat16-rounded")
+    assert bits.dtype == np.uint16
+    assert formats.widen_bfloat16(bits).tolist() == [[1.0, 1 + 2**-6, 1 + 2**-7, -2.0]]
+    with pytest.raises(ValueError, match="not finite"):
+        formats.round_bfloat16(np.array([np.inf], np.float32))
+
+
+def test_q8_0_blocks_by_hand():
+    # A block whose largest magnitude is 127 has d = 1 (float16 0x3c00, bytes 00 3c) and
+    # q = the values rounded half away from zero; a block of zeros has d = 0.
+    row = np.zeros(64, np.float32)
+    row[:32] = np.arange(32) - 16.0
+    row[0], row[1], row[2] = 127.0, 2.5, -2.5
+    packed = formats.quantize_q8_0(row[None])
+    assert packed.dtype == np.uint8 and packed.shape == (1, 68)
+    assert packed[0, :2].tolist() == [0x00, 0x3C]
+    q = packed[0, 2:34].view(np.int8)
+    assert q[:3].tolist() == [127, 3, -3] and q[3:].tolist() == list(range(-13, 16))
+    assert packed[0, 34:].tolist() == [0] * 34
+    want = row.copy()
+    want[1], want[2] = 3.0, -3.0
+    assert formats.widen_q8_0(packed).tolist() == [want.tolist()]
+    # Another scale: max 63.5 -> d = 0.5; 10.2 / 0.5 = 20.4 -> 20 -> 10.0.
+    b = np.zeros((1, 32), np.float32)
+    b[0, :2] = [63.5, 10.2]
+    assert formats.widen_q8_0(formats.quantize_q8_0(b))[0, :2].tolist() == [63.5, 10.0]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Linear().pack_reduced(1, np.ones((2, 40), np.float32), "int8")
+
+
+def test_q8_0_error_is_within_half_a_step(rng):
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    back = formats.widen_q8_0(formats.quantize_q8_0(w))
+    d = np.abs(w.reshape(64, 3, 32)).max(axis=2, keepdims=True) / 127
+    # Half a step, and float16's rounding of d (2^-11 relative) over up to 127 steps.
+    bound = (d / 2 + d * 127 * 2.0**-11).repeat(32, axis=2).reshape(64, 96)
+    assert (np.abs(back - w) <= bound * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 32), (5, 64), (960, 576), (37, 1536)])
+def test_q8_0_gemv_within_tolerance_of_its_values(simd, rng, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    packed = Linear().pack_reduced(1, w, "int8")
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    out = np.full((1, rows), np.nan, np.float32)
+    Linear().kernel(out, x, packed, b)
+    values = Linear().widen_reduced(1, packed)
+    op = Linear()
+    ref = op.reference(x, values, b)
+    bound = op.tolerance(x.shape, values.shape, b.shape).bound(op.scale(ref, x, values, b))
+    assert (np.abs(out - ref) <= bound).all()
+
+
+@needs_native
+def test_q8_0_gemv_by_hand():
+    # Two rows of one block: d = 1 (max 127) and d = 0.5 (max 63.5), against x = 1, -1, 0...
+    w = np.zeros((2, 32), np.float32)
+    w[0, :3] = [127, 5, 2]
+    w[1, :3] = [63.5, 1.5, -4]
+    x = np.zeros(32, np.float32)
+    x[:3] = [1, -1, 0.5]
+    y = np.full(2, np.nan, np.float32)
+    native.lib().gemv(y, x, formats.quantize_q8_0(w), None)
+    assert y.tolist() == [127 - 5 + 1, 63.5 - 1.5 - 2]
+
+
+@needs_native
+def test_q8_0_gemv_refuses_rows_of_the_wrong_width():
+    y, x = np.empty(2, np.float32), np.ones(64, np.float32)
+    with pytest.raises(ValueError, match=r"Q8_0 w must be \(len\(y\), len\(x\) / 32 \* 34\)"):
+        native.lib().gemv(y, x, np.zeros((2, 64), np.uint8), None)
+    with pytest.raises(ValueError, match="a multiple of 32"):
+        native.lib().gemv(y, np.ones(40, np.float32), np.zeros((2, 34), np.uint8), None)
+
+
+@pytest.mark.parametrize("rows, cols, out", [(2, 1, 1), (5, 13, 7), (17, 64, 50), (33, 576, 97),
+                                             (256, 96, 12)])
+def test_prompt_gemm_within_tolerance(simd, check_kernel, randn, monkeypatch, rows, cols, out):
+    # Rows past whole panels (2 * lanes), columns past whole tiles of 6.
+    monkeypatch.setattr(native, "GEMM", "native")
+    check_kernel(Linear(), randn(rows, cols), randn(out, cols), randn(out), packed=(1,))
+
+
+@needs_native
+def test_prompt_gemm_by_hand():
+    x = np.array([[1, 2], [3, 4], [-1, 0]], np.float32)
+    w = np.array([[1, 0], [0, 1], [1, 1], [2, -1]], np.float32)
+    out = np.full((3, 4), np.nan, np.float32)
+    native.lib().gemm(out, x, w, np.array([0, 0, 0, 10], np.float32))
+    assert out.tolist() == [[1, 2, 3, 10], [3, 4, 7, 12], [-1, 0, -1, 8]]
+    with pytest.raises(ValueError, match=r"gemm: out \(m, n\), x \(m, k\), w \(n, k\)"):
+        native.lib().gemm(out, x, w[:, :1].copy(), None)
