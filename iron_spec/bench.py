@@ -389,7 +389,9 @@ def command(
     (with --gguf) and the floor."""
     from .cli import EXPECTED
     first, *also = [w.strip() for w in decode_weights.split(",")]
+    from .registry import find
     try:
+        spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         with stages() as s:  # compiled before anything is timed
             try:
                 loaded = load_compiled(s, spec, checkpoint=checkpoint,

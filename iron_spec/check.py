@@ -248,10 +248,12 @@ def command(
     transformers only where a golden of these inputs judged it."""
     from .cli import EXPECTED
     from .loader import load_spec
+    from .registry import find
     if self_only and (golden is not None or record_golden):
         raise typer.BadParameter("--self-only judges by no golden; it takes no --golden or "
                                  "--record-golden", param_hint="--self-only")
     try:
+        spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         parsed = load_spec(spec)
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":

@@ -300,7 +300,9 @@ def command(
                                  param_hint="--format")
     if toy and checkpoint is not None:
         raise UsageError("--toy shows the spec's toy config; it takes no --checkpoint")
+    from .registry import find
     try:
+        spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         view = gather(spec, checkpoint, allow_unread_config)
     except (SpecError, CheckpointError, FileNotFoundError, ValueError) as e:
         typer.echo(message(e), err=True)

@@ -231,3 +231,11 @@ def test_a_terminal_gets_a_bar_not_lines():
     text = seen.decode("utf-8", "replace")
     assert "loading weights" in text or "checking:" in text
     assert "[loading weights]" not in text and "[checking: deep decode]" not in text
+
+
+@pytest.mark.parametrize("args", [["show", "llama3", "--toy"],
+                                  ["check", "llama3", "--random-weights", "0", "--toy"]])
+def test_spec_names_serve_show_and_check_from_any_folder(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)  # no specs/ here: the name is found among the shipped specs
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
