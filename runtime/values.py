@@ -147,20 +147,7 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
             if needed:
                 raise ValueError(f"{at} is missing: rope_type {kind} needs it")
             continue
-        value = scaling[key]
-        if check == "positive":
-            number(value, at, above=0)
-        elif check == "number":
-            number(value, at)
-        elif check == "whole":
-            whole(value, at, at_least=1)
-        elif check == "flag":
-            flag(value, at)
-        else:
-            if not isinstance(value, list) or not value:
-                raise ValueError(f"{at} is {shown(value)}, not a list of numbers")
-            for i, v in enumerate(value):
-                number(v, f"{at}[{i}]", above=0)
+        CHECKS[check](scaling[key], at)
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ValueError(f"{where}.high_freq_factor {scaling['high_freq_factor']} is not above "
                          f"low_freq_factor {scaling['low_freq_factor']} (the band between them "
@@ -178,8 +165,30 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
                at_most=1)
 
 
+def _factors(value: Any, at: str) -> None:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{at} is {shown(value)}, not a list of numbers")
+    for i, v in enumerate(value):
+        number(v, f"{at}[{i}]", above=0)
+
+
+#: The named checks the tables above and below use: each takes (value, where) and raises
+#: ValueError naming where.
+CHECKS = {
+    "positive": lambda v, at: number(v, at, above=0),
+    "number": lambda v, at: number(v, at),
+    "whole": lambda v, at: whole(v, at, at_least=1),
+    "count": lambda v, at: whole(v, at),
+    "flag": lambda v, at: flag(v, at),
+    "factors": _factors,
+    "temperature": lambda v, at: number(v, at, at_least=0),
+    "top_p": lambda v, at: number(v, at, above=0, at_most=1),
+    "probability": lambda v, at: number(v, at, at_least=0, at_most=1),
+}
+
+
 # generation_config.json's keys a run reads, each with its check.
-GENERATION = {"do_sample": "flag", "temperature": "temperature", "top_k": "top_k",
+GENERATION = {"do_sample": "flag", "temperature": "temperature", "top_k": "count",
               "top_p": "top_p", "min_p": "probability", "repetition_penalty": "positive",
               "presence_penalty": "number"}
 TOKEN_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id")
@@ -198,21 +207,7 @@ def generation_config(data: Mapping[str, Any], source: str, vocab: int | None = 
         value = data.get(key)
         if value is None:
             continue
-        at = f"{source}: {key}"
-        if check == "flag":
-            flag(value, at)
-        elif check == "temperature":
-            number(value, at, at_least=0)
-        elif check == "top_k":
-            whole(value, at)
-        elif check == "top_p":
-            number(value, at, above=0, at_most=1)
-        elif check == "probability":
-            number(value, at, at_least=0, at_most=1)
-        elif check == "positive":
-            number(value, at, above=0)
-        else:
-            number(value, at)
+        CHECKS[check](value, f"{source}: {key}")
     for key in TOKEN_KEYS:
         token_ids(data.get(key), f"{source}: {key}", vocab)
 
