@@ -491,6 +491,57 @@ static void attend_part(const void *args, int part, int parts) {
     }
 }
 
+/* floats of scratch attend_run needs for one query at ``start``. */
+static Py_ssize_t attend_need(int H, int G, int D, Py_ssize_t start, Py_ssize_t window) {
+    int T = pool.threads ? pool.threads : 1;
+    Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
+    Py_ssize_t span = (t - lo + T - 1) / T + 1;
+    return (Py_ssize_t)H * D + (Py_ssize_t)T * (H / G) * span + (Py_ssize_t)T * H * (D + 2);
+}
+
+/* One query (H, D) at ``start`` over caches (G, L, D) into out (H, D): q scaled into the
+ * scratch (attend_need floats), the positions shared by the pool's threads, their softmax
+ * numerators merged. Called with the GIL released; shapes checked by the caller. */
+static void attend_run(float *out, const float *q, const float *keys, const float *values,
+                       float *scratch, int H, int G, int D, Py_ssize_t L, Py_ssize_t start,
+                       Py_ssize_t window, float scale, float softcap, Py_ssize_t ring) {
+    int T = pool.threads ? pool.threads : 1;
+    Py_ssize_t HD = (Py_ssize_t)H * D;
+    Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
+    Py_ssize_t span = (t - lo + T - 1) / T + 1;
+    float *qs = scratch;
+    for (Py_ssize_t i = 0; i < HD; i++)
+        qs[i] = q[i] * scale;
+    attend_args a = {qs, keys, values, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
+                     H, G, D, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap};
+    pool_run(attend_part, &a);
+    /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
+    float *o = out;
+    for (int h = 0; h < H; h++) {
+        float m = -FLT_MAX, l = 0.0f;
+        for (int p = 0; p < T; p++) {
+            float mp = a.partial[((Py_ssize_t)p * H + h) * (D + 2) + D];
+            m = mp > m ? mp : m;
+        }
+        float *oh = o + (Py_ssize_t)h * D;
+        for (int d = 0; d < D; d++)
+            oh[d] = 0.0f;
+        for (int p = 0; p < T; p++) {
+            const float *part = a.partial + ((Py_ssize_t)p * H + h) * (D + 2);
+            if (part[D + 1] == 0.0f)
+                continue;
+            float f = expf(part[D] - m);
+            l += part[D + 1] * f;
+            for (int d = 0; d < D; d++)
+                oh[d] += part[d] * f;
+        }
+        for (int d = 0; d < D; d++)
+            oh[d] /= l;
+    }
+}
+
+#include "_cpu_program.h"
+
 /* ---- Python --------------------------------------------------------------------------- */
 
 static int get_floats(PyObject *obj, Py_buffer *view, int writable, const char *name) {
@@ -713,7 +764,6 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (get_floats(args[4], &scratch, 1, "scratch") < 0)
         goto f3;
     Py_ssize_t HD = q.len / 4;
-    int T = pool.threads ? pool.threads : 1;
     int D = 0, H = 0;
     Py_ssize_t L = 0;
     if (k.ndim == 3 && k.shape[0] == G) {
@@ -722,9 +772,8 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     if (D > 0)
         H = (int)(HD / D);
-    Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
-    Py_ssize_t span = (t - lo + T - 1) / T + 1;
-    Py_ssize_t need = HD + (Py_ssize_t)T * (H / G) * span + (Py_ssize_t)T * H * (D + 2);
+    Py_ssize_t t = start + 1;
+    Py_ssize_t need = H > 0 ? attend_need(H, (int)G, D, start, window) : 0;
     if (D == 0 || H == 0 || H % G || (Py_ssize_t)H * D != HD || out.len != q.len ||
         v.len != k.len || start < 0 || (t > L && !(ring > 0 && L == ring)) ||
         scratch.len / 4 < need ||
@@ -736,37 +785,9 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
                         "scratch apart from the rest)");
         goto f4;
     }
-    float *qs = scratch.buf;
-    for (Py_ssize_t i = 0; i < HD; i++)
-        qs[i] = ((float *)q.buf)[i] * (float)scale;
-    attend_args a = {qs, k.buf, v.buf, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
-                     H, (int)G, D, L, lo, t, span, ring > 0 && ring <= L ? ring : L,
-                     (float)softcap};
     Py_BEGIN_ALLOW_THREADS
-    pool_run(attend_part, &a);
-    /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
-    float *o = out.buf;
-    for (int h = 0; h < H; h++) {
-        float m = -FLT_MAX, l = 0.0f;
-        for (int p = 0; p < T; p++) {
-            float mp = a.partial[((Py_ssize_t)p * H + h) * (D + 2) + D];
-            m = mp > m ? mp : m;
-        }
-        float *oh = o + (Py_ssize_t)h * D;
-        for (int d = 0; d < D; d++)
-            oh[d] = 0.0f;
-        for (int p = 0; p < T; p++) {
-            const float *part = a.partial + ((Py_ssize_t)p * H + h) * (D + 2);
-            if (part[D + 1] == 0.0f)
-                continue;
-            float f = expf(part[D] - m);
-            l += part[D + 1] * f;
-            for (int d = 0; d < D; d++)
-                oh[d] += part[d] * f;
-        }
-        for (int d = 0; d < D; d++)
-            oh[d] /= l;
-    }
+    attend_run(out.buf, q.buf, k.buf, v.buf, scratch.buf, H, (int)G, D, L, start, window,
+               (float)scale, (float)softcap, ring);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&scratch);
     PyBuffer_Release(&v);
@@ -841,6 +862,11 @@ static PyMethodDef methods[] = {
      "row-major; b None or (n,)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring)"},
+    {"program", py_program, METH_O,
+     "program(steps): a compiled decode step's steps checked once, as a capsule for run "
+     "(operators/_cpu_program.h)"},
+    {"run", (PyCFunction)(void (*)(void))py_run, METH_FASTCALL,
+     "run(program, start, rows, position, first, last): steps first .. last of a program"},
     {NULL, NULL, 0, NULL},
 };
 

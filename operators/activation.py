@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -267,6 +268,12 @@ def _kernel(out, x, act, t, p):
         raise ValueError(_unknown(act))
 
 
+#: The activations a native program runs (operators/_cpu_program.h), by the same float32
+#: operations as their numpy kernels here.
+_NATIVE = {"silu": native.ACT_SILU, "swish": native.ACT_SILU,
+           **{a: native.ACT_GELU_TANH for a in ("gelu_new", "gelu_pytorch_tanh",
+                                                "gelu_python_tanh", "gelu_accurate")}}
+
 #: Scratch buffers of the input's size each kernel needs.
 _SCRATCH = {"gelu": 3, "gelu_python": 3, "gelu_10": 3, "laplace": 3, "xielu": 2}
 
@@ -385,6 +392,12 @@ class GatedActivation(Operator):
         g, u = self._halves(gate, up)
         act_kernel(out, g, act, scratch, params)
         out *= u
+
+    def lower(self, out, gate, up=None, *params, scratch=None, act="silu"):
+        if act not in _NATIVE or params or not native.contiguous(out, gate, up):
+            return None
+        m = out.shape[-1]
+        return native.Step(native.OP_GATED, (out, gate, up), (out.size // m, m, _NATIVE[act]))
 
     def scratch(self, gate, up=None, *params, act="silu"):
         return act_scratch(act) * (int(np.prod(gate)) // (2 if up is None else 1))

@@ -60,6 +60,13 @@ class KVWrite(Operator):
         for at, row, n in _runs(start, x.shape[0], ring):
             cache[:, row:row + n] = x[at:at + n].transpose(1, 0, 2)
 
+    def lower(self, out, x, cache, scratch=None, ring=None):
+        # One position (a decode step's): each kv head's row copied into its place.
+        if x.shape[0] != 1 or not native.contiguous(x, cache):
+            return None
+        G, L, D = cache.shape
+        return native.Step(native.OP_KV_WRITE, (cache, x), (G, L, D, ring or 0))
+
     def tolerance(self, x, cache, start=0, ring=None):
         return Tolerance(atol=0.0, rtol=0.0)
 
@@ -243,6 +250,18 @@ class Attention(Operator):
         else:
             np.matmul(s, values, out=qg)
         qg /= m
+
+    def lower(self, out, q, keys, values, scratch=None, scale=None, window=None, softcap=None,
+              ring=None):
+        # One query (a decode step's), as kernel runs it on the decode pool: the same code.
+        if q.shape[0] != 1 or native.LIB is None or scratch is None or \
+                not native.contiguous(out, q, keys, values, scratch):
+            return None
+        _, H, D = q.shape
+        G, L, _ = keys.shape
+        scale = np.float32(D ** -0.5 if scale is None else scale)
+        return native.Step(native.OP_ATTEND, (out, q, keys, values, scratch),
+                           (H, G, D, L, window or 0, ring or 0), (float(scale), float(softcap or 0.0)))
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
                 ring=None):

@@ -110,6 +110,17 @@ class Operator:
         """float32 elements of working memory the kernel needs; none by default."""
         return 0
 
+    def lower(self, out: np.ndarray, *inputs: np.ndarray, scratch: np.ndarray | None = None,
+              **attrs: Any):
+        """This step as one step of a native program (``operators.native.Step``) over these
+        very arrays, or None where it has none (the default: the plan calls ``kernel``).
+
+        Called once, at compile, for a step whose arrays do not change with the call; a
+        per-call ``start`` is the program's to give (``attrs`` hold the static ones only).
+        The native step computes what ``kernel`` does, judged by the same reference.
+        """
+        return None
+
 
 def as64(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -28,6 +29,11 @@ class Add(Operator):
         else:
             np.multiply(b, np.float32(scale), out=out)
             out += a
+
+    def lower(self, out, a, b, scratch=None, scale=1.0):
+        if not native.contiguous(out, a, b):
+            return None
+        return native.Step(native.OP_ADD, (out, a, b), (a.size,), (scale,))
 
     def tolerance(self, a, b, scale=1.0):
         return Tolerance(atol=0.0, rtol=2 * EPS32)
@@ -54,6 +60,20 @@ class Mul(Operator):
 
     def kernel(self, out, a, b=None, scratch=None, scale=1.0):
         np.multiply(a, np.float32(scale) if b is None else b, out=out)
+
+    def lower(self, out, a, b=None, scratch=None, scale=1.0):
+        # Element i of a meets b's element i % b.size: b of a's trailing shape (leading
+        # ones aside), or one value.
+        if not native.contiguous(out, a, b):
+            return None
+        if b is not None:
+            tail = b.shape
+            while tail and tail[0] == 1:
+                tail = tail[1:]
+            if tail != a.shape[a.ndim - len(tail):]:
+                return None
+        return native.Step(native.OP_MUL, (out, a, b), (a.size, 1 if b is None else b.size),
+                           (scale,))
 
     def tolerance(self, a, b=None, scale=1.0):
         return Tolerance(atol=0.0, rtol=EPS32)

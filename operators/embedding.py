@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import Operator, Tolerance
 
 
@@ -30,6 +31,13 @@ class Embedding(Operator):
         np.take(weight, ids, axis=0, out=out)
         if scale != 1.0:
             out *= np.float32(scale)
+
+    def lower(self, out, ids, weight, scratch=None, scale=1.0):
+        # One id (a decode step's): its row, times the scale.
+        if ids.shape != (1,) or ids.dtype != np.int32 or weight.dtype != np.float32 or \
+                not native.contiguous(out, ids, weight):
+            return None
+        return native.Step(native.OP_EMBEDDING, (out, ids, weight), weight.shape, (scale,))
 
     def tolerance(self, ids, weight, scale=1.0):
         # A gather is exact; the scale is one float32 rounding.

@@ -95,6 +95,12 @@ class Linear(Operator):
         if bias is not None:
             out += bias
 
+    def lower(self, out, x, weight, bias=None, scratch=None):
+        # One row, as the decode pool's gemv reads it (kernel above): the same kernel.
+        if x.shape[0] != 1 or native.LIB is None or not native.contiguous(out, x, weight, bias):
+            return None
+        return native.Step(native.OP_GEMV, (out, x, weight, bias), (weight.shape[0], x.shape[1]))
+
     def tolerance(self, x, weight, bias=None):
         # A float32 dot product of K terms errs by at most ~K * eps * sum|x_k w_k| (Higham);
         # BLAS's blocked sums stay well inside it, so a fraction of K is used.

@@ -11,11 +11,16 @@ AVX-512), and the best this CPU has runs, chosen by cpuid at import, never by th
 the machine that built it. ``IRON_SPEC_SIMD=portable|avx2|avx512`` picks one instead (a
 ValueError at the first call where this CPU lacks it); ``describe()`` says which runs.
 A prompt chunk's GEMMs run on the pool too (``GEMM``), unless IRON_SPEC_GEMM=blas.
+
+A compiled plan runs its one-row steps as one native call (``Step``, ``PROGRAM``):
+``operators/_cpu_program.h`` holds each step's arrays and runs them with the GIL released.
+IRON_SPEC_PROGRAM=0 runs them one Python call a step instead.
 """
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 try:
     from . import _cpu
@@ -54,10 +59,64 @@ def describe() -> str:
         return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu not built") + ")"
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
             f"{', '.join(LIB.available())}); prompt GEMMs: "
-            + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)"))
+            + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
+            + "; one-row steps: " + ("one native call" if PROGRAM else
+                                     "a Python call each (IRON_SPEC_PROGRAM=0)"))
 
 
 SIMD_VARIABLE = "IRON_SPEC_SIMD"
+#: Whether a compiled plan runs its one-row steps as one native call (``Step``), unless
+#: IRON_SPEC_PROGRAM turns it off (0, false, off, no).
+PROGRAM = hasattr(LIB, "program") and os.environ.get("IRON_SPEC_PROGRAM", "1").strip().lower() \
+    not in ("0", "false", "off", "no")
+
+#: The per-call values a step's ``start`` may come from, in the order ``_cpu.run`` takes them.
+CALL = ("start", "rows", "position")
+# The step codes of operators/_cpu_program.h, in its order.
+(OP_GEMV, OP_ATTEND, OP_RMS_NORM, OP_ADD, OP_MUL, OP_GATED, OP_ROPE, OP_KV_WRITE,
+ OP_EMBEDDING) = range(9)
+ACT_SILU, ACT_GELU_TANH = range(2)
+
+
+class Step(NamedTuple):
+    """One step of a native program (``Operator.lower``): its code (``OP_*``), its arrays
+    (output first; None for an absent input), and the ints and floats its code takes
+    (``operators/_cpu_program.h``). Every array is C-contiguous and stays where it is while
+    the program lives (the program holds it)."""
+
+    op: int
+    arrays: tuple
+    ints: tuple = ()
+    floats: tuple = ()
+
+
+def contiguous(*arrays) -> bool:
+    """Whether every array given (None aside) is C-contiguous: what a native step reads."""
+    return all(a is None or a.flags.c_contiguous for a in arrays)
+
+
+def program(steps: list[tuple[Step, object]]):
+    """The native program of ``steps`` (each a ``Step`` and its ``start``: a
+    ``base.PerCall``, an int, or None for none), for ``run``.
+
+    Raises:
+        ValueError: a step's arrays do not fit its code (naming the step).
+    """
+    encoded = []
+    for step, start in steps:
+        if start is None or isinstance(start, int):
+            at, offset = -1, start or 0
+        else:
+            at, offset = CALL.index(start.name), start.offset
+        encoded.append((step.op, at, offset, step.arrays, tuple(int(i) for i in step.ints),
+                        tuple(float(f) for f in step.floats)))
+    return lib().program(tuple(encoded))
+
+
+def run(prog, call, first: int, last: int) -> None:
+    """Steps ``first .. last`` of ``prog`` at ``call``'s per-call values."""
+    LIB.run(prog, call.get("start", 0), call.get("rows", 1), call.get("position", 0), first, last)
+
 #: Who runs a prompt chunk's projections (GEMMs): ``native``, the extension's blocked GEMM
 #: on the same pool as the decode step (the default where it is built), or ``blas``,
 #: numpy's BLAS (OpenBLAS), through IRON_SPEC_GEMM=blas.

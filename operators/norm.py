@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -45,6 +46,15 @@ class RMSNorm(Operator):
         np.sqrt(ms, out=ms)
         np.divide(x, ms, out=out)
         out *= weight  # packed: already 1 + weight where plus_one
+
+    def lower(self, out, x, weight, scratch=None, eps=1e-6, plus_one=False):
+        # Per row of the last axis, the weight's rows in turn (one, or one per head); the
+        # one-row kernel's operations: the mean and its reciprocal square root in float32.
+        if not native.contiguous(out, x, weight):
+            return None
+        d = x.shape[-1]
+        return native.Step(native.OP_RMS_NORM, (out, x, weight), (x.size // d, d, weight.size // d),
+                           (eps,))
 
     def pack(self, index, array, eps=1e-6, plus_one=False):
         w = np.asarray(array, np.float32)

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
@@ -199,9 +200,9 @@ class Rope(Operator):
     at load into half-against-half order (exact too, as attention scores only see q.k):
     the permutation would have to follow every reader of those rows (fused q/k/v layouts,
     biases, per-head q/k norm weights, the tensors ``show`` lists and a golden records),
-    while the kernel costs the same one pass either way. This numpy kernel is the only one:
-    the C decode pool (``operators._cpu``) runs GEMVs and attention, never RoPE, so no path
-    turns an interleaved table half against half.
+    while the kernel costs the same one pass either way. A decode step's one row runs the
+    same per-column products in a native program (``lower``), pairs taken as ``interleaved``
+    says, so no path turns an interleaved table half against half.
     """
 
     name = "rope"
@@ -250,6 +251,14 @@ class Rope(Operator):
         out[..., :R] += partner
         if R < D:
             out[..., R:] = x[..., R:]
+
+    def lower(self, out, x, cos, sin, scratch=None, interleaved=False):
+        # One row (a decode step's): x * cos + partner(x) * sin per column, as kernel.
+        if x.shape[0] != 1 or not native.contiguous(out, x, cos, sin):
+            return None
+        _, heads, D = x.shape
+        return native.Step(native.OP_ROPE, (out, x, cos, sin),
+                           (heads, D, cos.shape[1], int(interleaved), cos.shape[0]))
 
     def pack(self, index, array, start=0, interleaved=False):
         # The tables (L, rotary_dim / 2) widened to one value per column: half against

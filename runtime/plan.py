@@ -4,6 +4,12 @@ A plan orders the recording's steps, places every intermediate in one arena by l
 packs each weight once into the form its kernel reads, and on each call runs the kernels
 on views of the arena, bounded by the call's ``rows``. With ``check=True`` every step is
 compared, on the same inputs, with its operator's float64 reference.
+
+Steps whose arrays do not change with the call (every step of a decode step) are lowered
+at compile to a native program (``Operator.lower``, ``operators.native``) where the
+extension is built: each run of consecutive lowered steps is then one native call, and the
+rest run their numpy kernels between. Under ``check=True`` each lowered step runs alone, the
+native code itself judged by its reference.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Mapping
 
 import numpy as np
 
-from iron_spec.operators.base import resolve
+from iron_spec.operators import native
+from iron_spec.operators.base import PerCall, resolve
 
 from .arena import Span, aligned, place
 from .graph import Handle, Recorder, Step
@@ -90,6 +97,7 @@ class Plan:
                                  for h in s.inputs + (s.output,))]
         self._out = self._array(output)
         self.checked: list[str] = []
+        self._lower()
 
     # -- compile ---------------------------------------------------------------------------
     def _fuse(self, steps: list[Step]) -> list[Step]:
@@ -248,6 +256,40 @@ class Plan:
         form)."""
         for i in self._stateful:
             self.runs[i] = self._bind(i, self.steps[i])
+        self._lower()
+
+    def _lower(self) -> None:
+        """The native program of the steps that have one (``Operator.lower``), and the order
+        the plan runs: runs of consecutive native steps as ``(first, last)`` of the program,
+        each other step its ``_Run``. Without the extension (or IRON_SPEC_PROGRAM=0), every
+        step is a ``_Run``."""
+        lowered: list[tuple] = []
+        self._native: dict[int, int] = {}  # run index -> program step
+        for r in self.runs if native.PROGRAM else ():
+            start = r.per_call.get("start", r.static.get("start"))
+            if r.fixed is None or set(r.per_call) - {"start"} or not (
+                    start is None or isinstance(start, (int, PerCall))):
+                continue
+            attrs = {k: v for k, v in r.static.items() if k != "start"}
+            step = r.step.op.lower(r.out, *r.ins, scratch=r.scratch, **attrs)
+            if step is not None:
+                self._native[r.index] = len(lowered)
+                lowered.append((step, start))
+        self._program = native.program(lowered) if lowered else None
+        self._order: list = []
+        for r in self.runs:
+            j = self._native.get(r.index)
+            if j is None:
+                self._order.append(r)
+            elif self._order and isinstance(self._order[-1], tuple):
+                self._order[-1] = (self._order[-1][0], j + 1)
+            else:
+                self._order.append((j, j + 1))
+
+    @property
+    def native_steps(self) -> int:
+        """How many of the plan's steps run in its native program."""
+        return len(self._native)
 
     # -- call ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:
@@ -258,10 +300,14 @@ class Plan:
         if self.check:
             for r in self.runs:
                 ins, out, attrs = r.arguments(rows, call)
-                self._check(r, out, ins, attrs)
+                j = self._native.get(r.index)
+                self._check(r, out, ins, attrs, None if j is None else partial(
+                    native.run, self._program, call, j, j + 1))
         else:
-            for r in self.runs:
-                if r.fixed is None:
+            for r in self._order:
+                if r.__class__ is tuple:
+                    native.run(self._program, call, r[0], r[1])
+                elif r.fixed is None:
                     ins, out, attrs = r.arguments(rows, call)
                     r.kernel(out, *ins, scratch=r.scratch, **attrs)
                 elif r.per_call:
@@ -270,7 +316,9 @@ class Plan:
                     r.fixed()
         return self._out[:rows] if self.output.bounded else self._out
 
-    def _check(self, r: _Run, out, ins, attrs) -> None:
+    def _check(self, r: _Run, out, ins, attrs, lowered=None) -> None:
+        """Run step ``r`` (its kernel, or ``lowered``: its native step) and compare what it
+        wrote with its operator's reference on the same inputs."""
         step = r.step
         writes = step.op.writes
         originals = [None if h is None or self._root(h).kind not in ("param", "const")
@@ -284,7 +332,10 @@ class Plan:
         before = [None if x is None or o is not None else
                   np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype)
                   for x, o in zip(ins, originals)]
-        r.kernel(out, *ins, scratch=r.scratch, **attrs)
+        if lowered is None:
+            r.kernel(out, *ins, scratch=r.scratch, **attrs)
+        else:
+            lowered()
         ref_ins = [o if o is not None else b for o, b in zip(originals, before)]
         expected = step.op.reference(*ref_ins, **attrs)
         got = np.asarray(ins[writes] if writes is not None else out, np.float64)

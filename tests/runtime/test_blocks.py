@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from iron_spec.operators import native
 from iron_spec.runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
                             PerLayerInputOptions, RopeOptions)
 from iron_spec.runtime.causal import CausalLM, CausalOptions
@@ -369,3 +370,16 @@ def test_qk_norm_per_head_stacked_is_per_head_weights_in_one_tensor(norm):
     assert not np.allclose(Session(lm).logits(ids), Session(per).logits(ids), atol=1e-4)
     test_compiled_equals_reference_and_passes_per_step_check(
         {"norm": norm, "attn_qk_norm": "per_head_stacked"})
+
+
+@pytest.mark.skipif(not native.PROGRAM, reason="no native program here")
+@pytest.mark.parametrize("options", [{}, {"kind": "sandwich", "attn_qk_norm": "head",
+                                          "attn_window": 3, "attn_softcap": 2.0}])
+def test_a_decode_step_runs_as_one_native_call(options):
+    # Every step but the final logit softcap (numpy's tanh; operators/_cpu_program.h has
+    # none) is one native program; it runs in two calls around the softcap.
+    lm = model(**options)
+    plan = lm.decode_step.plan
+    python = [r.step.op.name for r in plan.runs if r.index not in plan._native]
+    assert python == ["softcap"]
+    assert [type(x) for x in plan._order] == [tuple, type(plan.runs[0])]

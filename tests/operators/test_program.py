@@ -1,0 +1,144 @@
+"""A native program's steps (``Operator.lower``, operators/_cpu_program.h): each operator's
+native step judged by the same float64 reference and tolerance as its numpy kernel, the
+steps that have none left to the plan, and a program refusing arrays that do not fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iron_spec.operators import native
+from iron_spec.operators.activation import GatedActivation
+from iron_spec.operators.attention import Attention, KVWrite
+from iron_spec.operators.base import PerCall
+from iron_spec.operators.elementwise import Add, Mul
+from iron_spec.operators.embedding import Embedding
+from iron_spec.operators.linear import Linear
+from iron_spec.operators.norm import RMSNorm
+from iron_spec.operators.rope import Rope, rope_inv_freq, rope_tables
+
+pytestmark = pytest.mark.skipif(not native.PROGRAM, reason="no native program here "
+                                "(operators._cpu not built, or IRON_SPEC_PROGRAM / _NATIVE off)")
+
+
+def lowered(op, *inputs, packed=(), start=None, **attrs):
+    """The operator's native step run alone on float32 copies of ``inputs`` (``packed``
+    through ``op.pack``), its output and scratch NaN first; the array it wrote."""
+    while inputs and inputs[-1] is None:  # an absent optional input: not given
+        inputs = inputs[:-1]
+    shapes = tuple(np.shape(x) for x in inputs)
+    every = dict(attrs, **({} if start is None else {"start": start}))
+    args = [None if x is None else op.pack(i, x, **every) if i in packed else
+            np.array(x, np.float32 if np.asarray(x).dtype.kind == "f" else np.asarray(x).dtype)
+            for i, x in enumerate(inputs)]
+    out = np.full(op.shape(*shapes, **every), np.nan, np.float32)
+    scratch = np.full(max(1, op.scratch(*shapes, **every)), np.nan, np.float32)
+    step = op.lower(out, *args, scratch=scratch, **attrs)
+    assert step is not None, f"{op.name} {attrs} has no native step"
+    prog = native.program([(step, start)])
+    native.run(prog, {"start": start or 0, "position": start or 0, "rows": 1}, 0, 1)
+    return args[op.writes] if op.writes is not None else out
+
+
+def check(op, *inputs, packed=(), start=None, **attrs):
+    while inputs and inputs[-1] is None:
+        inputs = inputs[:-1]
+    got = lowered(op, *inputs, packed=packed, start=start, **attrs)
+    every = dict(attrs, **({} if start is None else {"start": start}))
+    ref_in = [None if x is None else np.array(x) for x in inputs]
+    ref = op.reference(*ref_in, **every)
+    shapes = tuple(np.shape(x) for x in inputs)
+    bound = op.tolerance(*shapes, **every).bound(op.scale(ref, *inputs, **every))
+    err = np.abs(got.astype(np.float64) - ref)
+    assert (err <= bound).all(), f"{op.name} {every}: worst {np.nanmax(err)}"
+    return got
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (7, 37), (960, 576)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_row(randn, rows, cols, bias):
+    check(Linear(), randn(1, cols), randn(rows, cols), randn(rows) if bias else None, packed=(1,))
+
+
+@pytest.mark.parametrize("x, w", [((1, 576), (576,)), ((1, 37), (37,)), ((1, 4, 64), (64,)),
+                                  ((1, 3, 20), (3, 20))])
+@pytest.mark.parametrize("plus_one", [False, True])
+def test_rms_norm_per_row_and_per_head(randn, x, w, plus_one):
+    check(RMSNorm(), randn(*x, scale=3.0), randn(*w), packed=(1,), eps=1e-6, plus_one=plus_one)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.22])
+def test_add(randn, scale):
+    check(Add(), randn(1, 577), randn(1, 577), scale=scale)
+
+
+@pytest.mark.parametrize("b", [None, (1, 3, 8), (1,), (8,), (3, 8)])
+def test_mul_broadcast_from_trailing_axes(randn, b):
+    check(Mul(), randn(1, 3, 8), None if b is None else randn(*b), scale=0.7)
+
+
+def test_mul_along_a_leading_axis_is_left_to_numpy(randn):
+    a, b = randn(2, 3, 8), randn(2, 1, 1)
+    assert Mul().lower(np.empty_like(a), a, b) is None
+
+
+@pytest.mark.parametrize("act", ["silu", "swish", "gelu_pytorch_tanh", "gelu_new"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_gated_activation(randn, act, fused):
+    gate = randn(1, 2 * 37 if fused else 37, scale=12.0)  # out to both tails of exp and tanh
+    check(GatedActivation(), gate, None if fused else randn(1, 37), act=act)
+
+
+def test_an_activation_without_a_native_form_is_left_to_numpy(randn):
+    g = randn(1, 8)
+    assert GatedActivation().lower(np.empty_like(g), g, g, scratch=np.empty(24, np.float32),
+                                   act="gelu") is None
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary", [16, 8])
+@pytest.mark.parametrize("start", [0, 5, 31])
+def test_rope_row(randn, interleaved, rotary, start):
+    cos, sin = rope_tables(rope_inv_freq(rotary, 10000.0)[0], 32, 1.0)
+    check(Rope(), randn(1, 3, 16), cos, sin, packed=(1, 2), start=start, interleaved=interleaved)
+
+
+@pytest.mark.parametrize("ring, start", [(None, 0), (None, 9), (6, 4), (6, 13)])
+def test_kv_write_places_the_row_where_the_reference_does(rng, ring, start):
+    x = rng.standard_normal((1, 2, 8)).astype(np.float32)
+    cache = rng.standard_normal((2, 6 if ring else 16, 8)).astype(np.float32)
+    got = lowered(KVWrite(), x, cache, start=start, ring=ring)
+    want = KVWrite().reference(x, cache.astype(np.float64), start=start, ring=ring)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("window, softcap, ring, start", [
+    (None, None, None, 0), (None, None, None, 20), (4, None, None, 20), (None, 2.5, None, 7),
+    (4, None, 8, 19)])
+def test_attention_one_query(randn, window, softcap, ring, start):
+    keys, values = randn(2, ring or 32, 16), randn(2, ring or 32, 16)
+    check(Attention(), randn(1, 6, 16), keys, values, start=start, window=window,
+          softcap=softcap, ring=ring)
+
+
+@pytest.mark.parametrize("scale", [1.0, 24.0 ** 0.5])
+def test_embedding_row(randn, scale):
+    check(Embedding(), np.array([5], np.int32), randn(11, 24), scale=scale)
+
+
+def test_a_program_refuses_arrays_that_do_not_fit(randn):
+    x, w, y = randn(1, 8), randn(4, 8), np.empty((1, 5), np.float32)
+    step = native.Step(native.OP_GEMV, (y, x, w, None), (4, 8))
+    with pytest.raises(ValueError, match="step 0 .*array 0 is 20 bytes"):
+        native.program([(step, None)])
+
+
+def test_a_position_past_the_cache_is_refused_naming_the_step(randn):
+    cache = np.zeros((2, 4, 8), np.float32)
+    step = KVWrite().lower(cache, randn(1, 2, 8), cache)
+    prog = native.program([(step, PerCall("position"))])
+    with pytest.raises(ValueError, match="step 0: kv_write: the position is past the cache"):
+        native.run(prog, {"start": 4, "position": 4, "rows": 1}, 0, 1)
+    assert not cache.any()
+    with pytest.raises(ValueError, match="steps 0 .. 2 are not within 0 .. 1"):
+        native.run(prog, {"start": 0, "position": 0, "rows": 1}, 0, 2)
