@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from iron_spec.operators import native
+
 
 def _run_kernel(op, *inputs, packed=(), **attrs):
     shapes = tuple(np.shape(x) for x in inputs)
@@ -69,3 +71,20 @@ def f32(rng, *shape, scale=1.0):
 def randn(rng):
     """``randn(*shape, scale=1.0)``: standard normal float32 values from the fixed ``rng``."""
     return lambda *shape, scale=1.0: f32(rng, *shape, scale=scale)
+
+
+SIMD = ("portable", "avx2", "avx512")
+
+
+@pytest.fixture(params=SIMD)
+def simd(request):
+    """Run a test on each instruction set's kernels in turn (skipped where this CPU lacks
+    it), then go back to the one in use."""
+    if native.LIB is None:
+        pytest.skip("the decode pool is off here (IRON_SPEC_NATIVE) or operators._cpu is not built")
+    if request.param not in native.LIB.available():
+        pytest.skip(f"this CPU has no {request.param} (it runs {native.LIB.available()})")
+    before = native.LIB.simd()
+    native.LIB.use(request.param)
+    yield request.param
+    native.LIB.use(before)

@@ -14,6 +14,7 @@ from iron_spec.operators import formats, native
 from iron_spec.operators.attention import Attention
 from iron_spec.operators.linear import Linear
 
+SIMD = ("portable", "avx2", "avx512")
 OFF = "the decode pool is off here (IRON_SPEC_NATIVE) or operators._cpu is not built"
 needs_native = pytest.mark.skipif(native.LIB is None, reason=OFF)
 
@@ -34,21 +35,6 @@ def kernels(request, monkeypatch):
     return request.param
 
 
-SIMD = ("portable", "avx2", "avx512")
-
-
-@pytest.fixture(params=SIMD)
-def simd(request):
-    """Run a test on each instruction set's kernels in turn (skipped where this CPU lacks
-    it), then go back to the one in use."""
-    if native.LIB is None:
-        pytest.skip(OFF)
-    if request.param not in native.LIB.available():
-        pytest.skip(f"this CPU has no {request.param} (it runs {native.LIB.available()})")
-    before = native.LIB.simd()
-    native.LIB.use(request.param)
-    yield request.param
-    native.LIB.use(before)
 
 
 @pytest.mark.parametrize("rows, cols", [(1, 1), (3, 5), (4, 8), (7, 37), (960, 576), (37, 1536)])
