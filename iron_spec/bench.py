@@ -15,11 +15,12 @@ import resource
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import typer
 
+from iron_spec.operators import native
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
@@ -87,7 +88,9 @@ def ours(loaded: Loaded, weights: str | None = None) -> Figures:
 
 def floor(loaded: Loaded) -> tuple[Figures, dict]:
     """A plain numpy float32 GEMV over every weight matrix a decode step reads (passes/s),
-    and the copy bandwidth of a 1 GiB array (bytes/s); and the bytes a pass reads."""
+    the copy bandwidth of a 1 GiB array (bytes/s: read and written, on one thread) and,
+    where the decode pool is built, its read bandwidth (bytes/s: the array read once on
+    the pool's threads, as a decode step reads its weights); and the bytes a pass reads."""
     lm = loaded.lm
     embed = lm.model.embed_tokens.weight.array
     # The embedding's gather reads one row, unless the head is tied to it and reads it all.
@@ -112,8 +115,15 @@ def floor(loaded: Loaded) -> tuple[Figures, dict]:
         np.copyto(b, a)
         return 2 * a.nbytes / (time.perf_counter() - start)
 
-    return ({"gemv_passes_per_s": gemv_passes_per_s, "copy_bytes_per_s": copy_bytes_per_s},
-            {"decode_weight_bytes": sum(w.nbytes for w in mats)})
+    def read_bytes_per_s() -> float:
+        start = time.perf_counter()
+        native.lib().read(a)
+        return a.nbytes / (time.perf_counter() - start)
+
+    out = {"gemv_passes_per_s": gemv_passes_per_s, "copy_bytes_per_s": copy_bytes_per_s}
+    if native.LIB is not None:
+        out["read_bytes_per_s"] = read_bytes_per_s
+    return out, {"decode_weight_bytes": sum(w.nbytes for w in mats)}
 
 
 def transformers_peer(loaded: Loaded, n_threads: int) -> Figures | None:
@@ -201,6 +211,17 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
 
 
+#: The GGUF tensor types of the same bits as each decode weights: a ratio between them is
+#: like against like (our int8 is Q8_0's very blocks).
+SAME_BITS = {"float32": ("F32",), "bfloat16": ("BF16", "F16"), "bfloat16-rounded": ("BF16", "F16"),
+             "int8": ("Q8_0",)}
+
+
+def engine_side(kind: str) -> str:
+    """The side a GGUF file of tensor type ``kind`` is measured as."""
+    return f"{ENGINE} {kind}"
+
+
 class _Clock:
     """A transformers streamer that notes when each piece arrives: the prompt, then every
     token generated."""
@@ -234,11 +255,12 @@ BYTES_PER_FLOAT32_BYTE = {"float32": 1.0, "bfloat16": 0.5, "bfloat16-rounded": 0
                           "int8": 34 / 128}
 
 
-def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None = None,
+def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
             also: tuple[str, ...] = (), stage: Callable[[str], object] = lambda what: None
             ) -> dict:
     """Every figure of ours, the floor's and (where installed) transformers' and llama.cpp's
-    (on ``gguf``), measured in turn within each of ``runs`` runs after a warm-up run; ``also``:
+    (on each of ``gguf``, GGUF files: a Path or several), measured in turn within each of
+    ``runs`` runs after a warm-up run; ``also``:
     more decode weights whose decode figures are measured beside the model's own. A
     machine's speed drifts by 20% over a minute; a ratio is the median of its runs' ratios,
     each from figures taken seconds apart, and a figure the median of its runs. ``stage`` is
@@ -263,10 +285,22 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
     peer_figures = transformers_peer(loaded, n_threads) if peer else None
     if peer_figures is not None:
         sides["transformers"] = peer_figures
-    engine = gguf_peer(loaded, gguf, n_threads) if peer and gguf is not None else None
-    result[f"{ENGINE}_run"] = None if engine is None else engine[1]
-    if engine is not None:
-        sides[ENGINE] = engine[0]
+    files = [gguf] if isinstance(gguf, (str, Path)) else list(gguf or ())
+    engines = {}  # side -> what it ran
+    for file in files if peer else ():
+        stage(f"loading {ENGINE} on {Path(file).name}")
+        engine = gguf_peer(loaded, Path(file), n_threads)
+        if engine is None:
+            break  # not installed: no file is measured
+        side = engine_side(engine[1]["type"])
+        if side in engines:
+            raise ValueError(f"--gguf {file}: a second {engine[1]['type']} file; give one "
+                             "file of each tensor type")
+        sides[side], engines[side] = engine
+    # The first file as the engine's side of the ratios named after it alone.
+    first_engine = next(iter(engines), None)
+    result[f"{ENGINE}_run"] = engines.get(first_engine)
+    result[f"{ENGINE}_runs"] = engines
     for name, side in sides.items():
         if not name.startswith("ours"):  # warmed up above
             stage(f"warm-up: {name}")
@@ -282,18 +316,21 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
     loaded.lm.decode_weights = own
     for side, figs in samples.items():
         result[side] = {name: statistics.median(v) for name, v in figs.items()}
-    for side in ("ours", "transformers", ENGINE):
+    for side in ("ours", "transformers", *engines):
         if side in result:
             for n in PROMPTS:
                 result[side][f"prefill{n}_tokens_per_s"] = n / result[side][f"ttft{n}_s"]
     result["transformers"] = result.get("transformers")
-    result[ENGINE] = result.get(ENGINE)
+    result[ENGINE] = result.get(first_engine)
     result["ours"]["peak_rss_bytes"] = peak
     f = result["floor"]
     f.update(floor_static)
     f["gemv_gb_per_s"] = f["decode_weight_bytes"] * f["gemv_passes_per_s"] / 1e9
     f["copy_gb_per_s"] = f.pop("copy_bytes_per_s") / 1e9
     f["bandwidth_floor_tokens_per_s"] = f["copy_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
+    if "read_bytes_per_s" in f:
+        f["read_gb_per_s"] = f.pop("read_bytes_per_s") / 1e9
+        f["read_floor_tokens_per_s"] = f["read_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
     # The weights as loaded (float32), and the decode step's reduced copies where it has them.
     reduced = sum(a.nbytes for a in loaded.lm.packed.values() if a.dtype != np.float32)
     weights = sum(w.nbytes for w in loaded.weights().values()) + reduced
@@ -302,6 +339,7 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
     result["weights_bytes"], result["kv_cache_bytes"] = weights, kv
 
     def ratio(num, den):
+        num, den = [(first_engine, x[1]) if x[0] == ENGINE else x for x in (num, den)]
         if num[0] not in samples or den[0] not in samples:
             return None
         return statistics.median(a / b for a, b in zip(samples[num[0]][num[1]],
@@ -312,11 +350,18 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf: Path | None 
     # projections at that precision), against transformers' and llama.cpp's decode, and
     # against our own float32-or-first weights.
     for w, side in [(own, "ours")] + [(w, f"ours {w}") for w in also]:
-        floor_at = [c / (f["decode_weight_bytes"] * BYTES_PER_FLOAT32_BYTE[w])
-                    for c in samples["floor"]["copy_bytes_per_s"]]
         mine = samples[side][SHORT_DECODE]
-        result["ratios"][f"{w}_decode_vs_bandwidth_floor"] = statistics.median(
-            a / b for a, b in zip(mine, floor_at))
+        for name, figure in (("bandwidth", "copy_bytes_per_s"), ("read", "read_bytes_per_s")):
+            if figure in samples["floor"]:
+                floor_at = [c / (f["decode_weight_bytes"] * BYTES_PER_FLOAT32_BYTE[w])
+                            for c in samples["floor"][figure]]
+                result["ratios"][f"{w}_decode_vs_{name}_floor"] = statistics.median(
+                    a / b for a, b in zip(mine, floor_at))
+        # Against llama.cpp on each file of the same bits (int8 against Q8_0, ...).
+        for e, run in engines.items():
+            if run["type"] in SAME_BITS.get(w, ()):
+                result["ratios"][f"{w}_decode_vs_{ENGINE_KEY}_{run['type']}"] = ratio(
+                    (side, SHORT_DECODE), (e, SHORT_DECODE))
         if side != "ours":
             for peer_side in ("ours", "transformers", ENGINE):
                 key = own if peer_side == "ours" else peer_side.replace(".", "_")
@@ -349,8 +394,8 @@ def report(r: dict) -> str:
                      f"{'':>14}{'':>8}  tok/s")
         lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
                      f"{'':>14}{'':>8}  tok/s")
-    lp, run = r[ENGINE], r[f"{ENGINE}_run"]
-    if lp is not None:
+    for side, run in r.get(f"{ENGINE}_runs", {}).items():
+        lp = r[side]
         lines.append(f"{ENGINE} {run['version']} on {Path(run['file']).name} ({run['type']}): "
                      f"prefill 128 / 512 {lp['prefill128_tokens_per_s']:.1f} / "
                      f"{lp['prefill512_tokens_per_s']:.1f} tok/s, decode at {SHORT} / {DEEP} "
@@ -359,7 +404,9 @@ def report(r: dict) -> str:
                  f"{f['gemv_passes_per_s']:.1f} passes/s "
                  f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
                  f"copy bandwidth {f['copy_gb_per_s']:.1f} GB/s, floor "
-                 f"{f['bandwidth_floor_tokens_per_s']:.1f} tok/s")
+                 f"{f['bandwidth_floor_tokens_per_s']:.1f} tok/s"
+                 + (f"; read on the pool {f['read_gb_per_s']:.1f} GB/s, floor "
+                    f"{f['read_floor_tokens_per_s']:.1f} tok/s" if "read_gb_per_s" in f else ""))
     extra = r["reduced_decode_weights_bytes"]
     lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB; weights "
                  f"{r['weights_bytes'] / 2**20:.0f} MiB"
@@ -382,7 +429,7 @@ def command(
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
-    gguf: Optional[Path] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers"),
+    gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp
@@ -410,7 +457,7 @@ def command(
             if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
                 raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than "
                                  f"the {DEEP + DECODE + 1} positions the deep decode needs")
-            result = measure(loaded, runs, peer, gguf, tuple(also), s.stage)
+            result = measure(loaded, runs, peer, tuple(gguf or ()), tuple(also), s.stage)
     except EXPECTED as e:
         refuse(e)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

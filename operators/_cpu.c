@@ -542,6 +542,7 @@ static void attend_run(float *out, const float *q, const float *keys, const floa
 
 #include "_cpu_program.h"
 
+
 /* ---- Python --------------------------------------------------------------------------- */
 
 static int get_floats(PyObject *obj, Py_buffer *view, int writable, const char *name) {
@@ -582,6 +583,63 @@ static int get_weights(PyObject *obj, Py_buffer *view) {
         return -1;
     }
     return 0;
+}
+
+/* ---- read: an array streamed on the pool, the floor a decode step's bytes meet ---------- */
+
+typedef struct {
+    const float *x;
+    Py_ssize_t n;
+    double sums[MAX_THREADS];
+} read_args;
+
+#ifdef HAVE_X86
+__attribute__((target("avx2,fma"))) static double read_avx2(const float *x, Py_ssize_t lo,
+                                                           Py_ssize_t hi) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (Py_ssize_t i = lo; i < hi; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + i));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(x + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(x + i + 24));
+    }
+    return (double)hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+#endif
+
+/* Each part sums its share in 32 lanes (independent adds: bound by the loads alone). */
+static void read_part(const void *args, int part, int parts) {
+    read_args *a = (read_args *)args;
+    Py_ssize_t lo = a->n / 32 * part / parts * 32, hi = a->n / 32 * (part + 1) / parts * 32;
+#ifdef HAVE_X86
+    if (simd >= SIMD_AVX2) {
+        a->sums[part] = read_avx2(a->x, lo, hi);
+        return;
+    }
+#endif
+    float acc[32] = {0};
+    for (Py_ssize_t i = lo; i < hi; i += 32)
+        for (int l = 0; l < 32; l++)
+            acc[l] += a->x[i + l];
+    double s = 0.0;
+    for (int l = 0; l < 32; l++)
+        s += acc[l];
+    a->sums[part] = s;
+}
+
+static PyObject *py_read(PyObject *self, PyObject *arg) {
+    Py_buffer x;
+    if (get_floats(arg, &x, 0, "x") < 0)
+        return NULL;
+    read_args a = {x.buf, x.len / 4, {0}};
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(read_part, &a);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    double s = 0.0;
+    for (int p = 0; p < MAX_THREADS; p++)
+        s += a.sums[p];
+    return PyFloat_FromDouble(s);
 }
 
 static PyObject *py_start(PyObject *self, PyObject *arg) {
@@ -862,6 +920,9 @@ static PyMethodDef methods[] = {
      "row-major; b None or (n,)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring)"},
+    {"read", py_read, METH_O,
+     "read(x): the sum of float32 x's whole 32-value groups, read on the pool's threads "
+     "(bench's read bandwidth)"},
     {"program", py_program, METH_O,
      "program(steps): a compiled decode step's steps checked once, as a capsule for run "
      "(operators/_cpu_program.h)"},

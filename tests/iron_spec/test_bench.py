@@ -43,3 +43,45 @@ def test_no_llama_cpp_installed_is_no_peer(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
     loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
     assert bench.gguf_peer(loaded, tmp_path / "x.gguf", 1) is None
+
+
+class _FakeLlama:
+    """llama_cpp.Llama's surface bench uses, with the tensor type its file's name says."""
+
+    def __init__(self, model_path, **kwargs):
+        self.metadata = {"general.file_type": "7" if "q8_0" in model_path else "32"}
+
+    def n_vocab(self):
+        return 1 << 20
+
+    def reset(self):
+        pass
+
+    def eval(self, ids):
+        pass
+
+    def generate(self, ids, **kwargs):
+        while True:
+            yield 1
+
+
+@pytest.mark.skipif(native.LIB is None, reason="reduced decode weights need the decode pool")
+def test_each_decode_weights_meets_the_gguf_of_its_bits(short, monkeypatch, tmp_path):
+    import types
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=_FakeLlama))
+    files = [tmp_path / "m.q8_0.gguf", tmp_path / "m.bf16.gguf"]
+    for f in files:
+        f.write_bytes(b"")
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    use_decode_weights(loaded, "int8")
+    r = bench.measure(loaded, runs=1, peer=True, gguf=files, also=("int8",))
+    assert set(r["llama.cpp_runs"]) == {"llama.cpp Q8_0", "llama.cpp BF16"}
+    q = r["ratios"]
+    assert q["int8_decode_vs_llama_cpp_Q8_0"] == pytest.approx(
+        r["ours int8"]["decode_short_tokens_per_s"] / r["llama.cpp Q8_0"]["decode_short_tokens_per_s"])
+    assert "int8_decode_vs_llama_cpp_BF16" not in q and "float32_decode_vs_llama_cpp_Q8_0" not in q
+    assert q["decode_vs_llama_cpp"] == pytest.approx(  # the first file's
+        r["ours"]["decode_short_tokens_per_s"] / r["llama.cpp Q8_0"]["decode_short_tokens_per_s"])
+    assert q["float32_decode_vs_read_floor"] > 0
+    text = bench.report(r)
+    assert "m.q8_0.gguf (Q8_0)" in text and "m.bf16.gguf (BF16)" in text
