@@ -174,29 +174,28 @@ static void pool_run(task_fn fn, const void *args) {
 
 /* ---- GEMV: y = W x (+ b), W (n, k) row-major, as torch.nn.Linear on one row ------------ */
 
-enum { WEIGHTS_F32, WEIGHTS_BF16 };
 /* Q8_0, llama.cpp's 8-bit blocks: per 32 weights, a float16 scale d and 32 int8 values q,
- * weight = d * q; a row of k weights is k / 32 such 34-byte blocks, in order. */
+ * weight = d * q. */
 #define Q8_BLOCK 32
 #define Q8_BYTES 34
+/* Rows a group of the decode forms holds (operators/formats.py ROW_GROUP): a part of a
+ * GEMV takes whole groups. */
+#define GEMV_GROUP 4
 
 typedef struct {
     const float *w, *x, *b;
-    const uint16_t *w16;  /* bfloat16 weights (the upper half of a float32) instead of w */
-    const uint8_t *wq;    /* Q8_0 blocks instead of w */
+    const uint16_t *w16;  /* bfloat16 weights in row groups (formats.py) instead of w */
+    const uint8_t *wq;    /* Q8_0 blocks in row groups (formats.py) instead of w */
     float *y;
     Py_ssize_t n, k;
 } gemv_args;
 
-/* A weight as float32: bfloat16 widens exactly (its bits are a float32's upper half). */
-static inline float weight(const gemv_args *a, Py_ssize_t i) {
-    if (a->w16) {
-        uint32_t bits = (uint32_t)a->w16[i] << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
-    }
-    return a->w[i];
+/* bfloat16 as float32, exactly: its bits are a float32's upper half. */
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* A little-endian IEEE float16 (finite) as float32, exactly: its exponent and mantissa
@@ -209,6 +208,12 @@ static inline float half_to_float(const uint8_t *p) {
     memcpy(&f, &bits, 4);
     f *= 0x1p112f;
     return (h & 0x8000u) ? -f : f;
+}
+
+/* n (<= GEMV_GROUP) float16 scales, one after another from p, as float32. */
+static inline void halves_to_floats(const uint8_t *p, int n, float *out) {
+    for (int i = 0; i < n; i++)
+        out[i] = half_to_float(p + 2 * i);
 }
 
 typedef struct {
@@ -262,9 +267,10 @@ typedef struct {
 
 static void gemv_part(const void *args, int part, int parts) {
     const gemv_args *a = args;
-    /* Whole groups of 4 rows per part, so each row's sum is the same at any thread count. */
-    Py_ssize_t groups = (a->n + 3) / 4;
-    Py_ssize_t r0 = groups * part / parts * 4, r1 = groups * (part + 1) / parts * 4;
+    /* Whole groups of rows per part (the decode forms' row groups), so each row's sum is the
+     * same at any thread count. */
+    Py_ssize_t groups = (a->n + GEMV_GROUP - 1) / GEMV_GROUP;
+    Py_ssize_t r0 = groups * part / parts * GEMV_GROUP, r1 = groups * (part + 1) / parts * GEMV_GROUP;
     if (r1 > a->n)
         r1 = a->n;
     if (r0 >= r1)
@@ -566,7 +572,7 @@ static int overlaps(const Py_buffer *a, const Py_buffer *b) {
 }
 
 /* Weights: float32, bfloat16 as its 16-bit patterns (numpy uint16), or Q8_0 blocks as
- * bytes (numpy uint8). */
+ * bytes (numpy uint8); the reduced two in row groups (operators/formats.py). */
 static int get_weights(PyObject *obj, Py_buffer *view) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
         PyErr_SetString(PyExc_ValueError, "w must be a C-contiguous float32 array, bfloat16 "
@@ -912,9 +918,9 @@ static PyMethodDef methods[] = {
     {"use", py_use, METH_O, "use(name): run the kernels on portable, avx2 or avx512 "
      "(ValueError where this CPU lacks it)"},
     {"gemv", (PyCFunction)(void (*)(void))py_gemv, METH_FASTCALL,
-     "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) row-major, float32 or "
-     "bfloat16 as uint16, or (len(y), len(x) / 32 * 34) Q8_0 blocks as uint8; b None or "
-     "(len(y),)"},
+     "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) float32 row-major, or "
+     "bfloat16 as uint16 (len(y), len(x)) or Q8_0 blocks as uint8 (len(y), len(x) / 32 * 34) "
+     "in row groups (operators.formats.group_bfloat16, group_q8_0); b None or (len(y),)"},
     {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL,
      "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
      "row-major; b None or (n,)"},

@@ -26,28 +26,6 @@ static inline __attribute__((always_inline)) FV GEMV_FN(xload)(const float *p) {
     return v;
 }
 
-/* W weights from element i on as float32: float32 as they are; bfloat16 widened (its bits
- * are a float32's upper half, exactly). The widenings are intrinsics where there are some:
- * GCC 12 turns __builtin_convertvector of bytes into one insert per lane. */
-static inline __attribute__((always_inline)) FV GEMV_FN(wload)(const gemv_args *a,
-                                                              Py_ssize_t i, const int kind) {
-    if (kind == WEIGHTS_BF16) {
-        const uint16_t *p = a->w16 + i;
-#if W == 16
-        return (FV)_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-            _mm256_loadu_si256((const __m256i *)p)), 16);
-#elif W == 8
-        return (FV)_mm256_slli_epi32(_mm256_cvtepu16_epi32(
-            _mm_loadu_si128((const __m128i *)p)), 16);
-#else
-        GEMV_FN(uv) u = {(uint32_t)p[0] << 16, (uint32_t)p[1] << 16, (uint32_t)p[2] << 16,
-                         (uint32_t)p[3] << 16};
-        return (FV)u;
-#endif
-    }
-    return GEMV_FN(xload)(a->w + i);
-}
-
 /* W int8 values as float32 (exact). */
 static inline __attribute__((always_inline)) FV GEMV_FN(qload)(const uint8_t *p) {
 #if W == 16
@@ -68,81 +46,111 @@ static inline __attribute__((always_inline)) float GEMV_FN(hsum)(FV v) {
     return s;
 }
 
-/* float32 or bfloat16 rows [r0, r1): four at a time, each x vector loaded once for them. */
+/* float32 rows [r0, r1): four at a time, each x vector loaded once for them. */
 static inline __attribute__((always_inline)) void GEMV_FN(dense)(const gemv_args *a,
-                                                                Py_ssize_t r0, Py_ssize_t r1,
-                                                                const int kind) {
-    const float *X = a->x;
+                                                                Py_ssize_t r0, Py_ssize_t r1) {
+    const float *X = a->x, *Wt = a->w;
     const Py_ssize_t K = a->k, KW = K - K % W;
     Py_ssize_t r = r0;
     for (; r + 4 <= r1; r += 4) {
-        const Py_ssize_t w0 = r * K, w1 = w0 + K, w2 = w1 + K, w3 = w2 + K;
+        const float *w0 = Wt + r * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
         FV s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         for (Py_ssize_t c = 0; c < KW; c += W) {
             FV x = GEMV_FN(xload)(X + c);
-            s0 += GEMV_FN(wload)(a, w0 + c, kind) * x;
-            s1 += GEMV_FN(wload)(a, w1 + c, kind) * x;
-            s2 += GEMV_FN(wload)(a, w2 + c, kind) * x;
-            s3 += GEMV_FN(wload)(a, w3 + c, kind) * x;
+            s0 += GEMV_FN(xload)(w0 + c) * x;
+            s1 += GEMV_FN(xload)(w1 + c) * x;
+            s2 += GEMV_FN(xload)(w2 + c) * x;
+            s3 += GEMV_FN(xload)(w3 + c) * x;
         }
         float t[4] = {GEMV_FN(hsum)(s0), GEMV_FN(hsum)(s1), GEMV_FN(hsum)(s2), GEMV_FN(hsum)(s3)};
         for (int i = 0; i < 4; i++) {
-            const Py_ssize_t w = (r + i) * K;
+            const float *w = Wt + (r + i) * K;
             for (Py_ssize_t c = KW; c < K; c++)
-                t[i] += weight(a, w + c) * X[c];
+                t[i] += w[c] * X[c];
             a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
         }
     }
     for (; r < r1; r++) {
-        const Py_ssize_t w = r * K;
+        const float *w = Wt + r * K;
         FV s = {0};
         for (Py_ssize_t c = 0; c < KW; c += W)
-            s += GEMV_FN(wload)(a, w + c, kind) * GEMV_FN(xload)(X + c);
+            s += GEMV_FN(xload)(w + c) * GEMV_FN(xload)(X + c);
         float t = GEMV_FN(hsum)(s);
         for (Py_ssize_t c = KW; c < K; c++)
-            t += weight(a, w + c) * X[c];
+            t += w[c] * X[c];
         a->y[r] = a->b ? t + a->b[r] : t;
     }
 }
 
-/* One Q8_0 block's products (32 int8 weights against x[0:32]), in W lanes. */
-static inline __attribute__((always_inline)) FV GEMV_FN(block)(const uint8_t *q, const float *x) {
-    FV p = {0};
-    for (int j = 0; j < Q8_BLOCK; j += W)
-        p += GEMV_FN(qload)(q + j) * GEMV_FN(xload)(x + j);
-    return p;
-}
+/* The decode forms (operators/formats.py) keep a group of GEMV_GROUP rows' weights one
+ * after another, so a part reads one sequential stream, and a group's rows' sums run side by
+ * side (independent chains, each x vector loaded once for them). R: the group's rows,
+ * GEMV_GROUP but in a last group of the rest. */
 
-/* Q8_0 rows [r0, r1): each block's products scaled by its d, four rows at a time. */
-static inline __attribute__((always_inline)) void GEMV_FN(q8)(const gemv_args *a, Py_ssize_t r0,
-                                                             Py_ssize_t r1) {
+/* A bfloat16 group: per whole 32-column chunk, R rows of 16 pairs, pair j of a row its
+ * columns j (low half) and 16 + j (high half); then each row's K % 32 last columns in
+ * order. A pair is one 32-bit lane: the low half shifted up is column j as float32, the
+ * high half masked is column 16 + j (widening is exact), so W pairs are W values of each
+ * half with no shuffle. */
+static inline __attribute__((always_inline)) void GEMV_FN(bf16_group)(const gemv_args *a,
+                                                                     Py_ssize_t r, const int R) {
+    const Py_ssize_t K = a->k, C = K / 32, T = K % 32;
+    const uint16_t *g = a->w16 + r * K;
     const float *X = a->x;
-    const Py_ssize_t B = a->k / Q8_BLOCK, S = B * Q8_BYTES;
-    const uint8_t *Q = a->wq;
-    Py_ssize_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint8_t *q0 = Q + r * S, *q1 = q0 + S, *q2 = q1 + S, *q3 = q2 + S;
-        FV s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (Py_ssize_t b = 0; b < B; b++) {
-            const float *x = X + b * Q8_BLOCK;
-            const Py_ssize_t o = b * Q8_BYTES;
-            s0 += GEMV_FN(block)(q0 + o + 2, x) * half_to_float(q0 + o);
-            s1 += GEMV_FN(block)(q1 + o + 2, x) * half_to_float(q1 + o);
-            s2 += GEMV_FN(block)(q2 + o + 2, x) * half_to_float(q2 + o);
-            s3 += GEMV_FN(block)(q3 + o + 2, x) * half_to_float(q3 + o);
+    FV lo[GEMV_GROUP], hi[GEMV_GROUP];
+    for (int i = 0; i < R; i++)
+        lo[i] = hi[i] = (FV){0};
+    for (Py_ssize_t c = 0; c < C; c++) {
+        const uint16_t *p = g + c * R * 32;
+        const float *x = X + c * 32;
+        for (int j = 0; j < 16; j += W) {
+            FV x0 = GEMV_FN(xload)(x + j), x1 = GEMV_FN(xload)(x + 16 + j);
+            for (int i = 0; i < R; i++) {
+                GEMV_FN(uv) v;
+                memcpy(&v, p + i * 32 + 2 * j, sizeof v);
+                lo[i] += (FV)(v << 16) * x0;
+                hi[i] += (FV)(v & 0xffff0000u) * x1;
+            }
         }
-        float t[4] = {GEMV_FN(hsum)(s0), GEMV_FN(hsum)(s1), GEMV_FN(hsum)(s2), GEMV_FN(hsum)(s3)};
-        for (int i = 0; i < 4; i++)
-            a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
     }
-    for (; r < r1; r++) {
-        const uint8_t *q = Q + r * S;
-        FV s = {0};
-        for (Py_ssize_t b = 0; b < B; b++)
-            s += GEMV_FN(block)(q + b * Q8_BYTES + 2, X + b * Q8_BLOCK) *
-                 half_to_float(q + b * Q8_BYTES);
-        float t = GEMV_FN(hsum)(s);
-        a->y[r] = a->b ? t + a->b[r] : t;
+    const uint16_t *tail = g + C * R * 32;
+    for (int i = 0; i < R; i++) {
+        float t = GEMV_FN(hsum)(lo[i] + hi[i]);
+        for (Py_ssize_t c = 0; c < T; c++)
+            t += bf16_to_float(tail[i * T + c]) * X[C * 32 + c];
+        a->y[r + i] = a->b ? t + a->b[r + i] : t;
+    }
+}
+
+/* A Q8_0 group: per 32-weight block, the R rows' float16 scales d, then their R x 32 int8
+ * values q. Each row's block is sum q x in two chains, then scaled by its d. */
+static inline __attribute__((always_inline)) void GEMV_FN(q8_group)(const gemv_args *a,
+                                                                   Py_ssize_t r, const int R) {
+    const Py_ssize_t B = a->k / Q8_BLOCK;
+    const uint8_t *g = a->wq + r * B * Q8_BYTES;
+    const float *X = a->x;
+    FV s[GEMV_GROUP];
+    for (int i = 0; i < R; i++)
+        s[i] = (FV){0};
+    for (Py_ssize_t b = 0; b < B; b++) {
+        const uint8_t *p = g + b * R * Q8_BYTES, *q = p + 2 * R;
+        const float *x = X + b * Q8_BLOCK;
+        float d[GEMV_GROUP];
+        halves_to_floats(p, R, d);
+        for (int i = 0; i < R; i++) {
+            const uint8_t *qi = q + i * Q8_BLOCK;
+            FV t0 = GEMV_FN(qload)(qi) * GEMV_FN(xload)(x);
+            FV t1 = GEMV_FN(qload)(qi + W) * GEMV_FN(xload)(x + W);
+            for (int j = 2 * W; j < Q8_BLOCK; j += 2 * W) {
+                t0 += GEMV_FN(qload)(qi + j) * GEMV_FN(xload)(x + j);
+                t1 += GEMV_FN(qload)(qi + j + W) * GEMV_FN(xload)(x + j + W);
+            }
+            s[i] += (t0 + t1) * d[i];
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        float t = GEMV_FN(hsum)(s[i]);
+        a->y[r + i] = a->b ? t + a->b[r + i] : t;
     }
 }
 
@@ -193,13 +201,24 @@ static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1)
     }
 }
 
+/* Rows [r0, r1): r0 a multiple of GEMV_GROUP, r1 too or the last row (gemv_part). */
 static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
-    if (a->wq)
-        GEMV_FN(q8)(a, r0, r1);
-    else if (a->w16)
-        GEMV_FN(dense)(a, r0, r1, WEIGHTS_BF16);
-    else
-        GEMV_FN(dense)(a, r0, r1, WEIGHTS_F32);
+    if (!a->wq && !a->w16) {
+        GEMV_FN(dense)(a, r0, r1);
+        return;
+    }
+    Py_ssize_t r = r0;
+    for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
+        if (a->wq)
+            GEMV_FN(q8_group)(a, r, GEMV_GROUP);
+        else
+            GEMV_FN(bf16_group)(a, r, GEMV_GROUP);
+    if (r < r1) {  /* the last group, of fewer rows */
+        if (a->wq)
+            GEMV_FN(q8_group)(a, r, (int)(r1 - r));
+        else
+            GEMV_FN(bf16_group)(a, r, (int)(r1 - r));
+    }
 }
 
 #undef FV

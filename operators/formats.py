@@ -8,6 +8,12 @@
   ``q = round(w / d)`` (half away from zero), ``w ~ d * q``; 34 bytes a block, ``d`` first,
   little-endian; a row of ``k`` weights is ``k / 32`` blocks in order, as numpy uint8
   ``(rows, k / 32 * 34)``. The same bytes as a GGUF file's Q8_0 tensor rows.
+
+The decode step's GEMV (``operators/_cpu_gemv.h``) reads either in **row groups**
+(``group_bfloat16``, ``group_q8_0``): the rows in groups of ``ROW_GROUP`` (the last group
+holding the rest), a group's weights one after another in the order the kernel reads them,
+so each thread streams one sequential range and a group's rows' sums run side by side. Same
+dtype, shape and bytes as the row-major form; only the order within a group differs.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 Q8_BLOCK, Q8_BYTES = 32, 34  # weights per block; bytes per block (a float16 d, 32 int8)
+ROW_GROUP = 4  # rows a group of the decode forms holds (_cpu.c's GEMV_GROUP)
+CHUNK = 32  # columns a bfloat16 group's chunk holds: 16 pairs (column j, column 16 + j)
 
 
 def bfloat16_exact(array: np.ndarray) -> tuple[np.ndarray, int]:
@@ -81,3 +89,67 @@ def widen_q8_0(packed: np.ndarray) -> np.ndarray:
     d = np.ascontiguousarray(blocks[..., :2]).view("<f2").astype(np.float32)
     q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.float32)
     return (q * d).reshape(n, width // Q8_BYTES * Q8_BLOCK)
+
+
+
+def _regroup(array: np.ndarray, pack, unpack: bool) -> np.ndarray:
+    """``array`` ``(rows, width)`` into its row groups (``pack(a, G, R)``: ``G`` groups of
+    ``R`` rows, ``(G * R, width)`` -> ``(G, R * width)``), or back (``unpack``): the whole
+    groups at once, then the last group of the rest. Same dtype and shape."""
+    n, width = array.shape
+    full = n - n % ROW_GROUP
+    out = np.empty_like(array)
+    for lo, hi, R in ((0, full, ROW_GROUP), (full, n, n - full)):
+        if hi > lo:
+            out[lo:hi] = pack(array[lo:hi], (hi - lo) // R, R, unpack).reshape(hi - lo, width)
+    return out
+
+
+def _bfloat16_groups(a: np.ndarray, G: int, R: int, unpack: bool) -> np.ndarray:
+    k = a.shape[1]
+    C, T = k // CHUNK, k % CHUNK
+    if not unpack:  # (group, row, chunk, half, j) -> (group, chunk, row, j, half); then tails
+        g = a.reshape(G, R, k)
+        paired = g[..., :C * CHUNK].reshape(G, R, C, 2, CHUNK // 2).transpose(0, 2, 1, 4, 3)
+        return np.concatenate([paired.reshape(G, -1), g[..., C * CHUNK:].reshape(G, -1)], axis=1)
+    g = a.reshape(G, R * k)
+    paired = g[:, :C * CHUNK * R].reshape(G, C, R, CHUNK // 2, 2).transpose(0, 2, 1, 4, 3)
+    return np.concatenate([paired.reshape(G, R, C * CHUNK), g[:, C * CHUNK * R:].reshape(G, R, T)],
+                          axis=2)
+
+
+def group_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits ``(rows, k)`` (uint16, row-major) in the decode step's row groups
+    (uint16, same shape): per group of R rows, for each whole 32-column chunk the R rows'
+    32 values, each row's as 16 pairs (column j, column 16 + j), j = 0..15; then each row's
+    ``k % 32`` last columns in order."""
+    return _regroup(np.ascontiguousarray(bits, np.uint16), _bfloat16_groups, False)
+
+
+def ungroup_bfloat16(grouped: np.ndarray) -> np.ndarray:
+    """``group_bfloat16``'s inverse: the row-major bits (uint16, same shape)."""
+    return _regroup(np.ascontiguousarray(grouped, np.uint16), _bfloat16_groups, True)
+
+
+def _q8_0_groups(a: np.ndarray, G: int, R: int, unpack: bool) -> np.ndarray:
+    B = a.shape[1] // Q8_BYTES
+    if not unpack:  # (group, row, block, byte) -> per block: R scales, then R x 32 values
+        g = a.reshape(G, R, B, Q8_BYTES).transpose(0, 2, 1, 3)
+        return np.concatenate([g[..., :2].reshape(G, B, 2 * R), g[..., 2:].reshape(G, B, -1)],
+                              axis=2)
+    g = a.reshape(G, B, R * Q8_BYTES)
+    d = g[..., :2 * R].reshape(G, B, R, 2)
+    q = g[..., 2 * R:].reshape(G, B, R, Q8_BLOCK)
+    return np.concatenate([d, q], axis=3).transpose(0, 2, 1, 3)
+
+
+def group_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks ``(rows, k / 32 * 34)`` (uint8, row-major, ``quantize_q8_0``) in the
+    decode step's row groups (uint8, same shape): per group of R rows, for each block the R
+    rows' float16 scales (2 R bytes), then their R x 32 int8 values, row by row."""
+    return _regroup(np.ascontiguousarray(blocks, np.uint8), _q8_0_groups, False)
+
+
+def ungroup_q8_0(grouped: np.ndarray) -> np.ndarray:
+    """``group_q8_0``'s inverse: the row-major blocks (uint8, same shape)."""
+    return _regroup(np.ascontiguousarray(grouped, np.uint8), _q8_0_groups, True)

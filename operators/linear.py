@@ -47,6 +47,9 @@ class Linear(Operator):
         - ``bfloat16-rounded``: any float32 rounded to the nearest bfloat16.
         - ``int8``: Q8_0 blocks (uint8), a float16 scale per 32 weights of a row.
 
+        Each in the GEMV's row groups (``formats.group_bfloat16``, ``formats.group_q8_0``):
+        the weight's shape, its rows' bytes in the order the kernel streams them.
+
         Raises:
             ValueError: a value ``bfloat16`` would round, a value not finite, or (``int8``)
                 rows whose length is not a multiple of 32.
@@ -61,19 +64,19 @@ class Linear(Operator):
                                  "checkpoint's weights as they are (--decode-weights "
                                  "bfloat16-rounded rounds them, --decode-weights float32 "
                                  "reads any)")
-            return bits
+            return formats.group_bfloat16(bits)
         if dtype == "bfloat16-rounded":
-            return formats.round_bfloat16(array)
+            return formats.group_bfloat16(formats.round_bfloat16(array))
         if dtype == "int8":
-            return formats.quantize_q8_0(array)
+            return formats.group_q8_0(formats.quantize_q8_0(array))
         return None
 
     def widen_reduced(self, index, packed):
         """The float32 values a reduced weight stands for (what the kernel multiplies by)."""
         if packed.dtype == np.uint16:
-            return formats.widen_bfloat16(packed)
+            return formats.widen_bfloat16(formats.ungroup_bfloat16(packed))
         if packed.dtype == np.uint8:
-            return formats.widen_q8_0(packed)
+            return formats.widen_q8_0(formats.ungroup_q8_0(packed))
         return packed
 
     def kernel(self, out, x, weight, bias=None, scratch=None):
