@@ -174,6 +174,7 @@ static void pool_run(task_fn fn, const void *args) {
 
 /* ---- GEMV: y = W x (+ b), W (n, k) row-major, as torch.nn.Linear on one row ------------ */
 
+enum { WEIGHTS_F32, WEIGHTS_BF16 };  /* a program step's weight kind (Q8_0: 2) */
 /* Q8_0, llama.cpp's 8-bit blocks: per 32 weights, a float16 scale d and 32 int8 values q,
  * weight = d * q. */
 #define Q8_BLOCK 32
