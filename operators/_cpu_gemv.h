@@ -7,8 +7,10 @@
  * extensions rather than one set of intrinsics: the same source, so a path tested on one
  * CPU is the same arithmetic as the path another CPU runs, only wider.
  *
- * Each row's sum runs in W lanes over the row in order, then the lanes are added in order:
- * a row's result depends on W alone, never on which thread or which rows beside it.
+ * Each row's sum runs in W lanes (two sets: a 32-column chunk's first and second halves)
+ * over the row in order, then the lanes are added in order, then the columns past whole
+ * chunks: a row's result depends on W alone, never on which thread or which rows beside
+ * it. The reduced weights' layouts (row groups) are operators/formats.py's.
  */
 
 #define GEMV_CAT_(a, b) a##b
@@ -39,6 +41,19 @@ static inline __attribute__((always_inline)) FV GEMV_FN(qload)(const uint8_t *p)
 #endif
 }
 
+/* c + a * b, fused where the instruction set has it: written out, so that the float32 and
+ * bfloat16 kernels' sums round alike wherever the compiler would contract one but not the
+ * other (their results are equal bit for bit). */
+static inline __attribute__((always_inline)) FV GEMV_FN(madd)(FV a, FV b, FV c) {
+#if W == 16
+    return (FV)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif W == 8
+    return (FV)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return c + a * b;
+#endif
+}
+
 static inline __attribute__((always_inline)) float GEMV_FN(hsum)(FV v) {
     float s = v[0];
     for (int i = 1; i < W; i++)
@@ -46,39 +61,33 @@ static inline __attribute__((always_inline)) float GEMV_FN(hsum)(FV v) {
     return s;
 }
 
-/* float32 rows [r0, r1): four at a time, each x vector loaded once for them. */
-static inline __attribute__((always_inline)) void GEMV_FN(dense)(const gemv_args *a,
-                                                                Py_ssize_t r0, Py_ssize_t r1) {
-    const float *X = a->x, *Wt = a->w;
-    const Py_ssize_t K = a->k, KW = K - K % W;
-    Py_ssize_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const float *w0 = Wt + r * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        FV s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (Py_ssize_t c = 0; c < KW; c += W) {
-            FV x = GEMV_FN(xload)(X + c);
-            s0 += GEMV_FN(xload)(w0 + c) * x;
-            s1 += GEMV_FN(xload)(w1 + c) * x;
-            s2 += GEMV_FN(xload)(w2 + c) * x;
-            s3 += GEMV_FN(xload)(w3 + c) * x;
-        }
-        float t[4] = {GEMV_FN(hsum)(s0), GEMV_FN(hsum)(s1), GEMV_FN(hsum)(s2), GEMV_FN(hsum)(s3)};
-        for (int i = 0; i < 4; i++) {
-            const float *w = Wt + (r + i) * K;
-            for (Py_ssize_t c = KW; c < K; c++)
-                t[i] += w[c] * X[c];
-            a->y[r + i] = a->b ? t[i] + a->b[r + i] : t[i];
+/* float32 rows [r0, r1), row-major, in groups of up to GEMV_GROUP rows: the same sums in
+ * the same order as a bfloat16 group's (bf16_group), so bfloat16 weights that hold a
+ * float32 weight exactly give its results bit for bit. */
+static inline __attribute__((always_inline)) void GEMV_FN(f32_group)(const gemv_args *a,
+                                                                    Py_ssize_t r, const int R) {
+    const Py_ssize_t K = a->k, C = K / 32, T = K % 32;
+    const float *X = a->x;
+    FV lo[GEMV_GROUP], hi[GEMV_GROUP];
+    for (int i = 0; i < R; i++)
+        lo[i] = hi[i] = (FV){0};
+    for (Py_ssize_t c = 0; c < C; c++) {
+        const float *x = X + c * 32;
+        for (int j = 0; j < 16; j += W) {
+            FV x0 = GEMV_FN(xload)(x + j), x1 = GEMV_FN(xload)(x + 16 + j);
+            for (int i = 0; i < R; i++) {
+                const float *w = a->w + (r + i) * K + c * 32;
+                lo[i] = GEMV_FN(madd)(GEMV_FN(xload)(w + j), x0, lo[i]);
+                hi[i] = GEMV_FN(madd)(GEMV_FN(xload)(w + 16 + j), x1, hi[i]);
+            }
         }
     }
-    for (; r < r1; r++) {
-        const float *w = Wt + r * K;
-        FV s = {0};
-        for (Py_ssize_t c = 0; c < KW; c += W)
-            s += GEMV_FN(xload)(w + c) * GEMV_FN(xload)(X + c);
-        float t = GEMV_FN(hsum)(s);
-        for (Py_ssize_t c = KW; c < K; c++)
-            t += w[c] * X[c];
-        a->y[r] = a->b ? t + a->b[r] : t;
+    for (int i = 0; i < R; i++) {
+        const float *w = a->w + (r + i) * K + C * 32;
+        float t = GEMV_FN(hsum)(lo[i] + hi[i]);
+        for (Py_ssize_t c = 0; c < T; c++)
+            t = fmaf(w[c], X[C * 32 + c], t);
+        a->y[r + i] = a->b ? t + a->b[r + i] : t;
     }
 }
 
@@ -108,16 +117,16 @@ static inline __attribute__((always_inline)) void GEMV_FN(bf16_group)(const gemv
             for (int i = 0; i < R; i++) {
                 GEMV_FN(uv) v;
                 memcpy(&v, p + i * 32 + 2 * j, sizeof v);
-                lo[i] += (FV)(v << 16) * x0;
-                hi[i] += (FV)(v & 0xffff0000u) * x1;
+                lo[i] = GEMV_FN(madd)((FV)(v << 16), x0, lo[i]);
+                hi[i] = GEMV_FN(madd)((FV)(v & 0xffff0000u), x1, hi[i]);
             }
         }
     }
     const uint16_t *tail = g + C * R * 32;
     for (int i = 0; i < R; i++) {
         float t = GEMV_FN(hsum)(lo[i] + hi[i]);
-        for (Py_ssize_t c = 0; c < T; c++)
-            t += bf16_to_float(tail[i * T + c]) * X[C * 32 + c];
+        for (Py_ssize_t c = 0; c < T; c++)  /* fused in both kernels: the same roundings */
+            t = fmaf(bf16_to_float(tail[i * T + c]), X[C * 32 + c], t);
         a->y[r + i] = a->b ? t + a->b[r + i] : t;
     }
 }
@@ -203,21 +212,21 @@ static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1)
 
 /* Rows [r0, r1): r0 a multiple of GEMV_GROUP, r1 too or the last row (gemv_part). */
 static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
-    if (!a->wq && !a->w16) {
-        GEMV_FN(dense)(a, r0, r1);
-        return;
-    }
     Py_ssize_t r = r0;
     for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
         if (a->wq)
             GEMV_FN(q8_group)(a, r, GEMV_GROUP);
-        else
+        else if (a->w16)
             GEMV_FN(bf16_group)(a, r, GEMV_GROUP);
+        else
+            GEMV_FN(f32_group)(a, r, GEMV_GROUP);
     if (r < r1) {  /* the last group, of fewer rows */
         if (a->wq)
             GEMV_FN(q8_group)(a, r, (int)(r1 - r));
-        else
+        else if (a->w16)
             GEMV_FN(bf16_group)(a, r, (int)(r1 - r));
+        else
+            GEMV_FN(f32_group)(a, r, (int)(r1 - r));
     }
 }
 

@@ -208,6 +208,18 @@ def test_bfloat16_gemv_within_tolerance_of_float64(simd, rng, rows, cols):
     assert (np.abs(got - want) <= bound).all()
 
 
+@pytest.mark.parametrize("rows, cols", [(1, 8), (5, 13), (7, 37), (960, 576), (9, 1536)])
+def test_bfloat16_gemv_is_the_float32_gemv_bit_for_bit(simd, rng, rows, cols):
+    # Widening bfloat16 is exact and both kernels sum in the same order: the same bits.
+    w = bfloat16_exact(rng, rows, cols)
+    x = rng.standard_normal(cols).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    want, got = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    native.lib().gemv(want, x, w, b)
+    native.lib().gemv(got, x, Linear().pack_reduced(1, w, "bfloat16"), b)
+    assert got.tobytes() == want.tobytes()
+
+
 @needs_native
 def test_bfloat16_gemv_by_hand(simd):
     # Five rows (a group of 4, then a group of 1) of 33 columns (a chunk of 32, then one):
