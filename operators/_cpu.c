@@ -223,10 +223,21 @@ typedef struct {
     Py_ssize_t m, n, k, mp;
 } gemm_args;
 
-/* One body (_cpu_gemv.h), compiled once per instruction set. */
+/* A prompt chunk's attention (_cpu_chunk.h): q (n, H, D) with rows qstride floats apart,
+ * caches (G, L, D), position p at row p % rows; out (n, H * D). */
+typedef struct {
+    const float *q, *keys, *values;
+    float *out, *scratch;  /* scratch: per part, (D + span) * 2W floats */
+    Py_ssize_t n, start, L, rows, window, qstride, span;
+    int H, G, D;
+    float scale, softcap;  /* softcap 0: none */
+} chunk_args;
+
+/* One body (_cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
 #define W 4
 #include "_cpu_gemv.h"
+#include "_cpu_chunk.h"
 #undef SUFFIX
 #undef W
 
@@ -240,6 +251,7 @@ typedef struct {
 #define SUFFIX _avx2
 #define W 8
 #include "_cpu_gemv.h"
+#include "_cpu_chunk.h"
 #undef SUFFIX
 #undef W
 #if defined(__clang__)
@@ -257,6 +269,7 @@ typedef struct {
 #define SUFFIX _avx512
 #define W 16
 #include "_cpu_gemv.h"
+#include "_cpu_chunk.h"
 #undef SUFFIX
 #undef W
 #if defined(__clang__)
@@ -311,6 +324,24 @@ static void gemm_part(const void *args, int part, int parts) {
     }
 #endif
     gemm_cols_portable(a, j0, j1);
+}
+
+static void chunk_part(const void *args, int part, int parts) {
+    const chunk_args *a = args;
+    const Py_ssize_t P = 2 * simd_lanes(), units = a->H * ((a->n + P - 1) / P);
+    Py_ssize_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
+    float *scratch = a->scratch + (Py_ssize_t)part * (a->D + a->span) * P;
+#ifdef HAVE_X86
+    if (simd == SIMD_AVX512) {
+        chunk_units_avx512(a, u0, u1, scratch);
+        return;
+    }
+    if (simd == SIMD_AVX2) {
+        chunk_units_avx2(a, u0, u1, scratch);
+        return;
+    }
+#endif
+    chunk_units_portable(a, u0, u1, scratch);
 }
 
 /* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
@@ -873,6 +904,93 @@ f0:
     return NULL;
 }
 
+/* attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap,
+ * ring): out (n, H * D) over q (n, H, D) (its rows may stand apart: a column view) at
+ * positions start .. start + n; caches (kv_heads, L, D), position p at row p % ring (ring
+ * 0: at row p); window 0: none; softcap 0: none; scratch: at least threads * 32 * (D + L
+ * + 32) floats. */
+static PyObject *py_attend_chunk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "attend_chunk takes 11 arguments");
+        return NULL;
+    }
+    long G = PyLong_AsLong(args[5]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[6]), window = PyLong_AsSsize_t(args[7]);
+    double scale = PyFloat_AsDouble(args[8]), softcap = PyFloat_AsDouble(args[9]);
+    Py_ssize_t ring = PyLong_AsSsize_t(args[10]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (start < 0 || start >= INT32_MAX / 2 || window < 0 || G < 1 || ring < 0 ||
+        (ring > 0 && window == 0)) {
+        PyErr_SetString(PyExc_ValueError, "attend_chunk: start must be within the cache, "
+                        "window >= 0 (0: none), kv_heads >= 1, ring >= 0 (0: none) with a "
+                        "window");
+        return NULL;
+    }
+    Py_buffer out, q, k, v, scratch;
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &q, PyBUF_STRIDES | PyBUF_FORMAT) != 0)
+        goto c0;
+    if (get_floats(args[2], &k, 0, "keys") < 0)
+        goto c1;
+    if (get_floats(args[3], &v, 0, "values") < 0)
+        goto c2;
+    if (get_floats(args[4], &scratch, 1, "scratch") < 0)
+        goto c3;
+    const Py_ssize_t P = 2 * simd_lanes();
+    int T = pool.threads ? pool.threads : 1;
+    int ok = q.ndim == 3 && q.itemsize == 4 && q.format && strcmp(q.format, "f") == 0 &&
+             k.ndim == 3 && k.shape[0] == G && v.len == k.len && q.shape[2] == k.shape[2] &&
+             q.shape[1] % G == 0 && q.strides[2] == 4 && q.strides[1] == 4 * q.shape[2] &&
+             q.strides[0] >= 4 * q.shape[1] * q.shape[2] && q.strides[0] % 4 == 0 &&
+             out.ndim == 2 && out.shape[0] == q.shape[0] &&
+             out.shape[1] == q.shape[1] * q.shape[2] && q.shape[0] > 0 && q.shape[2] > 0;
+    chunk_args a = {0};
+    if (ok) {
+        Py_ssize_t n = q.shape[0], L = k.shape[1], rows = ring > 0 ? ring : L;
+        Py_ssize_t span = start + n;
+        if (window > 0 && window + P - 1 < span)
+            span = window + P - 1;
+        a = (chunk_args){q.buf, k.buf, v.buf, out.buf, scratch.buf, n, start, L, rows, window,
+                         q.strides[0] / 4, span, (int)q.shape[1], (int)G, (int)q.shape[2],
+                         (float)scale, (float)softcap};
+        ok = (ring > 0 ? ring == L && window + n - 1 <= ring : start + n <= L) &&
+             scratch.len / 4 >= (Py_ssize_t)T * P * (a.D + span) &&
+             !overlaps(&out, &q) && !overlaps(&out, &k) && !overlaps(&out, &v) &&
+             !overlaps(&out, &scratch) && !overlaps(&scratch, &q) &&
+             !overlaps(&scratch, &k) && !overlaps(&scratch, &v);
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "attend_chunk: shapes do not fit (q (n, H, D) float32 "
+                        "with rows apart at most, caches (kv_heads, L, D) holding the chunk's "
+                        "positions, a ring holding window + n - 1 rows, out (n, H * D), scratch "
+                        "of threads * 32 * (D + L + 32) floats, out and scratch apart from the "
+                        "rest)");
+        goto c4;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(chunk_part, &a);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&scratch);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+c4:
+    PyBuffer_Release(&scratch);
+c3:
+    PyBuffer_Release(&v);
+c2:
+    PyBuffer_Release(&k);
+c1:
+    PyBuffer_Release(&q);
+c0:
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
 static PyObject *py_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(pool.threads);
 }
@@ -935,6 +1053,9 @@ static PyMethodDef methods[] = {
      "(operators/_cpu_program.h)"},
     {"run", (PyCFunction)(void (*)(void))py_run, METH_FASTCALL,
      "run(program, start, rows, position, first, last): steps first .. last of a program"},
+    {"attend_chunk", (PyCFunction)(void (*)(void))py_attend_chunk, METH_FASTCALL,
+     "attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, "
+     "ring): a prompt chunk's queries q (n, H, D) at start .. start + n; out (n, H * D)"},
     {NULL, NULL, 0, NULL},
 };
 

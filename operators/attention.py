@@ -165,11 +165,19 @@ class Attention(Operator):
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        lib = native.lib() if n == 1 else None
-        if lib is not None and all(a.flags.c_contiguous for a in (out, q, keys, values)):
+        lib = native.lib()
+        if lib is not None and n == 1 and all(
+                a.flags.c_contiguous for a in (out, q, keys, values)):
             # One query (a decode step): the decode pool's threads share its positions.
             lib.attend(out, q, keys, values, scratch, G, start, window or 0, float(scale),
                        float(softcap or 0.0), ring or 0)
+            return
+        if lib is not None and n > 1 and q.strides[1:] == (4 * D, 4) and all(
+                a.flags.c_contiguous for a in (out, keys, values)):
+            # A prompt chunk: the pool's threads share its heads' blocks of rows (q may be
+            # a column view of the fused projection: its rows stand apart).
+            lib.attend_chunk(out, q, keys, values, scratch, G, start, window or 0,
+                             float(scale), float(softcap or 0.0), ring or 0)
             return
         # The queries times the scale, not the scores: n * H * D products, not n * H * w
         # (exact where the scale is a power of two, head_dim ** -0.5 for head_dim 64).
@@ -269,7 +277,9 @@ class Attention(Operator):
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
         own = H * n * D + rows * (L + 1) + (0 if ring is None else 2 * G * ring * D)
-        return max(own, native.attend_scratch(H, G, D, L)) if n == 1 else own
+        if n == 1:
+            return max(own, native.attend_scratch(H, G, D, L))
+        return max(own, native.attend_chunk_scratch(D, L))
 
     def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
                   ring=None):

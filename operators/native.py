@@ -160,3 +160,10 @@ def attend_scratch(heads: int, kv_heads: int, head_dim: int, positions: int) -> 
     T = max(1, threads())
     span = (positions + T - 1) // T + 1
     return heads * head_dim + T * (heads // kv_heads) * span + T * heads * (head_dim + 2)
+
+
+def attend_chunk_scratch(head_dim: int, positions: int) -> int:
+    """float32 elements ``_cpu.attend_chunk`` needs for a prompt chunk's queries over up to
+    ``positions`` keys: per thread, a block of up to 32 queries (2 vectors of AVX-512's 16
+    lanes) and their scores."""
+    return max(1, threads()) * 32 * (head_dim + positions + 32)

@@ -416,3 +416,76 @@ def test_prompt_gemm_by_hand():
     assert out.tolist() == [[1, 2, 3, 10], [3, 4, 7, 12], [-1, 0, -1, 8]]
     with pytest.raises(ValueError, match=r"gemm: out \(m, n\), x \(m, k\), w \(n, k\)"):
         native.lib().gemm(out, x, w[:, :1].copy(), None)
+
+
+def _attention64(q, keys, values, start, window=None, softcap=None):
+    """Causal GQA attention in float64, written out per head and row (transformers'
+    eager_attention_forward with repeat_kv, a causal and sliding-window mask): the values
+    the prompt chunk's kernel must give, apart from the operator's own reference."""
+    n, H, D = q.shape
+    G = keys.shape[0]
+    out = np.zeros((n, H, D))
+    for h in range(H):
+        k, v = keys[h // (H // G)].astype(np.float64), values[h // (H // G)].astype(np.float64)
+        for i in range(n):
+            p = start + i
+            seen = np.arange(0 if window is None else max(0, p - window + 1), p + 1)
+            s = k[seen] @ q[i, h].astype(np.float64) * D ** -0.5
+            if softcap is not None:
+                s = np.tanh(s / softcap) * softcap
+            e = np.exp(s - s.max())
+            out[i, h] = e @ v[seen] / e.sum()
+    return out.reshape(n, H * D)
+
+
+# n: rows past whole blocks (2 lanes' worth) and fewer than one; D: not a multiple of the
+# lanes nor of the six value columns a tile sums; windows shorter than the chunk.
+CHUNK_CASES = [
+    (2, 2, 1, 5, 0, None, None),
+    (17, 4, 2, 64, 0, None, None),
+    (40, 3, 3, 13, 9, None, None),
+    (33, 6, 2, 20, 50, 7, 5.0),
+    (70, 4, 1, 256, 30, 16, None),
+]
+
+
+@pytest.mark.parametrize("n, H, G, D, start, window, softcap", CHUNK_CASES)
+def test_prompt_chunk_attention_matches_float64(simd, randn, n, H, G, D, start, window, softcap):
+    L = start + n + 3
+    q, keys, values = randn(n, H, D, scale=2.0), randn(G, L, D), randn(G, L, D)
+    op = Attention()
+    out = np.full((n, H * D), np.nan, np.float32)
+    scratch = np.full(op.scratch(q.shape, keys.shape, values.shape, start=start, window=window),
+                      np.nan, np.float32)
+    op.kernel(out, q, keys, values, scratch=scratch, start=start, window=window, softcap=softcap)
+    want = _attention64(q, keys, values, start, window, softcap)
+    # A convex combination of values: float32's error is a few ulps of the largest |value|.
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 * np.abs(values).max() * D ** 0.5)
+
+
+@needs_native
+def test_prompt_chunk_attention_reads_a_column_view_and_a_ring():
+    # q as the fused projection's column view (rows apart), over a ring of 8 rows whose
+    # chunk wraps past its end: the same values as over the whole cache.
+    rng = np.random.default_rng(3)
+    n, H, G, D, start, window, ring = 5, 4, 2, 16, 20, 4, 8
+    fused = rng.standard_normal((n, (H + 2 * G) * D)).astype(np.float32)
+    q = fused[:, :H * D].reshape(n, H, D)
+    assert not q.flags.c_contiguous
+    t = start + n
+    keys = rng.standard_normal((G, t, D)).astype(np.float32)
+    values = rng.standard_normal((G, t, D)).astype(np.float32)
+    rk, rv = np.zeros((G, ring, D), np.float32), np.zeros((G, ring, D), np.float32)
+    rk[:, np.arange(t - ring, t) % ring] = keys[:, t - ring:]
+    rv[:, np.arange(t - ring, t) % ring] = values[:, t - ring:]
+    scratch = np.empty(native.attend_chunk_scratch(D, t), np.float32)
+    out = np.full((n, H * D), np.nan, np.float32)
+    native.lib().attend_chunk(out, q, rk, rv, scratch, G, start, window, D ** -0.5, 0.0, ring)
+    np.testing.assert_allclose(out, _attention64(q, keys, values, start, window),
+                               rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="attend_chunk: shapes do not fit"):
+        native.lib().attend_chunk(out, q, rk, rv, scratch[:10], G, start, window, 0.25, 0.0,
+                                  ring)
+    with pytest.raises(ValueError, match="attend_chunk: shapes do not fit"):  # ring < 4 + 5 - 1
+        native.lib().attend_chunk(out, q, rk[:, :7].copy(), rv[:, :7].copy(), scratch, G,
+                                  start, window, 0.25, 0.0, 7)

@@ -1,0 +1,200 @@
+/* A prompt chunk's attention, one body included by _cpu.c once per instruction set (as
+ * _cpu_gemv.h: SUFFIX and W, float32 lanes a vector holds, defined by the includer, inside
+ * its target region).
+ *
+ * Semantics are operators.attention.Attention's (causal GQA over a KV cache, an optional
+ * sliding window, softcap and ring), judged by its float64 reference. The work is split
+ * into units, one head's block of 2W query rows each, and a unit is computed the same way
+ * whichever thread runs it: every result is independent of the thread count.
+ *
+ * A unit: its queries (times the scale) packed transposed, (head_dim, 2W); the scores of
+ * every key it may see, kept transposed, (keys, 2W), each key's 2W scores two vectors, so
+ * the softmax runs across the queries' lanes; then the values' sums the same way, (2W) per
+ * value column, divided by the softmax's sum and written to the unit's rows of out.
+ */
+
+#define CH_CAT_(a, b) a##b
+#define CH_CAT(a, b) CH_CAT_(a, b)
+#define CH_FN(name) CH_CAT(name, SUFFIX)
+
+typedef float CH_FN(cv) __attribute__((vector_size(4 * W)));
+typedef int32_t CH_FN(ci) __attribute__((vector_size(4 * W)));
+
+#define FV CH_FN(cv)
+#define IV CH_FN(ci)
+
+static inline __attribute__((always_inline)) FV CH_FN(cload)(const float *p) {
+    FV v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void CH_FN(cstore)(float *p, FV v) {
+    memcpy(p, &v, sizeof v);
+}
+
+/* a where mask (all ones) else b. */
+static inline __attribute__((always_inline)) FV CH_FN(pick)(IV mask, FV a, FV b) {
+    return (FV)(((IV)a & mask) | ((IV)b & ~mask));
+}
+
+/* exp(x) for x <= 0, as _cpu.c's exp256 (Cephes' expf: x = n ln2 + r, a degree-6
+ * polynomial in r, times 2^n; below -87.3, 0), in W lanes of any width. n is rounded to
+ * nearest by adding and taking away 1.5 * 2^23 (|x log2 e| < 2^22 here). */
+static inline __attribute__((always_inline)) FV CH_FN(vexp)(FV x) {
+    const FV lo = (FV){0} + -87.33654f;
+    IV under = x < lo;
+    x = CH_FN(pick)(under, lo, x);
+    FV n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    FV r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    FV p = (FV){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + (r + 1.0f);
+    IV e = (__builtin_convertvector(n, IV) + 127) << 23;
+    return (FV)((IV)(p * (FV)e) & ~under);
+}
+
+/* MR keys' scores (rows kr[0..MR)) against the packed queries qp (D, 2W), into st. */
+static inline __attribute__((always_inline)) void CH_FN(scores)(const float *qp, int D,
+                                                               const float *const *kr,
+                                                               float *st, const int MR) {
+    FV c[6][2];
+    for (int r = 0; r < MR; r++)
+        c[r][0] = c[r][1] = (FV){0};
+    for (int p = 0; p < D; p++) {
+        FV x0 = CH_FN(cload)(qp + p * 2 * W), x1 = CH_FN(cload)(qp + p * 2 * W + W);
+        for (int r = 0; r < MR; r++) {
+            float k = kr[r][p];
+            c[r][0] += x0 * k;
+            c[r][1] += x1 * k;
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        CH_FN(cstore)(st + r * 2 * W, c[r][0]);
+        CH_FN(cstore)(st + r * 2 * W + W, c[r][1]);
+    }
+}
+
+/* Value columns [d0, d0 + MR) of the unit's 2W rows: sum over keys j of st[j] v_j[d]. */
+static inline __attribute__((always_inline)) void CH_FN(sums)(const chunk_args *a,
+                                                             const float *V, Py_ssize_t lo,
+                                                             Py_ssize_t hi, const float *st,
+                                                             int d0, FV *o, const int MR) {
+    const int D = a->D;
+    FV c[6][2];
+    for (int r = 0; r < MR; r++)
+        c[r][0] = c[r][1] = (FV){0};
+    const float *row = V + (lo % a->rows) * D;
+    for (Py_ssize_t j = lo; j < hi; j++) {
+        FV p0 = CH_FN(cload)(st + (j - lo) * 2 * W), p1 = CH_FN(cload)(st + (j - lo) * 2 * W + W);
+        for (int r = 0; r < MR; r++) {
+            float v = row[d0 + r];
+            c[r][0] += p0 * v;
+            c[r][1] += p1 * v;
+        }
+        row += D;
+        if (row == V + a->rows * D)
+            row = V;
+    }
+    for (int r = 0; r < MR; r++)
+        o[2 * r] = c[r][0], o[2 * r + 1] = c[r][1];
+}
+
+/* One unit: head h, query rows [i0, i0 + 2W) of the chunk (fewer at its end). */
+static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *qp, float *st) {
+    const int D = a->D, G = a->G, R = a->H / G, HD = a->H * D;
+    const int P = 2 * W;
+    const Py_ssize_t i1 = i0 + P < a->n ? i0 + P : a->n, nb = i1 - i0;
+    const Py_ssize_t hi = a->start + i1;
+    const Py_ssize_t lo = a->window > 0 && a->start + i0 - a->window + 1 > 0
+                              ? a->start + i0 - a->window + 1 : 0;
+    const float *K = a->keys + (Py_ssize_t)(h / R) * a->L * D;
+    const float *V = a->values + (Py_ssize_t)(h / R) * a->L * D;
+    for (int p = 0; p < D; p++)
+        for (int i = 0; i < P; i++)
+            qp[p * P + i] = i < nb ? a->q[(i0 + i) * a->qstride + h * D + p] * a->scale : 0.0f;
+    /* Scores, six keys at a time; keys are rows p % rows (a ring's wrap) */
+    Py_ssize_t j = lo;
+    for (; j + 6 <= hi; j += 6) {
+        const float *kr[6];
+        for (int r = 0; r < 6; r++)
+            kr[r] = K + ((j + r) % a->rows) * D;
+        CH_FN(scores)(qp, D, kr, st + (j - lo) * P, 6);
+    }
+    for (; j < hi; j++) {
+        const float *kr[1] = {K + (j % a->rows) * D};
+        CH_FN(scores)(qp, D, kr, st + (j - lo) * P, 1);
+    }
+    /* Each lane's query position (padding lanes: the last row's, so never all masked). */
+    IV qpos[2];
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < W; i++) {
+            Py_ssize_t row = i0 + v * W + i < i1 ? i0 + v * W + i : i1 - 1;
+            qpos[v][i] = (int32_t)(a->start + row);
+        }
+    const FV neg = (FV){0} + -INFINITY;
+    FV m[2] = {neg, neg};
+    for (j = lo; j < hi; j++) {
+        float *s = st + (j - lo) * P;
+        if (a->softcap > 0.0f)
+            for (int i = 0; i < P; i++)
+                s[i] = tanhf(s[i] / a->softcap) * a->softcap;
+        IV kp = (IV){0} + (int32_t)j;
+        for (int v = 0; v < 2; v++) {
+            IV seen = kp <= qpos[v];
+            if (a->window > 0)
+                seen &= kp > qpos[v] - (int32_t)a->window;
+            FV x = CH_FN(pick)(seen, CH_FN(cload)(s + v * W), neg);
+            CH_FN(cstore)(s + v * W, x);
+            m[v] = CH_FN(pick)(x > m[v], x, m[v]);
+        }
+    }
+    FV l[2] = {{0}, {0}};
+    for (j = lo; j < hi; j++) {
+        float *s = st + (j - lo) * P;
+        for (int v = 0; v < 2; v++) {
+            FV e = CH_FN(vexp)(CH_FN(cload)(s + v * W) - m[v]);
+            CH_FN(cstore)(s + v * W, e);
+            l[v] += e;
+        }
+    }
+    float *out = a->out + i0 * HD + h * D;
+    FV o[12];
+    int d = 0;
+    for (; d + 6 <= D; d += 6) {
+        CH_FN(sums)(a, V, lo, hi, st, d, o, 6);
+        for (int r = 0; r < 6; r++)
+            for (int v = 0; v < 2; v++) {
+                FV y = o[2 * r + v] / l[v];
+                for (int i = 0; i < W && v * W + i < nb; i++)
+                    out[(v * W + i) * HD + d + r] = y[i];
+            }
+    }
+    for (; d < D; d++) {
+        CH_FN(sums)(a, V, lo, hi, st, d, o, 1);
+        for (int v = 0; v < 2; v++) {
+            FV y = o[v] / l[v];
+            for (int i = 0; i < W && v * W + i < nb; i++)
+                out[(v * W + i) * HD + d] = y[i];
+        }
+    }
+}
+
+/* Units [u0, u1) of (head, block) pairs, head-major. */
+static void CH_FN(chunk_units)(const chunk_args *a, Py_ssize_t u0, Py_ssize_t u1, float *scratch) {
+    const Py_ssize_t blocks = (a->n + 2 * W - 1) / (2 * W);
+    float *qp = scratch, *st = scratch + (Py_ssize_t)a->D * 2 * W;
+    for (Py_ssize_t u = u0; u < u1; u++)
+        CH_FN(chunk_unit)(a, (int)(u / blocks), u % blocks * 2 * W, qp, st);
+}
+
+#undef FV
+#undef IV
+#undef CH_FN
+#undef CH_CAT
+#undef CH_CAT_
