@@ -948,14 +948,15 @@ static PyObject *py_attend_chunk(PyObject *self, PyObject *const *args, Py_ssize
              out.shape[1] == q.shape[1] * q.shape[2] && q.shape[0] > 0 && q.shape[2] > 0;
     chunk_args a = {0};
     if (ok) {
-        Py_ssize_t n = q.shape[0], L = k.shape[1], rows = ring > 0 ? ring : L;
+        /* A ring still growing (fewer rows than the ring) holds its positions at their own rows. */
+        Py_ssize_t n = q.shape[0], L = k.shape[1], rows = ring > 0 && ring <= L ? ring : L;
         Py_ssize_t span = start + n;
         if (window > 0 && window + P - 1 < span)
             span = window + P - 1;
         a = (chunk_args){q.buf, k.buf, v.buf, out.buf, scratch.buf, n, start, L, rows, window,
                          q.strides[0] / 4, span, (int)q.shape[1], (int)G, (int)q.shape[2],
                          (float)scale, (float)softcap};
-        ok = (ring > 0 ? ring == L && window + n - 1 <= ring : start + n <= L) &&
+        ok = (ring > 0 && ring == L ? window + n - 1 <= ring : start + n <= L) &&
              scratch.len / 4 >= (Py_ssize_t)T * P * (a.D + span) &&
              !overlaps(&out, &q) && !overlaps(&out, &k) && !overlaps(&out, &v) &&
              !overlaps(&out, &scratch) && !overlaps(&scratch, &q) &&
