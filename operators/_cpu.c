@@ -182,6 +182,9 @@ enum { WEIGHTS_F32, WEIGHTS_BF16 };  /* a program step's weight kind (Q8_0: 2) *
 /* Rows a group of the decode forms holds (operators/formats.py ROW_GROUP): a part of a
  * GEMV takes whole groups. */
 #define GEMV_GROUP 4
+/* x values a Q8_0 GEMV quantizes on the stack (its int16 values and scales); past them, on
+ * the heap. */
+#define X16_STACK 16384
 
 typedef struct {
     const float *w, *x, *b;

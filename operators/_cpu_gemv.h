@@ -28,19 +28,6 @@ static inline __attribute__((always_inline)) FV GEMV_FN(xload)(const float *p) {
     return v;
 }
 
-/* W int8 values as float32 (exact). */
-static inline __attribute__((always_inline)) FV GEMV_FN(qload)(const uint8_t *p) {
-#if W == 16
-    return (FV)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-#elif W == 8
-    return (FV)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-#else
-    const int8_t *q = (const int8_t *)p;
-    FV v = {(float)q[0], (float)q[1], (float)q[2], (float)q[3]};
-    return v;
-#endif
-}
-
 /* c + a * b, fused where the instruction set has it: written out, so that the float32 and
  * bfloat16 kernels' sums round alike wherever the compiler would contract one but not the
  * other (their results are equal bit for bit). */
@@ -131,36 +118,146 @@ static inline __attribute__((always_inline)) void GEMV_FN(bf16_group)(const gemv
     }
 }
 
+static inline __attribute__((always_inline)) FV GEMV_FN(splat)(float f) {
+    FV v = {0};
+    return v + f;
+}
+
+/* Lane by lane max (neither NaN: formats.quantize_x16 makes a block with a NaN NaN by its
+ * dx alone). */
+static inline __attribute__((always_inline)) FV GEMV_FN(vmax)(FV a, FV b) {
+#if W == 16
+    return (FV)_mm512_max_ps((__m512)a, (__m512)b);
+#elif W == 8
+    return (FV)_mm256_max_ps((__m256)a, (__m256)b);
+#elif defined(HAVE_X86)
+    return (FV)_mm_max_ps((__m128)a, (__m128)b);
+#else
+    FV m;
+    for (int l = 0; l < W; l++)
+        m[l] = a[l] > b[l] ? a[l] : b[l];
+    return m;
+#endif
+}
+
+/* W float32 (integers within int16's range) rounded to nearest, ties to even (numpy's
+ * rint; the default rounding mode), stored as int16. */
+static inline __attribute__((always_inline)) void GEMV_FN(round16)(FV v, int16_t *q) {
+#if W == 16
+    _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32((__m512)v)));
+#elif W == 8
+    __m256i i = _mm256_cvtps_epi32((__m256)v);
+    _mm_storeu_si128((__m128i *)q, _mm_packs_epi32(_mm256_castsi256_si128(i),
+                                                   _mm256_extracti128_si256(i, 1)));
+#elif defined(HAVE_X86)
+    __m128i i = _mm_cvtps_epi32((__m128)v);
+    _mm_storel_epi64((__m128i *)q, _mm_packs_epi32(i, i));
+#else
+    for (int l = 0; l < W; l++)
+        q[l] = (int16_t)nearbyintf(v[l]);
+#endif
+}
+
+/* x as the Q8_0 GEMV meets it (formats.quantize_x16, by the same float32 operations): per
+ * 32-value block its scale dx (NaN where a value is not finite) and 32 int16 values. */
+static void GEMV_FN(quantize_x)(const float *x, Py_ssize_t K, int16_t *q, float *dx) {
+    const GEMV_FN(uv) magnitude = {0};
+    for (Py_ssize_t b = 0; b < K / Q8_BLOCK; b++) {
+        const float *v = x + b * Q8_BLOCK;
+        FV m = {0}, z = {0};
+        for (int j = 0; j < Q8_BLOCK; j += W) {
+            FV u = GEMV_FN(xload)(v + j);
+            m = GEMV_FN(vmax)(m, (FV)((GEMV_FN(uv))u & (magnitude + 0x7fffffffu)));
+            z += u * 0.0f;
+        }
+        float amax = m[0], zs = z[0];
+        for (int l = 1; l < W; l++) {
+            amax = m[l] > amax ? m[l] : amax;
+            zs += z[l];
+        }
+        const float d = amax >= 0x1p-100f ? amax / 32767.0f : 0.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        dx[b] = d + zs;
+        for (int j = 0; j < Q8_BLOCK; j += W)
+            GEMV_FN(round16)(GEMV_FN(xload)(v + j) * id, q + b * Q8_BLOCK + j);
+    }
+}
+
+/* One Q8_0 block's 32 int8 values against x's 32 int16 (quantize_x), summed exactly in
+ * int32 lanes, as float32. */
+static inline __attribute__((always_inline)) FV GEMV_FN(q8dot)(const uint8_t *q,
+                                                              const int16_t *x) {
+#if W == 16
+    __m512i m = _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q)),
+                                  _mm512_loadu_si512((const void *)x));
+    return (FV)_mm512_cvtepi32_ps(m);
+#elif W == 8
+    __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)),
+                                   _mm256_loadu_si256((const __m256i *)x));
+    __m256i hi = _mm256_madd_epi16(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16))),
+        _mm256_loadu_si256((const __m256i *)(x + 16)));
+    return (FV)_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+#else
+    int32_t s[4] = {0, 0, 0, 0};
+    for (int l = 0; l < 4; l++)
+        for (int j = 0; j < Q8_BLOCK / 4; j++)
+            s[l] += (int32_t)(int8_t)q[l * 8 + j] * x[l * 8 + j];
+    FV v = {(float)s[0], (float)s[1], (float)s[2], (float)s[3]};
+    return v;
+#endif
+}
+
 /* A Q8_0 group: per 32-weight block, the R rows' float16 scales d, then their R x 32 int8
- * values q. Each row's block is sum q x in two chains, then scaled by its d. */
+ * values q. A row's block is sum q * xq, exact, times d * dx. */
 static inline __attribute__((always_inline)) void GEMV_FN(q8_group)(const gemv_args *a,
-                                                                   Py_ssize_t r, const int R) {
+                                                                   Py_ssize_t r, const int R,
+                                                                   const int16_t *XQ,
+                                                                   const float *DX) {
     const Py_ssize_t B = a->k / Q8_BLOCK;
     const uint8_t *g = a->wq + r * B * Q8_BYTES;
-    const float *X = a->x;
     FV s[GEMV_GROUP];
     for (int i = 0; i < R; i++)
         s[i] = (FV){0};
     for (Py_ssize_t b = 0; b < B; b++) {
         const uint8_t *p = g + b * R * Q8_BYTES, *q = p + 2 * R;
-        const float *x = X + b * Q8_BLOCK;
+        const int16_t *xq = XQ + b * Q8_BLOCK;
+        const float dx = DX[b];
         float d[GEMV_GROUP];
         halves_to_floats(p, R, d);
-        for (int i = 0; i < R; i++) {
-            const uint8_t *qi = q + i * Q8_BLOCK;
-            FV t0 = GEMV_FN(qload)(qi) * GEMV_FN(xload)(x);
-            FV t1 = GEMV_FN(qload)(qi + W) * GEMV_FN(xload)(x + W);
-            for (int j = 2 * W; j < Q8_BLOCK; j += 2 * W) {
-                t0 += GEMV_FN(qload)(qi + j) * GEMV_FN(xload)(x + j);
-                t1 += GEMV_FN(qload)(qi + j + W) * GEMV_FN(xload)(x + j + W);
-            }
-            s[i] += (t0 + t1) * d[i];
-        }
+        for (int i = 0; i < R; i++)
+            s[i] = GEMV_FN(madd)(GEMV_FN(q8dot)(q + i * Q8_BLOCK, xq), GEMV_FN(splat)(d[i] * dx),
+                                 s[i]);
     }
     for (int i = 0; i < R; i++) {
         float t = GEMV_FN(hsum)(s[i]);
         a->y[r + i] = a->b ? t + a->b[r + i] : t;
     }
+}
+
+/* Q8_0 rows [r0, r1) (see gemv_rows): x quantized once per part (each part the whole of
+ * it: no part waits for another), then the groups. */
+static void GEMV_FN(q8_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    const Py_ssize_t K = a->k;
+    int16_t qs[X16_STACK];
+    float ds[X16_STACK / Q8_BLOCK];
+    int16_t *xq = K <= X16_STACK ? qs : malloc(sizeof(int16_t) * K);
+    float *dx = K <= X16_STACK ? ds : malloc(sizeof(float) * (K / Q8_BLOCK));
+    if (!xq || !dx) {  /* no memory for a long row's x: NaN, never a wrong number */
+        for (Py_ssize_t r = r0; r < r1; r++)
+            a->y[r] = NAN;
+    } else {
+        GEMV_FN(quantize_x)(a->x, K, xq, dx);
+        Py_ssize_t r = r0;
+        for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
+            GEMV_FN(q8_group)(a, r, GEMV_GROUP, xq, dx);
+        if (r < r1)
+            GEMV_FN(q8_group)(a, r, (int)(r1 - r), xq, dx);
+    }
+    if (xq != qs)
+        free(xq);
+    if (dx != ds)
+        free(dx);
 }
 
 /* ---- GEMM: out (m, n) = x (m, k) w (n, k)^T (+ b), a prompt chunk's projection ----------
@@ -212,18 +309,18 @@ static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1)
 
 /* Rows [r0, r1): r0 a multiple of GEMV_GROUP, r1 too or the last row (gemv_part). */
 static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    if (a->wq) {
+        GEMV_FN(q8_rows)(a, r0, r1);
+        return;
+    }
     Py_ssize_t r = r0;
     for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
-        if (a->wq)
-            GEMV_FN(q8_group)(a, r, GEMV_GROUP);
-        else if (a->w16)
+        if (a->w16)
             GEMV_FN(bf16_group)(a, r, GEMV_GROUP);
         else
             GEMV_FN(f32_group)(a, r, GEMV_GROUP);
     if (r < r1) {  /* the last group, of fewer rows */
-        if (a->wq)
-            GEMV_FN(q8_group)(a, r, (int)(r1 - r));
-        else if (a->w16)
+        if (a->w16)
             GEMV_FN(bf16_group)(a, r, (int)(r1 - r));
         else
             GEMV_FN(f32_group)(a, r, (int)(r1 - r));

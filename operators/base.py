@@ -106,6 +106,14 @@ class Operator:
         itself by default (an operator that keeps float32)."""
         return packed
 
+    def reference_inputs(self, inputs: list, kernel_inputs: list) -> list:
+        """The inputs the reference judges the kernel on, given ``inputs`` (float64 copies,
+        reduced weights widened: ``widen_reduced``) and what the kernel read
+        (``kernel_inputs``): ``inputs`` as they are by default. An operator whose kernel
+        rounds an input to meet a reduced weight (Linear's on Q8_0) gives the rounded values,
+        so the reference computes the kernel's own product exactly."""
+        return inputs
+
     def scratch(self, *shapes: tuple[int, ...], **attrs: Any) -> int:
         """float32 elements of working memory the kernel needs; none by default."""
         return 0

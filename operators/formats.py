@@ -9,6 +9,13 @@
   little-endian; a row of ``k`` weights is ``k / 32`` blocks in order, as numpy uint8
   ``(rows, k / 32 * 34)``. The same bytes as a GGUF file's Q8_0 tensor rows.
 
+- ``x16``: what a GEMV on Q8_0 weights multiplies them by (``quantize_x16``): the input
+  row per 32-value block as int16 with a float32 scale, ``dx = max|x| / 32767``,
+  ``q = rint(x * (1 / dx))`` (ties to even), in float32 as the kernel computes them; so each
+  block's 32 products sum exactly in int32 (``operators/_cpu_gemv.h``, as llama.cpp's Q8_0
+  dot quantizes its input, at 16 bits instead of 8: the error, at most ``dx / 2`` a value,
+  is 2^-16 of the block's largest, well under Q8_0's own 2^-8).
+
 The decode step's GEMV (``operators/_cpu_gemv.h``) reads either in **row groups**
 (``group_bfloat16``, ``group_q8_0``): the rows in groups of ``ROW_GROUP`` (the last group
 holding the rest), a group's weights one after another in the order the kernel reads them,
@@ -21,6 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 Q8_BLOCK, Q8_BYTES = 32, 34  # weights per block; bytes per block (a float16 d, 32 int8)
+X16_MAX = 32767  # the largest int16 a block's x is scaled to
+X16_TINY = np.float32(2.0 ** -100)  # a block whose max |x| is below this is zeros (its 1 / dx
+#                                     would overflow float32 near 2^-126)
 ROW_GROUP = 4  # rows a group of the decode forms holds (_cpu.c's GEMV_GROUP)
 CHUNK = 32  # columns a bfloat16 group's chunk holds: 16 pairs (column j, column 16 + j)
 
@@ -153,3 +163,36 @@ def group_q8_0(blocks: np.ndarray) -> np.ndarray:
 def ungroup_q8_0(grouped: np.ndarray) -> np.ndarray:
     """``group_q8_0``'s inverse: the row-major blocks (uint8, same shape)."""
     return _regroup(np.ascontiguousarray(grouped, np.uint8), _q8_0_groups, True)
+
+
+def quantize_x16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An input row (or rows) ``(..., k)`` float32, ``k`` a multiple of 32, as the Q8_0 GEMV
+    reads it: the int16 values ``q`` (as float32, ``(..., k)``) and each block's scale ``dx``
+    (float32, ``(..., k / 32)``), by the kernel's own float32 operations (see the module
+    docstring). A block with a value not finite has ``dx`` NaN (its products NaN, as
+    float32's would be); a block whose max |x| is below ``X16_TINY`` is zeros.
+
+    Raises:
+        ValueError: ``k`` is not a multiple of 32.
+    """
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % Q8_BLOCK:
+        raise ValueError(f"x16 quantizes rows of a multiple of {Q8_BLOCK} values, not {x.shape}")
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // Q8_BLOCK, Q8_BLOCK))
+    with np.errstate(invalid="ignore", over="ignore"):
+        amax = np.abs(blocks).max(axis=-1)
+        d = np.where(amax >= X16_TINY, amax / np.float32(X16_MAX), np.float32(0))
+        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+        q = np.rint(blocks * inv[..., None])
+        dx = d + (blocks * np.float32(0)).sum(axis=-1, dtype=np.float32)  # NaN where not finite
+    return q.reshape(x.shape), dx
+
+
+def x16_values(x: np.ndarray) -> np.ndarray:
+    """The values ``quantize_x16`` makes of ``x``, ``q * dx``, exactly (float64, ``x``'s
+    shape): what the Q8_0 GEMV's sums stand for."""
+    q, dx = quantize_x16(x)
+    k = q.shape[-1]
+    blocks = q.astype(np.float64).reshape(q.shape[:-1] + (k // Q8_BLOCK, Q8_BLOCK))
+    with np.errstate(invalid="ignore"):
+        return (blocks * dx.astype(np.float64)[..., None]).reshape(q.shape)

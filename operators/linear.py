@@ -45,7 +45,9 @@ class Linear(Operator):
         - ``bfloat16``: bfloat16's 16-bit patterns (uint16), where every value holds
           exactly (a bfloat16 checkpoint's own weights): the same products as float32's.
         - ``bfloat16-rounded``: any float32 rounded to the nearest bfloat16.
-        - ``int8``: Q8_0 blocks (uint8), a float16 scale per 32 weights of a row.
+        - ``int8``: Q8_0 blocks (uint8), a float16 scale per 32 weights of a row; the
+          GEMV meets them with x per 32-value block as int16 (``formats.quantize_x16``),
+          each block's products summed exactly in integers (``reference_inputs``).
 
         Each in the GEMV's row groups (``formats.group_bfloat16``, ``formats.group_q8_0``):
         the weight's shape, its rows' bytes in the order the kernel streams them.
@@ -79,12 +81,20 @@ class Linear(Operator):
             return formats.widen_q8_0(formats.ungroup_q8_0(packed))
         return packed
 
+    def reference_inputs(self, inputs, kernel_inputs):
+        """On Q8_0 weights, x as the kernel quantizes it (``formats.x16_values``, exact)."""
+        if kernel_inputs[1].dtype == np.uint8:
+            return [formats.x16_values(inputs[0])] + list(inputs[1:])
+        return inputs
+
     def kernel(self, out, x, weight, bias=None, scratch=None):
         if weight.dtype != np.float32:  # a decode step's reduced weights (pack_reduced)
             lib = native.lib()
             if lib is not None and x.shape[0] == 1 and x[0].flags.c_contiguous:
                 lib.gemv(out[0], x[0], weight, bias)
                 return
+            if weight.dtype == np.uint8:  # the same product as the GEMV's: x as int16 blocks
+                x = formats.x16_values(x).astype(np.float32)
             weight = self.widen_reduced(1, weight)
         lib = native.lib() if x.shape[0] == 1 else native.gemm_lib()
         if lib is not None and x.flags.c_contiguous and out.flags.c_contiguous \

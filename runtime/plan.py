@@ -336,7 +336,8 @@ class Plan:
             r.kernel(out, *ins, scratch=r.scratch, **attrs)
         else:
             lowered()
-        ref_ins = [o if o is not None else b for o, b in zip(originals, before)]
+        ref_ins = step.op.reference_inputs(
+            [o if o is not None else b for o, b in zip(originals, before)], ins)
         expected = step.op.reference(*ref_ins, **attrs)
         got = np.asarray(ins[writes] if writes is not None else out, np.float64)
         tol = step.op.tolerance(*[None if x is None else x.shape for x in ins], **attrs)

@@ -364,30 +364,87 @@ def test_q8_0_error_is_within_half_a_step(rng):
 
 @pytest.mark.parametrize("rows, cols", [(1, 32), (5, 64), (7, 96), (960, 576), (37, 1536)])
 def test_q8_0_gemv_within_tolerance_of_its_values(simd, rng, rows, cols):
+    # The GEMV on Q8_0 weights computes (x as int16 blocks) . (d * q): judged by numpy's
+    # float64 product of exactly those values.
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     packed = Linear().pack_reduced(1, w, "int8")
     x = rng.standard_normal((1, cols)).astype(np.float32)
     b = rng.standard_normal(rows).astype(np.float32)
     out = np.full((1, rows), np.nan, np.float32)
     Linear().kernel(out, x, packed, b)
-    values = Linear().widen_reduced(1, packed)
-    op = Linear()
-    ref = op.reference(x, values, b)
-    bound = op.tolerance(x.shape, values.shape, b.shape).bound(op.scale(ref, x, values, b))
+    values = formats.widen_q8_0(formats.quantize_q8_0(w)).astype(np.float64)
+    x16 = formats.x16_values(x)
+    ref = x16 @ values.T + b
+    bound = cols / 8 * 2.0**-23 * (np.abs(x16) @ np.abs(values).T + np.abs(b)) + 1e-6
     assert (np.abs(out - ref) <= bound).all()
+    op = Linear()
+    assert (op.reference_inputs([x, values, b], [x, packed, b])[0] == x16).all()
+
+
+@pytest.mark.parametrize("kernels", ["native", "numpy"], indirect=True)
+def test_q8_0_gemv_meets_x_as_int16_blocks_on_either_kernel(kernels, rng):
+    # x's 16-bit rounding is a few parts in 1e5 of a block's largest value: a product of
+    # float x would sit past the bound of the kernel's own, whose x the reference rounds alike.
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    x[0, 0] = 300.0  # one large value: the rest of the block rounds to steps of 300 / 32767
+    packed = Linear().pack_reduced(1, w, "int8")
+    out = np.full((1, 8), np.nan, np.float32)
+    Linear().kernel(out, x, packed)
+    values = formats.widen_q8_0(formats.quantize_q8_0(w)).astype(np.float64)
+    exact, rounded = x.astype(np.float64) @ values.T, formats.x16_values(x) @ values.T
+    bound = 8 * 2.0**-23 * np.abs(formats.x16_values(x)) @ np.abs(values).T + 1e-6
+    assert (np.abs(out - rounded) <= bound).all()
+    assert (np.abs(exact - rounded) > bound).any()
+
+
+def test_x16_by_hand():
+    # max |x| = 32767: dx = 1 and q = x rounded, ties to even (2.5 -> 2, -3.5 -> -4); a block
+    # of zeros has dx = 0; an infinite value makes its block's dx NaN.
+    x = np.zeros(96, np.float32)
+    x[:5] = [32767, 2.5, -3.5, 1.5, 0.25]
+    x[64] = np.inf
+    q, dx = formats.quantize_x16(x)
+    assert q[:5].tolist() == [32767, 2, -4, 2, 0] and not q[5:64].any()
+    assert dx[:2].tolist() == [1.0, 0.0] and np.isnan(dx[2])
+    # max 32767 / 32768: dx = 2^-15 exactly, so multiples of 2^-15 hold exactly.
+    y = np.zeros(32, np.float32)
+    y[:3] = [32767 / 32768, -0.5, 2.0**-15]
+    assert (formats.x16_values(y) == y).all()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        formats.quantize_x16(np.ones(40, np.float32))
+
+
+@needs_native
+def test_q8_0_gemv_of_a_long_row_and_a_nan():
+    # Past X16_STACK (16384) values x is quantized on the heap: the same sums. A NaN in x
+    # makes the rows NaN, never a finite wrong number.
+    k = 16384 + 64
+    w = np.zeros((3, k), np.float32)
+    w[0, 0], w[1, k - 1], w[2, 5000] = 127.0, -127.0, 63.5
+    x = np.zeros(k, np.float32)
+    x[0], x[k - 1], x[5000] = 32767 / 32768, 0.5, 1.0
+    y = np.full(3, np.nan, np.float32)
+    packed = Linear().pack_reduced(1, w, "int8")
+    native.lib().gemv(y, x, packed, None)
+    assert y.tolist() == [127 * 32767 / 32768, -63.5, 63.5]
+    x[7] = np.nan
+    native.lib().gemv(y, x, packed, None)
+    assert np.isnan(y).all()
 
 
 @needs_native
 def test_q8_0_gemv_by_hand():
-    # Two rows of one block: d = 1 (max 127) and d = 0.5 (max 63.5), against x = 1, -1, 0...
+    # Two rows of one block: d = 1 (max 127) and d = 0.5 (max 63.5), against x whose max is
+    # 32767 / 32768 (its dx 2^-15: these values hold exactly as int16 blocks).
     w = np.zeros((2, 32), np.float32)
     w[0, :3] = [127, 5, 2]
     w[1, :3] = [63.5, 1.5, -4]
     x = np.zeros(32, np.float32)
-    x[:3] = [1, -1, 0.5]
+    x[:3] = [32767 / 32768, -0.5, 0.25]
     y = np.full(2, np.nan, np.float32)
     native.lib().gemv(y, x, formats.group_q8_0(formats.quantize_q8_0(w)), None)
-    assert y.tolist() == [127 - 5 + 1, 63.5 - 1.5 - 2]
+    assert y.tolist() == [127 * 32767 / 32768 - 2.5 + 0.5, 63.5 * 32767 / 32768 - 0.75 - 1]
 
 
 @needs_native
