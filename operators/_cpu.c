@@ -398,74 +398,122 @@ __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(under, y);
 }
 
+/* Up to ATTEND_HEADS query heads of one kv head at a time: each key and value row read once
+ * for all of them (a GQA group shares its kv head's rows), from memory once per call. */
+#define ATTEND_HEADS 4
+
+/* Scores of heads r0 .. r0 + RB against rows j0 .. j1, into s (row r's at s + r * n), each
+ * a dot product in 8 lanes then summed across; and each head's largest score into m. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+attend_scores_avx2(const attend_args *a, int g, int r0, Py_ssize_t j0, Py_ssize_t j1, float *s,
+                   float *m, const int RB) {
+    const int R = a->H / a->G, D = a->D;
+    const Py_ssize_t n = j1 - j0;
+    const float *K = a->keys + (Py_ssize_t)g * a->L * D;
+    const float *q = a->q + ((Py_ssize_t)g * R + r0) * D;
+    for (int r = 0; r < RB; r++)
+        m[r] = -FLT_MAX;
+    const float *k = ROW_AT(K, j0);
+    for (Py_ssize_t j = j0; j < j1; j++, NEXT_ROW(k, K)) {
+        __m256 u[ATTEND_HEADS];
+        for (int r = 0; r < RB; r++)
+            u[r] = _mm256_setzero_ps();
+        int d = 0;
+        for (; d + 8 <= D; d += 8) {
+            __m256 kv = _mm256_loadu_ps(k + d);
+            for (int r = 0; r < RB; r++)
+                u[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * D + d), kv, u[r]);
+        }
+        for (int r = 0; r < RB; r++) {
+            float x = hsum8(u[r]);
+            for (int e = d; e < D; e++)
+                x += q[r * D + e] * k[e];
+            if (a->softcap > 0.0f)
+                x = tanhf(x / a->softcap) * a->softcap;
+            s[r * n + j - j0] = x;
+            m[r] = x > m[r] ? x : m[r];
+        }
+    }
+}
+
+/* The values weighted by heads r0 .. r0 + RB's numerators (s), 16 columns at a time over
+ * every row, into o (head r's at o + r * (D + 2)); columns past the last 16 one by one. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+attend_values_avx2(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t n, const float *s,
+                   float *o, const int RB) {
+    const int D = a->D;
+    const float *V = a->values + (Py_ssize_t)g * a->L * D;
+    int d0 = 0;
+    for (; d0 + 16 <= D; d0 += 16) {
+        __m256 acc[ATTEND_HEADS][2];
+        for (int r = 0; r < RB; r++)
+            acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        const float *row = ROW_AT(V, j0);
+        for (Py_ssize_t jj = 0; jj < n; jj++, NEXT_ROW(row, V)) {
+            __m256 v0 = _mm256_loadu_ps(row + d0), v1 = _mm256_loadu_ps(row + d0 + 8);
+            for (int r = 0; r < RB; r++) {
+                __m256 p = _mm256_set1_ps(s[r * n + jj]);
+                acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            _mm256_storeu_ps(o + r * (D + 2) + d0, acc[r][0]);
+            _mm256_storeu_ps(o + r * (D + 2) + d0 + 8, acc[r][1]);
+        }
+    }
+    for (int d = d0; d < D; d++)
+        for (int r = 0; r < RB; r++) {
+            float x = 0.0f;
+            const float *row = ROW_AT(V, j0);
+            for (Py_ssize_t jj = 0; jj < n; jj++, NEXT_ROW(row, V))
+                x += s[r * n + jj] * row[d];
+            o[r * (D + 2) + d] = x;
+        }
+}
+
 __attribute__((target("avx2,fma"))) static void attend_avx2(const attend_args *a, int g,
                                                            Py_ssize_t j0, Py_ssize_t j1,
                                                            float *s, float *partial) {
     const int R = a->H / a->G, D = a->D;
     const Py_ssize_t n = j1 - j0;
-    const float *K = a->keys + (Py_ssize_t)g * a->L * D, *V = a->values + (Py_ssize_t)g * a->L * D;
-    for (int r = 0; r < R; r++) {
-        const float *q = a->q + ((Py_ssize_t)g * R + r) * D;
-        float *sr = s + (Py_ssize_t)r * n;
-        float m = -FLT_MAX;
-        const float *k = ROW_AT(K, j0);
-        for (Py_ssize_t j = j0; j < j1; j++, NEXT_ROW(k, K)) {
-            __m256 u = _mm256_setzero_ps(), v = _mm256_setzero_ps();
-            int d = 0;
-            for (; d + 16 <= D; d += 16) {
-                u = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), u);
-                v = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), v);
+    for (int r0 = 0; r0 < R; r0 += ATTEND_HEADS) {
+        const int rb = R - r0 < ATTEND_HEADS ? R - r0 : ATTEND_HEADS;
+        float m[ATTEND_HEADS];
+        float *sr = s + (Py_ssize_t)r0 * n;
+        switch (rb) {  /* each count its own code: the heads' sums stay in registers */
+        case 1: attend_scores_avx2(a, g, r0, j0, j1, sr, m, 1); break;
+        case 2: attend_scores_avx2(a, g, r0, j0, j1, sr, m, 2); break;
+        case 3: attend_scores_avx2(a, g, r0, j0, j1, sr, m, 3); break;
+        default: attend_scores_avx2(a, g, r0, j0, j1, sr, m, 4); break;
+        }
+        float l[ATTEND_HEADS];
+        for (int r = 0; r < rb; r++) {
+            float *x = sr + (Py_ssize_t)r * n;
+            __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m[r]);
+            Py_ssize_t j = 0;
+            for (; j + 8 <= n; j += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+                _mm256_storeu_ps(x + j, e);
+                total = _mm256_add_ps(total, e);
             }
-            float x = hsum8(_mm256_add_ps(u, v));
-            for (; d < D; d++)
-                x += q[d] * k[d];
-            if (a->softcap > 0.0f)
-                x = tanhf(x / a->softcap) * a->softcap;
-            sr[j - j0] = x;
-            m = x > m ? x : m;
-        }
-        __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
-        Py_ssize_t j = 0;
-        for (; j + 8 <= n; j += 8) {
-            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
-            _mm256_storeu_ps(sr + j, e);
-            total = _mm256_add_ps(total, e);
-        }
-        float l = hsum8(total);
-        for (; j < n; j++) {
-            sr[j] = expf(sr[j] - m);
-            l += sr[j];
-        }
-        float *o = partial + ((Py_ssize_t)g * R + r) * (D + 2);
-        for (int d0 = 0; d0 < D; d0 += 32) {
-            int w = D - d0 < 32 ? D - d0 : 32;
-            if (w == 32) {
-                __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-                const float *row = ROW_AT(V, j0);
-                for (Py_ssize_t jj = 0; jj < n; jj++, NEXT_ROW(row, V)) {
-                    const float *vj = row + d0;
-                    __m256 p = _mm256_set1_ps(sr[jj]);
-                    o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj), o0);
-                    o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8), o1);
-                    o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 16), o2);
-                    o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 24), o3);
-                }
-                _mm256_storeu_ps(o + d0, o0);
-                _mm256_storeu_ps(o + d0 + 8, o1);
-                _mm256_storeu_ps(o + d0 + 16, o2);
-                _mm256_storeu_ps(o + d0 + 24, o3);
-            } else {
-                for (int d = d0; d < D; d++) {
-                    float acc = 0.0f;
-                    const float *row = ROW_AT(V, j0);
-                    for (Py_ssize_t jj = 0; jj < n; jj++, NEXT_ROW(row, V))
-                        acc += sr[jj] * row[d];
-                    o[d] = acc;
-                }
+            l[r] = hsum8(total);
+            for (; j < n; j++) {
+                x[j] = expf(x[j] - m[r]);
+                l[r] += x[j];
             }
         }
-        o[D] = m;
-        o[D + 1] = l;
+        float *o = partial + ((Py_ssize_t)g * R + r0) * (D + 2);
+        switch (rb) {
+        case 1: attend_values_avx2(a, g, j0, n, sr, o, 1); break;
+        case 2: attend_values_avx2(a, g, j0, n, sr, o, 2); break;
+        case 3: attend_values_avx2(a, g, j0, n, sr, o, 3); break;
+        default: attend_values_avx2(a, g, j0, n, sr, o, 4); break;
+        }
+        for (int r = 0; r < rb; r++) {
+            o[r * (D + 2) + D] = m[r];
+            o[r * (D + 2) + D + 1] = l[r];
+        }
     }
 }
 #endif
