@@ -145,3 +145,12 @@ def test_a_position_past_the_cache_is_refused_naming_the_step(randn):
     assert not cache.any()
     with pytest.raises(ValueError, match="steps 0 .. 2 are not within 0 .. 1"):
         native.run(prog, {"start": 0, "position": 0, "rows": 1}, 0, 2)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(12, 2, 16), (5, 1, 24), (8, 8, 20),
+                                                       (9, 3, 64)])
+def test_attention_groups_of_any_size_and_heads_of_any_width(simd, randn, heads, kv_heads,
+                                                             head_dim):
+    # Groups of more query heads than one pass takes (4), and widths past whole vectors.
+    keys, values = randn(kv_heads, 40, head_dim), randn(kv_heads, 40, head_dim)
+    check(Attention(), randn(1, heads, head_dim), keys, values, start=37, softcap=4.0)
