@@ -39,10 +39,20 @@ enum {
     OP_KV_WRITE,  /* (cache, x); (G, capacity, D, ring); (): x (G, D) into row start
                    * (% ring), which the capacity must hold */
     OP_EMBEDDING, /* (out, ids, table); (vocab, hidden); (scale): table[ids[0]] (* scale) */
+    OP_LAYER_NORM,/* (out, x, w, b|None); (rows, d, weight rows); (eps): (x - mean) / sqrt(
+                   * mean((x - mean)^2) + eps) * w (+ b) per row of d, two passes */
+    OP_COLUMNS,   /* (out, x); (width, begin, end); (): one row's columns begin .. end */
+    OP_ACTIVATION,/* (out, x); (n, act); (): act(x) */
+    OP_CLAMP,     /* (out, x); (n); (limit): x within [-limit, limit] */
+    OP_SOFTCAP,   /* (out, x); (n); (cap): tanh(x / cap) * cap */
+    OP_ADD_ROWS,  /* (out, x, table); (hidden, table rows); (): x + table[start] */
     OP_COUNT
 };
 
-enum { ACT_SILU, ACT_GELU_TANH };
+/* Activations by their operators/activation.py names: silu (and swish), the tanh form of
+ * gelu (gelu_new, gelu_pytorch_tanh, ...), the erf form (gelu, gelu_python), relu,
+ * quick_gelu, relu2 (relu squared). */
+enum { ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2, ACT_COUNT };
 enum { ARRAYS = 5, INTS = 6, FLOATS = 2 };
 
 typedef struct {
@@ -123,7 +133,7 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[2] = s->a[2] ? 4 * i[1] : 0;
         return 0;
     case OP_GATED:
-        if (i[0] < 1 || i[1] < 1 || (i[2] != ACT_SILU && i[2] != ACT_GELU_TANH))
+        if (i[0] < 1 || i[1] < 1 || i[2] < 0 || i[2] >= ACT_COUNT)
             break;
         want[0] = 4 * i[0] * i[1];
         want[1] = 4 * i[0] * i[1] * (s->a[2] ? 1 : 2);
@@ -147,6 +157,36 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[0] = 4 * i[1];
         want[1] = -1;  /* the ids: at least one int32 */
         fmt[1] = 'i';
+        want[2] = 4 * i[0] * i[1];
+        return 0;
+    case OP_LAYER_NORM:
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[0] % i[2])
+            break;
+        want[0] = want[1] = 4 * i[0] * i[1];
+        want[2] = 4 * i[2] * i[1];
+        want[3] = s->a[3] ? want[2] : 0;
+        return 0;
+    case OP_COLUMNS:
+        if (i[0] < 1 || i[1] < 0 || i[2] <= i[1] || i[2] > i[0])
+            break;
+        want[0] = 4 * (i[2] - i[1]);
+        want[1] = 4 * i[0];
+        return 0;
+    case OP_ACTIVATION:
+        if (i[0] < 1 || i[1] < 0 || i[1] >= ACT_COUNT)
+            break;
+        want[0] = want[1] = 4 * i[0];
+        return 0;
+    case OP_CLAMP:
+    case OP_SOFTCAP:
+        if (i[0] < 1 || !(s->f[0] > 0.0f))
+            break;
+        want[0] = want[1] = 4 * i[0];
+        return 0;
+    case OP_ADD_ROWS:
+        if (i[0] < 1 || i[1] < 1)
+            break;
+        want[0] = want[1] = 4 * i[0];
         want[2] = 4 * i[0] * i[1];
         return 0;
     }
@@ -234,7 +274,8 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
                 const char *o = s->a[0], *x = s->a[k];
                 if (o < x + s->len[k] && x < o + s->len[0] &&
                     !(s->op == OP_ADD || s->op == OP_MUL || s->op == OP_RMS_NORM ||
-                      s->op == OP_GATED) ) {
+                      s->op == OP_GATED || s->op == OP_ACTIVATION || s->op == OP_CLAMP ||
+                      s->op == OP_SOFTCAP || s->op == OP_ADD_ROWS || s->op == OP_LAYER_NORM)) {
                     PyErr_Format(PyExc_ValueError, "program: step %zd's output overlaps its "
                                  "array %d", j, k);
                     goto fail;
@@ -258,6 +299,10 @@ fail:
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* gelu's erf form as operators/activation.py's _gelu32: 0.5 x erfc(-x / sqrt(2)), no
+ * cancellation for negative x. */
+static inline float gelu_erf(float x) { return erfcf(x * -0.70710678118654752f) * x * 0.5f; }
+
 /* As operators/activation.py's _gelu_tanh32, operation for operation. */
 static inline float gelu_tanh(float x) {
     float t = x * x;
@@ -270,14 +315,34 @@ static inline float gelu_tanh(float x) {
 }
 
 #ifdef HAVE_X86
-/* act(gate) * up over n values, 8 at a time: exp256 (x <= 0, ~2 ulp) of -|x| serves both
- * signs, silu(x) = x / (1 + e) for x >= 0, x e / (1 + e) below; tanh(z) = sign(z) (1 - e) /
- * (1 + e) with e = exp(-2 |z|). The rest of the row as gated_plain. */
+/* tanh of 8 values: sign(z) (1 - e) / (1 + e), e = exp(-2 |z|) (exp256, ~2 ulp). */
+__attribute__((target("avx2,fma"))) static inline __m256 tanh256(__m256 z) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    __m256 e = exp256(_mm256_mul_ps(_mm256_andnot_ps(sign, z), _mm256_set1_ps(-2.0f)));
+    __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, z));
+}
+
+/* tanh(x / cap) * cap over n values, 8 at a time; the columns past the last 8 are left. */
+__attribute__((target("avx2,fma"))) static Py_ssize_t softcap_avx2(float *out, const float *x,
+                                                                   Py_ssize_t n, float cap) {
+    const __m256 c = _mm256_set1_ps(cap);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(tanh256(_mm256_div_ps(_mm256_loadu_ps(x + i), c)), c));
+    return i;
+}
+
+/* act(gate) (* up, where given) over n values, 8 at a time, for silu and gelu's tanh form
+ * (0 columns for any other act): exp256 (x <= 0, ~2 ulp) of -|x| serves both signs, silu(x)
+ * = x / (1 + e) for x >= 0, x e / (1 + e) below; tanh256. The rest of the row as act_plain. */
 __attribute__((target("avx2,fma"))) static Py_ssize_t gated_avx2(float *out, const float *g,
                                                                  const float *u, Py_ssize_t n,
                                                                  int act) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     Py_ssize_t c = 0;
+    if (act != ACT_SILU && act != ACT_GELU_TANH)
+        return 0;
     for (; c + 8 <= n; c += 8) {
         __m256 x = _mm256_loadu_ps(g + c), y;
         if (act == ACT_SILU) {
@@ -291,26 +356,31 @@ __attribute__((target("avx2,fma"))) static Py_ssize_t gated_avx2(float *out, con
             t = _mm256_mul_ps(t, _mm256_set1_ps(0.044715f));
             t = _mm256_add_ps(t, x);
             t = _mm256_mul_ps(t, _mm256_set1_ps(0.7978845608028654f));
-            __m256 a = _mm256_andnot_ps(sign, t);
-            __m256 e = exp256(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
-            __m256 th = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
-            th = _mm256_or_ps(th, _mm256_and_ps(sign, t));  /* tanh's sign is z's */
+            __m256 th = tanh256(t);
             y = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_add_ps(th, one)), _mm256_set1_ps(0.5f));
         }
-        _mm256_storeu_ps(out + c, _mm256_mul_ps(y, _mm256_loadu_ps(u + c)));
+        _mm256_storeu_ps(out + c, u ? _mm256_mul_ps(y, _mm256_loadu_ps(u + c)) : y);
     }
     return c;
 }
 #endif
 
-static void gated_plain(float *out, const float *g, const float *u, Py_ssize_t c, Py_ssize_t n,
-                        int act) {
-    if (act == ACT_SILU)
-        for (; c < n; c++)
-            out[c] = silu(g[c]) * u[c];
-    else
-        for (; c < n; c++)
-            out[c] = gelu_tanh(g[c]) * u[c];
+static inline float act_one(float x, int act) {
+    switch (act) {
+    case ACT_SILU: return silu(x);
+    case ACT_GELU_TANH: return gelu_tanh(x);
+    case ACT_GELU_ERF: return gelu_erf(x);
+    case ACT_RELU: return x < 0.0f ? 0.0f : x;  /* NaN stays NaN, as numpy's maximum */
+    case ACT_RELU2: return x < 0.0f ? 0.0f : x * x;
+    default: return x / (1.0f + expf(-1.702f * x));  /* quick_gelu */
+    }
+}
+
+/* act(g) (* u, where u is given) from column c on. */
+static void act_plain(float *out, const float *g, const float *u, Py_ssize_t c, Py_ssize_t n,
+                      int act) {
+    for (; c < n; c++)
+        out[c] = u ? act_one(g[c], act) * u[c] : act_one(g[c], act);
 }
 
 /* One step; 0, or an error message (a position past what the step's arrays hold). */
@@ -387,7 +457,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
             if (simd >= SIMD_AVX2)
                 c = gated_avx2(out, gr, ur, m, (int)i[2]);
 #endif
-            gated_plain(out, gr, ur, c, m, (int)i[2]);
+            act_plain(out, gr, ur, c, m, (int)i[2]);
         }
         return NULL;
     }
@@ -430,6 +500,63 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
         else
             for (Py_ssize_t c = 0; c < i[1]; c++)
                 out[c] = row[c] * s->f[0];
+        return NULL;
+    }
+    case OP_LAYER_NORM: {
+        const float *x = s->a[1], *w = s->a[2], *b = s->a[3];
+        const Py_ssize_t d = i[1];
+        for (Py_ssize_t r = 0; r < i[0]; r++, x += d, out += d) {
+            const Py_ssize_t at = (r % i[2]) * d;
+            float sum = 0.0f;
+            for (Py_ssize_t c = 0; c < d; c++)
+                sum += x[c];
+            const float mean = sum * (1.0f / (float)d);
+            float sq = 0.0f;
+            for (Py_ssize_t c = 0; c < d; c++) {
+                out[c] = x[c] - mean;
+                sq += out[c] * out[c];
+            }
+            const float sd = sqrtf(sq * (1.0f / (float)d) + s->f[0]);
+            for (Py_ssize_t c = 0; c < d; c++)
+                out[c] = b ? out[c] / sd * w[at + c] + b[at + c] : out[c] / sd * w[at + c];
+        }
+        return NULL;
+    }
+    case OP_COLUMNS:
+        memcpy(out, (const float *)s->a[1] + i[1], sizeof(float) * (i[2] - i[1]));
+        return NULL;
+    case OP_ACTIVATION: {
+        Py_ssize_t c = 0;
+#ifdef HAVE_X86
+        if (simd >= SIMD_AVX2)
+            c = gated_avx2(out, s->a[1], NULL, i[0], (int)i[1]);
+#endif
+        act_plain(out, s->a[1], NULL, c, i[0], (int)i[1]);
+        return NULL;
+    }
+    case OP_CLAMP: {
+        const float *x = s->a[1], c = s->f[0];
+        for (Py_ssize_t k = 0; k < i[0]; k++)
+            out[k] = x[k] > c ? c : x[k] < -c ? -c : x[k];
+        return NULL;
+    }
+    case OP_SOFTCAP: {
+        const float *x = s->a[1], cap = s->f[0];
+        Py_ssize_t k = 0;
+#ifdef HAVE_X86
+        if (simd >= SIMD_AVX2)
+            k = softcap_avx2(out, x, i[0], cap);
+#endif
+        for (; k < i[0]; k++)
+            out[k] = tanhf(x[k] / cap) * cap;
+        return NULL;
+    }
+    case OP_ADD_ROWS: {
+        if (start < 0 || start >= i[1])
+            return "add_rows: the position is past the table";
+        const float *x = s->a[1], *t = (const float *)s->a[2] + start * i[0];
+        for (Py_ssize_t k = 0; k < i[0]; k++)
+            out[k] = x[k] + t[k];
         return NULL;
     }
     }

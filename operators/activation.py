@@ -272,7 +272,10 @@ def _kernel(out, x, act, t, p):
 #: operations as their numpy kernels here.
 _NATIVE = {"silu": native.ACT_SILU, "swish": native.ACT_SILU,
            **{a: native.ACT_GELU_TANH for a in ("gelu_new", "gelu_pytorch_tanh",
-                                                "gelu_python_tanh", "gelu_accurate")}}
+                                                "gelu_python_tanh", "gelu_accurate")},
+           "gelu": native.ACT_GELU_ERF, "gelu_python": native.ACT_GELU_ERF,
+           "relu": native.ACT_RELU, "quick_gelu": native.ACT_QUICK_GELU,
+           "relu2": native.ACT_RELU2}
 
 #: Scratch buffers of the input's size each kernel needs.
 _SCRATCH = {"gelu": 3, "gelu_python": 3, "gelu_10": 3, "laplace": 3, "xielu": 2}
@@ -346,6 +349,11 @@ class Activation(Operator):
 
     def kernel(self, out, x, *params, scratch=None, act="silu"):
         act_kernel(out, x, act, scratch, params)
+
+    def lower(self, out, x, *params, scratch=None, act="silu"):
+        if act not in _NATIVE or params or not native.contiguous(out, x):
+            return None
+        return native.Step(native.OP_ACTIVATION, (out, x), (x.size, _NATIVE[act]))
 
     def scratch(self, x, *params, act="silu"):
         return act_scratch(act) * int(np.prod(x))

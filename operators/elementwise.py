@@ -116,6 +116,11 @@ class Columns(Operator):
     def kernel(self, out, x, scratch=None, begin=0, end=0):
         np.copyto(out, x[:, begin:end])
 
+    def lower(self, out, x, scratch=None, begin=0, end=0):
+        if x.shape[0] != 1 or not native.contiguous(out, x):
+            return None
+        return native.Step(native.OP_COLUMNS, (out, x), (x.shape[1], begin, end))
+
     def tolerance(self, x, begin=0, end=0):
         return Tolerance(atol=0.0, rtol=0.0)
 
@@ -138,6 +143,11 @@ class Clamp(Operator):
     def kernel(self, out, x, scratch=None, limit=1.0):
         c = np.float32(limit)
         np.clip(x, -c, c, out=out)
+
+    def lower(self, out, x, scratch=None, limit=1.0):
+        if not native.contiguous(out, x):
+            return None
+        return native.Step(native.OP_CLAMP, (out, x), (x.size,), (float(np.float32(limit)),))
 
     def tolerance(self, x, limit=1.0):
         return Tolerance(atol=0.0, rtol=EPS32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -66,6 +67,14 @@ class LayerNorm(Operator):
         out *= weight  # packed: already 1 + weight where plus_one
         if bias is not None:
             out += bias
+
+    def lower(self, out, x, weight, bias=None, scratch=None, eps=1e-5, plus_one=False):
+        # The kernel's two passes per row of the last axis, the weight's rows in turn.
+        if not native.contiguous(out, x, weight, bias):
+            return None
+        d = x.shape[-1]
+        return native.Step(native.OP_LAYER_NORM, (out, x, weight, bias),
+                           (x.size // d, d, weight.size // d), (eps,))
 
     def pack(self, index, array, eps=1e-5, plus_one=False):
         w = np.asarray(array, np.float32)

@@ -74,8 +74,9 @@ PROGRAM = hasattr(LIB, "program") and os.environ.get("IRON_SPEC_PROGRAM", "1").s
 CALL = ("start", "rows", "position")
 # The step codes of operators/_cpu_program.h, in its order.
 (OP_GEMV, OP_ATTEND, OP_RMS_NORM, OP_ADD, OP_MUL, OP_GATED, OP_ROPE, OP_KV_WRITE,
- OP_EMBEDDING) = range(9)
-ACT_SILU, ACT_GELU_TANH = range(2)
+ OP_EMBEDDING, OP_LAYER_NORM, OP_COLUMNS, OP_ACTIVATION, OP_CLAMP, OP_SOFTCAP,
+ OP_ADD_ROWS) = range(15)
+ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2 = range(6)
 
 
 class Step(NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -29,6 +30,11 @@ class AddRows(Operator):
 
     def kernel(self, out, x, table, scratch=None, start=0):
         np.add(x, table[start:start + x.shape[0]], out=out)
+
+    def lower(self, out, x, table, scratch=None):
+        if x.shape[0] != 1 or not native.contiguous(out, x, table):
+            return None
+        return native.Step(native.OP_ADD_ROWS, (out, x, table), (x.shape[1], table.shape[0]))
 
     def tolerance(self, x, table, start=0):
         return Tolerance(atol=0.0, rtol=2 * EPS32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 
@@ -27,6 +28,11 @@ class Softcap(Operator):
         np.divide(x, np.float32(cap), out=out)
         np.tanh(out, out=out)
         out *= np.float32(cap)
+
+    def lower(self, out, x, scratch=None, cap=1.0):
+        if not native.contiguous(out, x):
+            return None
+        return native.Step(native.OP_SOFTCAP, (out, x), (x.size,), (cap,))
 
     def tolerance(self, x, cap=1.0):
         return Tolerance(atol=1e-6, rtol=8 * EPS32)

@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import native
-from iron_spec.operators.activation import GatedActivation
+from iron_spec.operators.activation import Activation, GatedActivation
 from iron_spec.operators.attention import Attention, KVWrite
 from iron_spec.operators.base import PerCall
-from iron_spec.operators.elementwise import Add, Mul
+from iron_spec.operators.elementwise import Add, Clamp, Columns, Mul
 from iron_spec.operators.embedding import Embedding
+from iron_spec.operators.layernorm import LayerNorm
 from iron_spec.operators.linear import Linear
 from iron_spec.operators.norm import RMSNorm
+from iron_spec.operators.positions import AddRows
 from iron_spec.operators.rope import Rope, rope_inv_freq, rope_tables
+from iron_spec.operators.softcap import Softcap
 
 pytestmark = pytest.mark.skipif(not native.PROGRAM, reason="no native program here "
                                 "(operators._cpu not built, or IRON_SPEC_PROGRAM / _NATIVE off)")
@@ -95,7 +98,7 @@ def test_gated_activation(simd, randn, act, fused):
 def test_an_activation_without_a_native_form_is_left_to_numpy(randn):
     g = randn(1, 8)
     assert GatedActivation().lower(np.empty_like(g), g, g, scratch=np.empty(24, np.float32),
-                                   act="gelu") is None
+                                   act="mish") is None
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -154,3 +157,43 @@ def test_attention_groups_of_any_size_and_heads_of_any_width(simd, randn, heads,
     # Groups of more query heads than one pass takes (4), and widths past whole vectors.
     keys, values = randn(kv_heads, 40, head_dim), randn(kv_heads, 40, head_dim)
     check(Attention(), randn(1, heads, head_dim), keys, values, start=37, softcap=4.0)
+
+
+@pytest.mark.parametrize("x, w", [((1, 64), (64,)), ((1, 37), (37,)), ((1, 3, 20), (3, 20))])
+@pytest.mark.parametrize("bias, plus_one", [(False, False), (True, False), (True, True)])
+def test_layer_norm(randn, x, w, bias, plus_one):
+    xs = randn(*x, scale=2.0) + 5.0  # far from zero mean: the two passes keep it exact
+    check(LayerNorm(), xs, randn(*w), randn(*w) if bias else None, packed=(1,), eps=1e-5,
+          plus_one=plus_one)
+
+
+def test_columns(randn):
+    check(Columns(), randn(1, 30), begin=7, end=19)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_new", "gelu", "gelu_python", "relu", "relu2",
+                                 "quick_gelu"])
+def test_activation(simd, randn, act):
+    x = randn(1, 45, scale=6.0)
+    x[0, :4] = [0.0, -0.0, 1e-5, -1e-5]
+    check(Activation(), x, act=act)
+
+
+def test_an_activation_keeps_nan_as_numpy_does(randn):
+    x = randn(1, 16)
+    x[0, 3] = np.nan
+    for act in ("relu", "relu2", "silu", "gelu"):
+        assert np.isnan(lowered(Activation(), x, act=act)[0, 3]), act
+
+
+def test_clamp(randn):
+    check(Clamp(), randn(1, 40, scale=3.0), limit=1.7)
+
+
+@pytest.mark.parametrize("n", [5, 1000])
+def test_softcap(simd, randn, n):
+    check(Softcap(), randn(1, n, scale=40.0), cap=30.0)
+
+
+def test_add_rows(randn):
+    check(AddRows(), randn(1, 24), randn(9, 24), start=6)

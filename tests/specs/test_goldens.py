@@ -13,6 +13,8 @@ import pytest
 from iron_spec.build import load_model
 from iron_spec.check import golden_path
 from iron_spec.loader import load_spec
+from iron_spec.operators import native
+from iron_spec.operators.activation import ACTIVATION_PARAMS
 from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS, checkpoint
@@ -62,3 +64,15 @@ def test_a_stale_golden_is_refused(tmp_path):
         Golden.read(golden_path(loaded), other.fingerprint())
     with pytest.raises(GoldenError, match="is missing: record it"):
         Golden.read(tmp_path / "none.npz", golden.fingerprint)
+
+
+@pytest.mark.skipif(not native.PROGRAM, reason="no native program here")
+@pytest.mark.parametrize("spec", CAUSAL, ids=lambda p: p.stem)
+def test_every_decode_step_is_one_native_call(spec: Path):
+    # The goldens above judge what it computes; here, that it runs: every step of the decode
+    # step in its native program, but an activation with learned parameters (xielu, prelu).
+    loaded = load_model(spec, random_weights=0, toy=True)
+    plan = loaded.lm.decode_step.plan
+    left = [(r.step.op.name, r.step.static.get("act")) for r in plan.runs
+            if r.index not in plan._native]
+    assert all(op == "activation" and act in ACTIVATION_PARAMS for op, act in left), left
