@@ -236,6 +236,17 @@ typedef struct {
     float scale, softcap;  /* softcap 0: none */
 } chunk_args;
 
+/* A prompt chunk's rows, elementwise (_cpu_chunk.h): gated (act(x) * u) or rms (x's norm
+ * times the weight u); strides in floats. */
+enum { CHUNK_SILU, CHUNK_GELU_TANH };
+typedef struct {
+    const float *x, *u;
+    float *out;
+    Py_ssize_t rows, d, xs, us, os, inner, wrows;
+    int act, rms;
+    float eps;
+} rows_args;
+
 /* One body (_cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
 #define W 4
@@ -345,6 +356,22 @@ static void chunk_part(const void *args, int part, int parts) {
     }
 #endif
     chunk_units_portable(a, u0, u1, scratch);
+}
+
+static void rows_part(const void *args, int part, int parts) {
+    const rows_args *a = args;
+    Py_ssize_t r0 = a->rows * part / parts, r1 = a->rows * (part + 1) / parts;
+#ifdef HAVE_X86
+    if (simd == SIMD_AVX512) {
+        (a->rms ? rms_rows_avx512 : gated_rows_avx512)(a, r0, r1);
+        return;
+    }
+    if (simd == SIMD_AVX2) {
+        (a->rms ? rms_rows_avx2 : gated_rows_avx2)(a, r0, r1);
+        return;
+    }
+#endif
+    (a->rms ? rms_rows_portable : gated_rows_portable)(a, r0, r1);
 }
 
 /* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
@@ -1043,6 +1070,90 @@ c0:
     return NULL;
 }
 
+/* A float32 array of 2 (or, where allowed, 3) dimensions whose last is contiguous (and,
+ * in 3, the middle one too): rows a stride apart, as a column view of a fused projection. */
+static int get_rows(PyObject *obj, Py_buffer *view, int writable, int three, const char *name) {
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0)
+        return -1;
+    int nd = view->ndim;
+    if (view->itemsize != 4 || !view->format || strcmp(view->format, "f") != 0 ||
+        !(nd == 2 || (three && nd == 3)) || view->strides[nd - 1] != 4 ||
+        (nd == 3 && view->strides[1] != 4 * view->shape[2]) || view->strides[0] % 4 ||
+        view->strides[0] < 4 * (nd == 3 ? view->shape[1] * view->shape[2] : view->shape[1])) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be float32 (n, d)%s, its rows apart at most",
+                     name, three ? " or (n, heads, d)" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* gated(out, gate, up, act): out = act(gate) * up, each (n, m), rows apart at most;
+ * act 0: silu, 1: gelu (tanh). rms_norm(out, x, w, eps): each row of x (n, d) or (n,
+ * heads, d) over its root mean square plus eps, times w (d,) or (heads, d). On the pool,
+ * rows split statically (each row's values the same at any thread count). */
+static PyObject *rows_call(PyObject *const *args, int rms) {
+    Py_buffer out, x, u;
+    const char *what = rms ? "rms_norm" : "gated";
+    if (get_rows(args[0], &out, 1, rms, "out") < 0)
+        return NULL;
+    if (get_rows(args[1], &x, 0, rms, "x") < 0)
+        goto r0;
+    if (rms ? get_floats(args[2], &u, 0, "w") < 0 : get_rows(args[2], &u, 0, 0, "up") < 0)
+        goto r1;
+    double f = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred())
+        goto r2;
+    int nd = x.ndim, same = out.ndim == nd;
+    for (int i = 0; same && i < nd; i++)
+        same = out.shape[i] == x.shape[i];
+    Py_ssize_t d = x.shape[nd - 1], inner = nd == 3 ? x.shape[1] : 1;
+    int ok = same && d > 0 && !overlaps(&out, &u) &&
+             (rms ? (u.len / 4 == d || (nd == 3 && u.len / 4 == inner * d))
+                  : (u.ndim == 2 && u.shape[0] == x.shape[0] && u.shape[1] == d &&
+                     (f == CHUNK_SILU || f == CHUNK_GELU_TANH)));
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s: out, x and %s do not fit (out and x alike; %s)",
+                     what, rms ? "w" : "up", rms ? "w (d,) or (heads, d)"
+                     : "up as gate, act 0 (silu) or 1 (gelu tanh)");
+        goto r2;
+    }
+    rows_args a = {x.buf, u.buf, out.buf, x.shape[0] * inner, d, x.strides[0] / 4,
+                   rms ? 0 : u.strides[0] / 4, out.strides[0] / 4, inner,
+                   rms ? u.len / 4 / d : 1, rms ? 0 : (int)f, rms, rms ? (float)f : 0.0f};
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(rows_part, &a);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&u);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+r2:
+    PyBuffer_Release(&u);
+r1:
+    PyBuffer_Release(&x);
+r0:
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+static PyObject *py_gated(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "gated(out, gate, up, act) takes 4 arguments");
+        return NULL;
+    }
+    return rows_call(args, 0);
+}
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "rms_norm(out, x, w, eps) takes 4 arguments");
+        return NULL;
+    }
+    return rows_call(args, 1);
+}
+
 static PyObject *py_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(pool.threads);
 }
@@ -1105,6 +1216,12 @@ static PyMethodDef methods[] = {
      "(operators/_cpu_program.h)"},
     {"run", (PyCFunction)(void (*)(void))py_run, METH_FASTCALL,
      "run(program, start, rows, position, first, last): steps first .. last of a program"},
+    {"gated", (PyCFunction)(void (*)(void))py_gated, METH_FASTCALL,
+     "gated(out, gate, up, act): out = act(gate) * up over a prompt chunk's rows (n, m); act "
+     "0: silu, 1: gelu (tanh)"},
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL,
+     "rms_norm(out, x, w, eps): x (n, d) or (n, heads, d) over each row's root mean square "
+     "(plus eps), times w (d,) or (heads, d)"},
     {"attend_chunk", (PyCFunction)(void (*)(void))py_attend_chunk, METH_FASTCALL,
      "attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, "
      "ring): a prompt chunk's queries q (n, H, D) at start .. start + n; out (n, H * D)"},

@@ -193,6 +193,76 @@ static void CH_FN(chunk_units)(const chunk_args *a, Py_ssize_t u0, Py_ssize_t u1
         CH_FN(chunk_unit)(a, (int)(u / blocks), u % blocks * 2 * W, qp, st);
 }
 
+/* ---- a prompt chunk's rows, elementwise ---------------------------------------------- */
+
+/* W values from p, n <= W of them (the rest 0): a row's tail computed as its whole vectors. */
+static inline __attribute__((always_inline)) FV CH_FN(cpart)(const float *p, Py_ssize_t n) {
+    FV v = {0};
+    memcpy(&v, p, sizeof(float) * n);
+    return v;
+}
+
+/* act(g) * u, as _cpu_program.h's gated_avx2: exp(-|x|) serves both signs; silu(x) = x / (1 +
+ * e) for x >= 0, x e / (1 + e) below; tanh(z) = sign(z) (1 - e) / (1 + e), e = exp(-2|z|). */
+static inline __attribute__((always_inline)) FV CH_FN(gate)(FV x, FV u, int act) {
+    const IV sign = (IV){0} + (int32_t)0x80000000;
+    FV y;
+    if (act == CHUNK_SILU) {
+        FV e = CH_FN(vexp)((FV)((IV)x | sign));
+        y = CH_FN(pick)(x < 0.0f, x * e, x) / (e + 1.0f);
+    } else {
+        FV t = x * x;
+        t = t * x;
+        t = t * 0.044715f;
+        t = t + x;
+        t = t * 0.7978845608028654f;
+        FV e = CH_FN(vexp)((FV)((IV)t & ~sign) * -2.0f);
+        FV th = (FV)((IV)((1.0f - e) / (1.0f + e)) | ((IV)t & sign));
+        y = x * (th + 1.0f) * 0.5f;
+    }
+    return y * u;
+}
+
+static void CH_FN(gated_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    const Py_ssize_t m = a->d, MW = m - m % W;
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const float *g = a->x + r * a->xs, *u = a->u + r * a->us;
+        float *out = a->out + r * a->os;
+        for (Py_ssize_t c = 0; c < MW; c += W)
+            CH_FN(cstore)(out + c, CH_FN(gate)(CH_FN(cload)(g + c), CH_FN(cload)(u + c), a->act));
+        if (MW < m) {
+            FV y = CH_FN(gate)(CH_FN(cpart)(g + MW, m - MW), CH_FN(cpart)(u + MW, m - MW), a->act);
+            memcpy(out + MW, &y, sizeof(float) * (m - MW));
+        }
+    }
+}
+
+/* x / sqrt(mean(x^2) + eps) * w per row; row r of (rows / inner, inner, d) at r / inner *
+ * xs + r % inner * d; its weight row r % inner (one per head) or the one weight row. */
+static void CH_FN(rms_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    const Py_ssize_t d = a->d, DW = d - d % W;
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const Py_ssize_t o = r / a->inner, i = r % a->inner;
+        const float *x = a->x + o * a->xs + i * d, *w = a->u + (a->wrows > 1 ? i * d : 0);
+        float *out = a->out + o * a->os + i * d;
+        FV acc = {0};
+        for (Py_ssize_t c = 0; c < DW; c += W) {
+            FV v = CH_FN(cload)(x + c);
+            acc += v * v;
+        }
+        float sum = acc[0];
+        for (int l = 1; l < W; l++)
+            sum += acc[l];
+        for (Py_ssize_t c = DW; c < d; c++)
+            sum += x[c] * x[c];
+        const float inv = 1.0f / sqrtf(sum / (float)d + a->eps);
+        for (Py_ssize_t c = 0; c < DW; c += W)
+            CH_FN(cstore)(out + c, CH_FN(cload)(x + c) * inv * CH_FN(cload)(w + c));
+        for (Py_ssize_t c = DW; c < d; c++)
+            out[c] = x[c] * inv * w[c];
+    }
+}
+
 #undef FV
 #undef IV
 #undef CH_FN

@@ -398,6 +398,13 @@ class GatedActivation(Operator):
 
     def kernel(self, out, gate, up=None, *params, scratch=None, act="silu"):
         g, u = self._halves(gate, up)
+        lib = native.lib() if act in _NATIVE and not params and out.ndim == 2 \
+            and out.shape[0] > 1 else None
+        if lib is not None and native.rows_apart(out, g, u):
+            # A prompt chunk's rows on the pool, as the native program's one-row step computes
+            # them (g and u may be the fused gate/up projection's column views).
+            lib.gated(out, g, u, _NATIVE[act])
+            return
         act_kernel(out, g, act, scratch, params)
         out *= u
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+import numpy as np
+
 try:
     from . import _cpu
 except ImportError:  # not built: the numpy kernels serve
@@ -94,6 +96,18 @@ class Step(NamedTuple):
 def contiguous(*arrays) -> bool:
     """Whether every array given (None aside) is C-contiguous: what a native step reads."""
     return all(a is None or a.flags.c_contiguous for a in arrays)
+
+
+def rows_apart(*arrays) -> bool:
+    """Whether every array given is float32 rows a stride apart, each row (and in three
+    dimensions, each row's heads) contiguous: what a prompt chunk's native elementwise
+    kernels (``gated``, ``rms_norm``) read, a fused projection's column views among them."""
+    for a in arrays:
+        if a.dtype != np.float32 or a.ndim not in (2, 3) or a.strides[-1] != 4 \
+                or (a.ndim == 3 and a.strides[1] != 4 * a.shape[2]) \
+                or a.strides[0] < 4 * (a.size // max(1, a.shape[0])):
+            return False
+    return True
 
 
 def program(steps: list[tuple[Step, object]]):

@@ -38,6 +38,11 @@ class RMSNorm(Operator):
             np.multiply(x, np.float32(1.0) / np.sqrt(mean + np.float32(eps)), out=out)
             out *= weight
             return
+        lib = native.lib()
+        if lib is not None and native.rows_apart(out, x) and weight.flags.c_contiguous:
+            # A prompt chunk's rows on the pool: x * (1 / sqrt(mean + eps)) * w per row.
+            lib.rms_norm(out, x, weight, float(eps))
+            return
         rows = x.shape[:-1]
         ms = scratch[: int(np.prod(rows))].reshape(*rows, 1)
         np.einsum("...j,...j->...", x, x, out=ms[..., 0])

@@ -546,3 +546,51 @@ def test_prompt_chunk_attention_reads_a_column_view_and_a_ring():
     with pytest.raises(ValueError, match="attend_chunk: shapes do not fit"):  # ring < 4 + 5 - 1
         native.lib().attend_chunk(out, q, rk[:, :7].copy(), rv[:, :7].copy(), scratch, G,
                                   start, window, 0.25, 0.0, 7)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("n, m", [(2, 3), (5, 17), (33, 64)])
+def test_prompt_chunk_gated_activation_matches_float64(simd, randn, act, n, m):
+    # gate and up as a fused projection's column views, m not a multiple of the lanes.
+    from iron_spec.operators.activation import GatedActivation
+    fused = randn(n, 2 * m, scale=4.0)
+    g, u = fused[:, :m], fused[:, m:]
+    x = g.astype(np.float64)
+    if act == "silu":  # x sigmoid(x), transformers' SiLU
+        want = x / (1 + np.exp(-x))
+    else:  # transformers' GELUTanh
+        want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    want *= u
+    out = np.full((n, m), np.nan, np.float32)
+    GatedActivation().kernel(out, g, u, scratch=None, act=act)
+    # Where gelu's 1 + tanh cancels (x far below 0), float32 keeps ulps of |x u|, not of
+    # the tiny result: the bound the operator's own tolerance takes too.
+    assert (np.abs(out - want) <= 1e-6 + 1e-5 * np.abs(want) + 2.0 ** -21 * np.abs(x * u)).all()
+
+
+@pytest.mark.parametrize("shape, wshape", [((3, 5), (5,)), ((17, 64), (64,)),
+                                           ((6, 3, 13), (13,)), ((6, 3, 13), (3, 13))])
+def test_prompt_chunk_rms_norm_matches_float64(simd, randn, shape, wshape):
+    # x a column view where it has heads (a fused projection's q), odd widths.
+    from iron_spec.operators.norm import RMSNorm
+    wide = randn(shape[0], 2 * int(np.prod(shape[1:])), scale=3.0)
+    x = wide[:, : int(np.prod(shape[1:]))].reshape(shape)
+    w = randn(*wshape)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w
+    out = np.full(shape, np.nan, np.float32)
+    RMSNorm().kernel(out, x, w, scratch=np.full(64, np.nan, np.float32), eps=1e-5)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+def test_prompt_chunk_rows_refuse_what_does_not_fit():
+    x, out = np.ones((4, 8), np.float32), np.empty((4, 8), np.float32)
+    with pytest.raises(ValueError, match="gated: out, x and up do not fit"):
+        native.lib().gated(out, x, x[:3], 0)
+    with pytest.raises(ValueError, match="gated: out, x and up do not fit"):
+        native.lib().gated(out, x, x, 7)
+    with pytest.raises(ValueError, match=r"rms_norm: out, x and w do not fit"):
+        native.lib().rms_norm(out, x, np.ones(7, np.float32), 1e-6)
+    with pytest.raises(ValueError, match="x must be float32"):
+        native.lib().rms_norm(out, x[:, ::2], np.ones(4, np.float32), 1e-6)
