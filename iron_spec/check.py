@@ -24,7 +24,7 @@ from iron_spec.runtime.host import fit
 
 from . import goldens
 from .build import DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
-from .command import load_compiled, refuse, stages
+from .command import EXPECTED, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
@@ -246,7 +246,6 @@ def command(
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode; one line per check as it finishes. Verified against
     transformers only where a golden of these inputs judged it."""
-    from .cli import EXPECTED
     from .loader import load_spec
     from .registry import find
     if self_only and (golden is not None or record_golden):

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-import sys
-
-import jinja2
 import typer
 
-from iron_spec.runtime.checkpoint import CheckpointError
-
-from .command import HELP_OPTIONS, Command, Group, refuse, version
-from .errors import SpecError
+from .command import EXPECTED, HELP_OPTIONS, Command, Group, version  # noqa: F401 (EXPECTED: bench's lazy import)
 from .schema import SCHEMA_PATH
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
                   rich_markup_mode="rich", context_settings={"help_option_names": HELP_OPTIONS},
                   help="Declarative YAML specs for language models: lint, show, check, run, "
                        "embed and bench them.")
-log = logging.getLogger("iron_spec")
-EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
-            jinja2.TemplateError)
 
 
 @app.callback()
@@ -29,25 +19,7 @@ def _app(show_version: bool = typer.Option(False, "--version", is_eager=True, ca
     pass
 
 
-class _Stderr(logging.Handler):
-    """Log lines to whatever ``sys.stderr`` is when they are emitted, so a progress display
-    that redirects it prints them above itself instead of through its bar."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr)
-
-
-def _log_to_stderr() -> None:
-    if not any(isinstance(h, _Stderr) for h in log.handlers):
-        log.addHandler(_Stderr())
-        log.setLevel(logging.INFO)
-
-
-def _fail(e: Exception) -> None:
-    refuse(e)  # a SpecError says FILE:LINE:COL: error: itself; a FlagError exits 2
-
-
-from . import run as _run  # noqa: E402  (after app: run imports from here lazily)
+from . import run as _run  # noqa: E402
 
 app.command("run", cls=Command)(_run.command)
 

@@ -1,21 +1,26 @@
 """What every ``iron-spec`` command shares: its help as click tools print it (no type noise,
-text shown as written, ``-h``), the exit statuses, and progress on stderr.
+text shown as written, ``-h``), the exit statuses, the refusals it expects (``EXPECTED``),
+its log and progress on stderr.
 
 Not the commands themselves (``cli`` and the modules it registers) nor what they compute.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from contextlib import contextmanager
 from typing import Callable, Iterator, NoReturn, Optional
 
+import jinja2
 import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from .errors import FlagError, message
+from iron_spec.runtime.checkpoint import CheckpointError
+
+from .errors import FlagError, SpecError, message
 
 # Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
 DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
@@ -24,6 +29,11 @@ EXIT_STATUS = ("Exit status: 0 done; 1 the input was refused (a spec, config.jso
                "error (an unknown option, a missing argument, a flag's value out of its range "
                "or flags that do not go together).")
 HELP_OPTIONS = ["-h", "--help"]
+# What a command refuses as its input's fault (``refuse``: one line, exit 1; a FlagError
+# exit 2), not as a bug (a traceback).
+EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
+            jinja2.TemplateError)
+log = logging.getLogger("iron_spec")
 # The value a flag takes, as click tools name it (``--seed INTEGER``); a switch shows none.
 METAVARS = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
 
@@ -115,6 +125,22 @@ def refuse(e: Exception) -> NoReturn:
         raise UsageError(str(e)) from None
     typer.echo(message(e), err=True)
     raise typer.Exit(REFUSED)
+
+
+class _Stderr(logging.Handler):
+    """Log lines to whatever ``sys.stderr`` is when they are emitted, so a progress display
+    that redirects it prints them above itself instead of through its bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+def _log_to_stderr() -> None:
+    """The ``iron_spec`` logger's INFO lines (the context fitted, the KV cache reserved) on
+    stderr, from now on."""
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        log.addHandler(_Stderr())
+        log.setLevel(logging.INFO)
 
 
 def version(value: bool) -> None:

@@ -22,7 +22,7 @@ from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
 from .build import DECODE_WEIGHTS_HELP
-from .command import number, refuse, stages
+from .command import EXPECTED, _log_to_stderr, number, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
 from .generation import Completion, Stream
@@ -55,7 +55,6 @@ def command(
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
-    from .cli import EXPECTED, _log_to_stderr
     _log_to_stderr()
     try:
         if spec is None and checkpoint is None:

@@ -239,3 +239,20 @@ def test_spec_names_serve_show_and_check_from_any_folder(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)  # no specs/ here: the name is found among the shipped specs
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+
+
+def test_the_commands_take_the_shared_conventions_from_command_not_cli():
+    """cli registers the commands, so a command importing from cli is a cycle (run dodged it
+    with an import inside its function): EXPECTED and the stderr log live in command."""
+    import ast
+    from pathlib import Path
+
+    import iron_spec
+    from iron_spec.command import EXPECTED, _log_to_stderr  # noqa: F401
+    folder = Path(iron_spec.__file__).parent
+    # bench.py is another slice's this session; it still imports EXPECTED from cli.
+    for path in sorted(set(folder.glob("*.py")) - {folder / "cli.py", folder / "bench.py"}):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("cli", "iron_spec.cli"), \
+                    f"{path.name}:{node.lineno} imports from cli"
