@@ -135,12 +135,23 @@ class _Stderr(logging.Handler):
         print(self.format(record), file=sys.stderr)
 
 
-def _log_to_stderr() -> None:
+@contextmanager
+def log_to_stderr() -> Iterator[None]:
     """The ``iron_spec`` logger's INFO lines (the context fitted, the KV cache reserved) on
-    stderr, from now on."""
-    if not any(isinstance(h, _Stderr) for h in log.handlers):
-        log.addHandler(_Stderr())
-        log.setLevel(logging.INFO)
+    stderr for the ``with`` block; the handler and the level are put back as they were when
+    it ends, so a command run twice in one process (tests' CliRunner) prints each line once
+    and a later caller's logging is not the command's."""
+    if any(isinstance(h, _Stderr) for h in log.handlers):  # an outer block prints already
+        yield
+        return
+    handler, level = _Stderr(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def version(value: bool) -> None:

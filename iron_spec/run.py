@@ -22,7 +22,7 @@ from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
 from .build import DECODE_WEIGHTS_HELP
-from .command import EXPECTED, _log_to_stderr, number, refuse, stages
+from .command import EXPECTED, log_to_stderr, number, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
 from .generation import Completion, Stream
@@ -55,52 +55,53 @@ def command(
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
-    _log_to_stderr()
-    try:
-        if spec is None and checkpoint is None:
-            raise FlagError("name a SPEC, or give --checkpoint DIR to pick one from its "
-                            "config.json architectures")
-        settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty)
-        # The flags are checked before anything loads (a refusal in a second, not a minute).
-        Sampler(**{k: v for k, v in settings.items() if v is not None}, seed=seed or 0)
-        if stop is not None and not all(stop):
-            raise FlagError("--stop '' would stop before anything; give some text")
-        if system is not None and not chat:
-            raise FlagError("--system is the system message of a --chat; give --chat too")
-        if prompt is not None and prompt_file is not None:
-            raise FlagError("give --prompt or --prompt-file, not both")
-        text = _prompt_text(prompt, prompt_file)
-        if system is not None:
-            utf8_text(system, "--system")
-        if not chat and text is None and checkpoint is not None and random_weights is None:
-            raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
-        model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-                      decode_weights, allow_unread_config, threads)
-        gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
-                   logprobs=json_output)
-        model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
-        out = _Output(model, json_output)
-        if chat:
-            _chat(model, text, system, gen, out)
-            return
-        if model.tokenizer is None:
-            if text is not None:
-                raise ValueError(
-                    "--prompt needs the checkpoint's tokenizer, and "
-                    f"{model.loaded.directory / 'tokenizer.json'} is missing"
-                    if model.loaded.directory is not None else
-                    "--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
-                    "prompts with random ids")
-            rng = np.random.default_rng(random_weights)
-            ids = rng.integers(0, model.loaded.lm.config.vocab_size, prompt_len).tolist()
-            out.show(model.stream(ids, **gen), shown=f"prompt ids: {' '.join(map(str, ids))}")
-        elif text is None:
-            raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
-        else:
-            out.show(model.stream(text, **gen))
-    except EXPECTED as e:
-        refuse(e)
+    with log_to_stderr():
+        try:
+            if spec is None and checkpoint is None:
+                raise FlagError("name a SPEC, or give --checkpoint DIR to pick one from its "
+                                "config.json architectures")
+            settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty,
+                            presence_penalty=presence_penalty)
+            # The flags are checked before anything loads (a refusal in a second, not a minute).
+            Sampler(**{k: v for k, v in settings.items() if v is not None}, seed=seed or 0)
+            if stop is not None and not all(stop):
+                raise FlagError("--stop '' would stop before anything; give some text")
+            if system is not None and not chat:
+                raise FlagError("--system is the system message of a --chat; give --chat too")
+            if prompt is not None and prompt_file is not None:
+                raise FlagError("give --prompt or --prompt-file, not both")
+            text = _prompt_text(prompt, prompt_file)
+            if system is not None:
+                utf8_text(system, "--system")
+            if not chat and text is None and checkpoint is not None and random_weights is None:
+                raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+            model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
+                          decode_weights, allow_unread_config, threads)
+            gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
+                       logprobs=json_output)
+            model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
+            out = _Output(model, json_output)
+            if chat:
+                _chat(model, text, system, gen, out)
+                return
+            if model.tokenizer is None:
+                if text is not None:
+                    raise ValueError(
+                        "--prompt needs the checkpoint's tokenizer, and "
+                        f"{model.loaded.directory / 'tokenizer.json'} is missing"
+                        if model.loaded.directory is not None else
+                        "--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
+                        "prompts with random ids")
+                rng = np.random.default_rng(random_weights)
+                ids = rng.integers(0, model.loaded.lm.config.vocab_size, prompt_len).tolist()
+                out.show(model.stream(ids, **gen), shown=f"prompt ids: {' '.join(map(str, ids))}")
+            elif text is None:
+                raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+            else:
+                out.show(model.stream(text, **gen))
+        except EXPECTED as e:
+            refuse(e)
 
 
 def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional[str]:

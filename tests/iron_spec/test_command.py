@@ -248,7 +248,7 @@ def test_the_commands_take_the_shared_conventions_from_command_not_cli():
     from pathlib import Path
 
     import iron_spec
-    from iron_spec.command import EXPECTED, _log_to_stderr  # noqa: F401
+    from iron_spec.command import EXPECTED, log_to_stderr  # noqa: F401
     folder = Path(iron_spec.__file__).parent
     # bench.py is another slice's this session; it still imports EXPECTED from cli.
     for path in sorted(set(folder.glob("*.py")) - {folder / "cli.py", folder / "bench.py"}):

@@ -186,3 +186,17 @@ def test_threads_sets_what_openblas_and_the_decode_pool_run_on(monkeypatch):
         threads.set_threads(before)
     with pytest.raises(ValueError, match="threads 0 is not a whole number >= 1"):
         threads.set_threads(0)
+
+
+def test_the_log_handler_is_gone_when_the_command_ends():
+    """run prints the iron_spec logger's lines while it runs; it leaves the logger as it found
+    it, so a second run in the same process prints each line once, not twice."""
+    import logging
+    log = logging.getLogger("iron_spec")
+    before = (list(log.handlers), log.level)
+    first = run("llama3", *TOY, "--num-tokens", "2")
+    second = run("llama3", *TOY, "--num-tokens", "2")
+    assert first.exit_code == second.exit_code == 0, second.output
+    assert (list(log.handlers), log.level) == before
+    line = next(l for l in first.stderr.splitlines() if l.startswith("KV cache"))
+    assert second.stderr.splitlines().count(line) == 1, second.stderr
