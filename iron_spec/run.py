@@ -109,6 +109,7 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
     bytes read as a command line's are (surrogateescape), so what is not UTF-8 is named.
 
     Raises:
+        FlagError: the prompt file is a directory (a usage error, exit 2).
         FileNotFoundError: no such prompt file.
         ValueError: the prompt is not UTF-8 text.
     """
@@ -116,6 +117,9 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
         if str(prompt_file) == "-":
             text, what = _read_stdin(), "the prompt on stdin"
         else:
+            if prompt_file.is_dir():
+                raise FlagError(f"--prompt-file {prompt_file} is a directory; give the file "
+                                "holding the prompt (or - for stdin)")
             if not prompt_file.is_file():
                 raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file")
             text = prompt_file.read_bytes().decode("utf-8", "surrogateescape")

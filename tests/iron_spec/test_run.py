@@ -86,6 +86,13 @@ def test_a_missing_prompt_file_is_refused(tmp_path):
     assert result.exit_code == 1 and "nope.txt: no such file" in result.output
 
 
+def test_a_prompt_file_that_is_a_directory_is_a_usage_error(tmp_path):
+    result = run("llama3", *TOY, "--prompt-file", str(tmp_path), env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert f"--prompt-file {tmp_path} is a directory" in result.output
+    assert "no such file" not in result.output
+
+
 @pytest.fixture()
 def worded(tmp_path):
     """A toy checkpoint with a word-level tokenizer (``t0`` ... ``t255``, one id each) and a
