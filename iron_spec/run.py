@@ -43,7 +43,7 @@ def command(
     repetition_penalty: Optional[float] = typer.Option(None, callback=number(0, low_open=True), help="divide the scores of tokens already in the text by this (multiply the negative ones), as transformers; 1 is none"),
     presence_penalty: Optional[float] = typer.Option(None, callback=number(), help="subtract this from the scores of tokens already drawn, as the OpenAI API; 0 is none"),
     stop: Optional[List[str]] = typer.Option(None, "--stop", metavar="TEXT", help="end the text before this string (repeat for several)"),
-    seed: Optional[int] = typer.Option(None, min=0, help="the sampler's seed (default: a fresh one, printed on stderr)"),
+    seed: Optional[int] = typer.Option(None, min=0, max=2**64 - 1, help="the sampler's seed, a whole number in 0..2**64-1 (numpy's SeedSequence takes it whole; default: a fresh one, printed on stderr)"),
     threads: Optional[int] = typer.Option(None, min=1, help="threads for the kernels (default: OPENBLAS_NUM_THREADS, else every core)"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON object per generation: text, token ids, per-token log-probabilities, finish reason, seed, timings"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the checkpoint's own, fitted to this host's memory)"),

@@ -81,6 +81,17 @@ def test_bad_usage_exits_2(args, says):
     assert says in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("seed", [str(10**23), str(2**64), "1e23", "1.5", "x"])
+def test_a_seed_that_is_no_64_bit_whole_number_is_a_usage_error(seed):
+    result = run("llama3", *TOY, "--seed", seed, env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--seed'" in result.output
+    if seed.isdigit():  # in range is 0 to 2**64 - 1, as the sampler's own check
+        assert "less than or equal to 18446744073709551615" in result.output
+    else:
+        assert "valid integer" in result.output
+
+
 def test_a_missing_prompt_file_is_refused(tmp_path):
     result = run("llama3", *TOY, "--prompt-file", str(tmp_path / "nope.txt"))
     assert result.exit_code == 1 and "nope.txt: no such file" in result.output
