@@ -277,6 +277,9 @@ _NATIVE = {"silu": native.ACT_SILU, "swish": native.ACT_SILU,
            "relu": native.ACT_RELU, "quick_gelu": native.ACT_QUICK_GELU,
            "relu2": native.ACT_RELU2}
 
+#: The activations a prompt chunk's gated rows run natively (``_cpu.gated``).
+_CHUNK = (native.ACT_SILU, native.ACT_GELU_TANH)
+
 #: Scratch buffers of the input's size each kernel needs.
 _SCRATCH = {"gelu": 3, "gelu_python": 3, "gelu_10": 3, "laplace": 3, "xielu": 2}
 
@@ -398,7 +401,7 @@ class GatedActivation(Operator):
 
     def kernel(self, out, gate, up=None, *params, scratch=None, act="silu"):
         g, u = self._halves(gate, up)
-        lib = native.lib() if act in _NATIVE and not params and out.ndim == 2 \
+        lib = native.lib() if _NATIVE.get(act) in _CHUNK and not params and out.ndim == 2 \
             and out.shape[0] > 1 else None
         if lib is not None and native.rows_apart(out, g, u):
             # A prompt chunk's rows on the pool, as the native program's one-row step computes
