@@ -33,15 +33,21 @@ def _openblas_libraries() -> list[str]:
 def set_threads(n: int) -> int:
     """Run the kernels on ``n`` threads (at most the cores); returns the count in use.
 
-    The decode pool starts once per process: a pool already started with another count
-    keeps it (a warning says so).
+    ``n`` past the cores is cut to them, a warning on the ``iron_spec`` logger saying so
+    (what ``run --threads`` prints on stderr). The decode pool starts once per process: a
+    pool already started with another count keeps it (a warning says so).
 
     Raises:
         ValueError: ``n`` is not a whole number >= 1.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"threads {n!r} is not a whole number >= 1")
-    n = min(n, native.cores())
+    cores = native.cores()
+    if n > cores:
+        log.warning("threads %d asked for, %d used: this process may run on %d core%s, and a "
+                    "thread without a core of its own stalls the others", n, cores, cores,
+                    "s" * (cores != 1))
+        n = cores
     os.environ["OPENBLAS_NUM_THREADS"] = str(n)  # the decode pool reads it as it starts
     for path in _openblas_libraries():
         try:

@@ -206,6 +206,18 @@ def test_threads_sets_what_openblas_and_the_decode_pool_run_on(monkeypatch):
         threads.set_threads(0)
 
 
+def test_threads_past_the_cores_are_cut_to_them_and_it_says_so(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+    cores = len(os.sched_getaffinity(0))
+    result = run("llama3", *TOY, "--num-tokens", "2", "--threads", "1000")
+    assert result.exit_code == 0, result.output
+    assert (f"threads 1000 asked for, {cores} used: this process may run on {cores} core"
+            in result.stderr), result.stderr
+    assert os.environ["OPENBLAS_NUM_THREADS"] == str(cores)
+    quiet = run("llama3", *TOY, "--num-tokens", "2", "--threads", "1")
+    assert "asked for" not in quiet.stderr
+
+
 def test_the_log_handler_is_gone_when_the_command_ends():
     """run prints the iron_spec logger's lines while it runs; it leaves the logger as it found
     it, so a second run in the same process prints each line once, not twice."""
