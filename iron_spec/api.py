@@ -316,7 +316,8 @@ class EncoderModel:
 
     def embed(self, texts: str | Iterable[str]) -> np.ndarray:
         """The spec's pooled embedding of each text, ``(len(texts), hidden_size)`` float32
-        (one row for a single string); each text truncated to the model's ``max_tokens``.
+        (one row for a single string); each text truncated to the model's ``max_tokens``,
+        a warning on the ``iron_spec`` logger saying how many were.
 
         Raises:
             ValueError: no tokenizer, a pooling of ``none``, no texts, or a text that is

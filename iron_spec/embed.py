@@ -20,7 +20,7 @@ from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import load
 from .build import Loaded
-from .command import refuse
+from .command import log, log_to_stderr, refuse
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, SpecError
 from .loader import load_spec
@@ -28,7 +28,9 @@ from .registry import entries, find
 
 
 def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
-    """The spec's embedding of each text, ``(len(texts), hidden)`` float32.
+    """The spec's embedding of each text, ``(len(texts), hidden)`` float32. A text past the
+    model's ``max_tokens`` is truncated there (as sentence-transformers truncates it), a
+    warning on the ``iron_spec`` logger saying how many were, once per call.
 
     Raises:
         ValueError: the model has no tokenizer, its pooling keeps every token (``none``), or
@@ -40,10 +42,16 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
     if version.pooling.kind == "none":
         raise ValueError("the spec's pooling is 'none': it gives one vector per token, not one "
                          "per text")
-    rows = []
+    rows, cut = [], 0
     for i, text in enumerate(texts, 1):
-        ids, types = loaded.tokenizer(text, f"TEXT {i}")
+        ids, types, truncated = loaded.tokenizer.encode(text, f"TEXT {i}")
+        cut += truncated
         rows.append(np.array(version(ids, types)))  # a copy: the output is the arena's
+    if cut:
+        n = loaded.tokenizer.max_tokens
+        log.warning("%d of %d text%s truncated at %d tokens, the most a text keeps here (as "
+                    "sentence-transformers truncates): the rest is not embedded", cut,
+                    len(texts), "s were" if len(texts) != 1 else " was", n)
     return np.stack(rows)
 
 
@@ -98,6 +106,11 @@ def command(
 ) -> None:
     """Embed TEXTs with an encoder SPEC: one line per text, or with --similarity the cosine
     matrix (row i, column j: text i against text j)."""
+    with log_to_stderr():
+        _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config)
+
+
+def _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config) -> None:
     try:
         spec_path, texts = _spec_and_texts(list(args), checkpoint)
         if not texts:

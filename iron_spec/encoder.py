@@ -191,6 +191,7 @@ class TextIds:
         self._tok = read_tokenizer_json(directory)
         self._tok.no_padding()
         self._tok.enable_truncation(max_tokens)
+        self.max_tokens = max_tokens
 
     def __call__(self, text: str, what: str = "the text") -> tuple[list[int], list[int]]:
         """``text``'s ids and token types.
@@ -198,8 +199,18 @@ class TextIds:
         Raises:
             ValueError: ``text`` is not UTF-8 text (``utf8_text``, naming it ``what``).
         """
+        ids, types, _ = self.encode(text, what)
+        return ids, types
+
+    def encode(self, text: str, what: str = "the text") -> tuple[list[int], list[int], bool]:
+        """``text``'s ids and token types, and whether it was cut at ``max_tokens`` (the
+        tokenizers library keeps the ids cut off as the encoding's ``overflowing``).
+
+        Raises:
+            ValueError: ``text`` is not UTF-8 text (``utf8_text``, naming it ``what``).
+        """
         encoded = self._tok.encode(utf8_text(text, what))
-        return encoded.ids, encoded.type_ids
+        return encoded.ids, encoded.type_ids, bool(encoded.overflowing)
 
 
 

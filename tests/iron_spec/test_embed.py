@@ -146,6 +146,19 @@ def test_max_tokens_past_the_position_table_is_capped_and_said(minilm):
     assert result.stdout == at_cap.stdout and "capped" not in at_cap.stderr
 
 
+def test_truncated_texts_are_said_once(minilm):
+    # "hello world again": [CLS] hello world again [SEP], five ids (one wordpiece a word in
+    # BERT's uncased vocabulary), so past --max-tokens 4; "hello" is three.
+    texts = ["hello", "hello world again", "hello world again"]
+    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts,
+                                 "--max-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("truncated") == 1, result.stderr
+    assert "2 of 3 texts were truncated at 4 tokens" in result.stderr
+    whole = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts])
+    assert whole.exit_code == 0 and "truncated" not in whole.stderr
+
+
 def test_a_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
     # Python hands a command line's non-UTF-8 bytes over as lone surrogates; refused before
     # anything loads (no checkpoint at tmp_path is read).
