@@ -91,7 +91,8 @@ def tokenizer(file: GGUFFile) -> Tokenizer:
         if k == CONTROL and t in END_OF_GENERATION:
             eos.setdefault(i, f"{file.path}: tokenizer.ggml.tokens[{i}] ({t}, an end of "
                               "generation as the GGUF runtime reads it)")
-    return Tokenizer.from_parts(tok, file.get("tokenizer.chat_template", None), special, eos)
+    return Tokenizer.from_parts(tok, file.get("tokenizer.chat_template", None), special, eos,
+                                f"{file.path}: tokenizer.chat_template")
 
 
 def _byte_level(file: GGUFFile, tokens: list[str]) -> _Tokenizer:

@@ -120,9 +120,13 @@ class Tokenizer:
         jinja_file = directory / "chat_template.jinja"
         if jinja_file.exists() or jinja_file.is_symlink():
             template = read_text(jinja_file, what="chat template")
+            source = str(jinja_file)
         else:
             template = _template(settings.get("chat_template"), str(config))
+            source = f"{config}: chat_template"
         self.chat_template: str | None = template
+        #: Where ``chat_template`` was read (``FILE`` or ``FILE: KEY``), for its errors.
+        self.chat_template_source = source
         self.special = {k: _token_text(settings.get(k)) for k in
                         ("bos_token", "eos_token", "unk_token", "pad_token")}
         V = self.vocab_size
@@ -148,14 +152,16 @@ class Tokenizer:
 
     @classmethod
     def from_parts(cls, tokenizer: _Tokenizer, chat_template: str | None,
-                   special: dict[str, str | None], eos_sources: dict[int, str]) -> "Tokenizer":
+                   special: dict[str, str | None], eos_sources: dict[int, str],
+                   chat_template_source: str = "the chat template") -> "Tokenizer":
         """A tokenizer from its parts, where no checkpoint directory holds them (a GGUF
         file's metadata, ``runtime.gguf_vocab``): the ``tokenizers`` Tokenizer, the chat
-        template, the special tokens' texts by ``tokenizer_config.json``'s names
-        (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``) and the ids generation
-        stops at, each with where it was read (``FILE: KEY``)."""
+        template and where it was read (``FILE: KEY``), the special tokens' texts by
+        ``tokenizer_config.json``'s names (``bos_token``, ``eos_token``, ``unk_token``,
+        ``pad_token``) and the ids generation stops at, each with where it was read."""
         self = cls.__new__(cls)
         self._tok, self.chat_template = tokenizer, chat_template
+        self.chat_template_source = chat_template_source
         self.special = {k: special.get(k) for k in ("bos_token", "eos_token", "unk_token",
                                                      "pad_token")}
         self.eos_ids = frozenset(eos_sources)
@@ -198,14 +204,25 @@ class Tokenizer:
 
         Raises:
             ValueError: the checkpoint has no chat template, or a message is not UTF-8 text.
-            jinja2.TemplateError: the template refuses the messages.
+            jinja2.TemplateError: the template refuses the messages (its ``raise_exception``)
+                or fails; the message names where the template was read
+                (``chat_template_source``) before the template's own.
         """
         if self.chat_template is None:
             raise ValueError("this checkpoint has no chat template (tokenizer_config.json's "
                              "chat_template or chat_template.jinja); use a plain --prompt")
-        text = render(self.chat_template, messages=messages,
-                      add_generation_prompt=add_generation_prompt,
-                      **{k: v for k, v in self.special.items() if v is not None})
+        where = self.chat_template_source
+        try:
+            text = render(self.chat_template, messages=messages,
+                          add_generation_prompt=add_generation_prompt,
+                          **{k: v for k, v in self.special.items() if v is not None})
+        except TemplateRaised as e:
+            raise TemplateRaised(f"{where}: the chat template refuses these messages "
+                                 f"(raise_exception): {e}") from None
+        except jinja2.TemplateSyntaxError as e:
+            raise jinja2.TemplateError(f"{where}: line {e.lineno}: {e.message}") from None
+        except jinja2.TemplateError as e:  # its own class kept (SecurityError, bounds)
+            raise type(e)(f"{where}: {e}") from None
         return self.encode(text, add_special_tokens=False)
 
 
@@ -262,6 +279,11 @@ class TemplateBoundError(jinja2.TemplateError):
     """A chat template that passed a bound of its render (time, output, memory)."""
 
 
+class TemplateRaised(jinja2.TemplateError):
+    """A chat template's own refusal: its ``raise_exception(message)``, as transformers'
+    ``raise_exception`` raises a TemplateError with the message."""
+
+
 def _rss() -> int:
     """This process's resident memory in bytes (Linux's /proc; 0 where there is none)."""
     try:
@@ -283,7 +305,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _raise(message: str):
-    raise jinja2.TemplateError(message)
+    raise TemplateRaised(message)
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):

@@ -193,3 +193,13 @@ def test_a_template_refusing_or_refused_by_the_sandbox_is_a_template_error(
     with pytest.raises(jinja2.TemplateError) as e:
         tok.chat(HI)
     assert says in str(e.value), e.value
+    # where the template came from, beside its own words
+    assert str(e.value).startswith(f"{toy_dir / 'tokenizer_config.json'}: chat_template: ")
+
+
+def test_a_template_error_names_the_file_it_was_read_from(toy_dir):
+    (toy_dir / "chat_template.jinja").write_text("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(jinja2.TemplateError) as e:
+        Tokenizer(toy_dir).chat(HI)
+    assert str(e.value) == (f"{toy_dir / 'chat_template.jinja'}: the chat template refuses "
+                            "these messages (raise_exception): roles must alternate")

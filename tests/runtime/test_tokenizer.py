@@ -282,3 +282,21 @@ def test_a_json_file_that_is_not_json_is_named(tiny, name):
     (tiny / name).write_text("{not json")
     with pytest.raises(ValueError, match=f"{name}: not valid JSON"):
         Tokenizer(tiny)
+
+
+def test_a_gguf_template_error_names_its_metadata_key(tmp_path):
+    from iron_spec.runtime import gguf_vocab
+
+    class File:  # the metadata gguf_vocab reads, as a GGUFFile's get gives it
+        path = tmp_path / "m.gguf"
+        meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+                "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"],
+                "tokenizer.chat_template": "{{ raise_exception('no system role') }}"}
+
+        def get(self, key, *default):
+            return self.meta[key] if key in self.meta or not default else default[0]
+
+    with pytest.raises(jinja2.TemplateError) as e:
+        gguf_vocab.tokenizer(File()).chat(HI)
+    assert str(e.value) == (f"{tmp_path / 'm.gguf'}: tokenizer.chat_template: the chat "
+                            "template refuses these messages (raise_exception): no system role")
