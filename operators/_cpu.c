@@ -247,6 +247,15 @@ typedef struct {
     float eps;
 } rows_args;
 
+/* A prompt chunk's rotary embedding (_cpu_chunk.h): x (n, heads, D), rows xs floats apart;
+ * out (n, heads, D); tables (positions, R) per column. */
+typedef struct {
+    const float *x, *cos, *sin;
+    float *out;
+    Py_ssize_t n, heads, D, R, xs, start;
+    int interleaved;
+} rope_args;
+
 /* One body (_cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
 #define W 4
@@ -372,6 +381,22 @@ static void rows_part(const void *args, int part, int parts) {
     }
 #endif
     (a->rms ? rms_rows_portable : gated_rows_portable)(a, r0, r1);
+}
+
+static void rope_part(const void *args, int part, int parts) {
+    const rope_args *a = args;
+    Py_ssize_t r0 = a->n * part / parts, r1 = a->n * (part + 1) / parts;
+#ifdef HAVE_X86
+    if (simd == SIMD_AVX512) {
+        rope_rows_avx512(a, r0, r1);
+        return;
+    }
+    if (simd == SIMD_AVX2) {
+        rope_rows_avx2(a, r0, r1);
+        return;
+    }
+#endif
+    rope_rows_portable(a, r0, r1);
 }
 
 /* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
@@ -1154,6 +1179,60 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n
     return rows_call(args, 1);
 }
 
+/* rope(out, x, cos, sin, start, interleaved): a prompt chunk's rows of x (n, heads, D), its
+ * rows apart at most, turned at positions start .. start + n by the tables (positions, R),
+ * R <= D even; out (n, heads, D). */
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "rope(out, x, cos, sin, start, interleaved) takes 6 "
+                        "arguments");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[4]);
+    int interleaved = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || interleaved < 0)
+        return NULL;
+    Py_buffer out, x, c, sn;
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (get_rows(args[1], &x, 0, 1, "x") < 0)
+        goto o0;
+    if (get_floats(args[2], &c, 0, "cos") < 0)
+        goto o1;
+    if (get_floats(args[3], &sn, 0, "sin") < 0)
+        goto o2;
+    int ok = x.ndim == 3 && out.ndim == 3 && c.ndim == 2 && sn.ndim == 2 &&
+             out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1] &&
+             out.shape[2] == x.shape[2] && c.shape[0] == sn.shape[0] &&
+             c.shape[1] == sn.shape[1] && c.shape[1] % 2 == 0 && c.shape[1] <= x.shape[2] &&
+             start >= 0 && start + x.shape[0] <= c.shape[0] && !overlaps(&out, &x) &&
+             !overlaps(&out, &c) && !overlaps(&out, &sn);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "rope: out and x (n, heads, D) alike, cos and sin "
+                        "(positions, R) alike, R even and <= D, start + n within the tables");
+        goto o3;
+    }
+    rope_args a = {x.buf, c.buf, sn.buf, out.buf, x.shape[0], x.shape[1], x.shape[2],
+                   c.shape[1], x.strides[0] / 4, start, interleaved};
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(rope_part, &a);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&sn);
+    PyBuffer_Release(&c);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+o3:
+    PyBuffer_Release(&sn);
+o2:
+    PyBuffer_Release(&c);
+o1:
+    PyBuffer_Release(&x);
+o0:
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
 static PyObject *py_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(pool.threads);
 }
@@ -1222,6 +1301,9 @@ static PyMethodDef methods[] = {
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL,
      "rms_norm(out, x, w, eps): x (n, d) or (n, heads, d) over each row's root mean square "
      "(plus eps), times w (d,) or (heads, d)"},
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL,
+     "rope(out, x, cos, sin, start, interleaved): a prompt chunk's rows of x (n, heads, D) "
+     "turned at start .. start + n by the per-column tables (positions, R)"},
     {"attend_chunk", (PyCFunction)(void (*)(void))py_attend_chunk, METH_FASTCALL,
      "attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, "
      "ring): a prompt chunk's queries q (n, H, D) at start .. start + n; out (n, H * D)"},

@@ -263,6 +263,36 @@ static void CH_FN(rms_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) {
     }
 }
 
+/* Rotary embedding of rows [r0, r1) of (n, heads, D), as operators.rope.Rope's kernel:
+ * x * cos + partner(x) * sin per column of the tables (packed per column), columns past
+ * the rotary width copied. */
+static void CH_FN(rope_rows)(const rope_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    const Py_ssize_t D = a->D, R = a->R, half = R / 2, HW = half - half % W;
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        const float *cs = a->cos + (a->start + r) * R, *sn = a->sin + (a->start + r) * R;
+        for (Py_ssize_t h = 0; h < a->heads; h++) {
+            const float *x = a->x + r * a->xs + h * D;
+            float *out = a->out + (r * a->heads + h) * D;
+            if (a->interleaved) {
+                for (Py_ssize_t c = 0; c < R; c++)
+                    out[c] = x[c] * cs[c] + x[c ^ 1] * sn[c];
+            } else {
+                for (Py_ssize_t c = 0; c < HW; c += W) {
+                    FV lo = CH_FN(cload)(x + c), hi = CH_FN(cload)(x + half + c);
+                    CH_FN(cstore)(out + c, lo * CH_FN(cload)(cs + c) + hi * CH_FN(cload)(sn + c));
+                    CH_FN(cstore)(out + half + c, hi * CH_FN(cload)(cs + half + c) +
+                                                      lo * CH_FN(cload)(sn + half + c));
+                }
+                for (Py_ssize_t c = HW; c < half; c++) {
+                    out[c] = x[c] * cs[c] + x[c + half] * sn[c];
+                    out[c + half] = x[c + half] * cs[c + half] + x[c] * sn[c + half];
+                }
+            }
+            memcpy(out + R, x + R, sizeof(float) * (D - R));
+        }
+    }
+}
+
 #undef FV
 #undef IV
 #undef CH_FN

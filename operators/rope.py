@@ -237,6 +237,11 @@ class Rope(Operator):
         # x1 * c - x2 * s and x2 * c + x1 * s, to the bit.
         n, heads, D = x.shape
         R = cos.shape[1]
+        lib = native.lib() if n > 1 else None
+        if lib is not None and native.rows_apart(x) and native.contiguous(out, cos, sin):
+            # A prompt chunk's rows on the pool (x may be the fused projection's column view).
+            lib.rope(out, x, cos, sin, start, interleaved)
+            return
         half = R // 2
         xr = x[..., :R]
         if interleaved:

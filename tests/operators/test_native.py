@@ -594,3 +594,31 @@ def test_prompt_chunk_rows_refuse_what_does_not_fit():
         native.lib().rms_norm(out, x, np.ones(7, np.float32), 1e-6)
     with pytest.raises(ValueError, match="x must be float32"):
         native.lib().rms_norm(out, x[:, ::2], np.ones(4, np.float32), 1e-6)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("n, heads, D, R, start", [(2, 1, 4, 4, 0), (5, 3, 24, 12, 7),
+                                                   (33, 2, 64, 64, 100)])
+def test_prompt_chunk_rope_matches_float64(simd, randn, interleaved, n, heads, D, R, start):
+    # x as a fused projection's column view; R (the rotary width) short of D, half of it
+    # not a multiple of the lanes.
+    from iron_spec.operators.rope import Rope
+    wide = randn(n, 2 * heads * D)
+    x = wide[:, : heads * D].reshape(n, heads, D)
+    pos = np.arange(start + n + 2, dtype=np.float64)[:, None]
+    theta = pos * 10000.0 ** (-np.arange(0, R, 2) / R)  # (positions, R / 2)
+    cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    x64, c, s = x.astype(np.float64), cos[start:start + n, None], sin[start:start + n, None]
+    want = x64.copy()
+    if interleaved:  # transformers' rotate_every_two (GPT-J)
+        a, b = x64[..., 0:R:2], x64[..., 1:R:2]
+        want[..., 0:R:2], want[..., 1:R:2] = a * c - b * s, b * c + a * s
+    else:  # rotate_half (Llama)
+        a, b = x64[..., : R // 2], x64[..., R // 2: R]
+        want[..., : R // 2], want[..., R // 2: R] = a * c - b * s, b * c + a * s
+    op = Rope()
+    out = np.full((n, heads, D), np.nan, np.float32)
+    op.kernel(out, x, op.pack(1, cos, interleaved=interleaved),
+              op.pack(2, sin, interleaved=interleaved), scratch=None, start=start,
+              interleaved=interleaved)
+    np.testing.assert_allclose(out, want, rtol=0, atol=4e-7 * np.abs(x64).max())
