@@ -214,10 +214,19 @@ static inline float half_to_float(const uint8_t *p) {
     return (h & 0x8000u) ? -f : f;
 }
 
-/* n (<= GEMV_GROUP) float16 scales, one after another from p, as float32. */
-static inline void halves_to_floats(const uint8_t *p, int n, float *out) {
+/* A Q8_0 group's rows side by side (GEMV_GROUP = 4 lanes, whatever the instruction set). */
+typedef float f4v __attribute__((vector_size(16)));
+typedef int32_t i4v __attribute__((vector_size(16)));
+typedef uint32_t u4v __attribute__((vector_size(16)));
+
+/* n (<= 4) little-endian float16 scales (finite), one after another from p, as float32
+ * lanes (0 past n), exactly, as half_to_float does. */
+static inline __attribute__((always_inline)) f4v halves4(const uint8_t *p, int n) {
+    u4v h = {0, 0, 0, 0};
     for (int i = 0; i < n; i++)
-        out[i] = half_to_float(p + 2 * i);
+        h[i] = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+    f4v f = (f4v)((h & 0x7fffu) << 13) * 0x1p112f;
+    return (f4v)((u4v)f | (h & 0x8000u) << 16);
 }
 
 typedef struct {

@@ -183,56 +183,87 @@ static void GEMV_FN(quantize_x)(const float *x, Py_ssize_t K, int16_t *q, float 
     }
 }
 
-/* One Q8_0 block's 32 int8 values against x's 32 int16 (quantize_x), summed exactly in
- * int32 lanes, as float32. */
-static inline __attribute__((always_inline)) FV GEMV_FN(q8dot)(const uint8_t *q,
-                                                              const int16_t *x) {
+/* One Q8_0 block's 32 int8 values against x's 32 int16 (quantize_x), in int32 lanes whose
+ * sum is the block's dot product, exactly (at most 32 * 127 * 32767 < 2^31). */
 #if W == 16
-    __m512i m = _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q)),
-                                  _mm512_loadu_si512((const void *)x));
-    return (FV)_mm512_cvtepi32_ps(m);
+typedef __m512i GEMV_FN(iv);
+#elif W == 8
+typedef __m256i GEMV_FN(iv);
+#else
+typedef int32_t GEMV_FN(iv);
+#endif
+static inline __attribute__((always_inline)) GEMV_FN(iv) GEMV_FN(q8dot)(const uint8_t *q,
+                                                                       const int16_t *x) {
+#if W == 16
+    return _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)q)),
+                             _mm512_loadu_si512((const void *)x));
 #elif W == 8
     __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)),
                                    _mm256_loadu_si256((const __m256i *)x));
     __m256i hi = _mm256_madd_epi16(
         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16))),
         _mm256_loadu_si256((const __m256i *)(x + 16)));
-    return (FV)_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+    return _mm256_add_epi32(lo, hi);
 #else
-    int32_t s[4] = {0, 0, 0, 0};
-    for (int l = 0; l < 4; l++)
-        for (int j = 0; j < Q8_BLOCK / 4; j++)
-            s[l] += (int32_t)(int8_t)q[l * 8 + j] * x[l * 8 + j];
-    FV v = {(float)s[0], (float)s[1], (float)s[2], (float)s[3]};
+    int32_t s = 0;
+    for (int j = 0; j < Q8_BLOCK; j++)
+        s += (int32_t)(int8_t)q[j] * x[j];
+    return s;
+#endif
+}
+
+/* Four rows' block sums (q8dot's lanes) added up, one row a lane: exact integers. */
+static inline __attribute__((always_inline)) i4v GEMV_FN(sum4)(GEMV_FN(iv) m0, GEMV_FN(iv) m1,
+                                                              GEMV_FN(iv) m2, GEMV_FN(iv) m3) {
+#if W == 16 || W == 8
+#if W == 16
+    __m256i n0 = _mm256_add_epi32(_mm512_castsi512_si256(m0), _mm512_extracti64x4_epi64(m0, 1));
+    __m256i n1 = _mm256_add_epi32(_mm512_castsi512_si256(m1), _mm512_extracti64x4_epi64(m1, 1));
+    __m256i n2 = _mm256_add_epi32(_mm512_castsi512_si256(m2), _mm512_extracti64x4_epi64(m2, 1));
+    __m256i n3 = _mm256_add_epi32(_mm512_castsi512_si256(m3), _mm512_extracti64x4_epi64(m3, 1));
+#else
+    __m256i n0 = m0, n1 = m1, n2 = m2, n3 = m3;
+#endif
+    /* [row i's lanes 0-3, 4-7] per 128-bit half after two horizontal adds */
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(n0, n1), _mm256_hadd_epi32(n2, n3));
+    return (i4v)_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+#else
+    i4v v = {m0, m1, m2, m3};
     return v;
 #endif
 }
 
+/* s + m * d (four lanes), fused where the instruction set has it. */
+static inline __attribute__((always_inline)) f4v GEMV_FN(madd4)(f4v m, f4v d, f4v s) {
+#if W == 16 || W == 8
+    return (f4v)_mm_fmadd_ps((__m128)m, (__m128)d, (__m128)s);
+#else
+    return s + m * d;
+#endif
+}
+
 /* A Q8_0 group: per 32-weight block, the R rows' float16 scales d, then their R x 32 int8
- * values q. A row's block is sum q * xq, exact, times d * dx. */
+ * values q. Each row's block is one exact integer, sum q * xq, then times d * dx into its
+ * row's lane: one rounding of the integer, one of d * dx, one fused multiply-add. */
 static inline __attribute__((always_inline)) void GEMV_FN(q8_group)(const gemv_args *a,
                                                                    Py_ssize_t r, const int R,
                                                                    const int16_t *XQ,
                                                                    const float *DX) {
     const Py_ssize_t B = a->k / Q8_BLOCK;
     const uint8_t *g = a->wq + r * B * Q8_BYTES;
-    FV s[GEMV_GROUP];
-    for (int i = 0; i < R; i++)
-        s[i] = (FV){0};
+    f4v s = {0, 0, 0, 0};
     for (Py_ssize_t b = 0; b < B; b++) {
         const uint8_t *p = g + b * R * Q8_BYTES, *q = p + 2 * R;
         const int16_t *xq = XQ + b * Q8_BLOCK;
-        const float dx = DX[b];
-        float d[GEMV_GROUP];
-        halves_to_floats(p, R, d);
-        for (int i = 0; i < R; i++)
-            s[i] = GEMV_FN(madd)(GEMV_FN(q8dot)(q + i * Q8_BLOCK, xq), GEMV_FN(splat)(d[i] * dx),
-                                 s[i]);
+        GEMV_FN(iv) m[GEMV_GROUP];
+        for (int i = 0; i < GEMV_GROUP; i++)  /* rows past R: row 0 again, scaled by 0 */
+            m[i] = GEMV_FN(q8dot)(q + (i < R ? i : 0) * Q8_BLOCK, xq);
+        f4v d = halves4(p, R) * DX[b];
+        s = GEMV_FN(madd4)(__builtin_convertvector(GEMV_FN(sum4)(m[0], m[1], m[2], m[3]), f4v), d,
+                           s);
     }
-    for (int i = 0; i < R; i++) {
-        float t = GEMV_FN(hsum)(s[i]);
-        a->y[r + i] = a->b ? t + a->b[r + i] : t;
-    }
+    for (int i = 0; i < R; i++)
+        a->y[r + i] = a->b ? s[i] + a->b[r + i] : s[i];
 }
 
 /* Q8_0 rows [r0, r1) (see gemv_rows): x quantized once per part (each part the whole of
@@ -313,6 +344,7 @@ static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1)
         GEMV_FN(q8_rows)(a, r0, r1);
         return;
     }
+
     Py_ssize_t r = r0;
     for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
         if (a->w16)

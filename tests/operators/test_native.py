@@ -381,6 +381,26 @@ def test_q8_0_gemv_within_tolerance_of_its_values(simd, rng, rows, cols):
     assert (op.reference_inputs([x, values, b], [x, packed, b])[0] == x16).all()
 
 
+def test_q8_0_gemv_is_the_same_bits_on_avx2_and_avx512(rng):
+    # Each block's sum is an exact integer and both instruction sets round it, d * dx and
+    # the fused multiply-add alike: the same bits, on a machine that has both.
+    if native.LIB is None or "avx512" not in native.LIB.available():
+        pytest.skip("needs a CPU with AVX2 and AVX-512")
+    w = rng.standard_normal((37, 1536)).astype(np.float32)
+    x = rng.standard_normal(1536).astype(np.float32)
+    packed = Linear().pack_reduced(1, w, "int8")
+    before, got = native.LIB.simd(), []
+    try:
+        for simd in ("avx2", "avx512"):
+            native.LIB.use(simd)
+            y = np.full(37, np.nan, np.float32)
+            native.lib().gemv(y, x, packed, None)
+            got.append(y.tobytes())
+    finally:
+        native.LIB.use(before)
+    assert got[0] == got[1]
+
+
 @pytest.mark.parametrize("kernels", ["native", "numpy"], indirect=True)
 def test_q8_0_gemv_meets_x_as_int16_blocks_on_either_kernel(kernels, rng):
     # x's 16-bit rounding is a few parts in 1e5 of a block's largest value: a product of
