@@ -25,7 +25,7 @@ from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
 from .build import DECODE_WEIGHTS_HELP, Loaded, use_decode_weights
-from .command import UsageError, load_compiled, refuse, stages
+from .command import EXPECTED, UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError
 
@@ -434,7 +434,6 @@ def command(
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp
     (with --gguf) and the floor."""
-    from .cli import EXPECTED
     first, *also = [w.strip() for w in decode_weights.split(",")]
     from .registry import find
     try:

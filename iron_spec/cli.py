@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .command import EXPECTED, HELP_OPTIONS, Command, Group, version  # noqa: F401 (EXPECTED: bench's lazy import)
+from .command import HELP_OPTIONS, Command, Group, version
 from .schema import SCHEMA_PATH
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
