@@ -311,101 +311,68 @@ typedef struct {
 #endif
 #endif
 
+/* Part ``part`` of ``parts``' share of n items in whole groups of ``group`` (the last part's
+ * clipped to n): a static split, so each item's result is the same at any thread count. */
+static inline void share(Py_ssize_t n, Py_ssize_t group, int part, int parts, Py_ssize_t *lo,
+                         Py_ssize_t *hi) {
+    Py_ssize_t groups = (n + group - 1) / group;
+    *lo = groups * part / parts * group;
+    *hi = groups * (part + 1) / parts * group;
+    if (*hi > n)
+        *hi = n;
+}
+
+/* fn's instance for the instruction set in use (fn_avx512, fn_avx2 or fn_portable). */
+#ifdef HAVE_X86
+#define BY_SIMD(fn, ...)                                                                    \
+    (simd == SIMD_AVX512 ? fn##_avx512(__VA_ARGS__)                                         \
+     : simd == SIMD_AVX2 ? fn##_avx2(__VA_ARGS__) : fn##_portable(__VA_ARGS__))
+#else
+#define BY_SIMD(fn, ...) fn##_portable(__VA_ARGS__)
+#endif
+
 static void gemv_part(const void *args, int part, int parts) {
     const gemv_args *a = args;
-    /* Whole groups of rows per part (the decode forms' row groups), so each row's sum is the
-     * same at any thread count. */
-    Py_ssize_t groups = (a->n + GEMV_GROUP - 1) / GEMV_GROUP;
-    Py_ssize_t r0 = groups * part / parts * GEMV_GROUP, r1 = groups * (part + 1) / parts * GEMV_GROUP;
-    if (r1 > a->n)
-        r1 = a->n;
-    if (r0 >= r1)
-        return;
-#ifdef HAVE_X86
-    if (simd == SIMD_AVX512) {
-        gemv_rows_avx512(a, r0, r1);
-        return;
-    }
-    if (simd == SIMD_AVX2) {
-        gemv_rows_avx2(a, r0, r1);
-        return;
-    }
-#endif
-    gemv_rows_portable(a, r0, r1);
+    Py_ssize_t r0, r1;  /* whole row groups: the decode forms' */
+    share(a->n, GEMV_GROUP, part, parts, &r0, &r1);
+    if (r0 < r1)
+        BY_SIMD(gemv_rows, a, r0, r1);
 }
 
 static int simd_lanes(void) { return simd == SIMD_AVX512 ? 16 : simd == SIMD_AVX2 ? 8 : 4; }
 
 static void gemm_part(const void *args, int part, int parts) {
     const gemm_args *a = args;
-    /* Whole groups of 6 output columns per part: the same tiles at any thread count. */
-    Py_ssize_t groups = (a->n + 5) / 6;
-    Py_ssize_t j0 = groups * part / parts * 6, j1 = groups * (part + 1) / parts * 6;
-    if (j1 > a->n)
-        j1 = a->n;
-    if (j0 >= j1)
-        return;
-#ifdef HAVE_X86
-    if (simd == SIMD_AVX512) {
-        gemm_cols_avx512(a, j0, j1);
-        return;
-    }
-    if (simd == SIMD_AVX2) {
-        gemm_cols_avx2(a, j0, j1);
-        return;
-    }
-#endif
-    gemm_cols_portable(a, j0, j1);
+    Py_ssize_t j0, j1;  /* whole groups of 6 output columns: the same tiles at any count */
+    share(a->n, 6, part, parts, &j0, &j1);
+    if (j0 < j1)
+        BY_SIMD(gemm_cols, a, j0, j1);
 }
 
 static void chunk_part(const void *args, int part, int parts) {
     const chunk_args *a = args;
     const Py_ssize_t P = 2 * simd_lanes(), units = a->H * ((a->n + P - 1) / P);
-    Py_ssize_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
+    Py_ssize_t u0, u1;
+    share(units, 1, part, parts, &u0, &u1);
     float *scratch = a->scratch + (Py_ssize_t)part * (a->D + a->span) * P;
-#ifdef HAVE_X86
-    if (simd == SIMD_AVX512) {
-        chunk_units_avx512(a, u0, u1, scratch);
-        return;
-    }
-    if (simd == SIMD_AVX2) {
-        chunk_units_avx2(a, u0, u1, scratch);
-        return;
-    }
-#endif
-    chunk_units_portable(a, u0, u1, scratch);
+    BY_SIMD(chunk_units, a, u0, u1, scratch);
 }
 
 static void rows_part(const void *args, int part, int parts) {
     const rows_args *a = args;
-    Py_ssize_t r0 = a->rows * part / parts, r1 = a->rows * (part + 1) / parts;
-#ifdef HAVE_X86
-    if (simd == SIMD_AVX512) {
-        (a->rms ? rms_rows_avx512 : gated_rows_avx512)(a, r0, r1);
-        return;
-    }
-    if (simd == SIMD_AVX2) {
-        (a->rms ? rms_rows_avx2 : gated_rows_avx2)(a, r0, r1);
-        return;
-    }
-#endif
-    (a->rms ? rms_rows_portable : gated_rows_portable)(a, r0, r1);
+    Py_ssize_t r0, r1;
+    share(a->rows, 1, part, parts, &r0, &r1);
+    if (a->rms)
+        BY_SIMD(rms_rows, a, r0, r1);
+    else
+        BY_SIMD(gated_rows, a, r0, r1);
 }
 
 static void rope_part(const void *args, int part, int parts) {
     const rope_args *a = args;
-    Py_ssize_t r0 = a->n * part / parts, r1 = a->n * (part + 1) / parts;
-#ifdef HAVE_X86
-    if (simd == SIMD_AVX512) {
-        rope_rows_avx512(a, r0, r1);
-        return;
-    }
-    if (simd == SIMD_AVX2) {
-        rope_rows_avx2(a, r0, r1);
-        return;
-    }
-#endif
-    rope_rows_portable(a, r0, r1);
+    Py_ssize_t r0, r1;
+    share(a->n, 1, part, parts, &r0, &r1);
+    BY_SIMD(rope_rows, a, r0, r1);
 }
 
 /* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
