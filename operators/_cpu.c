@@ -245,9 +245,9 @@ typedef struct {
     float scale, softcap;  /* softcap 0: none */
 } chunk_args;
 
-/* A prompt chunk's rows, elementwise (_cpu_chunk.h): gated (act(x) * u) or rms (x's norm
- * times the weight u); strides in floats. */
-enum { CHUNK_SILU, CHUNK_GELU_TANH };
+/* A prompt chunk's rows, elementwise (_cpu_chunk.h): gated (act(x) * u, or act(x) where u
+ * is NULL; act one of _cpu_chunk.h's ACT_*) or rms (x's norm times the weight u); strides
+ * in floats. */
 typedef struct {
     const float *x, *u;
     float *out;
@@ -826,6 +826,43 @@ fail_y:
     return NULL;
 }
 
+/* out (m, n) = x (m, k) @ w (n, k).T (+ b), float32, row-major, on the pool; called with
+ * the GIL released (py_gemm, a program's OP_GEMM). -1 where x's panels find no memory. */
+static int gemm_run(float *out, const float *x, const float *w, const float *b, Py_ssize_t m,
+                    Py_ssize_t n, Py_ssize_t k) {
+    gemm_args a = {w, b, NULL, out, m, n, k, 0};
+    int failed = 0;
+    pthread_mutex_lock(&gemm_lock);
+    const Py_ssize_t panel = 2 * simd_lanes();
+    a.mp = (a.m + panel - 1) / panel * panel;
+    if (a.mp * a.k > gemm_xt_size) {
+        free(gemm_xt);
+        gemm_xt = malloc(sizeof(float) * a.mp * a.k);
+        gemm_xt_size = gemm_xt ? a.mp * a.k : 0;
+    }
+    if (!gemm_xt) {
+        failed = 1;
+    } else {
+        const float *X = x;
+        for (Py_ssize_t i0 = 0; i0 < a.mp; i0 += panel) {
+            float *dst = gemm_xt + i0 * a.k;
+            for (Py_ssize_t i = 0; i < panel; i++) {
+                const float *src = X + (i0 + i) * a.k;
+                if (i0 + i < a.m)
+                    for (Py_ssize_t p = 0; p < a.k; p++)
+                        dst[p * panel + i] = src[p];
+                else
+                    for (Py_ssize_t p = 0; p < a.k; p++)
+                        dst[p * panel + i] = 0.0f;
+            }
+        }
+        a.xt = gemm_xt;
+        pool_run(gemm_part, &a);
+    }
+    pthread_mutex_unlock(&gemm_lock);
+    return failed ? -1 : 0;
+}
+
 /* gemm(out, x, w, b): out (m, n) = x (m, k) @ w (n, k).T (+ b), float32, row-major. */
 static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -850,38 +887,10 @@ static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                         "(n,); out apart from the rest");
         goto g3;
     }
-    gemm_args a = {w.buf, has_b ? b.buf : NULL, NULL, out.buf, x.shape[0], w.shape[0],
-                   x.shape[1], 0};
-    int failed = 0;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&gemm_lock);
-    const Py_ssize_t panel = 2 * simd_lanes();
-    a.mp = (a.m + panel - 1) / panel * panel;
-    if (a.mp * a.k > gemm_xt_size) {
-        free(gemm_xt);
-        gemm_xt = malloc(sizeof(float) * a.mp * a.k);
-        gemm_xt_size = gemm_xt ? a.mp * a.k : 0;
-    }
-    if (!gemm_xt) {
-        failed = 1;
-    } else {
-        const float *X = x.buf;
-        for (Py_ssize_t i0 = 0; i0 < a.mp; i0 += panel) {
-            float *dst = gemm_xt + i0 * a.k;
-            for (Py_ssize_t i = 0; i < panel; i++) {
-                const float *src = X + (i0 + i) * a.k;
-                if (i0 + i < a.m)
-                    for (Py_ssize_t p = 0; p < a.k; p++)
-                        dst[p * panel + i] = src[p];
-                else
-                    for (Py_ssize_t p = 0; p < a.k; p++)
-                        dst[p * panel + i] = 0.0f;
-            }
-        }
-        a.xt = gemm_xt;
-        pool_run(gemm_part, &a);
-    }
-    pthread_mutex_unlock(&gemm_lock);
+    failed = gemm_run(out.buf, x.buf, w.buf, has_b ? b.buf : NULL, x.shape[0], w.shape[0],
+                      x.shape[1]) < 0;
     Py_END_ALLOW_THREADS
     if (failed) {
         PyErr_NoMemory();
@@ -1113,7 +1122,7 @@ static PyObject *rows_call(PyObject *const *args, int rms) {
     int ok = same && d > 0 && !overlaps(&out, &u) &&
              (rms ? (u.len / 4 == d || (nd == 3 && u.len / 4 == inner * d))
                   : (u.ndim == 2 && u.shape[0] == x.shape[0] && u.shape[1] == d &&
-                     (f == CHUNK_SILU || f == CHUNK_GELU_TANH)));
+                     (f == ACT_SILU || f == ACT_GELU_TANH)));
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "%s: out, x and %s do not fit (out and x alike; %s)",
                      what, rms ? "w" : "up", rms ? "w (d,) or (heads, d)"

@@ -13,6 +13,28 @@
  * value column, divided by the softmax's sum and written to the unit's rows of out.
  */
 
+#ifndef CPU_CHUNK_ONCE
+#define CPU_CHUNK_ONCE
+/* Activations by their operators/activation.py names: silu (and swish), the tanh form of
+ * gelu (gelu_new, gelu_pytorch_tanh, ...), the erf form (gelu, gelu_python), relu,
+ * quick_gelu, relu2 (relu squared). The first two run in vectors (gate below), the rest one
+ * value at a time (act_one). */
+enum { ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2, ACT_COUNT };
+
+/* gelu's erf form as operators/activation.py's _gelu32: 0.5 x erfc(-x / sqrt(2)), no
+ * cancellation for negative x. */
+static inline float gelu_erf(float x) { return erfcf(x * -0.70710678118654752f) * x * 0.5f; }
+
+static inline float act_one(float x, int act) {
+    switch (act) {
+    case ACT_GELU_ERF: return gelu_erf(x);
+    case ACT_RELU: return x < 0.0f ? 0.0f : x;  /* NaN stays NaN, as numpy's maximum */
+    case ACT_RELU2: return x < 0.0f ? 0.0f : x * x;
+    default: return x / (1.0f + expf(-1.702f * x));  /* quick_gelu */
+    }
+}
+#endif
+
 #define CH_CAT_(a, b) a##b
 #define CH_CAT(a, b) CH_CAT_(a, b)
 #define CH_FN(name) CH_CAT(name, SUFFIX)
@@ -202,37 +224,48 @@ static inline __attribute__((always_inline)) FV CH_FN(cpart)(const float *p, Py_
     return v;
 }
 
-/* act(g) * u, as _cpu_program.h's gated_avx2: exp(-|x|) serves both signs; silu(x) = x / (1 +
- * e) for x >= 0, x e / (1 + e) below; tanh(z) = sign(z) (1 - e) / (1 + e), e = exp(-2|z|). */
-static inline __attribute__((always_inline)) FV CH_FN(gate)(FV x, FV u, int act) {
+/* act(x) for silu and gelu's tanh form, in W lanes: exp(-|x|) serves both signs; silu(x) =
+ * x / (1 + e) for x >= 0, x e / (1 + e) below; gelu's inner sum operation for operation as
+ * operators/activation.py's _gelu_tanh32, tanh(z) = sign(z) (1 - e) / (1 + e), e =
+ * exp(-2|z|). */
+static inline __attribute__((always_inline)) FV CH_FN(gate)(FV x, int act) {
     const IV sign = (IV){0} + (int32_t)0x80000000;
-    FV y;
-    if (act == CHUNK_SILU) {
+    if (act == ACT_SILU) {
         FV e = CH_FN(vexp)((FV)((IV)x | sign));
-        y = CH_FN(pick)(x < 0.0f, x * e, x) / (e + 1.0f);
-    } else {
-        FV t = x * x;
-        t = t * x;
-        t = t * 0.044715f;
-        t = t + x;
-        t = t * 0.7978845608028654f;
-        FV e = CH_FN(vexp)((FV)((IV)t & ~sign) * -2.0f);
-        FV th = (FV)((IV)((1.0f - e) / (1.0f + e)) | ((IV)t & sign));
-        y = x * (th + 1.0f) * 0.5f;
+        return CH_FN(pick)(x < 0.0f, x * e, x) / (e + 1.0f);
     }
-    return y * u;
+    FV t = x * x;
+    t = t * x;
+    t = t * 0.044715f;
+    t = t + x;
+    t = t * 0.7978845608028654f;
+    FV e = CH_FN(vexp)((FV)((IV)t & ~sign) * -2.0f);
+    FV th = (FV)((IV)((1.0f - e) / (1.0f + e)) | ((IV)t & sign));
+    return x * (th + 1.0f) * 0.5f;
 }
 
+/* act(x) (* u, where a->u is given) per row of d: the gated activation of a gated MLP, and
+ * the plain activation; silu and gelu's tanh form in vectors (a row's tail as a part
+ * vector), the others one value at a time (act_one). */
 static void CH_FN(gated_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) {
-    const Py_ssize_t m = a->d, MW = m - m % W;
+    const Py_ssize_t m = a->d;
+    const int vec = a->act == ACT_SILU || a->act == ACT_GELU_TANH;
+    const Py_ssize_t MW = vec ? m - m % W : 0;
     for (Py_ssize_t r = r0; r < r1; r++) {
-        const float *g = a->x + r * a->xs, *u = a->u + r * a->us;
+        const float *g = a->x + r * a->xs, *u = a->u ? a->u + r * a->us : NULL;
         float *out = a->out + r * a->os;
-        for (Py_ssize_t c = 0; c < MW; c += W)
-            CH_FN(cstore)(out + c, CH_FN(gate)(CH_FN(cload)(g + c), CH_FN(cload)(u + c), a->act));
-        if (MW < m) {
-            FV y = CH_FN(gate)(CH_FN(cpart)(g + MW, m - MW), CH_FN(cpart)(u + MW, m - MW), a->act);
+        for (Py_ssize_t c = 0; c < MW; c += W) {
+            FV y = CH_FN(gate)(CH_FN(cload)(g + c), a->act);
+            CH_FN(cstore)(out + c, u ? y * CH_FN(cload)(u + c) : y);
+        }
+        if (vec && MW < m) {
+            FV y = CH_FN(gate)(CH_FN(cpart)(g + MW, m - MW), a->act);
+            if (u)
+                y = y * CH_FN(cpart)(u + MW, m - MW);
             memcpy(out + MW, &y, sizeof(float) * (m - MW));
+        } else if (!vec) {
+            for (Py_ssize_t c = 0; c < m; c++)
+                out[c] = u ? act_one(g[c], a->act) * u[c] : act_one(g[c], a->act);
         }
     }
 }

@@ -1,65 +1,87 @@
-/* A compiled decode step as one native call: a flat program of kernel calls, included by
- * _cpu.c after its kernels.
+/* A compiled plan as one native call: a flat program of kernel calls, included by _cpu.c
+ * after its kernels.
  *
- * Why: a decode step is ~400 steps a token; run from Python each costs a call, a partial
- * application and its argument checks (measured ~3.5 ms a token on SmolLM2 beside 15-23 ms
- * of GEMVs). ``program(steps)`` checks every step's arrays once, when the plan is compiled,
- * and keeps their addresses; ``run(program, start, rows, position, first, last)`` runs steps
- * ``first .. last`` with the GIL released, the GEMVs and attention on the pool as the
- * per-step calls do, the small steps on the calling thread.
+ * Why: a decode step is ~400 steps a token, a prompt chunk as many; run from Python each
+ * costs a call, a partial application and its argument checks (measured ~3.5 ms a token on
+ * SmolLM2 beside 15-23 ms of GEMVs). ``program(steps)`` checks every step's arrays once,
+ * when the plan is compiled, and keeps their addresses; ``run(program, start, rows,
+ * position, first, last)`` runs steps ``first .. last`` with the GIL released, the GEMVs,
+ * GEMMs, attention and a chunk's rows on the pool, a decode step's small steps on the
+ * calling thread.
  *
- * Each step's arithmetic is its operator's (each operator module names its source): the same
- * float32 operations in the same order where the numpy kernel's order is the definition's,
- * the same GEMV and attention kernels as ``gemv`` and ``attend``. runtime/plan.py checks
- * each step against its operator's float64 reference by running it alone (``first + 1 ==
- * last``) under ``check=True``.
+ * Each step's arithmetic is its operator's (each operator module names its source), in one
+ * body per operator whatever the rows: rms_norm, the activations and rope are _cpu_chunk.h's
+ * row bodies, split over the pool where a step has more than one row, run on the calling
+ * thread at one; GEMV and GEMM are gemv's and gemm's; attention is attend's one-query
+ * kernel at one row, attend_chunk's at more. runtime/plan.py checks each step against its
+ * operator's float64 reference by running it alone (``first + 1 == last``) under
+ * ``check=True``.
  *
- * A step is a tuple ``(op, start_from, start_offset, arrays, ints, floats)``: ``op`` one of
- * the OP_* codes below; its ``start`` attribute (RoPE's row, a cache write's position, the
- * query's position) is ``call[start_from] + start_offset``, where ``call`` is the run's
- * (start, rows, position), or ``start_offset`` alone where ``start_from`` is -1 (a step
- * whose start is the same at every call, or which has none); ``arrays`` its
- * output first, then its inputs (None for an absent one); ``ints`` and ``floats`` as each
- * OP_ code says.
+ * A step is a tuple ``(op, start_from, start_offset, arrays, ints, floats, rows_at,
+ * capacity)``: ``op`` one of the OP_* codes below; its ``start`` attribute (RoPE's row, a
+ * cache write's position, the query's position, the row take_row takes) is
+ * ``call[start_from] + start_offset``, where ``call`` is the run's (start, rows, position),
+ * or ``start_offset`` alone where ``start_from`` is -1 (a step whose start is the same at
+ * every call, or which has none); ``arrays`` its output first, then its inputs (None for
+ * an absent one); ``ints`` and ``floats`` as each OP_ code says.
+ *
+ * A bounded step (a prompt chunk's: its arrays hold ``capacity`` rows, a call runs the
+ * call's ``rows`` of them) has ``rows_at`` >= 0: ints[rows_at], a multiple of the capacity
+ * (the rows, or the rows times a width), is checked against the arrays at the capacity
+ * once, and at each run taken as rows / capacity of itself, rows within 1 .. capacity.
+ * Arrays are C-contiguous, but those OP_ code marks ``rows apart``: float32 (n, ...) whose
+ * rows stand a stride apart, each row contiguous (a fused projection's column view).
  */
 
 enum {
     OP_GEMV,      /* (y, x, w, b|None); (n, k); y (n) = w (n, k) x (+ b): the gemv kernel */
-    OP_ATTEND,    /* (out, q, keys, values, scratch); (H, G, D, L, window, ring);
-                   * (scale, softcap): one query at start, as attend (a ring of
-                   * ring rows where L has grown to it, else position p at row p) */
-    OP_RMS_NORM,  /* (out, x, w); (rows, d, weight rows); (eps): x * (1 / sqrt(mean(x^2) +
-                   * eps)) * w per row of d, row r scaled by weight row r % weight rows */
+    OP_ATTEND,    /* (out, q, keys, values, scratch); (H, G, D, L, window, ring, n);
+                   * (scale, softcap): n queries q (n, H, D) (rows apart) at start .. start
+                   * + n into out (n, H * D): attend at one, attend_chunk at more (a ring
+                   * of ring rows where L has grown to it, else position p at row p) */
+    OP_RMS_NORM,  /* (out, x, w); (rows, d, weight rows, inner); (eps): x * (1 / sqrt(mean(
+                   * x^2) + eps)) * w per row of d, x and out (rows / inner, inner, d) rows
+                   * apart, row r scaled by weight row r % inner (weight rows: 1 or inner) */
     OP_ADD,       /* (out, a, b); (n); (scale): a + b, or a + b * scale */
     OP_MUL,       /* (out, a, b|None); (n, m); (scale): a * b[i % m], or a * scale */
-    OP_GATED,     /* (out, gate, up|None); (rows, m, act); (): act(gate) * up per row of m;
-                   * without up, gate rows of 2m are gate then up */
-    OP_ROPE,      /* (out, x, cos, sin); (heads, D, R, interleaved, table rows); ():
-                   * one row, table row start, the first R columns of each head turned */
-    OP_KV_WRITE,  /* (cache, x); (G, capacity, D, ring); (): x (G, D) into row start
-                   * (% ring), which the capacity must hold */
-    OP_EMBEDDING, /* (out, ids, table); (vocab, hidden); (scale): table[ids[0]] (* scale) */
-    OP_LAYER_NORM,/* (out, x, w, b|None); (rows, d, weight rows); (eps): (x - mean) / sqrt(
-                   * mean((x - mean)^2) + eps) * w (+ b) per row of d, two passes */
-    OP_COLUMNS,   /* (out, x); (width, begin, end); (): one row's columns begin .. end */
-    OP_ACTIVATION,/* (out, x); (n, act); (): act(x) */
-    OP_CLAMP,     /* (out, x); (n); (limit): x within [-limit, limit] */
+    OP_GATED,     /* (out, gate, up|None); (rows, m, act); (): act(gate) * up per row of m,
+                   * each rows apart; without up, gate rows of 2m are gate then up */
+    OP_ROPE,      /* (out, x, cos, sin); (heads, D, R, interleaved, table rows, n); (): n
+                   * rows of x (n, heads, D) (rows apart), row r at table row start + r, the
+                   * first R columns of each head turned */
+    OP_KV_WRITE,  /* (cache, x); (G, capacity, D, ring, n); (): x (n, G, D) (rows apart)
+                   * into rows start .. start + n (each % ring), which the capacity holds */
+    OP_EMBEDDING, /* (out, ids, table); (vocab, hidden, n); (scale): table[ids[r]] (*
+                   * scale) for r < n, each id checked */
+    OP_LAYER_NORM,/* (out, x, w, b|None); (rows, d, weight rows, inner); (eps): (x - mean)
+                   * / sqrt(mean((x - mean)^2) + eps) * w (+ b) per row of d, two passes; x
+                   * and out (rows / inner, inner, d) rows apart, as OP_RMS_NORM's */
+    OP_COLUMNS,   /* (out, x); (width, begin, end, n); (): n rows' columns begin .. end */
+    OP_ACTIVATION,/* (out, x); (rows, width, act); (): act(x) */
+    OP_CLAMP,     /* (out, x); (rows, width); (limit): x within [-limit, limit], rows apart */
     OP_SOFTCAP,   /* (out, x); (n); (cap): tanh(x / cap) * cap */
-    OP_ADD_ROWS,  /* (out, x, table); (hidden, table rows); (): x + table[start] */
+    OP_ADD_ROWS,  /* (out, x, table); (hidden, table rows, n); (): x[r] + table[start + r] */
+    OP_GEMM,      /* (out, x, w, b|None); (n, k, m); (): out (m, n) = x (m, k) w (n, k)^T
+                   * (+ b), float32: the gemm kernel */
+    OP_TAKE_ROW,  /* (out, x); (d, rows); (): row start of x (rows, d) */
     OP_COUNT
 };
 
-/* Activations by their operators/activation.py names: silu (and swish), the tanh form of
- * gelu (gelu_new, gelu_pytorch_tanh, ...), the erf form (gelu, gelu_python), relu,
- * quick_gelu, relu2 (relu squared). */
-enum { ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2, ACT_COUNT };
-enum { ARRAYS = 5, INTS = 6, FLOATS = 2 };
+/* The arrays each code reads rows apart (bit k: array k), the rest C-contiguous. */
+static const unsigned ROWS_APART[OP_COUNT] = {
+    [OP_ATTEND] = 1u << 1, [OP_RMS_NORM] = 1u << 0 | 1u << 1,
+    [OP_GATED] = 1u << 0 | 1u << 1 | 1u << 2, [OP_ROPE] = 1u << 1, [OP_KV_WRITE] = 1u << 1,
+    [OP_LAYER_NORM] = 1u << 0 | 1u << 1, [OP_CLAMP] = 1u << 0 | 1u << 1};
+
+enum { ARRAYS = 5, INTS = 8, FLOATS = 2 };
 
 typedef struct {
-    int op, start_from;
-    Py_ssize_t start_offset;
+    int op, start_from, rows_at;
+    Py_ssize_t start_offset, unit, capacity;  /* bounded: ints[rows_at] = unit * rows */
     void *a[ARRAYS];
-    Py_ssize_t len[ARRAYS];  /* bytes */
+    Py_ssize_t len[ARRAYS];  /* bytes, as its shape holds them */
+    Py_ssize_t ext[ARRAYS];  /* bytes from its first to past its last */
+    Py_ssize_t rs[ARRAYS];   /* elements from one row to the next */
     Py_ssize_t i[INTS];
     float f[FLOATS];
     int kind;                /* OP_GEMV: WEIGHTS_F32, WEIGHTS_BF16 or 2 (Q8_0) */
@@ -72,6 +94,10 @@ typedef struct {
 } program_t;
 
 #define PROGRAM_CAPSULE "iron_spec.operators._cpu.program"
+
+/* _cpu.c's GEMM (py_gemm's body): -1 where x's panels find no memory. */
+static int gemm_run(float *out, const float *x, const float *w, const float *b, Py_ssize_t m,
+                    Py_ssize_t n, Py_ssize_t k);
 
 static void program_free(PyObject *capsule) {
     program_t *p = PyCapsule_GetPointer(capsule, PROGRAM_CAPSULE);
@@ -107,16 +133,24 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         }
         want[3] = s->a[3] ? 4 * i[0] : 0;
         return 0;
+    case OP_GEMM:
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1)
+            break;
+        want[0] = 4 * i[2] * i[0];
+        want[1] = 4 * i[2] * i[1];
+        want[2] = 4 * i[0] * i[1];
+        want[3] = s->a[3] ? 4 * i[0] : 0;
+        return 0;
     case OP_ATTEND:
         if (i[0] < 1 || i[1] < 1 || i[0] % i[1] || i[2] < 1 || i[3] < 1 || i[4] < 0 ||
-            i[5] < 0 || (i[5] > 0 && (i[4] == 0 || i[4] > i[5])))
+            i[5] < 0 || (i[5] > 0 && (i[4] == 0 || i[4] > i[5])) || i[6] < 1)
             break;
-        want[0] = want[1] = 4 * i[0] * i[2];
+        want[0] = want[1] = 4 * i[6] * i[0] * i[2];
         want[2] = want[3] = 4 * i[1] * i[3] * i[2];
         want[4] = -1;  /* the scratch: checked at each run, by the position */
         return 0;
     case OP_RMS_NORM:
-        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[0] % i[2])
+        if (i[0] < 1 || i[1] < 1 || i[3] < 1 || i[0] % i[3] || (i[2] != 1 && i[2] != i[3]))
             break;
         want[0] = want[1] = 4 * i[0] * i[1];
         want[2] = 4 * i[2] * i[1];
@@ -140,59 +174,88 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[2] = s->a[2] ? 4 * i[0] * i[1] : 0;
         return 0;
     case OP_ROPE:
-        if (i[0] < 1 || i[1] < 1 || i[2] < 2 || i[2] % 2 || i[2] > i[1] || i[4] < 1)
+        if (i[0] < 1 || i[1] < 1 || i[2] < 2 || i[2] % 2 || i[2] > i[1] || i[4] < 1 || i[5] < 1)
             break;
-        want[0] = want[1] = 4 * i[0] * i[1];
+        want[0] = want[1] = 4 * i[5] * i[0] * i[1];
         want[2] = want[3] = 4 * i[4] * i[2];
         return 0;
     case OP_KV_WRITE:
-        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[3] < 0)
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[3] < 0 || i[4] < 1)
             break;
         want[0] = 4 * i[0] * i[1] * i[2];
-        want[1] = 4 * i[0] * i[2];
+        want[1] = 4 * i[4] * i[0] * i[2];
         return 0;
     case OP_EMBEDDING:
-        if (i[0] < 1 || i[1] < 1)
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1)
             break;
-        want[0] = 4 * i[1];
-        want[1] = -1;  /* the ids: at least one int32 */
+        want[0] = 4 * i[2] * i[1];
+        want[1] = 4 * i[2];
         fmt[1] = 'i';
         want[2] = 4 * i[0] * i[1];
         return 0;
     case OP_LAYER_NORM:
-        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[0] % i[2])
+        if (i[0] < 1 || i[1] < 1 || i[3] < 1 || i[0] % i[3] || (i[2] != 1 && i[2] != i[3]))
             break;
         want[0] = want[1] = 4 * i[0] * i[1];
         want[2] = 4 * i[2] * i[1];
         want[3] = s->a[3] ? want[2] : 0;
         return 0;
     case OP_COLUMNS:
-        if (i[0] < 1 || i[1] < 0 || i[2] <= i[1] || i[2] > i[0])
+        if (i[0] < 1 || i[1] < 0 || i[2] <= i[1] || i[2] > i[0] || i[3] < 1)
             break;
-        want[0] = 4 * (i[2] - i[1]);
-        want[1] = 4 * i[0];
+        want[0] = 4 * i[3] * (i[2] - i[1]);
+        want[1] = 4 * i[3] * i[0];
         return 0;
     case OP_ACTIVATION:
-        if (i[0] < 1 || i[1] < 0 || i[1] >= ACT_COUNT)
+        if (i[0] < 1 || i[1] < 1 || i[2] < 0 || i[2] >= ACT_COUNT)
             break;
-        want[0] = want[1] = 4 * i[0];
+        want[0] = want[1] = 4 * i[0] * i[1];
         return 0;
     case OP_CLAMP:
+        if (i[0] < 1 || i[1] < 1 || !(s->f[0] > 0.0f))
+            break;
+        want[0] = want[1] = 4 * i[0] * i[1];
+        return 0;
     case OP_SOFTCAP:
         if (i[0] < 1 || !(s->f[0] > 0.0f))
             break;
         want[0] = want[1] = 4 * i[0];
         return 0;
     case OP_ADD_ROWS:
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1)
+            break;
+        want[0] = want[1] = 4 * i[2] * i[0];
+        want[2] = 4 * i[0] * i[1];
+        return 0;
+    case OP_TAKE_ROW:
         if (i[0] < 1 || i[1] < 1)
             break;
-        want[0] = want[1] = 4 * i[0];
-        want[2] = 4 * i[0] * i[1];
+        want[0] = 4 * i[0];
+        want[1] = 4 * i[1] * i[0];
         return 0;
     }
     PyErr_Format(PyExc_ValueError, "program: step of op %d has sizes that describe none",
                  s->op);
     return -1;
+}
+
+/* An array's layout: its bytes, extent and row stride (elements); 0 where it is C-contiguous,
+ * 1 where its rows stand apart (each row contiguous, rows a whole number of elements apart
+ * and none over another), -1 where neither. */
+static int layout(const Py_buffer *v, Py_ssize_t *ext, Py_ssize_t *rs) {
+    Py_ssize_t item = v->itemsize, row = item, n = v->ndim ? v->shape[0] : 1;
+    int inner = 1;
+    for (int d = v->ndim - 1; d >= 1; d--) {
+        if (v->shape[d] > 1 && v->strides[d] != row)
+            inner = 0;
+        row *= v->shape[d];
+    }
+    Py_ssize_t step = n > 1 ? v->strides[0] : row;
+    *rs = item ? step / item : 0;
+    *ext = n > 0 ? (n - 1) * step + row : 0;
+    if (!inner || step < row || step % item)
+        return -1;
+    return step == row ? 0 : v->ndim >= 2 ? 1 : -1;
 }
 
 /* program(steps) -> a capsule run() runs; ValueError naming the first step that does not
@@ -215,14 +278,16 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
     for (Py_ssize_t j = 0; j < n; j++) {
         step_t *s = &p->steps[j];
         PyObject *arrays, *ints, *floats;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(arg, j), "iinO!O!O!;a step is (op, start_from, "
-                              "start_offset, arrays, ints, floats)", &s->op, &s->start_from,
-                              &s->start_offset, &PyTuple_Type, &arrays, &PyTuple_Type, &ints,
-                              &PyTuple_Type, &floats))
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(arg, j), "iinO!O!O!in;a step is (op, "
+                              "start_from, start_offset, arrays, ints, floats, rows_at, "
+                              "capacity)", &s->op, &s->start_from, &s->start_offset,
+                              &PyTuple_Type, &arrays, &PyTuple_Type, &ints, &PyTuple_Type,
+                              &floats, &s->rows_at, &s->capacity))
             goto fail;
         if (s->op < 0 || s->op >= OP_COUNT || s->start_from < -1 || s->start_from > 2 ||
             PyTuple_GET_SIZE(arrays) > ARRAYS || PyTuple_GET_SIZE(ints) > INTS ||
-            PyTuple_GET_SIZE(floats) > FLOATS) {
+            PyTuple_GET_SIZE(floats) > FLOATS || s->rows_at < -1 ||
+            s->rows_at >= PyTuple_GET_SIZE(ints)) {
             PyErr_Format(PyExc_ValueError, "program: step %zd is no step", j);
             goto fail;
         }
@@ -233,24 +298,41 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
             if ((s->f[k] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(floats, k))) == -1.0f &&
                 PyErr_Occurred())
                 goto fail;
+        if (s->rows_at >= 0) {
+            Py_ssize_t at = s->i[s->rows_at];
+            if (s->capacity < 1 || at < s->capacity || at % s->capacity) {
+                PyErr_Format(PyExc_ValueError, "program: step %zd (op %d): int %d (%zd) is "
+                             "no multiple of its capacity of %zd rows", j, s->op, s->rows_at,
+                             at, s->capacity);
+                goto fail;
+            }
+            s->unit = at / s->capacity;
+        }
         char formats[ARRAYS] = {0};
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arrays); k++) {
             PyObject *obj = PyTuple_GET_ITEM(arrays, k);
             if (obj == Py_None)
                 continue;
             Py_buffer view;
-            int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (k == 0 ? PyBUF_WRITABLE : 0);
-            if (PyObject_GetBuffer(obj, &view, flags) != 0) {
+            int flags = PyBUF_STRIDES | PyBUF_FORMAT | (k == 0 ? PyBUF_WRITABLE : 0);
+            int apart = (ROWS_APART[s->op] >> k) & 1, form = -1;
+            if (PyObject_GetBuffer(obj, &view, flags) == 0) {
+                form = layout(&view, &s->ext[k], &s->rs[k]);
+                s->a[k] = view.buf;
+                s->len[k] = view.len;
+                formats[k] = view.format && view.format[1] == 0 ? view.format[0] : '?';
+                if (formats[k] == 'l' && view.itemsize == 4)
+                    formats[k] = 'i';
+                PyBuffer_Release(&view);
+            } else {
+                PyErr_Clear();
+            }
+            if (form < 0 || (form == 1 && !apart)) {
                 PyErr_Format(PyExc_ValueError, "program: step %zd's array %zd is not a "
-                             "C-contiguous%s array", j, k, k == 0 ? " writable" : "");
+                             "C-contiguous%s%s array", j, k, k == 0 ? " writable" : "",
+                             apart ? " (or float32 rows apart)" : "");
                 goto fail;
             }
-            s->a[k] = view.buf;
-            s->len[k] = view.len;
-            formats[k] = view.format && view.format[1] == 0 ? view.format[0] : '?';
-            if (formats[k] == 'l' && view.itemsize == 4)
-                formats[k] = 'i';
-            PyBuffer_Release(&view);
         }
         if (s->op == OP_GEMV)
             s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : formats[2] == 'B' ? 2 : WEIGHTS_F32;
@@ -272,7 +354,7 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
         for (int k = 1; k < ARRAYS; k++)  /* an output apart from what the step reads */
             if (s->a[k] && s->op != OP_KV_WRITE) {
                 const char *o = s->a[0], *x = s->a[k];
-                if (o < x + s->len[k] && x < o + s->len[0] &&
+                if (o < x + s->ext[k] && x < o + s->ext[0] &&
                     !(s->op == OP_ADD || s->op == OP_MUL || s->op == OP_RMS_NORM ||
                       s->op == OP_GATED || s->op == OP_ACTIVATION || s->op == OP_CLAMP ||
                       s->op == OP_SOFTCAP || s->op == OP_ADD_ROWS || s->op == OP_LAYER_NORM)) {
@@ -297,23 +379,6 @@ fail:
     return NULL;
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
-/* gelu's erf form as operators/activation.py's _gelu32: 0.5 x erfc(-x / sqrt(2)), no
- * cancellation for negative x. */
-static inline float gelu_erf(float x) { return erfcf(x * -0.70710678118654752f) * x * 0.5f; }
-
-/* As operators/activation.py's _gelu_tanh32, operation for operation. */
-static inline float gelu_tanh(float x) {
-    float t = x * x;
-    t *= x;
-    t *= 0.044715f;
-    t += x;
-    t *= 0.7978845608028654f;  /* sqrt(2 / pi), rounded to float32 as the numpy kernel's */
-    t = tanhf(t) + 1.0f;
-    return x * t * 0.5f;
-}
-
 #ifdef HAVE_X86
 /* tanh of 8 values: sign(z) (1 - e) / (1 + e), e = exp(-2 |z|) (exp256, ~2 ulp). */
 __attribute__((target("avx2,fma"))) static inline __m256 tanh256(__m256 z) {
@@ -333,59 +398,64 @@ __attribute__((target("avx2,fma"))) static Py_ssize_t softcap_avx2(float *out, c
     return i;
 }
 
-/* act(gate) (* up, where given) over n values, 8 at a time, for silu and gelu's tanh form
- * (0 columns for any other act): exp256 (x <= 0, ~2 ulp) of -|x| serves both signs, silu(x)
- * = x / (1 + e) for x >= 0, x e / (1 + e) below; tanh256. The rest of the row as act_plain. */
-__attribute__((target("avx2,fma"))) static Py_ssize_t gated_avx2(float *out, const float *g,
-                                                                 const float *u, Py_ssize_t n,
-                                                                 int act) {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    Py_ssize_t c = 0;
-    if (act != ACT_SILU && act != ACT_GELU_TANH)
-        return 0;
-    for (; c + 8 <= n; c += 8) {
-        __m256 x = _mm256_loadu_ps(g + c), y;
-        if (act == ACT_SILU) {
-            __m256 e = exp256(_mm256_or_ps(x, sign));  /* exp(-|x|) */
-            __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
-            __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, e), neg);
-            y = _mm256_div_ps(num, _mm256_add_ps(one, e));
-        } else {
-            __m256 t = _mm256_mul_ps(x, x);
-            t = _mm256_mul_ps(t, x);
-            t = _mm256_mul_ps(t, _mm256_set1_ps(0.044715f));
-            t = _mm256_add_ps(t, x);
-            t = _mm256_mul_ps(t, _mm256_set1_ps(0.7978845608028654f));
-            __m256 th = tanh256(t);
-            y = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_add_ps(th, one)), _mm256_set1_ps(0.5f));
-        }
-        _mm256_storeu_ps(out + c, u ? _mm256_mul_ps(y, _mm256_loadu_ps(u + c)) : y);
-    }
-    return c;
-}
 #endif
 
-static inline float act_one(float x, int act) {
-    switch (act) {
-    case ACT_SILU: return silu(x);
-    case ACT_GELU_TANH: return gelu_tanh(x);
-    case ACT_GELU_ERF: return gelu_erf(x);
-    case ACT_RELU: return x < 0.0f ? 0.0f : x;  /* NaN stays NaN, as numpy's maximum */
-    case ACT_RELU2: return x < 0.0f ? 0.0f : x * x;
-    default: return x / (1.0f + expf(-1.702f * x));  /* quick_gelu */
+/* The pool for a step of more than one row (a prompt chunk's), the calling thread for one
+ * (a decode step's: a small step's wake-up would cost more than it shares). */
+static void rows_run(task_fn fn, const void *args, Py_ssize_t rows) {
+    if (rows > 1)
+        pool_run(fn, args);
+    else
+        fn(args, 0, 1);
+}
+
+/* n queries at start: checks, then attend's kernel at one, attend_chunk's at more; 0 or why
+ * not (a position past the cache, a scratch short of it). q (n, H, D) rows qstride apart. */
+static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, const float *keys,
+                              const float *values, float *scratch, Py_ssize_t scratch_floats,
+                              int H, int G, int D, Py_ssize_t L, Py_ssize_t n, Py_ssize_t start,
+                              Py_ssize_t window, float scale, float softcap, Py_ssize_t ring) {
+    if (n == 1) {
+        /* A ring not yet grown to its rows holds positions at their own rows (as attend). */
+        if (start < 0 || (start >= L && !(ring > 0 && L == ring)))
+            return "the query's position is past the cache";
+        if (scratch_floats < attend_need(H, G, D, start, window))
+            return "the scratch is short for this position";
+        attend_run(out, q, keys, values, scratch, H, G, D, L, start, window, scale, softcap,
+                   ring);
+        return NULL;
     }
+    const Py_ssize_t P = 2 * simd_lanes();
+    const int T = pool.threads ? pool.threads : 1;
+    if (start < 0 || start + n >= INT32_MAX / 2 ||
+        !(ring > 0 && ring == L ? window + n - 1 <= ring : start + n <= L))
+        return "the queries' positions are past the cache (a ring: past window + n - 1 rows)";
+    /* A ring still growing (fewer rows than the ring) holds its positions at their own rows. */
+    Py_ssize_t span = start + n;
+    if (window > 0 && window + P - 1 < span)
+        span = window + P - 1;
+    if (scratch_floats < (Py_ssize_t)T * P * (D + span))
+        return "the scratch is short for these positions";
+    chunk_args a = {q, keys, values, out, scratch, n, start, L,
+                    ring > 0 && ring <= L ? ring : L, window, qstride, span, H, G, D, scale,
+                    softcap};
+    pool_run(chunk_part, &a);
+    return NULL;
 }
 
-/* act(g) (* u, where u is given) from column c on. */
-static void act_plain(float *out, const float *g, const float *u, Py_ssize_t c, Py_ssize_t n,
-                      int act) {
-    for (; c < n; c++)
-        out[c] = u ? act_one(g[c], act) * u[c] : act_one(g[c], act);
-}
-
-/* One step; 0, or an error message (a position past what the step's arrays hold). */
-static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
-    const Py_ssize_t *i = s->i;
+/* One step at the call's (start, rows, position); 0, or an error message (a position or
+ * rows past what the step's arrays hold, an id outside the vocabulary) in msg. */
+static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg, size_t size) {
+    Py_ssize_t i[INTS];
+    memcpy(i, s->i, sizeof i);
+    if (s->rows_at >= 0) {
+        if (call[1] < 1 || call[1] > s->capacity) {
+            snprintf(msg, size, "rows %zd are not within 1 .. the capacity of %zd", call[1],
+                     s->capacity);
+            return msg;
+        }
+        i[s->rows_at] = s->unit * call[1];
+    }
     Py_ssize_t start = s->start_offset + (s->start_from < 0 ? 0 : call[s->start_from]);
     float *out = s->a[0];
     switch (s->op) {
@@ -396,35 +466,22 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
         pool_run(gemv_part, &a);
         return NULL;
     }
-    case OP_ATTEND: {
-        int H = (int)i[0], G = (int)i[1], D = (int)i[2];
-        Py_ssize_t L = i[3];
-        /* A ring not yet grown to its rows holds positions at their own rows (as attend). */
-        if (start < 0 || (start >= L && !(i[5] > 0 && L == i[5])))
-            return "attention: the query's position is past the cache";
-        if (s->len[4] / 4 < attend_need(H, G, D, start, i[4]))
-            return "attention: the scratch is short for this position";
-        attend_run(out, s->a[1], s->a[2], s->a[3], s->a[4], H, G, D, L, start, i[4], s->f[0],
-                   s->f[1], i[5]);
+    case OP_GEMM:
+        if (gemm_run(out, s->a[1], s->a[2], s->a[3], i[2], i[0], i[1]) < 0)
+            return "gemm: no memory for x's panels";
         return NULL;
+    case OP_ATTEND: {
+        const char *why = attend_any(out, s->a[1], s->rs[1], s->a[2], s->a[3], s->a[4],
+                                     s->len[4] / 4, (int)i[0], (int)i[1], (int)i[2], i[3], i[6],
+                                     start, i[4], s->f[0], s->f[1], i[5]);
+        if (why)
+            snprintf(msg, size, "attention: %s", why);
+        return why ? msg : NULL;
     }
     case OP_RMS_NORM: {
-        const float *x = s->a[1], *w = s->a[2];
-        const Py_ssize_t d = i[1];
-        for (Py_ssize_t r = 0; r < i[0]; r++, x += d, out += d) {
-            const float *wr = w + (r % i[2]) * d;
-            float acc[8] = {0};
-            Py_ssize_t c = 0;
-            for (; c + 8 <= d; c += 8)
-                for (int l = 0; l < 8; l++)
-                    acc[l] += x[c + l] * x[c + l];
-            float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-            for (; c < d; c++)
-                sum += x[c] * x[c];
-            float inv = 1.0f / sqrtf(sum / (float)d + s->f[0]);
-            for (c = 0; c < d; c++)
-                out[c] = x[c] * inv * wr[c];
-        }
+        rows_args a = {s->a[1], s->a[2], out, i[0], i[1], s->rs[1], 0, s->rs[0], i[3], i[2],
+                       0, 1, s->f[0]};
+        rows_run(rows_part, &a, i[0] / i[3]);
         return NULL;
     }
     case OP_ADD: {
@@ -448,65 +505,72 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
         return NULL;
     }
     case OP_GATED: {
-        const Py_ssize_t m = i[1];
         const float *g = s->a[1], *u = s->a[2];
-        for (Py_ssize_t r = 0; r < i[0]; r++, out += m) {
-            const float *gr = u ? g + r * m : g + r * 2 * m, *ur = u ? u + r * m : gr + m;
-            Py_ssize_t c = 0;
-#ifdef HAVE_X86
-            if (simd >= SIMD_AVX2)
-                c = gated_avx2(out, gr, ur, m, (int)i[2]);
-#endif
-            act_plain(out, gr, ur, c, m, (int)i[2]);
-        }
+        rows_args a = {g, u ? u : g + i[1], out, i[0], i[1], s->rs[1], u ? s->rs[2] : s->rs[1],
+                       s->rs[0], 1, 1, (int)i[2], 0, 0.0f};
+        rows_run(rows_part, &a, i[0]);
+        return NULL;
+    }
+    case OP_ACTIVATION: {
+        rows_args a = {s->a[1], NULL, out, i[0], i[1], i[1], 0, i[1], 1, 1, (int)i[2], 0, 0.0f};
+        rows_run(rows_part, &a, i[0]);
         return NULL;
     }
     case OP_ROPE: {
-        const Py_ssize_t D = i[1], R = i[2], half = R / 2;
-        if (start < 0 || start >= i[4])
-            return "rope: the position is past the table";
-        const float *x = s->a[1], *cs = (const float *)s->a[2] + start * R,
-                    *sn = (const float *)s->a[3] + start * R;
-        for (Py_ssize_t h = 0; h < i[0]; h++, x += D, out += D) {
-            /* x * cos + partner(x) * sin, the tables widened per column (Rope.pack). */
-            if (i[3])
-                for (Py_ssize_t c = 0; c < R; c++)
-                    out[c] = x[c] * cs[c] + x[c ^ 1] * sn[c];
-            else
-                for (Py_ssize_t c = 0; c < R; c++)
-                    out[c] = x[c] * cs[c] + x[c < half ? c + half : c - half] * sn[c];
-            for (Py_ssize_t c = R; c < D; c++)
-                out[c] = x[c];
+        if (start < 0 || start + i[5] > i[4]) {
+            snprintf(msg, size, "rope: positions %zd .. %zd are past the table's %zd", start,
+                     start + i[5] - 1, i[4]);
+            return msg;
         }
+        rope_args a = {s->a[1], s->a[2], s->a[3], out, i[5], i[0], i[1], i[2], s->rs[1], start,
+                       (int)i[3]};
+        rows_run(rope_part, &a, i[5]);
         return NULL;
     }
     case OP_KV_WRITE: {
-        const Py_ssize_t G = i[0], L = i[1], D = i[2];
-        Py_ssize_t row = i[3] ? start % i[3] : start;
-        if (start < 0 || row >= L)
-            return "kv_write: the position is past the cache";
+        /* As KVWrite.kernel: position p at row p (% ring); every row checked first, so a
+         * refused call writes nothing. */
+        const Py_ssize_t G = i[0], L = i[1], D = i[2], ring = i[3], n = i[4];
+        const Py_ssize_t r0 = ring && start >= 0 ? start % ring : start;
+        const Py_ssize_t hi = ring ? (r0 + n <= ring ? r0 + n : ring) : start + n;
+        if (start < 0 || (ring && n > ring) || hi > L) {
+            snprintf(msg, size, "kv_write: positions %zd .. %zd are past the cache's %zd rows",
+                     start, start + n - 1, L);
+            return msg;
+        }
         const float *x = s->a[1];
-        for (Py_ssize_t g = 0; g < G; g++)
-            memcpy(out + (g * L + row) * D, x + g * D, sizeof(float) * D);
+        for (Py_ssize_t r = 0; r < n; r++) {
+            const Py_ssize_t row = ring ? (start + r) % ring : start + r;
+            for (Py_ssize_t g = 0; g < G; g++)
+                memcpy(out + (g * L + row) * D, x + r * s->rs[1] + g * D, sizeof(float) * D);
+        }
         return NULL;
     }
     case OP_EMBEDDING: {
-        int32_t id = *(const int32_t *)s->a[1];
-        if (id < 0 || id >= i[0])
-            return "embedding: a token id outside the vocabulary";
-        const float *row = (const float *)s->a[2] + (Py_ssize_t)id * i[1];
-        if (s->f[0] == 1.0f)
-            memcpy(out, row, sizeof(float) * i[1]);
-        else
-            for (Py_ssize_t c = 0; c < i[1]; c++)
-                out[c] = row[c] * s->f[0];
+        const int32_t *ids = s->a[1];
+        for (Py_ssize_t r = 0; r < i[2]; r++)
+            if (ids[r] < 0 || ids[r] >= i[0]) {
+                snprintf(msg, size, "embedding: row %zd's token id %d is outside the "
+                         "vocabulary (0 .. %zd)", r, (int)ids[r], i[0] - 1);
+                return msg;
+            }
+        for (Py_ssize_t r = 0; r < i[2]; r++, out += i[1]) {
+            const float *row = (const float *)s->a[2] + (Py_ssize_t)ids[r] * i[1];
+            if (s->f[0] == 1.0f)
+                memcpy(out, row, sizeof(float) * i[1]);
+            else
+                for (Py_ssize_t c = 0; c < i[1]; c++)
+                    out[c] = row[c] * s->f[0];
+        }
         return NULL;
     }
     case OP_LAYER_NORM: {
-        const float *x = s->a[1], *w = s->a[2], *b = s->a[3];
-        const Py_ssize_t d = i[1];
-        for (Py_ssize_t r = 0; r < i[0]; r++, x += d, out += d) {
+        const float *w = s->a[2], *b = s->a[3];
+        const Py_ssize_t d = i[1], inner = i[3];
+        for (Py_ssize_t r = 0; r < i[0]; r++) {
             const Py_ssize_t at = (r % i[2]) * d;
+            const float *x = (const float *)s->a[1] + r / inner * s->rs[1] + r % inner * d;
+            float *out = (float *)s->a[0] + r / inner * s->rs[0] + r % inner * d;
             float sum = 0.0f;
             for (Py_ssize_t c = 0; c < d; c++)
                 sum += x[c];
@@ -522,22 +586,20 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
         }
         return NULL;
     }
-    case OP_COLUMNS:
-        memcpy(out, (const float *)s->a[1] + i[1], sizeof(float) * (i[2] - i[1]));
-        return NULL;
-    case OP_ACTIVATION: {
-        Py_ssize_t c = 0;
-#ifdef HAVE_X86
-        if (simd >= SIMD_AVX2)
-            c = gated_avx2(out, s->a[1], NULL, i[0], (int)i[1]);
-#endif
-        act_plain(out, s->a[1], NULL, c, i[0], (int)i[1]);
+    case OP_COLUMNS: {
+        const float *x = (const float *)s->a[1] + i[1];
+        for (Py_ssize_t r = 0; r < i[3]; r++, x += i[0], out += i[2] - i[1])
+            memcpy(out, x, sizeof(float) * (i[2] - i[1]));
         return NULL;
     }
     case OP_CLAMP: {
-        const float *x = s->a[1], c = s->f[0];
-        for (Py_ssize_t k = 0; k < i[0]; k++)
-            out[k] = x[k] > c ? c : x[k] < -c ? -c : x[k];
+        const float c = s->f[0];
+        for (Py_ssize_t r = 0; r < i[0]; r++) {
+            const float *x = (const float *)s->a[1] + r * s->rs[1];
+            float *o = out + r * s->rs[0];
+            for (Py_ssize_t k = 0; k < i[1]; k++)
+                o[k] = x[k] > c ? c : x[k] < -c ? -c : x[k];
+        }
         return NULL;
     }
     case OP_SOFTCAP: {
@@ -552,20 +614,30 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3]) {
         return NULL;
     }
     case OP_ADD_ROWS: {
-        if (start < 0 || start >= i[1])
-            return "add_rows: the position is past the table";
+        if (start < 0 || start + i[2] > i[1]) {
+            snprintf(msg, size, "add_rows: positions %zd .. %zd are past the table's %zd",
+                     start, start + i[2] - 1, i[1]);
+            return msg;
+        }
         const float *x = s->a[1], *t = (const float *)s->a[2] + start * i[0];
-        for (Py_ssize_t k = 0; k < i[0]; k++)
+        for (Py_ssize_t k = 0; k < i[2] * i[0]; k++)
             out[k] = x[k] + t[k];
         return NULL;
     }
+    case OP_TAKE_ROW:
+        if (start < 0 || start >= i[1]) {
+            snprintf(msg, size, "take_row: row %zd is not within the %zd rows", start, i[1]);
+            return msg;
+        }
+        memcpy(out, (const float *)s->a[1] + start * i[0], sizeof(float) * i[0]);
+        return NULL;
     }
     return "an unknown step";
 }
 
 /* run(program, start, rows, position, first, last): steps first .. last, GIL released.
- * ValueError (naming the step) where a step's position is past its arrays; the steps
- * before it have run. */
+ * ValueError (naming the step) where a step's position or rows are past its arrays; the
+ * steps before it have run. */
 static PyObject *py_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "run(program, start, rows, position, first, last)");
@@ -587,10 +659,11 @@ static PyObject *py_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const char *error = NULL;
+    char msg[192];
     Py_ssize_t at = first;
     Py_BEGIN_ALLOW_THREADS
     for (; at < last && !error; at++)
-        error = step_run(&p->steps[at], call);
+        error = step_run(&p->steps[at], call, msg, sizeof msg);
     Py_END_ALLOW_THREADS
     if (error) {
         PyErr_Format(PyExc_ValueError, "run: step %zd: %s", at - 1, error);

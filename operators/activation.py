@@ -354,9 +354,11 @@ class Activation(Operator):
         act_kernel(out, x, act, scratch, params)
 
     def lower(self, out, x, *params, scratch=None, act="silu"):
-        if act not in _NATIVE or params or not native.contiguous(out, x):
+        if act not in _NATIVE or params or x.ndim < 1 or not native.contiguous(out, x):
             return None
-        return native.Step(native.OP_ACTIVATION, (out, x), (x.size, _NATIVE[act]))
+        rows = x.shape[0] if x.ndim > 1 else 1
+        return native.Step(native.OP_ACTIVATION, (out, x), (rows, x.size // rows, _NATIVE[act]),
+                           rows=0)
 
     def scratch(self, x, *params, act="silu"):
         return act_scratch(act) * int(np.prod(x))
@@ -412,10 +414,12 @@ class GatedActivation(Operator):
         out *= u
 
     def lower(self, out, gate, up=None, *params, scratch=None, act="silu"):
-        if act not in _NATIVE or params or not native.contiguous(out, gate, up):
+        # Rows apart: the fused gate/up projection's column views, read in place.
+        if act not in _NATIVE or params or out.ndim != 2 or not native.rows_apart(out, gate, up):
             return None
         m = out.shape[-1]
-        return native.Step(native.OP_GATED, (out, gate, up), (out.size // m, m, _NATIVE[act]))
+        return native.Step(native.OP_GATED, (out, gate, up), (out.shape[0], m, _NATIVE[act]),
+                           rows=0)
 
     def scratch(self, gate, up=None, *params, act="silu"):
         return act_scratch(act) * (int(np.prod(gate)) // (2 if up is None else 1))

@@ -61,11 +61,13 @@ class KVWrite(Operator):
             cache[:, row:row + n] = x[at:at + n].transpose(1, 0, 2)
 
     def lower(self, out, x, cache, scratch=None, ring=None):
-        # One position (a decode step's): each kv head's row copied into its place.
-        if x.shape[0] != 1 or not native.contiguous(x, cache):
+        # Each position's kv heads' rows copied into their places, as kernel (x may be the
+        # fused projection's column view); every row within the cache (checked first).
+        if not native.rows_apart(x) or not native.contiguous(cache):
             return None
         G, L, D = cache.shape
-        return native.Step(native.OP_KV_WRITE, (cache, x), (G, L, D, ring or 0))
+        return native.Step(native.OP_KV_WRITE, (cache, x), (G, L, D, ring or 0, x.shape[0]),
+                           rows=4)
 
     def tolerance(self, x, cache, start=0, ring=None):
         return Tolerance(atol=0.0, rtol=0.0)
@@ -261,15 +263,18 @@ class Attention(Operator):
 
     def lower(self, out, q, keys, values, scratch=None, scale=None, window=None, softcap=None,
               ring=None):
-        # One query (a decode step's), as kernel runs it on the decode pool: the same code.
-        if q.shape[0] != 1 or native.LIB is None or scratch is None or \
-                not native.contiguous(out, q, keys, values, scratch):
+        # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
+        # more (a prompt chunk's, q maybe the fused projection's column view) by
+        # lib.attend_chunk's.
+        if native.LIB is None or scratch is None or not native.rows_apart(q) or \
+                not native.contiguous(out, keys, values, scratch):
             return None
-        _, H, D = q.shape
+        n, H, D = q.shape
         G, L, _ = keys.shape
         scale = np.float32(D ** -0.5 if scale is None else scale)
         return native.Step(native.OP_ATTEND, (out, q, keys, values, scratch),
-                           (H, G, D, L, window or 0, ring or 0), (float(scale), float(softcap or 0.0)))
+                           (H, G, D, L, window or 0, ring or 0, n),
+                           (float(scale), float(softcap or 0.0)), rows=6)
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
                 ring=None):
@@ -279,7 +284,8 @@ class Attention(Operator):
         own = H * n * D + rows * (L + 1) + (0 if ring is None else 2 * G * ring * D)
         if n == 1:
             return max(own, native.attend_scratch(H, G, D, L))
-        return max(own, native.attend_chunk_scratch(D, L))
+        # A chunk's call may run one row (its last): attend's own scratch then.
+        return max(own, native.attend_chunk_scratch(D, L), native.attend_scratch(H, G, D, L))
 
     def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
                   ring=None):

@@ -61,6 +61,8 @@ class Operator:
     writes: int | None = None
     #: Whether an output keeps its first input's per-call row bound (``rows``).
     keeps_bound: bool = True
+    #: The attribute a native program gives the step from the call (``lower``).
+    call_attr: str = "start"
 
     def shape(self, *shapes: tuple[int, ...], **attrs: Any) -> tuple[int, ...]:
         """The output shape for inputs of ``shapes``. Raises ValueError on a mismatch."""
@@ -123,9 +125,12 @@ class Operator:
         """This step as one step of a native program (``operators.native.Step``) over these
         very arrays, or None where it has none (the default: the plan calls ``kernel``).
 
-        Called once, at compile, for a step whose arrays do not change with the call; a
-        per-call ``start`` is the program's to give (``attrs`` hold the static ones only).
-        The native step computes what ``kernel`` does, judged by the same reference.
+        Called once, at compile, over the step's arrays at their full size; a per-call
+        ``call_attr`` (``start``) is the program's to give (``attrs`` hold the static ones
+        only). Where the step's leading axis is bounded by the call's ``rows`` (a prompt
+        chunk's), the plan lowers it only if the step says which of its ints counts that
+        axis (``Step.rows``). The native step computes what ``kernel`` does, judged by the
+        same reference.
         """
         return None
 

@@ -33,7 +33,7 @@ class Add(Operator):
     def lower(self, out, a, b, scratch=None, scale=1.0):
         if not native.contiguous(out, a, b):
             return None
-        return native.Step(native.OP_ADD, (out, a, b), (a.size,), (scale,))
+        return native.Step(native.OP_ADD, (out, a, b), (a.size,), (scale,), rows=0)
 
     def tolerance(self, a, b, scale=1.0):
         return Tolerance(atol=0.0, rtol=2 * EPS32)
@@ -73,7 +73,7 @@ class Mul(Operator):
             if tail != a.shape[a.ndim - len(tail):]:
                 return None
         return native.Step(native.OP_MUL, (out, a, b), (a.size, 1 if b is None else b.size),
-                           (scale,))
+                           (scale,), rows=0)
 
     def tolerance(self, a, b=None, scale=1.0):
         return Tolerance(atol=0.0, rtol=EPS32)
@@ -85,6 +85,7 @@ class TakeRow(Operator):
 
     name = "take_row"
     keeps_bound = False
+    call_attr = "index"
 
     def shape(self, x, index=0):
         return (1, x[1])
@@ -94,6 +95,13 @@ class TakeRow(Operator):
 
     def kernel(self, out, x, scratch=None, index=0):
         out[0] = x[index]
+
+    def lower(self, out, x, scratch=None):
+        # The row the call's ``index`` names (a prompt chunk's last: rows - 1), checked
+        # within the rows the call runs.
+        if x.ndim != 2 or not native.contiguous(out, x):
+            return None
+        return native.Step(native.OP_TAKE_ROW, (out, x), (x.shape[1], x.shape[0]), rows=1)
 
     def tolerance(self, x, index=0):
         return Tolerance(atol=0.0, rtol=0.0)
@@ -117,9 +125,10 @@ class Columns(Operator):
         np.copyto(out, x[:, begin:end])
 
     def lower(self, out, x, scratch=None, begin=0, end=0):
-        if x.shape[0] != 1 or not native.contiguous(out, x):
+        if not native.contiguous(out, x):
             return None
-        return native.Step(native.OP_COLUMNS, (out, x), (x.shape[1], begin, end))
+        return native.Step(native.OP_COLUMNS, (out, x), (x.shape[1], begin, end, x.shape[0]),
+                           rows=3)
 
     def tolerance(self, x, begin=0, end=0):
         return Tolerance(atol=0.0, rtol=0.0)
@@ -145,9 +154,11 @@ class Clamp(Operator):
         np.clip(x, -c, c, out=out)
 
     def lower(self, out, x, scratch=None, limit=1.0):
-        if not native.contiguous(out, x):
+        # Rows apart: a fused projection's column views, read in place.
+        if x.ndim != 2 or not native.rows_apart(out, x):
             return None
-        return native.Step(native.OP_CLAMP, (out, x), (x.size,), (float(np.float32(limit)),))
+        return native.Step(native.OP_CLAMP, (out, x), x.shape, (float(np.float32(limit)),),
+                           rows=0)
 
     def tolerance(self, x, limit=1.0):
         return Tolerance(atol=0.0, rtol=EPS32)

@@ -33,11 +33,13 @@ class Embedding(Operator):
             out *= np.float32(scale)
 
     def lower(self, out, ids, weight, scratch=None, scale=1.0):
-        # One id (a decode step's): its row, times the scale.
-        if ids.shape != (1,) or ids.dtype != np.int32 or weight.dtype != np.float32 or \
+        # Each id's row, times the scale; every id checked within the vocabulary first (the
+        # error names its row).
+        if ids.ndim != 1 or ids.dtype != np.int32 or weight.dtype != np.float32 or \
                 not native.contiguous(out, ids, weight):
             return None
-        return native.Step(native.OP_EMBEDDING, (out, ids, weight), weight.shape, (scale,))
+        return native.Step(native.OP_EMBEDDING, (out, ids, weight), weight.shape + ids.shape,
+                           (scale,), rows=2)
 
     def tolerance(self, ids, weight, scale=1.0):
         # A gather is exact; the scale is one float32 rounding.

@@ -69,12 +69,15 @@ class LayerNorm(Operator):
             out += bias
 
     def lower(self, out, x, weight, bias=None, scratch=None, eps=1e-5, plus_one=False):
-        # The kernel's two passes per row of the last axis, the weight's rows in turn.
-        if not native.contiguous(out, x, weight, bias):
+        # The kernel's two passes per row of the last axis, the weight's rows in turn (one,
+        # or one per head), x's rows apart (a fused projection's heads).
+        if x.ndim not in (2, 3) or not native.rows_apart(out, x) or \
+                not native.contiguous(weight, bias):
             return None
         d = x.shape[-1]
+        inner = x.shape[1] if x.ndim == 3 else 1
         return native.Step(native.OP_LAYER_NORM, (out, x, weight, bias),
-                           (x.size // d, d, weight.size // d), (eps,))
+                           (x.size // d, d, weight.size // d, inner), (eps,), rows=0)
 
     def pack(self, index, array, eps=1e-5, plus_one=False):
         w = np.asarray(array, np.float32)

@@ -109,10 +109,17 @@ class Linear(Operator):
             out += bias
 
     def lower(self, out, x, weight, bias=None, scratch=None):
-        # One row, as the decode pool's gemv reads it (kernel above): the same kernel.
-        if x.shape[0] != 1 or native.LIB is None or not native.contiguous(out, x, weight, bias):
+        # As kernel: one row by the decode pool's gemv, more (a prompt chunk's, float32
+        # weights) by its gemm, unless IRON_SPEC_GEMM=blas leaves them to numpy's BLAS.
+        if native.LIB is None or not native.contiguous(out, x, weight, bias):
             return None
-        return native.Step(native.OP_GEMV, (out, x, weight, bias), (weight.shape[0], x.shape[1]))
+        if x.shape[0] == 1:
+            return native.Step(native.OP_GEMV, (out, x, weight, bias),
+                               (weight.shape[0], x.shape[1]))
+        if weight.dtype != np.float32 or native.GEMM != "native":
+            return None
+        return native.Step(native.OP_GEMM, (out, x, weight, bias),
+                           (weight.shape[0], x.shape[1], x.shape[0]), rows=2)
 
     def tolerance(self, x, weight, bias=None):
         # A float32 dot product of K terms errs by at most ~K * eps * sum|x_k w_k| (Higham);

@@ -12,9 +12,10 @@ the machine that built it. ``IRON_SPEC_SIMD=portable|avx2|avx512`` picks one ins
 ValueError at the first call where this CPU lacks it); ``describe()`` says which runs.
 A prompt chunk's GEMMs run on the pool too (``GEMM``), unless IRON_SPEC_GEMM=blas.
 
-A compiled plan runs its one-row steps as one native call (``Step``, ``PROGRAM``):
-``operators/_cpu_program.h`` holds each step's arrays and runs them with the GIL released.
-IRON_SPEC_PROGRAM=0 runs them one Python call a step instead.
+A compiled plan runs its steps as one native call (``Step``, ``PROGRAM``), a decode step's
+and a prompt chunk's (over the call's rows): ``operators/_cpu_program.h`` holds each step's
+arrays and runs them with the GIL released. IRON_SPEC_PROGRAM=0 runs them one Python call a
+step instead.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def describe() -> str:
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
             f"{', '.join(LIB.available())}); prompt GEMMs: "
             + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
-            + "; one-row steps: " + ("one native call" if PROGRAM else
+            + "; compiled steps: " + ("one native call" if PROGRAM else
                                      "a Python call each (IRON_SPEC_PROGRAM=0)"))
 
 
 SIMD_VARIABLE = "IRON_SPEC_SIMD"
-#: Whether a compiled plan runs its one-row steps as one native call (``Step``), unless
+#: Whether a compiled plan runs its steps as one native call (``Step``), unless
 #: IRON_SPEC_PROGRAM turns it off (0, false, off, no).
 PROGRAM = hasattr(LIB, "program") and os.environ.get("IRON_SPEC_PROGRAM", "1").strip().lower() \
     not in ("0", "false", "off", "no")
@@ -77,20 +78,26 @@ CALL = ("start", "rows", "position")
 # The step codes of operators/_cpu_program.h, in its order.
 (OP_GEMV, OP_ATTEND, OP_RMS_NORM, OP_ADD, OP_MUL, OP_GATED, OP_ROPE, OP_KV_WRITE,
  OP_EMBEDDING, OP_LAYER_NORM, OP_COLUMNS, OP_ACTIVATION, OP_CLAMP, OP_SOFTCAP,
- OP_ADD_ROWS) = range(15)
+ OP_ADD_ROWS, OP_GEMM, OP_TAKE_ROW) = range(17)
 ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2 = range(6)
 
 
 class Step(NamedTuple):
     """One step of a native program (``Operator.lower``): its code (``OP_*``), its arrays
     (output first; None for an absent input), and the ints and floats its code takes
-    (``operators/_cpu_program.h``). Every array is C-contiguous and stays where it is while
-    the program lives (the program holds it)."""
+    (``operators/_cpu_program.h``). Every array is C-contiguous (or, where its code reads
+    it so, float32 rows apart: ``rows_apart``) and stays where it is while the program
+    lives (the program holds it).
+
+    ``rows``: which int counts the leading axis of the step's arrays (their rows, or rows
+    times a width), where the step may run fewer rows than its arrays hold (a prompt chunk's
+    ``rows``: ``program``); None where it may not."""
 
     op: int
     arrays: tuple
     ints: tuple = ()
     floats: tuple = ()
+    rows: int | None = None
 
 
 def contiguous(*arrays) -> bool:
@@ -99,10 +106,13 @@ def contiguous(*arrays) -> bool:
 
 
 def rows_apart(*arrays) -> bool:
-    """Whether every array given is float32 rows a stride apart, each row (and in three
-    dimensions, each row's heads) contiguous: what a prompt chunk's native elementwise
-    kernels (``gated``, ``rms_norm``) read, a fused projection's column views among them."""
+    """Whether every array given (None aside) is float32 rows a stride apart, each row (and
+    in three dimensions, each row's heads) contiguous: what a prompt chunk's native
+    elementwise kernels (``gated``, ``rms_norm``) read, a fused projection's column views
+    among them."""
     for a in arrays:
+        if a is None:
+            continue
         if a.dtype != np.float32 or a.ndim not in (2, 3) or a.strides[-1] != 4 \
                 or (a.ndim == 3 and a.strides[1] != 4 * a.shape[2]) \
                 or a.strides[0] < 4 * (a.size // max(1, a.shape[0])):
@@ -110,21 +120,28 @@ def rows_apart(*arrays) -> bool:
     return True
 
 
-def program(steps: list[tuple[Step, object]]):
-    """The native program of ``steps`` (each a ``Step`` and its ``start``: a
-    ``base.PerCall``, an int, or None for none), for ``run``.
+def program(steps: list[tuple]):
+    """The native program of ``steps``, for ``run``: each a ``Step``, its ``start`` (a
+    ``base.PerCall``, an int, or None for none) and optionally its capacity: where given,
+    the step's arrays hold that many rows (a bounded step's, ``Step.rows`` its count) and
+    each run takes the call's ``rows`` of them.
 
     Raises:
-        ValueError: a step's arrays do not fit its code (naming the step).
+        ValueError: a step's arrays do not fit its code (naming the step), or a capacity is
+            given to a step without ``rows``.
     """
     encoded = []
-    for step, start in steps:
+    for j, (step, start, *bound) in enumerate(steps):
         if start is None or isinstance(start, int):
             at, offset = -1, start or 0
         else:
             at, offset = CALL.index(start.name), start.offset
+        capacity = bound[0] if bound else None
+        if capacity is not None and step.rows is None:
+            raise ValueError(f"program: step {j} (op {step.op}) takes no rows")
+        rows_at = -1 if capacity is None else step.rows
         encoded.append((step.op, at, offset, step.arrays, tuple(int(i) for i in step.ints),
-                        tuple(float(f) for f in step.floats)))
+                        tuple(float(f) for f in step.floats), rows_at, int(capacity or 0)))
     return lib().program(tuple(encoded))
 
 

@@ -54,12 +54,14 @@ class RMSNorm(Operator):
 
     def lower(self, out, x, weight, scratch=None, eps=1e-6, plus_one=False):
         # Per row of the last axis, the weight's rows in turn (one, or one per head); the
-        # one-row kernel's operations: the mean and its reciprocal square root in float32.
-        if not native.contiguous(out, x, weight):
+        # chunk kernel's body (lib.rms_norm) over rows apart (a fused projection's heads).
+        if x.ndim not in (2, 3) or not native.rows_apart(out, x) or \
+                not native.contiguous(weight):
             return None
         d = x.shape[-1]
-        return native.Step(native.OP_RMS_NORM, (out, x, weight), (x.size // d, d, weight.size // d),
-                           (eps,))
+        inner = x.shape[1] if x.ndim == 3 else 1
+        return native.Step(native.OP_RMS_NORM, (out, x, weight),
+                           (x.size // d, d, weight.size // d, inner), (eps,), rows=0)
 
     def pack(self, index, array, eps=1e-6, plus_one=False):
         w = np.asarray(array, np.float32)

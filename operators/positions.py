@@ -32,9 +32,11 @@ class AddRows(Operator):
         np.add(x, table[start:start + x.shape[0]], out=out)
 
     def lower(self, out, x, table, scratch=None):
-        if x.shape[0] != 1 or not native.contiguous(out, x, table):
+        # Row r of x meets table row start + r, every row within the table (checked).
+        if not native.contiguous(out, x, table):
             return None
-        return native.Step(native.OP_ADD_ROWS, (out, x, table), (x.shape[1], table.shape[0]))
+        return native.Step(native.OP_ADD_ROWS, (out, x, table),
+                           (x.shape[1], table.shape[0], x.shape[0]), rows=2)
 
     def tolerance(self, x, table, start=0):
         return Tolerance(atol=0.0, rtol=2 * EPS32)

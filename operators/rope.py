@@ -258,12 +258,13 @@ class Rope(Operator):
             out[..., R:] = x[..., R:]
 
     def lower(self, out, x, cos, sin, scratch=None, interleaved=False):
-        # One row (a decode step's): x * cos + partner(x) * sin per column, as kernel.
-        if x.shape[0] != 1 or not native.contiguous(out, x, cos, sin):
+        # x * cos + partner(x) * sin per column, as kernel's lib.rope (x may be the fused
+        # projection's column view); row r at table row start + r, within the table.
+        if not native.rows_apart(x) or not native.contiguous(out, cos, sin):
             return None
-        _, heads, D = x.shape
+        n, heads, D = x.shape
         return native.Step(native.OP_ROPE, (out, x, cos, sin),
-                           (heads, D, cos.shape[1], int(interleaved), cos.shape[0]))
+                           (heads, D, cos.shape[1], int(interleaved), cos.shape[0], n), rows=5)
 
     def pack(self, index, array, start=0, interleaved=False):
         # The tables (L, rotary_dim / 2) widened to one value per column: half against

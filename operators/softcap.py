@@ -32,7 +32,7 @@ class Softcap(Operator):
     def lower(self, out, x, scratch=None, cap=1.0):
         if not native.contiguous(out, x):
             return None
-        return native.Step(native.OP_SOFTCAP, (out, x), (x.size,), (cap,))
+        return native.Step(native.OP_SOFTCAP, (out, x), (x.size,), (cap,), rows=0)
 
     def tolerance(self, x, cap=1.0):
         return Tolerance(atol=1e-6, rtol=8 * EPS32)

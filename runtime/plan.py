@@ -5,10 +5,10 @@ packs each weight once into the form its kernel reads, and on each call runs the
 on views of the arena, bounded by the call's ``rows``. With ``check=True`` every step is
 compared, on the same inputs, with its operator's float64 reference.
 
-Steps whose arrays do not change with the call (every step of a decode step) are lowered
-at compile to a native program (``Operator.lower``, ``operators.native``) where the
-extension is built: each run of consecutive lowered steps is then one native call, and the
-rest run their numpy kernels between. Under ``check=True`` each lowered step runs alone, the
+Steps are lowered at compile to a native program (``Operator.lower``, ``operators.native``)
+where the extension is built, a prompt chunk's over their arrays at capacity with the row
+count taken from the call: each run of consecutive lowered steps is then one native call,
+and the rest run their numpy kernels between. Under ``check=True`` each lowered step runs alone, the
 native code itself judged by its reference.
 """
 
@@ -261,20 +261,28 @@ class Plan:
     def _lower(self) -> None:
         """The native program of the steps that have one (``Operator.lower``), and the order
         the plan runs: runs of consecutive native steps as ``(first, last)`` of the program,
-        each other step its ``_Run``. Without the extension (or IRON_SPEC_PROGRAM=0), every
-        step is a ``_Run``."""
+        each other step its ``_Run``. A step bounded by the call's ``rows`` (a prompt
+        chunk's) is lowered over its arrays at their capacity, the program taking the rows
+        from the call. Without the extension (or IRON_SPEC_PROGRAM=0), every step is a
+        ``_Run``."""
         lowered: list[tuple] = []
         self._native: dict[int, int] = {}  # run index -> program step
         for r in self.runs if native.PROGRAM else ():
-            start = r.per_call.get("start", r.static.get("start"))
-            if r.fixed is None or set(r.per_call) - {"start"} or not (
+            key = r.step.op.call_attr
+            start = r.per_call.get(key, r.static.get(key))
+            if set(r.per_call) - {key} or not (
                     start is None or isinstance(start, (int, PerCall))):
                 continue
-            attrs = {k: v for k, v in r.static.items() if k != "start"}
+            attrs = {k: v for k, v in r.static.items() if k != key}
             step = r.step.op.lower(r.out, *r.ins, scratch=r.scratch, **attrs)
-            if step is not None:
-                self._native[r.index] = len(lowered)
-                lowered.append((step, start))
+            if step is None or (r.bounded and step.rows is None):
+                continue
+            capacity = None
+            if r.bounded:
+                bounded = [x for x, b in zip(r.ins, r.bounded_in) if b]
+                capacity = (r.out if r.bounded_out else bounded[0]).shape[0]
+            self._native[r.index] = len(lowered)
+            lowered.append((step, start, capacity))
         self._program = native.program(lowered) if lowered else None
         self._order: list = []
         for r in self.runs:

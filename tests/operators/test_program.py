@@ -143,7 +143,7 @@ def test_a_position_past_the_cache_is_refused_naming_the_step(randn):
     cache = np.zeros((2, 4, 8), np.float32)
     step = KVWrite().lower(cache, randn(1, 2, 8), cache)
     prog = native.program([(step, PerCall("position"))])
-    with pytest.raises(ValueError, match="step 0: kv_write: the position is past the cache"):
+    with pytest.raises(ValueError, match="step 0: kv_write: positions 4 .. 4 are past the cache.s 4 rows"):
         native.run(prog, {"start": 4, "position": 4, "rows": 1}, 0, 1)
     assert not cache.any()
     with pytest.raises(ValueError, match="steps 0 .. 2 are not within 0 .. 1"):
