@@ -8,7 +8,8 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
     "iron_spec.operators._cpu", ["operators/_cpu.c"],
-    depends=["operators/_cpu_gemv.h", "operators/_cpu_program.h", "operators/_cpu_chunk.h"],
+    depends=["operators/_cpu_vec.h", "operators/_cpu_gemv.h", "operators/_cpu_program.h",
+             "operators/_cpu_chunk.h"],
     optional=True,
     extra_compile_args=["-O3", "-pthread", "-fno-strict-aliasing"],
     extra_link_args=["-pthread"],

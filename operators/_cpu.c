@@ -265,9 +265,10 @@ typedef struct {
     int interleaved;
 } rope_args;
 
-/* One body (_cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
+/* One body (_cpu_vec.h, _cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
 #define W 4
+#include "_cpu_vec.h"
 #include "_cpu_gemv.h"
 #include "_cpu_chunk.h"
 #undef SUFFIX
@@ -282,6 +283,7 @@ typedef struct {
 #endif
 #define SUFFIX _avx2
 #define W 8
+#include "_cpu_vec.h"
 #include "_cpu_gemv.h"
 #include "_cpu_chunk.h"
 #undef SUFFIX
@@ -300,6 +302,7 @@ typedef struct {
 #endif
 #define SUFFIX _avx512
 #define W 16
+#include "_cpu_vec.h"
 #include "_cpu_gemv.h"
 #include "_cpu_chunk.h"
 #undef SUFFIX
@@ -914,82 +917,117 @@ g0:
     return NULL;
 }
 
-/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring):
- * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D), position p at
- * row p % ring (ring 0: at row p); window 0: none; softcap 0: none; scratch:
- * scratch_size(...) floats. q is scaled into the scratch. */
-static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* attend's and attend_chunk's arguments, (out, q, keys, values, scratch, kv_heads, start,
+ * window, scale, softcap, ring), parsed alike: out, the caches and scratch C-contiguous
+ * float32 (out and scratch writable), q float32 with its strides (attend_chunk's rows may
+ * stand apart), the ints within what either reads. 0 with every buffer held (attend_free),
+ * or -1 with a ValueError naming ``name``. */
+typedef struct {
+    Py_buffer out, q, k, v, scratch;
+    int G;
+    Py_ssize_t start, window, ring;
+    float scale, softcap;
+} attend_call;
+
+static void attend_free(attend_call *c) {
+    PyBuffer_Release(&c->scratch);
+    PyBuffer_Release(&c->v);
+    PyBuffer_Release(&c->k);
+    PyBuffer_Release(&c->q);
+    PyBuffer_Release(&c->out);
+}
+
+static int attend_parse(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                        attend_call *c) {
     if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "attend takes 11 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s takes 11 arguments", name);
+        return -1;
     }
     long G = PyLong_AsLong(args[5]);
     Py_ssize_t start = PyLong_AsSsize_t(args[6]), window = PyLong_AsSsize_t(args[7]);
     double scale = PyFloat_AsDouble(args[8]), softcap = PyFloat_AsDouble(args[9]);
     Py_ssize_t ring = PyLong_AsSsize_t(args[10]);
     if (PyErr_Occurred())
-        return NULL;
-    if (start < 0 || start >= PY_SSIZE_T_MAX / 2 || window < 0 || G < 1 || ring < 0 ||
-        (ring > 0 && (window == 0 || window > ring))) {
-        PyErr_SetString(PyExc_ValueError, "attend: start must be within the cache, window "
-                        ">= 0 (0: none), kv_heads >= 1, ring >= 0 (0: none) holding the "
-                        "window");
+        return -1;
+    if (start < 0 || start >= INT32_MAX / 2 || window < 0 || G < 1 || G > INT32_MAX ||
+        ring < 0 || (ring > 0 && (window == 0 || window > ring))) {
+        PyErr_Format(PyExc_ValueError, "%s: start must be within the cache, window >= 0 (0: "
+                     "none), kv_heads >= 1, ring >= 0 (0: none) holding the window", name);
+        return -1;
+    }
+    *c = (attend_call){.G = (int)G, .start = start, .window = window, .ring = ring,
+                       .scale = (float)scale, .softcap = (float)softcap};
+    if (get_floats(args[0], &c->out, 1, "out") < 0)
+        return -1;
+    if (PyObject_GetBuffer(args[1], &c->q, PyBUF_STRIDES | PyBUF_FORMAT) != 0)
+        goto a0;
+    if (c->q.itemsize != 4 || !c->q.format || strcmp(c->q.format, "f") != 0) {
+        PyErr_SetString(PyExc_ValueError, "q must be float32");
+        goto a1;
+    }
+    if (get_floats(args[2], &c->k, 0, "keys") < 0)
+        goto a1;
+    if (get_floats(args[3], &c->v, 0, "values") < 0)
+        goto a2;
+    if (get_floats(args[4], &c->scratch, 1, "scratch") < 0)
+        goto a3;
+    return 0;
+a3:
+    PyBuffer_Release(&c->v);
+a2:
+    PyBuffer_Release(&c->k);
+a1:
+    PyBuffer_Release(&c->q);
+a0:
+    PyBuffer_Release(&c->out);
+    return -1;
+}
+
+/* Whether out and scratch stand apart from each other and from what attention reads. */
+static int attend_apart(const attend_call *c) {
+    return !overlaps(&c->out, &c->q) && !overlaps(&c->out, &c->k) &&
+           !overlaps(&c->out, &c->v) && !overlaps(&c->out, &c->scratch) &&
+           !overlaps(&c->scratch, &c->q) && !overlaps(&c->scratch, &c->k) &&
+           !overlaps(&c->scratch, &c->v);
+}
+
+/* Run n queries (attend_any, as a program's OP_ATTEND step) where the shapes fit (ok), else
+ * a ValueError "name: shapes do not fit (why)". */
+static PyObject *attend_call_run(attend_call *c, const char *name, int ok, int H, int D,
+                                 Py_ssize_t n, Py_ssize_t qstride, const char *shapes) {
+    const char *why = ok ? NULL : shapes;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        why = attend_any(c->out.buf, c->q.buf, qstride, c->k.buf, c->v.buf, c->scratch.buf,
+                         c->scratch.len / 4, H, c->G, D, c->k.shape[1], n, c->start,
+                         c->window, c->scale, c->softcap, c->ring);
+        Py_END_ALLOW_THREADS
+    }
+    attend_free(c);
+    if (why) {
+        PyErr_Format(PyExc_ValueError, "%s: shapes do not fit (%s)", name, why);
         return NULL;
     }
-    Py_buffer out, q, k, v, scratch;
-    if (get_floats(args[0], &out, 1, "out") < 0)
-        return NULL;
-    if (get_floats(args[1], &q, 0, "q") < 0)
-        goto f0;
-    if (get_floats(args[2], &k, 0, "keys") < 0)
-        goto f1;
-    if (get_floats(args[3], &v, 0, "values") < 0)
-        goto f2;
-    if (get_floats(args[4], &scratch, 1, "scratch") < 0)
-        goto f3;
-    Py_ssize_t HD = q.len / 4;
-    int D = 0, H = 0;
-    Py_ssize_t L = 0;
-    if (k.ndim == 3 && k.shape[0] == G) {
-        L = k.shape[1];
-        D = (int)k.shape[2];
-    }
-    if (D > 0)
-        H = (int)(HD / D);
-    Py_ssize_t t = start + 1;
-    Py_ssize_t need = H > 0 ? attend_need(H, (int)G, D, start, window) : 0;
-    if (D == 0 || H == 0 || H % G || (Py_ssize_t)H * D != HD || out.len != q.len ||
-        v.len != k.len || start < 0 || (t > L && !(ring > 0 && L == ring)) ||
-        scratch.len / 4 < need ||
-        overlaps(&out, &q) || overlaps(&out, &k) || overlaps(&out, &v) ||
-        overlaps(&out, &scratch) || overlaps(&scratch, &q) || overlaps(&scratch, &k) ||
-        overlaps(&scratch, &v)) {
-        PyErr_SetString(PyExc_ValueError, "attend: shapes do not fit (q (H, D), caches "
-                        "(kv_heads, L, D) past start, scratch of scratch_size, out and "
-                        "scratch apart from the rest)");
-        goto f4;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    attend_run(out.buf, q.buf, k.buf, v.buf, scratch.buf, H, (int)G, D, L, start, window,
-               (float)scale, (float)softcap, ring);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&scratch);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&out);
     Py_RETURN_NONE;
-f4:
-    PyBuffer_Release(&scratch);
-f3:
-    PyBuffer_Release(&v);
-f2:
-    PyBuffer_Release(&k);
-f1:
-    PyBuffer_Release(&q);
-f0:
-    PyBuffer_Release(&out);
-    return NULL;
+}
+
+/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring):
+ * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D), position p at
+ * row p % ring (ring 0: at row p); window 0: none; softcap 0: none; scratch:
+ * scratch_size(...) floats. q is scaled into the scratch. */
+static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    attend_call c;
+    if (attend_parse(args, nargs, "attend", &c) < 0)
+        return NULL;
+    const Py_buffer *k = &c.k;
+    int D = k->ndim == 3 && k->shape[0] == c.G ? (int)k->shape[2] : 0;
+    int H = D > 0 ? (int)(c.q.len / 4 / D) : 0;
+    int ok = D > 0 && H > 0 && H % c.G == 0 && (Py_ssize_t)H * D * 4 == c.q.len &&
+             PyBuffer_IsContiguous(&c.q, 'C') && c.out.len == c.q.len && c.v.len == k->len &&
+             attend_apart(&c);
+    return attend_call_run(&c, "attend", ok, H, D, 1, (Py_ssize_t)H * D,
+                           "q (H, D) C-contiguous, caches (kv_heads, L, D), out as q, out and "
+                           "scratch apart from the rest");
 }
 
 /* attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap,
@@ -998,86 +1036,22 @@ f0:
  * 0: at row p); window 0: none; softcap 0: none; scratch: at least threads * 32 * (D + L
  * + 32) floats. */
 static PyObject *py_attend_chunk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "attend_chunk takes 11 arguments");
+    attend_call c;
+    if (attend_parse(args, nargs, "attend_chunk", &c) < 0)
         return NULL;
-    }
-    long G = PyLong_AsLong(args[5]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[6]), window = PyLong_AsSsize_t(args[7]);
-    double scale = PyFloat_AsDouble(args[8]), softcap = PyFloat_AsDouble(args[9]);
-    Py_ssize_t ring = PyLong_AsSsize_t(args[10]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (start < 0 || start >= INT32_MAX / 2 || window < 0 || G < 1 || ring < 0 ||
-        (ring > 0 && window == 0)) {
-        PyErr_SetString(PyExc_ValueError, "attend_chunk: start must be within the cache, "
-                        "window >= 0 (0: none), kv_heads >= 1, ring >= 0 (0: none) with a "
-                        "window");
-        return NULL;
-    }
-    Py_buffer out, q, k, v, scratch;
-    if (get_floats(args[0], &out, 1, "out") < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[1], &q, PyBUF_STRIDES | PyBUF_FORMAT) != 0)
-        goto c0;
-    if (get_floats(args[2], &k, 0, "keys") < 0)
-        goto c1;
-    if (get_floats(args[3], &v, 0, "values") < 0)
-        goto c2;
-    if (get_floats(args[4], &scratch, 1, "scratch") < 0)
-        goto c3;
-    const Py_ssize_t P = 2 * simd_lanes();
-    int T = pool.threads ? pool.threads : 1;
-    int ok = q.ndim == 3 && q.itemsize == 4 && q.format && strcmp(q.format, "f") == 0 &&
-             k.ndim == 3 && k.shape[0] == G && v.len == k.len && q.shape[2] == k.shape[2] &&
-             q.shape[1] % G == 0 && q.strides[2] == 4 && q.strides[1] == 4 * q.shape[2] &&
-             q.strides[0] >= 4 * q.shape[1] * q.shape[2] && q.strides[0] % 4 == 0 &&
-             out.ndim == 2 && out.shape[0] == q.shape[0] &&
-             out.shape[1] == q.shape[1] * q.shape[2] && q.shape[0] > 0 && q.shape[2] > 0;
-    chunk_args a = {0};
-    if (ok) {
-        /* A ring still growing (fewer rows than the ring) holds its positions at their own rows. */
-        Py_ssize_t n = q.shape[0], L = k.shape[1], rows = ring > 0 && ring <= L ? ring : L;
-        Py_ssize_t span = start + n;
-        if (window > 0 && window + P - 1 < span)
-            span = window + P - 1;
-        a = (chunk_args){q.buf, k.buf, v.buf, out.buf, scratch.buf, n, start, L, rows, window,
-                         q.strides[0] / 4, span, (int)q.shape[1], (int)G, (int)q.shape[2],
-                         (float)scale, (float)softcap};
-        ok = (ring > 0 && ring == L ? window + n - 1 <= ring : start + n <= L) &&
-             scratch.len / 4 >= (Py_ssize_t)T * P * (a.D + span) &&
-             !overlaps(&out, &q) && !overlaps(&out, &k) && !overlaps(&out, &v) &&
-             !overlaps(&out, &scratch) && !overlaps(&scratch, &q) &&
-             !overlaps(&scratch, &k) && !overlaps(&scratch, &v);
-    }
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "attend_chunk: shapes do not fit (q (n, H, D) float32 "
-                        "with rows apart at most, caches (kv_heads, L, D) holding the chunk's "
-                        "positions, a ring holding window + n - 1 rows, out (n, H * D), scratch "
-                        "of threads * 32 * (D + L + 32) floats, out and scratch apart from the "
-                        "rest)");
-        goto c4;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    pool_run(chunk_part, &a);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&scratch);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&out);
-    Py_RETURN_NONE;
-c4:
-    PyBuffer_Release(&scratch);
-c3:
-    PyBuffer_Release(&v);
-c2:
-    PyBuffer_Release(&k);
-c1:
-    PyBuffer_Release(&q);
-c0:
-    PyBuffer_Release(&out);
-    return NULL;
+    const Py_buffer *q = &c.q, *k = &c.k;
+    int ok = q->ndim == 3 && k->ndim == 3 && k->shape[0] == c.G && c.v.len == k->len &&
+             q->shape[2] == k->shape[2] && q->shape[1] % c.G == 0 && q->strides[2] == 4 &&
+             q->strides[1] == 4 * q->shape[2] &&
+             q->strides[0] >= 4 * q->shape[1] * q->shape[2] && q->strides[0] % 4 == 0 &&
+             c.out.ndim == 2 && c.out.shape[0] == q->shape[0] &&
+             c.out.shape[1] == q->shape[1] * q->shape[2] && q->shape[0] > 0 &&
+             q->shape[1] > 0 && q->shape[2] > 0 && attend_apart(&c);
+    return attend_call_run(&c, "attend_chunk", ok, ok ? (int)q->shape[1] : 0,
+                           ok ? (int)q->shape[2] : 0, ok ? q->shape[0] : 0,
+                           ok ? q->strides[0] / 4 : 0,
+                           "q (n, H, D) float32 with rows apart at most, caches (kv_heads, L, "
+                           "D), out (n, H * D), out and scratch apart from the rest");
 }
 
 /* A float32 array of 2 (or, where allowed, 3) dimensions whose last is contiguous (and,

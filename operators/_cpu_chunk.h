@@ -1,6 +1,8 @@
-/* A prompt chunk's attention, one body included by _cpu.c once per instruction set (as
- * _cpu_gemv.h: SUFFIX and W, float32 lanes a vector holds, defined by the includer, inside
- * its target region).
+/* A prompt chunk's attention, and the row bodies every rms_norm, activation and rope step
+ * runs (a chunk's rows split over the pool, a decode step's one row on the calling thread):
+ * one body included by _cpu.c once per instruction set (as _cpu_gemv.h: SUFFIX and W, float32
+ * lanes a vector holds, defined by the includer, inside its target region; the vectors
+ * _cpu_vec.h's).
  *
  * Semantics are operators.attention.Attention's (causal GQA over a KV cache, an optional
  * sliding window, softcap and ring), judged by its float64 reference. The work is split
@@ -39,21 +41,9 @@ static inline float act_one(float x, int act) {
 #define CH_CAT(a, b) CH_CAT_(a, b)
 #define CH_FN(name) CH_CAT(name, SUFFIX)
 
-typedef float CH_FN(cv) __attribute__((vector_size(4 * W)));
-typedef int32_t CH_FN(ci) __attribute__((vector_size(4 * W)));
-
-#define FV CH_FN(cv)
-#define IV CH_FN(ci)
-
-static inline __attribute__((always_inline)) FV CH_FN(cload)(const float *p) {
-    FV v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void CH_FN(cstore)(float *p, FV v) {
-    memcpy(p, &v, sizeof v);
-}
+/* fv, sv, xload and xstore: _cpu_vec.h's. */
+#define FV CH_FN(fv)
+#define IV CH_FN(sv)
 
 /* a where mask (all ones) else b. */
 static inline __attribute__((always_inline)) FV CH_FN(pick)(IV mask, FV a, FV b) {
@@ -89,7 +79,7 @@ static inline __attribute__((always_inline)) void CH_FN(scores)(const float *qp,
     for (int r = 0; r < MR; r++)
         c[r][0] = c[r][1] = (FV){0};
     for (int p = 0; p < D; p++) {
-        FV x0 = CH_FN(cload)(qp + p * 2 * W), x1 = CH_FN(cload)(qp + p * 2 * W + W);
+        FV x0 = CH_FN(xload)(qp + p * 2 * W), x1 = CH_FN(xload)(qp + p * 2 * W + W);
         for (int r = 0; r < MR; r++) {
             float k = kr[r][p];
             c[r][0] += x0 * k;
@@ -97,8 +87,8 @@ static inline __attribute__((always_inline)) void CH_FN(scores)(const float *qp,
         }
     }
     for (int r = 0; r < MR; r++) {
-        CH_FN(cstore)(st + r * 2 * W, c[r][0]);
-        CH_FN(cstore)(st + r * 2 * W + W, c[r][1]);
+        CH_FN(xstore)(st + r * 2 * W, c[r][0]);
+        CH_FN(xstore)(st + r * 2 * W + W, c[r][1]);
     }
 }
 
@@ -113,7 +103,7 @@ static inline __attribute__((always_inline)) void CH_FN(sums)(const chunk_args *
         c[r][0] = c[r][1] = (FV){0};
     const float *row = V + (lo % a->rows) * D;
     for (Py_ssize_t j = lo; j < hi; j++) {
-        FV p0 = CH_FN(cload)(st + (j - lo) * 2 * W), p1 = CH_FN(cload)(st + (j - lo) * 2 * W + W);
+        FV p0 = CH_FN(xload)(st + (j - lo) * 2 * W), p1 = CH_FN(xload)(st + (j - lo) * 2 * W + W);
         for (int r = 0; r < MR; r++) {
             float v = row[d0 + r];
             c[r][0] += p0 * v;
@@ -171,8 +161,8 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
             IV seen = kp <= qpos[v];
             if (a->window > 0)
                 seen &= kp > qpos[v] - (int32_t)a->window;
-            FV x = CH_FN(pick)(seen, CH_FN(cload)(s + v * W), neg);
-            CH_FN(cstore)(s + v * W, x);
+            FV x = CH_FN(pick)(seen, CH_FN(xload)(s + v * W), neg);
+            CH_FN(xstore)(s + v * W, x);
             m[v] = CH_FN(pick)(x > m[v], x, m[v]);
         }
     }
@@ -180,8 +170,8 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
     for (j = lo; j < hi; j++) {
         float *s = st + (j - lo) * P;
         for (int v = 0; v < 2; v++) {
-            FV e = CH_FN(vexp)(CH_FN(cload)(s + v * W) - m[v]);
-            CH_FN(cstore)(s + v * W, e);
+            FV e = CH_FN(vexp)(CH_FN(xload)(s + v * W) - m[v]);
+            CH_FN(xstore)(s + v * W, e);
             l[v] += e;
         }
     }
@@ -255,8 +245,8 @@ static void CH_FN(gated_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) 
         const float *g = a->x + r * a->xs, *u = a->u ? a->u + r * a->us : NULL;
         float *out = a->out + r * a->os;
         for (Py_ssize_t c = 0; c < MW; c += W) {
-            FV y = CH_FN(gate)(CH_FN(cload)(g + c), a->act);
-            CH_FN(cstore)(out + c, u ? y * CH_FN(cload)(u + c) : y);
+            FV y = CH_FN(gate)(CH_FN(xload)(g + c), a->act);
+            CH_FN(xstore)(out + c, u ? y * CH_FN(xload)(u + c) : y);
         }
         if (vec && MW < m) {
             FV y = CH_FN(gate)(CH_FN(cpart)(g + MW, m - MW), a->act);
@@ -280,7 +270,7 @@ static void CH_FN(rms_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) {
         float *out = a->out + o * a->os + i * d;
         FV acc = {0};
         for (Py_ssize_t c = 0; c < DW; c += W) {
-            FV v = CH_FN(cload)(x + c);
+            FV v = CH_FN(xload)(x + c);
             acc += v * v;
         }
         float sum = acc[0];
@@ -290,7 +280,7 @@ static void CH_FN(rms_rows)(const rows_args *a, Py_ssize_t r0, Py_ssize_t r1) {
             sum += x[c] * x[c];
         const float inv = 1.0f / sqrtf(sum / (float)d + a->eps);
         for (Py_ssize_t c = 0; c < DW; c += W)
-            CH_FN(cstore)(out + c, CH_FN(cload)(x + c) * inv * CH_FN(cload)(w + c));
+            CH_FN(xstore)(out + c, CH_FN(xload)(x + c) * inv * CH_FN(xload)(w + c));
         for (Py_ssize_t c = DW; c < d; c++)
             out[c] = x[c] * inv * w[c];
     }
@@ -311,10 +301,10 @@ static void CH_FN(rope_rows)(const rope_args *a, Py_ssize_t r0, Py_ssize_t r1) {
                     out[c] = x[c] * cs[c] + x[c ^ 1] * sn[c];
             } else {
                 for (Py_ssize_t c = 0; c < HW; c += W) {
-                    FV lo = CH_FN(cload)(x + c), hi = CH_FN(cload)(x + half + c);
-                    CH_FN(cstore)(out + c, lo * CH_FN(cload)(cs + c) + hi * CH_FN(cload)(sn + c));
-                    CH_FN(cstore)(out + half + c, hi * CH_FN(cload)(cs + half + c) +
-                                                      lo * CH_FN(cload)(sn + half + c));
+                    FV lo = CH_FN(xload)(x + c), hi = CH_FN(xload)(x + half + c);
+                    CH_FN(xstore)(out + c, lo * CH_FN(xload)(cs + c) + hi * CH_FN(xload)(sn + c));
+                    CH_FN(xstore)(out + half + c, hi * CH_FN(xload)(cs + half + c) +
+                                                      lo * CH_FN(xload)(sn + half + c));
                 }
                 for (Py_ssize_t c = HW; c < half; c++) {
                     out[c] = x[c] * cs[c] + x[c + half] * sn[c];

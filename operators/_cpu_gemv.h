@@ -17,16 +17,8 @@
 #define GEMV_CAT(a, b) GEMV_CAT_(a, b)
 #define GEMV_FN(name) GEMV_CAT(name, SUFFIX)
 
-typedef float GEMV_FN(fv) __attribute__((vector_size(4 * W)));
-typedef uint32_t GEMV_FN(uv) __attribute__((vector_size(4 * W)));
-
+/* fv, uv and xload: _cpu_vec.h's. */
 #define FV GEMV_FN(fv)
-
-static inline __attribute__((always_inline)) FV GEMV_FN(xload)(const float *p) {
-    FV v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* c + a * b, fused where the instruction set has it: written out, so that the float32 and
  * bfloat16 kernels' sums round alike wherever the compiler would contract one but not the
