@@ -15,6 +15,7 @@ import numpy as np
 
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden
+from iron_spec.runtime.renames import matching
 
 from .build import Loaded
 
@@ -34,7 +35,8 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
 
     Raises:
         ImportError: torch or transformers is not installed (the ``golden`` extra).
-        ValueError: transformers' model lacks or does not take some of the weights.
+        ValueError: transformers' model lacks (but for names the spec's checkpoint.unused
+            declares unread) or does not take some of the weights.
     """
     import torch
     import transformers
@@ -51,8 +53,11 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
                  loaded.checkpoint_tensors().items()}
         save_file(state, str(Path(d, "model.safetensors")))
         model, info = cls.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
-    tied = set(loaded.report.tied)
-    missing = [k for k in info["missing_keys"] if k not in tied]
+    # A name the spec declares unused (checkpoint.unused) is one the model never reads: the
+    # drawn weights do not hold it, and transformers keeps its own (a buffer, such as the
+    # quantization state of I-BERT's Quant* modules, unread where quant_mode is off).
+    tied, unused = set(loaded.report.tied), loaded.expanded.unused
+    missing = [k for k in info["missing_keys"] if k not in tied and not matching(k, unused)]
     if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
         raise ValueError(f"transformers' model lacks {sorted(missing)}, does not take "
                          f"{sorted(info['unexpected_keys'])}, mis-shapes "
@@ -110,7 +115,8 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
 
 
 def record_encoder(loaded: Loaded) -> EncoderGolden:
-    """transformers' own encoder (``AutoModel``, float32) on ``encoder_probes``: its last
+    """transformers' own encoder (``AutoModel``, float32) on ``encoder_probes``, each fed
+    with an all-ones attention mask as a tokenizer feeds one unpadded text: its last
     hidden states, and the spec's pooling of them (BertPooler's ``pooler_output`` for
     pooling ``pooler``), as an EncoderGolden keyed by ``loaded``'s fingerprint.
 
@@ -128,11 +134,17 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
     hidden, pooled = [], []
     with torch.no_grad():
         for ids, types in probes:
-            kwargs: dict[str, Any] = {"input_ids": torch.from_numpy(ids.astype(np.int64))[None]}
+            # As a tokenizer feeds one unpadded text: every id attended (a model that masks
+            # its padding id where given no mask, as DPRQuestionEncoder, then masks none).
+            kwargs: dict[str, Any] = {"input_ids": torch.from_numpy(ids.astype(np.int64))[None],
+                                      "attention_mask": torch.ones((1, len(ids)), dtype=torch.long)}
             if types is not None:
                 kwargs["token_type_ids"] = torch.from_numpy(types.astype(np.int64))[None]
-            out = model(**kwargs)
-            h = out.last_hidden_state[0].numpy().astype(np.float32)
+            out = model(**kwargs, output_hidden_states=True)
+            # The last layer's states: an output without last_hidden_state (DPR's encoders
+            # return pooler_output and hidden_states) holds them last in hidden_states.
+            last = getattr(out, "last_hidden_state", None)
+            h = (out.hidden_states[-1] if last is None else last)[0].numpy().astype(np.float32)
             if pooling.kind == "pooler":
                 if getattr(out, "pooler_output", None) is None:
                     raise ValueError(f"transformers' {type(model).__name__} has no pooler, and "
