@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from iron_spec.runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions, \
-    POOLINGS
+from iron_spec.runtime.blocks import RopeOptions, rope_switch
+from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, Encoder, EncoderLayerOptions, EncoderOptions, \
+    PoolingOptions, POOLINGS
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
 from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
@@ -26,7 +27,8 @@ from iron_spec.runtime.weights import draw_weights
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
 from .errors import SpecError
-from .interpreter import MAX_LAYERS, _flag_option, traced, _option, checkpoint_layout, norm_options
+from .interpreter import MAX_LAYERS, _flag_option, traced, _option, checkpoint_layout, norm_options, \
+    rope_options
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -62,6 +64,39 @@ def _whole(spec: Spec, r: Resolved, path: tuple, default: Any) -> int:
     return v
 
 
+def _rope(spec: Spec, r: Resolved, head_dim: int, source: str) -> RopeOptions | None:
+    """The RoPE table ``layer/attention/rope`` names (default ``default`` where the spec has
+    a ``rope:`` section; none where it has none), as a causal spec's tables are read
+    (``interpreter.rope_options``).
+
+    Raises:
+        SpecError: at the option's line, a name not under ``rope:``, a table no layer reads,
+            or a rotated width that is odd, below 2 or past ``head_dim``.
+    """
+    tables = spec.get("rope", default=None) or {}
+    at = ("layer", "attention", "rope")
+    name = spec.get(*at, default="default" if tables else None)
+    if name is None:
+        if tables:
+            raise spec.error(("rope",), f"rope tables {', '.join(tables)} are read by no layer "
+                                        "(layer/attention/rope is null)")
+        return None
+    if name not in tables:
+        raise spec.error(at if spec.get(*at) is not None else ("rope",),
+                         f"rope table {name!r} is not under rope: (tables: "
+                         f"{', '.join(tables) or 'none'})")
+    others = [t for t in tables if t != name]
+    if others:
+        raise spec.error(("rope", others[0]), f"rope table {others[0]!r} is read by no layer (an "
+                                              f"encoder's layers read one, {name!r})")
+    rope = rope_options(spec, r, name, source)
+    if rope.rotary_dim < 2 or rope.rotary_dim % 2 or rope.rotary_dim > head_dim:
+        raise spec.error(("rope", name, "rotary_dim"), f"rope table {name!r} rotates "
+                         f"{rope.rotary_dim} columns: an even number from 2 to the head_dim "
+                         f"({head_dim})")
+    return rope
+
+
 def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
                    source: str = "config.json") -> ExpandedEncoder:
     """``_expand_encoder``, its option errors naming the config.json keys their fields read
@@ -86,8 +121,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
     Raises:
         SpecError: a schema violation (the first), a config field that cannot be resolved,
             a required field missing, a layer kind other than ``encoder``, an option the
-            encoder does not build (a RoPE table, a sliding window, a softcap, a gated MLP)
-            or of the wrong type, or no bound on a call's ids.
+            encoder does not build (a sliding window, a softcap, an mlp kind other than
+            plain or gated) or of the wrong type, a RoPE table as ``_rope`` refuses, or no
+            bound on a call's ids.
     """
     problems = validate(spec)
     if problems:
@@ -111,16 +147,23 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         raise spec.error(layer + ("kind",), f"model encoder takes layer kind 'encoder', not "
                                             f"{spec.get('layer', 'kind')!r}")
     a, m = layer + ("attention",), layer + ("mlp",)
-    for key in ("rope", "window", "softcap"):
+    for key in ("window", "softcap"):
         if spec.get(*a, key) is not None:
             raise spec.error(a + (key,), f"an encoder layer builds no attention {key}; leave "
                                          f"layer/attention/{key} out (or null)")
-    if spec.get(*m, "kind", default="plain") != "plain":
-        raise spec.error(m + ("kind",), "an encoder layer's mlp is 'plain' (up, act, down)")
+    mlp_kind = spec.get(*m, "kind", default="plain")
+    if mlp_kind not in ENCODER_MLP_KINDS:
+        raise spec.error(m + ("kind",), f"an encoder layer's mlp is one of "
+                                        f"{', '.join(ENCODER_MLP_KINDS)}, not {mlp_kind!r}")
+    fused = _flag_option(spec, r, m + ("fused",), False)
+    if fused and mlp_kind != "gated":
+        raise spec.error(m + ("fused",), "mlp/fused holds gate and up in one projection: a "
+                                         "gated mlp's (set mlp/kind gated, or leave fused out)")
     act = _option(spec, r, m + ("act",), "hidden_act")
     if act not in ACTIVATIONS or act in ACTIVATION_PARAMS:
         raise spec.error(m + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)} "
                                        "without parameters")
+    mlp_bias = _flag_option(spec, r, m + ("bias",), False)
     norm = norm_options(spec, r, layer + ("norm",))
     scale = _option(spec, r, a + ("scale",), None)
     one = EncoderLayerOptions(
@@ -128,9 +171,11 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         kv_heads=v.get("num_key_value_heads"), intermediate_size=v["intermediate_size"],
         norm=norm, act=act, bias=_flag_option(spec, r, a + ("bias",), False),
         o_bias=_flag_option(spec, r, a + ("o_bias",), False),
-        mlp_bias=_flag_option(spec, r, m + ("bias",), False),
+        mlp_bias=mlp_bias, down_bias=_flag_option(spec, r, m + ("down_bias",), mlp_bias),
+        mlp_kind=mlp_kind, mlp_fused=fused,
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),
-        placement=spec.get("layer", "placement", default="post"))
+        placement=spec.get("layer", "placement", default="post"),
+        rope=_rope(spec, r, v["head_dim"], source))
     e, p = ("embedding",), ("pooling",)
     positions = _whole(spec, r, e + ("positions",), 0)
     offset = _whole(spec, r, e + ("position_offset",), 0)
@@ -160,6 +205,11 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
                          "an encoder with no position table needs runtime/max_tokens, the ids "
                          "a call holds" if not positions else f"position offset {offset} leaves "
                          f"no row of the position table's {positions}")
+    if one.rope is not None:
+        # Within the context the model was trained on, where every scaling's table is one
+        # for any call's length (dynamic and longrope change only past it: rope_switch).
+        top = min(one.rope.max_position_embeddings, rope_switch(one.rope) or MAX_INT)
+        L = min(L, top)
     if positions and L > positions - offset:
         raise spec.error(("runtime", "max_tokens"), f"max_tokens {L} is past the position "
                                                     f"table's {positions} rows less offset "
@@ -231,7 +281,8 @@ def _fits(spec: Spec, o: EncoderOptions, source: str) -> None:
     E = o.hidden_size
     tables = (o.vocab_size + o.positions + o.token_types) * E
     layers = sum(E * lo.head_dim * (lo.heads + 2 * (lo.kv_heads or lo.heads)) + lo.heads *
-                 lo.head_dim * E + 2 * E * lo.intermediate_size for lo in o.layers)
+                 lo.head_dim * E + (3 if lo.mlp_kind == "gated" else 2) * E *
+                 lo.intermediate_size for lo in o.layers)
     need = 4 * (tables + layers)
     if need > host_budget():
         raise spec.error(("config",), f"the encoder on {source} would hold {need / 2**30:.1f} "

@@ -372,30 +372,10 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
     model_fields = r
     ropes = {}
     for name in spec.get("rope", default={}) or {}:
-        p = ("rope", name)
         # A table's options over the fields of the first layer reading it, as transformers'
         # per_layer_config[layer_type] initialises a layer type's RoPE.
         r = next((ri for ri, lo in zip(rs, layers) if lo.attention.rope == name), model_fields)
-        scaling = _option(spec, r, p + ("scaling",), None)
-        _typed(spec, p + ("scaling",), scaling, dict, "a rope_scaling mapping or null")
-        original = _option(spec, r, p + ("original_max_position_embeddings",), None)
-        if scaling and original is not None and "original_max_position_embeddings" not in scaling:
-            scaling = {**scaling, "original_max_position_embeddings": _whole(
-                spec, p + ("original_max_position_embeddings",), original)}
-        theta = _positive(spec, p + ("theta",), _option(spec, r, p + ("theta",), None))
-        try:
-            rope_scaling(scaling, _key(spec, r, p + ("scaling",), source), theta)
-        except ValueError as e:
-            raise spec.error(p + ("scaling",), str(e)) from None
-        ropes[name] = RopeOptions(
-            theta=theta,
-            rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
-            scaling=scaling,
-            max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
-                spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
-            interleaved=_flag_option(spec, r, p + ("interleaved",), False))
-        _finite_frequencies(spec, p, ropes[name], f"{_key(spec, r, p + ('theta',), source)} "
-                            f"and {_key(spec, r, p + ('scaling',), source)}")
+        ropes[name] = rope_options(spec, r, name, source)
     r = model_fields
     for t, lo in built.items():
         name = lo.attention.rope
@@ -435,6 +415,37 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_bias=_flag_option(spec, r, ("head", "bias"), False),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions:
+    """The options of the RoPE table ``rope/name`` over ``r``'s fields.
+
+    Raises:
+        SpecError: at the option's own line, a value of the wrong type, an unknown or
+            incomplete scaling, or frequencies float32 cannot hold.
+    """
+    p = ("rope", name)
+    scaling = _option(spec, r, p + ("scaling",), None)
+    _typed(spec, p + ("scaling",), scaling, dict, "a rope_scaling mapping or null")
+    original = _option(spec, r, p + ("original_max_position_embeddings",), None)
+    if scaling and original is not None and "original_max_position_embeddings" not in scaling:
+        scaling = {**scaling, "original_max_position_embeddings": _whole(
+            spec, p + ("original_max_position_embeddings",), original)}
+    theta = _positive(spec, p + ("theta",), _option(spec, r, p + ("theta",), None))
+    try:
+        rope_scaling(scaling, _key(spec, r, p + ("scaling",), source), theta)
+    except ValueError as e:
+        raise spec.error(p + ("scaling",), str(e)) from None
+    rope = RopeOptions(
+        theta=theta,
+        rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
+        scaling=scaling,
+        max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
+            spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
+        interleaved=_flag_option(spec, r, p + ("interleaved",), False))
+    _finite_frequencies(spec, p, rope, f"{_key(spec, r, p + ('theta',), source)} "
+                        f"and {_key(spec, r, p + ('scaling',), source)}")
+    return rope
 
 
 def _finite_frequencies(spec: Spec, path: tuple, rope: RopeOptions, where: str) -> None:

@@ -22,7 +22,7 @@ class Row(NamedTuple):
 CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causal
 
 KINDS: tuple[Row, ...] = (
-    Row((), ("model",), {"causal": ("rope", "head"), "encoder": ("pooling",)}),
+    Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "norm",
                                                   "size")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
@@ -31,8 +31,9 @@ KINDS: tuple[Row, ...] = (
         + (("parallel", "shared_norm") if k == "decoder" else ())
         for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("rope", "window", "softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
+        k: ("window", "softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
             "v_norm", "values_from_keys", "qkv_layout", "clip_qkv")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
+    Row(("layer", "mlp"), ("layer", "kind"), {"encoder": ("down_bias",)}),
 )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blocks import Embedding, Linear, Norm, NormOptions
+from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, rope_table
 from .graph import CallSpec, Handle, Recorder
 from .module import Module, Param
 from .plan import Plan
@@ -26,6 +26,7 @@ from .reference import Reference
 
 PLACEMENTS = ("post", "pre")
 POOLINGS = ("none", "mean", "cls", "pooler")
+ENCODER_MLP_KINDS = ("plain", "gated")
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,17 @@ class EncoderLayerOptions:
     """One encoder layer.
 
     ``heads``/``kv_heads``/``head_dim``: the attention's. ``bias``: q/k/v biases;
-    ``o_bias``: the attention output projection's; ``mlp_bias``: both MLP projections'.
-    ``act``: the MLP's ``hidden_act`` name (``up -> act -> down``, no gate). ``scale``: the
-    attention logit scale (None: ``head_dim ** -0.5``). ``placement``: ``post``
+    ``o_bias``: the attention output projection's; ``mlp_bias``: the MLP's input
+    projections' (``intermediate``), ``down_bias`` its output projection's (None: as
+    ``mlp_bias``). ``act``: the MLP's ``hidden_act`` name. ``mlp_kind``: ``plain``
+    (``output.dense(act(intermediate.dense(x)))``, BertIntermediate and BertOutput) or
+    ``gated`` (``output.dense(act(intermediate.gate_proj(x)) * intermediate.up_proj(x))``,
+    as LlamaMLP; with ``mlp_fused`` one ``intermediate.gate_up_proj`` holds gate then up, as
+    ModernBertMLP's ``Wi`` chunked into input and gate). ``scale``: the attention logit
+    scale (None: ``head_dim ** -0.5``). ``rope``: the RoPE table queries and keys turn by
+    after their projections (None: none), every row at its position in the text (0, 1, ...),
+    as transformers' LlamaAttention's ``apply_rotary_pos_emb`` run without a causal mask
+    (EuroBertAttention, JinaEmbeddingsV3Attention). ``placement``: ``post``
     (``norm(x + attn(x))`` then ``norm(x + mlp(x))``, transformers' BertLayer) or ``pre``
     (``x + attn(norm(x))`` then ``x + mlp(norm(x))``, and a final norm after the last layer).
     """
@@ -51,6 +60,10 @@ class EncoderLayerOptions:
     mlp_bias: bool = True
     scale: float | None = None
     placement: str = "post"
+    mlp_kind: str = "plain"
+    mlp_fused: bool = False
+    down_bias: bool | None = None
+    rope: RopeOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -135,12 +148,18 @@ class SelfAttentionProjections(Module):
         self.value = Linear(E, G * D, o.bias)
         self.options = o
 
-    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None) -> Handle:
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         q = rec.view(self.query(rec, x), (n, H, D))
         k = rec.view(self.key(rec, x), (n, G, D))
         v = rec.view(self.value(rec, x), (n, G, D))
+        if rope is not None:
+            # A call is one text from position 0: row r turns by table row r.
+            q = rec.step("rope", q, *rope, where=self.where("query"), start=0,
+                         interleaved=o.rope.interleaved)
+            k = rec.step("rope", k, *rope, where=self.where("key"), start=0,
+                         interleaved=o.rope.interleaved)
         return rec.step("self_attention", q, k, v, where=self.path, scale=o.scale)
 
 
@@ -162,14 +181,36 @@ class Attention(Module):
 
 
 class Intermediate(Module):
-    """``act(dense(x))``, BertIntermediate."""
+    """``act(dense(x))``, BertIntermediate; gated (``mlp_kind``), ``act(gate_proj(x)) *
+    up_proj(x)`` (LlamaMLP's, before its down projection), gate and up in one
+    ``gate_up_proj`` where ``mlp_fused``.
+
+    Raises:
+        ValueError: an unknown ``mlp_kind``.
+    """
 
     def __init__(self, E: int, o: EncoderLayerOptions):
-        self.dense = Linear(E, o.intermediate_size, o.mlp_bias)
-        self.act = o.act
+        if o.mlp_kind not in ENCODER_MLP_KINDS:
+            raise ValueError(f"mlp kind {o.mlp_kind!r} is not one of {', '.join(ENCODER_MLP_KINDS)}")
+        M = o.intermediate_size
+        if o.mlp_kind == "plain":
+            self.dense = Linear(E, M, o.mlp_bias)
+        elif o.mlp_fused:
+            self.gate_up_proj = Linear(E, 2 * M, o.mlp_bias)
+        else:
+            self.gate_proj = Linear(E, M, o.mlp_bias)
+            self.up_proj = Linear(E, M, o.mlp_bias)
+        self.options = o
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
-        return rec.step("activation", self.dense(rec, x), where=self.path, act=self.act)
+        o = self.options
+        if o.mlp_kind == "plain":
+            return rec.step("activation", self.dense(rec, x), where=self.path, act=o.act)
+        if o.mlp_fused:
+            return rec.step("gated_activation", self.gate_up_proj(rec, x), None,
+                            where=self.path, act=o.act)
+        return rec.step("gated_activation", self.gate_proj(rec, x), self.up_proj(rec, x),
+                        where=self.path, act=o.act)
 
 
 class EncoderLayer(Module):
@@ -186,17 +227,21 @@ class EncoderLayer(Module):
             raise ValueError(f"{o.heads} attention heads do not group into {o.kv_heads} kv heads")
         self.attention = Attention(E, o)
         self.intermediate = Intermediate(E, o)
-        self.output = Output(o.intermediate_size, E, o.mlp_bias, o.norm)
+        self.output = Output(o.intermediate_size, E,
+                             o.mlp_bias if o.down_bias is None else o.down_bias, o.norm)
         self.options = o
 
-    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None = None
+                 ) -> Handle:
+        """``x`` ``(rows, hidden)`` through the layer; ``rope``: the cos and sin tables
+        ``(max_tokens, rotary_dim // 2)`` of ``options.rope`` (None where it is None)."""
         attn_out, mlp_out = self.attention.output, self.output
         if self.options.placement == "post":
-            a = attn_out.dense(rec, self.attention.self(rec, x))
+            a = attn_out.dense(rec, self.attention.self(rec, x, rope))
             x = attn_out.LayerNorm(rec, rec.step("add", a, x, where=self.path))
             m = mlp_out.dense(rec, self.intermediate(rec, x))
             return mlp_out.LayerNorm(rec, rec.step("add", m, x, where=self.path))
-        a = attn_out.dense(rec, self.attention.self(rec, attn_out.LayerNorm(rec, x)))
+        a = attn_out.dense(rec, self.attention.self(rec, attn_out.LayerNorm(rec, x), rope))
         x = rec.step("add", x, a, where=self.path)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path)
@@ -251,6 +296,11 @@ class Encoder(Module):
         self.encoder = Stack(o)
         self.pooler = Pooler(o.hidden_size) if o.pooler else None
         self.config = o
+        # cos and sin (max_tokens, rotary_dim // 2) of every RoPE table a layer reads: a
+        # call's rows are positions 0 .. rows - 1, so the tables never grow.
+        # Keyed by repr: a table's options hold its scaling dict, which does not hash.
+        self.rope_tables = {repr(lo.rope): rope_table(lo.rope, o.max_tokens)
+                            for lo in o.layers if lo.rope is not None}
         self.name_tree()
         self._versions: dict[tuple[PoolingOptions, bool], EncoderVersion] = {}
 
@@ -267,8 +317,11 @@ class Encoder(Module):
         x = self.embeddings(rec, ids, positions, types)
         if self.embeddings_project is not None:
             x = self.embeddings_project(rec, x)
+        ropes = {r: (rec.hold("const", f"rope.{i}.cos", cos), rec.hold("const", f"rope.{i}.sin", sin))
+                 for i, (r, (cos, sin)) in enumerate(self.rope_tables.items())}
         for layer in self.encoder.layer:
-            x = layer(rec, x)
+            r = layer.options.rope
+            x = layer(rec, x, None if r is None else ropes[repr(r)])
         if self.encoder.LayerNorm is not None:
             x = self.encoder.LayerNorm(rec, x)
         if pooling.kind == "mean":

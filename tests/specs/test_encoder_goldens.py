@@ -85,6 +85,29 @@ def test_roberta_without_its_positions_fails_against_the_golden(tmp_path, drop):
     assert "FAIL  embeddings vs golden" in result.output
 
 
+@pytest.mark.parametrize("old, new", [
+    ("  default: {theta: rope_theta, scaling: rope_scaling}\n",
+     "  default: {theta: rope_theta, scaling: rope_scaling, interleaved: true}\n"),
+    ("  default: {theta: rope_theta, scaling: rope_scaling}\n",
+     "  default: {theta: rope_theta, scaling: null}\n"),
+    ("  attention: {bias: attention_bias, o_bias: attention_bias, rope: default}\n"
+     "  mlp: {kind: gated, act: hidden_act, bias: mlp_bias}\n\n"
+     "rope:\n  default: {theta: rope_theta, scaling: rope_scaling}\n",
+     "  attention: {bias: attention_bias, o_bias: attention_bias}\n"
+     "  mlp: {kind: gated, act: hidden_act, bias: mlp_bias}\n"),
+], ids=["interleaved pairs", "linear scaling unread", "no rope"])
+def test_eurobert_with_another_rope_fails_against_the_golden(tmp_path, old, new):
+    # EuroBertAttention turns q and k by LlamaAttention's rotate_half (halves, not pairs),
+    # by the toy's rope_parameters (linear, factor 2), at every layer.
+    def edit(text):
+        assert old in text
+        return text.replace(old, new)
+    result = _check(_copy(tmp_path, "eurobert", edit))
+    assert result.exit_code == 1, result.output
+    assert "reference: golden" in result.output
+    assert "FAIL  hidden states vs golden" in result.output
+
+
 def test_electra_embeddings_are_narrower_and_projected():
     # ElectraEmbeddings: tables and LayerNorm embedding_size wide; ElectraModel:
     # embeddings_project = nn.Linear(embedding_size, hidden_size) where the two differ.
