@@ -406,8 +406,8 @@ class GatedActivation(Operator):
         lib = native.lib() if _NATIVE.get(act) in _CHUNK and not params and out.ndim == 2 \
             and out.shape[0] > 1 else None
         if lib is not None and native.rows_apart(out, g, u):
-            # A prompt chunk's rows on the pool, as the native program's one-row step computes
-            # them (g and u may be the fused gate/up projection's column views).
+            # A prompt chunk's rows on the pool, the body the native program's step runs (g
+            # and u may be the fused gate/up projection's column views).
             lib.gated(out, g, u, _NATIVE[act])
             return
         act_kernel(out, g, act, scratch, params)
