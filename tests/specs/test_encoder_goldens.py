@@ -126,15 +126,18 @@ def test_electra_embeddings_are_narrower_and_projected():
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                     or importlib.util.find_spec("torch") is None,
                     reason="recording needs torch and transformers (the golden extra)")
-def test_record_then_check_a_roberta_style_toy(tmp_path):
-    # In a subprocess: this test process never imports torch.
-    path = _copy(tmp_path, "roberta")
-    shutil.rmtree(tmp_path / "tests" / "goldens" / "roberta")
+@pytest.mark.parametrize("name", ["roberta", "dpr", "ibert"])
+def test_record_then_check_a_toy(tmp_path, name):
+    # In a subprocess: this test process never imports torch. dpr: DPRQuestionEncoder's
+    # output has no last_hidden_state, and it masks its pad id unless given a mask; ibert:
+    # transformers' model holds buffers the drawn weights lack (checkpoint.unused).
+    path = _copy(tmp_path, name)
+    shutil.rmtree(tmp_path / "tests" / "goldens" / name)
     cli = [str(Path(sys.executable).with_name("iron-spec")), "check", str(path), "--random-weights", "0",
            "--toy"]
     first = subprocess.run(cli + ["--record-golden"], capture_output=True, text=True)
     assert first.returncode == 0, first.stderr + first.stdout
-    written = tmp_path / "tests" / "goldens" / "roberta" / "toy-seed0.npz"
+    written = tmp_path / "tests" / "goldens" / name / "toy-seed0.npz"
     assert f"recorded {written}" in first.stderr
     again = subprocess.run(cli, capture_output=True, text=True)
     assert again.returncode == 0 and f"reference: golden {written}" in again.stdout, again.stdout
