@@ -307,8 +307,10 @@ class Version:
 
     ``version(ids, token=..., position=..., start=..., rows=...)`` returns ``(logits,
     carry)``: logits ``(vocab,)`` float32 (a view, valid until the next call) and ``carry``,
-    the next decode step's keyword arguments. ``reference(...)`` runs the same recording
-    eagerly in float64 on its own caches.
+    the next decode step's keyword arguments. With ``output=False`` (a prompt's chunk before
+    its last, whose logits nobody reads) it returns ``(None, None)``, having run only the
+    steps the caches depend on: the same caches, bit for bit. ``reference(...)`` runs the
+    same recording eagerly in float64 on its own caches.
     """
 
     def __init__(self, lm: CausalLM, prompt: bool, check: bool):
@@ -323,7 +325,7 @@ class Version:
         self._reference = Reference(rec, out, lm.reference_states)
         self.vocab_size, self.max_seq_len = lm.config.vocab_size, lm.config.max_seq_len
 
-    def _call(self, runner, ids, token, position, start, rows, sampler):
+    def _call(self, runner, ids, token, position, start, rows, sampler, output=True):
         # Checked before anything runs, so a refused call leaves every cache as it was.
         V, L = self.vocab_size, self.max_seq_len
         if self.prompt:
@@ -348,17 +350,21 @@ class Version:
             call = {"start": position, "rows": 1, "position": position}
             inputs = {"ids": np.asarray([token], np.int32)}
         self.lm.reserve(call["position"] + 1)
+        if not output:
+            runner(inputs, call, output=False)
+            return None, None
         logits = runner(inputs, call).reshape(-1)
         draw = sampler if sampler is not None else greedy
         return logits, {"token": drawn(draw(logits), V), "position": call["position"] + 1}
 
     def __call__(self, ids=None, *, token=None, position=None, start=None, rows=None,
-                 sampler: Callable[[np.ndarray], int] | None = None):
-        return self._call(self.plan.run, ids, token, position, start, rows, sampler)
+                 sampler: Callable[[np.ndarray], int] | None = None, output: bool = True):
+        return self._call(self.plan.run, ids, token, position, start, rows, sampler, output)
 
     def reference(self, ids=None, *, token=None, position=None, start=None, rows=None,
-                  sampler: Callable[[np.ndarray], int] | None = None):
-        return self._call(self._reference.run, ids, token, position, start, rows, sampler)
+                  sampler: Callable[[np.ndarray], int] | None = None, output: bool = True):
+        return self._call(self._reference.run, ids, token, position, start, rows, sampler,
+                          output)
 
 
 def _index(value, name: str, lo: int, hi: int, error=ValueError) -> int:

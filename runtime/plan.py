@@ -97,6 +97,7 @@ class Plan:
                                  for h in s.inputs + (s.output,))]
         self._out = self._array(output)
         self.checked: list[str] = []
+        self._for_state = self._state_steps()
         self._lower()
 
     # -- compile ---------------------------------------------------------------------------
@@ -284,15 +285,43 @@ class Plan:
             self._native[r.index] = len(lowered)
             lowered.append((step, start, capacity))
         self._program = native.program(lowered) if lowered else None
-        self._order: list = []
-        for r in self.runs:
+        self._order = self._ordered(self.runs)
+        self._state_order = self._ordered([r for r in self.runs if r.index in self._for_state])
+
+    def _ordered(self, runs: list[_Run]) -> list:
+        """``runs`` in the order the plan runs them: consecutive native steps as one
+        ``(first, last)`` range of the program, each other step its ``_Run``."""
+        order: list = []
+        for r in runs:
             j = self._native.get(r.index)
             if j is None:
-                self._order.append(r)
-            elif self._order and isinstance(self._order[-1], tuple):
-                self._order[-1] = (self._order[-1][0], j + 1)
+                order.append(r)
+            elif order and isinstance(order[-1], tuple) and order[-1][1] == j:
+                order[-1] = (order[-1][0], j + 1)
             else:
-                self._order.append((j, j + 1))
+                order.append((j, j + 1))
+        return order
+
+    def _state_steps(self) -> set[int]:
+        """The steps a state written in place (a KV cache) depends on: each writing step
+        and every step whose value they read, transitively. The rest only lead to the
+        output (a prompt chunk's last layer past its cache write, the final norm, the
+        head), so a call that wants no output (a prompt's chunk before its last) skips
+        them and leaves every state as a whole run does."""
+        producer: dict[int, int] = {}
+        reads: list[list[int]] = []
+        for i, step in enumerate(self.steps):
+            reads.append([producer[id(self._root(h))] for h in step.inputs
+                          if h is not None and id(self._root(h)) in producer])
+            producer[id(self._root(step.output))] = i
+        keep = {i for i, step in enumerate(self.steps) if step.op.writes is not None}
+        todo = list(keep)
+        while todo:
+            for j in reads[todo.pop()]:
+                if j not in keep:
+                    keep.add(j)
+                    todo.append(j)
+        return keep
 
     @property
     def native_steps(self) -> int:
@@ -300,19 +329,26 @@ class Plan:
         return len(self._native)
 
     # -- call ------------------------------------------------------------------------------
-    def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int]) -> np.ndarray:
+    def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int],
+            output: bool = True) -> np.ndarray | None:
+        """Run the plan on ``inputs`` with ``call``'s per-call values; the output (a view
+        of the arena, valid until the next call), or with ``output=False`` None, having run
+        only the steps the states depend on (``_state_steps``): the same states, bit for
+        bit."""
         for name, value in inputs.items():
             buf = self.inputs[name]
             buf[: len(value)] = value
         rows = call.get("rows", 1)
         if self.check:
             for r in self.runs:
+                if not output and r.index not in self._for_state:
+                    continue
                 ins, out, attrs = r.arguments(rows, call)
                 j = self._native.get(r.index)
                 self._check(r, out, ins, attrs, None if j is None else partial(
                     native.run, self._program, call, j, j + 1))
         else:
-            for r in self._order:
+            for r in self._order if output else self._state_order:
                 if r.__class__ is tuple:
                     native.run(self._program, call, r[0], r[1])
                 elif r.fixed is None:
@@ -322,6 +358,8 @@ class Plan:
                     r.fixed(**{k: v.resolve(call) for k, v in r.per_call.items()})
                 else:
                     r.fixed()
+        if not output:
+            return None
         return self._out[:rows] if self.output.bounded else self._out
 
     def _check(self, r: _Run, out, ins, attrs, lowered=None) -> None:

@@ -128,7 +128,10 @@ class Session:
             for s in range(start, n, C):
                 rows = min(C, n - s)
                 ids[:rows] = tokens[s: s + rows]
-                logits, carry = run(ids, start=s, rows=rows, sampler=sampler)
+                # Only the last chunk's logits are read: the chunks before it fill the
+                # caches alone (the head and the last layer past its cache write skipped).
+                last = s + C >= n
+                logits, carry = run(ids, start=s, rows=rows, sampler=sampler, output=last)
                 self.calls.append(("prompt", s, rows))
                 if rows == C:
                     self._exact = s + C
