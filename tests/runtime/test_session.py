@@ -46,6 +46,25 @@ def test_toy_logits_close_to_reference(toy):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
+def test_chunks_before_the_last_skip_the_head_and_leave_the_caches_as_whole_runs(toy):
+    lm = toy.lm
+    version, C = lm.prompt_chunk, lm.config.prefill_chunk
+    plan = version.plan
+    skipped = {plan.steps[i].where for i in range(len(plan.steps)) if i not in plan._for_state}
+    assert "lm_head" in skipped and "model.norm" in skipped
+    assert all(plan.steps[i].op.writes is None for i in range(len(plan.steps))
+               if i not in plan._for_state), "a cache write skipped"
+    prompt = np.random.default_rng(4).integers(0, lm.config.vocab_size, 2 * C + 5)
+    skipping = np.array(Session(lm).logits(prompt.tolist()))
+    ids = np.zeros(C, np.int32)
+    for s in range(0, prompt.size, C):  # every chunk run whole, its logits computed
+        rows = min(C, prompt.size - s)
+        ids[:rows] = prompt[s: s + rows]
+        whole, _ = version(ids, start=s, rows=rows)
+    np.testing.assert_array_equal(skipping, whole)
+    assert version(ids, start=0, rows=C, output=False) == (None, None)
+
+
 @pytest.mark.parametrize("held", [0, 3])
 def test_extending_history_reuses_the_cache_bitwise_equal_to_fresh(toy, held):
     lm = toy.lm
