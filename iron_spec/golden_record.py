@@ -28,7 +28,8 @@ TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
 
 def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
     """transformers' own model in float32 on ``loaded``'s weights, through the Auto class
-    ``auto`` (the causal LM by default; ``AutoModel``, the bare encoder, for an encoder).
+    ``auto`` (the causal LM by default; ``AutoModel``, the bare encoder, for an encoder), or
+    through the model class of that name (``encoder_class``).
 
     A real checkpoint directory loads as it is; drawn weights are written with the config
     to a temporary checkpoint first, so transformers renames and ties them as it loads any.
@@ -114,8 +115,20 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
             for ids, types in probes]
 
 
+def encoder_class(loaded: Loaded) -> str:
+    """The transformers class an encoder golden is recorded through: the one config.json's
+    ``architectures`` names first, where the spec serves it and transformers has it (a
+    DPRContextEncoder, which ``AutoModel`` builds as a DPRQuestionEncoder under another
+    prefix), else ``AutoModel``."""
+    import transformers
+
+    named = (loaded.config_json.get("architectures") or [None])[0]
+    served = loaded.expanded.spec.get("architectures", default=[]) or []
+    return named if named in served and hasattr(transformers, named) else "AutoModel"
+
+
 def record_encoder(loaded: Loaded) -> EncoderGolden:
-    """transformers' own encoder (``AutoModel``, float32) on ``encoder_probes``, each fed
+    """transformers' own encoder (``encoder_class``, float32) on ``encoder_probes``, each fed
     with an all-ones attention mask as a tokenizer feeds one unpadded text: its last
     hidden states, and the spec's pooling of them (BertPooler's ``pooler_output`` for
     pooling ``pooler``), as an EncoderGolden keyed by ``loaded``'s fingerprint.
@@ -128,7 +141,7 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
     import torch
     import transformers
 
-    model = hugging_face(loaded, "AutoModel")
+    model = hugging_face(loaded, encoder_class(loaded))
     pooling = loaded.model.config.pooling
     probes = encoder_probes(loaded)
     hidden, pooled = [], []

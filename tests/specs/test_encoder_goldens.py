@@ -126,11 +126,12 @@ def test_electra_embeddings_are_narrower_and_projected():
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                     or importlib.util.find_spec("torch") is None,
                     reason="recording needs torch and transformers (the golden extra)")
-@pytest.mark.parametrize("name", ["roberta", "dpr", "ibert"])
+@pytest.mark.parametrize("name", ["roberta", "dpr", "dpr_context", "ibert"])
 def test_record_then_check_a_toy(tmp_path, name):
     # In a subprocess: this test process never imports torch. dpr: DPRQuestionEncoder's
-    # output has no last_hidden_state, and it masks its pad id unless given a mask; ibert:
-    # transformers' model holds buffers the drawn weights lack (checkpoint.unused).
+    # output has no last_hidden_state, and it masks its pad id unless given a mask;
+    # dpr_context: recorded through DPRContextEncoder, not AutoModel's DPRQuestionEncoder;
+    # ibert: transformers' model holds buffers the drawn weights lack (checkpoint.unused).
     path = _copy(tmp_path, name)
     shutil.rmtree(tmp_path / "tests" / "goldens" / name)
     cli = [str(Path(sys.executable).with_name("iron-spec")), "check", str(path), "--random-weights", "0",
