@@ -10,7 +10,7 @@ weights. The code reads behaviours, never a family's name.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -27,8 +27,8 @@ from iron_spec.runtime.weights import draw_weights
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
 from .errors import SpecError
-from .interpreter import MAX_LAYERS, _flag_option, traced, _option, checkpoint_layout, norm_options, \
-    rope_options
+from .interpreter import MAX_LAYERS, _ABSENT, _flag_option, _layer_types, _option, _window, \
+    checkpoint_layout, norm_options, rope_options, traced
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -64,37 +64,67 @@ def _whole(spec: Spec, r: Resolved, path: tuple, default: Any) -> int:
     return v
 
 
-def _rope(spec: Spec, r: Resolved, head_dim: int, source: str) -> RopeOptions | None:
-    """The RoPE table ``layer/attention/rope`` names (default ``default`` where the spec has
-    a ``rope:`` section; none where it has none), as a causal spec's tables are read
+ENCODER_PATTERN_OPTIONS = ("window", "rope")
+
+
+def _typed_layers(spec: Spec, r: Resolved, base: EncoderLayerOptions, n: int, source: str
+                  ) -> tuple[EncoderLayerOptions, ...]:
+    """Every layer's options: ``base`` with its attention ``window`` and RoPE table
+    (``layer/attention/window`` and ``rope``), each overridden per layer type under
+    ``layer/pattern/options/<type>/attention`` (types as ``interpreter._layer_types``: a
+    config's ``layer_types``, or every n-th).
+
+    The RoPE table a layer reads: the one ``rope`` names (default ``default`` where the spec
+    has a ``rope:`` section; none where it has none), as a causal spec's tables are read
     (``interpreter.rope_options``).
 
     Raises:
-        SpecError: at the option's line, a name not under ``rope:``, a table no layer reads,
-            or a rotated width that is odd, below 2 or past ``head_dim``.
+        SpecError: at the option's line, a pattern entry setting anything but those two, a
+            table not under ``rope:`` or read by no layer, a rotated width that is odd,
+            below 2 or past ``head_dim``, or a window that is no whole number from 1.
     """
     tables = spec.get("rope", default=None) or {}
-    at = ("layer", "attention", "rope")
-    name = spec.get(*at, default="default" if tables else None)
-    if name is None:
-        if tables:
-            raise spec.error(("rope",), f"rope tables {', '.join(tables)} are read by no layer "
-                                        "(layer/attention/rope is null)")
-        return None
-    if name not in tables:
-        raise spec.error(at if spec.get(*at) is not None else ("rope",),
-                         f"rope table {name!r} is not under rope: (tables: "
-                         f"{', '.join(tables) or 'none'})")
-    others = [t for t in tables if t != name]
-    if others:
-        raise spec.error(("rope", others[0]), f"rope table {others[0]!r} is read by no layer (an "
-                                              f"encoder's layers read one, {name!r})")
-    rope = rope_options(spec, r, name, source)
-    if rope.rotary_dim < 2 or rope.rotary_dim % 2 or rope.rotary_dim > head_dim:
-        raise spec.error(("rope", name, "rotary_dim"), f"rope table {name!r} rotates "
-                         f"{rope.rotary_dim} columns: an even number from 2 to the head_dim "
-                         f"({head_dim})")
-    return rope
+    a = ("layer", "attention")
+    base_name = spec.get(*a, "rope", default="default" if tables else None)
+    options = spec.get("layer", "pattern", "options", default={}) or {}
+    for t, entry in options.items():
+        at = ("layer", "pattern", "options", t)
+        extra = [k for k in (entry or {}) if k != "attention"] + [
+            k for k in ((entry or {}).get("attention") or {}) if k not in ENCODER_PATTERN_OPTIONS]
+        if extra:
+            raise spec.error(at, f"an encoder's layer pattern sets attention/window and "
+                                 f"attention/rope per type, not {', '.join(map(str, extra))}")
+    read: dict[str, RopeOptions] = {}
+    built: dict[Any, EncoderLayerOptions] = {}
+    out = []
+    for t in _layer_types(spec, r, n):
+        if t not in built:
+            over = ("layer", "pattern", "options", t, "attention")
+            name, name_at = base_name, a + ("rope",)
+            if t is not None and spec.get(*over, "rope", default=_ABSENT) is not _ABSENT:
+                name, name_at = spec.get(*over, "rope"), over + ("rope",)
+            window_at = a + ("window",)
+            if t is not None and spec.get(*over, "window", default=_ABSENT) is not _ABSENT:
+                window_at = over + ("window",)
+            window = _window(spec, _option(spec, r, window_at, None), window_at)
+            rope = None
+            if name is not None:
+                if name not in tables:
+                    raise spec.error(name_at if spec.get(*name_at) is not None else ("rope",),
+                                     f"rope table {name!r} is not under rope: (tables: "
+                                     f"{', '.join(tables) or 'none'})")
+                rope = read.get(name) or rope_options(spec, r, name, source)
+                read[name] = rope
+                if rope.rotary_dim < 2 or rope.rotary_dim % 2 or rope.rotary_dim > base.head_dim:
+                    raise spec.error(("rope", name, "rotary_dim"), f"rope table {name!r} "
+                                     f"rotates {rope.rotary_dim} columns: an even number from "
+                                     f"2 to the head_dim ({base.head_dim})")
+            built[t] = replace(base, rope=rope, window=window)
+        out.append(built[t])
+    unread = [t for t in tables if t not in read]
+    if unread:
+        raise spec.error(("rope", unread[0]), f"rope table {unread[0]!r} is read by no layer")
+    return tuple(out)
 
 
 def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
@@ -121,9 +151,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
     Raises:
         SpecError: a schema violation (the first), a config field that cannot be resolved,
             a required field missing, a layer kind other than ``encoder``, an option the
-            encoder does not build (a sliding window, a softcap, an mlp kind other than
-            plain or gated) or of the wrong type, a RoPE table as ``_rope`` refuses, or no
-            bound on a call's ids.
+            encoder does not build (a softcap, an mlp kind other than plain or gated) or
+            of the wrong type, a layer pattern or RoPE table as ``_typed_layers`` refuses,
+            or no bound on a call's ids.
     """
     problems = validate(spec)
     if problems:
@@ -147,10 +177,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         raise spec.error(layer + ("kind",), f"model encoder takes layer kind 'encoder', not "
                                             f"{spec.get('layer', 'kind')!r}")
     a, m = layer + ("attention",), layer + ("mlp",)
-    for key in ("window", "softcap"):
-        if spec.get(*a, key) is not None:
-            raise spec.error(a + (key,), f"an encoder layer builds no attention {key}; leave "
-                                         f"layer/attention/{key} out (or null)")
+    if spec.get(*a, "softcap") is not None:
+        raise spec.error(a + ("softcap",), "an encoder layer builds no attention softcap; leave "
+                                           "layer/attention/softcap out (or null)")
     mlp_kind = spec.get(*m, "kind", default="plain")
     if mlp_kind not in ENCODER_MLP_KINDS:
         raise spec.error(m + ("kind",), f"an encoder layer's mlp is one of "
@@ -174,8 +203,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         mlp_bias=mlp_bias, down_bias=_flag_option(spec, r, m + ("down_bias",), mlp_bias),
         mlp_kind=mlp_kind, mlp_fused=fused,
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),
-        placement=spec.get("layer", "placement", default="post"),
-        rope=_rope(spec, r, v["head_dim"], source))
+        placement=spec.get("layer", "placement", default="post"))
+    layers = _typed_layers(spec, r, one, v["num_hidden_layers"], source)
+    one = layers[0]
     e, p = ("embedding",), ("pooling",)
     positions = _whole(spec, r, e + ("positions",), 0)
     offset = _whole(spec, r, e + ("position_offset",), 0)
@@ -205,18 +235,18 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
                          "an encoder with no position table needs runtime/max_tokens, the ids "
                          "a call holds" if not positions else f"position offset {offset} leaves "
                          f"no row of the position table's {positions}")
-    if one.rope is not None:
-        # Within the context the model was trained on, where every scaling's table is one
-        # for any call's length (dynamic and longrope change only past it: rope_switch).
-        top = min(one.rope.max_position_embeddings, rope_switch(one.rope) or MAX_INT)
-        L = min(L, top)
+    for lo in layers:
+        if lo.rope is not None:
+            # Within the context the model was trained on, where every scaling's table is
+            # one for any call's length (dynamic and longrope change only past it).
+            L = min(L, lo.rope.max_position_embeddings, rope_switch(lo.rope) or MAX_INT)
     if positions and L > positions - offset:
         raise spec.error(("runtime", "max_tokens"), f"max_tokens {L} is past the position "
                                                     f"table's {positions} rows less offset "
                                                     f"{offset}")
     options = EncoderOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
-        layers=tuple(one for _ in range(v["num_hidden_layers"])), norm=norm,
+        layers=layers, norm=norm,
         positions=positions, position_offset=offset, position_padding=padding,
         embedding_size=width, token_types=_whole(spec, r, e + ("token_types",), 0),
         embedding_norm=_flag_option(spec, r, e + ("norm",), True),

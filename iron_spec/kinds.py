@@ -27,11 +27,11 @@ KINDS: tuple[Row, ...] = (
                                                   "size")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
-        k: ("residual_scale", "pattern", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
+        k: ("residual_scale", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
         + (("parallel", "shared_norm") if k == "decoder" else ())
         for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("window", "softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
+        k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
             "v_norm", "values_from_keys", "qkv_layout", "clip_qkv")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),

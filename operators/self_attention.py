@@ -14,6 +14,12 @@ import numpy as np
 from .base import EPS32, Operator, Tolerance, as64
 
 
+def _outside(n: int, window: int) -> np.ndarray:
+    """``(n, n)`` bool: the pairs of rows farther apart than ``window``."""
+    i = np.arange(n)
+    return np.abs(i[:, None] - i[None, :]) > window
+
+
 class SelfAttention(Operator):
     """Scaled dot-product attention of ``q`` ``(n, heads, head_dim)`` over ``k`` and ``v``
     ``(n, kv_heads, head_dim)``, all ``n`` rows seeing all ``n``; output ``(n, heads *
@@ -21,29 +27,33 @@ class SelfAttention(Operator):
 
     Query head ``h`` reads kv head ``h // (heads // kv_heads)``, as transformers'
     ``repeat_kv``. Attribute ``scale``: the logit scale (default ``head_dim ** -0.5``, as
-    transformers' ``eager_attention_forward``). Softmax in float32 (float64 in the reference).
+    transformers' ``eager_attention_forward``); ``window``: row ``i`` sees only rows ``j``
+    with ``|i - j| <= window`` (None: all), as transformers'
+    ``sliding_window_bidirectional_overlay``. Softmax in float32 (float64 in the reference).
     """
 
     name = "self_attention"
 
-    def shape(self, q, k, v, scale=None):
+    def shape(self, q, k, v, scale=None, window=None):
         if len(q) != 3 or len(k) != 3 or k != v or q[0] != k[0] or q[2] != k[2] or q[1] % k[1]:
             raise ValueError(f"self_attention: q {q} (n, heads, head_dim) does not meet k {k} "
                              f"and v {v} (n, kv_heads, head_dim)")
         return (q[0], q[1] * q[2])
 
-    def reference(self, q, k, v, scale=None):
+    def reference(self, q, k, v, scale=None, window=None):
         n, H, D = q.shape
         G = k.shape[1]
         scale = D ** -0.5 if scale is None else scale
         kh = np.repeat(as64(k).transpose(1, 0, 2), H // G, axis=0)  # (H, n, D)
         vh = np.repeat(as64(v).transpose(1, 0, 2), H // G, axis=0)
         s = np.einsum("nhd,htd->hnt", as64(q), kh) * scale
+        if window is not None:
+            s[:, _outside(n, window)] = -np.inf
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("hnt,htd->nhd", p, vh).reshape(n, H * D)
 
-    def kernel(self, out, q, k, v, scratch=None, scale=None):
+    def kernel(self, out, q, k, v, scratch=None, scale=None, window=None):
         n, H, D = q.shape
         G = k.shape[1]
         R = H // G
@@ -65,6 +75,9 @@ class SelfAttention(Operator):
         m = scratch[at: at + H * n].reshape(G, R * n, 1)
         np.matmul(qg, kg.transpose(0, 2, 1), out=s)
         s *= np.float32(scale)
+        if window is not None:
+            # Row r * n + i of a group's (R * n, n) scores is query row i of its r-th head.
+            s.reshape(G, R, n, n)[:, :, _outside(n, window)] = -np.inf
         np.max(s, axis=-1, keepdims=True, out=m)
         s -= m
         np.exp(s, out=s)
@@ -74,15 +87,15 @@ class SelfAttention(Operator):
         np.matmul(s, vg, out=o)
         np.copyto(out.reshape(n, G, R, D), o.reshape(G, R, n, D).transpose(2, 0, 1, 3))
 
-    def scratch(self, q, k, v, scale=None):
+    def scratch(self, q, k, v, scale=None, window=None):
         n, H, D = q
         G = k[1]
         return H * n * D + 2 * G * n * D + H * n * n + H * n
 
-    def tolerance(self, q, k, v, scale=None):
+    def tolerance(self, q, k, v, scale=None, window=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
-    def scale(self, reference, q, k, v, scale=None):
+    def scale(self, reference, q, k, v, scale=None, window=None):
         # A convex combination of values: bounded by the largest |value| of its kv head.
         n, H, D = q.shape
         G = k.shape[1]

@@ -44,7 +44,9 @@ class EncoderLayerOptions:
     scale (None: ``head_dim ** -0.5``). ``rope``: the RoPE table queries and keys turn by
     after their projections (None: none), every row at its position in the text (0, 1, ...),
     as transformers' LlamaAttention's ``apply_rotary_pos_emb`` run without a causal mask
-    (EuroBertAttention, JinaEmbeddingsV3Attention). ``placement``: ``post``
+    (EuroBertAttention, JinaEmbeddingsV3Attention). ``window``: each row attends only the
+    rows at most ``window`` away (None: all), as transformers'
+    ``create_bidirectional_sliding_window_mask``. ``placement``: ``post``
     (``norm(x + attn(x))`` then ``norm(x + mlp(x))``, transformers' BertLayer) or ``pre``
     (``x + attn(norm(x))`` then ``x + mlp(norm(x))``, and a final norm after the last layer).
     """
@@ -64,6 +66,7 @@ class EncoderLayerOptions:
     mlp_fused: bool = False
     down_bias: bool | None = None
     rope: RopeOptions | None = None
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ class SelfAttentionProjections(Module):
                          interleaved=o.rope.interleaved)
             k = rec.step("rope", k, *rope, where=self.where("key"), start=0,
                          interleaved=o.rope.interleaved)
-        return rec.step("self_attention", q, k, v, where=self.path, scale=o.scale)
+        return rec.step("self_attention", q, k, v, where=self.path, scale=o.scale,
+                        window=o.window)
 
 
 class Output(Module):

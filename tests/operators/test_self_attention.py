@@ -67,3 +67,41 @@ def test_kernel_within_tolerance(check_kernel, randn, n, H, G, D):
 def test_shape_refuses_rows_that_differ():
     with pytest.raises(ValueError, match="does not meet"):
         OP.shape((4, 2, 8), (3, 2, 8), (3, 2, 8))
+
+
+def _banded_loops(q, k, v, scale, window):
+    """_loops with row i seeing only rows j with |i - j| <= window (transformers'
+    sliding_window_bidirectional_overlay), from the definition."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    n, H, D = q.shape
+    G = k.shape[1]
+    out = np.zeros((n, H, D))
+    for i in range(n):
+        seen = [j for j in range(n) if abs(i - j) <= window]
+        for h in range(H):
+            g = h // (H // G)
+            s = [scale * float(np.dot(q[i, h], k[j, g])) for j in seen]
+            w = [math.exp(x - max(s)) for x in s]
+            out[i, h] = sum(wj * v[j, g] for wj, j in zip(w, seen)) / sum(w)
+    return out.reshape(n, H * D)
+
+
+def test_window_zero_sees_only_its_own_row():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((5, 2, 4)) for _ in range(3))
+    np.testing.assert_allclose(OP.reference(q, k, v, window=0), v.reshape(5, 8), rtol=1e-14)
+
+
+@pytest.mark.parametrize("window", [1, 2, 6])
+def test_window_reference_and_kernel_match_the_definition(window):
+    rng = np.random.default_rng(window)
+    n, H, G, D = 7, 4, 2, 8
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    k = rng.standard_normal((n, G, D)).astype(np.float32)
+    v = rng.standard_normal((n, G, D)).astype(np.float32)
+    want = _banded_loops(q, k, v, D ** -0.5, window)
+    np.testing.assert_allclose(OP.reference(q, k, v, window=window), want, rtol=1e-12, atol=1e-14)
+    out = np.empty((n, H * D), np.float32)
+    scratch = np.empty(OP.scratch(q.shape, k.shape, v.shape, window=window), np.float32)
+    OP.kernel(out, q, k, v, scratch, window=window)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)

@@ -108,6 +108,23 @@ def test_eurobert_with_another_rope_fails_against_the_golden(tmp_path, old, new)
     assert "FAIL  hidden states vs golden" in result.output
 
 
+@pytest.mark.parametrize("new", ['window: "sliding_window + 1", rope: sliding', "rope: sliding"],
+                         ids=["window one wider", "no window"])
+def test_ultrabert_with_another_window_fails_against_the_golden(tmp_path, new):
+    # create_bidirectional_sliding_window_mask: |q - kv| <= sliding_window on the
+    # sliding_attention layers (the toy's window 3 of a 24-row call); UltrabertAttention's
+    # sliding_window + 1 is a flash-attention kernel's argument, not the mask's.
+    old = "window: sliding_window, rope: sliding"
+
+    def edit(text):
+        assert old in text
+        return text.replace(old, new)
+    result = _check(_copy(tmp_path, "ultrabert", edit))
+    assert result.exit_code == 1, result.output
+    assert "reference: golden" in result.output
+    assert "FAIL  hidden states vs golden" in result.output
+
+
 def test_electra_embeddings_are_narrower_and_projected():
     # ElectraEmbeddings: tables and LayerNorm embedding_size wide; ElectraModel:
     # embeddings_project = nn.Linear(embedding_size, hidden_size) where the two differ.
