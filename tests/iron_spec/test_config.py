@@ -66,6 +66,24 @@ def test_encoder_and_show_refuse_too(tmp_path):
         gather(bert, str(d), allow_unread_config=True)
 
 
+ENCODERS_WITH_A_DECODER_MODE = ["bert", "camembert", "electra", "megatron_bert", "roberta",
+                                "roberta_prelayernorm", "xlm_roberta"]
+
+
+@pytest.mark.parametrize("name", ENCODERS_WITH_A_DECODER_MODE)
+@pytest.mark.parametrize("key", ["is_decoder", "add_cross_attention"])
+def test_an_encoder_config_in_decoder_mode_is_refused(tmp_path, name, key):
+    # transformers builds these layers with is_causal=config.is_decoder (modeling_bert.py's
+    # BertLayer and its copies), and cross-attention where add_cross_attention: run
+    # bidirectionally, such a config would be silently another model.
+    spec = SPECS / f"{name}.yaml"
+    d = config_dir(tmp_path, spec, **{key: True})
+    with pytest.raises(SpecError, match=key):
+        load_encoder(spec, checkpoint=d, random_weights=0)
+    assert load_encoder(spec, checkpoint=config_dir(tmp_path, spec, **{key: False}),
+                        random_weights=0)
+
+
 @pytest.mark.parametrize("command", ["run", "check", "show", "bench"])
 def test_every_loading_command_refuses_and_takes_the_flag(tmp_path, command):
     d = config_dir(tmp_path, extra_key=3)
