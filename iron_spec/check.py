@@ -177,7 +177,7 @@ def kl_gate(loaded: Loaded) -> dict[str, float]:
     if loaded.lm.decode_weights in REDUCED_KL:
         return dict(REDUCED_KL[loaded.lm.decode_weights])
     bounds = dict(loaded.expanded.spec.get("validation", "kl", default={}) or {})
-    return bounds or {"mean": 1e-4, "p90": 2e-4, "max": 1e-3}
+    return bounds or {"mean": 1e-6, "p90": 2e-6, "max": 1e-5}
 
 
 def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,

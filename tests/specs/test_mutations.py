@@ -19,7 +19,7 @@ from iron_spec.runtime.golden import Golden
 from tests.conftest import SPECS
 
 LLAMA = (SPECS / "llama3.yaml").read_text()
-BOUNDS = {"mean": 1e-4, "p90": 2e-4, "max": 1e-3}
+BOUNDS = {"mean": 1e-6, "p90": 2e-6, "max": 1e-5}
 
 
 def mutated(tmp_path, old: str, new: str):
@@ -53,6 +53,16 @@ def test_toy_mutation_fails_check(tmp_path, old, new):
     assert result.exit_code == 1, result.output
     assert "reference: golden" in result.output
     assert kl_figure(result.output) > 1e-3, result.output
+
+
+def test_an_epsilon_1000x_too_large_fails_check(tmp_path):
+    # The subtlest flip a new user's trial found: RMSNorm's eps 1e-5 read as 1e-2 moves the
+    # toy's logits by KL ~2e-5, which a gate of 1e-4 once passed as verified.
+    line = next(t for t in LLAMA.splitlines() if t.startswith("  norm: {kind: rms, eps: "))
+    spec = mutated(tmp_path, line, line.replace("eps: rms_norm_eps", 'eps: "rms_norm_eps * 1000"'))
+    result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy"])
+    assert result.exit_code == 1, result.output
+    assert 1e-6 < kl_figure(result.output) < 1e-3, result.output
 
 
 def test_a_mutant_reading_a_key_no_more_is_refused_at_load(tmp_path):
