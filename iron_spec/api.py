@@ -17,6 +17,7 @@ Not for: checking a spec (``check``), measuring speed (``bench``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -75,6 +76,9 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         CheckpointError: the weights do not fit the model (every tensor named).
         ValueError: a bad argument, or a generation_config.json that is not JSON.
     """
+    for name, value in (("spec", spec), ("checkpoint", checkpoint)):
+        if value is not None and not isinstance(value, (str, Path)):
+            raise TypeError(f"load: {name} is {type(value).__name__}, not a str or Path")
     if threads is not None:
         set_threads(threads)
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
@@ -230,13 +234,13 @@ class Model:
     def complete(self, prompt, **options) -> Completion:
         """The whole generation as a ``Completion`` (text, token ids, finish reason,
         log-probabilities, seed, timings); options and errors as ``stream``."""
-        s = self.stream(prompt, **options)
+        s = self.stream(prompt, **_stream_options(self.stream, "complete", options))
         s.text()
         return s.result
 
     def generate(self, prompt, **options) -> str:
         """The text drawn after ``prompt``; options and errors as ``stream``."""
-        return self.stream(prompt, **options).text()
+        return self.stream(prompt, **_stream_options(self.stream, "generate", options)).text()
 
     def chat(self, system: str | None = None) -> "Conversation":
         """A conversation: each turn's reply resumes from the KV cache of the turns before.
@@ -325,13 +329,28 @@ class EncoderModel:
             TypeError: a text that is not a str.
         """
         from .embed import embed_texts
+        if not isinstance(texts, str) and not isinstance(texts, Iterable):
+            raise TypeError(f"embed takes a str or an iterable of str, not "
+                            f"{type(texts).__name__}")
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ValueError("give at least one text")
-        for i, t in enumerate(texts, 1):
+        for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise TypeError(f"text {i} is {type(t).__name__}, not str")
+                raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
         return embed_texts(self.loaded, texts)
+
+
+def _stream_options(stream, caller: str, options: dict) -> dict:
+    """``options`` where ``stream`` takes them all; else the TypeError Python would raise,
+    naming ``caller`` (the method the user called) and the options there are."""
+    takes = [n for n, p in inspect.signature(stream).parameters.items()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = [k for k in options if k not in takes]
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
+                        f"(it takes {', '.join(takes)})")
+    return options
 
 
 def _messages(prompt) -> bool:

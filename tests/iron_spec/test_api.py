@@ -89,3 +89,24 @@ def test_specs_by_name_from_any_folder(tmp_path, monkeypatch):
     assert find("my_llama") == other / "my_llama.yaml"
     with pytest.raises(FileNotFoundError, match="the specs: my_llama"):
         find("qwen3")
+
+
+@pytest.mark.parametrize("args", [(123,), ("llama3", 5), ("llama3", ["dir"])])
+def test_load_refuses_a_spec_or_checkpoint_of_another_type_naming_it(args):
+    with pytest.raises(TypeError, match=r"load: (spec|checkpoint) is (int|list), not a str or Path"):
+        iron_spec.load(*args)
+
+
+@pytest.mark.parametrize("method", ["generate", "complete"])
+def test_an_unknown_option_names_the_method_called_and_the_options_there_are(toy, method):
+    with pytest.raises(TypeError, match=rf"{method}\(\) got an unexpected keyword argument "
+                                        r"'nosuch' \(it takes max_new_tokens, "):
+        getattr(toy, method)([1, 2, 3], nosuch=1)
+
+
+def test_embed_refuses_what_is_no_text_counting_from_zero():
+    bert = iron_spec.load("bert", random_weights=0, toy=True)
+    with pytest.raises(TypeError, match="embed takes a str or an iterable of str, not NoneType"):
+        bert.embed(None)
+    with pytest.raises(TypeError, match=r"texts\[1\] is int, not str"):
+        bert.embed(["a", 1])
