@@ -62,6 +62,10 @@ def test_chunks_before_the_last_skip_the_head_and_leave_the_caches_as_whole_runs
         ids[:rows] = prompt[s: s + rows]
         whole, _ = version(ids, start=s, rows=rows)
     np.testing.assert_array_equal(skipping, whole)
+    # And against the float64 reference, which runs every step of every chunk on its own
+    # caches: the skipped steps fed nothing a later chunk reads.
+    want = np.array(Session(lm, reference=True).logits(prompt.tolist()))
+    np.testing.assert_allclose(skipping, want, rtol=0, atol=1e-4 * np.abs(want).max())
     assert version(ids, start=0, rows=C, output=False) == (None, None)
 
 

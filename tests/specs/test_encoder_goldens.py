@@ -58,6 +58,19 @@ def _check(path: Path):
     return CliRunner().invoke(app, ["check", str(path), "--random-weights", "0", "--toy"])
 
 
+def _fails_edited(tmp_path: Path, name: str, old: str, new: str):
+    """``check`` of spec ``name`` with ``old`` replaced by ``new``, asserting it fails its
+    hidden states against the golden; the result, for more assertions."""
+    def edit(text):
+        assert old in text
+        return text.replace(old, new)
+    result = _check(_copy(tmp_path, name, edit))
+    assert result.exit_code == 1, result.output
+    assert "reference: golden" in result.output
+    assert "FAIL  hidden states vs golden" in result.output
+    return result
+
+
 def test_roberta_toy_is_judged_against_its_golden():
     result = _check(SPECS / "roberta.yaml")
     assert result.exit_code == 0, result.output
@@ -99,13 +112,7 @@ def test_roberta_without_its_positions_fails_against_the_golden(tmp_path, drop):
 def test_eurobert_with_another_rope_fails_against_the_golden(tmp_path, old, new):
     # EuroBertAttention turns q and k by LlamaAttention's rotate_half (halves, not pairs),
     # by the toy's rope_parameters (linear, factor 2), at every layer.
-    def edit(text):
-        assert old in text
-        return text.replace(old, new)
-    result = _check(_copy(tmp_path, "eurobert", edit))
-    assert result.exit_code == 1, result.output
-    assert "reference: golden" in result.output
-    assert "FAIL  hidden states vs golden" in result.output
+    _fails_edited(tmp_path, "eurobert", old, new)
 
 
 @pytest.mark.parametrize("new", ['window: "sliding_window + 1", rope: sliding', "rope: sliding"],
@@ -114,15 +121,7 @@ def test_ultrabert_with_another_window_fails_against_the_golden(tmp_path, new):
     # create_bidirectional_sliding_window_mask: |q - kv| <= sliding_window on the
     # sliding_attention layers (the toy's window 3 of a 24-row call); UltrabertAttention's
     # sliding_window + 1 is a flash-attention kernel's argument, not the mask's.
-    old = "window: sliding_window, rope: sliding"
-
-    def edit(text):
-        assert old in text
-        return text.replace(old, new)
-    result = _check(_copy(tmp_path, "ultrabert", edit))
-    assert result.exit_code == 1, result.output
-    assert "reference: golden" in result.output
-    assert "FAIL  hidden states vs golden" in result.output
+    _fails_edited(tmp_path, "ultrabert", "window: sliding_window, rope: sliding", new)
 
 
 def test_electra_embeddings_are_narrower_and_projected():
