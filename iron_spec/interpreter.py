@@ -15,8 +15,9 @@ import numpy as np
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.operators.rope import rope_inv_freq
-from iron_spec.runtime.blocks import (NORM_KINDS, AttentionOptions, LayerOptions, MLPOptions, NormOptions,
-                            PerLayerInputOptions, RopeOptions)
+from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
+                                      LayerOptions, MLPOptions, NormOptions,
+                                      PerLayerInputOptions, RopeOptions)
 from iron_spec.runtime.causal import CausalOptions
 from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
@@ -219,7 +220,12 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
-        qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")))
+        qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
+        qk_norm_after_rope=flag(*a, "qk_norm_after_rope"))
+    if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
+        raise spec.error(opt(*a, "qk_norm_after_rope")[1], "qk_norm_after_rope norms each "
+                         f"turned head: it needs qk_norm one of {', '.join(PER_HEAD_QK_NORMS)} "
+                         f"(not {attention.qk_norm!r})")
     act, at = opt("mlp", "act", default="hidden_act")
     if act not in ACTIVATIONS:
         raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -413,6 +419,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         logit_softcap=_number(spec, ("head", "softcap"), _option(spec, r, ("head", "softcap"), None)),
         positions=positions, position_offset=offset,
         head_bias=_flag_option(spec, r, ("head", "bias"), False),
+        embedding_norm=_flag_option(spec, r, ("embedding", "norm"), False),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
 
@@ -442,7 +449,8 @@ def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions
         scaling=scaling,
         max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
             spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
-        interleaved=_flag_option(spec, r, p + ("interleaved",), False))
+        interleaved=_flag_option(spec, r, p + ("interleaved",), False),
+        negated=_flag_option(spec, r, p + ("negated",), False))
     _finite_frequencies(spec, p, rope, f"{_key(spec, r, p + ('theta',), source)} "
                         f"and {_key(spec, r, p + ('scaling',), source)}")
     return rope

@@ -23,8 +23,7 @@ CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causa
 
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
-    Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "norm",
-                                                  "size")}),
+    Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "size")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         k: ("residual_scale", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
@@ -32,7 +31,7 @@ KINDS: tuple[Row, ...] = (
         for k in CAUSAL_LAYERS}),
     Row(("layer", "attention"), ("layer", "kind"), {
         k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
-            "v_norm", "values_from_keys", "qkv_layout", "clip_qkv")
+            "v_norm", "values_from_keys", "qkv_layout", "clip_qkv", "qk_norm_after_rope")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {"encoder": ("down_bias",)}),

@@ -41,13 +41,17 @@ class RopeOptions:
     ``max_position_embeddings`` (which ``dynamic`` and ``longrope`` scaling read).
     ``interleaved``: columns ``2i`` and ``2i + 1`` turn together (GPTJAttention's
     ``rotate_every_two``), else ``i`` and ``i + rotary_dim / 2`` (LlamaAttention's
-    ``rotate_half``); a layer reading the table turns so (``AttentionOptions``)."""
+    ``rotate_half``); a layer reading the table turns so (``AttentionOptions``).
+    ``negated``: every angle turns the other way, the sin table negated (NanoChat's
+    ``rotate_half`` as ``cat(x2, -x1)``: ``x1 cos + x2 sin``, ``x2 cos - x1 sin``; negation is
+    exact in float32, so the rotation equals transformers' to the bit)."""
 
     theta: float
     rotary_dim: int
     scaling: dict | None = None
     max_position_embeddings: int = 2048
     interleaved: bool = False
+    negated: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,9 @@ class AttentionOptions:
     ``clip_qkv``: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` right after their
     projections, as OlmoAttention (None: none). ``qk_norm_bias``: whether a LayerNorm q/k
     norm holds a bias, where it differs from the layer's norms (StableLmLayerNormPerHead's
-    ``bias=False`` beside biased layer norms; None: as the layer's).
+    ``bias=False`` beside biased layer norms; None: as the layer's). ``qk_norm_after_rope``:
+    a per-head q/k norm runs on the turned queries and keys, not before RoPE
+    (HunYuanDenseV1Attention, NanoChatAttention: ``apply_rotary_pos_emb`` then ``q_norm``).
     """
 
     heads: int
@@ -98,6 +104,7 @@ class AttentionOptions:
     qkv_layout: str = "blocks"
     clip_qkv: float | None = None
     qk_norm_bias: bool | None = None
+    qk_norm_after_rope: bool = False
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups")
@@ -314,6 +321,9 @@ class Attention(Module):
         if o.fused_qkv and (o.values_from_keys or o.kv_from is not None):
             raise ValueError("a fused qkv_proj holds its own keys and values: not with "
                              "values_from_keys or kv_from")
+        if o.qk_norm_after_rope and o.qk_norm not in PER_HEAD_QK_NORMS:
+            raise ValueError(f"qk_norm_after_rope norms each turned head: qk_norm "
+                             f"{o.qk_norm!r} is not one of {', '.join(PER_HEAD_QK_NORMS)}")
         H, G, D = o.heads, o.kv_heads, o.head_dim
         own = o.kv_from is None
         if o.fused_qkv:
@@ -408,7 +418,7 @@ class Attention(Module):
         if o.qk_norm == "all":
             k = self.k_norm(rec, k)
         k, v = rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
-        if o.qk_norm in ("head", "per_head_weights", "per_head_stacked"):
+        if o.qk_norm in PER_HEAD_QK_NORMS and not o.qk_norm_after_rope:
             k = self.k_norm(rec, k)
         if o.v_norm:
             v = self.v_norm(rec, v)
@@ -416,6 +426,8 @@ class Attention(Module):
             cos, sin = ropes[o.rope]
             k = rec.step("rope", k, cos, sin, where=self.where("k"), start=start,
                          interleaved=o.rope_interleaved)
+        if o.qk_norm_after_rope:
+            k = self.k_norm(rec, k)
         q = self._queries(rec, q, ropes)
         keys = rec.state(self.where("keys"), self.keys)
         values = rec.state(self.where("values"), self.values)
@@ -430,12 +442,14 @@ class Attention(Module):
         if o.qk_norm == "all":
             q = self.q_norm(rec, q)
         q = rec.view(q, (n, o.heads, o.head_dim))
-        if o.qk_norm in ("head", "per_head_weights", "per_head_stacked"):
+        if o.qk_norm in PER_HEAD_QK_NORMS and not o.qk_norm_after_rope:
             q = self.q_norm(rec, q)
         if o.rope is not None:
             cos, sin = ropes[o.rope]
             q = rec.step("rope", q, cos, sin, where=self.where("q"), start=rec.call.start,
                          interleaved=o.rope_interleaved)
+        if o.qk_norm_after_rope:
+            q = self.q_norm(rec, q)
         return q
 
     def _attend(self, rec: Recorder, q: Handle, keys: State, values: State) -> Handle:
@@ -504,15 +518,17 @@ class MLP(Module):
 
 
 QK_NORMS = (None, "head", "all", "per_head_weights", "per_head_stacked")
+PER_HEAD_QK_NORMS = ("head", "per_head_weights", "per_head_stacked")
 NORM_KINDS = ("rms", "layer")
 MLP_KINDS = ("gated", "plain")
 
 
 def rope_table(o: RopeOptions, positions: int, length: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """The cos and sin tables ``(positions, rotary_dim // 2)`` of ``o`` for a sequence of
-    ``length`` tokens (``operators.rope.rope_table``)."""
-    return rope_table_of(o.rotary_dim, o.theta, o.scaling, positions, o.max_position_embeddings,
-                         length)
+    ``length`` tokens (``operators.rope.rope_table``); ``negated``: the sin table negated."""
+    cos, sin = rope_table_of(o.rotary_dim, o.theta, o.scaling, positions,
+                             o.max_position_embeddings, length)
+    return (cos, -sin) if o.negated else (cos, sin)
 
 
 def rope_switch(o: RopeOptions) -> int | None:

@@ -38,8 +38,11 @@ class CausalOptions:
     position table ``model.embed_positions`` (0: none), row ``p + position_offset`` added
     to the (scaled) token embedding at position ``p``, as transformers' GPT2Model ``wpe``
     and OPTLearnedPositionalEmbedding (offset 2). ``head_bias``: ``lm_head`` has a bias
-    (GPTJForCausalLM, PhiForCausalLM). ``max_seq_len``: positions the KV caches hold;
-    ``prefill_chunk``: ids a prompt call holds.
+    (GPTJForCausalLM, PhiForCausalLM). ``embedding_norm``: the embeddings (scaled, positions
+    added) pass a norm of ``norm``'s kind before the first layer, ``model.embed_norm``
+    (BloomModel's ``word_embeddings_layernorm``, ModernBertDecoderModel's
+    ``embeddings.norm``, NanoChatModel's weightless ``norm`` run before the layers too).
+    ``max_seq_len``: positions the KV caches hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
     vocab_size: int
@@ -55,6 +58,7 @@ class CausalOptions:
     positions: int = 0
     position_offset: int = 0
     head_bias: bool = False
+    embedding_norm: bool = False
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -71,7 +75,8 @@ class Table:
 
 class Decoder(Module):
     """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``; with
-    learned positions also ``embed_positions`` ``(positions, hidden)``; with per-layer
+    learned positions also ``embed_positions`` ``(positions, hidden)``; with an embedding
+    norm also ``embed_norm``; with per-layer
     inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
     ``per_layer_projection_norm`` (transformers' Gemma4TextModel).
 
@@ -89,6 +94,8 @@ class Decoder(Module):
                                  f"position table's {o.positions} rows from offset "
                                  f"{o.position_offset}")
             self.embed_positions = Embedding(o.positions, E)
+        if o.embedding_norm:
+            self.embed_norm = Norm(E, o.norm)
         self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]
         readers: dict[int, list[int]] = {}
         for i, layer in enumerate(self.layers):
@@ -269,6 +276,8 @@ class CausalLM(Module):
             w = rec.hold("param", table.where("weight"), table.weight.array)
             x = rec.step("add_rows", x, w, where=table.path,
                          start=replace(c.start, offset=c.start.offset + o.position_offset))
+        if o.embedding_norm:
+            x = self.model.embed_norm(rec, x)
         per_layer = [None] * len(self.model.layers)
         if o.per_layer_input is not None:
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
