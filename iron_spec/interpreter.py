@@ -18,7 +18,7 @@ from iron_spec.operators.rope import rope_inv_freq
 from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
                                       LayerOptions, MLPOptions, NormOptions,
                                       PerLayerInputOptions, RopeOptions)
-from iron_spec.runtime.causal import CausalOptions
+from iron_spec.runtime.causal import CausalOptions, Sinusoidal
 from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
 from iron_spec.runtime.values import MAX_INT, rope_scaling
@@ -420,6 +420,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         positions=positions, position_offset=offset,
         head_bias=_flag_option(spec, r, ("head", "bias"), False),
         embedding_norm=_flag_option(spec, r, ("embedding", "norm"), False),
+        sinusoidal=_sinusoidal(spec, r, positions, v["hidden_size"]),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
 
@@ -500,6 +501,33 @@ def _positions(spec: Spec, r: Resolved, L: int) -> tuple[int, int]:
                          f"position table's {rows} rows from offset {offset} (at most "
                          f"{max(rows - offset, 0)})")
     return rows, offset
+
+
+def _sinusoidal(spec: Spec, r: Resolved, rows: int, width: int) -> Sinusoidal | None:
+    """``embedding.sinusoidal``: the position table of ``embedding.positions`` rows computed
+    (``runtime.causal.Sinusoidal``), None where the spec has none (a learned table).
+
+    Raises:
+        SpecError: at the option's own line, a sinusoidal table without positions, of odd
+            width, a theta or denominator not above 0, or a zero_row outside the rows.
+    """
+    p = ("embedding", "sinusoidal")
+    if spec.get(*p) is None:
+        return None
+    if not rows:
+        raise spec.error(p, "a sinusoidal position table needs its rows: embedding.positions")
+    if width % 2:
+        raise spec.error(p, f"a sinusoidal position table of odd width {width} is not built "
+                            "(an even hidden_size)")
+    theta = _positive(spec, p + ("theta",), _option(spec, r, p + ("theta",), 10000.0))
+    denominator = _option(spec, r, p + ("denominator",), None)
+    if denominator is not None:
+        denominator = _positive(spec, p + ("denominator",), denominator)
+    zero_row = _whole(spec, p + ("zero_row",), _option(spec, r, p + ("zero_row",), None))
+    if zero_row is not None and not 0 <= zero_row < rows:
+        raise spec.error(p + ("zero_row",), f"zero_row {zero_row} is outside the position "
+                                            f"table's rows 0..{rows - 1}")
+    return Sinusoidal(theta, denominator, zero_row)
 
 
 def checkpoint_layout(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:

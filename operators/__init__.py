@@ -15,7 +15,7 @@ from .embedding import Embedding
 from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
-from .positions import AddRows
+from .positions import AddRows, sinusoidal_table
 from .pooling import L2Normalize, MeanRows, Tanh
 from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
@@ -37,4 +37,5 @@ __all__ = [
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
+    "sinusoidal_table",
 ]

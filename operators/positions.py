@@ -43,3 +43,35 @@ class AddRows(Operator):
 
     def scale(self, reference, x, table, start=0):
         return np.abs(as64(x)) + np.abs(as64(table)[start:start + x.shape[0]])
+
+
+def sinusoidal_table(rows: int, width: int, theta: float = 10000.0,
+                     denominator: float | None = None, zero_row: int | None = None) -> np.ndarray:
+    """A fixed sinusoidal position table ``(rows, width)`` float32, computed, not loaded:
+    row ``p`` is ``[sin(p * r_0), .., sin(p * r_{h-1}), cos(p * r_0), .., cos(p * r_{h-1})]``
+    with ``h = width / 2`` rates ``r_j = theta ** (-j / denominator)`` (``denominator``
+    default ``h``: CTRL's ``positional_encoding``, ``1 / 10000 ** (2j / width)``; ``h - 1``:
+    XGLMSinusoidalPositionalEmbedding's ``get_embedding``, tensor2tensor's). ``zero_row``:
+    a row set to zeros (XGLM's ``padding_idx``; None: none). Computed in float64, then
+    rounded: transformers computes it in float32, within a few float32 ulps of this.
+
+    Raises:
+        ValueError: an odd ``width`` (no family's table of odd width is built), fewer than
+            one row, a ``denominator`` not above 0, or a ``zero_row`` outside the rows.
+    """
+    if width < 2 or width % 2:
+        raise ValueError(f"a sinusoidal table of width {width}: an even width of at least 2")
+    if rows < 1:
+        raise ValueError(f"a sinusoidal table of {rows} rows: at least 1")
+    h = width // 2
+    denominator = float(h if denominator is None else denominator)
+    if not denominator > 0:
+        raise ValueError(f"a sinusoidal table's denominator {denominator}: above 0")
+    if zero_row is not None and not 0 <= zero_row < rows:
+        raise ValueError(f"zero_row {zero_row} is outside the table's rows 0..{rows - 1}")
+    rates = float(theta) ** (-np.arange(h, dtype=np.float64) / denominator)
+    angles = np.arange(rows, dtype=np.float64)[:, None] * rates[None, :]
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
+    if zero_row is not None:
+        table[zero_row] = 0.0
+    return table

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from iron_spec.operators import OPERATORS, PerCall
+from iron_spec.operators import OPERATORS, PerCall, sinusoidal_table
 
 from .blocks import (Embedding, LayerOptions, Linear, Norm, NormOptions, PerLayerInputOptions,
                      RopeOptions, rope_switch, rope_table)
@@ -42,7 +42,9 @@ class CausalOptions:
     added) pass a norm of ``norm``'s kind before the first layer, ``model.embed_norm``
     (BloomModel's ``word_embeddings_layernorm``, ModernBertDecoderModel's
     ``embeddings.norm``, NanoChatModel's weightless ``norm`` run before the layers too).
-    ``max_seq_len``: positions the KV caches hold; ``prefill_chunk``: ids a prompt call holds.
+    ``sinusoidal``: the position table is computed (``Sinusoidal``), not loaded (None:
+    learned). ``max_seq_len``: positions the KV caches hold; ``prefill_chunk``: ids a
+    prompt call holds.
     """
 
     vocab_size: int
@@ -59,8 +61,21 @@ class CausalOptions:
     position_offset: int = 0
     head_bias: bool = False
     embedding_norm: bool = False
+    sinusoidal: "Sinusoidal | None" = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
+
+
+@dataclass(frozen=True)
+class Sinusoidal:
+    """A fixed sinusoidal position table in place of a learned one, computed by
+    ``operators.positions.sinusoidal_table`` with these ``theta``, ``denominator`` (None:
+    half the width) and ``zero_row`` (None: none): CTRL's ``positional_encoding``,
+    XGLMSinusoidalPositionalEmbedding."""
+
+    theta: float = 10000.0
+    denominator: float | None = None
+    zero_row: int | None = None
 
 
 class Table:
@@ -75,7 +90,8 @@ class Table:
 
 class Decoder(Module):
     """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``; with
-    learned positions also ``embed_positions`` ``(positions, hidden)``; with an embedding
+    learned positions also ``embed_positions`` ``(positions, hidden)`` (sinusoidal ones: a
+    computed ``position_table`` of that shape, no param); with an embedding
     norm also ``embed_norm``; with per-layer
     inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
     ``per_layer_projection_norm`` (transformers' Gemma4TextModel).
@@ -93,7 +109,12 @@ class Decoder(Module):
                 raise ValueError(f"a context of {o.max_seq_len} positions does not fit the "
                                  f"position table's {o.positions} rows from offset "
                                  f"{o.position_offset}")
-            self.embed_positions = Embedding(o.positions, E)
+            if o.sinusoidal is None:
+                self.embed_positions = Embedding(o.positions, E)
+            else:
+                s = o.sinusoidal
+                self.position_table = sinusoidal_table(o.positions, E, s.theta, s.denominator,
+                                                       s.zero_row)
         if o.embedding_norm:
             self.embed_norm = Norm(E, o.norm)
         self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]
@@ -272,9 +293,14 @@ class CausalLM(Module):
         x = self.model.embed_tokens(rec, ids)
         o = self.config
         if o.positions:
-            table = self.model.embed_positions
-            w = rec.hold("param", table.where("weight"), table.weight.array)
-            x = rec.step("add_rows", x, w, where=table.path,
+            if o.sinusoidal is None:
+                table = self.model.embed_positions
+                w = rec.hold("param", table.where("weight"), table.weight.array)
+                where = table.path
+            else:
+                where = self.model.where("position_table")
+                w = rec.hold("const", where, self.model.position_table)
+            x = rec.step("add_rows", x, w, where=where,
                          start=replace(c.start, offset=c.start.offset + o.position_offset))
         if o.embedding_norm:
             x = self.model.embed_norm(rec, x)

@@ -1,0 +1,42 @@
+"""The position behaviours flipped one at a time against their specs' goldens: each flip
+keeps the model's tensors, so the golden (transformers' logits on the same weights) still
+judges it, and it must miss by far more than the gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from iron_spec.build import load_model
+from iron_spec.check import golden_path
+from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
+from iron_spec.runtime.session import Session
+from tests.conftest import SPECS
+
+
+def flipped_kl(tmp_path, name: str, old: str, new: str) -> float:
+    """The mean KL over the golden's steps of spec ``name`` with ``old`` replaced by
+    ``new`` (its golden found beside the copy, as beside the shipped spec)."""
+    text = (SPECS / f"{name}.yaml").read_text()
+    assert old in text
+    (tmp_path / "specs").mkdir()
+    path = tmp_path / "specs" / f"{name}.yaml"
+    path.write_text(text.replace(old, new, 1))
+    goldens = tmp_path / "tests" / "goldens"
+    goldens.mkdir(parents=True)
+    (goldens / name).symlink_to(SPECS.parent / "tests" / "goldens" / name)
+    loaded = load_model(path, random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    return kl_stats(teacher_forced(golden, Session(loaded.lm).logits))["mean"]
+
+
+@pytest.mark.parametrize("name,old,new", [
+    # XGLM's rates are 10000 ** (-j / (h - 1)); CTRL's 10000 ** (-j / h).
+    ("xglm", 'denominator: "hidden_size // 2 - 1"', "denominator: null"),
+    ("ctrl", "sinusoidal: {}", 'sinusoidal: {denominator: "hidden_size // 2 - 1"}'),
+    # The toy's pad_token_id 5 is the row of position 3, which XGLM zeroes.
+    ("xglm", "zero_row: pad_token_id", "zero_row: null"),
+    # Read from row 0 rather than XGLM's offset 2.
+    ("xglm", "position_offset: 2", "position_offset: 0"),
+], ids=["xglm-denominator", "ctrl-denominator", "xglm-zero-row", "xglm-offset"])
+def test_a_flipped_position_option_misses_the_golden(tmp_path, name, old, new):
+    assert flipped_kl(tmp_path, name, old, new) > 1e-4
