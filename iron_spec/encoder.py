@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from iron_spec.runtime.blocks import RopeOptions, rope_switch
+from iron_spec.runtime.blocks import QKV_LAYOUTS, RopeOptions, rope_switch
 from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, Encoder, EncoderLayerOptions, EncoderOptions, \
     PoolingOptions, POOLINGS
 from iron_spec.runtime.checkpoint import mark_transposed
@@ -195,6 +195,18 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
     mlp_bias = _flag_option(spec, r, m + ("bias",), False)
     norm = norm_options(spec, r, layer + ("norm",))
     scale = _option(spec, r, a + ("scale",), None)
+    fused_qkv = _flag_option(spec, r, a + ("fused_qkv",), False)
+    qkv_layout = spec.get(*a, "qkv_layout", default="blocks")
+    if qkv_layout not in QKV_LAYOUTS or (qkv_layout != "blocks" and not fused_qkv):
+        raise spec.error(a + ("qkv_layout",), f"qkv_layout orders a fused query_key_value's "
+                         f"rows: one of {', '.join(QKV_LAYOUTS)}, with attention/fused_qkv "
+                         f"(it is {qkv_layout!r})")
+    placement = spec.get("layer", "placement", default="post")
+    first_norm = _flag_option(spec, r, layer + ("first_attention_norm",), True)
+    if not first_norm and placement != "pre":
+        raise spec.error(layer + ("first_attention_norm",), "a first layer without its "
+                         "attention norm reads the embeddings as they are: placement pre only "
+                         f"(it is {placement!r})")
     one = EncoderLayerOptions(
         heads=v["num_attention_heads"], head_dim=v["head_dim"],
         kv_heads=v.get("num_key_value_heads"), intermediate_size=v["intermediate_size"],
@@ -203,8 +215,10 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         mlp_bias=mlp_bias, down_bias=_flag_option(spec, r, m + ("down_bias",), mlp_bias),
         mlp_kind=mlp_kind, mlp_fused=fused,
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),
-        placement=spec.get("layer", "placement", default="post"))
+        placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout)
     layers = _typed_layers(spec, r, one, v["num_hidden_layers"], source)
+    if not first_norm:
+        layers = (replace(layers[0], attention_norm=False),) + layers[1:]
     one = layers[0]
     e, p = ("embedding",), ("pooling",)
     positions = _whole(spec, r, e + ("positions",), 0)

@@ -106,7 +106,8 @@ def _type_text(t: Any) -> str:
 
 def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     """Each layer's type under ``layer/pattern``: config's list (``types``), else every
-    ``every``-th layer and every layer from index ``from`` on ``nth``, the others ``other``;
+    ``every``-th layer (layer ``i`` where ``(i + offset) % every == 0``, ``offset`` 1 unless
+    given) and every layer from index ``from`` on ``nth``, the others ``other``;
     the last layer ``last`` where that is given; ``[None] * n`` without a pattern.
 
     A type is a name (``layer_types``' ``"sliding_attention"``), an integer or a boolean (a
@@ -127,12 +128,14 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     else:
         every = _whole(spec, p + ("every",), _option(spec, r, p + ("every",), None))
         start = _whole(spec, p + ("from",), _option(spec, r, p + ("from",), None))
+        offset = _whole(spec, p + ("offset",), _option(spec, r, p + ("offset",), 1))
+        offset = 1 if offset is None else offset
         nth, other = spec.get(*p, "nth"), spec.get(*p, "other")
         if other is None or (every is not None and (nth is None or every < 1)) or (
                 start is not None and nth is None):
             raise spec.error(p, "without layer types, a pattern needs other (and nth with every "
                                 ">= 1 or from)")
-        types = [nth if (every and (i + 1) % every == 0) or (start is not None and i >= start)
+        types = [nth if (every and (i + offset) % every == 0) or (start is not None and i >= start)
                  else other for i in range(n)]
         where = p
     last = spec.get(*p, "last")

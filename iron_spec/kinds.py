@@ -27,12 +27,13 @@ KINDS: tuple[Row, ...] = (
                                       "causal": ("sinusoidal",)}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
-        k: ("residual_scale", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
-        + (("parallel", "shared_norm") if k == "decoder" else ())
-        for k in CAUSAL_LAYERS}),
+        **{k: ("residual_scale", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
+           + (("parallel", "shared_norm") if k == "decoder" else ())
+           for k in CAUSAL_LAYERS},
+        "encoder": ("first_attention_norm",)}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias", "fused_qkv",
-            "v_norm", "values_from_keys", "qkv_layout", "clip_qkv", "qk_norm_after_rope")
+        k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias",
+            "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {"encoder": ("down_bias",)}),

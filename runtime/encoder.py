@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, rope_table
+from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, qkv_rows, rope_table
 from .graph import CallSpec, Handle, Recorder
 from .module import Module, Param
 from .plan import Plan
@@ -67,6 +67,9 @@ class EncoderLayerOptions:
     down_bias: bool | None = None
     rope: RopeOptions | None = None
     window: int | None = None
+    fused_qkv: bool = False
+    qkv_layout: str = "blocks"
+    attention_norm: bool = True
 
 
 @dataclass(frozen=True)
@@ -142,21 +145,41 @@ class Embeddings(Module):
 
 
 class SelfAttentionProjections(Module):
-    """``query``, ``key`` and ``value`` (BertSelfAttention), and attention over the call's rows."""
+    """``query``, ``key`` and ``value`` (BertSelfAttention), or one ``query_key_value``
+    (``fused_qkv``), and attention over the call's rows."""
 
     def __init__(self, E: int, o: EncoderLayerOptions):
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
-        self.query = Linear(E, H * D, o.bias)
-        self.key = Linear(E, G * D, o.bias)
-        self.value = Linear(E, G * D, o.bias)
+        if o.fused_qkv:
+            self.query_key_value = Linear(E, (H + 2 * G) * D, o.bias)
+            rows = qkv_rows(o.qkv_layout, H, G, D)
+            self.query_key_value.weight.rows = rows
+            if self.query_key_value.bias is not None:
+                self.query_key_value.bias.rows = rows
+        else:
+            if o.qkv_layout != "blocks":
+                raise ValueError(f"qkv_layout {o.qkv_layout!r} orders a fused "
+                                 "query_key_value's rows: only with fused_qkv")
+            self.query = Linear(E, H * D, o.bias)
+            self.key = Linear(E, G * D, o.bias)
+            self.value = Linear(E, G * D, o.bias)
         self.options = o
+
+    def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
+        o = self.options
+        if not o.fused_qkv:
+            return self.query(rec, x), self.key(rec, x), self.value(rec, x)
+        H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
+        qkv = self.query_key_value(rec, x)
+        bounds = (0, H * D, (H + G) * D, (H + 2 * G) * D)
+        return tuple(rec.step("columns", qkv, where=self.where(name), begin=a, end=b)
+                     for name, a, b in zip(("query", "key", "value"), bounds, bounds[1:]))
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None) -> Handle:
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
-        q = rec.view(self.query(rec, x), (n, H, D))
-        k = rec.view(self.key(rec, x), (n, G, D))
-        v = rec.view(self.value(rec, x), (n, G, D))
+        q, k, v = self._project(rec, x)
+        q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
         if rope is not None:
             # A call is one text from position 0: row r turns by table row r.
             q = rec.step("rope", q, *rope, where=self.where("query"), start=0,
@@ -169,11 +192,13 @@ class SelfAttentionProjections(Module):
 
 class Output(Module):
     """``dense`` then (post-norm) ``LayerNorm(dense(h) + residual)``: BertSelfOutput and
-    BertOutput. Under pre-norm, ``LayerNorm`` normalizes the block's input instead."""
+    BertOutput. Under pre-norm, ``LayerNorm`` normalizes the block's input instead (None
+    where ``normed`` is false: the block reads its input as it is)."""
 
-    def __init__(self, in_features: int, E: int, bias: bool, norm: NormOptions):
+    def __init__(self, in_features: int, E: int, bias: bool, norm: NormOptions,
+                 normed: bool = True):
         self.dense = Linear(in_features, E, bias)
-        self.LayerNorm = Norm(E, norm)
+        self.LayerNorm = Norm(E, norm) if normed else None
 
 
 class Attention(Module):
@@ -181,7 +206,7 @@ class Attention(Module):
 
     def __init__(self, E: int, o: EncoderLayerOptions):
         self.self = SelfAttentionProjections(E, o)
-        self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm)
+        self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm, o.attention_norm)
 
 
 class Intermediate(Module):
@@ -221,12 +246,16 @@ class EncoderLayer(Module):
     """One layer: attention and MLP, each with its residual and norm (``placement``).
 
     Raises:
-        ValueError: an unknown placement, or heads that do not group into kv heads.
+        ValueError: an unknown placement, heads that do not group into kv heads, or no
+            attention norm under post-norm placement.
     """
 
     def __init__(self, E: int, o: EncoderLayerOptions):
         if o.placement not in PLACEMENTS:
             raise ValueError(f"placement {o.placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if not o.attention_norm and o.placement != "pre":
+            raise ValueError("a layer without its attention norm reads its input as it is: "
+                             "placement pre only")
         if o.heads % (o.kv_heads or o.heads):
             raise ValueError(f"{o.heads} attention heads do not group into {o.kv_heads} kv heads")
         self.attention = Attention(E, o)
@@ -245,7 +274,8 @@ class EncoderLayer(Module):
             x = attn_out.LayerNorm(rec, rec.step("add", a, x, where=self.path))
             m = mlp_out.dense(rec, self.intermediate(rec, x))
             return mlp_out.LayerNorm(rec, rec.step("add", m, x, where=self.path))
-        a = attn_out.dense(rec, self.attention.self(rec, attn_out.LayerNorm(rec, x), rope))
+        h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
+        a = attn_out.dense(rec, self.attention.self(rec, h, rope))
         x = rec.step("add", x, a, where=self.path)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path)

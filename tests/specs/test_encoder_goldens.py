@@ -194,3 +194,28 @@ def test_a_config_transformers_refuses_is_one_line_naming_it(tmp_path):
     assert run.stderr.strip().splitlines()[-1] == (
         f"error: {path} toy.config: pad_token_id is 200, not a whole number within 0..127"), \
         run.stderr
+
+
+@pytest.mark.parametrize("old, new", [
+    ("    offset: 0\n", ""),
+    ('window: "local_attention // 2"', 'window: "local_attention // 2 + 1"'),
+], ids=["full layers from the third", "window one wider"])
+def test_modernbert_with_another_pattern_fails_against_the_golden(tmp_path, old, new):
+    # ModernBertConfig: layer i slides where i % global_attn_every_n_layers (full at 0 and
+    # 3 of the toy's 4), seeing rows at most local_attention // 2 away (sliding_window).
+    _fails_edited(tmp_path, "modernbert", old, new)
+
+
+def test_modernbert_drawn_weights_carry_modernberts_own_names():
+    # ModernBertModel's state dict (transformers 5.24): one Wqkv (3 * hidden, hidden) per
+    # layer, and no attn_norm at layer 0 (ModernBertEncoderLayer's nn.Identity there).
+    shapes = {n: t.shape for n, t in load_encoder(SPECS / "modernbert.yaml", random_weights=0,
+                                                  toy=True).checkpoint_tensors().items()}
+    assert shapes["layers.0.attn.Wqkv.weight"] == (192, 64)
+    assert shapes["layers.3.attn.Wqkv.bias"] == (192,)
+    per_layer = {"attn.Wqkv", "attn.Wo", "attn_norm", "mlp.Wi", "mlp.Wo", "mlp_norm"}
+    want = {f"layers.{i}.{m}.{p}" for i in range(4) for m in per_layer for p in ("weight", "bias")
+            if (i, m) != (0, "attn_norm")}
+    want |= {"embeddings.tok_embeddings.weight", "embeddings.norm.weight",
+             "embeddings.norm.bias", "final_norm.weight", "final_norm.bias"}
+    assert set(shapes) == want
