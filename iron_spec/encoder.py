@@ -263,6 +263,7 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         layers=layers, norm=norm,
         positions=positions, position_offset=offset, position_padding=padding,
         embedding_size=width, token_types=_whole(spec, r, e + ("token_types",), 0),
+        task_types=_whole(spec, r, e + ("task_types",), 0),
         embedding_norm=_flag_option(spec, r, e + ("norm",), True),
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,
@@ -323,7 +324,7 @@ def _fits(spec: Spec, o: EncoderOptions, source: str) -> None:
     projections) would not fit this host's memory budget, before any is allocated (numpy
     maps zeros lazily, so a table of 2**31 rows would be taken and then filled)."""
     E = o.hidden_size
-    tables = (o.vocab_size + o.positions + o.token_types) * E
+    tables = (o.vocab_size + o.positions + o.token_types + o.task_types) * E
     layers = sum(E * lo.head_dim * (lo.heads + 2 * (lo.kv_heads or lo.heads)) + lo.heads *
                  lo.head_dim * E + (3 if lo.mlp_kind == "gated" else 2) * E *
                  lo.intermediate_size for lo in o.layers)

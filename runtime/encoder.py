@@ -100,6 +100,9 @@ class EncoderOptions:
     it differs from ``hidden_size``, ``embeddings_project`` (a Linear with bias) maps the
     normalized embeddings to ``hidden_size``, as transformers' ElectraModel.
     ``token_types``: rows of the token-type table (0: none); a call's types default to 0.
+    ``task_types``: rows of the task-type table ``embeddings.task_type_embeddings`` (0:
+    none), added after the positions, every token of a call at task 0, as ErnieEmbeddings
+    with ``use_task_id`` and its default ``task_type_ids`` (zeros).
     ``embedding_norm``: a norm after the embeddings' sum (BertEmbeddings.LayerNorm).
     ``embedding_scale`` multiplies the word embeddings (1.0: none).
     ``norm``: the embedding and final norms' kind and eps. ``pooler``: the tree holds
@@ -117,6 +120,7 @@ class EncoderOptions:
     position_padding: int | None = None
     embedding_size: int | None = None
     token_types: int = 0
+    task_types: int = 0
     embedding_norm: bool = True
     embedding_scale: float = 1.0
     pooler: bool = False
@@ -126,21 +130,26 @@ class EncoderOptions:
 
 class Embeddings(Module):
     """Word, absolute position and token-type embeddings summed, then normalized, as
-    transformers' BertEmbeddings."""
+    transformers' BertEmbeddings (and a task-type embedding before the norm, as
+    ErnieEmbeddings)."""
 
     def __init__(self, o: EncoderOptions):
         E = o.embedding_size or o.hidden_size
         self.word_embeddings = Embedding(o.vocab_size, E, o.embedding_scale)
         self.position_embeddings = Embedding(o.positions, E) if o.positions else None
         self.token_type_embeddings = Embedding(o.token_types, E) if o.token_types else None
+        self.task_type_embeddings = Embedding(o.task_types, E) if o.task_types else None
         self.LayerNorm = Norm(E, o.norm) if o.embedding_norm else None
 
-    def __call__(self, rec: Recorder, ids: Handle, positions: Handle, types: Handle) -> Handle:
+    def __call__(self, rec: Recorder, ids: Handle, positions: Handle, types: Handle,
+                 tasks: Handle | None = None) -> Handle:
         x = self.word_embeddings(rec, ids)
         if self.token_type_embeddings is not None:
             x = rec.step("add", x, self.token_type_embeddings(rec, types), where=self.path)
         if self.position_embeddings is not None:
             x = rec.step("add", x, self.position_embeddings(rec, positions), where=self.path)
+        if self.task_type_embeddings is not None:
+            x = rec.step("add", x, self.task_type_embeddings(rec, tasks), where=self.path)
         return x if self.LayerNorm is None else self.LayerNorm(rec, x)
 
 
@@ -348,7 +357,9 @@ class Encoder(Module):
         ids = rec.input("ids", (C,), np.int32, bounded=True)
         positions = rec.input("positions", (C,), np.int32, bounded=True)
         types = rec.input("types", (C,), np.int32, bounded=True)
-        x = self.embeddings(rec, ids, positions, types)
+        tasks = rec.input("tasks", (C,), np.int32, bounded=True) if self.config.task_types \
+            else None
+        x = self.embeddings(rec, ids, positions, types, tasks)
         if self.embeddings_project is not None:
             x = self.embeddings_project(rec, x)
         ropes = {r: (rec.hold("const", f"rope.{i}.cos", cos), rec.hold("const", f"rope.{i}.sin", sin))
@@ -424,7 +435,10 @@ class EncoderVersion:
             if types.min() < 0 or types.max() >= max(o.token_types, 1):
                 raise ValueError(f"token type {int(types.max())} is outside 0.."
                                  f"{max(o.token_types, 1) - 1}")
-        return {"ids": ids, "positions": self.positions(ids), "types": types}, {"rows": n}
+        inputs = {"ids": ids, "positions": self.positions(ids), "types": types}
+        if o.task_types:
+            inputs["tasks"] = self._zeros[:n]
+        return inputs, {"rows": n}
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """The position-table row of each of ``ids`` ``(rows,)``: ``p + position_offset`` at

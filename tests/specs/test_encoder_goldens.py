@@ -219,3 +219,20 @@ def test_modernbert_drawn_weights_carry_modernberts_own_names():
     want |= {"embeddings.tok_embeddings.weight", "embeddings.norm.weight",
              "embeddings.norm.bias", "final_norm.weight", "final_norm.bias"}
     assert set(shapes) == want
+
+
+@pytest.mark.parametrize("row, holds", [(0, False), (1, True), (2, True)])
+def test_ernie_adds_task_type_zero_to_every_token(row, holds):
+    # ErnieEmbeddings with use_task_id: task_type_ids default to zeros, so row 0 of
+    # task_type_embeddings is added to every token and rows 1.. are never read: the golden
+    # holds with those rows scrambled, not with row 0 scrambled.
+    loaded = load_encoder(SPECS / "ernie.yaml", random_weights=0, toy=True)
+    golden = EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+    params = dict(loaded.model.named_params())
+    table = params["embeddings.task_type_embeddings.weight"]
+    assert table.shape == (3, 32)
+    table.array[row] = np.random.default_rng(1).standard_normal(32).astype(np.float32)
+    states = loaded.model.version(dataclasses.replace(loaded.model.config.pooling, kind="none"))
+    errors = [np.abs(states(ids, types) - want).max()
+              for (ids, types), want in zip(golden.probes, golden.hidden)]
+    assert (max(errors) <= ENCODER_ATOL) == holds, errors
