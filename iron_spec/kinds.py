@@ -34,7 +34,8 @@ KINDS: tuple[Row, ...] = (
         "encoder": ("first_attention_norm",)}),
     Row(("layer", "attention"), ("layer", "kind"), {
         k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias",
-            "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope")
+            "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
+            "alibi", "alibi_scaled")
         for k in CAUSAL_LAYERS}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {"encoder": ("down_bias",)}),

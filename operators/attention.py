@@ -108,6 +108,39 @@ def _span(cache: np.ndarray, lo: int, hi: int, ring: int | None, buf: np.ndarray
     return out
 
 
+def alibi_slopes(heads: int, max_bias: float = 8.0) -> tuple[float, ...]:
+    """ALiBi's per-head slopes (Press et al. 2021), float32-rounded: with ``P`` the power of
+    two at or above ``heads``, slopes ``2 ** (-max_bias * i / P)`` for ``i = 1 .. P``, and
+    where ``heads`` is no power of two, those of even ``i`` then those of odd ``i``, the
+    first ``heads`` of them. With ``max_bias`` 8 these are transformers' BloomModel
+    ``build_alibi_tensor`` slopes (its closest power of two, then the odd powers of the
+    next); for any ``max_bias``, MptModel's ``build_mpt_alibi_tensor`` (``alibi_bias_max``).
+
+    Raises:
+        ValueError: fewer than one head, or a ``max_bias`` not above 0.
+    """
+    if heads < 1 or not max_bias > 0:
+        raise ValueError(f"alibi slopes of {heads} heads with max_bias {max_bias}: at least "
+                         "one head and a max_bias above 0")
+    P = 1 << (heads - 1).bit_length()
+    slopes = 2.0 ** (-max_bias * np.arange(1, P + 1) / P)
+    if P != heads:
+        slopes = np.concatenate([slopes[1::2], slopes[::2]])[:heads]
+    return tuple(float(np.float32(x)) for x in slopes)
+
+
+def _add_alibi(rows: np.ndarray, alibi: tuple, qpos: np.ndarray, kpos: np.ndarray) -> None:
+    """Each head's ``slope * (key position - query position)`` added to its scores ``rows``
+    ``(G, n, R, w)`` (head ``g * R + r``), in place: one ``(n, w)`` distance table and one
+    of its size per head."""
+    G, _, R, _ = rows.shape
+    d = (kpos[None, :] - qpos[:, None]).astype(np.float32)
+    biased = np.empty_like(d)
+    for h, slope in enumerate(alibi):
+        np.multiply(d, np.float32(slope), out=biased)
+        rows[h // R, :, h % R] += biased
+
+
 class Attention(Operator):
     """Causal GQA attention of queries at positions ``start .. start + n`` over a cache.
 
@@ -119,12 +152,20 @@ class Attention(Operator):
     sees the ``window`` positions ending at its own, transformers' ``sliding_window``; None:
     all); ``softcap`` (``tanh(s / c) * c`` on the scores; None: none); ``ring`` (the cache
     is a ring of that many rows, at least ``window + n - 1``; None: row ``p`` is position
-    ``p``). Softmax in float32 (float64 in the reference).
+    ``p``); ``alibi`` (per-head slopes, ``alibi_slopes``: head ``h``'s score of key ``j``
+    from query ``i`` gains ``alibi[h] * (j - i)`` after the scale and softcap, as
+    BloomAttention's ``baddbmm`` of the alibi tensor, whose ``slope * j`` differs by a
+    constant per query, nothing under the softmax; None: none). Softmax in float32
+    (float64 in the reference). With ``alibi`` the numpy kernels run it (the C pool's do
+    not take a bias: ``lower`` gives no native step, the plan calls ``kernel``).
     """
 
     name = "attention"
 
-    def shape(self, q, keys, values, start=0, scale=None, window=None, softcap=None, ring=None):
+    def shape(self, q, keys, values, start=0, scale=None, window=None, softcap=None, ring=None,
+              alibi=None):
+        if alibi is not None and len(alibi) != q[1]:
+            raise ValueError(f"attention: {len(alibi)} alibi slopes for {q[1]} heads")
         if len(q) != 3 or keys != values or len(keys) != 3 or q[1] % keys[0] or q[2] != keys[2]:
             raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache {keys}")
         if ring is not None and (window is None or ring < window + q[0] - 1 or ring != keys[1]):
@@ -143,7 +184,7 @@ class Attention(Operator):
         return allowed
 
     def reference(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                  ring=None):
+                  ring=None, alibi=None):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
@@ -156,18 +197,22 @@ class Attention(Operator):
         s = np.einsum("nhd,htd->hnt", as64(q), k) * scale
         if softcap is not None:
             s = np.tanh(s / softcap) * softcap
+        if alibi is not None:
+            d = np.arange(lo, t)[None, :] - np.arange(start, t)[:, None]
+            s = s + np.asarray(alibi, np.float64)[:, None, None] * d[None]
         s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("hnt,htd->nhd", p, v).reshape(n, H * D)
 
     def kernel(self, out, q, keys, values, scratch=None, start=0, scale=None, window=None,
-               softcap=None, ring=None):
+               softcap=None, ring=None, alibi=None):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        lib = native.lib()
+        # The C pool's attention takes no bias: with alibi, numpy's.
+        lib = native.lib() if alibi is None else None
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
             # One query (a decode step): the decode pool's threads share its positions.
@@ -194,13 +239,14 @@ class Attention(Operator):
         rest = scratch[at + 2 * spans:]
         cache = (keys, values, kbuf, vbuf, ring)
         if n == 1:
-            self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap)
+            self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap, alibi)
         else:
             for i in range(0, n, BLOCK):
-                self._block(qg, i, min(n, i + BLOCK), cache, rest, start, window, softcap)
+                self._block(qg, i, min(n, i + BLOCK), cache, rest, start, window, softcap,
+                            alibi)
         np.copyto(out.reshape(n, G, R, D), qg.transpose(1, 0, 2, 3))
 
-    def _block(self, qg, i0, i1, cache, scratch, start, window, softcap):
+    def _block(self, qg, i0, i1, cache, scratch, start, window, softcap, alibi=None):
         """Rows ``i0 .. i1`` of a prompt chunk, in place over their queries. A block reads the
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
@@ -214,10 +260,12 @@ class Attention(Operator):
         np.matmul(qb, _span(keys, lo, hi, ring, kbuf).transpose(0, 2, 1), out=s)
         if softcap is not None:
             _softcap(s, softcap)
+        rows = s.reshape(G, nb, R, w)
+        if alibi is not None:
+            _add_alibi(rows, alibi, np.arange(start + i0, start + i1), np.arange(lo, hi))
         # Only the columns some row of the block may not see: its own (causal) and, under a
         # window, those before its last row's window.
         allowed = self._mask(nb, start + i0, window, lo)
-        rows = s.reshape(G, nb, R, w)
         causal = start + i0 - lo + 1
         if causal < w:
             np.copyto(rows[..., causal:], np.float32(-np.inf),
@@ -230,7 +278,7 @@ class Attention(Operator):
         np.matmul(s, _span(values, lo, hi, ring, vbuf), out=qb)
         qb /= m
 
-    def _one(self, qg, cache, scratch, start, window, softcap):
+    def _one(self, qg, cache, scratch, start, window, softcap, alibi=None):
         """One query at ``start`` (a decode step), in place over ``qg`` ``(G, R, D)``: it sees
         every key from its window's first on, so nothing is masked."""
         G, R, D = qg.shape
@@ -251,6 +299,8 @@ class Attention(Operator):
             np.matmul(qg, keys.transpose(0, 2, 1), out=s)
         if softcap is not None:
             _softcap(s, softcap)
+        if alibi is not None:
+            _add_alibi(s.reshape(G, 1, R, w), alibi, np.arange(start, t), np.arange(lo, t))
         m = scratch[G * R * w: G * R * (w + 1)].reshape(G, R, 1)
         _softmax_numerators(s, m)
         if per_head:
@@ -262,12 +312,12 @@ class Attention(Operator):
         qg /= m
 
     def lower(self, out, q, keys, values, scratch=None, scale=None, window=None, softcap=None,
-              ring=None):
+              ring=None, alibi=None):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
-        # lib.attend_chunk's.
-        if native.LIB is None or scratch is None or not native.rows_apart(q) or \
-                not native.contiguous(out, keys, values, scratch):
+        # lib.attend_chunk's; with alibi, none (the pool's codes take no bias).
+        if alibi is not None or native.LIB is None or scratch is None or \
+                not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
             return None
         n, H, D = q.shape
         G, L, _ = keys.shape
@@ -277,7 +327,7 @@ class Attention(Operator):
                            (float(scale), float(softcap or 0.0)), rows=6)
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                ring=None):
+                ring=None, alibi=None):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
@@ -288,11 +338,11 @@ class Attention(Operator):
         return max(own, native.attend_chunk_scratch(D, L), native.attend_scratch(H, G, D, L))
 
     def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                  ring=None):
+                  ring=None, alibi=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
     def scale(self, reference, q, keys, values, start=0, scale=None, window=None, softcap=None,
-              ring=None):
+              ring=None, alibi=None):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape

@@ -84,6 +84,9 @@ class AttentionOptions:
     ``bias=False`` beside biased layer norms; None: as the layer's). ``qk_norm_after_rope``:
     a per-head q/k norm runs on the turned queries and keys, not before RoPE
     (HunYuanDenseV1Attention, NanoChatAttention: ``apply_rotary_pos_emb`` then ``q_norm``).
+    ``alibi``: per-head ALiBi slopes added to the scores by distance (the attention
+    operator's ``alibi``, ``operators.attention.alibi_slopes``; None: none), as
+    BloomAttention, MptAttention and FalconAttention with ``alibi``.
     """
 
     heads: int
@@ -105,6 +108,7 @@ class AttentionOptions:
     clip_qkv: float | None = None
     qk_norm_bias: bool | None = None
     qk_norm_after_rope: bool = False
+    alibi: tuple[float, ...] | None = None
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups")
@@ -459,8 +463,9 @@ class Attention(Module):
         ring = keys.ring
         keys = rec.state(self.where("keys"), keys)
         values = rec.state(self.where("values"), values)
+        bias = {} if o.alibi is None else {"alibi": o.alibi}
         a = rec.step("attention", q, keys, values, where=self.path, start=start,
-                     scale=o.scale, window=o.window, softcap=o.softcap, ring=ring)
+                     scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
         return self.o_proj(rec, a)
 
 

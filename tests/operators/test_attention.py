@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import Attention, KVWrite
+from iron_spec.operators.attention import alibi_slopes
 
 OP = Attention()
 KV = KVWrite()
@@ -319,3 +320,83 @@ def test_a_ring_shorter_than_its_window_and_rows_is_refused():
     with pytest.raises(ValueError, match="does not hold a window"):
         OP.shape((1, 4, 16), (2, 7, 16), (2, 7, 16), ring=7)  # a ring without a window
     assert OP.shape((5, 4, 16), (2, 8, 16), (2, 8, 16), window=4, ring=8) == (5, 64)
+
+
+# --- ALiBi -----------------------------------------------------------------------------
+
+def test_alibi_by_hand(run_kernel):
+    # Equal scores (q = 0); slope ln 2: the key one position back scores -ln 2, weights
+    # 1/3 and 2/3 for keys 0 and 1 from the query at 1; values 0 and 3 give 2.
+    q = np.zeros((1, 1, 2))
+    keys = np.ones((1, 2, 2))
+    values = _cache([[0.0, 0.0], [3.0, -3.0]])
+    alibi = (math.log(2.0),)
+    expected = [[2.0, -2.0]]
+    np.testing.assert_allclose(OP.reference(q, keys, values, start=1, alibi=alibi), expected,
+                               rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values, start=1, alibi=alibi), expected,
+                               rtol=1e-6)
+    # Two rows at once (a prompt): row 0 sees key 0 alone, row 1 as above.
+    q2 = np.zeros((2, 1, 2))
+    np.testing.assert_allclose(run_kernel(OP, q2, keys, values, start=0, alibi=alibi),
+                               [[0.0, 0.0], [2.0, -2.0]], rtol=1e-6, atol=1e-7)
+
+
+def _bloom_slopes(heads):
+    # transformers' modeling_bloom.build_alibi_tensor's slopes, transcribed in float64.
+    closest = 2 ** math.floor(math.log2(heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = [base ** p for p in range(1, 1 + closest)]
+    if closest != heads:
+        extra = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** p for p in range(1, 1 + 2 * min(closest, heads - closest), 2)]
+    return slopes
+
+
+def _mpt_slopes(heads, max_bias):
+    # transformers' modeling_mpt.build_mpt_alibi_tensor's slopes, transcribed in float64.
+    p2 = 2 ** math.ceil(math.log2(heads))
+    slopes = [1.0 / 2 ** (i * max_bias / p2) for i in range(1, p2 + 1)]
+    if p2 != heads:
+        slopes = (slopes[1::2] + slopes[::2])[:heads]
+    return slopes
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 4, 5, 6, 8, 12, 16, 20, 32, 40, 71])
+def test_alibi_slopes_are_blooms_and_mpts(heads):
+    np.testing.assert_allclose(alibi_slopes(heads), _bloom_slopes(heads), rtol=1e-7)
+    np.testing.assert_allclose(alibi_slopes(heads, 16.0), _mpt_slopes(heads, 16.0), rtol=1e-7)
+    assert alibi_slopes(8) == tuple(2.0 ** -i for i in range(1, 9))  # the paper's 1/2 .. 1/256
+
+
+@pytest.mark.parametrize("n,H,G,D,start,L,window,ring", [
+    (1, 4, 2, 16, 20, 32, None, None),    # decode
+    (1, 6, 6, 8, 600, 640, None, None),   # decode past LONG: a GEMV per head
+    (16, 6, 3, 16, 0, 32, None, None),    # a prompt chunk
+    (7, 4, 1, 16, 9, 32, None, None),     # a later chunk, MQA
+    (70, 2, 2, 8, 3, 80, None, None),     # more rows than a BLOCK
+    (6, 4, 2, 16, 12, 20, 5, 10),         # a window's ring
+])
+def test_alibi_kernel_within_tolerance(check_kernel, randn, n, H, G, D, start, L, window, ring):
+    alibi = alibi_slopes(H)
+    q = randn(n, H, D, scale=2.0)
+    keys, values = randn(G, ring or L, D, scale=2.0), randn(G, ring or L, D)
+    got, ref = check_kernel(OP, q, keys, values, start=start, window=window, ring=ring,
+                            alibi=alibi)
+    plain = OP.reference(q, keys, values, start=start, window=window, ring=ring)
+    assert np.abs(ref - plain).max() > 1e-2  # the bias moved every case
+
+
+def test_alibi_steps_run_numpy_not_the_pool(randn):
+    # The C pool's attention takes no bias: a step with alibi has no native form.
+    q, keys, values = randn(1, 2, 8), randn(2, 4, 8), randn(2, 4, 8)
+    out = np.empty((1, 16), np.float32)
+    scratch = np.empty(OP.scratch(q.shape, keys.shape, values.shape), np.float32)
+    assert OP.lower(out, q, keys, values, scratch=scratch, alibi=(0.5, 0.25)) is None
+
+
+def test_alibi_of_other_heads_is_refused():
+    with pytest.raises(ValueError, match="3 alibi slopes for 2 heads"):
+        OP.shape((1, 2, 8), (2, 4, 8), (2, 4, 8), alibi=(0.5, 0.25, 0.125))
+    with pytest.raises(ValueError, match="max_bias"):
+        alibi_slopes(4, 0.0)

@@ -37,6 +37,13 @@ def flipped_kl(tmp_path, name: str, old: str, new: str) -> float:
     ("xglm", "zero_row: pad_token_id", "zero_row: null"),
     # Read from row 0 rather than XGLM's offset 2.
     ("xglm", "position_offset: 2", "position_offset: 0"),
-], ids=["xglm-denominator", "ctrl-denominator", "xglm-zero-row", "xglm-offset"])
+    # MptModel builds its alibi tensor with alibi_bias_max's default 8 whatever the config.
+    ("mpt", "    alibi: 8\n", "    alibi: 16\n"),
+    ("mpt", "    alibi: 8\n", ""),
+    ("bloom", "    alibi: 8\n", ""),
+    # Bloom adds ALiBi to the scaled scores; Falcon's is scaled with them.
+    ("bloom", "    alibi: 8\n", "    alibi: 8\n    alibi_scaled: true\n"),
+], ids=["xglm-denominator", "ctrl-denominator", "xglm-zero-row", "xglm-offset", "mpt-max-bias",
+        "mpt-no-alibi", "bloom-no-alibi", "bloom-alibi-scaled"])
 def test_a_flipped_position_option_misses_the_golden(tmp_path, name, old, new):
     assert flipped_kl(tmp_path, name, old, new) > 1e-4

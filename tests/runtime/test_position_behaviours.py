@@ -1,0 +1,56 @@
+"""Position behaviours in a causal model's tree: ALiBi on the attention scores (numpy's
+attention runs it, the C pool's takes no bias), a computed sinusoidal position table. Each
+compiled plan is held to its float64 reference step by step (check=True), and each option
+to a model without it (a test that cannot tell them apart would pass a spec that forgot it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iron_spec.operators import sinusoidal_table
+from iron_spec.operators.attention import alibi_slopes
+from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions
+from iron_spec.runtime.causal import CausalLM, CausalOptions, Sinusoidal
+from iron_spec.runtime.checkpoint import fill
+from iron_spec.runtime.session import Session
+from iron_spec.runtime.weights import draw_weights
+
+E, V, H = 32, 64, 4
+IDS = list(range(3, 3 + 13))  # a chunk and a part
+NORM = NormOptions("layer", 1e-5)
+
+
+def model(alibi=None, **options) -> CausalLM:
+    attention = AttentionOptions(heads=H, kv_heads=2, head_dim=8, rope=None, alibi=alibi)
+    lo = LayerOptions(attention, MLPOptions(48, kind="plain", act="gelu"), NORM)
+    lm = CausalLM(CausalOptions(V, E, (lo, lo), NORM, max_seq_len=64, prefill_chunk=8,
+                                **options))
+    fill(lm, draw_weights(lm, 0))
+    return lm
+
+
+def compiled_equals_reference(lm: CausalLM) -> np.ndarray:
+    a = list(Session(lm).generate(IDS, 12))
+    assert a == list(Session(lm, reference=True).generate(IDS, 12))
+    lm._versions.clear()
+    for prompt in (True, False):
+        lm._versions[(prompt, False)] = lm.version(prompt, check=True)
+    return Session(lm).logits(IDS + [1])  # CheckError at the first step past its tolerance
+
+
+def test_alibi_compiles_to_its_reference_on_numpys_attention():
+    lm = model(alibi_slopes(H))
+    biased = compiled_equals_reference(lm)
+    runs = [r for r in lm.decode_step.plan.runs if r.step.op.name == "attention"]
+    assert runs and all(r.index not in lm.decode_step.plan._native for r in runs)
+    plain = Session(model()).logits(IDS + [1])
+    assert np.abs(biased - plain).max() > 1e-2
+
+
+def test_sinusoidal_positions_are_a_computed_table_not_a_param():
+    lm = model(positions=66, position_offset=2, sinusoidal=Sinusoidal(denominator=15.0))
+    assert not any("embed_positions" in n for n, _ in lm.named_params())
+    np.testing.assert_array_equal(lm.model.position_table,
+                                  sinusoidal_table(66, E, denominator=15.0))
+    moved = compiled_equals_reference(lm)
+    assert np.abs(moved - Session(model()).logits(IDS + [1])).max() > 1e-2
