@@ -15,7 +15,7 @@ import numpy as np
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.operators.attention import alibi_slopes
-from iron_spec.operators.rope import rope_inv_freq
+from iron_spec.operators.rope import ntk_alpha_theta, rope_inv_freq
 from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
                                       LayerOptions, MLPOptions, NormOptions,
                                       PerLayerInputOptions, RopeOptions)
@@ -475,9 +475,11 @@ def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions
         rope_scaling(scaling, _key(spec, r, p + ("scaling",), source), theta)
     except ValueError as e:
         raise spec.error(p + ("scaling",), str(e)) from None
+    rotary_dim = _whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim"))
+    theta, scaling = _ntk_alpha(spec, r, p, theta, scaling, rotary_dim)
     rope = RopeOptions(
         theta=theta,
-        rotary_dim=_whole(spec, p + ("rotary_dim",), _option(spec, r, p + ("rotary_dim",), "head_dim")),
+        rotary_dim=rotary_dim,
         scaling=scaling,
         max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
             spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
@@ -486,6 +488,31 @@ def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions
     _finite_frequencies(spec, p, rope, f"{_key(spec, r, p + ('theta',), source)} "
                         f"and {_key(spec, r, p + ('scaling',), source)}")
     return rope
+
+
+def _ntk_alpha(spec: Spec, r: Resolved, path: tuple, theta: float, scaling: dict | None,
+               dim: int | None) -> tuple[float, dict | None]:
+    """``rope/NAME/ntk_alpha`` applied: where it is set (not null, not 0) and ``scaling``'s
+    rope_type is ``dynamic``, the table is static, at base ``theta * alpha ** (dim / (dim -
+    2))`` and no scaling, as HunYuanDenseV1RotaryEmbedding (rope_type ``ntk_alpha``, which
+    ``dynamic_rope_update`` leaves alone); with another rope_type ``alpha`` is not read, as
+    there. Else ``theta`` and ``scaling`` as they are.
+
+    Raises:
+        SpecError: at the option, an alpha that is not a number above 0, or a table of 2
+            columns (the power divides by ``dim - 2``).
+    """
+    at = path + ("ntk_alpha",)
+    alpha = _number(spec, at, _option(spec, r, at, None))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if not alpha or kind != "dynamic":
+        return theta, scaling
+    if alpha < 0:
+        raise spec.error(at, f"ntk_alpha is {alpha:g}, not a number above 0")
+    try:
+        return ntk_alpha_theta(theta, alpha, dim), None
+    except ValueError as e:
+        raise spec.error(at, str(e)) from None
 
 
 def _finite_frequencies(spec: Spec, path: tuple, rope: RopeOptions, where: str) -> None:

@@ -109,6 +109,28 @@ def _yarn(dim: int, theta: float, scaling: Mapping[str, Any]) -> tuple[np.ndarra
     return inv.astype(np.float32), float(attention)
 
 
+def ntk_alpha_theta(theta: float, alpha: float, dim: int) -> float:
+    """The RoPE base NTK-aware scaling by a fixed ``alpha`` gives: ``theta * alpha ** (dim /
+    (dim - 2))`` in float64, as HunYuanDenseV1RotaryEmbedding's
+    ``compute_ntk_alpha_rope_parameters`` (``dim`` its ``head_dim``); its frequencies are the
+    default ones over this base, whatever the sequence length.
+
+    Raises:
+        ValueError: ``dim`` 2 or less (the power divides by ``dim - 2``), or a base past
+            float64.
+    """
+    if dim <= 2:
+        raise ValueError(f"ntk_alpha scales the base by a power dim / (dim - 2): a table of "
+                         f"{dim} columns has none (at least 4)")
+    try:
+        base = theta * alpha ** (dim / (dim - 2))
+    except OverflowError:
+        base = math.inf
+    if not math.isfinite(base):
+        raise ValueError(f"ntk_alpha {alpha:g} over theta {theta:g} gives a base past float64")
+    return base
+
+
 def rope_switch(scaling: Mapping[str, Any] | None, max_position_embeddings: int) -> int | None:
     """The sequence length past which a ``rope_table`` changes for every row, or None where
     it never does: ``longrope``'s ``original_max_position_embeddings`` (transformers'

@@ -272,3 +272,14 @@ def test_interleaved_kernel_within_tolerance(check_kernel, randn, n, heads, head
     cos, sin = rope_tables(rope_inv_freq(rotary, 10000.0)[0], 128)
     check_kernel(OP, randn(n, heads, head_dim, scale=4.0), cos, sin, start=start,
                  interleaved=True, packed=(1, 2))
+
+
+def test_ntk_alpha_base_by_hand():
+    # alpha 1000 over theta 10000 at head_dim 128: 1000 ** (64 / 63) = 1000 * e^(6.9078 / 63)
+    # = 1000 * 1.11589, so the base is 1.1159e7.
+    from iron_spec.operators.rope import ntk_alpha_theta
+    assert ntk_alpha_theta(10000.0, 1000.0, 128) == pytest.approx(1.1159e7, rel=1e-4)
+    assert ntk_alpha_theta(10000.0, 1000.0, 128) == pytest.approx(10000.0 * 1000.0 ** (64 / 63))
+    assert ntk_alpha_theta(5.0, 1.0, 8) == 5.0  # alpha 1 leaves the base
+    with pytest.raises(ValueError, match="at least 4"):
+        ntk_alpha_theta(10000.0, 2.0, 2)
