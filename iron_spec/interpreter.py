@@ -452,6 +452,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_bias=_flag_option(spec, r, ("head", "bias"), False),
         embedding_norm=_flag_option(spec, r, ("embedding", "norm"), False),
         sinusoidal=_sinusoidal(spec, r, positions, v["hidden_size"]),
+        final_norm=_flag_option(spec, r, ("head", "norm"), True),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
 

@@ -43,8 +43,9 @@ class CausalOptions:
     (BloomModel's ``word_embeddings_layernorm``, ModernBertDecoderModel's
     ``embeddings.norm``, NanoChatModel's weightless ``norm`` run before the layers too).
     ``sinusoidal``: the position table is computed (``Sinusoidal``), not loaded (None:
-    learned). ``max_seq_len``: positions the KV caches hold; ``prefill_chunk``: ids a
-    prompt call holds.
+    learned). ``final_norm``: ``model.norm`` before ``lm_head`` (false: the last layer's
+    output is the head's input, as OpenAIGPTModel). ``max_seq_len``: positions the KV caches
+    hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
     vocab_size: int
@@ -62,6 +63,7 @@ class CausalOptions:
     head_bias: bool = False
     embedding_norm: bool = False
     sinusoidal: "Sinusoidal | None" = None
+    final_norm: bool = True
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -89,9 +91,10 @@ class Table:
 
 
 class Decoder(Module):
-    """``embed_tokens``, ``layers`` and the final ``norm``, as a checkpoint's ``model``; with
-    learned positions also ``embed_positions`` ``(positions, hidden)`` (sinusoidal ones: a
-    computed ``position_table`` of that shape, no param); with an embedding
+    """``embed_tokens``, ``layers`` and the final ``norm`` (where ``final_norm``), as a
+    checkpoint's ``model``; with learned positions also ``embed_positions`` ``(positions,
+    hidden)`` (sinusoidal ones: a computed ``position_table`` of that shape, no param); with
+    an embedding
     norm also ``embed_norm``; with per-layer
     inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
     ``per_layer_projection_norm`` (transformers' Gemma4TextModel).
@@ -131,7 +134,7 @@ class Decoder(Module):
         for j, rs in readers.items():
             for i in rs:
                 self.layers[i].self_attn.share(self.layers[j].self_attn)
-        self.norm = Norm(E, o.norm)
+        self.norm = Norm(E, o.norm) if o.final_norm else None
         p = o.per_layer_input
         if p is not None:
             width = len(o.layers) * p.size
@@ -311,7 +314,9 @@ class CausalLM(Module):
             x = layer(rec, x, ropes, extra)
         if c.prompt:
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
-        logits = self.lm_head(rec, self.model.norm(rec, x))
+        if self.model.norm is not None:
+            x = self.model.norm(rec, x)
+        logits = self.lm_head(rec, x)
         if o.logit_scale != 1.0:
             logits = rec.step("mul", logits, where="lm_head", scale=o.logit_scale)
         if o.logit_softcap is not None:

@@ -10,7 +10,7 @@ from .blocks import MLP, Attention, LayerOptions, Linear, Norm
 from .graph import Handle, Recorder
 from .module import Module, Param
 
-PLACEMENTS = ("pre", "post", "sandwich")
+PLACEMENTS = ("pre", "post", "sandwich", "post_residual")
 KINDS = ("decoder", "sandwich", "ple")
 
 
@@ -21,7 +21,10 @@ class DecoderLayer(Module):
     ``post_attention_layernorm`` (LlamaDecoderLayer); ``post`` has ``post_attention_layernorm``
     and ``post_feedforward_layernorm`` on the blocks' outputs (Olmo2DecoderLayer);
     ``sandwich`` has all four of ``input_layernorm``, ``post_attention_layernorm``,
-    ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` (Gemma2DecoderLayer).
+    ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` (Gemma2DecoderLayer);
+    ``post_residual`` norms each residual sum, ``n = post_attention_layernorm(x + attn(x))``
+    then ``post_feedforward_layernorm(n + mlp(n))``, as OpenAIGPT's ``Block`` (``ln_1``,
+    ``ln_2``) and BertLayer.
 
     Kind ``ple`` is ``sandwich`` followed by the per-layer input gated in
     (``per_layer_input_gate``, ``per_layer_projection``, ``post_per_layer_input_norm``, where
@@ -51,7 +54,7 @@ class DecoderLayer(Module):
             raise ValueError(f"a parallel layer is a decoder placed pre, not kind {o.kind!r} "
                              f"placed {placement!r}")
         E, n = hidden_size, o.norm
-        self.input_layernorm = Norm(E, n) if placement != "post" else None
+        self.input_layernorm = Norm(E, n) if placement not in ("post", "post_residual") else None
         self.self_attn = Attention(E, o.attention, max_seq_len, n)
         shared = o.parallel and o.shared_norm
         self.post_attention_layernorm = None if shared else Norm(E, n)
@@ -90,6 +93,9 @@ class DecoderLayer(Module):
             n2 = self.post_attention_layernorm
             m = self.mlp(rec, h if n2 is None else n2(rec, x))
             return self.residual(rec, x, rec.step("add", a, m, where=self.path))
+        if self.placement == "post_residual":
+            x = self.post_attention_layernorm(rec, self.residual(rec, x, self.self_attn(rec, x, ropes)))
+            return self.post_feedforward_layernorm(rec, self.residual(rec, x, self.mlp(rec, x)))
         pre = self.placement == "pre"
         before_attn = self.input_layernorm
         after_attn = None if pre else self.post_attention_layernorm

@@ -116,3 +116,31 @@ def test_qk_norm_after_rope_without_weights_commutes_with_the_rotation():
 def test_qk_norm_after_rope_needs_a_per_head_norm(qk_norm):
     with pytest.raises(ValueError, match="qk_norm_after_rope norms each turned head"):
         model(attn_qk_norm=qk_norm, attn_qk_norm_after_rope=True)
+
+
+def test_no_final_norm_holds_no_model_norm_and_feeds_the_head_the_last_layer():
+    lm = model(final_norm=False)
+    params = {n for n, _ in lm.named_params()}
+    assert not {n for n in params if n.startswith("model.norm.")}
+    compiled_equals_reference(lm)
+    normed = model()
+    fill(normed, {**{n: p.array for n, p in lm.named_params()},
+                  "model.norm.weight": np.full(E, 3.0, np.float32)})
+    assert not np.allclose(Session(lm).logits(IDS), Session(normed).logits(IDS), atol=1e-4)
+
+
+def test_post_residual_norms_each_residual_sum():
+    def with_placement(placement, like=None):
+        lm = CausalLM(dataclasses.replace(model().config, layers=tuple(
+            dataclasses.replace(lo, placement=placement) for lo in model().config.layers)))
+        fill(lm, draw_weights(lm, 0) if like is None else {n: p.array for n, p in like.named_params()})
+        return lm
+
+    lm = with_placement("post_residual")
+    layer = {n.split("layers.0.", 1)[1] for n, _ in lm.named_params() if "layers.0." in n}
+    assert {n for n in layer if "layernorm" in n} == {"post_attention_layernorm.weight",
+                                                       "post_feedforward_layernorm.weight"}
+    compiled_equals_reference(lm)
+    # The same params placed as Olmo 2 places them (x + norm(attn(x))) are another model.
+    post = with_placement("post", like=lm)
+    assert not np.allclose(Session(lm).logits(IDS), Session(post).logits(IDS), atol=1e-4)
