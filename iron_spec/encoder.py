@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks import QKV_LAYOUTS, RopeOptions, rope_switch
 from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, Encoder, EncoderLayerOptions, EncoderOptions, \
-    PoolingOptions, POOLINGS
+    PoolingOptions, POOLINGS, RelativeBiasOptions
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
 from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
@@ -268,9 +268,35 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,
         pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
-        max_tokens=int(L))
+        max_tokens=int(L), relative_bias=_relative_bias(spec, r, layers))
     renames, transposed, unused = checkpoint_layout(spec)
     return ExpandedEncoder(spec, r, options, renames, unused, transposed)
+
+
+def _relative_bias(spec: Spec, r: Resolved, layers) -> RelativeBiasOptions | None:
+    """``layer.attention.relative_bias``: the table's ``rows``, the bucket function's
+    ``buckets`` and ``max_distance`` (``RelativeBiasOptions``); None where the spec has none.
+
+    Raises:
+        SpecError: at the option's line, a count that is no whole number, buckets fewer than
+            4 or past the table's rows, a max_distance not past the exact buckets, or layers
+            of different head counts (one table serves them all).
+    """
+    p = ("layer", "attention", "relative_bias")
+    if spec.get(*p) is None:
+        return None
+    rows = _whole(spec, r, p + ("rows",), None)
+    buckets = _whole(spec, r, p + ("buckets",), 32)
+    distance = _whole(spec, r, p + ("max_distance",), 128)
+    if buckets < 4 or buckets > rows:
+        raise spec.error(p + ("buckets",), f"{buckets} relative buckets: at least 4, and no "
+                                           f"more than the table's {rows} rows")
+    if distance <= buckets // 4:
+        raise spec.error(p + ("max_distance",), f"max_distance {distance} is not past the "
+                                                f"{buckets // 4} exact buckets of a half")
+    if len({lo.heads for lo in layers}) != 1:
+        raise spec.error(p, "one relative bias table serves every layer: their head counts differ")
+    return RelativeBiasOptions(rows, buckets, distance)
 
 
 class TextIds:

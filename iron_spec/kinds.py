@@ -33,10 +33,11 @@ KINDS: tuple[Row, ...] = (
            for k in CAUSAL_LAYERS},
         "encoder": ("first_attention_norm",)}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias",
-            "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
-            "alibi", "alibi_scaled")
-        for k in CAUSAL_LAYERS}),
+        **{k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias",
+               "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
+               "alibi", "alibi_scaled")
+           for k in CAUSAL_LAYERS},
+        "encoder": ("relative_bias",)}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {"encoder": ("down_bias",)}),
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import EPS32, Operator, Tolerance, as64
+from .relative import relative_bias
 
 
 def _outside(n: int, window: int) -> np.ndarray:
@@ -30,30 +31,43 @@ class SelfAttention(Operator):
     transformers' ``eager_attention_forward``); ``window``: row ``i`` sees only rows ``j``
     with ``|i - j| <= window`` (None: all), as transformers'
     ``sliding_window_bidirectional_overlay``. Softmax in float32 (float64 in the reference).
+
+    A fourth input ``table`` ``(rows, heads)`` (None: none) adds a relative position bias
+    to the scaled scores: row ``i``'s score of row ``j`` in head ``h`` gains
+    ``table[bucket(j - i), h]`` (``relative.relative_bias`` with attributes ``buckets``,
+    ``max_distance``, ``bidirectional``), as MPNetSelfAttention's ``position_bias``.
     """
 
     name = "self_attention"
 
-    def shape(self, q, k, v, scale=None, window=None):
+    def shape(self, q, k, v, table=None, scale=None, window=None, buckets=32, max_distance=128,
+              bidirectional=True):
         if len(q) != 3 or len(k) != 3 or k != v or q[0] != k[0] or q[2] != k[2] or q[1] % k[1]:
             raise ValueError(f"self_attention: q {q} (n, heads, head_dim) does not meet k {k} "
                              f"and v {v} (n, kv_heads, head_dim)")
+        if table is not None and (len(table) != 2 or table[1] != q[1]):
+            raise ValueError(f"self_attention: a relative bias table {table} is not (rows, "
+                             f"{q[1]} heads)")
         return (q[0], q[1] * q[2])
 
-    def reference(self, q, k, v, scale=None, window=None):
+    def reference(self, q, k, v, table=None, scale=None, window=None, buckets=32,
+                  max_distance=128, bidirectional=True):
         n, H, D = q.shape
         G = k.shape[1]
         scale = D ** -0.5 if scale is None else scale
         kh = np.repeat(as64(k).transpose(1, 0, 2), H // G, axis=0)  # (H, n, D)
         vh = np.repeat(as64(v).transpose(1, 0, 2), H // G, axis=0)
         s = np.einsum("nhd,htd->hnt", as64(q), kh) * scale
+        if table is not None:
+            s = s + relative_bias(as64(table), n, buckets, max_distance, bidirectional)
         if window is not None:
             s[:, _outside(n, window)] = -np.inf
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("hnt,htd->nhd", p, vh).reshape(n, H * D)
 
-    def kernel(self, out, q, k, v, scratch=None, scale=None, window=None):
+    def kernel(self, out, q, k, v, table=None, scratch=None, scale=None, window=None,
+               buckets=32, max_distance=128, bidirectional=True):
         n, H, D = q.shape
         G = k.shape[1]
         R = H // G
@@ -75,6 +89,10 @@ class SelfAttention(Operator):
         m = scratch[at: at + H * n].reshape(G, R * n, 1)
         np.matmul(qg, kg.transpose(0, 2, 1), out=s)
         s *= np.float32(scale)
+        if table is not None:
+            # The bias (H, n, n) gathered per call: a call's rows are the text's positions.
+            bias = relative_bias(table, n, buckets, max_distance, bidirectional)
+            s.reshape(G, R, n, n)[...] += bias.reshape(G, R, n, n)
         if window is not None:
             # Row r * n + i of a group's (R * n, n) scores is query row i of its r-th head.
             s.reshape(G, R, n, n)[:, :, _outside(n, window)] = -np.inf
@@ -87,15 +105,18 @@ class SelfAttention(Operator):
         np.matmul(s, vg, out=o)
         np.copyto(out.reshape(n, G, R, D), o.reshape(G, R, n, D).transpose(2, 0, 1, 3))
 
-    def scratch(self, q, k, v, scale=None, window=None):
+    def scratch(self, q, k, v, table=None, scale=None, window=None, buckets=32,
+              max_distance=128, bidirectional=True):
         n, H, D = q
         G = k[1]
         return H * n * D + 2 * G * n * D + H * n * n + H * n
 
-    def tolerance(self, q, k, v, scale=None, window=None):
+    def tolerance(self, q, k, v, table=None, scale=None, window=None, buckets=32,
+                max_distance=128, bidirectional=True):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
-    def scale(self, reference, q, k, v, scale=None, window=None):
+    def scale(self, reference, q, k, v, table=None, scale=None, window=None, buckets=32,
+              max_distance=128, bidirectional=True):
         # A convex combination of values: bounded by the largest |value| of its kv head.
         n, H, D = q.shape
         G = k.shape[1]

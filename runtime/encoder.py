@@ -87,6 +87,19 @@ class PoolingOptions:
 
 
 @dataclass(frozen=True)
+class RelativeBiasOptions:
+    """A learned relative position bias on every layer's attention scores: one table
+    ``encoder.relative_attention_bias`` ``(rows, heads)``, shared by the layers, indexed by
+    each key's bucket (``operators.relative.relative_buckets`` of ``buckets``,
+    ``max_distance``, ``bidirectional``), as MPNetEncoder's ``compute_position_bias``."""
+
+    rows: int
+    buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+
+
+@dataclass(frozen=True)
 class EncoderOptions:
     """An encoder's whole shape: what the declarative layer builds from a spec and config.
 
@@ -108,7 +121,7 @@ class EncoderOptions:
     ``norm``: the embedding and final norms' kind and eps. ``pooler``: the tree holds
     ``pooler.dense`` (hidden -> hidden, BertPooler), whether or not ``pooling`` reads it.
     ``max_tokens``: rows the compiled version holds (at most ``positions`` where there is a
-    position table).
+    position table). ``relative_bias``: a relative position bias table (None: none).
     """
 
     vocab_size: int
@@ -126,6 +139,7 @@ class EncoderOptions:
     pooler: bool = False
     pooling: PoolingOptions = field(default_factory=PoolingOptions)
     max_tokens: int = 512
+    relative_bias: RelativeBiasOptions | None = None
 
 
 class Embeddings(Module):
@@ -184,7 +198,8 @@ class SelfAttentionProjections(Module):
         return tuple(rec.step("columns", qkv, where=self.where(name), begin=a, end=b)
                      for name, a, b in zip(("query", "key", "value"), bounds, bounds[1:]))
 
-    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None) -> Handle:
+    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
+                 bias: tuple[Handle, RelativeBiasOptions] | None = None) -> Handle:
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         q, k, v = self._project(rec, x)
@@ -195,8 +210,13 @@ class SelfAttentionProjections(Module):
                          interleaved=o.rope.interleaved)
             k = rec.step("rope", k, *rope, where=self.where("key"), start=0,
                          interleaved=o.rope.interleaved)
-        return rec.step("self_attention", q, k, v, where=self.path, scale=o.scale,
-                        window=o.window)
+        if bias is None:
+            return rec.step("self_attention", q, k, v, where=self.path, scale=o.scale,
+                            window=o.window)
+        table, b = bias
+        return rec.step("self_attention", q, k, v, table, where=self.path, scale=o.scale,
+                        window=o.window, buckets=b.buckets, max_distance=b.max_distance,
+                        bidirectional=b.bidirectional)
 
 
 class Output(Module):
@@ -273,28 +293,33 @@ class EncoderLayer(Module):
                              o.mlp_bias if o.down_bias is None else o.down_bias, o.norm)
         self.options = o
 
-    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None = None
-                 ) -> Handle:
+    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None = None,
+                 bias: tuple[Handle, RelativeBiasOptions] | None = None) -> Handle:
         """``x`` ``(rows, hidden)`` through the layer; ``rope``: the cos and sin tables
-        ``(max_tokens, rotary_dim // 2)`` of ``options.rope`` (None where it is None)."""
+        ``(max_tokens, rotary_dim // 2)`` of ``options.rope`` (None where it is None);
+        ``bias``: the relative bias table's handle and options (None: none)."""
         attn_out, mlp_out = self.attention.output, self.output
         if self.options.placement == "post":
-            a = attn_out.dense(rec, self.attention.self(rec, x, rope))
+            a = attn_out.dense(rec, self.attention.self(rec, x, rope, bias))
             x = attn_out.LayerNorm(rec, rec.step("add", a, x, where=self.path))
             m = mlp_out.dense(rec, self.intermediate(rec, x))
             return mlp_out.LayerNorm(rec, rec.step("add", m, x, where=self.path))
         h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
-        a = attn_out.dense(rec, self.attention.self(rec, h, rope))
+        a = attn_out.dense(rec, self.attention.self(rec, h, rope, bias))
         x = rec.step("add", x, a, where=self.path)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path)
 
 
 class Stack(Module):
-    """``layer`` (the list of layers) and, under pre-norm, the final ``LayerNorm``."""
+    """``layer`` (the list of layers), under pre-norm the final ``LayerNorm``, and with a
+    relative bias its table ``relative_attention_bias`` ``(rows, heads)``."""
 
     def __init__(self, o: EncoderOptions):
         self.layer = [EncoderLayer(o.hidden_size, lo) for lo in o.layers]
+        b = o.relative_bias
+        if b is not None:
+            self.relative_attention_bias = Embedding(b.rows, o.layers[0].heads)
         pre = bool(o.layers) and o.layers[-1].placement == "pre"
         self.LayerNorm = Norm(o.hidden_size, o.norm) if pre else None
 
@@ -364,9 +389,14 @@ class Encoder(Module):
             x = self.embeddings_project(rec, x)
         ropes = {r: (rec.hold("const", f"rope.{i}.cos", cos), rec.hold("const", f"rope.{i}.sin", sin))
                  for i, (r, (cos, sin)) in enumerate(self.rope_tables.items())}
+        bias = None
+        if self.config.relative_bias is not None:
+            table = self.encoder.relative_attention_bias
+            bias = (rec.hold("param", table.where("weight"), table.weight.array),
+                    self.config.relative_bias)
         for layer in self.encoder.layer:
             r = layer.options.rope
-            x = layer(rec, x, None if r is None else ropes[repr(r)])
+            x = layer(rec, x, None if r is None else ropes[repr(r)], bias)
         if self.encoder.LayerNorm is not None:
             x = self.encoder.LayerNorm(rec, x)
         if pooling.kind == "mean":

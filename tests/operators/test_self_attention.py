@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import SelfAttention
+from iron_spec.operators.relative import relative_buckets
 
 OP = SelfAttention()
 
@@ -103,5 +104,49 @@ def test_window_reference_and_kernel_match_the_definition(window):
     np.testing.assert_allclose(OP.reference(q, k, v, window=window), want, rtol=1e-12, atol=1e-14)
     out = np.empty((n, H * D), np.float32)
     scratch = np.empty(OP.scratch(q.shape, k.shape, v.shape, window=window), np.float32)
-    OP.kernel(out, q, k, v, scratch, window=window)
+    OP.kernel(out, q, k, v, scratch=scratch, window=window)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+# --- a relative position bias ------------------------------------------------------------
+
+# transformers' MPNetEncoder.relative_position_bucket(arange(-300, 301)) (32 buckets,
+# max_distance 128), as (first relative position, bucket) where the bucket changes.
+MPNET_BUCKETS = [(-300, 15), (-90, 14), (-63, 13), (-45, 12), (-31, 11), (-22, 10), (-15, 9),
+                 (-11, 8), (-7, 7), (-6, 6), (-5, 5), (-4, 4), (-3, 3), (-2, 2), (-1, 1),
+                 (0, 0), (1, 17), (2, 18), (3, 19), (4, 20), (5, 21), (6, 22), (7, 23),
+                 (8, 24), (12, 25), (16, 26), (23, 27), (32, 28), (46, 29), (64, 30), (91, 31)]
+
+
+def test_relative_buckets_are_mpnets():
+    rel = np.arange(-300, 301)
+    want = np.empty(rel.shape, np.int64)
+    for (start, bucket), (end, _) in zip(MPNET_BUCKETS, MPNET_BUCKETS[1:] + [(301, None)]):
+        want[(rel >= start) & (rel < end)] = bucket
+    np.testing.assert_array_equal(relative_buckets(rel), want)
+
+
+def test_relative_bias_by_hand(run_kernel):
+    # Two rows, one head, q = 0: equal scores, so the bias decides. Row 0 sees row 1 at +1
+    # (bucket 17: ln 3), itself at 0 (bucket 0: 0): weights 1/4, 3/4 of values 0 and 4.
+    table = np.zeros((32, 1))
+    table[17, 0] = math.log(3.0)
+    q = np.zeros((2, 1, 2))
+    k = np.ones((2, 1, 2))
+    v = np.array([[[0.0, 0.0]], [[4.0, -4.0]]])
+    # Row 1 sees row 0 at -1 (bucket 1: 0) and itself (0): the plain mean, 2.
+    expected = [[3.0, -3.0], [2.0, -2.0]]
+    np.testing.assert_allclose(OP.reference(q, k, v, table), expected, rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, k, v, table), expected, rtol=1e-6)
+
+
+def test_relative_bias_kernel_within_tolerance(check_kernel, randn):
+    q, k, v = randn(40, 4, 8, scale=2.0), randn(40, 2, 8, scale=2.0), randn(40, 2, 8)
+    table = randn(32, 4)
+    got, ref = check_kernel(OP, q, k, v, table, max_distance=20)
+    assert np.abs(ref - OP.reference(q, k, v)).max() > 1e-2
+
+
+def test_relative_bias_table_of_other_heads_is_refused():
+    with pytest.raises(ValueError, match="not \\(rows, 4 heads\\)"):
+        OP.shape((3, 4, 8), (3, 4, 8), (3, 4, 8), (32, 2))

@@ -1,6 +1,6 @@
-"""The position behaviours flipped one at a time against their specs' goldens: each flip
-keeps the model's tensors, so the golden (transformers' logits on the same weights) still
-judges it, and it must miss by far more than the gate."""
+"""The position behaviours flipped one at a time against their specs' goldens (causal and
+encoder): each flip keeps the model's tensors, so the golden (transformers' outputs on the
+same weights) still judges it, and it must miss by far more than the gate."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from iron_spec.check import golden_path
 from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
+from tests.specs.test_encoder_goldens import _fails_edited
 
 
 def flipped_kl(tmp_path, name: str, old: str, new: str) -> float:
@@ -47,3 +48,13 @@ def flipped_kl(tmp_path, name: str, old: str, new: str) -> float:
         "mpt-no-alibi", "bloom-no-alibi", "bloom-alibi-scaled"])
 def test_a_flipped_position_option_misses_the_golden(tmp_path, name, old, new):
     assert flipped_kl(tmp_path, name, old, new) > 1e-4
+
+
+@pytest.mark.parametrize("old,new", [
+    # MPNetEncoder.compute_position_bias passes 32 buckets, not the table's 40 rows.
+    ("buckets: 32,", "buckets: 40,"),
+    # Keys 16 or more apart share log-spaced buckets up to 128 (the toy's calls hold 64).
+    ("max_distance: 128}", "max_distance: 32}"),
+], ids=["mpnet-buckets", "mpnet-max-distance"])
+def test_a_flipped_relative_bias_misses_the_encoder_golden(tmp_path, old, new):
+    _fails_edited(tmp_path, "mpnet", old, new)
