@@ -243,6 +243,8 @@ typedef struct {
     Py_ssize_t n, start, L, rows, window, qstride, span;
     int H, G, D;
     float scale, softcap;  /* softcap 0: none */
+    const float *alibi;    /* (H,) slopes: head h's score of key j from query i gains
+                            * alibi[h] * (j - i) after the softcap; NULL: none */
 } chunk_args;
 
 /* A prompt chunk's rows, elementwise (_cpu_chunk.h): gated (act(x) * u, or act(x) where u
@@ -392,6 +394,7 @@ typedef struct {
     Py_ssize_t L, lo, t, span;
     Py_ssize_t rows;                 /* position p at row p % rows: a ring's, else L */
     float softcap;                   /* 0: none */
+    const float *alibi;              /* (H,) slopes as chunk_args'; NULL: none */
 } attend_args;
 
 /* Positions are walked by a row pointer that wraps at the cache's end, in the same code
@@ -490,12 +493,15 @@ __attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend
                 }
                 __m256 x = sum8x8(u);
                 float *out = s + (Py_ssize_t)(r0 + r) * n + (jb - j0);
-                if (a->softcap > 0.0f || nb < 8) {
+                if (a->softcap > 0.0f || a->alibi || nb < 8) {
                     float t[8];
                     _mm256_storeu_ps(t, x);
+                    const float slope = a->alibi ? a->alibi[g * R + r0 + r] : 0.0f;
                     for (int i = 0; i < nb; i++) {
                         if (a->softcap > 0.0f)
                             t[i] = tanhf(t[i] / a->softcap) * a->softcap;
+                        if (a->alibi)  /* the query is at t - 1 */
+                            t[i] += slope * (float)(jb + i - (a->t - 1));
                         out[i] = t[i];
                     }
                     for (int i = nb; i < 8; i++)
@@ -590,6 +596,8 @@ static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t 
                 x += q[d] * k[d];
             if (a->softcap > 0.0f)
                 x = tanhf(x / a->softcap) * a->softcap;
+            if (a->alibi)
+                x += a->alibi[g * R + r] * (float)(j - (a->t - 1));
             sr[j - j0] = x;
             m = x > m ? x : m;
         }
@@ -649,7 +657,8 @@ static Py_ssize_t attend_need(int H, int G, int D, Py_ssize_t start, Py_ssize_t 
  * numerators merged. Called with the GIL released; shapes checked by the caller. */
 static void attend_run(float *out, const float *q, const float *keys, const float *values,
                        float *scratch, int H, int G, int D, Py_ssize_t L, Py_ssize_t start,
-                       Py_ssize_t window, float scale, float softcap, Py_ssize_t ring) {
+                       Py_ssize_t window, float scale, float softcap, Py_ssize_t ring,
+                       const float *alibi) {
     int T = pool.threads ? pool.threads : 1;
     Py_ssize_t HD = (Py_ssize_t)H * D;
     Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
@@ -658,7 +667,7 @@ static void attend_run(float *out, const float *q, const float *keys, const floa
     for (Py_ssize_t i = 0; i < HD; i++)
         qs[i] = q[i] * scale;
     attend_args a = {qs, keys, values, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
-                     H, G, D, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap};
+                     H, G, D, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap, alibi};
     pool_run(attend_part, &a);
     /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
     float *o = out;
@@ -948,13 +957,15 @@ g0:
  * stand apart), the ints within what either reads. 0 with every buffer held (attend_free),
  * or -1 with a ValueError naming ``name``. */
 typedef struct {
-    Py_buffer out, q, k, v, scratch;
+    Py_buffer out, q, k, v, scratch, alibi;  /* alibi.buf NULL: none */
     int G;
     Py_ssize_t start, window, ring;
     float scale, softcap;
 } attend_call;
 
 static void attend_free(attend_call *c) {
+    if (c->alibi.buf)
+        PyBuffer_Release(&c->alibi);
     PyBuffer_Release(&c->scratch);
     PyBuffer_Release(&c->v);
     PyBuffer_Release(&c->k);
@@ -964,8 +975,8 @@ static void attend_free(attend_call *c) {
 
 static int attend_parse(PyObject *const *args, Py_ssize_t nargs, const char *name,
                         attend_call *c) {
-    if (nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "%s takes 11 arguments", name);
+    if (nargs != 11 && nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "%s takes 11 or 12 arguments", name);
         return -1;
     }
     long G = PyLong_AsLong(args[5]);
@@ -996,7 +1007,11 @@ static int attend_parse(PyObject *const *args, Py_ssize_t nargs, const char *nam
         goto a2;
     if (get_floats(args[4], &c->scratch, 1, "scratch") < 0)
         goto a3;
+    if (nargs == 12 && args[11] != Py_None && get_floats(args[11], &c->alibi, 0, "alibi") < 0)
+        goto a4;
     return 0;
+a4:
+    PyBuffer_Release(&c->scratch);
 a3:
     PyBuffer_Release(&c->v);
 a2:
@@ -1025,7 +1040,7 @@ static PyObject *attend_call_run(attend_call *c, const char *name, int ok, int H
         Py_BEGIN_ALLOW_THREADS
         why = attend_any(c->out.buf, c->q.buf, qstride, c->k.buf, c->v.buf, c->scratch.buf,
                          c->scratch.len / 4, H, c->G, D, c->k.shape[1], n, c->start,
-                         c->window, c->scale, c->softcap, c->ring);
+                         c->window, c->scale, c->softcap, c->ring, c->alibi.buf);
         Py_END_ALLOW_THREADS
     }
     attend_free(c);
@@ -1036,10 +1051,11 @@ static PyObject *attend_call_run(attend_call *c, const char *name, int ok, int H
     Py_RETURN_NONE;
 }
 
-/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring):
- * out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D), position p at
- * row p % ring (ring 0: at row p); window 0: none; softcap 0: none; scratch:
- * scratch_size(...) floats. q is scaled into the scratch. */
+/* attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring[,
+ * alibi]): out (H, D) over q (H, D) at position ``start``; caches (kv_heads, L, D), position
+ * p at row p % ring (ring 0: at row p); window 0: none; softcap 0: none; alibi None (none)
+ * or float32 (H,) slopes, head h's score of position p gaining alibi[h] * (p - start) after
+ * the softcap; scratch: scratch_size(...) floats. q is scaled into the scratch. */
 static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     attend_call c;
     if (attend_parse(args, nargs, "attend", &c) < 0)
@@ -1049,17 +1065,17 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int H = D > 0 ? (int)(c.q.len / 4 / D) : 0;
     int ok = D > 0 && H > 0 && H % c.G == 0 && (Py_ssize_t)H * D * 4 == c.q.len &&
              PyBuffer_IsContiguous(&c.q, 'C') && c.out.len == c.q.len && c.v.len == k->len &&
-             attend_apart(&c);
+             (!c.alibi.buf || c.alibi.len == 4 * (Py_ssize_t)H) && attend_apart(&c);
     return attend_call_run(&c, "attend", ok, H, D, 1, (Py_ssize_t)H * D,
-                           "q (H, D) C-contiguous, caches (kv_heads, L, D), out as q, out and "
-                           "scratch apart from the rest");
+                           "q (H, D) C-contiguous, caches (kv_heads, L, D), out as q, alibi "
+                           "None or (H,), out and scratch apart from the rest");
 }
 
 /* attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap,
- * ring): out (n, H * D) over q (n, H, D) (its rows may stand apart: a column view) at
- * positions start .. start + n; caches (kv_heads, L, D), position p at row p % ring (ring
- * 0: at row p); window 0: none; softcap 0: none; scratch: at least threads * 32 * (D + L
- * + 32) floats. */
+ * ring[, alibi]): out (n, H * D) over q (n, H, D) (its rows may stand apart: a column view)
+ * at positions start .. start + n; caches (kv_heads, L, D), position p at row p % ring (ring
+ * 0: at row p); window 0: none; softcap 0: none; alibi as attend's (a query's own position
+ * in place of start); scratch: at least threads * 32 * (D + L + 32) floats. */
 static PyObject *py_attend_chunk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     attend_call c;
     if (attend_parse(args, nargs, "attend_chunk", &c) < 0)
@@ -1071,12 +1087,14 @@ static PyObject *py_attend_chunk(PyObject *self, PyObject *const *args, Py_ssize
              q->strides[0] >= 4 * q->shape[1] * q->shape[2] && q->strides[0] % 4 == 0 &&
              c.out.ndim == 2 && c.out.shape[0] == q->shape[0] &&
              c.out.shape[1] == q->shape[1] * q->shape[2] && q->shape[0] > 0 &&
-             q->shape[1] > 0 && q->shape[2] > 0 && attend_apart(&c);
+             q->shape[1] > 0 && q->shape[2] > 0 &&
+             (!c.alibi.buf || c.alibi.len == 4 * q->shape[1]) && attend_apart(&c);
     return attend_call_run(&c, "attend_chunk", ok, ok ? (int)q->shape[1] : 0,
                            ok ? (int)q->shape[2] : 0, ok ? q->shape[0] : 0,
                            ok ? q->strides[0] / 4 : 0,
                            "q (n, H, D) float32 with rows apart at most, caches (kv_heads, L, "
-                           "D), out (n, H * D), out and scratch apart from the rest");
+                           "D), out (n, H * D), alibi None or (H,), out and scratch apart from "
+                           "the rest");
 }
 
 /* A float32 array of 2 (or, where allowed, 3) dimensions whose last is contiguous (and,
@@ -1270,7 +1288,8 @@ static PyMethodDef methods[] = {
      "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
      "row-major; b None or (n,)"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
-     "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring)"},
+     "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring[, "
+     "alibi]): one query q (H, D) at start; alibi None or (H,) ALiBi slopes"},
     {"read", py_read, METH_O,
      "read(x): the sum of float32 x's whole 32-value groups, read on the pool's threads "
      "(bench's read bandwidth)"},
@@ -1290,7 +1309,8 @@ static PyMethodDef methods[] = {
      "turned at start .. start + n by the per-column tables (positions, R)"},
     {"attend_chunk", (PyCFunction)(void (*)(void))py_attend_chunk, METH_FASTCALL,
      "attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, "
-     "ring): a prompt chunk's queries q (n, H, D) at start .. start + n; out (n, H * D)"},
+     "ring[, alibi]): a prompt chunk's queries q (n, H, D) at start .. start + n; out (n, H * "
+     "D); alibi None or (H,) ALiBi slopes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,7 +5,7 @@
  * _cpu_vec.h's).
  *
  * Semantics are operators.attention.Attention's (causal GQA over a KV cache, an optional
- * sliding window, softcap and ring), judged by its float64 reference. The work is split
+ * sliding window, softcap, ALiBi slopes and ring), judged by its float64 reference. The work is split
  * into units, one head's block of 2W query rows each, and a unit is computed the same way
  * whichever thread runs it: every result is independent of the thread count.
  *
@@ -150,6 +150,7 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
             qpos[v][i] = (int32_t)(a->start + row);
         }
     const FV neg = (FV){0} + -INFINITY;
+    const float slope = a->alibi ? a->alibi[h] : 0.0f;
     FV m[2] = {neg, neg};
     for (j = lo; j < hi; j++) {
         float *s = st + (j - lo) * P;
@@ -161,7 +162,10 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
             IV seen = kp <= qpos[v];
             if (a->window > 0)
                 seen &= kp > qpos[v] - (int32_t)a->window;
-            FV x = CH_FN(pick)(seen, CH_FN(xload)(s + v * W), neg);
+            FV x = CH_FN(xload)(s + v * W);
+            if (a->alibi)  /* after the softcap, by each lane's own query position */
+                x += __builtin_convertvector(kp - qpos[v], FV) * slope;
+            x = CH_FN(pick)(seen, x, neg);
             CH_FN(xstore)(s + v * W, x);
             m[v] = CH_FN(pick)(x > m[v], x, m[v]);
         }

@@ -35,10 +35,11 @@
 
 enum {
     OP_GEMV,      /* (y, x, w, b|None); (n, k); y (n) = w (n, k) x (+ b): the gemv kernel */
-    OP_ATTEND,    /* (out, q, keys, values, scratch); (H, G, D, L, window, ring, n);
-                   * (scale, softcap): n queries q (n, H, D) (rows apart) at start .. start
-                   * + n into out (n, H * D): attend at one, attend_chunk at more (a ring
-                   * of ring rows where L has grown to it, else position p at row p) */
+    OP_ATTEND,    /* (out, q, keys, values, scratch, alibi|None); (H, G, D, L, window, ring,
+                   * n); (scale, softcap): n queries q (n, H, D) (rows apart) at start ..
+                   * start + n into out (n, H * D): attend at one, attend_chunk at more (a
+                   * ring of ring rows where L has grown to it, else position p at row p);
+                   * alibi (H,) ALiBi slopes, as attend's */
     OP_RMS_NORM,  /* (out, x, w); (rows, d, weight rows, inner); (eps): x * (1 / sqrt(mean(
                    * x^2) + eps)) * w per row of d, x and out (rows / inner, inner, d) rows
                    * apart, row r scaled by weight row r % inner (weight rows: 1 or inner) */
@@ -73,7 +74,7 @@ static const unsigned ROWS_APART[OP_COUNT] = {
     [OP_GATED] = 1u << 0 | 1u << 1 | 1u << 2, [OP_ROPE] = 1u << 1, [OP_KV_WRITE] = 1u << 1,
     [OP_LAYER_NORM] = 1u << 0 | 1u << 1, [OP_CLAMP] = 1u << 0 | 1u << 1};
 
-enum { ARRAYS = 5, INTS = 8, FLOATS = 2 };
+enum { ARRAYS = 6, INTS = 8, FLOATS = 2 };
 
 typedef struct {
     int op, start_from, rows_at;
@@ -148,6 +149,7 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[0] = want[1] = 4 * i[6] * i[0] * i[2];
         want[2] = want[3] = 4 * i[1] * i[3] * i[2];
         want[4] = -1;  /* the scratch: checked at each run, by the position */
+        want[5] = s->a[5] ? 4 * i[0] : 0;
         return 0;
     case OP_RMS_NORM:
         if (i[0] < 1 || i[1] < 1 || i[3] < 1 || i[0] % i[3] || (i[2] != 1 && i[2] != i[3]))
@@ -414,7 +416,8 @@ static void rows_run(task_fn fn, const void *args, Py_ssize_t rows) {
 static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, const float *keys,
                               const float *values, float *scratch, Py_ssize_t scratch_floats,
                               int H, int G, int D, Py_ssize_t L, Py_ssize_t n, Py_ssize_t start,
-                              Py_ssize_t window, float scale, float softcap, Py_ssize_t ring) {
+                              Py_ssize_t window, float scale, float softcap, Py_ssize_t ring,
+                              const float *alibi) {
     if (n == 1) {
         /* A ring not yet grown to its rows holds positions at their own rows (as attend). */
         if (start < 0 || (start >= L && !(ring > 0 && L == ring)))
@@ -422,7 +425,7 @@ static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, co
         if (scratch_floats < attend_need(H, G, D, start, window))
             return "the scratch is short for this position";
         attend_run(out, q, keys, values, scratch, H, G, D, L, start, window, scale, softcap,
-                   ring);
+                   ring, alibi);
         return NULL;
     }
     const Py_ssize_t P = 2 * simd_lanes();
@@ -438,7 +441,7 @@ static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, co
         return "the scratch is short for these positions";
     chunk_args a = {q, keys, values, out, scratch, n, start, L,
                     ring > 0 && ring <= L ? ring : L, window, qstride, span, H, G, D, scale,
-                    softcap};
+                    softcap, alibi};
     pool_run(chunk_part, &a);
     return NULL;
 }
@@ -473,7 +476,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
     case OP_ATTEND: {
         const char *why = attend_any(out, s->a[1], s->rs[1], s->a[2], s->a[3], s->a[4],
                                      s->len[4] / 4, (int)i[0], (int)i[1], (int)i[2], i[3], i[6],
-                                     start, i[4], s->f[0], s->f[1], i[5]);
+                                     start, i[4], s->f[0], s->f[1], i[5], s->a[5]);
         if (why)
             snprintf(msg, size, "attention: %s", why);
         return why ? msg : NULL;

@@ -11,6 +11,8 @@ The capacity may be less than the most a cache holds (it grows with the sequence
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import native
@@ -129,6 +131,15 @@ def alibi_slopes(heads: int, max_bias: float = 8.0) -> tuple[float, ...]:
     return tuple(float(np.float32(x)) for x in slopes)
 
 
+@functools.lru_cache(maxsize=64)
+def _slopes32(alibi: tuple) -> np.ndarray:
+    """``alibi``'s slopes as the C kernels read them: float32 ``(heads,)``, read-only, one
+    array per tuple (a step's array must outlive its program)."""
+    a = np.asarray(alibi, np.float32)
+    a.setflags(write=False)
+    return a
+
+
 def _add_alibi(rows: np.ndarray, alibi: tuple, qpos: np.ndarray, kpos: np.ndarray) -> None:
     """Each head's ``slope * (key position - query position)`` added to its scores ``rows``
     ``(G, n, R, w)`` (head ``g * R + r``), in place: one ``(n, w)`` distance table and one
@@ -156,8 +167,7 @@ class Attention(Operator):
     from query ``i`` gains ``alibi[h] * (j - i)`` after the scale and softcap, as
     BloomAttention's ``baddbmm`` of the alibi tensor, whose ``slope * j`` differs by a
     constant per query, nothing under the softmax; None: none). Softmax in float32
-    (float64 in the reference). With ``alibi`` the numpy kernels run it (the C pool's do
-    not take a bias: ``lower`` gives no native step, the plan calls ``kernel``).
+    (float64 in the reference).
     """
 
     name = "attention"
@@ -211,20 +221,20 @@ class Attention(Operator):
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        # The C pool's attention takes no bias: with alibi, numpy's.
-        lib = native.lib() if alibi is None else None
+        lib = native.lib()
+        slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
             # One query (a decode step): the decode pool's threads share its positions.
             lib.attend(out, q, keys, values, scratch, G, start, window or 0, float(scale),
-                       float(softcap or 0.0), ring or 0)
+                       float(softcap or 0.0), ring or 0, slopes)
             return
         if lib is not None and n > 1 and q.strides[1:] == (4 * D, 4) and all(
                 a.flags.c_contiguous for a in (out, keys, values)):
             # A prompt chunk: the pool's threads share its heads' blocks of rows (q may be
             # a column view of the fused projection: its rows stand apart).
             lib.attend_chunk(out, q, keys, values, scratch, G, start, window or 0,
-                             float(scale), float(softcap or 0.0), ring or 0)
+                             float(scale), float(softcap or 0.0), ring or 0, slopes)
             return
         # The queries times the scale, not the scores: n * H * D products, not n * H * w
         # (exact where the scale is a power of two, head_dim ** -0.5 for head_dim 64).
@@ -315,14 +325,15 @@ class Attention(Operator):
               ring=None, alibi=None):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
-        # lib.attend_chunk's; with alibi, none (the pool's codes take no bias).
-        if alibi is not None or native.LIB is None or scratch is None or \
+        # lib.attend_chunk's.
+        if native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
             return None
         n, H, D = q.shape
         G, L, _ = keys.shape
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        return native.Step(native.OP_ATTEND, (out, q, keys, values, scratch),
+        slopes = None if alibi is None else _slopes32(alibi)
+        return native.Step(native.OP_ATTEND, (out, q, keys, values, scratch, slopes),
                            (H, G, D, L, window or 0, ring or 0, n),
                            (float(scale), float(softcap or 0.0)), rows=6)
 

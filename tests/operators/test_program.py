@@ -9,7 +9,7 @@ import pytest
 
 from iron_spec.operators import native
 from iron_spec.operators.activation import Activation, GatedActivation
-from iron_spec.operators.attention import Attention, KVWrite
+from iron_spec.operators.attention import Attention, KVWrite, alibi_slopes
 from iron_spec.operators.base import PerCall
 from iron_spec.operators.elementwise import Add, Clamp, Columns, Mul, TakeRow
 from iron_spec.operators.embedding import Embedding
@@ -121,10 +121,11 @@ def test_kv_write_places_the_row_where_the_reference_does(rng, ring, start):
 @pytest.mark.parametrize("window, softcap, ring, start", [
     (None, None, None, 0), (None, None, None, 20), (4, None, None, 20), (None, 2.5, None, 7),
     (4, None, 8, 19)])
-def test_attention_one_query(randn, window, softcap, ring, start):
+@pytest.mark.parametrize("alibi", [False, True])
+def test_attention_one_query(simd, randn, window, softcap, ring, start, alibi):
     keys, values = randn(2, ring or 32, 16), randn(2, ring or 32, 16)
     check(Attention(), randn(1, 6, 16), keys, values, start=start, window=window,
-          softcap=softcap, ring=ring)
+          softcap=softcap, ring=ring, alibi=alibi_slopes(6) if alibi else None)
 
 
 @pytest.mark.parametrize("scale", [1.0, 24.0 ** 0.5])
@@ -151,12 +152,15 @@ def test_a_position_past_the_cache_is_refused_naming_the_step(randn):
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(12, 2, 16), (5, 1, 24), (8, 8, 20),
-                                                       (9, 3, 64)])
+                                                       (9, 3, 64), (20, 2, 64)])
+@pytest.mark.parametrize("alibi", [False, True])
 def test_attention_groups_of_any_size_and_heads_of_any_width(simd, randn, heads, kv_heads,
-                                                             head_dim):
-    # Groups of more query heads than one pass takes (4), and widths past whole vectors.
+                                                             head_dim, alibi):
+    # Groups of more query heads than one pass takes (8), widths past whole vectors, and
+    # positions past a block of eight keys.
     keys, values = randn(kv_heads, 40, head_dim), randn(kv_heads, 40, head_dim)
-    check(Attention(), randn(1, heads, head_dim), keys, values, start=37, softcap=4.0)
+    check(Attention(), randn(1, heads, head_dim), keys, values, start=37, softcap=4.0,
+          alibi=alibi_slopes(heads, 4.0) if alibi else None)
 
 
 @pytest.mark.parametrize("x, w", [((1, 64), (64,)), ((1, 37), (37,)), ((1, 3, 20), (3, 20))])
@@ -302,10 +306,11 @@ def test_bounded_kv_write_places_each_row_where_the_reference_does(randn, ring, 
 @pytest.mark.parametrize("window, softcap, ring, start, rows", [
     (None, None, None, 0, C), (None, None, None, 11, 5), (4, None, None, 20, 7),
     (None, 2.5, None, 3, 1), (4, None, 12, 19, C)])
-def test_bounded_attention_of_a_chunk(simd, randn, window, softcap, ring, start, rows):
+@pytest.mark.parametrize("alibi", [False, True])
+def test_bounded_attention_of_a_chunk(simd, randn, window, softcap, ring, start, rows, alibi):
     keys, values = randn(2, ring or 32, 16), randn(2, ring or 32, 16)
     judged(Attention(), randn(C, 6, 16), keys, values, rows=rows, apart=(0,), start=start,
-           window=window, softcap=softcap, ring=ring)
+           window=window, softcap=softcap, ring=ring, alibi=alibi_slopes(6) if alibi else None)
 
 
 @pytest.mark.parametrize("rows", [1, 6])

@@ -1,13 +1,12 @@
-"""Position behaviours in a causal model's tree: ALiBi on the attention scores (numpy's
-attention runs it, the C pool's takes no bias), a computed sinusoidal position table. Each
-compiled plan is held to its float64 reference step by step (check=True), and each option
+"""Position behaviours in a causal model's tree: ALiBi on the attention scores, a computed
+sinusoidal position table. Each compiled plan is held to its float64 reference step by step (check=True), and each option
 to a model without it (a test that cannot tell them apart would pass a spec that forgot it)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from iron_spec.operators import sinusoidal_table
+from iron_spec.operators import native, sinusoidal_table
 from iron_spec.operators.attention import alibi_slopes
 from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions, Sinusoidal
@@ -38,11 +37,13 @@ def compiled_equals_reference(lm: CausalLM) -> np.ndarray:
     return Session(lm).logits(IDS + [1])  # CheckError at the first step past its tolerance
 
 
-def test_alibi_compiles_to_its_reference_on_numpys_attention():
+def test_alibi_compiles_to_its_reference_in_the_native_program():
     lm = model(alibi_slopes(H))
     biased = compiled_equals_reference(lm)
-    runs = [r for r in lm.decode_step.plan.runs if r.step.op.name == "attention"]
-    assert runs and all(r.index not in lm.decode_step.plan._native for r in runs)
+    for version in (lm.decode_step, lm.prompt_chunk):
+        runs = [r for r in version.plan.runs if r.step.op.name == "attention"]
+        assert runs and (not native.PROGRAM or
+                         all(r.index in version.plan._native for r in runs))
     plain = Session(model()).logits(IDS + [1])
     assert np.abs(biased - plain).max() > 1e-2
 
