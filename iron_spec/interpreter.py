@@ -226,7 +226,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"))
-    attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False))
+    attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
+                       *opt(*a, "alibi_bfloat16", default=False))
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
         raise spec.error(opt(*a, "qk_norm_after_rope")[1], "qk_norm_after_rope norms each "
                          f"turned head: it needs qk_norm one of {', '.join(PER_HEAD_QK_NORMS)} "
@@ -250,27 +251,31 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
 
 
 def _alibi(spec: Spec, a: AttentionOptions, max_bias: Any, at: tuple, scaled: Any,
-           scaled_at: tuple) -> AttentionOptions:
+           scaled_at: tuple, bf16: Any, bf16_at: tuple) -> AttentionOptions:
     """``a`` with its ALiBi slopes (``attention.alibi``: the slopes' max_bias, null for
     none), times the attention scale where ``attention.alibi_scaled`` (FalconAttention adds
-    the alibi tensor to the raw scores, then scales both).
+    the alibi tensor to the raw scores, then scales both); with ``attention.alibi_bfloat16``
+    in FalconModel's bfloat16 form (``operators.attention.alibi_bias``), scaled so.
 
     Raises:
         SpecError: at the option's line, a max_bias not above 0, alibi_scaled without alibi,
             or alibi beside RoPE or a softcap (no family has both: their order is unread).
     """
-    scaled = _flag(spec, scaled_at, scaled)
+    scaled, bf16 = _flag(spec, scaled_at, scaled), _flag(spec, bf16_at, bf16)
     if max_bias is None:
-        if scaled:
-            raise spec.error(scaled_at, "alibi_scaled scales ALiBi slopes: only with attention.alibi")
+        if scaled or bf16:
+            raise spec.error(scaled_at if scaled else bf16_at, "alibi_scaled and alibi_bfloat16 "
+                             "shape ALiBi slopes: only with attention.alibi")
         return a
     max_bias = _positive(spec, at, max_bias)
     if a.rope is not None or a.softcap is not None:
         raise spec.error(at, "ALiBi stands in for RoPE and is built without a softcap: "
                              "attention.rope null and no softcap beside attention.alibi")
     slopes = alibi_slopes(a.heads, max_bias)
+    scale = a.head_dim ** -0.5 if a.scale is None else a.scale
+    if bf16:
+        return replace(a, alibi=slopes, alibi_bf16=scale if scaled else 1.0)
     if scaled:
-        scale = a.head_dim ** -0.5 if a.scale is None else a.scale
         slopes = tuple(float(np.float32(x * scale)) for x in slopes)
     return replace(a, alibi=slopes)
 

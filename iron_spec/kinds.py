@@ -35,7 +35,7 @@ KINDS: tuple[Row, ...] = (
     Row(("layer", "attention"), ("layer", "kind"), {
         **{k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
-               "alibi", "alibi_scaled")
+               "alibi", "alibi_scaled", "alibi_bfloat16")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias",)}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),

@@ -140,16 +140,37 @@ def _slopes32(alibi: tuple) -> np.ndarray:
     return a
 
 
+def bfloat16(x: np.ndarray) -> np.ndarray:
+    """``x`` float32 rounded to bfloat16 (to nearest, ties to even, as torch's
+    ``.bfloat16()``), held in float32."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    b = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return b.view(np.float32)
+
+
+def alibi_bias(alibi: tuple, qpos: np.ndarray, kpos: np.ndarray, bf16: float | None = None
+               ) -> np.ndarray:
+    """Each head's ALiBi bias ``(heads, n, w)`` float32 of queries at ``qpos`` over keys at
+    ``kpos``: ``slope * (key - query)``; with ``bf16`` (a scale) FalconModel's form,
+    ``bfloat16(bfloat16(slope) * key) * bf16`` (its ``build_alibi_tensor`` in bfloat16 over
+    absolute key positions, divided by sqrt(head_dim) in its sdpa mask): the same under the
+    softmax but for bfloat16's rounding, which depends on the key's absolute position."""
+    if bf16 is None:
+        d = (kpos[None, :] - qpos[:, None]).astype(np.float32)
+        return np.asarray(alibi, np.float32)[:, None, None] * d[None]
+    slopes = bfloat16(np.asarray(alibi, np.float32))
+    keys = bfloat16(slopes[:, None] * kpos.astype(np.float32)[None, :]) * np.float32(bf16)
+    return np.broadcast_to(keys[:, None, :], (len(alibi), len(qpos), len(kpos)))
+
+
 def _add_alibi(rows: np.ndarray, alibi: tuple, qpos: np.ndarray, kpos: np.ndarray) -> None:
-    """Each head's ``slope * (key position - query position)`` added to its scores ``rows``
-    ``(G, n, R, w)`` (head ``g * R + r``), in place: one ``(n, w)`` distance table and one
-    of its size per head."""
+    """Each head's ALiBi bias (``alibi``: the slopes and the bfloat16 form's scale or None,
+    ``alibi_bias``) added to its scores ``rows`` ``(G, n, R, w)`` (head ``g * R + r``), in
+    place."""
     G, _, R, _ = rows.shape
-    d = (kpos[None, :] - qpos[:, None]).astype(np.float32)
-    biased = np.empty_like(d)
-    for h, slope in enumerate(alibi):
-        np.multiply(d, np.float32(slope), out=biased)
-        rows[h // R, :, h % R] += biased
+    bias = alibi_bias(alibi[0], qpos, kpos, alibi[1])
+    for h in range(len(alibi[0])):
+        rows[h // R, :, h % R] += bias[h]
 
 
 class Attention(Operator):
@@ -167,13 +188,15 @@ class Attention(Operator):
     from query ``i`` gains ``alibi[h] * (j - i)`` after the scale and softcap, as
     BloomAttention's ``baddbmm`` of the alibi tensor, whose ``slope * j`` differs by a
     constant per query, nothing under the softmax; None: none). Softmax in float32
-    (float64 in the reference).
+    (float64 in the reference). ``alibi_bf16``: a scale (None: none) for FalconModel's
+    bfloat16 form of that bias (``alibi_bias``), run by the numpy kernels (the C pool's take
+    plain slopes: ``lower`` gives no native step, the plan calls ``kernel``).
     """
 
     name = "attention"
 
     def shape(self, q, keys, values, start=0, scale=None, window=None, softcap=None, ring=None,
-              alibi=None):
+              alibi=None, alibi_bf16=None):
         if alibi is not None and len(alibi) != q[1]:
             raise ValueError(f"attention: {len(alibi)} alibi slopes for {q[1]} heads")
         if len(q) != 3 or keys != values or len(keys) != 3 or q[1] % keys[0] or q[2] != keys[2]:
@@ -194,7 +217,7 @@ class Attention(Operator):
         return allowed
 
     def reference(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                  ring=None, alibi=None):
+                  ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
@@ -207,21 +230,23 @@ class Attention(Operator):
         s = np.einsum("nhd,htd->hnt", as64(q), k) * scale
         if softcap is not None:
             s = np.tanh(s / softcap) * softcap
-        if alibi is not None:
+        if alibi is not None and alibi_bf16 is None:
             d = np.arange(lo, t)[None, :] - np.arange(start, t)[:, None]
             s = s + np.asarray(alibi, np.float64)[:, None, None] * d[None]
+        elif alibi is not None:  # bfloat16's values, as they are: float32 holds them exactly
+            s = s + as64(alibi_bias(alibi, np.arange(start, t), np.arange(lo, t), alibi_bf16))
         s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("hnt,htd->nhd", p, v).reshape(n, H * D)
 
     def kernel(self, out, q, keys, values, scratch=None, start=0, scale=None, window=None,
-               softcap=None, ring=None, alibi=None):
+               softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        lib = native.lib()
+        lib = native.lib() if alibi_bf16 is None else None  # the pool's: plain slopes
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -248,6 +273,8 @@ class Attention(Operator):
         kbuf, vbuf = scratch[at: at + spans], scratch[at + spans: at + 2 * spans]
         rest = scratch[at + 2 * spans:]
         cache = (keys, values, kbuf, vbuf, ring)
+        if alibi is not None:
+            alibi = (alibi, alibi_bf16)  # the slopes and the bfloat16 form's scale (_add_alibi)
         if n == 1:
             self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap, alibi)
         else:
@@ -322,11 +349,11 @@ class Attention(Operator):
         qg /= m
 
     def lower(self, out, q, keys, values, scratch=None, scale=None, window=None, softcap=None,
-              ring=None, alibi=None):
+              ring=None, alibi=None, alibi_bf16=None):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
-        # lib.attend_chunk's.
-        if native.LIB is None or scratch is None or \
+        # lib.attend_chunk's; FalconModel's bfloat16 form of the bias on numpy's only.
+        if alibi_bf16 is not None or native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
             return None
         n, H, D = q.shape
@@ -338,7 +365,7 @@ class Attention(Operator):
                            (float(scale), float(softcap or 0.0)), rows=6)
 
     def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                ring=None, alibi=None):
+                ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
@@ -349,11 +376,11 @@ class Attention(Operator):
         return max(own, native.attend_chunk_scratch(D, L), native.attend_scratch(H, G, D, L))
 
     def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                  ring=None, alibi=None):
+                  ring=None, alibi=None, alibi_bf16=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
     def scale(self, reference, q, keys, values, start=0, scale=None, window=None, softcap=None,
-              ring=None, alibi=None):
+              ring=None, alibi=None, alibi_bf16=None):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape

@@ -86,7 +86,8 @@ class AttentionOptions:
     (HunYuanDenseV1Attention, NanoChatAttention: ``apply_rotary_pos_emb`` then ``q_norm``).
     ``alibi``: per-head ALiBi slopes added to the scores by distance (the attention
     operator's ``alibi``, ``operators.attention.alibi_slopes``; None: none), as
-    BloomAttention, MptAttention and FalconAttention with ``alibi``.
+    BloomAttention, MptAttention and FalconAttention with ``alibi``; ``alibi_bf16``: the
+    scale of its bfloat16 form (the operator's ``alibi_bf16``, FalconModel's; None: none).
     """
 
     heads: int
@@ -109,6 +110,7 @@ class AttentionOptions:
     qk_norm_bias: bool | None = None
     qk_norm_after_rope: bool = False
     alibi: tuple[float, ...] | None = None
+    alibi_bf16: float | None = None
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups")
@@ -464,6 +466,8 @@ class Attention(Module):
         keys = rec.state(self.where("keys"), keys)
         values = rec.state(self.where("values"), values)
         bias = {} if o.alibi is None else {"alibi": o.alibi}
+        if o.alibi_bf16 is not None:
+            bias["alibi_bf16"] = o.alibi_bf16
         a = rec.step("attention", q, keys, values, where=self.path, start=start,
                      scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
         return self.o_proj(rec, a)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import Attention, KVWrite, native
-from iron_spec.operators.attention import alibi_slopes
+from iron_spec.operators.attention import alibi_bias, alibi_slopes, bfloat16
 
 OP = Attention()
 KV = KVWrite()
@@ -401,3 +401,20 @@ def test_alibi_of_other_heads_is_refused():
         OP.shape((1, 2, 8), (2, 4, 8), (2, 4, 8), alibi=(0.5, 0.25, 0.125))
     with pytest.raises(ValueError, match="max_bias"):
         alibi_slopes(4, 0.0)
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    # bfloat16 keeps 8 significant bits: 2 ** -0.5 = 0.70710677 -> 0.70703125 (181 / 256);
+    # 257 lies halfway between 256 and 258 and goes to the even 256; 259 to 260.
+    got = bfloat16(np.array([2 ** -0.5, 257.0, 259.0, 1.0, -3.0], np.float32))
+    np.testing.assert_array_equal(got, [181 / 256, 256.0, 260.0, 1.0, -3.0])
+
+
+def test_falcons_alibi_form_by_hand():
+    # bfloat16(bfloat16(slope) * key) * scale over absolute key positions, the same for
+    # every query: slope 2 ** -0.5 -> 181/256; key 3: 543/256 = 2.12109375 -> 2.125.
+    bias = alibi_bias((2 ** -0.5,), np.array([5, 6]), np.array([0, 3]), 0.5)
+    np.testing.assert_array_equal(bias, [[[0.0, 1.0625], [0.0, 1.0625]]])
+    # Without the bfloat16 form: slope * (key - query).
+    np.testing.assert_allclose(alibi_bias((0.5,), np.array([5]), np.array([0, 3])),
+                               [[[-2.5, -1.0]]])

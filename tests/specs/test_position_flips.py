@@ -11,6 +11,7 @@ from iron_spec.check import golden_path
 from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
+from tests.specs.divergences import cases
 from tests.specs.test_encoder_goldens import _fails_edited
 
 
@@ -58,3 +59,17 @@ def test_a_flipped_position_option_misses_the_golden(tmp_path, name, old, new):
 ], ids=["mpnet-buckets", "mpnet-max-distance"])
 def test_a_flipped_relative_bias_misses_the_encoder_golden(tmp_path, old, new):
     _fails_edited(tmp_path, "mpnet", old, new)
+
+
+def test_falcons_alibi_unscaled_misses_its_golden(tmp_path):
+    # FalconModel divides its alibi by sqrt(head_dim) with the scores (alibi_scaled); its
+    # case (tests/specs/divergences) judged with the bias added unscaled, as Bloom's.
+    name = "falcon-alibi-bfloat16"
+    text = (SPECS / "falcon.yaml").read_text()
+    assert "alibi_scaled: true, " in text
+    path = tmp_path / "falcon.yaml"
+    path.write_text(text.replace("alibi_scaled: true, ", ""))
+    loaded = load_model(path, checkpoint=cases.materialize(name, tmp_path / name),
+                        prefill_chunk=16)
+    golden = Golden.read(cases.golden_file(name), loaded.fingerprint())
+    assert kl_stats(teacher_forced(golden, Session(loaded.lm).logits))["mean"] > 1e-5
