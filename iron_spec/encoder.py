@@ -127,6 +127,27 @@ def _typed_layers(spec: Spec, r: Resolved, base: EncoderLayerOptions, n: int, so
     return tuple(out)
 
 
+def _token_dropout(spec: Spec, r: Resolved, vocab: int) -> tuple[int, float] | None:
+    """``embedding/token_dropout``: ``(mask_id, ratio)`` where ``enabled`` holds, else None.
+
+    Raises:
+        SpecError: at the option's line, ``enabled`` that is not a boolean, a mask id outside
+            the vocabulary, or a ratio outside ``[0, 1)``.
+    """
+    t = ("embedding", "token_dropout")
+    if spec.get(*t) is None or not _flag_option(spec, r, t + ("enabled",), True):
+        return None
+    mask_id = _option(spec, r, t + ("mask_id",), None)
+    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or not 0 <= mask_id < vocab:
+        raise spec.error(t + ("mask_id",), f"embedding/token_dropout/mask_id is {mask_id!r}, "
+                                          f"not a token id within 0..{vocab - 1}")
+    ratio = _number(spec, r, t + ("ratio",), None)
+    if not 0 <= ratio < 1:
+        raise spec.error(t + ("ratio",), f"embedding/token_dropout/ratio is {ratio}, not a "
+                                        "share of tokens within [0, 1)")
+    return mask_id, ratio
+
+
 def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
                    source: str = "config.json") -> ExpandedEncoder:
     """``_expand_encoder``, its option errors naming the config.json keys their fields read
@@ -264,6 +285,7 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         positions=positions, position_offset=offset, position_padding=padding,
         embedding_size=width, token_types=_whole(spec, r, e + ("token_types",), 0),
         task_types=_whole(spec, r, e + ("task_types",), 0),
+        token_dropout=_token_dropout(spec, r, v["vocab_size"]),
         embedding_norm=_flag_option(spec, r, e + ("norm",), True),
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,

@@ -92,7 +92,9 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
     tokenizer where there is one; else drawn at seed 0, of 11 ids, of the most a call holds
     (its second half of token type 1 where there are two types) and of 1 id. Where
     config.json names a ``pad_token_id`` in the vocabulary, the first two drawn probes hold
-    it inside them, so positions that count around padding are judged too."""
+    it inside them, so positions that count around padding are judged too; where it names a
+    ``mask_token_id``, they hold that too (two of the first's 11, one of the second's), so
+    embeddings rescaled for the share of masked tokens (token dropout) are judged."""
     o = loaded.model.config
     if loaded.tokenizer is not None:
         out = []
@@ -110,6 +112,11 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
     if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < o.vocab_size:
         probes[0][0][3] = pad
         probes[1][0][L // 3] = pad
+    mask = loaded.config_json.get("mask_token_id")
+    if isinstance(mask, int) and not isinstance(mask, bool) and 0 <= mask < o.vocab_size:
+        probes[0][0][[5, 8]] = mask
+        if L > 2:
+            probes[1][0][L // 3 + 1] = mask
     return [(ids.astype(np.int32), types.astype(np.int32) if o.token_types >= 2 else
              (np.zeros_like(types, np.int32) if o.token_types else None))
             for ids, types in probes]

@@ -24,7 +24,7 @@ CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causa
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "task_types",
-                                                  "size"),
+                                                  "token_dropout", "size"),
                                       "causal": ("sinusoidal",)}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {

@@ -21,6 +21,7 @@ from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .self_attention import SelfAttention
 from .softcap import Softcap
+from .token_dropout import TokenDropoutRescale
 
 OPERATORS: dict[str, Operator] = {
     op.name: op
@@ -28,7 +29,7 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
-        AddRows(), Clamp(),
+        AddRows(), Clamp(), TokenDropoutRescale(),
     )
 }
 
@@ -37,5 +38,5 @@ __all__ = [
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
-    "sinusoidal_table",
+    "sinusoidal_table", "TokenDropoutRescale",
 ]

@@ -116,6 +116,10 @@ class EncoderOptions:
     ``task_types``: rows of the task-type table ``embeddings.task_type_embeddings`` (0:
     none), added after the positions, every token of a call at task 0, as ErnieEmbeddings
     with ``use_task_id`` and its default ``task_type_ids`` (zeros).
+    ``token_dropout``: ``(mask_id, ratio)`` (None: none): the word embeddings of id
+    ``mask_id`` zeroed and every row scaled by ``(1 - ratio) / (1 - masked / rows)``, before
+    anything is added to them, as EsmEmbeddings with ``token_dropout``
+    (``operators.token_dropout``).
     ``embedding_norm``: a norm after the embeddings' sum (BertEmbeddings.LayerNorm).
     ``embedding_scale`` multiplies the word embeddings (1.0: none).
     ``norm``: the embedding and final norms' kind and eps. ``pooler``: the tree holds
@@ -134,6 +138,7 @@ class EncoderOptions:
     embedding_size: int | None = None
     token_types: int = 0
     task_types: int = 0
+    token_dropout: tuple[int, float] | None = None
     embedding_norm: bool = True
     embedding_scale: float = 1.0
     pooler: bool = False
@@ -154,10 +159,15 @@ class Embeddings(Module):
         self.token_type_embeddings = Embedding(o.token_types, E) if o.token_types else None
         self.task_type_embeddings = Embedding(o.task_types, E) if o.task_types else None
         self.LayerNorm = Norm(E, o.norm) if o.embedding_norm else None
+        self.token_dropout = o.token_dropout
 
     def __call__(self, rec: Recorder, ids: Handle, positions: Handle, types: Handle,
                  tasks: Handle | None = None) -> Handle:
         x = self.word_embeddings(rec, ids)
+        if self.token_dropout is not None:
+            mask_id, ratio = self.token_dropout
+            x = rec.step("token_dropout_rescale", x, ids, where=self.path, mask_id=mask_id,
+                         ratio=ratio)
         if self.token_type_embeddings is not None:
             x = rec.step("add", x, self.token_type_embeddings(rec, types), where=self.path)
         if self.position_embeddings is not None:
