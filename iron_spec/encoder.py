@@ -223,6 +223,16 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
                          f"rows: one of {', '.join(QKV_LAYOUTS)}, with attention/fused_qkv "
                          f"(it is {qkv_layout!r})")
     placement = spec.get("layer", "placement", default="post")
+    qk_norm = spec.get(*a, "qk_norm", default=None)
+    if qk_norm not in (None, "all"):
+        raise spec.error(a + ("qk_norm",), f"an encoder layer norms queries and keys over the "
+                                          f"whole projection (qk_norm all), not {qk_norm!r}")
+    qk_norm_bias = _option(spec, r, a + ("qk_norm_bias",), None)
+    if qk_norm_bias is not None:
+        qk_norm_bias = _flag_option(spec, r, a + ("qk_norm_bias",), False)
+    final_norm_bias = _option(spec, r, layer + ("final_norm_bias",), None)
+    if final_norm_bias is not None:
+        final_norm_bias = _flag_option(spec, r, layer + ("final_norm_bias",), False)
     first_norm = _flag_option(spec, r, layer + ("first_attention_norm",), True)
     if not first_norm and placement != "pre":
         raise spec.error(layer + ("first_attention_norm",), "a first layer without its "
@@ -236,7 +246,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         mlp_bias=mlp_bias, down_bias=_flag_option(spec, r, m + ("down_bias",), mlp_bias),
         mlp_kind=mlp_kind, mlp_fused=fused,
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),
-        placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout)
+        placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout,
+        qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
+        residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0))
     layers = _typed_layers(spec, r, one, v["num_hidden_layers"], source)
     if not first_norm:
         layers = (replace(layers[0], attention_norm=False),) + layers[1:]
@@ -286,6 +298,7 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         embedding_size=width, token_types=_whole(spec, r, e + ("token_types",), 0),
         task_types=_whole(spec, r, e + ("task_types",), 0),
         token_dropout=_token_dropout(spec, r, v["vocab_size"]),
+        final_norm_bias=final_norm_bias,
         embedding_norm=_flag_option(spec, r, e + ("norm",), True),
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,

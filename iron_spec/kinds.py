@@ -28,12 +28,12 @@ KINDS: tuple[Row, ...] = (
                                       "causal": ("sinusoidal",)}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
-        **{k: ("residual_scale", "kv_sharing") + (("per_layer_input",) if k == "ple" else ())
+        **{k: ("kv_sharing",) + (("per_layer_input",) if k == "ple" else ())
            + (("parallel", "shared_norm") if k == "decoder" else ())
            for k in CAUSAL_LAYERS},
-        "encoder": ("first_attention_norm",)}),
+        "encoder": ("first_attention_norm", "final_norm_bias")}),
     Row(("layer", "attention"), ("layer", "kind"), {
-        **{k: ("softcap", "qk_norm", "qk_norm_on", "qk_norm_bias",
+        **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16")
            for k in CAUSAL_LAYERS},

@@ -14,7 +14,7 @@ Not for: generation (``causal``), or several texts in one call (one call per tex
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -49,6 +49,18 @@ class EncoderLayerOptions:
     ``create_bidirectional_sliding_window_mask``. ``placement``: ``post``
     (``norm(x + attn(x))`` then ``norm(x + mlp(x))``, transformers' BertLayer) or ``pre``
     (``x + attn(norm(x))`` then ``x + mlp(norm(x))``, and a final norm after the last layer).
+    ``fused_qkv``: one ``attention.self.query_key_value`` projection holds q, k and v, its
+    rows stored as ``qkv_layout`` says (``blocks.qkv_rows``), split into its three column
+    blocks at each call, as ModernBertAttention's ``Wqkv`` viewed ``(3, heads, head_dim)``.
+    ``attention_norm``: under ``pre``, whether the attention reads the normed input; false
+    (ModernBertEncoderLayer's ``attn_norm``, an Identity at layer 0) it reads the input as it
+    is and the layer holds no ``attention.output.LayerNorm``.
+    ``qk_norm``: queries and keys each normed over the whole projection (``heads *
+    head_dim``, ``kv_heads * head_dim``) right after it, before RoPE, by the layer's norm
+    kind (``attention.self.q_norm``, ``k_norm``), as EsmcAttention's LayerNorm q_norm and
+    k_norm; ``qk_norm_bias``: whether those hold a bias where it differs from ``norm``'s
+    (None: as ``norm``). ``residual_scale`` multiplies the attention's and the MLP's outputs
+    before their residual adds (EsmcLayer's division by ``sqrt(layers / 36)``).
     """
 
     heads: int
@@ -70,6 +82,9 @@ class EncoderLayerOptions:
     fused_qkv: bool = False
     qkv_layout: str = "blocks"
     attention_norm: bool = True
+    qk_norm: bool = False
+    qk_norm_bias: bool | None = None
+    residual_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,9 @@ class EncoderOptions:
     (``operators.token_dropout``).
     ``embedding_norm``: a norm after the embeddings' sum (BertEmbeddings.LayerNorm).
     ``embedding_scale`` multiplies the word embeddings (1.0: none).
-    ``norm``: the embedding and final norms' kind and eps. ``pooler``: the tree holds
+    ``norm``: the embedding and final norms' kind and eps; ``final_norm_bias``: whether the
+    final norm holds a bias where it differs from ``norm``'s (None: as ``norm``; EsmcModel's
+    ``norm`` has none beside biased layer norms). ``pooler``: the tree holds
     ``pooler.dense`` (hidden -> hidden, BertPooler), whether or not ``pooling`` reads it.
     ``max_tokens``: rows the compiled version holds (at most ``positions`` where there is a
     position table). ``relative_bias``: a relative position bias table (None: none).
@@ -139,6 +156,7 @@ class EncoderOptions:
     token_types: int = 0
     task_types: int = 0
     token_dropout: tuple[int, float] | None = None
+    final_norm_bias: bool | None = None
     embedding_norm: bool = True
     embedding_scale: float = 1.0
     pooler: bool = False
@@ -196,6 +214,10 @@ class SelfAttentionProjections(Module):
             self.query = Linear(E, H * D, o.bias)
             self.key = Linear(E, G * D, o.bias)
             self.value = Linear(E, G * D, o.bias)
+        if o.qk_norm:
+            qk = o.norm if o.qk_norm_bias is None else replace(o.norm, bias=o.qk_norm_bias)
+            self.q_norm = Norm(H * D, qk)
+            self.k_norm = Norm(G * D, qk)
         self.options = o
 
     def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
@@ -213,6 +235,8 @@ class SelfAttentionProjections(Module):
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         q, k, v = self._project(rec, x)
+        if o.qk_norm:
+            q, k = self.q_norm(rec, q), self.k_norm(rec, k)
         q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
         if rope is not None:
             # A call is one text from position 0: row r turns by table row r.
@@ -309,16 +333,17 @@ class EncoderLayer(Module):
         ``(max_tokens, rotary_dim // 2)`` of ``options.rope`` (None where it is None);
         ``bias``: the relative bias table's handle and options (None: none)."""
         attn_out, mlp_out = self.attention.output, self.output
+        s = self.options.residual_scale
         if self.options.placement == "post":
             a = attn_out.dense(rec, self.attention.self(rec, x, rope, bias))
-            x = attn_out.LayerNorm(rec, rec.step("add", a, x, where=self.path))
+            x = attn_out.LayerNorm(rec, rec.step("add", x, a, where=self.path, scale=s))
             m = mlp_out.dense(rec, self.intermediate(rec, x))
-            return mlp_out.LayerNorm(rec, rec.step("add", m, x, where=self.path))
+            return mlp_out.LayerNorm(rec, rec.step("add", x, m, where=self.path, scale=s))
         h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
         a = attn_out.dense(rec, self.attention.self(rec, h, rope, bias))
-        x = rec.step("add", x, a, where=self.path)
+        x = rec.step("add", x, a, where=self.path, scale=s)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
-        return rec.step("add", x, m, where=self.path)
+        return rec.step("add", x, m, where=self.path, scale=s)
 
 
 class Stack(Module):
@@ -331,7 +356,8 @@ class Stack(Module):
         if b is not None:
             self.relative_attention_bias = Embedding(b.rows, o.layers[0].heads)
         pre = bool(o.layers) and o.layers[-1].placement == "pre"
-        self.LayerNorm = Norm(o.hidden_size, o.norm) if pre else None
+        final = o.norm if o.final_norm_bias is None else replace(o.norm, bias=o.final_norm_bias)
+        self.LayerNorm = Norm(o.hidden_size, final) if pre else None
 
 
 class Pooler(Module):

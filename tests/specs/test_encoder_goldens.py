@@ -250,3 +250,26 @@ def test_esm_without_its_token_dropout_fails_against_the_golden(tmp_path, new):
     _fails_edited(tmp_path, "esm",
                   "  token_dropout: {enabled: token_dropout, mask_id: mask_token_id, ratio: 0.12}\n",
                   new)
+
+
+@pytest.mark.parametrize("new", ['  residual_scale: 1.0\n', '  residual_scale: "(num_hidden_layers / 36) ** 0.5"\n'],
+                         ids=["unscaled", "multiplied, not divided"])
+def test_esmc_without_its_residual_scale_fails_against_the_golden(tmp_path, new):
+    # EsmcLayer: residual + out / sqrt(num_hidden_layers / 36), attention and MLP alike.
+    _fails_edited(tmp_path, "esmc", '  residual_scale: "1 / (num_hidden_layers / 36) ** 0.5"\n',
+                  new)
+
+
+def test_esmc_drawn_weights_carry_esmcs_own_names():
+    # EsmcModel's state dict (transformers 5.24): q_norm and k_norm LayerNorm(hidden_size,
+    # bias=False), biased input/post-attention LayerNorms, a final norm without bias.
+    shapes = {n: t.shape for n, t in load_encoder(SPECS / "esmc.yaml", random_weights=0,
+                                                  toy=True).checkpoint_tensors().items()}
+    assert shapes["layers.0.self_attn.q_norm.weight"] == (64,)
+    assert shapes["layers.1.self_attn.k_norm.weight"] == (64,)
+    per_layer = [f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")] + [
+        f"mlp.{p}_proj.{w}" for p in ("gate", "up", "down") for w in ("weight", "bias")] + [
+        f"{n}.{w}" for n in ("input_layernorm", "post_attention_layernorm")
+        for w in ("weight", "bias")] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    want = {f"layers.{i}.{m}" for i in range(2) for m in per_layer}
+    assert set(shapes) == want | {"embed_tokens.weight", "norm.weight"}
