@@ -127,6 +127,31 @@ def _typed_layers(spec: Spec, r: Resolved, base: EncoderLayerOptions, n: int, so
     return tuple(out)
 
 
+def _layer_order(spec: Spec, r: Resolved, depth: int) -> tuple[int, ...] | None:
+    """``layer/sharing/groups``: the shared layer each of the ``depth`` depths runs, group
+    ``int(i / (depth / groups))`` at depth ``i`` as AlbertTransformer's loop; None without
+    sharing.
+
+    Raises:
+        SpecError: at the option's line, groups that are no whole number within 1..depth.
+    """
+    at = ("layer", "sharing", "groups")
+    if spec.get("layer", "sharing") is None:
+        return None
+    groups = _option(spec, r, at, None)
+    if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= depth:
+        raise spec.error(at, f"layer/sharing/groups is {groups!r}, not a whole number of "
+                             f"shared layers within 1..{depth} (num_hidden_layers)")
+    return tuple(int(i / (depth / groups)) for i in range(depth))
+
+
+def _project(spec: Spec, r: Resolved) -> bool | None:
+    """``embedding/project``: whether ``embeddings_project`` is held (None: where the
+    widths differ)."""
+    at = ("embedding", "project")
+    return None if _option(spec, r, at, None) is None else _flag_option(spec, r, at, False)
+
+
 def _token_dropout(spec: Spec, r: Resolved, vocab: int) -> tuple[int, float] | None:
     """``embedding/token_dropout``: ``(mask_id, ratio)`` where ``enabled`` holds, else None.
 
@@ -249,7 +274,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout,
         qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
         residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0))
-    layers = _typed_layers(spec, r, one, v["num_hidden_layers"], source)
+    order = _layer_order(spec, r, v["num_hidden_layers"])
+    layers = _typed_layers(spec, r, one, len(set(order)) if order else v["num_hidden_layers"],
+                           source)
     if not first_norm:
         layers = (replace(layers[0], attention_norm=False),) + layers[1:]
     one = layers[0]
@@ -298,7 +325,8 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         embedding_size=width, token_types=_whole(spec, r, e + ("token_types",), 0),
         task_types=_whole(spec, r, e + ("task_types",), 0),
         token_dropout=_token_dropout(spec, r, v["vocab_size"]),
-        final_norm_bias=final_norm_bias,
+        final_norm_bias=final_norm_bias, layer_order=order,
+        embeddings_project=_project(spec, r),
         embedding_norm=_flag_option(spec, r, e + ("norm",), True),
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,

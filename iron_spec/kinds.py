@@ -24,14 +24,15 @@ CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causa
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "task_types",
-                                                  "token_dropout", "size"),
+                                                  "token_dropout", "size",
+                                                  "project"),
                                       "causal": ("sinusoidal",)}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         **{k: ("kv_sharing",) + (("per_layer_input",) if k == "ple" else ())
            + (("parallel", "shared_norm") if k == "decoder" else ())
            for k in CAUSAL_LAYERS},
-        "encoder": ("first_attention_norm", "final_norm_bias")}),
+        "encoder": ("first_attention_norm", "final_norm_bias", "sharing")}),
     Row(("layer", "attention"), ("layer", "kind"), {
         **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",

@@ -141,6 +141,12 @@ class EncoderOptions:
     final norm holds a bias where it differs from ``norm``'s (None: as ``norm``; EsmcModel's
     ``norm`` has none beside biased layer norms). ``pooler``: the tree holds
     ``pooler.dense`` (hidden -> hidden, BertPooler), whether or not ``pooling`` reads it.
+    ``layer_order``: the index into ``layers`` each depth runs, in order (None: each layer
+    once), so layers share weights across depths, as AlbertTransformer runs layer group
+    ``int(i / (num_hidden_layers / num_hidden_groups))`` at depth ``i``.
+    ``embeddings_project``: whether the tree holds ``embeddings_project`` (None: where the
+    embeddings are narrower than ``hidden_size``; AlbertTransformer's
+    ``embedding_hidden_mapping_in`` is there whatever the widths).
     ``max_tokens``: rows the compiled version holds (at most ``positions`` where there is a
     position table). ``relative_bias``: a relative position bias table (None: none).
     """
@@ -157,6 +163,8 @@ class EncoderOptions:
     task_types: int = 0
     token_dropout: tuple[int, float] | None = None
     final_norm_bias: bool | None = None
+    layer_order: tuple[int, ...] | None = None
+    embeddings_project: bool | None = None
     embedding_norm: bool = True
     embedding_scale: float = 1.0
     pooler: bool = False
@@ -380,7 +388,8 @@ class Encoder(Module):
 
     Raises:
         ValueError: ``max_tokens`` is not in ``[1, positions]`` (where there is a position
-            table), or pooling ``pooler`` without a pooler.
+            table), a ``layer_order`` index outside ``layers``, or pooling ``pooler``
+            without a pooler.
     """
 
     def __init__(self, o: EncoderOptions):
@@ -393,10 +402,13 @@ class Encoder(Module):
             raise ValueError(f"max_tokens {o.max_tokens} is not within 1..{top if o.positions else 'any'}"
                              f", the position table's {o.positions} rows past offset "
                              f"{o.position_offset}")
+        if o.layer_order is not None and any(not 0 <= i < len(o.layers) for i in o.layer_order):
+            raise ValueError(f"layer order {list(o.layer_order)} runs layers outside the "
+                             f"{len(o.layers)} held")
         self.embeddings = Embeddings(o)
         width = o.embedding_size or o.hidden_size
-        self.embeddings_project = Linear(width, o.hidden_size, True) \
-            if width != o.hidden_size else None
+        project = width != o.hidden_size if o.embeddings_project is None else o.embeddings_project
+        self.embeddings_project = Linear(width, o.hidden_size, True) if project else None
         self.encoder = Stack(o)
         self.pooler = Pooler(o.hidden_size) if o.pooler else None
         self.config = o
@@ -430,7 +442,8 @@ class Encoder(Module):
             table = self.encoder.relative_attention_bias
             bias = (rec.hold("param", table.where("weight"), table.weight.array),
                     self.config.relative_bias)
-        for layer in self.encoder.layer:
+        order = self.config.layer_order or range(len(self.encoder.layer))
+        for layer in (self.encoder.layer[i] for i in order):
             r = layer.options.rope
             x = layer(rec, x, None if r is None else ropes[repr(r)], bias)
         if self.encoder.LayerNorm is not None:

@@ -273,3 +273,44 @@ def test_esmc_drawn_weights_carry_esmcs_own_names():
         for w in ("weight", "bias")] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     want = {f"layers.{i}.{m}" for i in range(2) for m in per_layer}
     assert set(shapes) == want | {"embed_tokens.weight", "norm.weight"}
+
+
+def test_albert_runs_its_shared_layers_in_albert_transformers_order():
+    # AlbertTransformer: depth i runs group int(i / (num_hidden_layers / num_hidden_groups)),
+    # 0, 0, 1, 1 for the toy's 4 depths over 2 groups; the golden holds for that order only.
+    loaded = load_encoder(SPECS / "albert.yaml", random_weights=0, toy=True)
+    assert loaded.model.config.layer_order == (0, 0, 1, 1)
+    assert len(loaded.model.encoder.layer) == 2
+    golden = EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+    states = dataclasses.replace(loaded.model.config.pooling, kind="none", normalize=False)
+
+    def worst(model):
+        run = model.version(states)
+        return max(np.abs(run(ids, types) - want).max()
+                   for (ids, types), want in zip(golden.probes, golden.hidden))
+
+    assert worst(loaded.model) <= ENCODER_ATOL
+    params = dict(loaded.model.named_params())
+    for name, p in params.items():
+        if name.startswith("encoder.layer.0."):
+            other = params[name.replace("encoder.layer.0.", "encoder.layer.1.", 1)]
+            p.array, other.array = other.array.copy(), p.array.copy()
+    swapped = load_encoder(SPECS / "albert.yaml", random_weights=0, toy=True)
+    for name, p in dict(swapped.model.named_params()).items():
+        p.array = params[name].array
+    assert worst(swapped.model) > 1e-2
+
+
+def test_albert_drawn_weights_carry_alberts_own_names():
+    # AlbertModel's state dict (transformers 5.24): one layer per group, the embeddings
+    # (16 wide) mapped in to hidden 32 by embedding_hidden_mapping_in, pooler a bare Linear.
+    shapes = {n: t.shape for n, t in load_encoder(SPECS / "albert.yaml", random_weights=0,
+                                                  toy=True).checkpoint_tensors().items()}
+    assert shapes["encoder.embedding_hidden_mapping_in.weight"] == (32, 16)
+    assert shapes["embeddings.word_embeddings.weight"] == (128, 16)
+    assert shapes["pooler.weight"] == (32, 32)
+    per_layer = ["attention.query", "attention.key", "attention.value", "attention.dense",
+                 "attention.LayerNorm", "ffn", "ffn_output", "full_layer_layer_norm"]
+    layers = {f"encoder.albert_layer_groups.{g}.albert_layers.0.{m}.{w}" for g in range(2)
+              for m in per_layer for w in ("weight", "bias")}
+    assert {n for n in shapes if ".albert_layer" in n} == layers
