@@ -33,13 +33,31 @@ X16_TINY = np.float32(2.0 ** -100)  # a block whose max |x| is below this is zer
 #                                     would overflow float32 near 2^-126)
 ROW_GROUP = 4  # rows a group of the decode forms holds (_cpu.c's GEMV_GROUP)
 CHUNK = 32  # columns a bfloat16 group's chunk holds: 16 pairs (column j, column 16 + j)
+# Values converted a piece at a time: each conversion's temporaries (uint32 and uint64
+# views, a regrouping's transposed copy) stay a few MB, not a multiple of the weight (a
+# 262144 x 640 head's whole-array temporaries took 660 MB over its copy, at load).
+PIECE = 1 << 20
+
+
+def _pieces(n: int, per: int = 1):
+    """``(lo, hi)`` over ``0 .. n`` in pieces of about ``PIECE`` values, ``per`` values an
+    item (a row's width)."""
+    step = max(1, PIECE // max(1, per))
+    for lo in range(0, n, step):
+        yield lo, min(n, lo + step)
 
 
 def bfloat16_exact(array: np.ndarray) -> tuple[np.ndarray, int]:
     """``array`` (float32) as bfloat16 bits (uint16, same shape), truncated, and how many
     values that changed (nonzero low halves)."""
     bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
-    return (bits >> 16).astype(np.uint16), int(np.count_nonzero(bits & 0xFFFF))
+    flat = bits.reshape(-1)
+    out = np.empty(flat.shape, np.uint16)
+    inexact = 0
+    for lo, hi in _pieces(flat.size):
+        out[lo:hi] = flat[lo:hi] >> 16
+        inexact += int(np.count_nonzero(flat[lo:hi] & 0xFFFF))
+    return out.reshape(bits.shape), inexact
 
 
 def round_bfloat16(array: np.ndarray) -> np.ndarray:
@@ -50,14 +68,19 @@ def round_bfloat16(array: np.ndarray) -> np.ndarray:
         ValueError: a value is NaN or infinite (rounding would not keep it).
     """
     a = np.ascontiguousarray(array, np.float32)
-    if not np.isfinite(a).all():
-        raise ValueError(f"{int(np.count_nonzero(~np.isfinite(a)))} values are not finite")
-    bits = a.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    if ((rounded & 0x7F80) == 0x7F80).any():  # a value past bfloat16's largest rounds to inf
-        raise ValueError("a value past bfloat16's largest finite value (3.39e38) would round "
-                         "to infinity")
-    return rounded.astype(np.uint16)
+    flat = a.reshape(-1)
+    out = np.empty(flat.shape, np.uint16)
+    for lo, hi in _pieces(flat.size):
+        piece = flat[lo:hi]
+        if not np.isfinite(piece).all():
+            raise ValueError(f"{int(np.count_nonzero(~np.isfinite(a)))} values are not finite")
+        bits = piece.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        if ((rounded & 0x7F80) == 0x7F80).any():  # past bfloat16's largest: rounds to inf
+            raise ValueError("a value past bfloat16's largest finite value (3.39e38) would "
+                             "round to infinity")
+        out[lo:hi] = rounded
+    return out.reshape(a.shape)
 
 
 def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
@@ -105,11 +128,13 @@ def widen_q8_0(packed: np.ndarray) -> np.ndarray:
 def _regroup(array: np.ndarray, pack, unpack: bool) -> np.ndarray:
     """``array`` ``(rows, width)`` into its row groups (``pack(a, G, R)``: ``G`` groups of
     ``R`` rows, ``(G * R, width)`` -> ``(G, R * width)``), or back (``unpack``): the whole
-    groups at once, then the last group of the rest. Same dtype and shape."""
+    groups a piece at a time, then the last group of the rest. Same dtype and shape."""
     n, width = array.shape
     full = n - n % ROW_GROUP
     out = np.empty_like(array)
-    for lo, hi, R in ((0, full, ROW_GROUP), (full, n, n - full)):
+    spans = [(g0 * ROW_GROUP, g1 * ROW_GROUP, ROW_GROUP)
+             for g0, g1 in _pieces(full // ROW_GROUP, ROW_GROUP * width)]
+    for lo, hi, R in spans + [(full, n, n - full)]:
         if hi > lo:
             out[lo:hi] = pack(array[lo:hi], (hi - lo) // R, R, unpack).reshape(hi - lo, width)
     return out
