@@ -81,13 +81,17 @@ def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
     tensors, whatever it is called.
     """
     fp = loaded.fingerprint()
-    if path is not None:
-        return Golden.read(path, fp), f"golden {path}"
-    spec = loaded.expanded.spec
-    found, searched = goldens.find(fp, spec.get("name"), spec.file)
-    if found is None:
-        return None, goldens.not_found(fp, searched)
-    return Golden.read(found, fp), f"golden {found}"
+    if path is None:
+        spec = loaded.expanded.spec
+        path, searched = goldens.find(fp, spec.get("name"), spec.file)
+        if path is None:
+            return None, goldens.not_found(fp, searched)
+    golden = Golden.read(path, fp)
+    try:
+        golden.out_of(loaded.lm.config.vocab_size)
+    except GoldenError as e:
+        raise GoldenError(f"{path}: {e}") from None
+    return golden, f"golden {path}"
 
 
 def needed_length(prompt: int, steps: int, kl_steps: int | None = None) -> int:

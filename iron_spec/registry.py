@@ -140,7 +140,8 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
 
     Raises:
         FlagError: neither a spec nor a checkpoint.
-        ValueError: no spec serves the checkpoint's architectures.
+        ValueError: no spec serves the checkpoint's architectures, or the name is several
+            specs' ``name`` and no file's.
         FileNotFoundError: no such file and no spec of that name (every valid name listed).
     """
     if spec is None:
@@ -158,9 +159,15 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
     if len(path.parts) == 1:
         stem = path.stem if path.suffix in (".yaml", ".yml") else str(path)
         known = entries(folder) if folder.is_dir() else []
-        for e in known:
-            if stem in (e.name, e.path.stem):
+        for e in known:  # a file of that name first: a folder's file names are its own
+            if stem == e.path.stem:
                 return e.path
+        named = [e.path for e in known if e.name == stem]
+        if len(named) > 1:
+            raise ValueError(f"{spec}: {len(named)} specs in {folder} are named {stem} "
+                             f"({', '.join(p.name for p in named)}); name one by its file")
+        if named:
+            return named[0]
         names = sorted({e.path.stem for e in known})
         import difflib
         close = difflib.get_close_matches(stem, names, n=1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +73,7 @@ class EncoderGolden:
         try:
             with np.load(path, allow_pickle=False) as f:
                 data = {k: f[k] for k in f.files}
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
             raise GoldenError(f"{path}: not a golden ({e})") from None
         theirs = str(data.get("fingerprint", ""))
         if theirs != fp:

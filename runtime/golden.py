@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -60,6 +61,32 @@ class Golden:
     top_logprobs: np.ndarray
     tail: np.ndarray
     meta: dict
+
+    def _malformed(self) -> str | None:
+        """Why these arrays are no golden (shapes that do not fit each other), or None."""
+        ids, lp, tail, tokens = self.top_ids, self.top_logprobs, self.tail, self.tokens
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu" or ids.dtype.kind not in "iu":
+            return "tokens and top_ids must be integer ids, tokens one row"
+        if ids.ndim != 2 or lp.shape != ids.shape or tail.shape != ids.shape[:1] or not ids.size:
+            return (f"top_ids {ids.shape}, top_logprobs {lp.shape} and tail {tail.shape} must "
+                    "be (steps, K), (steps, K) and (steps,), steps and K at least 1")
+        if self.prompt_len < 1 or tokens.size < self.prompt_len + ids.shape[0] - 1:
+            return (f"{tokens.size} tokens do not hold a prompt of {self.prompt_len} and "
+                    f"{ids.shape[0]} steps")
+        if (ids < 0).any() or (tokens < 0).any():
+            return "a token id below 0"
+        return None
+
+    def out_of(self, vocab_size: int) -> None:
+        """Refuse a golden whose ids a vocabulary of ``vocab_size`` does not hold.
+
+        Raises:
+            GoldenError: naming the largest id.
+        """
+        top = max(int(self.top_ids.max()), int(self.tokens.max()))
+        if top >= vocab_size:
+            raise GoldenError(f"the golden holds token id {top}, past this model's vocabulary "
+                              f"of {vocab_size}: a golden of another model")
 
     @property
     def steps(self) -> int:
@@ -123,8 +150,11 @@ class Golden:
             with np.load(path, allow_pickle=False) as f:
                 g = cls(str(f["fingerprint"]), f["tokens"], int(f["prompt_len"]), f["top_ids"],
                         f["top_logprobs"], f["tail"], json.loads(str(f["meta"])))
-        except (KeyError, ValueError, OSError) as e:
+        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
             raise GoldenError(f"{path}: not a golden ({e})") from None
+        why = g._malformed()
+        if why:
+            raise GoldenError(f"{path}: not a golden ({why})")
         if expected is not None and g.fingerprint != expected:
             raise GoldenError(f"{path} is stale: recorded from config and weights {g.fingerprint}, "
                               f"these are {expected}; re-record it (iron-spec check ... "

@@ -110,3 +110,15 @@ def test_embed_refuses_what_is_no_text_counting_from_zero():
         bert.embed(None)
     with pytest.raises(TypeError, match=r"texts\[1\] is int, not str"):
         bert.embed(["a", 1])
+
+
+def test_a_name_two_specs_share_is_refused_and_a_file_name_still_serves(tmp_path):
+    # Copies of one spec (a user's flips) share its name: the pick was silently the first
+    # file in order (a new user's trial). A file's own name still picks that file.
+    text = (SPECS / "llama3.yaml").read_text()
+    for stem in ("a_flip", "b_flip"):
+        (tmp_path / f"{stem}.yaml").write_text(text)
+    with pytest.raises(ValueError, match="2 specs in .* are named llama3 .a_flip.yaml, "
+                                         "b_flip.yaml.; name one by its file"):
+        find("llama3", folder=tmp_path)
+    assert find("b_flip", folder=tmp_path) == tmp_path / "b_flip.yaml"

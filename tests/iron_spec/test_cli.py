@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -154,6 +155,46 @@ def test_a_named_golden_that_is_not_one_is_an_error(tmp_path):
     result = runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
                                  "--golden", str(path)])
     assert result.exit_code == 1 and "not a golden" in result.output
+
+
+GOLDEN = Path(__file__).parents[1] / "goldens" / "llama3" / "toy-seed0.npz"
+
+
+def _edited_golden(tmp_path, **changes):
+    with np.load(GOLDEN, allow_pickle=False) as f:
+        data = {k: f[k] for k in f.files}
+    data.update(changes)
+    path = tmp_path / "edited.npz"
+    np.savez(path, **data)
+    return path
+
+
+@pytest.mark.parametrize("edit, says", [
+    ("truncated", "not a golden"),
+    ("ids past the vocabulary", "token id 99999, past this model's vocabulary of 256"),
+    ("rows that do not fit", "must be (steps, K)"),
+    ("a prompt longer than its tokens", "do not hold a prompt"),
+])
+def test_a_golden_that_does_not_hold_together_is_refused_naming_it(tmp_path, edit, says):
+    # A truncated file was a BadZipFile traceback, and ids past the vocabulary an IndexError
+    # naming no file (a new user's trial).
+    with np.load(GOLDEN, allow_pickle=False) as f:
+        ids, lp = f["top_ids"], f["top_logprobs"]
+    if edit == "truncated":
+        path = tmp_path / "cut.npz"
+        path.write_bytes(GOLDEN.read_bytes()[:3000])
+    elif edit == "ids past the vocabulary":
+        bad = ids.copy()
+        bad[3, 7] = 99999
+        path = _edited_golden(tmp_path, top_ids=bad)
+    elif edit == "rows that do not fit":
+        path = _edited_golden(tmp_path, top_logprobs=lp[:5])
+    else:
+        path = _edited_golden(tmp_path, prompt_len=np.int64(500))
+    result = runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
+                                 "--golden", str(path)])
+    assert result.exit_code == 1 and says in result.output, result.output
+    assert "Traceback" not in result.output and str(path.name) in result.output
 
 
 # --- input that is not what it should be: one line, never a traceback --------------------------
