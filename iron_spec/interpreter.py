@@ -458,8 +458,29 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         embedding_norm=_flag_option(spec, r, ("embedding", "norm"), False),
         sinusoidal=_sinusoidal(spec, r, positions, v["hidden_size"]),
         final_norm=_flag_option(spec, r, ("head", "norm"), True),
+        head_rows=_head_rows(spec, r, v["vocab_size"]),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def _head_rows(spec: Spec, r: Resolved, vocab: int) -> int | None:
+    """``head.vocab_size``: lm_head's rows (null: the embedding's ``vocab_size``).
+
+    Raises:
+        SpecError: at the option, rows that are not a whole number within 1..vocab_size, or
+            fewer than vocab_size under a tied head.
+    """
+    at = ("head", "vocab_size")
+    rows = _whole(spec, at, _option(spec, r, at, None))
+    if rows is None or rows == vocab:
+        return None
+    if not 1 <= rows <= vocab:
+        raise spec.error(at, f"head.vocab_size is {rows}, not a whole number within 1..{vocab} "
+                             "(the embedding's vocab_size)")
+    if _flag_option(spec, r, ("head", "tied"), False):
+        raise spec.error(at, f"head.vocab_size {rows} is narrower than the embedding "
+                             f"({vocab}): a tied lm_head is the embedding, all its rows")
+    return rows
 
 
 def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions:

@@ -21,9 +21,11 @@ import numpy as np
 def repetition_penalty(scores: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndarray:
     """``scores`` ``(vocab,)`` with every token of ``seen`` penalized once however often it
     occurs: a negative score multiplied by ``penalty``, any other divided by it, as
-    transformers' RepetitionPenaltyLogitsProcessor (CTRL's rule, arXiv:1909.05858). A copy."""
+    transformers' RepetitionPenaltyLogitsProcessor (CTRL's rule, arXiv:1909.05858). A copy.
+    Ids past the scores (read by the embedding, not drawn by a narrow head) have no score."""
     out = np.array(scores, np.float64)
     ids = np.unique(np.asarray(list(seen), np.int64))
+    ids = ids[ids < out.shape[-1]]
     if ids.size and penalty != 1.0:
         s = out[ids]
         out[ids] = np.where(s < 0, s * penalty, s / penalty)

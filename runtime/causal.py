@@ -44,7 +44,10 @@ class CausalOptions:
     ``embeddings.norm``, NanoChatModel's weightless ``norm`` run before the layers too).
     ``sinusoidal``: the position table is computed (``Sinusoidal``), not loaded (None:
     learned). ``final_norm``: ``model.norm`` before ``lm_head`` (false: the last layer's
-    output is the head's input, as OpenAIGPTModel). ``max_seq_len``: positions the KV caches
+    output is the head's input, as OpenAIGPTModel). ``head_rows``: ``lm_head``'s rows, the
+    logits' width, where fewer than ``vocab_size`` (the embedding's; Apertus1p5's pruned
+    ``output_vocab_size``: ids from ``head_rows`` on are read, never drawn; None: all).
+    ``max_seq_len``: positions the KV caches
     hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
@@ -64,6 +67,7 @@ class CausalOptions:
     embedding_norm: bool = False
     sinusoidal: "Sinusoidal | None" = None
     final_norm: bool = True
+    head_rows: int | None = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -179,15 +183,20 @@ class CausalLM(Module):
     """``model`` (a Decoder) and ``lm_head``; compiled into a decode step and a prompt chunk.
 
     Raises:
-        ValueError: ``prefill_chunk`` is not in ``[1, max_seq_len]``.
+        ValueError: ``prefill_chunk`` is not in ``[1, max_seq_len]``; ``head_rows`` outside
+            ``1..vocab_size`` or other than it with a tied head.
     """
 
     def __init__(self, o: CausalOptions):
         if not 1 <= o.prefill_chunk <= o.max_seq_len:
             raise ValueError(f"prefill_chunk {o.prefill_chunk} is not within 1..max_seq_len "
                              f"{o.max_seq_len}")
+        rows = o.vocab_size if o.head_rows is None else o.head_rows
+        if not 1 <= rows <= o.vocab_size or (o.tied and rows != o.vocab_size):
+            raise ValueError(f"an lm_head of {rows} rows beside an embedding of {o.vocab_size}: "
+                             f"1..{o.vocab_size} rows, all of them where tied")
         self.model = Decoder(o)
-        self.lm_head = Linear(o.hidden_size, o.vocab_size, o.head_bias)
+        self.lm_head = Linear(o.hidden_size, rows, o.head_bias)
         if o.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.config = o

@@ -144,3 +144,29 @@ def test_post_residual_norms_each_residual_sum():
     # The same params placed as Olmo 2 places them (x + norm(attn(x))) are another model.
     post = with_placement("post", like=lm)
     assert not np.allclose(Session(lm).logits(IDS), Session(post).logits(IDS), atol=1e-4)
+
+
+def test_narrow_head_gives_logits_of_its_rows_and_reads_every_embedded_id():
+    lm = model(head_rows=40)
+    params = dict(lm.named_params())
+    assert params["lm_head.weight"].shape == (40, E)
+    assert params["model.embed_tokens.weight"].shape == (V, E)
+    wide = [50, 63, 7, 44]  # ids the head cannot draw, still embedded
+    logits = Session(lm).logits(wide)
+    assert logits.shape == (40,)
+    # The narrow head's logits are the first 40 of a full head holding the same rows.
+    full = model()
+    w = params["lm_head.weight"].array
+    fill(full, {**{n: p.array for n, p in lm.named_params()},
+                "lm_head.weight": np.concatenate([w, np.zeros((V - 40, E), np.float32)])})
+    np.testing.assert_allclose(logits, Session(full).logits(wide)[:40], rtol=1e-5, atol=1e-6)
+    assert all(t < 40 for t in Session(lm).generate(wide, 8))
+    compiled_equals_reference(lm)
+    with pytest.raises(ValueError, match="all of them where tied"):
+        model(head_rows=40, tied=True)
+
+
+def test_repetition_penalty_skips_ids_past_a_narrow_head():
+    from iron_spec.operators.sampling import repetition_penalty
+    out = repetition_penalty(np.array([2.0, -1.0, 4.0]), [0, 1, 7], 2.0)
+    np.testing.assert_array_equal(out, [1.0, -2.0, 4.0])
