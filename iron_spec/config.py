@@ -27,6 +27,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from iron_spec.runtime.values import ROPE_KEYS, ROPE_TYPES
+
 from . import expr
 from .loader import Spec
 
@@ -325,11 +327,14 @@ def unread(spec: Spec, config_json: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The keys of ``config_json`` (with their values) the spec neither maps (the top-level
     part of a dotted key counts) nor lists in ``ignore:``, in the file's order; read in
     transformers 5's spelling (``standard``: ``rope_theta`` is read as
-    ``rope_parameters.rope_theta``)."""
+    ``rope_parameters.rope_theta``). Where a field reads ``rope_parameters``, each of its
+    keys is accounted too (``unread_rope``)."""
     read, ignore = {**mapped(spec), **dict.fromkeys(refused_keys(spec))}, ignored_keys(spec)
     data, moved = standard(spec, config_json)
     out = []
     for k, v in data.items():
+        if k == "rope_parameters" and k in read and k not in ignore:
+            out += unread_rope(spec, v)
         if k in read or k in ignore:
             continue
         if k == "rope_parameters" and moved:  # as the file spells them
@@ -337,6 +342,47 @@ def unread(spec: Spec, config_json: Mapping[str, Any]) -> list[tuple[str, Any]]:
             v = config_json.get(k, MISSING)
         if v is not MISSING:
             out.append((k, v))
+    return out
+
+
+# The keys of a rope_parameters table operators.rope reads, by its rope_type: transformers'
+# _validate_<type>_rope_parameters' required and optional keys (runtime.values' table), less
+# rope_theta and partial_rotary_factor, which a spec's fields read (a spec without partial
+# rotary must not take one silently), save for proportional's own partial_rotary_factor.
+ROPE_TABLE_KEYS = {kind: frozenset({"rope_type", "type"} | {k for k, _, _ in ROPE_KEYS.get(kind, [])})
+                   for kind in ROPE_TYPES}
+
+
+def unread_rope(spec: Spec, params: Any) -> list[tuple[str, Any]]:
+    """The keys of ``rope_parameters`` (transformers 5's spelling, ``standard``) nothing reads,
+    as ``rope_parameters.KEY`` (``rope_parameters.TYPE.KEY`` in a table by layer type, as
+    Gemma 3's ``sliding_attention``), with their values.
+
+    A table is ``params`` itself, or each mapping it holds (one per layer type). A key is
+    read where its table's rope_type reads it (``ROPE_TABLE_KEYS``: ``factor``, yarn's
+    ``beta_fast`` ...), where a config field reads it (``rope_parameters.llama_4_scaling_beta``,
+    ``rope_parameters.rope_theta``), or where ``ignore:`` lists it (``rope_parameters.KEY``
+    for it in any table, or its whole dotted name). A key of an unknown rope_type is left to
+    the RoPE checks (``runtime.values.rope_scaling``), which refuse the type.
+    """
+    if not isinstance(params, Mapping):
+        return []
+    fields = spec.get("config")
+    reads = {str(entry(raw).get("json")) for raw in (fields if isinstance(fields, dict) else {}).values()}
+    ignore = set(ignored_keys(spec))
+    tables = [(f"rope_parameters.{k}", v) for k, v in params.items() if isinstance(v, Mapping)]
+    loose = {k: v for k, v in params.items() if not isinstance(v, Mapping)}
+    out = []
+    for where, table in [("rope_parameters", loose)] * bool(loose or not tables) + tables:
+        kind = table.get("rope_type", table.get("type")) or "default"
+        known = ROPE_TABLE_KEYS.get(kind)
+        if known is None:
+            continue
+        for key, value in table.items():
+            name = f"{where}.{key}"
+            if key in known or name in reads or name in ignore or f"rope_parameters.{key}" in ignore:
+                continue
+            out.append((name, value))
     return out
 
 

@@ -511,10 +511,32 @@ def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions
         max_position_embeddings=_whole(spec, p + ("max_position_embeddings",), _option(
             spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
         interleaved=_flag_option(spec, r, p + ("interleaved",), False),
-        negated=_flag_option(spec, r, p + ("negated",), False))
+        negated=_flag_option(spec, r, p + ("negated",), False),
+        query_scale=_query_scale(spec, r, p))
     _finite_frequencies(spec, p, rope, f"{_key(spec, r, p + ('theta',), source)} "
                         f"and {_key(spec, r, p + ('scaling',), source)}")
     return rope
+
+
+def _query_scale(spec: Spec, r: Resolved, path: tuple) -> tuple[float, int] | None:
+    """``rope/NAME/query_scale``: ``(beta, period)`` (``RopeOptions.query_scale``); None where
+    it or its beta is null.
+
+    Raises:
+        SpecError: at the option, a beta that is no finite number, or a period that is not a
+            whole number >= 1.
+    """
+    at = path + ("query_scale",)
+    if spec.get(*at) is None:
+        return None
+    beta = _number(spec, at + ("beta",), _option(spec, r, at + ("beta",), None))
+    if beta is None:
+        return None
+    period = _whole(spec, at + ("period",), _option(spec, r, at + ("period",), None))
+    if period is None or period < 1:
+        raise spec.error(at + ("period",), f"query_scale.period is {period}, not a whole number "
+                         ">= 1 (the context past which queries grow)")
+    return beta, period
 
 
 def _ntk_alpha(spec: Spec, r: Resolved, path: tuple, theta: float, scaling: dict | None,

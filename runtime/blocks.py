@@ -44,7 +44,12 @@ class RopeOptions:
     ``rotate_half``); a layer reading the table turns so (``AttentionOptions``).
     ``negated``: every angle turns the other way, the sin table negated (NanoChat's
     ``rotate_half`` as ``cat(x2, -x1)``: ``x1 cos + x2 sin``, ``x2 cos - x1 sin``; negation is
-    exact in float32, so the rotation equals transformers' to the bit)."""
+    exact in float32, so the rotation equals transformers' to the bit). ``query_scale``:
+    ``(beta, period)``, the queries turned by this table are then scaled by ``1 + beta *
+    log(1 + floor(position / period))`` after RoPE (Ministral3Attention's
+    ``get_llama_4_attn_scale``, ``period`` its original context): a table of its own for the
+    queries, cos and sin times that scale (``rope_table``), the keys' unscaled (None: none).
+    """
 
     theta: float
     rotary_dim: int
@@ -52,6 +57,7 @@ class RopeOptions:
     max_position_embeddings: int = 2048
     interleaved: bool = False
     negated: bool = False
+    query_scale: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -451,7 +457,7 @@ class Attention(Module):
         if o.qk_norm in PER_HEAD_QK_NORMS and not o.qk_norm_after_rope:
             q = self.q_norm(rec, q)
         if o.rope is not None:
-            cos, sin = ropes[o.rope]
+            cos, sin = ropes.get(o.rope + QUERIES, ropes[o.rope])
             q = rec.step("rope", q, cos, sin, where=self.where("q"), start=rec.call.start,
                          interleaved=o.rope_interleaved)
         if o.qk_norm_after_rope:
@@ -537,7 +543,32 @@ def rope_table(o: RopeOptions, positions: int, length: int = 1) -> tuple[np.ndar
     ``length`` tokens (``operators.rope.rope_table``); ``negated``: the sin table negated."""
     cos, sin = rope_table_of(o.rotary_dim, o.theta, o.scaling, positions,
                              o.max_position_embeddings, length)
-    return (cos, -sin) if o.negated else (cos, sin)
+    if o.negated:
+        sin = -sin
+    if o.query_scale is not None:
+        # (q cos + rot(q) sin) * s as q (cos s) + rot(q) (sin s): float32 rounding apart,
+        # and exact where s is 1 (every position within the period).
+        s = query_scale(*o.query_scale, positions)[:, None]
+        cos, sin = (cos * s).astype(np.float32), (sin * s).astype(np.float32)
+    return cos, sin
+
+
+QUERIES = ":queries"  # a table's name + this: the queries' own table (RopeOptions.query_scale)
+
+
+def query_scale(beta: float, period: int, positions: int) -> np.ndarray:
+    """``1 + beta * log(1 + floor(p / period))`` for ``p`` in ``0..positions - 1``, float32 as
+    transformers' ``get_llama_4_attn_scale`` computes it (the position over the period in
+    float32, floored, the log in float32): 1 for every position below ``period``.
+
+    Raises:
+        ValueError: a period below 1.
+    """
+    if period < 1:
+        raise ValueError(f"query_scale period {period} is not a whole number >= 1")
+    ratio = np.arange(positions, dtype=np.float32) / np.float32(period)
+    grown = np.log(np.float32(1.0) + np.floor(ratio)).astype(np.float32)
+    return (np.float32(1.0) + np.float32(beta) * grown).astype(np.float32)
 
 
 def rope_switch(o: RopeOptions) -> int | None:

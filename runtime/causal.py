@@ -15,8 +15,8 @@ import numpy as np
 
 from iron_spec.operators import OPERATORS, PerCall, sinusoidal_table
 
-from .blocks import (Embedding, LayerOptions, Linear, Norm, NormOptions, PerLayerInputOptions,
-                     RopeOptions, rope_switch, rope_table)
+from .blocks import (QUERIES, Embedding, LayerOptions, Linear, Norm, NormOptions,
+                     PerLayerInputOptions, RopeOptions, rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
 from .module import Module, State
@@ -200,10 +200,17 @@ class CausalLM(Module):
         if o.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.config = o
+        # Each table by name; a table scaling its queries also holds the queries' own
+        # (blocks.QUERIES), the keys turning by it unscaled.
+        self.tables = {}
+        for name, r in o.ropes.items():
+            self.tables[name] = replace(r, query_scale=None)
+            if r.query_scale is not None:
+                self.tables[name + QUERIES] = r
         # cos and sin, each (rows, rotary_dim // 2), rows as the caches grow (reserve).
         self.rope_tables = {name: (Table((o.max_seq_len, r.rotary_dim // 2)),
                                    Table((o.max_seq_len, r.rotary_dim // 2)))
-                            for name, r in o.ropes.items()}
+                            for name, r in self.tables.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
         self._versions: dict[tuple, "Version"] = {}
@@ -243,7 +250,7 @@ class CausalLM(Module):
         # The tables computed afresh (their rows are a prefix of the whole context's), and
         # their packed forms dropped while the old arrays live, so no id is reused.
         stale = set()
-        for name, r in self.config.ropes.items():
+        for name, r in self.tables.items():
             tables = self.rope_tables[name]
             new = rope_table(r, grown, self.rope_length)
             stale |= {id(t.array) for t in tables}
@@ -280,7 +287,7 @@ class CausalLM(Module):
         allocation. Returns whether any table changed: the KV caches then hold keys turned
         by the other table, and what they hold must be recomputed."""
         changed = []
-        for name, r in self.config.ropes.items():
+        for name, r in self.tables.items():
             switch = rope_switch(r)
             if switch is None or (self.rope_length <= switch) == (length <= switch):
                 continue

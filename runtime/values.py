@@ -97,7 +97,7 @@ def shown(value: Any) -> str:
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # Each rope type's numbers: (key, needed, check) with check "positive" (finite, above 0),
 # "number" (finite), "whole" (1..MAX_INT), "flag", or "factors" (a list of positive numbers).
-_ROPE_KEYS = {
+ROPE_KEYS = {
     "linear": [("factor", True, "positive")],
     "dynamic": [("factor", True, "positive")],
     "llama3": [("factor", True, "positive"), ("low_freq_factor", True, "positive"),
@@ -141,7 +141,7 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
         kind = "default"
     if not isinstance(kind, str) or kind not in ROPE_TYPES:
         raise ValueError(f"{where}.{type_key} is {shown(kind)}, not one of {', '.join(ROPE_TYPES)}")
-    for key, needed, check in _ROPE_KEYS.get(kind, []):
+    for key, needed, check in ROPE_KEYS.get(kind, []):
         at = f"{where}.{key}"
         if scaling.get(key) is None:
             if needed:
