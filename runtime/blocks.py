@@ -151,6 +151,19 @@ def qkv_rows(layout: str, heads: int, kv_heads: int, head_dim: int) -> np.ndarra
                            stored[:, R + 1].reshape(-1)])
 
 
+def fused_qkv(in_features: int, o) -> "Linear":
+    """One fused q/k/v projection of ``o``'s heads, kv heads and head_dim (``o.bias``), its
+    weight's (and bias's) rows read from the checkpoint as ``o.qkv_layout`` stores them
+    (``qkv_rows``): the causal and the encoder attention's both."""
+    H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
+    proj = Linear(in_features, (H + 2 * G) * D, o.bias)
+    rows = qkv_rows(o.qkv_layout, H, G, D)
+    proj.weight.rows = rows
+    if proj.bias is not None:
+        proj.bias.rows = rows
+    return proj
+
+
 @dataclass(frozen=True)
 class MLPOptions:
     """``kind``: ``gated`` (``down(act(gate(x)) * up(x))``, LlamaMLP) or ``plain``
@@ -339,11 +352,7 @@ class Attention(Module):
         H, G, D = o.heads, o.kv_heads, o.head_dim
         own = o.kv_from is None
         if o.fused_qkv:
-            self.qkv_proj = Linear(hidden_size, (H + 2 * G) * D, o.bias)
-            rows = qkv_rows(o.qkv_layout, H, G, D)
-            self.qkv_proj.weight.rows = rows
-            if self.qkv_proj.bias is not None:
-                self.qkv_proj.bias.rows = rows
+            self.qkv_proj = fused_qkv(hidden_size, o)
         elif o.qkv_layout != "blocks":
             raise ValueError(f"qkv_layout {o.qkv_layout!r} orders a fused qkv_proj's rows: "
                              "only with fused_qkv")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, qkv_rows, rope_table
+from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, fused_qkv, rope_table
 from .graph import CallSpec, Handle, Recorder
 from .module import Module, Param
 from .plan import Plan
@@ -210,11 +210,7 @@ class SelfAttentionProjections(Module):
     def __init__(self, E: int, o: EncoderLayerOptions):
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         if o.fused_qkv:
-            self.query_key_value = Linear(E, (H + 2 * G) * D, o.bias)
-            rows = qkv_rows(o.qkv_layout, H, G, D)
-            self.query_key_value.weight.rows = rows
-            if self.query_key_value.bias is not None:
-                self.query_key_value.bias.rows = rows
+            self.query_key_value = fused_qkv(E, o)
         else:
             if o.qkv_layout != "blocks":
                 raise ValueError(f"qkv_layout {o.qkv_layout!r} orders a fused "
