@@ -191,13 +191,21 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
                     out[(v * W + i) * HD + d + r] = y[i];
             }
     }
-    for (; d < D; d++) {
-        CH_FN(sums)(a, V, lo, hi, st, d, o, 1);
-        for (int v = 0; v < 2; v++) {
-            FV y = o[v] / l[v];
-            for (int i = 0; i < W && v * W + i < nb; i++)
-                out[(v * W + i) * HD + d] = y[i];
+    if (d < D) {  /* the last D % 6 columns in one sweep of the keys, not one sweep each */
+        const int rest = D - d;
+        switch (rest) {
+        case 1: CH_FN(sums)(a, V, lo, hi, st, d, o, 1); break;
+        case 2: CH_FN(sums)(a, V, lo, hi, st, d, o, 2); break;
+        case 3: CH_FN(sums)(a, V, lo, hi, st, d, o, 3); break;
+        case 4: CH_FN(sums)(a, V, lo, hi, st, d, o, 4); break;
+        default: CH_FN(sums)(a, V, lo, hi, st, d, o, 5); break;
         }
+        for (int r = 0; r < rest; r++)
+            for (int v = 0; v < 2; v++) {
+                FV y = o[2 * r + v] / l[v];
+                for (int i = 0; i < W && v * W + i < nb; i++)
+                    out[(v * W + i) * HD + d + r] = y[i];
+            }
     }
 }
 

@@ -324,8 +324,14 @@ static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1)
             Py_ssize_t j = jb;
             for (; j + 6 <= je; j += 6)
                 GEMV_FN(tile)(a, j, i0, 6);
-            for (; j < je; j++)
-                GEMV_FN(tile)(a, j, i0, 1);
+            switch (je - j) {  /* the last (je - jb) % 6 columns as one tile */
+            case 0: break;
+            case 1: GEMV_FN(tile)(a, j, i0, 1); break;
+            case 2: GEMV_FN(tile)(a, j, i0, 2); break;
+            case 3: GEMV_FN(tile)(a, j, i0, 3); break;
+            case 4: GEMV_FN(tile)(a, j, i0, 4); break;
+            default: GEMV_FN(tile)(a, j, i0, 5); break;
+            }
         }
     }
 }

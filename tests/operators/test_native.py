@@ -477,9 +477,10 @@ def test_q8_0_gemv_refuses_rows_of_the_wrong_width():
 
 
 @pytest.mark.parametrize("rows, cols, out", [(2, 1, 1), (5, 13, 7), (17, 64, 50), (33, 576, 97),
-                                             (256, 96, 12)])
+                                             (256, 96, 12), (19, 40, 9), (5, 33, 10),
+                                             (40, 70, 11), (3, 8, 5)])
 def test_prompt_gemm_within_tolerance(simd, check_kernel, randn, monkeypatch, rows, cols, out):
-    # Rows past whole panels (2 * lanes), columns past whole tiles of 6.
+    # Rows past whole panels (2 * lanes), columns past whole tiles of 6 (1 to 5 left over).
     monkeypatch.setattr(native, "GEMM", "native")
     check_kernel(Linear(), randn(rows, cols), randn(out, cols), randn(out), packed=(1,))
 
@@ -521,6 +522,7 @@ CHUNK_CASES = [
     (2, 2, 1, 5, 0, None, None),
     (17, 4, 2, 64, 0, None, None),
     (40, 3, 3, 13, 9, None, None),
+    (9, 2, 1, 15, 4, None, None),
     (33, 6, 2, 20, 50, 7, 5.0),
     (70, 4, 1, 256, 30, 16, None),
 ]
