@@ -27,7 +27,8 @@ import numpy as np
 from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Session
 
-from .build import Loaded, load_model
+from . import arguments
+from .build import DECODE_WEIGHTS, Loaded, load_model
 from .generation import Completion, Stream, read_generation_config, sampler_for
 from .loader import load_spec
 from .registry import find
@@ -74,23 +75,54 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         SpecError: the spec is invalid or does not fit the config, or config.json holds a
             key the spec neither reads nor ignores.
         CheckpointError: the weights do not fit the model (every tensor named).
-        ValueError: a bad argument, or a generation_config.json that is not JSON.
+        TypeError: an argument of the wrong type (a bool or float for a count or a seed,
+            a str for a flag), or one the spec's kind of model has no use for
+            (``max_tokens`` for a causal model; ``max_seq_len``, ``prefill_chunk``,
+            ``decode_weights`` for an encoder); each named, before anything loads.
+        ValueError: an argument out of its range (a seed < 0, a count < 1, ``max_tokens`` <
+            2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``), or ``max_seq_len``
+            past the model's own context.
     """
     for name, value in (("spec", spec), ("checkpoint", checkpoint)):
         if value is not None and not isinstance(value, (str, Path)):
             raise TypeError(f"load: {name} is {type(value).__name__}, not a str or Path")
-    if threads is not None:
-        set_threads(threads)
+    # Every argument is checked before anything loads or changes (the threads included).
+    random_weights = arguments.whole(random_weights, "random_weights", 0,
+                                     what="the seed weights are drawn at")
+    max_seq_len = arguments.whole(max_seq_len, "max_seq_len", what="the context in tokens")
+    prefill_chunk = arguments.whole(prefill_chunk, "prefill_chunk",
+                                    what="ids a prompt call holds")
+    max_tokens = arguments.whole(max_tokens, "max_tokens", 2, what="an encoder's ids per text")
+    threads = arguments.whole(threads, "threads", what="threads for the kernels")
+    toy = arguments.flag(toy, "toy")
+    allow_unread_config = arguments.flag(allow_unread_config, "allow_unread_config")
+    arguments.callable_or_none(progress, "progress", "(tensors loaded, tensors)")
+    if not isinstance(decode_weights, str) or decode_weights not in DECODE_WEIGHTS:
+        raise ValueError(f"decode_weights is {decode_weights!r}; it is one of "
+                         f"{', '.join(map(repr, DECODE_WEIGHTS))}")
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
         checkpoint = Path(checkpoint).expanduser()
     path = find(spec, checkpoint)
     parsed = load_spec(path)
     if parsed.get("model") == "encoder":
         from .encoder import load_encoder
+        arguments.only_for("encoder", {
+            "max_seq_len": (max_seq_len, None, "a causal model's context (an encoder's "
+                            "ids per text are max_tokens)"),
+            "prefill_chunk": (prefill_chunk, None, "a causal model's prompt calls"),
+            "decode_weights": (decode_weights, "float32", "a causal model's decode step")},
+            str(path))
+        if threads is not None:
+            set_threads(threads)
         return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
                                          random_weights=random_weights, toy=toy,
                                          max_tokens=max_tokens, progress=progress,
                                          allow_unread_config=allow_unread_config), path)
+    arguments.only_for("causal", {"max_tokens": (max_tokens, None, "an encoder's ids per "
+                                                 "text (a causal model's context is "
+                                                 "max_seq_len)")}, str(path))
+    if threads is not None:
+        set_threads(threads)
     loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
                         max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
                         progress=progress, decode_weights=decode_weights,

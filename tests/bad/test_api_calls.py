@@ -206,3 +206,52 @@ def test_a_bad_library_call_is_refused_naming_the_argument(library, case, kwargs
     prompt = kwargs.pop("prompt", [5, 17, 42])
     with pytest.raises(error, match=says):
         library.generate(prompt, max_new_tokens=2, **kwargs)
+
+
+# iron_spec.load's own arguments (found by a new user's trial: random_weights=True drew at
+# seed 1, max_seq_len=64.5 was taken as a context, "64" failed as a TypeError comparing int
+# with str, prefill_chunk=0 fell back to the spec's, max_tokens for a causal model was
+# dropped): each refused naming the argument and what would be valid, before anything loads.
+LOAD = [
+    ("seed_negative", dict(random_weights=-1), ValueError, "random_weights is -1; it is a whole number >= 0"),
+    ("seed_bool", dict(random_weights=True), TypeError, r"random_weights is True \(bool\)"),
+    ("seed_fraction", dict(random_weights=1.5), TypeError, r"random_weights is 1.5 \(float\)"),
+    ("context_text", dict(max_seq_len="64"), TypeError, r"max_seq_len is '64' \(str\); it is a whole number >= 1"),
+    ("context_fraction", dict(max_seq_len=64.5), TypeError, r"max_seq_len is 64.5 \(float\)"),
+    ("context_bool", dict(max_seq_len=True), TypeError, r"max_seq_len is True \(bool\)"),
+    ("context_zero", dict(max_seq_len=0), ValueError, "max_seq_len is 0; it is a whole number >= 1"),
+    ("chunk_zero", dict(prefill_chunk=0), ValueError, "prefill_chunk is 0; it is a whole number >= 1"),
+    ("chunk_negative", dict(prefill_chunk=-3), ValueError, "prefill_chunk is -3"),
+    ("chunk_bool", dict(prefill_chunk=True), TypeError, r"prefill_chunk is True \(bool\)"),
+    ("max_tokens_causal", dict(max_tokens=16), TypeError, "max_tokens is for an encoder's ids per text.*takes no max_tokens"),
+    ("threads_text", dict(threads="2"), TypeError, r"threads is '2' \(str\)"),
+    ("toy_text", dict(toy="yes"), TypeError, r"toy is 'yes' \(str\); it is True or False"),
+    ("allow_text", dict(allow_unread_config="no"), TypeError, "allow_unread_config is 'no'"),
+    ("progress_number", dict(progress=3), TypeError, "progress is 3"),
+    ("decode_weights_number", dict(decode_weights=3), ValueError, "decode_weights is 3; it is one of 'float32'"),
+]
+
+
+@pytest.mark.parametrize("case, kwargs, error, says", LOAD, ids=[c[0] for c in LOAD])
+def test_a_bad_load_argument_is_refused_naming_it(case, kwargs, error, says):
+    import iron_spec
+    from iron_spec.operators import native
+
+    kwargs = dict(dict(random_weights=0, toy=True), **kwargs)
+    before = native.threads()
+    with pytest.raises(error, match=says):
+        iron_spec.load(LLAMA, threads=1 if "threads" not in kwargs else kwargs.pop("threads"),
+                       **kwargs)
+    assert native.threads() == before  # refused before the threads were set
+
+
+ENCODER_ONLY_NOT = [("max_seq_len", 64), ("prefill_chunk", 8), ("decode_weights", "int8")]
+
+
+@pytest.mark.parametrize("name, value", ENCODER_ONLY_NOT, ids=[c[0] for c in ENCODER_ONLY_NOT])
+def test_an_encoder_refuses_a_causal_models_argument(name, value):
+    import iron_spec
+    from tests.conftest import SPECS
+
+    with pytest.raises(TypeError, match=f"{name} is for a causal model's.*model: encoder"):
+        iron_spec.load(str(SPECS / "bert.yaml"), random_weights=0, toy=True, **{name: value})
