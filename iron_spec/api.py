@@ -97,9 +97,9 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     toy = arguments.flag(toy, "toy")
     allow_unread_config = arguments.flag(allow_unread_config, "allow_unread_config")
     arguments.callable_or_none(progress, "progress", "(tensors loaded, tensors)")
-    if not isinstance(decode_weights, str) or decode_weights not in DECODE_WEIGHTS:
-        raise ValueError(f"decode_weights is {decode_weights!r}; it is one of "
-                         f"{', '.join(map(repr, DECODE_WEIGHTS))}")
+    if not isinstance(decode_weights, str):  # a str that is none of them: load_model's
+        raise TypeError(f"decode_weights is {decode_weights!r}; it is one of "
+                        f"{', '.join(map(repr, DECODE_WEIGHTS))}")
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
         checkpoint = Path(checkpoint).expanduser()
     path = find(spec, checkpoint)

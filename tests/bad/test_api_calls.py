@@ -228,7 +228,7 @@ LOAD = [
     ("toy_text", dict(toy="yes"), TypeError, r"toy is 'yes' \(str\); it is True or False"),
     ("allow_text", dict(allow_unread_config="no"), TypeError, "allow_unread_config is 'no'"),
     ("progress_number", dict(progress=3), TypeError, "progress is 3"),
-    ("decode_weights_number", dict(decode_weights=3), ValueError, "decode_weights is 3; it is one of 'float32'"),
+    ("decode_weights_number", dict(decode_weights=3), TypeError, "decode_weights is 3; it is one of 'float32'"),
 ]
 
 
