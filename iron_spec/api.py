@@ -29,7 +29,7 @@ from iron_spec.runtime.session import Session
 
 from . import arguments
 from .build import DECODE_WEIGHTS, Loaded, load_model
-from .generation import Completion, Stream, read_generation_config, sampler_for
+from .generation import Completion, Stream, read_generation_config, sampler_for, setting
 from .loader import load_spec
 from .registry import find
 
@@ -80,8 +80,9 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             (``max_tokens`` for a causal model; ``max_seq_len``, ``prefill_chunk``,
             ``decode_weights`` for an encoder); each named, before anything loads.
         ValueError: an argument out of its range (a seed < 0, a count < 1, ``max_tokens`` <
-            2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``), or ``max_seq_len``
-            past the model's own context.
+            2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``), ``max_seq_len``
+            past the model's own context, or a generation_config.json id that is no token
+            (a file that cannot be read is a warning: nothing comes from it).
     """
     for name, value in (("spec", spec), ("checkpoint", checkpoint)):
         if value is not None and not isinstance(value, (str, Path)):
@@ -254,9 +255,8 @@ class Model:
         if max_new_tokens is not None:
             n, bound = _whole(max_new_tokens, "max_new_tokens"), False
         else:
-            default = self.generation_config.get("max_new_tokens")
-            if not isinstance(default, int) or isinstance(default, bool) or default < 1:
-                default = DEFAULT_NEW_TOKENS
+            default = setting(self.generation_config, self._gen_path, "max_new_tokens",
+                              DEFAULT_NEW_TOKENS, DEFAULT_NEW_TOKENS)
             n, bound = max(1, min(default, room)), default > room
         session = session if session is not None else self._session
         session.check(ids, more=n - 1)  # refused here, before anything runs

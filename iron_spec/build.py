@@ -30,6 +30,7 @@ from iron_spec.runtime.weights import draw_weights
 from . import gguf_files
 from .config import account
 from .errors import FlagError
+from .generation import read_generation_config
 from .interpreter import expand
 from .loader import load_spec
 
@@ -321,6 +322,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         if past:
             raise ValueError(f"{tokenizer.eos_sources[past[0]]}: end-of-text id {past[0]} is "
                              f"outside the model's vocabulary 0..{V - 1} (vocab_size {V})")
+    read_generation_config(directory, warn=True)  # a file that cannot be read: said once
     native = expanded.options.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:

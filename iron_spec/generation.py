@@ -7,6 +7,7 @@ Not for: the sampling rules themselves (``operators.sampling``), the cache (``ru
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,32 +16,58 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from iron_spec.operators.sampling import Sampler, log_softmax
-from iron_spec.runtime.files import read_object
+from iron_spec.runtime.files import FileError, read_object
 from iron_spec.runtime.session import Session
-from iron_spec.runtime.values import generation_config
+from iron_spec.runtime.values import CHECKS, GENERATION, TOKEN_KEYS, token_ids
 from iron_spec.runtime.tokenizer import TextStream
 
 #: The sampling settings a caller may give; None leaves each to generation_config.json.
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty")
 FINISH_REASONS = ("eos", "stop", "length", "context")
+log = logging.getLogger("iron_spec")
 
 
-def read_generation_config(directory: Path | None,
-                           vocab: int | None = None) -> tuple[dict, Path | None]:
+def read_generation_config(directory: Path | None, vocab: int | None = None, *,
+                           warn: bool = False) -> tuple[dict, Path | None]:
     """``directory``'s generation_config.json as a dict ({} where there is none) and its path,
-    its settings and token ids checked (``runtime.values.generation_config``; ids below
-    ``vocab`` where given).
+    its token ids checked (``runtime.values.token_ids``; below ``vocab`` where given). Its
+    sampling settings are checked where they are read (``sampler_for``, ``setting``): a
+    broken ``top_p`` refuses a sampled run, not a greedy one.
+
+    A file that cannot be read (not a regular file, not UTF-8 JSON, not an object) is {}:
+    as transformers, whose ``from_pretrained`` logs a GenerationConfig it cannot load and
+    goes on with the model config's; with ``warn``, a warning on the ``iron_spec`` logger
+    names the file, what is wrong and what goes unused.
 
     Raises:
-        ValueError: the file is not a JSON object within its bounds (``runtime.files``), or
-            holds a setting out of range or an id that is no token (file and key named).
+        ValueError: an id that is no token (file and key named).
     """
     path = None if directory is None else Path(directory) / "generation_config.json"
     if path is None or not (path.exists() or path.is_symlink()):
         return {}, path
-    gen = read_object(path, what="generation_config.json")
-    generation_config(gen, str(path), vocab)
+    try:
+        gen = read_object(path, what="generation_config.json")
+    except FileError as e:
+        if warn:
+            log.warning("%s; it is not used: no sampling defaults or end-of-text ids come "
+                        "from it (config.json's and the tokenizer's end generation)", e)
+        return {}, path
+    for key in TOKEN_KEYS:
+        token_ids(gen.get(key), f"{path}: {key}", vocab)
     return gen, path
+
+
+def setting(gen: dict, path: Path | None, key: str, absent: Any = None, null: Any = None):
+    """generation_config.json's ``key`` (``gen``, read from ``path``), checked as
+    ``runtime.values.GENERATION`` says: ``absent`` where the file has no such key, ``null``
+    where it is null.
+
+    Raises:
+        ValueError: a value of the wrong type or out of range, naming the file and the key.
+    """
+    if gen.get(key) is None:
+        return null if key in gen else absent
+    return CHECKS[GENERATION.get(key, "whole")](gen[key], f"{path}: {key}")
 
 
 def sampler_for(gen: dict, path: Path | None, *, seed: int | None = None,
@@ -60,32 +87,23 @@ def sampler_for(gen: dict, path: Path | None, *, seed: int | None = None,
         raise TypeError(f"unknown sampling settings {', '.join(sorted(unknown))}; "
                         f"the settings: {', '.join(SETTINGS)}")
 
-    def setting(key: str, kind, absent, null):
-        """The file's ``key`` as ``kind``; ``absent`` where it has none, ``null`` where null."""
-        if gen.get(key) is None:
-            return null if key in gen else absent
-        if isinstance(gen[key], bool):
-            raise ValueError(f"{path}: {key} is {gen[key]!r}, not a number")
-        try:
-            return kind(gen[key])
-        except (TypeError, ValueError):
-            raise ValueError(f"{path}: {key} is {gen[key]!r}, not a number") from None
-
     t = given.get("temperature")
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating))):
         raise TypeError(f"temperature {t!r} is not a number")
-    sample = bool(gen.get("do_sample")) if t is None else t > 0
+    # Only what this run reads is checked: a greedy run reads no temperature, top_k, top_p
+    # or min_p from the file (a broken one refuses sampling only).
+    sample = bool(setting(gen, path, "do_sample", False, False)) if t is None else t > 0
     from_file = {}
     if t is None:
-        from_file["temperature"] = setting("temperature", float, 1.0, 1.0) if sample else 0.0
+        from_file["temperature"] = setting(gen, path, "temperature", 1.0, 1.0) if sample else 0.0
     if given.get("top_k") is None:
-        from_file["top_k"] = setting("top_k", int, 50, None) if sample else None
+        from_file["top_k"] = setting(gen, path, "top_k", 50, None) if sample else None
     if given.get("top_p") is None:
-        from_file["top_p"] = setting("top_p", float, 1.0, 1.0) if sample else 1.0
+        from_file["top_p"] = setting(gen, path, "top_p", 1.0, 1.0) if sample else 1.0
     if given.get("min_p") is None:
-        from_file["min_p"] = setting("min_p", float, None, None) if sample else None
+        from_file["min_p"] = setting(gen, path, "min_p", None, None) if sample else None
     if given.get("repetition_penalty") is None:
-        from_file["repetition_penalty"] = setting("repetition_penalty", float, 1.0, 1.0)
+        from_file["repetition_penalty"] = setting(gen, path, "repetition_penalty", 1.0, 1.0)
     settings = {**from_file, **{k: v for k, v in given.items() if v is not None}}
     settings.setdefault("presence_penalty", 0.0)
     # The caller's own values first, refused as they are; what fails after is the file's.

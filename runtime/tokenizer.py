@@ -109,7 +109,8 @@ class Tokenizer:
     Raises:
         FileNotFoundError: no ``tokenizer.json`` in ``directory``.
         ValueError: ``tokenizer.json`` is not one the tokenizers library can read, or one of
-            the JSON files is not valid JSON (named).
+            the JSON files is not valid JSON (named); an unreadable generation_config.json
+            is left out instead (no end-of-text ids come from it).
     """
 
     def __init__(self, directory: str | Path):
@@ -133,7 +134,14 @@ class Tokenizer:
         eos: dict[int, str] = {}
         for name in ("generation_config.json", "config.json"):
             path = directory / name
-            data = _read_json(path)
+            try:
+                data = _read_json(path)
+            except FileError:
+                if name == "config.json":
+                    raise
+                # As transformers, which goes on without a GenerationConfig it cannot load;
+                # the loader warns (iron_spec.generation.read_generation_config).
+                data = {}
             for key in values.TOKEN_KEYS:
                 ids = values.token_ids(data.get(key), f"{path}: {key}", V)
                 if key == "eos_token_id":

@@ -73,10 +73,10 @@ FILES = {  # a tokenizer file that is not what its name says
                               ("deep", "nested too deeply")],
     "chat_template.jinja": [("directory", "is a directory"), ("fifo", "is a FIFO"),
                             ("not_utf8", "not UTF-8 text")],
-    "generation_config.json": [("directory", "is a directory"), ("fifo", "is a FIFO"),
-                               ("not_json", "not valid JSON"), ("a_list", "holds a list"),
-                               ("deep", "nested too deeply")],
 }
+UNREAD = [("directory", "is a directory"), ("fifo", "is a FIFO"), ("not_utf8", "not UTF-8 text"),
+          ("not_json", "not valid JSON"), ("a_list", "holds a list"),
+          ("deep", "nested too deeply")]
 MAKE = {
     "directory": lambda p: p.mkdir(),
     "fifo": lambda p: os.mkfifo(p),
@@ -99,6 +99,22 @@ def test_a_tokenizer_file_that_is_not_what_its_name_says_is_refused(toy_dir, nam
     with pytest.raises(EXPECTED) as e:
         load_model(LLAMA, checkpoint=toy_dir)
     assert str(path) in str(e.value) and says in str(e.value), e.value
+
+
+@pytest.mark.parametrize("kind, says", UNREAD, ids=[k for k, _ in UNREAD])
+def test_an_unreadable_generation_config_is_a_warning_as_in_transformers(toy_dir, kind, says,
+                                                                       caplog):
+    # transformers' from_pretrained logs a GenerationConfig it cannot load and goes on; a
+    # greedy run needs nothing from the file (found by a new user's trial: refused outright).
+    path = toy_dir / "generation_config.json"
+    path.unlink()
+    MAKE[kind](path)
+    with caplog.at_level("WARNING", logger="iron_spec"):
+        result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(toy_dir), "--prompt",
+                                     "hi", "--num-tokens", "2", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    warned = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert len(warned) == 1 and says in warned[0] and "it is not used" in warned[0], warned
 
 
 GENERATION_IDS = [
@@ -152,6 +168,33 @@ def test_bad_sampling_settings_in_generation_config_are_refused(toy_dir, case, o
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     assert f"{path}: {says}" in result.output, result.output
+
+
+# repetition_penalty applies greedy too (transformers' processors), so a greedy run reads it.
+UNREAD_GREEDY = [c for c in GENERATION_SETTINGS if not c[0].startswith("repetition_penalty")]
+
+
+@pytest.mark.parametrize("case, over, says", UNREAD_GREEDY, ids=[c[0] for c in UNREAD_GREEDY])
+def test_a_bad_sampling_setting_is_not_read_by_a_greedy_run(toy_dir, case, over, says):
+    # --temperature 0 reads no temperature, top_k, top_p, min_p or do_sample from the file
+    # (found by a new user's trial: a broken one refused a greedy run).
+    path = toy_dir / "generation_config.json"
+    dump(path, json.dumps({**json.loads(path.read_text()), **over}))
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(toy_dir), "--prompt", "hi",
+                                 "--num-tokens", "2", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_bad_max_new_tokens_is_refused_where_it_is_read(toy_dir):
+    path = toy_dir / "generation_config.json"
+    dump(path, json.dumps({**json.loads(path.read_text()), "max_new_tokens": 0}))
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(toy_dir), "--prompt", "hi",
+                                 "--temperature", "0"])
+    assert result.exit_code == 1 and f"{path}: max_new_tokens is 0" in result.output, \
+        result.output
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(toy_dir), "--prompt", "hi",
+                                 "--temperature", "0", "--num-tokens", "2"])
+    assert result.exit_code == 0, result.output
 
 
 def _chat_with(toy_dir, template: str):

@@ -276,12 +276,17 @@ def test_text_that_is_not_utf8_is_a_value_error_naming_the_byte(tiny, text, says
         tok.chat([{"role": "user", "content": text}])
 
 
-@pytest.mark.parametrize("name", ["generation_config.json", "tokenizer_config.json",
-                                  "config.json"])
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "config.json"])
 def test_a_json_file_that_is_not_json_is_named(tiny, name):
     (tiny / name).write_text("{not json")
     with pytest.raises(ValueError, match=f"{name}: not valid JSON"):
         Tokenizer(tiny)
+
+
+def test_a_generation_config_that_is_not_json_gives_no_end_of_text_ids(tiny):
+    # As transformers, which goes on without a GenerationConfig it cannot load.
+    (tiny / "generation_config.json").write_text('{"eos_token_id": [5, 7]')
+    assert 5 not in Tokenizer(tiny).eos_ids
 
 
 def test_a_gguf_template_error_names_its_metadata_key(tmp_path):
