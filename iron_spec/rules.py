@@ -296,11 +296,23 @@ def renames(spec: Spec, names: Iterable[str]) -> list[SpecError]:
             out.append(spec.error(("checkpoint", "renames", old), str(e)))
     if out:
         return out
+    items = list(table.items())
+    for i, (old, new) in enumerate(items):
+        later = next((o for o, _ in items[i + 1:] if new and o == new), None)
+        if later is not None:
+            out.append(spec.error(("checkpoint", "renames", old), (
+                f"rename {old!r} -> {new!r} renames onto {new!r}, a name the checkpoint's own "
+                f"tensors have (the later rename {later!r} -> {table[later]!r} reads them): a "
+                f"checkpoint's {old!r} and {new!r} tensors would both become "
+                f"{table[later]!r}; rename each checkpoint name straight to the model's")))
     names = sorted(set(names))
     used: set[int] = set()
     renames_ = compile_table(table)
     for name in names:
         found = sources(name, table)
+        if not found:
+            out.append(_renamed_away(spec, table, name, names))
+            continue
         if len(found) > 1 and found[0][1] == found[1][1] and found[0][1] > 0:
             out.append(spec.error(("checkpoint", "renames"), f"the renames give {name} from both "
                                   f"{found[0][0]} and {found[1][0]}: which one a checkpoint "
@@ -329,6 +341,27 @@ def renames(spec: Spec, names: Iterable[str]) -> list[SpecError]:
                                   "name it would rename, an earlier rename renames first (or a "
                                   "later one renames on past every parameter)"))
     return out
+
+
+def _renamed_away(spec: Spec, table: dict, name: str, names: list[str]) -> SpecError:
+    """The error for a parameter no checkpoint name renames to: its own name is renamed on
+    to another (``q_proj -> k_proj``), so a checkpoint's tensor of that name lands on a
+    name another tensor already has (two tensors become one, at load an unexpected tensor
+    and a missing one); the rename that first moves it named, and the name it lands on."""
+    parts, first = name.split("."), None
+    for old, r in zip(table, compile_table(table)):
+        step = r.apply(parts)
+        if step is not None:
+            first = first or (old, table[old])
+            parts = step
+    lands = ".".join(parts)
+    old, new = first
+    other = (f"the checkpoint's own {lands} and its {name} would both become {lands}"
+             if lands in names else f"its {name} would become {lands}, which no parameter has")
+    return spec.error(("checkpoint", "renames", old),
+                      f"rename {old!r} -> {new!r} renames {name} onto {lands}: {other}, and no "
+                      f"checkpoint name renames to {name} (rename the checkpoint's own names, "
+                      "not the model's)")
 
 
 def patterns(spec: Spec, names: Iterable[str]) -> list[SpecError]:

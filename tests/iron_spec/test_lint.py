@@ -168,6 +168,26 @@ def test_renames_tying_for_one_parameter_are_refused():
     assert "from both a.norm.weight and b.norm.weight" in problems[0].message
 
 
+# Found by a new user's trial: a rename onto a name another tensor already has made two
+# checkpoint tensors one name, and lint said nothing (load then named an unexpected tensor).
+def test_a_rename_onto_another_parameters_name_is_refused_naming_both():
+    spec = parse_spec("checkpoint:\n  renames: {self_attn.q_proj: self_attn.k_proj}\n")
+    q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+    problems = rules.renames(spec, [q, k])
+    assert [(p.line, p.col) for p in problems] == [(2, 13)]
+    assert f"renames {q} onto {k}: the checkpoint's own {k} and its {q} would both become " \
+           f"{k}" in problems[0].message, problems[0].message
+
+
+def test_a_rename_onto_a_name_a_later_rename_reads_is_refused_naming_both():
+    spec = parse_spec("checkpoint:\n  renames: {ln_2: ln_1, ln_1: input_layernorm}\n")
+    names = ["model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight"]
+    problems = rules.renames(spec, names)
+    assert [(p.line, p.col) for p in problems] == [(2, 13)]
+    assert "a checkpoint's 'ln_2' and 'ln_1' tensors would both become 'input_layernorm'" in \
+        problems[0].message, problems[0].message
+
+
 def test_renames_composing_over_the_layer_index_lint_clean():
     spec = parse_spec("checkpoint:\n  renames: {transformer.h: model.layers, attn.c_attn: "
                       "self_attn.qkv_proj, '*.ln_1': '*.input_layernorm'}\n")
