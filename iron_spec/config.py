@@ -123,9 +123,16 @@ def entry(raw: Any) -> dict:
 
 def lookup(data: Mapping[str, Any], key: str) -> Any:
     """config.json's value at dotted ``key`` (None where it holds null), MISSING where it has
-    no such key (a part of the way null or no mapping counts as no key)."""
+    no such key (a part of the way null or no mapping counts as no key). A part that is a
+    whole number indexes a list (``layer_rope_theta.{layer}``: a per-layer list's entry);
+    past its end counts as no key."""
     node: Any = data
     for part in key.split("."):
+        if isinstance(node, list) and part.isdigit():
+            if int(part) >= len(node):
+                return MISSING
+            node = node[int(part)]
+            continue
         if not isinstance(node, Mapping) or part not in node:
             return MISSING
         node = node[part]

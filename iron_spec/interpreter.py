@@ -209,6 +209,9 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     if rope is not None and rope not in ropes_spec:
         raise spec.error(at, f"rope table {rope!r} is not under rope: (tables: "
                              f"{', '.join(ropes_spec) or 'none'})")
+    rope_on, at = opt("attention", "rope_on", default=True)
+    if not _flag(spec, at, rope_on):
+        rope = None
     qk_norm, at = word("attention", "qk_norm", default=None)
     qk_norm_on, at = opt("attention", "qk_norm_on", default=True)
     if not _flag(spec, at, qk_norm_on):
@@ -225,7 +228,7 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
-        qk_norm_after_rope=flag(*a, "qk_norm_after_rope"))
+        qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"))
     attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
                        *opt(*a, "alibi_bfloat16", default=False))
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
@@ -418,6 +421,8 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         # per_layer_config[layer_type] initialises a layer type's RoPE.
         r = next((ri for ri, lo in zip(rs, layers) if lo.attention.rope == name), model_fields)
         ropes[name] = rope_options(spec, r, name, source)
+    if own:
+        _own_tables(spec, built, dict(zip(keys, rs)), ropes, source)
     r = model_fields
     for t, lo in built.items():
         name = lo.attention.rope
@@ -461,6 +466,26 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_rows=_head_rows(spec, r, v["vocab_size"]),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
+
+
+def _own_tables(spec: Spec, built: dict, fields: dict, ropes: dict[str, RopeOptions],
+                source: str) -> None:
+    """Give each layer whose own fields (read per layer, ``{layer}``) make its rope table's
+    options differ from the table's (over its first reader's fields) a table of its own,
+    ``NAME#i``, shared by the layers those options agree for: GraniteSWAModel's one rotary
+    embedding per distinct ``layer_rope_theta``. ``built`` (layer key -> options) and
+    ``ropes`` are updated in place; ``fields``: each key's resolved fields."""
+    for key, lo in list(built.items()):
+        name = lo.attention.rope
+        if name is None or name not in ropes:
+            continue
+        mine = rope_options(spec, fields[key], name, source)
+        if mine == ropes[name]:
+            continue
+        same = [n for n, ro in ropes.items() if n.startswith(name + "#") and ro == mine]
+        table = same[0] if same else f"{name}#{sum(n.startswith(name + '#') for n in ropes) + 1}"
+        ropes[table] = mine
+        built[key] = replace(lo, attention=replace(lo.attention, rope=table))
 
 
 def _head_rows(spec: Spec, r: Resolved, vocab: int) -> int | None:

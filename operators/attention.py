@@ -86,14 +86,23 @@ def _softcap(s: np.ndarray, cap: float) -> None:
     s *= np.float32(cap)
 
 
-def _softmax_numerators(s: np.ndarray, total: np.ndarray) -> None:
+def _softmax_numerators(s: np.ndarray, total: np.ndarray, sink: np.ndarray | None = None
+                        ) -> None:
     """``exp(s - max)`` in place over the last axis, its sum into ``total``. The softmax's
     division is left to the caller, taken after the values' sum: over (rows, head_dim)
-    rather than (rows, positions), the same quotient to a rounding."""
+    rather than (rows, positions), the same quotient to a rounding. ``sink`` (shaped as
+    ``total``, overwritten): each row's sink logit, one more term of the sum and of the max
+    (``Attention``'s ``sinks``)."""
     np.maximum.reduce(s, axis=-1, keepdims=True, out=total)
+    if sink is not None:
+        np.maximum(total, sink, out=total)
+        sink -= total
+        np.exp(sink, out=sink)
     s -= total
     np.exp(s, out=s)
     np.add.reduce(s, axis=-1, keepdims=True, out=total)
+    if sink is not None:
+        total += sink
 
 
 def _span(cache: np.ndarray, lo: int, hi: int, ring: int | None, buf: np.ndarray) -> np.ndarray:
@@ -191,12 +200,22 @@ class Attention(Operator):
     (float64 in the reference). ``alibi_bf16``: a scale (None: none) for FalconModel's
     bfloat16 form of that bias (``alibi_bias``), run by the numpy kernels (the C pool's take
     plain slopes: ``lower`` gives no native step, the plan calls ``kernel``).
+
+    ``sinks``: an optional fourth input ``(heads,)``, each head's learned sink logit, one more
+    term ``exp(sink)`` in its softmax's denominator and no value: the output is the softmax's
+    times ``sigmoid(logsumexp(scores) - sink)``, as transformers' GraniteSWAAttention
+    (``eager_attention_forward``'s ``sink_scale``) and GptOssAttention's ``sinks`` (an extra
+    column dropped after the softmax). Run by the numpy kernels only: the C pool's softmax has
+    no sink term, so ``kernel`` does not call it and ``lower`` gives no native step for a
+    step with sinks (the plan calls ``kernel``).
     """
 
     name = "attention"
 
-    def shape(self, q, keys, values, start=0, scale=None, window=None, softcap=None, ring=None,
-              alibi=None, alibi_bf16=None):
+    def shape(self, q, keys, values, sinks=None, start=0, scale=None, window=None, softcap=None,
+              ring=None, alibi=None, alibi_bf16=None):
+        if sinks is not None and tuple(sinks) != (q[1],):
+            raise ValueError(f"attention: sinks {sinks} are not one per head ({q[1]},)")
         if alibi is not None and len(alibi) != q[1]:
             raise ValueError(f"attention: {len(alibi)} alibi slopes for {q[1]} heads")
         if len(q) != 3 or keys != values or len(keys) != 3 or q[1] % keys[0] or q[2] != keys[2]:
@@ -216,8 +235,8 @@ class Attention(Operator):
             allowed &= kpos > qpos - window
         return allowed
 
-    def reference(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                  ring=None, alibi=None, alibi_bf16=None):
+    def reference(self, q, keys, values, sinks=None, start=0, scale=None, window=None,
+                  softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
@@ -236,17 +255,24 @@ class Attention(Operator):
         elif alibi is not None:  # bfloat16's values, as they are: float32 holds them exactly
             s = s + as64(alibi_bias(alibi, np.arange(start, t), np.arange(lo, t), alibi_bf16))
         s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
+        m = s.max(-1, keepdims=True)
+        if sinks is not None:  # the sink's logit is one more column of the softmax
+            m = np.maximum(m, as64(sinks)[:, None, None])
+        p = np.exp(s - m)
+        total = p.sum(-1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(as64(sinks)[:, None, None] - m)
+        p /= total
         return np.einsum("hnt,htd->nhd", p, v).reshape(n, H * D)
 
-    def kernel(self, out, q, keys, values, scratch=None, start=0, scale=None, window=None,
-               softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def kernel(self, out, q, keys, values, sinks=None, scratch=None, start=0, scale=None,
+               window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        lib = native.lib() if alibi_bf16 is None else None  # the pool's: plain slopes
+        # The pool's: plain slopes, no sink term.
+        lib = native.lib() if alibi_bf16 is None and sinks is None else None
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -275,15 +301,17 @@ class Attention(Operator):
         cache = (keys, values, kbuf, vbuf, ring)
         if alibi is not None:
             alibi = (alibi, alibi_bf16)  # the slopes and the bfloat16 form's scale (_add_alibi)
+        sg = None if sinks is None else sinks.reshape(G, 1, R)  # head g * R + r
         if n == 1:
-            self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap, alibi)
+            self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap, alibi, sg)
         else:
             for i in range(0, n, BLOCK):
                 self._block(qg, i, min(n, i + BLOCK), cache, rest, start, window, softcap,
-                            alibi)
+                            alibi, sg)
         np.copyto(out.reshape(n, G, R, D), qg.transpose(1, 0, 2, 3))
 
-    def _block(self, qg, i0, i1, cache, scratch, start, window, softcap, alibi=None):
+    def _block(self, qg, i0, i1, cache, scratch, start, window, softcap, alibi=None,
+               sinks=None):
         """Rows ``i0 .. i1`` of a prompt chunk, in place over their queries. A block reads the
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
@@ -311,11 +339,16 @@ class Attention(Operator):
         if early > 0:
             np.copyto(rows[..., :early], np.float32(-np.inf), where=~allowed[:, None, :early])
         m = scratch[G * nb * R * w: G * nb * R * (w + 1)].reshape(G, nb * R, 1)
-        _softmax_numerators(s, m)
+        if sinks is None:
+            _softmax_numerators(s, m)
+        else:
+            sink = scratch[G * nb * R * (w + 1): G * nb * R * (w + 2)].reshape(G, nb, R)
+            np.copyto(sink, sinks)
+            _softmax_numerators(s, m, sink.reshape(G, nb * R, 1))
         np.matmul(s, _span(values, lo, hi, ring, vbuf), out=qb)
         qb /= m
 
-    def _one(self, qg, cache, scratch, start, window, softcap, alibi=None):
+    def _one(self, qg, cache, scratch, start, window, softcap, alibi=None, sinks=None):
         """One query at ``start`` (a decode step), in place over ``qg`` ``(G, R, D)``: it sees
         every key from its window's first on, so nothing is masked."""
         G, R, D = qg.shape
@@ -339,7 +372,12 @@ class Attention(Operator):
         if alibi is not None:
             _add_alibi(s.reshape(G, 1, R, w), alibi, np.arange(start, t), np.arange(lo, t))
         m = scratch[G * R * w: G * R * (w + 1)].reshape(G, R, 1)
-        _softmax_numerators(s, m)
+        if sinks is None:
+            _softmax_numerators(s, m)
+        else:
+            sink = scratch[G * R * (w + 1): G * R * (w + 2)].reshape(G, R, 1)
+            np.copyto(sink, sinks.reshape(G, R, 1))
+            _softmax_numerators(s, m, sink)
         if per_head:
             for g in range(G):
                 for r in range(R):
@@ -348,12 +386,12 @@ class Attention(Operator):
             np.matmul(s, values, out=qg)
         qg /= m
 
-    def lower(self, out, q, keys, values, scratch=None, scale=None, window=None, softcap=None,
-              ring=None, alibi=None, alibi_bf16=None):
+    def lower(self, out, q, keys, values, sinks=None, scratch=None, scale=None, window=None,
+              softcap=None, ring=None, alibi=None, alibi_bf16=None):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
-        # lib.attend_chunk's; FalconModel's bfloat16 form of the bias on numpy's only.
-        if alibi_bf16 is not None or native.LIB is None or scratch is None or \
+        # lib.attend_chunk's; FalconModel's bfloat16 form of the bias and sinks on numpy's only.
+        if alibi_bf16 is not None or sinks is not None or native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
             return None
         n, H, D = q.shape
@@ -364,23 +402,25 @@ class Attention(Operator):
                            (H, G, D, L, window or 0, ring or 0, n),
                            (float(scale), float(softcap or 0.0)), rows=6)
 
-    def scratch(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                ring=None, alibi=None, alibi_bf16=None):
+    def scratch(self, q, keys, values, sinks=None, start=0, scale=None, window=None,
+                softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
-        own = H * n * D + rows * (L + 1) + (0 if ring is None else 2 * G * ring * D)
+        # Each row's scores and total (and with sinks its sink term).
+        own = H * n * D + rows * (L + 1 + (sinks is not None)) + (
+            0 if ring is None else 2 * G * ring * D)
         if n == 1:
             return max(own, native.attend_scratch(H, G, D, L))
         # A chunk's call may run one row (its last): attend's own scratch then.
         return max(own, native.attend_chunk_scratch(D, L), native.attend_scratch(H, G, D, L))
 
-    def tolerance(self, q, keys, values, start=0, scale=None, window=None, softcap=None,
-                  ring=None, alibi=None, alibi_bf16=None):
+    def tolerance(self, q, keys, values, sinks=None, start=0, scale=None, window=None,
+                  softcap=None, ring=None, alibi=None, alibi_bf16=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
-    def scale(self, reference, q, keys, values, start=0, scale=None, window=None, softcap=None,
-              ring=None, alibi=None, alibi_bf16=None):
+    def scale(self, reference, q, keys, values, sinks=None, start=0, scale=None, window=None,
+              softcap=None, ring=None, alibi=None, alibi_bf16=None):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape

@@ -94,6 +94,8 @@ class AttentionOptions:
     operator's ``alibi``, ``operators.attention.alibi_slopes``; None: none), as
     BloomAttention, MptAttention and FalconAttention with ``alibi``; ``alibi_bf16``: the
     scale of its bfloat16 form (the operator's ``alibi_bf16``, FalconModel's; None: none).
+    ``sinks``: each head's learned sink logit ``sinks`` ``(heads,)``, one more term of its
+    softmax's denominator (the attention operator's ``sinks``, GraniteSWAAttention's).
     """
 
     heads: int
@@ -117,6 +119,7 @@ class AttentionOptions:
     qk_norm_after_rope: bool = False
     alibi: tuple[float, ...] | None = None
     alibi_bf16: float | None = None
+    sinks: bool = False
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups")
@@ -379,6 +382,8 @@ class Attention(Module):
                 self.k_norm = Norm(D if o.qk_norm == "head" else G * D, norm)
         if o.v_norm and own:
             self.v_norm = Norm(D, NormOptions("rms", norm.eps, weight=False))
+        if o.sinks:
+            self.sinks = Param(H)
         self.options = o
         if own:
             # Positions along axis 1, grown as the sequence does (CausalLM.reserve).
@@ -483,7 +488,8 @@ class Attention(Module):
         bias = {} if o.alibi is None else {"alibi": o.alibi}
         if o.alibi_bf16 is not None:
             bias["alibi_bf16"] = o.alibi_bf16
-        a = rec.step("attention", q, keys, values, where=self.path, start=start,
+        sinks = () if not o.sinks else (rec.hold("param", self.where("sinks"), self.sinks.array),)
+        a = rec.step("attention", q, keys, values, *sinks, where=self.path, start=start,
                      scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
         return self.o_proj(rec, a)
 

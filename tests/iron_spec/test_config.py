@@ -181,3 +181,13 @@ def test_gemma4_refuses_bidirectional_and_moe_and_serves_the_rest(tmp_path):
             load_model(gemma4, checkpoint=d, random_weights=0)
     d = config_dir(tmp_path, gemma4, use_bidirectional_attention="vision", enable_moe_block=False)
     assert load_model(gemma4, checkpoint=d, random_weights=0).lm
+
+
+def test_a_whole_number_part_indexes_a_list():
+    from iron_spec.config import MISSING, lookup
+    data = {"layer_rope_theta": [10000.0, 0, None], "a": {"b": [1, {"c": 2}]}}
+    assert lookup(data, "layer_rope_theta.1") == 0
+    assert lookup(data, "layer_rope_theta.2") is None  # a null entry
+    assert lookup(data, "layer_rope_theta.3") is MISSING  # past the end
+    assert lookup(data, "a.b.1.c") == 2
+    assert lookup(data, "a.b.x") is MISSING

@@ -418,3 +418,68 @@ def test_falcons_alibi_form_by_hand():
     # Without the bfloat16 form: slope * (key - query).
     np.testing.assert_allclose(alibi_bias((0.5,), np.array([5]), np.array([0, 3])),
                                [[[-2.5, -1.0]]])
+
+
+# --- attention sinks -------------------------------------------------------------------
+
+def test_sinks_by_hand(run_kernel):
+    # As test_two_keys_by_hand (exp scores 1 and 3), and a sink of ln 4: the denominator is
+    # 1 + 3 + 4 = 8, so weights 1/8 and 3/8 and values 0 and 4 give 1.5 (half the plain 3:
+    # GraniteSWA's sigmoid(logsumexp - sink) = sigmoid(ln 4 - ln 4) = 1/2).
+    q = np.array([[[1.0, 0.0, 0.0, 0.0]]])
+    keys = _cache([[0.0, 0.0, 0.0, 0.0], [2 * math.log(3.0), 0.0, 0.0, 0.0]])
+    values = _cache([[0.0, 0.0, 8.0, 0.0], [4.0, 4.0, 0.0, 0.0]])
+    sinks = np.array([math.log(4.0)])
+    expected = [[1.5, 1.5, 1.0, 0.0]]
+    np.testing.assert_allclose(OP.reference(q, keys, values, sinks, start=1), expected,
+                               rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values, sinks, start=1), expected,
+                               rtol=1e-6, atol=1e-6)
+
+
+def _sink_scaled(q, keys, values, sinks, start, window):
+    """transformers' GraniteSWA eager_attention_forward in numpy: the plain softmax's output
+    times sigmoid(logsumexp(scores) - sink), per head (an independent form of the sum)."""
+    n, H, D = q.shape
+    G = keys.shape[0]
+    k = np.repeat(keys.astype(np.float64), H // G, axis=0)
+    v = np.repeat(values.astype(np.float64), H // G, axis=0)
+    s = np.einsum("nhd,htd->hnt", q.astype(np.float64), k) * D ** -0.5
+    qpos, kpos = np.arange(start, start + n)[:, None], np.arange(k.shape[1])[None, :]
+    allowed = (kpos <= qpos) & ((kpos > qpos - window) if window else True)
+    s = np.where(allowed[None], s, -np.inf)
+    lse = np.log(np.exp(s).sum(-1))
+    p = np.exp(s - lse[..., None])
+    out = np.einsum("hnt,htd->hnd", p, v) / (1 + np.exp(sinks[:, None, None] - lse[..., None]))
+    return out.transpose(1, 0, 2).reshape(n, H * D)
+
+
+@pytest.mark.parametrize("n,H,G,D,start,L,window", [
+    (1, 4, 2, 16, 9, 16, None),   # decode
+    (1, 4, 2, 16, 9, 16, 3),      # decode, window
+    (7, 4, 2, 16, 0, 16, None),   # a prompt
+    (70, 2, 1, 8, 3, 80, 5),      # more rows than a BLOCK, window
+])
+def test_sinks_are_granite_swas_sigmoid_scale(check_kernel, randn, n, H, G, D, start, L,
+                                              window):
+    q = randn(n, H, D, scale=2.0)
+    keys, values = randn(G, L, D, scale=2.0), randn(G, L, D)
+    sinks = randn(H, scale=2.0)
+    got, ref = check_kernel(OP, q, keys, values, sinks, start=start, window=window)
+    np.testing.assert_allclose(ref, _sink_scaled(q, keys, values, sinks, start, window),
+                               rtol=1e-12, atol=1e-12)
+    plain = OP.reference(q, keys, values, start=start, window=window)
+    assert np.abs(ref - plain).max() > 1e-2  # the sinks moved every case
+
+
+def test_a_step_with_sinks_stays_on_numpy(randn):
+    # The C pool's softmax has no sink term: such a step gives no native step.
+    q, keys, values = randn(1, 2, 8), randn(2, 4, 8), randn(2, 4, 8)
+    out = np.empty((1, 16), np.float32)
+    scratch = np.empty(OP.scratch(q.shape, keys.shape, values.shape, (2,)), np.float32)
+    assert OP.lower(out, q, keys, values, randn(2), scratch=scratch) is None
+
+
+def test_sinks_of_other_heads_are_refused():
+    with pytest.raises(ValueError, match=r"sinks \(3,\) are not one per head \(2,\)"):
+        OP.shape((1, 2, 8), (2, 4, 8), (2, 4, 8), (3,))

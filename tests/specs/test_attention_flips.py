@@ -1,0 +1,43 @@
+"""Attention behaviours flipped one at a time against their specs' goldens: each must miss
+transformers' logits on the same weights by far more than the gate (1e-6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from iron_spec.build import load_model
+from iron_spec.check import golden_path
+from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
+from iron_spec.runtime.session import Session
+from tests.conftest import SPECS
+from tests.specs.test_position_flips import flipped_kl
+
+
+@pytest.mark.parametrize("name,old,new", [
+    # GraniteSWA's toy: layer 1 has layer_rope_theta 0 (no RoPE), layer 2 100.
+    ("granite_swa", 'rope_on: "layer_rope_theta != 0"', "rope_on: true"),
+    ("granite_swa", 'theta: "layer_rope_theta if layer_rope_theta != 0 else rope_theta"',
+     "theta: rope_theta"),
+    # The toy's window is 5, its prompts longer.
+    ("granite_swa", "attention: {window: sliding_window}", "attention: {window: null}"),
+], ids=["granite-swa-rope-everywhere", "granite-swa-one-theta", "granite-swa-no-window"])
+def test_a_flipped_attention_option_misses_the_golden(tmp_path, name, old, new):
+    assert flipped_kl(tmp_path, name, old, new) > 1e-4
+
+
+def test_attention_without_its_sinks_misses_the_golden(tmp_path):
+    # The flip drops the sinks tensors, so the flipped model takes the right one's weights
+    # by name (drawn weights follow the tree), and is judged by the right one's golden.
+    right = load_model(SPECS / "granite_swa.yaml", random_weights=0, toy=True)
+    text = (SPECS / "granite_swa.yaml").read_text()
+    assert "sinks: true" in text
+    path = tmp_path / "granite_swa.yaml"
+    path.write_text(text.replace("sinks: true", "sinks: false", 1))
+    flipped = load_model(path, random_weights=0, toy=True)
+    weights = dict(right.lm.named_params())
+    assert sum(name.endswith(".sinks") for name in weights) == 4
+    for name, p in flipped.lm.named_params():
+        p.array[...] = weights[name].array
+    golden = Golden.read(golden_path(right), right.fingerprint())
+    assert kl_stats(teacher_forced(golden, Session(right.lm).logits))["mean"] < 1e-6
+    assert kl_stats(teacher_forced(golden, Session(flipped.lm).logits))["mean"] > 1e-4
