@@ -60,10 +60,32 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
     tied, unused = set(loaded.report.tied), loaded.expanded.unused
     missing = [k for k in info["missing_keys"] if k not in tied and not matching(k, unused)]
     if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
-        raise ValueError(f"transformers' model lacks {sorted(missing)}, does not take "
-                         f"{sorted(info['unexpected_keys'])}, mis-shapes "
-                         f"{info.get('mismatched_keys')}")
+        raise ValueError(misfit(type(model).__name__, loaded.expanded.spec.file, missing,
+                                info["unexpected_keys"], info.get("mismatched_keys") or []))
     return model.eval()
+
+
+def misfit(cls: str, spec: str, missing, unexpected, mismatched) -> str:
+    """What does not fit between the weights written from the spec's model and transformers'
+    ``cls`` loading them, each side named: ``missing`` are tensors ``cls`` holds that the
+    spec's model has none of (transformers' ``missing_keys``: it would keep them random),
+    ``unexpected`` tensors the spec's model wrote that ``cls`` has no place for,
+    ``mismatched`` (name, written shape, ``cls``'s shape) triples."""
+    parts = []
+    if missing:
+        parts.append(f"transformers' {cls} holds {', '.join(sorted(missing))}, which the "
+                     f"spec's model neither has nor declares unread (a tensor {cls} holds "
+                     f"and the model never reads goes in {spec}'s checkpoint.unused)")
+    if unexpected:
+        parts.append(f"the spec's model has {', '.join(sorted(unexpected))}, which "
+                     f"transformers' {cls} does not take (a rename missing in {spec}'s "
+                     "checkpoint.renames, or another class?)")
+    for m in mismatched:
+        name, *shapes = m if isinstance(m, (list, tuple)) else (m,)
+        said = f" is {list(shapes[0])} in the spec's model, {list(shapes[1])} in {cls}" \
+            if len(shapes) == 2 else " is shaped otherwise in each"
+        parts.append(f"{name}{said}")
+    return f"the weights do not fit transformers' {cls}: " + "; ".join(parts)
 
 
 def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Golden:
