@@ -37,7 +37,7 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
             a text is not UTF-8 text.
     """
     if loaded.tokenizer is None:
-        raise ValueError("texts need the checkpoint's tokenizer.json")
+        raise ValueError(no_tokenizer(loaded.directory))
     version = loaded.model.version()
     if version.pooling.kind == "none":
         raise ValueError("the spec's pooling is 'none': it gives one vector per token, not one "
@@ -53,6 +53,25 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
                     "sentence-transformers truncates): the rest is not embedded", cut,
                     len(texts), "s were" if len(texts) != 1 else " was", n)
     return np.stack(rows)
+
+
+def no_tokenizer(directory: Path | None) -> str:
+    """Why texts cannot be encoded without a tokenizer: the directory searched and the file
+    expected, and what to do where a slow tokenizer's files are there instead."""
+    if directory is None:
+        return ("texts need a checkpoint's tokenizer.json, and a --toy model has none: give "
+                "--checkpoint DIR")
+    slow = sorted(p.name for p in Path(directory).glob("*") if p.name in SLOW_FILES)
+    return (f"texts need a tokenizer, and {directory} holds no tokenizer.json (the tokenizers "
+            "library's file, as transformers' fast tokenizers save it)"
+            + (f"; {', '.join(slow)} (a slow tokenizer's) is not read here: write "
+               "tokenizer.json with transformers' AutoTokenizer.from_pretrained(DIR)"
+               ".save_pretrained(DIR)" if slow else ""))
+
+
+#: A slow (Python) tokenizer's files, which transformers converts and this does not read.
+SLOW_FILES = ("vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model",
+              "spiece.model", "tokenizer.model")
 
 
 def _utf8(texts: list[str]) -> None:

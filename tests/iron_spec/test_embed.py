@@ -170,3 +170,32 @@ def test_a_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
 def test_embed_texts_refuses_a_text_that_is_not_utf8(loaded):
     with pytest.raises(ValueError, match="TEXT 1 is not UTF-8 text: byte 0xe9 at position 3"):
         embed_texts(loaded, ["caf\udce9"])
+
+
+def _toy_encoder_dir(tmp_path):
+    """A bert toy checkpoint directory: config.json and model.safetensors, no tokenizer."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from iron_spec.encoder import load_encoder
+
+    loaded = load_encoder(SPECS / "bert.yaml", random_weights=0, toy=True)
+    (tmp_path / "config.json").write_text(json.dumps(loaded.config_json))
+    save_file({k: np.ascontiguousarray(v) for k, v in loaded.checkpoint_tensors().items()},
+              str(tmp_path / "model.safetensors"))
+    return tmp_path
+
+
+def test_embed_without_tokenizer_json_names_the_directory_and_the_file(tmp_path):
+    # Found by a new user's trial: "texts need the checkpoint's tokenizer.json", no path.
+    import iron_spec
+
+    directory = _toy_encoder_dir(tmp_path)
+    result = runner.invoke(app, ["embed", str(SPECS / "bert.yaml"), "--checkpoint",
+                                 str(directory), "hello"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"{directory} holds no tokenizer.json" in result.output, result.output
+    (directory / "vocab.txt").write_text("[PAD]\n[CLS]\n[SEP]\nhello\n")
+    with pytest.raises(ValueError, match="vocab.txt .a slow tokenizer's. is not read here"):
+        iron_spec.load(str(SPECS / "bert.yaml"), directory).embed("hello")
