@@ -9,7 +9,6 @@ weights. The code reads behaviours, never a family's name.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -21,7 +20,8 @@ from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, Encoder, EncoderLayerOp
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
 from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
-from iron_spec.runtime.values import MAX_INT, TOKEN_KEYS, token_ids
+from iron_spec.runtime.files import read_object
+from iron_spec.runtime.values import MAX_INT, TOKEN_KEYS, token_ids, whole
 from iron_spec.runtime.weights import draw_weights
 
 from .build import Loaded, fill_weights, model_inputs
@@ -400,12 +400,17 @@ class TextIds:
 
 
 def _sentence_length(directory: Path) -> int | None:
-    """sentence-transformers' ``max_seq_length`` (sentence_bert_config.json), if saved."""
+    """sentence-transformers' ``max_seq_length`` (sentence_bert_config.json), if saved.
+
+    Raises:
+        FileError: the file is not a JSON object (named), as sentence-transformers refuses
+            it; a ``max_seq_length`` that is not a whole number >= 1 (the file and key named).
+    """
     path = directory / "sentence_bert_config.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    value = json.loads(path.read_text()).get("max_seq_length")
-    return value if isinstance(value, int) and value > 0 else None
+    value = read_object(path, what="sentence_bert_config.json").get("max_seq_length")
+    return None if value is None else whole(value, f"{path}: max_seq_length", at_least=1)
 
 
 def _fits(spec: Spec, o: EncoderOptions, source: str) -> None:

@@ -199,3 +199,16 @@ def test_embed_without_tokenizer_json_names_the_directory_and_the_file(tmp_path)
     (directory / "vocab.txt").write_text("[PAD]\n[CLS]\n[SEP]\nhello\n")
     with pytest.raises(ValueError, match="vocab.txt .a slow tokenizer's. is not read here"):
         iron_spec.load(str(SPECS / "bert.yaml"), directory).embed("hello")
+
+
+@pytest.mark.parametrize("text, says", [("{not json", "not valid JSON"), ("[]", "holds a list"),
+                                        ('{"max_seq_length": "128"}', "max_seq_length is '128'")])
+def test_a_broken_sentence_bert_config_is_refused_naming_the_file(tmp_path, text, says):
+    # Found by trying: a JSONDecodeError or AttributeError traceback naming no file.
+    directory = _toy_encoder_dir(tmp_path)
+    (directory / "sentence_bert_config.json").write_text(text)
+    result = runner.invoke(app, ["embed", str(SPECS / "bert.yaml"), "--checkpoint",
+                                 str(directory), "hello"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert str(directory / "sentence_bert_config.json") in result.output and says in \
+        result.output, result.output
