@@ -19,7 +19,7 @@ from iron_spec.operators.rope import ntk_alpha_theta, rope_inv_freq
 from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
                                       LayerOptions, MLPOptions, NormOptions,
                                       PerLayerInputOptions, RopeOptions)
-from iron_spec.runtime.causal import CausalOptions, Sinusoidal
+from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions, Sinusoidal
 from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
 from iron_spec.runtime.values import MAX_INT, rope_scaling
@@ -439,7 +439,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
             raise spec.error(("rope", name, "scaling"), f"rope table {name!r} rotates 2 columns "
                              "with dynamic scaling, whose base grows by a power dim / (dim - 2) "
                              "(transformers' _compute_dynamic_ntk_parameters): at least 4")
-    layers = [built[k] for k in keys]
+    layers = _first_attention_norm(spec, r, [built[k] for k in keys])
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
@@ -464,6 +464,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         sinusoidal=_sinusoidal(spec, r, positions, v["hidden_size"]),
         final_norm=_flag_option(spec, r, ("head", "norm"), True),
         head_rows=_head_rows(spec, r, v["vocab_size"]),
+        head_transform=_head_transform(spec, r),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec))
 
@@ -486,6 +487,42 @@ def _own_tables(spec: Spec, built: dict, fields: dict, ropes: dict[str, RopeOpti
         table = same[0] if same else f"{name}#{sum(n.startswith(name + '#') for n in ropes) + 1}"
         ropes[table] = mine
         built[key] = replace(lo, attention=replace(lo.attention, rope=table))
+
+
+def _first_attention_norm(spec: Spec, r: Resolved, layers: list[LayerOptions]) -> list[LayerOptions]:
+    """``layer.first_attention_norm``: false, layer 0 holds no ``input_layernorm`` and its
+    attention reads the embeddings as they are (ModernBertDecoderLayer's ``attn_norm``).
+
+    Raises:
+        SpecError: at the option, false on a layer other than a decoder placed pre that is
+            not parallel.
+    """
+    at = ("layer", "first_attention_norm")
+    if _flag_option(spec, r, at, True):
+        return layers
+    first = layers[0]
+    if first.kind != "decoder" or first.placement != "pre" or first.parallel:
+        raise spec.error(at, "a first layer without its attention norm is kind decoder, "
+                             f"placement pre, not parallel (not {first.kind}, {first.placement}"
+                             f"{', parallel' if first.parallel else ''})")
+    return [replace(first, attention_norm=False)] + layers[1:]
+
+
+def _head_transform(spec: Spec, r: Resolved) -> HeadTransformOptions | None:
+    """``head.transform``: ``{act, bias}`` of the dense + activation + norm before lm_head
+    (``runtime.causal.HeadTransformOptions``), None where the spec has none.
+
+    Raises:
+        SpecError: at the option's own line, an activation no operator has or a bias that
+            is not a boolean.
+    """
+    p = ("head", "transform")
+    if spec.get(*p) is None:
+        return None
+    act = _option(spec, r, p + ("act",), "hidden_act")
+    if act not in ACTIVATIONS:
+        raise spec.error(p + ("act",), f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    return HeadTransformOptions(act=act, bias=_flag_option(spec, r, p + ("bias",), False))
 
 
 def _head_rows(spec: Spec, r: Resolved, vocab: int) -> int | None:

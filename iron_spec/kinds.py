@@ -30,7 +30,7 @@ KINDS: tuple[Row, ...] = (
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         **{k: ("kv_sharing",) + (("per_layer_input",) if k == "ple" else ())
-           + (("parallel", "shared_norm") if k == "decoder" else ())
+           + (("parallel", "shared_norm", "first_attention_norm") if k == "decoder" else ())
            for k in CAUSAL_LAYERS},
         "encoder": ("first_attention_norm", "final_norm_bias", "sharing")}),
     Row(("layer", "attention"), ("layer", "kind"), {

@@ -197,7 +197,9 @@ class LayerOptions:
     (GPTNeoXLayer with ``use_parallel_residual``, GPTJBlock, PhiDecoderLayer,
     CohereDecoderLayer, FalconDecoderLayer with ``parallel_attn``); ``shared_norm``: n1 and
     n2 are one ``input_layernorm`` (GPT-J, Phi, Cohere), else n2 is
-    ``post_attention_layernorm`` (GPT-NeoX's names)."""
+    ``post_attention_layernorm`` (GPT-NeoX's names). ``attention_norm`` false (a ``pre``
+    decoder, not parallel): no ``input_layernorm``, the attention reads the layer's input as
+    it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -208,6 +210,7 @@ class LayerOptions:
     per_layer_input: "PerLayerInputOptions | None" = None
     parallel: bool = False
     shared_norm: bool = True
+    attention_norm: bool = True
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from typing import Callable
 import numpy as np
 
 from iron_spec.operators import OPERATORS, PerCall, sinusoidal_table
+from iron_spec.operators.activation import ACTIVATION_PARAMS
 
-from .blocks import (QUERIES, Embedding, LayerOptions, Linear, Norm, NormOptions,
+from .blocks import (QUERIES, ActivationParams, Embedding, LayerOptions, Linear, Norm, NormOptions,
                      PerLayerInputOptions, RopeOptions, rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
@@ -47,7 +48,8 @@ class CausalOptions:
     output is the head's input, as OpenAIGPTModel). ``head_rows``: ``lm_head``'s rows, the
     logits' width, where fewer than ``vocab_size`` (the embedding's; Apertus1p5's pruned
     ``output_vocab_size``: ids from ``head_rows`` on are read, never drawn; None: all).
-    ``max_seq_len``: positions the KV caches
+    ``head_transform``: a dense layer, an activation and a norm between the final norm and
+    ``lm_head`` (``HeadTransformOptions``; None: none). ``max_seq_len``: positions the KV caches
     hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
@@ -68,6 +70,7 @@ class CausalOptions:
     sinusoidal: "Sinusoidal | None" = None
     final_norm: bool = True
     head_rows: int | None = None
+    head_transform: "HeadTransformOptions | None" = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -82,6 +85,36 @@ class Sinusoidal:
     theta: float = 10000.0
     denominator: float | None = None
     zero_row: int | None = None
+
+
+@dataclass(frozen=True)
+class HeadTransformOptions:
+    """The head's transform: ``norm(act(dense(x)))`` on the final hidden state before
+    ``lm_head``, ``dense`` ``(hidden, hidden)`` with a bias where ``bias``, ``act`` an
+    ``ACT2FN`` name, the norm of the layers' kind and eps (ModernBertDecoderPredictionHead:
+    ``classifier_bias``, ``classifier_activation``, a LayerNorm with ``norm_bias``)."""
+
+    act: str = "gelu"
+    bias: bool = False
+
+
+class HeadTransform(Module):
+    """``dense`` (Linear), the activation (``act_fn`` where it holds parameters) and
+    ``norm``: ``x`` ``(n, hidden)`` float32 to ``norm(act(dense(x)))`` of the same shape, as
+    transformers' ModernBertDecoderPredictionHead.forward."""
+
+    def __init__(self, hidden_size: int, o: HeadTransformOptions, norm: NormOptions):
+        self.dense = Linear(hidden_size, hidden_size, o.bias)
+        if o.act in ACTIVATION_PARAMS:
+            self.act_fn = ActivationParams(o.act)
+        self.norm = Norm(hidden_size, norm)
+        self.options = o
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        params = self.act_fn(rec) if hasattr(self, "act_fn") else []
+        h = rec.step("activation", self.dense(rec, x), *params, where=self.path,
+                     act=self.options.act)
+        return self.norm(rec, h)
 
 
 class Table:
@@ -180,7 +213,8 @@ class Decoder(Module):
 
 
 class CausalLM(Module):
-    """``model`` (a Decoder) and ``lm_head``; compiled into a decode step and a prompt chunk.
+    """``model`` (a Decoder), ``head_transform`` (where the options hold one) and ``lm_head``;
+    compiled into a decode step and a prompt chunk.
 
     Raises:
         ValueError: ``prefill_chunk`` is not in ``[1, max_seq_len]``; ``head_rows`` outside
@@ -196,6 +230,8 @@ class CausalLM(Module):
             raise ValueError(f"an lm_head of {rows} rows beside an embedding of {o.vocab_size}: "
                              f"1..{o.vocab_size} rows, all of them where tied")
         self.model = Decoder(o)
+        if o.head_transform is not None:
+            self.head_transform = HeadTransform(o.hidden_size, o.head_transform, o.norm)
         self.lm_head = Linear(o.hidden_size, rows, o.head_bias)
         if o.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -332,6 +368,8 @@ class CausalLM(Module):
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
         if self.model.norm is not None:
             x = self.model.norm(rec, x)
+        if o.head_transform is not None:
+            x = self.head_transform(rec, x)
         logits = self.lm_head(rec, x)
         if o.logit_scale != 1.0:
             logits = rec.step("mul", logits, where="lm_head", scale=o.logit_scale)

@@ -37,9 +37,13 @@ class DecoderLayer(Module):
     ``use_parallel_residual``). transformers sums in other orders (GPT-NeoX ``m + a + x``,
     Cohere ``x + a + m``): float32 rounding of one add apart.
 
+    ``attention_norm`` false (``pre``, not parallel): no ``input_layernorm``, the attention
+    reads ``x`` as it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0).
+
     Raises:
-        ValueError: an unknown kind or placement, ``per_layer_input`` on another kind, or
-            ``parallel`` on a layer other than a ``pre`` decoder.
+        ValueError: an unknown kind or placement, ``per_layer_input`` on another kind,
+            ``parallel`` on a layer other than a ``pre`` decoder, or a layer without its
+            attention norm other than a ``pre`` decoder that is not parallel.
     """
 
     def __init__(self, hidden_size: int, o: LayerOptions, max_seq_len: int):
@@ -53,8 +57,12 @@ class DecoderLayer(Module):
         if o.parallel and (o.kind != "decoder" or placement != "pre"):
             raise ValueError(f"a parallel layer is a decoder placed pre, not kind {o.kind!r} "
                              f"placed {placement!r}")
+        if not o.attention_norm and (placement != "pre" or o.parallel):
+            raise ValueError("a layer without its attention norm is a decoder placed pre, not "
+                             f"placed {placement!r}{' and parallel' if o.parallel else ''}")
         E, n = hidden_size, o.norm
-        self.input_layernorm = Norm(E, n) if placement not in ("post", "post_residual") else None
+        held = placement not in ("post", "post_residual") and o.attention_norm
+        self.input_layernorm = Norm(E, n) if held else None
         self.self_attn = Attention(E, o.attention, max_seq_len, n)
         shared = o.parallel and o.shared_norm
         self.post_attention_layernorm = None if shared else Norm(E, n)

@@ -1,0 +1,56 @@
+"""Layer-vocabulary behaviours flipped one at a time against their specs' goldens
+(transformers' logits on the same weights): each flip must miss by far more than the gate.
+
+A flip that keeps the model's tensors is judged by the golden as it is (``flipped_kl``); a
+flip that adds a tensor is judged on the right model's weights with the new tensor set to
+what a checkpoint would most plausibly hold (a norm's ones and zeros), under the right
+model's fingerprint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iron_spec.build import load_model
+from iron_spec.check import golden_path
+from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
+from iron_spec.runtime.session import Session
+from tests.conftest import SPECS
+from tests.specs.test_position_flips import flipped_kl
+
+
+def _kl_on_the_right_weights(tmp_path, name: str, old: str, new: str, extra: dict) -> float:
+    """The mean KL against spec ``name``'s golden of the spec with ``old`` replaced by
+    ``new``, its params those of the right spec's drawn model by name and ``extra``'s
+    (name: value) for the ones only it holds."""
+    right = load_model(SPECS / f"{name}.yaml", random_weights=0, toy=True)
+    golden = Golden.read(golden_path(right), right.fingerprint())
+    text = (SPECS / f"{name}.yaml").read_text()
+    assert old in text
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text.replace(old, new, 1))
+    flipped = load_model(path, random_weights=0, toy=True)
+    weights = dict(right.lm.named_params())
+    held = dict(flipped.lm.named_params())
+    assert set(held) - set(weights) == set(extra)
+    for key, param in held.items():
+        param.fill(np.broadcast_to(extra[key], param.shape) if key in extra
+                   else weights[key].array)
+    return kl_stats(teacher_forced(golden, Session(flipped.lm).logits))["mean"]
+
+
+def test_the_head_transform_activation_flipped_misses_the_golden(tmp_path):
+    # ModernBertDecoderPredictionHead's classifier_activation (the toy's silu) read as the
+    # MLP's gelu: the transform runs between the final norm and lm_head.
+    kl = flipped_kl(tmp_path, "modernbert_decoder", "transform: {act: classifier_activation",
+                    "transform: {act: hidden_activation")
+    assert kl > 1e-4
+
+
+def test_the_first_layer_normed_misses_the_golden(tmp_path):
+    # ModernBertDecoderLayer's attn_norm is an Identity at layer 0; a LayerNorm there (ones,
+    # zeros: the plainest weights) normalizes the embeddings' norm output a second time.
+    kl = _kl_on_the_right_weights(
+        tmp_path, "modernbert_decoder", "first_attention_norm: false", "first_attention_norm: true",
+        {"model.layers.0.input_layernorm.weight": 1.0, "model.layers.0.input_layernorm.bias": 0.0})
+    assert kl > 1e-4
