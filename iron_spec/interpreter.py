@@ -226,9 +226,11 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         softcap=number(*a, "softcap"),
         qk_norm=qk_norm, fused_qkv=flag(*a, "fused_qkv"), v_norm=flag(*a, "v_norm"),
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
+        qkv_shards=whole(*a, "qkv_shards", default=1), qkv_order=word(*a, "qkv_order", default="qkv")[0],
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"))
+    _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
                        *opt(*a, "alibi_bfloat16", default=False))
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
@@ -251,6 +253,33 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
                         parallel=parallel, shared_norm=_flag(spec, at, shared_norm))
+
+
+def _qkv_shards(spec: Spec, a: AttentionOptions, shards_at: tuple, order_at: tuple) -> None:
+    """``attention.qkv_shards`` and ``qkv_order``: the fused rows' model-parallel blocks
+    (``runtime.blocks.qkv_rows``, layout ``shards``).
+
+    Raises:
+        SpecError: at the option, an order that is not a permutation of ``qkv``, shards
+            below 1 or not dividing q's and k/v's rows, or either set on another layout or
+            without ``fused_qkv``.
+    """
+    if a.qkv_layout != "shards":
+        if a.qkv_shards != 1 or a.qkv_order != "qkv":
+            at = shards_at if a.qkv_shards != 1 else order_at
+            raise spec.error(at, "qkv_shards and qkv_order place a fused projection's rows "
+                                 f"under qkv_layout shards (not {a.qkv_layout!r})")
+        return
+    if not a.fused_qkv:
+        raise spec.error(shards_at, "qkv_layout shards orders a fused qkv_proj's rows: only "
+                                    "with attention.fused_qkv")
+    if not isinstance(a.qkv_order, str) or sorted(a.qkv_order) != ["k", "q", "v"]:
+        raise spec.error(order_at, f"qkv_order {a.qkv_order!r} is not a permutation of qkv "
+                                   "(the order of q, k and v in each shard)")
+    q, kv, n = a.heads * a.head_dim, a.kv_heads * a.head_dim, a.qkv_shards
+    if n < 1 or q % n or kv % n:
+        raise spec.error(shards_at, f"{n} qkv shards do not split q ({q} rows) and k, v "
+                                    f"({kv} rows each) into equal pieces")
 
 
 def _alibi(spec: Spec, a: AttentionOptions, max_bias: Any, at: tuple, scaled: Any,

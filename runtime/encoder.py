@@ -81,6 +81,8 @@ class EncoderLayerOptions:
     window: int | None = None
     fused_qkv: bool = False
     qkv_layout: str = "blocks"
+    qkv_shards: int = 1
+    qkv_order: str = "qkv"
     attention_norm: bool = True
     qk_norm: bool = False
     qk_norm_bias: bool | None = None

@@ -33,6 +33,23 @@ def test_per_group_rows():
     assert qkv_rows("groups", 4, 1, 2).tolist() == list(range(12))
 
 
+def test_model_parallel_shard_rows():
+    # Two shards of q, v, k (CodeGen's order): stored [q0 q1 v0 v1 k0 k1 | q2 q3 v2 v3 k2 k3],
+    # rows of one head (head_dim 2) each; the model's [q0..q3; k0..k3; v0..v3].
+    assert qkv_rows("shards", 2, 2, 2, 2, "qvk").tolist() == [0, 1, 6, 7, 4, 5, 10, 11,
+                                                              2, 3, 8, 9]
+    # One shard in order qkv is blocks; k and v narrower than q (GQA) split as well.
+    assert qkv_rows("shards", 4, 1, 2, 1, "qkv").tolist() == list(range(12))
+    assert qkv_rows("shards", 4, 2, 1, 2, "qkv").tolist() == [0, 1, 4, 5, 2, 6, 3, 7]
+
+
+def test_shards_that_do_not_split_the_rows_are_refused():
+    with pytest.raises(ValueError, match="do not split"):
+        qkv_rows("shards", 2, 1, 2, 4, "qvk")
+    with pytest.raises(ValueError, match="not a permutation"):
+        qkv_rows("shards", 2, 2, 2, 2, "qqk")
+
+
 def test_per_head_needs_as_many_kv_heads():
     with pytest.raises(ValueError, match="groups stores them per kv group"):
         qkv_rows("heads", 4, 2, 2)

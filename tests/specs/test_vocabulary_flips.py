@@ -17,6 +17,7 @@ from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
 from tests.specs.test_position_flips import flipped_kl
+from tests.specs.test_stored_layouts import written
 
 
 def _kl_on_the_right_weights(tmp_path, name: str, old: str, new: str, extra: dict) -> float:
@@ -54,3 +55,24 @@ def test_the_first_layer_normed_misses_the_golden(tmp_path):
         tmp_path, "modernbert_decoder", "first_attention_norm: false", "first_attention_norm: true",
         {"model.layers.0.input_layernorm.weight": 1.0, "model.layers.0.input_layernorm.bias": 0.0})
     assert kl > 1e-4
+
+
+
+def test_codegens_rows_read_in_another_layout_miss_the_golden(tmp_path):
+    # The toy's checkpoint as transformers loaded it, read through the spec with the rows
+    # of CodeGenAttention's mp_num = 4 blocks (query, value, key each) taken as q, k, v, or
+    # as one block ([q; k; v]): the same file, so the golden judges it, and it misses.
+    drawn, _, fingerprint = written("codegen", tmp_path)
+    golden = Golden.read(golden_path(drawn), fingerprint)
+    text = (SPECS / "codegen.yaml").read_text()
+    old = "qkv_layout: shards, qkv_shards: 4, qkv_order: qvk"
+    assert old in text
+    for i, new in enumerate(("qkv_layout: shards, qkv_shards: 4, qkv_order: qkv",
+                             "qkv_layout: shards, qkv_shards: 1, qkv_order: qvk")):
+        path = tmp_path / f"flip{i}.yaml"
+        path.write_text(text.replace(old, new, 1))
+        loaded = load_model(path, checkpoint=tmp_path)
+        assert loaded.fingerprint() == fingerprint
+        assert kl_stats(teacher_forced(golden, Session(loaded.lm).logits))["mean"] > 1e-4
+    right = load_model(SPECS / "codegen.yaml", checkpoint=tmp_path)
+    assert kl_stats(teacher_forced(golden, Session(right.lm).logits))["mean"] < 1e-6
