@@ -10,9 +10,13 @@ model's fingerprint.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from iron_spec.build import load_model
 from iron_spec.check import golden_path
+from iron_spec.errors import SpecError
+from iron_spec.interpreter import expand
+from iron_spec.loader import load_spec
 from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
@@ -76,3 +80,43 @@ def test_codegens_rows_read_in_another_layout_miss_the_golden(tmp_path):
         assert kl_stats(teacher_forced(golden, Session(loaded.lm).logits))["mean"] > 1e-4
     right = load_model(SPECS / "codegen.yaml", checkpoint=tmp_path)
     assert kl_stats(teacher_forced(golden, Session(right.lm).logits))["mean"] < 1e-6
+
+
+def test_exaone4s_full_layers_turned_by_rope_miss_the_golden(tmp_path):
+    # Exaone4Attention turns a full layer's queries and keys only where sliding_window is
+    # null; the toy's is 6, so RoPE on every layer misses.
+    kl = flipped_kl(tmp_path, "exaone4", 'rope_on: "sliding_window == null"', "rope_on: true")
+    assert kl > 1e-4
+
+
+def test_exaone4_without_a_window_turns_every_layer():
+    # Exaone4Attention: `if self.sliding_window is None or self.is_sliding` turns q and k;
+    # with a null sliding_window no layer has a window (its sliding mask is the causal one).
+    spec = load_spec(SPECS / "exaone4.yaml")
+    config = dict(spec.get("toy", "config"), sliding_window=None,
+                  layer_types=["sliding_attention", "full_attention"] * 2)
+    layers = expand(spec, config).options.layers
+    assert [lo.attention.rope for lo in layers] == ["default"] * 4
+    assert [lo.attention.window for lo in layers] == [None] * 4
+    windowed = expand(spec, spec.get("toy", "config")).options.layers
+    assert [lo.attention.rope for lo in windowed] == ["default", None, "default", None]
+    assert [lo.attention.window for lo in windowed] == [6, None, 6, None]
+
+
+
+@pytest.mark.parametrize("name,old,new,needle,key", [
+    ("codegen", "qkv_order: qvk", "qkv_order: qqk", "not a permutation of qkv", "qkv_order"),
+    ("codegen", "qkv_shards: 4", "qkv_shards: 3", "do not split", "qkv_shards"),
+    ("codegen", "qkv_layout: shards, ", "", "under qkv_layout shards", "qkv_shards"),
+    ("modernbert_decoder", "  placement: pre\n", "  placement: post\n",
+     "without its attention norm is kind decoder", "first_attention_norm"),
+], ids=["order", "shards", "layout", "first-norm-placement"])
+def test_a_bad_option_is_refused_at_its_line(tmp_path, name, old, new, needle, key):
+    text = (SPECS / f"{name}.yaml").read_text()
+    assert old in text
+    edited = text.replace(old, new, 1)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(edited)
+    with pytest.raises(SpecError, match=needle) as e:
+        load_model(path, random_weights=0, toy=True)
+    assert key in edited.splitlines()[e.value.line - 1]
