@@ -422,6 +422,29 @@ def account(spec: Spec, config_json: Mapping[str, Any], source: str,
                          f"{ALLOW_UNREAD} loads it anyway)")
 
 
+CHOICE_KEYS = {"when", "then", "else"}
+
+
+def chosen(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> tuple[Any, tuple]:
+    """An option's raw value with its choice taken: ``{when: EXPR, then: A, else: B}`` is
+    ``A`` where the boolean expression ``EXPR`` over the resolved fields holds, else ``B``
+    (choices nest), and the path of the branch taken; any other value as it is. It lets a
+    config value choose a word where expressions give numbers and booleans only
+    (HyperCLOVAXDecoderLayer's ``use_post_norm``: a sandwich layer or a pre-norm one).
+
+    Raises:
+        SpecError: at ``when``, an expression that is not true or false.
+    """
+    while isinstance(raw, Mapping) and set(raw) == CHOICE_KEYS:
+        cond = evaluate_option(spec, path + ("when",), raw["when"], resolved)
+        if not isinstance(cond, bool):
+            raise spec.error(path + ("when",), f"a choice's when is {cond!r} (from "
+                                               f"{raw['when']!r}), not true or false")
+        branch = "then" if cond else "else"
+        path, raw = path + (branch,), raw[branch]
+    return raw, path
+
+
 def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> Any:
     """A layer option's value: a literal (number, bool, null) as it is, text as an expression
     over the resolved fields. Raises SpecError at ``path``."""

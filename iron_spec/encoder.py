@@ -332,7 +332,7 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         pooler=pooler,
         pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
         max_tokens=int(L), relative_bias=_relative_bias(spec, r, layers))
-    renames, transposed, unused = checkpoint_layout(spec)
+    renames, transposed, unused = checkpoint_layout(spec, r)
     return ExpandedEncoder(spec, r, options, renames, unused, transposed)
 
 

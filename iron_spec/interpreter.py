@@ -27,7 +27,7 @@ from iron_spec.runtime.values import MAX_INT, rope_scaling
 from . import expr
 from .errors import SpecError
 
-from .config import Resolved, evaluate_option, per_layer_fields, resolve
+from .config import Resolved, chosen, evaluate_option, per_layer_fields, resolve
 from .loader import Spec
 from .schema import validate
 
@@ -185,7 +185,7 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         over = ("layer", "pattern", "options", t) + path
         if t is not None and spec.get(*over, default=_ABSENT) is not _ABSENT:
             at = over
-        return spec.get(*at, default=default), at
+        return chosen(spec, at, spec.get(*at, default=default), r)
 
     def opt(*path, default=None):
         raw, at = word(*path, default=default)
@@ -495,7 +495,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_rows=_head_rows(spec, r, v["vocab_size"]),
         head_transform=_head_transform(spec, r),
         max_seq_len=L, prefill_chunk=min(C, L))
-    return Expanded(spec, r, options, *checkpoint_layout(spec))
+    return Expanded(spec, r, options, *checkpoint_layout(spec, r))
 
 
 def _own_tables(spec: Spec, built: dict, fields: dict, ropes: dict[str, RopeOptions],
@@ -728,16 +728,27 @@ def _sinusoidal(spec: Spec, r: Resolved, rows: int, width: int) -> Sinusoidal | 
     return Sinusoidal(theta, denominator, zero_row)
 
 
-def checkpoint_layout(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+def checkpoint_layout(spec: Spec, r: Resolved | None = None
+                      ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """``checkpoint``'s renames (checkpoint name -> model name, composed in order:
-    ``runtime.renames``), ``transposed`` (model-name patterns of matrices stored ``[in,
-    out]``) and ``unused`` (checkpoint-name patterns of tensors read never).
+    ``runtime.renames``; a rename's target may be a choice by ``r``'s fields, ``config.chosen``,
+    a null one renaming nothing), ``transposed`` (model-name patterns of matrices stored
+    ``[in, out]``) and ``unused`` (checkpoint-name patterns of tensors read never).
 
     Raises:
-        SpecError: a rename or pattern that is not well formed, at its own entry.
+        SpecError: a rename or pattern that is not well formed, at its own entry; a choice
+            without the fields to choose by (``r`` None).
     """
     c = ("checkpoint",)
-    renames = dict(spec.get(*c, "renames", default={}) or {})
+    renames = {}
+    for old, new in (spec.get(*c, "renames", default={}) or {}).items():
+        if isinstance(new, dict):
+            if r is None:
+                raise spec.error(c + ("renames", old), "a rename chosen by the config needs "
+                                                       "the config's fields")
+            new = chosen(spec, c + ("renames", old), new, r)[0]
+        if new is not None:
+            renames[old] = new
     for old, new in renames.items():
         try:
             compile_table({old: new})

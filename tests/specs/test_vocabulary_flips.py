@@ -9,6 +9,8 @@ model's fingerprint.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -17,10 +19,11 @@ from iron_spec.check import golden_path
 from iron_spec.errors import SpecError
 from iron_spec.interpreter import expand
 from iron_spec.loader import load_spec
-from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
+from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
 from tests.specs.test_position_flips import flipped_kl
+from tests.specs.test_goldens import judge
 from tests.specs.test_stored_layouts import written
 
 
@@ -120,3 +123,54 @@ def test_a_bad_option_is_refused_at_its_line(tmp_path, name, old, new, needle, k
     with pytest.raises(SpecError, match=needle) as e:
         load_model(path, random_weights=0, toy=True)
     assert key in edited.splitlines()[e.value.line - 1]
+
+
+def _hyperclovax_config(tmp_path, **changes):
+    config = dict(load_spec(SPECS / "hyperclovax.yaml").get("toy", "config"), **changes)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_use_post_norm_chooses_the_layer_and_its_names(tmp_path):
+    # HyperCLOVAXDecoderLayer: post_norm1/post_norm2 RMSNorms where use_post_norm, else
+    # nn.Identity (Granite's pre-norm layer, post_attention_layernorm the MLP's input norm).
+    # Each config judged by a golden transformers recorded from it.
+    directory = _hyperclovax_config(tmp_path, use_post_norm=False)
+    pre = load_model(SPECS / "hyperclovax.yaml", checkpoint=directory, random_weights=0,
+                     prefill_chunk=16)
+    assert {lo.placement for lo in pre.expanded.options.layers} == {"pre"}
+    assert pre.expanded.renames == {}
+    judge(pre, Golden.read(SPECS.parent / "tests" / "goldens" / "hyperclovax" /
+                           "pre-norm-seed0.npz", pre.fingerprint()))
+    post = load_model(SPECS / "hyperclovax.yaml", random_weights=0, toy=True)
+    assert {lo.placement for lo in post.expanded.options.layers} == {"sandwich"}
+    assert post.expanded.renames["post_norm1"] == "post_attention_layernorm"
+    judge(post, Golden.read(golden_path(post), post.fingerprint()))
+
+
+def test_a_choice_chosen_the_other_way_misses_the_golden(tmp_path):
+    # The pre-norm config read as a sandwich (the choice inverted) asks for post norms the
+    # checkpoint transformers wrote from it does not hold.
+    text = (SPECS / "hyperclovax.yaml").read_text()
+    old = "placement: {when: use_post_norm, then: sandwich, else: pre}"
+    assert old in text
+    path = tmp_path / "flipped.yaml"
+    path.write_text(text.replace(old, 'placement: {when: "not use_post_norm", then: sandwich, else: pre}'))
+    (tmp_path / "pre").mkdir()
+    directory = _hyperclovax_config(tmp_path / "pre", use_post_norm=False)
+    flipped = load_model(path, checkpoint=directory, random_weights=0, prefill_chunk=16)
+    assert {lo.placement for lo in flipped.expanded.options.layers} == {"sandwich"}
+    with pytest.raises(GoldenError, match="stale"):
+        Golden.read(SPECS.parent / "tests" / "goldens" / "hyperclovax" / "pre-norm-seed0.npz",
+                    flipped.fingerprint())
+
+
+def test_a_choice_whose_condition_is_no_boolean_is_refused_at_its_line(tmp_path):
+    text = (SPECS / "hyperclovax.yaml").read_text()
+    old = "placement: {when: use_post_norm,"
+    edited = text.replace(old, "placement: {when: rms_norm_eps,", 1)
+    path = tmp_path / "hyperclovax.yaml"
+    path.write_text(edited)
+    with pytest.raises(SpecError, match="not true or false") as e:
+        load_model(path, random_weights=0, toy=True)
+    assert "placement: {when: rms_norm_eps" in edited.splitlines()[e.value.line - 1]
