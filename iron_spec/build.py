@@ -32,6 +32,7 @@ from .config import account
 from .errors import FlagError
 from .generation import read_generation_config
 from .interpreter import expand
+from .shapes import explainer
 from .loader import load_spec
 
 Progress = Callable[[int, int], None]
@@ -237,11 +238,13 @@ def example(spec) -> Path:
 
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
                  renames: dict, unused, progress: Progress | None, spec=None,
-                 config_json: dict | None = None) -> tuple[LoadReport, Checkpoint | None]:
+                 config_json: dict | None = None, fields: dict | None = None
+                 ) -> tuple[LoadReport, Checkpoint | None]:
     """Fill ``model``'s params: drawn at ``random_weights`` by ``draw(model, seed)``, else read
     strictly from ``directory``'s checkpoint (``runtime.checkpoint.load``), or from a GGUF
-    file's tensors as ``spec`` reads them (``gguf_files.checkpoint``, on its ``config_json``).
-    Returns the report and the checkpoint read (None when drawn)."""
+    file's tensors as ``spec`` reads them (``gguf_files.checkpoint``, on its ``config_json``);
+    a mis-shaped tensor's error names the config ``fields`` (resolved values) its expected
+    shape equals. Returns the report and the checkpoint read (None when drawn)."""
     if random_weights is not None:
         return fill(model, draw(model, random_weights)), None
     assert directory is not None, "a checkpoint directory, when nothing is drawn"
@@ -250,7 +253,9 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
                                            checkpoint_names(model, renames))
     else:
         checkpoint = Checkpoint(directory)
-    return load(model, checkpoint, renames, progress, unused), checkpoint
+    shapes = {n: p.stored_shape for n, p in model.named_params()}
+    return load(model, checkpoint, renames, progress, unused,
+                explainer(fields or {}, shapes)), checkpoint
 
 
 def checkpoint_names(model, renames: dict) -> list[str]:
@@ -358,7 +363,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, expanded.unused, progress, spec,
-                                      config_json)
+                                      config_json, expanded.resolved.values)
     lm.decode_weights = decode_weights
     if decode_weights != "float32":
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run

@@ -462,7 +462,8 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     model = Encoder(expanded.options)
     mark_transposed(model, expanded.transposed)
     report, ckpt = fill_weights(model, directory, random_weights, draw_weights,
-                                expanded.renames, expanded.unused, progress)
+                                expanded.renames, expanded.unused, progress,
+                                fields=expanded.resolved.values)
     tokenizer = None
     if directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = TextIds(directory, expanded.options.max_tokens)

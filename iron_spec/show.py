@@ -31,6 +31,7 @@ from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from .errors import SpecError, message
 from .loader import Spec, load_spec
+from .shapes import fields_of
 
 FORMATS = ("text", "json")
 PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
@@ -253,9 +254,14 @@ def _summary(view: View) -> list[str]:
     out += [f"  unused: {s}" for s in p.unused]
     out += [f"  left over: {s}" + (f" (renamed {t})" if t != s else "") for s, t in p.unplaced]
     out += [f"  unfilled: {name}" for name in p.unfilled]
+    values = {n: f["value"] for n, f in view.config.items()}
     for s, t in p.misshaped:
-        out.append(f"  mis-shaped: {s} is {list(view.tensors[s].shape)}, {t} is "
-                   f"{list(p.params[t].shape)}")
+        stored = p.params[t].stored_shape
+        out.append(f"  mis-shaped: checkpoint tensor {s} in "
+                   f"{getattr(view.tensors[s], 'file', view.checkpoint)} is "
+                   f"{list(view.tensors[s].shape)}; the spec expects {t} to be {list(stored)}"
+                   + (" stored transposed (checkpoint.transposed)" if p.params[t].transposed
+                      else "") + fields_of(tuple(stored), values))
     return out
 
 

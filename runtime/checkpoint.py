@@ -334,9 +334,13 @@ def distinct_ties(module: Module, checkpoint: "Checkpoint", renames: Mapping[str
 
 
 def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping[str, str],
-         unused: Iterable[str] = (), stored: bool = True) -> Placement:
+         unused: Iterable[str] = (), stored: bool = True,
+         origin: Callable[[str], str] | None = None,
+         expects: Callable[[str], str] | None = None) -> Placement:
     """``place``, strictly: raises CheckpointError listing every missing, unexpected and
-    mis-shaped tensor together, by name."""
+    mis-shaped tensor together, by name. A mis-shaped one names both sides: the checkpoint's
+    tensor (``origin(tensor)``: the file holding it, where given) and the spec's parameter
+    (``expects(param)``: where its shape comes from, ``iron_spec.shapes``)."""
     found = place(module, shapes, renames, unused, stored)
     if found.fits:
         return found
@@ -348,9 +352,11 @@ def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping
         parts.append(f"unexpected {len(names)}: {_some(names)}")
     if found.misshaped:
         parts.append(f"mis-shaped {len(found.misshaped)}: " + _some([
-            f"{s} is {list(shapes[s])}, the model's {t} is "
+            f"checkpoint tensor {s}" + (f" in {origin(s)}" if origin else "")
+            + f" is {list(shapes[s])}; the spec expects {t} to be "
             + (f"{list(found.params[t].stored_shape)} stored transposed (checkpoint.transposed)"
                if stored and found.params[t].transposed else f"{list(found.params[t].shape)}")
+            + (expects(t) if expects else "")
             for s, t in found.misshaped], "; "))
     cut = max(len(found.unfilled), len(found.unplaced), len(found.misshaped)) > SHOWN
     raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(parts) + (
@@ -367,15 +373,18 @@ def _some(items: list[str], sep: str = ", ") -> str:
 
 def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {},
          progress: Callable[[int, int], None] | None = None,
-         unused: Iterable[str] = ()) -> LoadReport:
+         unused: Iterable[str] = (), expects: Callable[[str], str] | None = None) -> LoadReport:
     """Fill every param of ``module`` from ``checkpoint`` (float32), strictly (``bind``).
 
     Nothing is read unless every tensor fits; a param stored in another layout
     (``Param.transposed``, ``Param.rows``) is turned into the model's as it is read; a tensor holding NaN or infinities is refused
-    (CheckpointError naming it); ``progress(done, total)`` follows the reads.
+    (CheckpointError naming it); ``progress(done, total)`` follows the reads; ``expects``
+    as ``bind``'s.
     The file's pages are unmapped afterwards, so they stop counting as resident memory.
     """
-    found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused)
+    found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused,
+                 origin=lambda s: str(getattr(checkpoint.tensors[s], "file", checkpoint.path)),
+                 expects=expects)
     # Every weight is a float: an integer or boolean tensor where one belongs is no weight
     # (a cast would be silent), named before anything is read.
     wrong = [f"{s} ({checkpoint.tensors[s].dtype})" for s in found.sources.values()

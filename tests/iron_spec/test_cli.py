@@ -71,8 +71,8 @@ def test_missing_and_misshaped_tensors_named_together(toy_checkpoint):
     save_file(tensors, str(directory / "model.safetensors"))
     line = _error_line(run("--checkpoint", str(directory), "--prompt", "x"))
     assert "missing 1: model.layers.1.mlp.up_proj.weight" in line
-    assert "model.norm.weight is [65]" in line
-    assert "model.layers.0.self_attn.q_proj.weight is [64, 63]" in line
+    assert f"model.norm.weight in {directory / 'model.safetensors'} is [65]" in line
+    assert "model.layers.0.self_attn.q_proj.weight in" in line and "is [64, 63]" in line
 
 
 def test_truncated_safetensors_names_the_file(toy_checkpoint):
@@ -302,3 +302,19 @@ def test_a_prompt_past_the_context_is_refused_before_its_ids_print():
     assert "100000 tokens do not fit max_seq_len 512" in line
     result = run("--random-weights", "0", "--toy", "--prompt-len", "100000")
     assert "prompt ids" not in result.output and len(result.output) < 1000
+
+
+def test_a_mis_shaped_tensor_names_the_checkpoints_side_and_the_specs(toy_checkpoint):
+    # Found by a new user's trial: "X is [96, 64], the model's X is [128, 64]" said neither
+    # which file holds X nor where the spec's [128, 64] comes from. run, check and show alike.
+    directory, tensors = toy_checkpoint
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name] = np.ones((96, 64), np.float32)
+    save_file(tensors, str(directory / "model.safetensors"))
+    said = (f"checkpoint tensor {name} in {directory / 'model.safetensors'} is [96, 64]; the "
+            f"spec expects {name} to be [128, 64] from intermediate_size=128, hidden_size=64")
+    assert said in _error_line(run("--checkpoint", str(directory), "--prompt", "x"))
+    check = runner.invoke(app, ["check", LLAMA, "--checkpoint", str(directory)])
+    assert check.exit_code == 1 and said in check.output, check.output
+    show = runner.invoke(app, ["show", LLAMA, "--checkpoint", str(directory)])
+    assert show.exit_code == 1 and f"mis-shaped: {said}" in show.output, show.output

@@ -108,8 +108,8 @@ def test_a_transposed_matrix_of_the_wrong_shape_says_so():
     mark_transposed(net, ["layers.*.weight"])
     shapes = {"layers.0.weight": (2, 3), "layers.1.weight": (3, 2), "layers.0.bias": (2,),
               "layers.1.bias": (2,)}
-    with pytest.raises(CheckpointError, match=r"layers.0.weight is \[2, 3\], the model's "
-                       r"layers.0.weight is \[3, 2\] stored transposed"):
+    with pytest.raises(CheckpointError, match=r"layers.0.weight is \[2, 3\]; the spec expects "
+                       r"layers.0.weight to be \[3, 2\] stored transposed"):
         bind(net, shapes, {})
 
 
