@@ -380,6 +380,7 @@ def _refuse_decode_weights(decode_weights: str) -> None:
     if decode_weights != "float32" and decode_pool.LIB is None:
         raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
                          + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
+                            decode_pool.STALE if decode_pool.STALE else
                             "operators._cpu is not built (reinstall with a C compiler)"))
 
 

@@ -1343,5 +1343,14 @@ PyMODINIT_FUNC PyInit__cpu(void) {
     simd = simd_best;
 #endif
     pthread_atfork(NULL, NULL, pool_after_fork);
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#ifndef IRON_SPEC_SOURCE_DIGEST
+#define IRON_SPEC_SOURCE_DIGEST ""
+#endif
+    /* What operators/native.py compares with the sources beside it (operators/_sources.py). */
+    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_DIGEST", IRON_SPEC_SOURCE_DIGEST) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

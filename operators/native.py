@@ -25,10 +25,30 @@ from typing import NamedTuple
 
 import numpy as np
 
+import logging
+from pathlib import Path
+
+from ._sources import digest
+
 try:
     from . import _cpu
 except ImportError:  # not built: the numpy kernels serve
     _cpu = None
+
+#: Why the extension built is not used, where it is stale: built from other sources than
+#: the ``_cpu*.c``/``.h`` beside this file (a C change since the last build), so its step
+#: codes and arguments may not be this tree's ("program: step N is no step", or worse).
+#: The numpy kernels serve then, with a warning: every result stays right, only slower,
+#: and a run or a test is not blocked by a rebuild it can be told about.
+STALE: str | None = None
+if _cpu is not None:
+    _here = digest(Path(__file__).parent)
+    if _here is not None and getattr(_cpu, "SOURCE_DIGEST", None) != _here:
+        STALE = (f"{_cpu.__file__} was built from other sources than "
+                 f"{Path(__file__).parent}/_cpu*.c, _cpu*.h (changed since): rebuild it with "
+                 "pip install -e . (the numpy kernels serve until then, slower)")
+        logging.getLogger("iron_spec").warning("operators._cpu is stale: %s", STALE)
+        _cpu = None
 
 BUILT = _cpu is not None
 #: The extension, unless IRON_SPEC_NATIVE turns it off (0, false, off, no).
@@ -59,7 +79,8 @@ def threads() -> int:
 def describe() -> str:
     """Which kernels a decode step runs on, for logs and bench reports."""
     if LIB is None:
-        return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu not built") + ")"
+        return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu stale: rebuild "
+                            "with pip install -e ." if STALE else "operators._cpu not built") + ")"
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
             f"{', '.join(LIB.available())}); prompt GEMMs: "
             + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
