@@ -96,6 +96,18 @@ class Session:
         return np.array(self._run(tokens, greedy)[0])
 
     def _run(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
+        try:
+            return self._step(tokens, sampler)
+        except BaseException:
+            # Stopped part-way (Ctrl-C's KeyboardInterrupt, an error in a kernel): the caches
+            # may hold positions past what the session records, and a sliding window's ring
+            # may have replaced keys the recorded history still needs (resume_at reads only
+            # what is recorded). They count as holding nothing: the next call runs the whole
+            # history again, never over a half-written cache.
+            self.lm.holder, self._last = None, None
+            raise
+
+    def _step(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
         lm, n = self.lm, tokens.size
         if lm.fit_rope(n):
             # Every cached key was turned by the table of another sequence length (a

@@ -206,3 +206,29 @@ def test_bfloat16_decode_weights_refuse_drawn_float32_weights():
         load_model(LLAMA, random_weights=0, toy=True, decode_weights="bfloat16")
     with pytest.raises(ValueError, match="is not one of float32, bfloat16"):
         load_model(LLAMA, random_weights=0, toy=True, decode_weights="int4")
+
+
+def test_a_prompt_run_interrupted_part_way_resumes_as_a_fresh_run(monkeypatch):
+    # Found by trying Ctrl-C mid-prefill: the chunks run before the interrupt had moved a
+    # sliding window's ring past the history the session recorded, and the next call resumed
+    # over it (gemma3's toy, window 8, chunk 16: logits 0.64 off a fresh run's).
+    lm = load_model(SPECS / "gemma3.yaml", random_weights=0, toy=True).lm
+    rng = np.random.default_rng(0)
+    held = rng.integers(0, 256, 17).tolist()
+    history = held[:16] + rng.integers(0, 256, 60).tolist()  # resumes at 16: 4 chunks
+    session = Session(lm)
+    session.logits(held)
+    plan, calls = type(lm.prompt_chunk), []
+    run = plan.__call__
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(plan, "__call__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        session.logits(history)
+    monkeypatch.setattr(plan, "__call__", run)
+    assert np.array_equal(session.logits(history), Session(lm).logits(history))
