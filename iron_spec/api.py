@@ -293,7 +293,9 @@ class ContextFull(ValueError):
 class Conversation:
     """Messages so far and a session over them: ``send(text)`` adds a user turn and returns
     the reply; ``stream(text)`` the same, piece by piece (the turn is kept once the stream
-    ends). ``messages`` is the list of ``{"role", "content"}`` the template renders."""
+    ends by itself; an interrupted one, closed early or stopped by Ctrl-C, is dropped and the
+    conversation stays as it was: the next turn resumes from the turns before, their KV cache
+    kept). ``messages`` is the list of ``{"role", "content"}`` the template renders."""
 
     def __init__(self, model: Model, system: str | None = None):
         self.model = model
@@ -327,6 +329,8 @@ class Conversation:
             context_bound = False
 
         def keep(result: Completion) -> None:
+            if result.finish_reason == "interrupted":  # dropped: the conversation as it was
+                return
             self.messages[:] = turn + [{"role": "assistant", "content": result.text}]
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"

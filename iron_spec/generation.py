@@ -23,7 +23,7 @@ from iron_spec.runtime.tokenizer import TextStream
 
 #: The sampling settings a caller may give; None leaves each to generation_config.json.
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty")
-FINISH_REASONS = ("eos", "stop", "length", "context")
+FINISH_REASONS = ("eos", "stop", "length", "context", "interrupted")
 log = logging.getLogger("iron_spec")
 
 
@@ -122,7 +122,9 @@ class Completion:
     ``text``: the text drawn, up to the end-of-text token, a stop string (left out) or the
     last token. ``token_ids``: the ids drawn, the end-of-text token included where drawn.
     ``finish_reason``: ``eos`` (an end-of-text token), ``stop`` (the stop string ``stop``),
-    ``length`` (``max_new_tokens`` drawn) or ``context`` (the context is full).
+    ``length`` (``max_new_tokens`` drawn), ``context`` (the context is full) or
+    ``interrupted`` (the stream was closed, or an exception such as Ctrl-C's
+    KeyboardInterrupt ended it, before it ended by itself: the text so far).
     ``logprobs``: each drawn token's natural log-probability under the model's distribution
     (the softmax of the raw logits, before any penalty or warper, as vLLM's default
     ``raw_logprobs``); empty unless asked for. ``seed``: the sampler's (None when greedy).
@@ -177,8 +179,8 @@ class StopText:
 
 class Stream:
     """A generation run lazily: iterate it for the text pieces as they are drawn; once it is
-    exhausted (or closed), ``result`` is the ``Completion``. ``on_finish(result)`` is called
-    then, once."""
+    exhausted (or closed, or interrupted: ``finish_reason`` ``interrupted``), ``result`` is the
+    ``Completion``. ``on_finish(result)`` is called then, once."""
 
     def __init__(self, session: Session, ids: list[int], max_new_tokens: int, sampler: Sampler,
                  eos: frozenset[int], tokenizer, stop: Sequence[str], logprobs: bool,
@@ -210,7 +212,7 @@ class Stream:
         history, drawn, logprobs = list(self.ids), [], []
         text = TextStream(self.tokenizer) if self.tokenizer is not None else None
         stops = StopText(self.stop)
-        shown, reason = [], "length"
+        shown, reason, ended = [], "length", False
         begin = time.perf_counter()
         ttft, after = float("nan"), begin
         try:
@@ -241,7 +243,10 @@ class Stream:
                 if rest:
                     shown.append(rest)
                     yield rest
+            ended = True
         finally:
+            # Closed at a yield or stopped by an exception (Ctrl-C): not a length reached.
+            reason = reason if ended else "interrupted"
             elapsed = time.perf_counter() - after
             rate = (len(drawn) - 1) / elapsed if len(drawn) > 1 and elapsed > 0 else float("nan")
             self.result = Completion("".join(shown), drawn, reason, logprobs,

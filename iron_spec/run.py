@@ -225,7 +225,8 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
           out: _Output) -> None:
     """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
     assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
-    the context is refused alone: said on stderr, the conversation goes on as it was."""
+    the context is refused alone: said on stderr, the conversation goes on as it was; so is a
+    reply Ctrl-C interrupts."""
     conversation = model.chat(system)
     if first is not None:
         out.show(conversation.stream(first, **gen))
@@ -246,7 +247,12 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
         except (ValueError, IndexError) as e:  # that turn is refused, not the chat
             typer.echo(f"{message(e)}; skipped", err=True)
             continue
-        out.show(stream)
+        try:
+            out.show(stream)
+        except KeyboardInterrupt:  # as llama.cpp's interactive mode: Ctrl-C stops the reply
+            stream.close()
+            typer.echo("\n(interrupted: that reply is dropped, the conversation goes on as it "
+                       "was; Ctrl-D or Ctrl-C at the prompt ends it)", err=True)
 
 
 def _read_line() -> str:

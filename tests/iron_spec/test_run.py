@@ -230,3 +230,33 @@ def test_the_log_handler_is_gone_when_the_command_ends():
     assert (list(log.handlers), log.level) == before
     line = next(l for l in first.stderr.splitlines() if l.startswith("KV cache"))
     assert second.stderr.splitlines().count(line) == 1, second.stderr
+
+
+def test_a_reply_interrupted_is_dropped_and_the_chat_goes_on(worded, monkeypatch):
+    # Found by trying Ctrl-C mid-reply: the stream ended as finish_reason "length" and the
+    # conversation kept the half reply; the CLI's chat ended with a traceback-less "Aborted!".
+    directory, _ = worded
+    chat = iron_spec.load("llama3", directory).chat()
+    stream = chat.stream("t1 t2", max_new_tokens=8, temperature=0)
+    next(iter(stream))
+    stream.close()
+    assert stream.result.finish_reason == "interrupted" and chat.messages == []
+    chat.send("t3", max_new_tokens=2, temperature=0)
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"]
+    from iron_spec import run as run_module
+
+    show, seen = run_module._Output.show, []
+
+    def interrupted_once(self, stream, shown=None):
+        seen.append(1)
+        if len(seen) == 1:
+            next(iter(stream))
+            raise KeyboardInterrupt
+        return show(self, stream, shown)
+
+    monkeypatch.setattr(run_module._Output, "show", interrupted_once)
+    result = run("llama3", "--checkpoint", str(directory), "--chat", "--num-tokens", "2",
+                 input="t1 t2\nt3 t4\n")
+    assert result.exit_code == 0, result.output
+    assert "(interrupted: that reply is dropped, the conversation goes on" in result.output
+    assert len(seen) == 2  # the next turn ran
