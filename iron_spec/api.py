@@ -246,6 +246,12 @@ class Model:
                 draw that do not fit ``max_seq_len``; as ``encode`` for the prompt.
             IndexError, TypeError: as ``encode``.
         """
+        logprobs = arguments.flag(logprobs, "logprobs")
+        if session is not None and (not isinstance(session, Session)
+                                    or session.lm is not self.loaded.lm):
+            raise TypeError(f"session is a {type(session).__name__}, not a Session over this "
+                            "model; it is None (the model's own) or a runtime.session.Session "
+                            "of this model's loaded.lm")
         ids = self.encode(prompt)
         sampler = self.sampler(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
                                min_p=min_p, repetition_penalty=repetition_penalty,
@@ -278,8 +284,12 @@ class Model:
         """A conversation: each turn's reply resumes from the KV cache of the turns before.
 
         Raises:
+            TypeError: ``system`` is not text (nor None).
             ValueError: the checkpoint has no tokenizer or no chat template.
         """
+        if system is not None and not isinstance(system, str):
+            raise TypeError(f"system is {type(system).__name__}; it is the system message's "
+                            "text, or None for none")
         if self.tokenizer is None or self.tokenizer.chat_template is None:
             raise ValueError("a chat needs the checkpoint's tokenizer.json and a chat template "
                              "(tokenizer_config.json's chat_template or chat_template.jinja)")

@@ -255,3 +255,17 @@ def test_an_encoder_refuses_a_causal_models_argument(name, value):
 
     with pytest.raises(TypeError, match=f"{name} is for a causal model's.*model: encoder"):
         iron_spec.load(str(SPECS / "bert.yaml"), random_weights=0, toy=True, **{name: value})
+
+
+# Found by trying: logprobs="yes" was taken, session=5 an AttributeError from inside,
+# chat(system=5) refused only at the first send.
+def test_a_bad_stream_flag_or_session_is_refused_naming_it(library):
+    with pytest.raises(TypeError, match=r"logprobs is 'yes' \(str\); it is True or False"):
+        library.generate([5, 17], max_new_tokens=2, logprobs="yes")
+    with pytest.raises(TypeError, match="session is a int, not a Session over this model"):
+        library.generate([5, 17], max_new_tokens=2, session=5)
+
+
+def test_a_system_message_that_is_no_text_is_refused_at_chat(library):
+    with pytest.raises(TypeError, match="system is int; it is the system message's text"):
+        library.chat(system=5)
