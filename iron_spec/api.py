@@ -303,7 +303,7 @@ class ContextFull(ValueError):
 class Conversation:
     """Messages so far and a session over them: ``send(text)`` adds a user turn and returns
     the reply; ``stream(text)`` the same, piece by piece (the turn is kept once the stream
-    ends by itself; an interrupted one, closed early or stopped by Ctrl-C, is dropped and the
+    ends by itself; an interrupted one, closed early or stopped by an interrupt, is dropped and the
     conversation stays as it was: the next turn resumes from the turns before, their KV cache
     kept). ``messages`` is the list of ``{"role", "content"}`` the template renders."""
 

@@ -123,7 +123,7 @@ class Completion:
     last token. ``token_ids``: the ids drawn, the end-of-text token included where drawn.
     ``finish_reason``: ``eos`` (an end-of-text token), ``stop`` (the stop string ``stop``),
     ``length`` (``max_new_tokens`` drawn), ``context`` (the context is full) or
-    ``interrupted`` (the stream was closed, or an exception such as Ctrl-C's
+    ``interrupted`` (the stream was closed, or an exception such as an interrupt's
     KeyboardInterrupt ended it, before it ended by itself: the text so far).
     ``logprobs``: each drawn token's natural log-probability under the model's distribution
     (the softmax of the raw logits, before any penalty or warper, as vLLM's default
@@ -245,7 +245,7 @@ class Stream:
                     yield rest
             ended = True
         finally:
-            # Closed at a yield or stopped by an exception (Ctrl-C): not a length reached.
+            # Closed at a yield or stopped by an exception (an interrupt): not a length reached.
             reason = reason if ended else "interrupted"
             elapsed = time.perf_counter() - after
             rate = (len(drawn) - 1) / elapsed if len(drawn) > 1 and elapsed > 0 else float("nan")

@@ -226,7 +226,7 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
     """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
     assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
     the context is refused alone: said on stderr, the conversation goes on as it was; so is a
-    reply Ctrl-C interrupts."""
+    reply an interrupt (^C) stops."""
     conversation = model.chat(system)
     if first is not None:
         out.show(conversation.stream(first, **gen))
@@ -249,10 +249,10 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
             continue
         try:
             out.show(stream)
-        except KeyboardInterrupt:  # as llama.cpp's interactive mode: Ctrl-C stops the reply
+        except KeyboardInterrupt:  # as llama.cpp's interactive mode: ^C stops the reply
             stream.close()
             typer.echo("\n(interrupted: that reply is dropped, the conversation goes on as it "
-                       "was; Ctrl-D or Ctrl-C at the prompt ends it)", err=True)
+                       "was; end of input (^D) or ^C at the prompt ends it)", err=True)
 
 
 def _read_line() -> str:

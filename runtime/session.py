@@ -99,7 +99,7 @@ class Session:
         try:
             return self._step(tokens, sampler)
         except BaseException:
-            # Stopped part-way (Ctrl-C's KeyboardInterrupt, an error in a kernel): the caches
+            # Stopped part-way (an interrupt's KeyboardInterrupt, an error in a kernel): the caches
             # may hold positions past what the session records, and a sliding window's ring
             # may have replaced keys the recorded history still needs (resume_at reads only
             # what is recorded). They count as holding nothing: the next call runs the whole
