@@ -91,7 +91,8 @@ def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
         golden.out_of(loaded.lm.config.vocab_size)
     except GoldenError as e:
         raise GoldenError(f"{path}: {e}") from None
-    return golden, f"golden {path}"
+    return golden, f"golden {path} ({golden.steps} steps" + \
+        (", float64 rows)" if golden.has_float64 else ")")
 
 
 def needed_length(prompt: int, steps: int, kl_steps: int | None = None) -> int:
@@ -174,6 +175,25 @@ REDUCED_KL = {
 }
 
 
+# The float64 gate: KL mean and max over the golden's steps of our float64 reference()
+# against transformers' model run in float64 on the golden's tokens. float32's own spread
+# (1e-10 .. 2e-8) hides a semantic error as small as an RMSNorm epsilon 10x or 100x off, a
+# gelu for gelu_new, a rope_theta 0.1% off (KL 3e-11 .. 3e-7 on the toys); float64's floor,
+# set by transformers' float32 islands (RoPE's cos/sin, RMSNorm's and the eager softmax's
+# float32), is at most 3.4e-13 mean and 1.3e-11 max over every causal golden (GPT-Neo's
+# attention, which casts query and key to float32): docs/writing-a-spec.md, "What float64
+# sees". Each bound is 30x the worst floor.
+FLOAT64_KL = {"mean": 1e-11, "max": 4e-10}
+
+
+def float64_gate(golden: Golden) -> dict[str, float]:
+    """The float64 KL bounds (mean, max) ``golden`` is judged by: ``FLOAT64_KL``, or, bound
+    by bound, what its meta records (``float64.gate``, with ``float64.why``: a float32
+    island in transformers' float64 model that lifts this golden's floor)."""
+    own = (golden.meta.get("float64") or {}).get("gate") or {}
+    return {**FLOAT64_KL, **{k: float(v) for k, v in own.items()}}
+
+
 def kl_gate(loaded: Loaded) -> dict[str, float]:
     """The KL bounds (mean, p90, max; top1_mismatches where some are allowed) check judges
     by: the reduced decode weights' own (``REDUCED_KL``), else the spec's
@@ -218,6 +238,9 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
         ("compiled = reference", lambda: checks.greedy_match(lm, prompt, greedy, reference)),
         ("KL vs " + ("golden" if golden is not None else "reference"),
          lambda: checks.kl_against(lm, bounds, golden, prompt, steps, reference)),
+        # Reduced decode weights change what the reference's decode step computes too.
+        *([("float64 KL vs golden", lambda: checks.float64_against(lm, golden, float64_gate(golden)))]
+          if golden is not None and golden.has_float64 and lm.decode_weights == "float32" else []),
         ("determinism", lambda: checks.determinism(lm, [prompt, other])),
         ("chat turn", lambda: checks.chat_turn(lm, prompt, turn)),
         ("chunked = decode", lambda: checks.chunked_vs_decode(
@@ -357,6 +380,19 @@ def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
 
 
 ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of order-one values
+# Our float64 reference() against transformers' encoder in float64 (hidden states and pooled,
+# max absolute error); docs/writing-a-spec.md ("What float64 sees") gives the floor.
+ENCODER_FLOAT64_ATOL = 1e-12
+
+
+def encoder_float64_gate(golden) -> float:
+    """The max |error| bound an encoder golden's float64 outputs judge our float64
+    reference() by: ``ENCODER_FLOAT64_ATOL`` (30x above 3.1e-15, the worst floor of an
+    encoder golden whose transformers model is float64 throughout), or the bound its meta
+    records (``float64.gate``, with ``float64.why``: the float32 island in transformers'
+    float64 model, RoPE's cos/sin, RMSNorm's or the softmax's float32, that lifts its
+    floor to 3e-8 .. 8e-7)."""
+    return float((golden.meta.get("float64") or {}).get("gate") or ENCODER_FLOAT64_ATOL)
 
 
 def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
@@ -400,10 +436,14 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     _header(spec, "embeddings", note, as_json)
     results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,
                                       model.version(pooling, check=True))
+    states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
     if found is not None and found.hidden is not None:
-        states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
         results.insert(-1, checks.hidden_states_against(states, probes, found.hidden,
                                                         ENCODER_ATOL))
+    if found is not None and found.hidden64 is not None:
+        results.insert(-1, checks.float64_encoder_against(
+            states, version, probes, found.hidden64, found.pooled64,
+            encoder_float64_gate(found)))
     for r in results:
         _line(r, as_json)
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)

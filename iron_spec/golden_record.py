@@ -1,4 +1,10 @@
-"""Recording goldens from transformers' own model, in float32, on the same weights.
+"""Recording goldens from transformers' own model, in float32, on the same weights, and
+the same model in float64 teacher-forced on the float32 run's tokens (``add_float64``).
+
+transformers' float64 model is not float64 throughout: every *RotaryEmbedding.forward
+computes its cos/sin under ``.float()`` (float32), Gemma's RMSNorm normalizes ``x.float()``,
+and some eager attentions take their softmax in float32. Those islands set the float64
+floor (docs/writing-a-spec.md, "What float64 sees").
 
 Only this module imports torch and transformers (the ``golden`` extra); reading a golden
 needs neither (``runtime.golden``).
@@ -6,6 +12,8 @@ needs neither (``runtime.golden``).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import tempfile
 from typing import Any
@@ -26,8 +34,9 @@ TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
          "Der Himmel ist BLAU, oder? 42 €"]
 
 
-def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
-    """transformers' own model in float32 on ``loaded``'s weights, through the Auto class
+def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str = "float32"):
+    """transformers' own model in ``dtype`` (float32, float64) on ``loaded``'s weights,
+    through the Auto class
     ``auto`` (the causal LM by default; ``AutoModel``, the bare encoder, for an encoder), or
     through the model class of that name (``encoder_class``).
 
@@ -44,8 +53,9 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
     from safetensors.torch import save_file
 
     cls = getattr(transformers, auto)
+    dtype = getattr(torch, dtype)
     if loaded.directory is not None and loaded.random_weights is None:
-        model = cls.from_pretrained(loaded.directory, dtype=torch.float32)
+        model = cls.from_pretrained(loaded.directory, dtype=dtype)
         return model.eval()
     with tempfile.TemporaryDirectory() as d:
         Path(d, "config.json").write_text(json.dumps(loaded.config_json))
@@ -53,7 +63,7 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM"):
         state = {k: torch.from_numpy(np.array(v, order="C")) for k, v in
                  loaded.checkpoint_tensors().items()}
         save_file(state, str(Path(d, "model.safetensors")))
-        model, info = cls.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
+        model, info = cls.from_pretrained(d, dtype=dtype, output_loading_info=True)
     # A name the spec declares unused (checkpoint.unused) is one the model never reads: the
     # drawn weights do not hold it, and transformers keeps its own (a buffer, such as the
     # quantization state of I-BERT's Quant* modules, unread where quant_mode is off).
@@ -104,9 +114,52 @@ def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Gold
             rows.append(row)
             tokens.append(int(np.argmax(row)))
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
-            "dtype": "float32", "model": type(model).__name__}
-    return Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
-                              np.stack(rows), meta)
+            "dtype": "float32", "model": type(model).__name__, "steps": steps}
+    golden = Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
+                                np.stack(rows), meta)
+    return add_float64(loaded, golden)
+
+
+@contextlib.contextmanager
+def _default_float64():
+    """torch's default dtype float64 while transformers' float64 model runs: a tensor it
+    makes without a dtype is then float64 as its weights are (XGLMAttention's
+    ``torch.full((), finfo(float64).min)`` overflows float32 otherwise)."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def float64_arrays(golden: Golden | EncoderGolden) -> dict[str, np.ndarray]:
+    """The arrays a golden's float64 part is stored as (``runtime.golden.add_arrays``)."""
+    if isinstance(golden, EncoderGolden):
+        return golden.float64_arrays()
+    return {"top_logprobs64": golden.top_logprobs64, "tail64": golden.tail64}
+
+
+def add_float64(loaded: Loaded, golden: Golden) -> Golden:
+    """``golden`` with transformers' float64 rows added: its model loaded in float64 on
+    ``loaded``'s weights, teacher-forced on the golden's own tokens one step at a time, as
+    the float32 rows were run (a longrope table is chosen by the length of each history).
+    Every float32 array of ``golden`` is kept as it is; its meta gains ``steps`` and
+    ``float64``."""
+    import torch
+
+    model = hugging_face(loaded, dtype="float64")
+    rows = []
+    with torch.no_grad(), _default_float64():
+        for i in range(golden.steps):
+            history = torch.from_numpy(golden.history(i).astype(np.int64))[None]
+            rows.append(model(history, use_cache=False, logits_to_keep=1).logits[0, -1].numpy())
+    return golden.with_float64(np.stack(rows), {
+        "steps": golden.steps,
+        "float64": {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                    "model": type(model).__name__, "teacher_forced": "the golden's tokens"}})
 
 
 def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]:
@@ -173,6 +226,38 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
     model = hugging_face(loaded, encoder_class(loaded))
     pooling = loaded.model.config.pooling
     probes = encoder_probes(loaded)
+    hidden, pooled = _encode(model, probes, pooling, np.float32)
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "dtype": "float32", "model": type(model).__name__,
+            "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
+    golden = EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta)
+    return add_encoder_float64(loaded, golden)
+
+
+def add_encoder_float64(loaded: Loaded, golden: EncoderGolden) -> EncoderGolden:
+    """``golden`` with transformers' float64 outputs added (``hidden64``, ``pooled64``): its
+    encoder loaded in float64 on ``loaded``'s weights, on the golden's own probes; the
+    float32 arrays kept as they are.
+
+    Raises:
+        ValueError: as ``record_encoder``.
+    """
+    pooling = loaded.model.config.pooling
+    if golden.pooling == "mean":
+        # The older layouts pool by the mean over each probe's rows, unnormalized.
+        pooling = dataclasses.replace(pooling, kind="mean", normalize=False)
+    model = hugging_face(loaded, encoder_class(loaded), dtype="float64")
+    with _default_float64():
+        hidden, pooled = _encode(model, golden.probes, pooling, np.float64)
+    return dataclasses.replace(golden, hidden64=hidden, pooled64=pooled, meta={
+        **golden.meta, "float64": {"dtype": "float64", "model": type(model).__name__}})
+
+
+def _encode(model, probes, pooling, dtype) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """transformers' ``model``'s last hidden states and the spec's ``pooling`` of them on
+    each probe, as ``dtype`` arrays (float32 pooling is computed in float64, then rounded)."""
+    import torch
+
     hidden, pooled = [], []
     with torch.no_grad():
         for ids, types in probes:
@@ -186,7 +271,7 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
             # The last layer's states: an output without last_hidden_state (DPR's encoders
             # return pooler_output and hidden_states) holds them last in hidden_states.
             last = getattr(out, "last_hidden_state", None)
-            h = (out.hidden_states[-1] if last is None else last)[0].numpy().astype(np.float32)
+            h = (out.hidden_states[-1] if last is None else last)[0].numpy().astype(dtype)
             if pooling.kind == "pooler":
                 if getattr(out, "pooler_output", None) is None:
                     raise ValueError(f"transformers' {type(model).__name__} has no pooler, and "
@@ -201,8 +286,5 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
             if p is not None and pooling.normalize:
                 p = p / np.linalg.norm(p)
             hidden.append(h)
-            pooled.append(h if p is None else p.astype(np.float32))
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
-            "dtype": "float32", "model": type(model).__name__,
-            "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
-    return EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta)
+            pooled.append(h if p is None else p.astype(dtype))
+    return hidden, pooled

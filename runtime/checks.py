@@ -146,6 +146,40 @@ def kl_against(lm: CausalLM, bounds: dict[str, float], golden: Golden | None,
     return _timed(run)
 
 
+def float64_against(lm: CausalLM, golden: Golden, bounds: dict[str, float],
+                    steps: int | None = None) -> Result:
+    """Our float64 ``reference()`` against transformers' model run in float64 (the
+    golden's float64 rows), teacher-forced on the golden's tokens: KL(transformers || ours)
+    over its first ``steps`` (default all) mean and max within ``bounds`` (``mean``,
+    ``max``: a float64 gate, far below float32's spread, so a semantic
+    error too small for the float32 KL, an epsilon 100x off, fails here), and the largest
+    |log-probability difference| over the golden's top tokens.
+
+    Raises:
+        GoldenError: the golden holds no float64 rows.
+    """
+    def run() -> Result:
+        ours = Session(lm, reference=True)
+        kls, diffs, n = [], [], golden.steps if steps is None else min(steps, golden.steps)
+        for i in range(n):
+            kl, diff = golden.divergence64(i, ours.logits(golden.history(i)))
+            kls.append(kl)
+            diffs.append(diff)
+        mean, worst = float(np.mean(kls)), float(np.max(kls))
+        stats = {"mean": mean, "max": worst}
+        over = [f"{k} {stats[k]:.3g} > {b:.3g}" for k, b in bounds.items()
+                if not stats[k] <= b]  # NaN fails too
+        figure = (f"float64 reference vs transformers float64, {n} steps: KL mean "
+                  f"{mean:.3g}, max {worst:.3g} (gate mean {bounds['mean']:.3g}, max "
+                  f"{bounds['max']:.3g}), max |log-prob diff| {max(diffs):.3g}")
+        if over:
+            figure += " — " + "; ".join(over)
+        return Result("float64 KL vs golden", not over, figure,
+                      {**stats, "gate": dict(bounds), "max_logprob_diff": max(diffs),
+                       "steps": n})
+    return _timed(run)
+
+
 def determinism(lm: CausalLM, prompts: list[list[int]], steps: int = 4, rounds: int = 3) -> Result:
     """Two prompts alternated over ``rounds``: every run's logits bitwise equal to the first
     run of its prompt."""
@@ -306,4 +340,34 @@ def hidden_states_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
                       f"{len(probes)} texts, every row: max |error| {worst:.3g} (bound "
                       f"{atol:.3g}), min cosine {min(cosines):.8f}",
                       {"max_error": worst, "min_cosine": min(cosines)})
+    return _timed(run)
+
+
+def float64_encoder_against(states, pooled, probes: list[tuple[np.ndarray, np.ndarray]],
+                            hidden64: list[np.ndarray], pooled64: list[np.ndarray] | None,
+                            bound: float) -> Result:
+    """An encoder's float64 ``reference()`` against transformers' encoder run in float64
+    (the golden's ``hidden64`` ``(rows, hidden)`` and ``pooled64`` ``(hidden,)`` per
+    probe): the largest absolute error of the last hidden states (``states``, a version of
+    pooling ``none``) and of the pooled embeddings (``pooled``, the golden's pooling) within
+    ``bound``, a float64 gate far below float32's spread."""
+    def run() -> Result:
+        hidden_err, pooled_err = 0.0, 0.0
+        for i, (ids, types) in enumerate(probes):
+            got = np.asarray(states.reference(ids, types), np.float64)
+            want = np.asarray(hidden64[i], np.float64)
+            if got.shape != want.shape:
+                return Result("float64 vs golden", False, f"hidden states {got.shape}, the "
+                              f"golden's {want.shape}")
+            hidden_err = max(hidden_err, float(np.abs(got - want).max()))
+            if pooled64 is not None:
+                p = np.asarray(pooled.reference(ids, types), np.float64).reshape(-1)
+                pooled_err = max(pooled_err, float(np.abs(p - pooled64[i].reshape(-1)).max()))
+        worst = max(hidden_err, pooled_err)
+        figure = (f"float64 reference vs transformers float64, {len(probes)} texts: max |hidden "
+                  f"error| {hidden_err:.3g}, max |pooled error| {pooled_err:.3g} (gate "
+                  f"{bound:.3g})")
+        return Result("float64 vs golden", worst <= bound, figure,
+                      {"hidden_max_error": hidden_err, "pooled_max_error": pooled_err,
+                       "gate": bound})
     return _timed(run)

@@ -9,6 +9,9 @@ types ``types{i}`` ``(rows,)`` int32, transformers' ``last_hidden_state`` ``hidd
 to transformers' outputs. Two older layouts of ``tests/goldens/bert/`` read too: per probe
 ``mean{i}`` (mean pooling, unnormalized) in place of ``pooled{i}``; or ``ids`` (JSON) with
 ``embeddings`` (mean pooling under the attention mask, unnormalized) and no hidden states.
+Any layout may also hold transformers' encoder run in float64 on the same probes:
+``hidden64_{i}`` ``(rows, hidden)`` and ``pooled64_{i}`` ``(hidden,)`` float64 (pooled as
+``pooled{i}`` is), which our float64 ``reference()`` is judged against.
 
 Not for: causal models (``runtime.golden``), recording (``iron_spec.golden_record``).
 """
@@ -40,6 +43,18 @@ class EncoderGolden:
     hidden: list[np.ndarray] | None = None
     pooling: str = "spec"
     meta: dict = field(default_factory=dict)
+    hidden64: list[np.ndarray] | None = None
+    pooled64: list[np.ndarray] | None = None
+
+    def float64_arrays(self) -> dict[str, np.ndarray]:
+        """The float64 arrays as the file holds them (none where there are none)."""
+        out = {}
+        for i in range(len(self.probes)):
+            if self.hidden64 is not None:
+                out[f"hidden64_{i}"] = np.asarray(self.hidden64[i], np.float64)
+            if self.pooled64 is not None:
+                out[f"pooled64_{i}"] = np.asarray(self.pooled64[i], np.float64)
+        return out
 
     def write(self, path: Path) -> None:
         """Write to ``path`` through a temporary name in its folder (made if absent)."""
@@ -54,6 +69,7 @@ class EncoderGolden:
             arrays[f"pooled{i}"] = np.asarray(self.pooled[i], np.float32)
             if self.hidden is not None:
                 arrays[f"hidden{i}"] = np.asarray(self.hidden[i], np.float32)
+        arrays.update(self.float64_arrays())
         partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
         np.savez_compressed(partial, **arrays)
         os.replace(partial, path)
@@ -80,9 +96,19 @@ class EncoderGolden:
             raise GoldenError(f"{path} is stale: recorded from config and weights {theirs}, "
                               f"these are {fp}")
         meta = json.loads(str(data["meta"])) if "meta" in data else {}
+        n = len(json.loads(str(data["ids"]))) if "embeddings" in data else \
+            sum(1 for k in data if k.startswith("ids") and k[3:].isdigit())
+        float64 = {}
+        for name in ("hidden64", "pooled64"):
+            held = [data[f"{name}_{i}"] for i in range(n) if f"{name}_{i}" in data]
+            if held and len(held) != n:
+                raise GoldenError(f"{path}: not an encoder golden ({name}_{{i}} for "
+                                  f"{len(held)} of {n} probes)")
+            float64[name] = held or None
         if "embeddings" in data:
             ids = [np.asarray(i, np.int32) for i in json.loads(str(data["ids"]))]
-            return cls(fp, [(i, None) for i in ids], list(data["embeddings"]), None, "mean", meta)
+            return cls(fp, [(i, None) for i in ids], list(data["embeddings"]), None, "mean", meta,
+                       **float64)
         probes, pooled, hidden, i = [], [], [], 0
         while f"ids{i}" in data:
             probes.append((data[f"ids{i}"], data[f"types{i}"]))
@@ -97,7 +123,7 @@ class EncoderGolden:
             raise GoldenError(f"{path}: not an encoder golden (ids{{i}}, types{{i}}, pooled{{i}} "
                               "per probe)")
         pooling = "spec" if "pooling" in data else "mean"
-        return cls(fp, probes, pooled, hidden or None, pooling, meta)
+        return cls(fp, probes, pooled, hidden or None, pooling, meta, **float64)
 
 
 def find_encoder_golden(folder: Path, fp: str) -> tuple[EncoderGolden | None, Path | None]:

@@ -8,10 +8,18 @@ all KL(reference || ours) and top-1 need; KL is computed over the top ``K`` toke
 tail as one bucket (a lower bound on the full KL, equal to it when ``K`` covers the vocabulary,
 as on toy shapes). It is keyed by a fingerprint of the config and the weights, and refused
 when either changed.
+
+A golden may also hold transformers' model run in float64, teacher-forced on the very same
+tokens: ``top_logprobs64`` ``(steps, K)`` float64, its log-probabilities of the same
+``top_ids``, and ``tail64`` ``(steps,)`` the log of what is left. Our float64
+``reference()`` is judged against those (``divergence64``): a semantic error too small to
+rise above float32's own spread (an RMSNorm epsilon 100x off on order-one activations)
+stands far above float64's. A golden without them reads as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -61,6 +69,8 @@ class Golden:
     top_logprobs: np.ndarray
     tail: np.ndarray
     meta: dict
+    top_logprobs64: np.ndarray | None = None
+    tail64: np.ndarray | None = None
 
     def _malformed(self) -> str | None:
         """Why these arrays are no golden (shapes that do not fit each other), or None."""
@@ -70,9 +80,20 @@ class Golden:
         if ids.ndim != 2 or lp.shape != ids.shape or tail.shape != ids.shape[:1] or not ids.size:
             return (f"top_ids {ids.shape}, top_logprobs {lp.shape} and tail {tail.shape} must "
                     "be (steps, K), (steps, K) and (steps,), steps and K at least 1")
-        if self.prompt_len < 1 or tokens.size < self.prompt_len + ids.shape[0] - 1:
-            return (f"{tokens.size} tokens do not hold a prompt of {self.prompt_len} and "
-                    f"{ids.shape[0]} steps")
+        # Row i follows tokens[:prompt_len + i]; the last row's greedy token is not kept.
+        if self.prompt_len < 1 or tokens.size != self.prompt_len + ids.shape[0] - 1:
+            return (f"{tokens.size} tokens are not a prompt of {self.prompt_len} and the "
+                    f"{ids.shape[0] - 1} greedy tokens {ids.shape[0]} steps follow "
+                    f"({self.prompt_len + ids.shape[0] - 1} tokens)")
+        claimed = self.meta.get("steps")
+        if claimed is not None and claimed != ids.shape[0]:
+            return f"its meta claims {claimed} steps, and it holds {ids.shape[0]} rows"
+        if (self.top_logprobs64 is None) != (self.tail64 is None):
+            return "top_logprobs64 and tail64 come together"
+        if self.top_logprobs64 is not None and (self.top_logprobs64.shape != ids.shape or
+                                                self.tail64.shape != ids.shape[:1]):
+            return (f"top_logprobs64 {self.top_logprobs64.shape} and tail64 "
+                    f"{self.tail64.shape} must be {ids.shape} and {ids.shape[:1]}")
         if (ids < 0).any() or (tokens < 0).any():
             return "a token id below 0"
         return None
@@ -91,6 +112,27 @@ class Golden:
     @property
     def steps(self) -> int:
         return int(self.top_ids.shape[0])
+
+    @property
+    def has_float64(self) -> bool:
+        """Whether transformers' float64 rows are held (``top_logprobs64``, ``tail64``)."""
+        return self.top_logprobs64 is not None
+
+    def with_float64(self, logits: np.ndarray, meta: dict) -> "Golden":
+        """This golden with transformers' float64 rows added from its full logits ``(steps,
+        vocab)`` on this golden's tokens (row i after ``history(i)``), at this golden's
+        ``top_ids``; every float32 array is kept as it is. ``meta`` joins the golden's."""
+        rows = np.stack([log_softmax(r) for r in np.asarray(logits, np.float64)])
+        if rows.shape[0] != self.steps:
+            raise ValueError(f"{rows.shape[0]} float64 rows for a golden of {self.steps} steps")
+        top = np.take_along_axis(rows, self.top_ids.astype(np.int64), axis=1)
+        rest = 1.0 - np.exp(top).sum(axis=1)
+        tail = np.log(np.clip(rest, 1e-300, None))
+        # Where the top ids are the whole vocabulary nothing is left: what 1 - sum leaves
+        # is rounding, and as a bucket it would weigh in at 1e-13, far above float64's KL.
+        tail[(rest <= 1e-15) | (top.shape[1] == rows.shape[1])] = -np.inf
+        return dataclasses.replace(self, top_logprobs64=top, tail64=tail,
+                                   meta={**self.meta, **meta})
 
     def history(self, step: int) -> np.ndarray:
         return self.tokens[: self.prompt_len + step]
@@ -112,14 +154,23 @@ class Golden:
     def divergence(self, step: int, logits: np.ndarray) -> tuple[float, bool]:
         """KL(reference || ours) at ``step`` over the top tokens and the tail bucket, and
         whether both rank the same token first."""
-        ours = log_softmax(logits)
+        return _divergence(self.top_ids[step], self.top_logprobs[step], self.tail[step], logits)
+
+    def divergence64(self, step: int, logits: np.ndarray) -> tuple[float, float]:
+        """KL(transformers' float64 || ours) at ``step`` over the top tokens and the tail
+        bucket, and the largest |log-probability difference| over the top tokens; for
+        ``logits`` ``(vocab,)`` of a float64 run.
+
+        Raises:
+            GoldenError: the golden holds no float64 rows.
+        """
+        if not self.has_float64:
+            raise GoldenError("this golden holds no float64 rows: re-record it with "
+                              "--record-golden")
         ids = self.top_ids[step]
-        p = np.exp(self.top_logprobs[step].astype(np.float64))
-        kl = float(np.sum(p * (self.top_logprobs[step] - ours[ids])))
-        if np.isfinite(self.tail[step]):
-            q_tail = max(1.0 - float(np.exp(ours[ids]).sum()), 1e-300)
-            kl += float(np.exp(self.tail[step]) * (self.tail[step] - np.log(q_tail)))
-        return max(kl, 0.0), int(np.argmax(ours)) == int(ids[0])
+        kl, _ = _divergence(ids, self.top_logprobs64[step], self.tail64[step], logits)
+        ours = log_softmax(logits)
+        return kl, float(np.abs(ours[ids] - self.top_logprobs64[step]).max())
 
     # -- files -----------------------------------------------------------------------------
     def write(self, path: str | Path) -> None:
@@ -127,10 +178,13 @@ class Golden:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+        more = {} if self.top_logprobs64 is None else {
+            "top_logprobs64": np.asarray(self.top_logprobs64, np.float64),
+            "tail64": np.asarray(self.tail64, np.float64)}
         np.savez_compressed(partial, fingerprint=self.fingerprint, tokens=self.tokens,
                             prompt_len=self.prompt_len, top_ids=self.top_ids,
                             top_logprobs=self.top_logprobs, tail=self.tail,
-                            meta=json.dumps(self.meta, sort_keys=True))
+                            meta=json.dumps(self.meta, sort_keys=True), **more)
         os.replace(partial, path)
 
     @classmethod
@@ -149,7 +203,8 @@ class Golden:
         try:
             with np.load(path, allow_pickle=False) as f:
                 g = cls(str(f["fingerprint"]), f["tokens"], int(f["prompt_len"]), f["top_ids"],
-                        f["top_logprobs"], f["tail"], json.loads(str(f["meta"])))
+                        f["top_logprobs"], f["tail"], json.loads(str(f["meta"])),
+                        *(f[k] if k in f.files else None for k in ("top_logprobs64", "tail64")))
         except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
             raise GoldenError(f"{path}: not a golden ({e})") from None
         why = g._malformed()
@@ -160,6 +215,18 @@ class Golden:
                               f"these are {expected}; re-record it (iron-spec check ... "
                               "--record-golden, where transformers is installed)")
         return g
+
+
+def _divergence(ids: np.ndarray, logprobs: np.ndarray, tail: float, logits: np.ndarray
+                ) -> tuple[float, bool]:
+    """KL(p || ours) with p given at ``ids`` (``logprobs``) and as the ``tail`` bucket."""
+    ours = log_softmax(logits)
+    lp = np.asarray(logprobs, np.float64)
+    kl = float(np.sum(np.exp(lp) * (lp - ours[ids])))
+    if np.isfinite(tail):
+        q_tail = max(1.0 - float(np.exp(ours[ids]).sum()), 1e-300)
+        kl += float(np.exp(tail) * (tail - np.log(q_tail)))
+    return max(kl, 0.0), int(np.argmax(ours)) == int(ids[0])
 
 
 def kl_stats(results: list[tuple[float, bool]]) -> dict[str, float]:
@@ -173,3 +240,24 @@ def teacher_forced(golden: Golden, logits: Callable[[np.ndarray], np.ndarray]
                    ) -> list[tuple[float, bool]]:
     """KL and top-1 of ``logits(history)`` against the golden at each of its steps."""
     return [golden.divergence(i, logits(golden.history(i))) for i in range(golden.steps)]
+
+
+def add_arrays(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """Rewrite the golden at ``path`` with ``arrays`` added and its meta updated by ``meta``;
+    every array it held is written back as it was read (a float32 array bit for bit).
+
+    Raises:
+        GoldenError: ``path`` is no ``.npz`` golden.
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise GoldenError(f"{path}: not a golden ({e})") from None
+    old = json.loads(str(data["meta"])) if "meta" in data else {}
+    data.update(arrays)
+    data["meta"] = np.asarray(json.dumps({**old, **meta}, sort_keys=True))
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+    np.savez_compressed(partial, **data)
+    os.replace(partial, path)

@@ -14,8 +14,9 @@ def test_bert_toy_passes_against_its_golden():
     result = CliRunner().invoke(app, ["check", str(SPECS / "bert.yaml"), "--random-weights", "0",
                                       "--toy"])
     assert result.exit_code == 0, result.output
-    assert "reference: golden" in result.output and "5/5 checks passed" in result.output
+    assert "reference: golden" in result.output and "6/6 checks passed" in result.output
     assert "PASS  hidden states vs golden" in result.output
+    assert "PASS  float64 vs golden" in result.output
 
 
 def test_the_tanh_gelu_in_place_of_the_exact_one_fails(tmp_path):

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.check import ENCODER_ATOL, encoder_float64_gate, golden_path
 from iron_spec.cli import app
 from iron_spec.encoder import load_encoder
 from iron_spec.loader import load_spec
+from iron_spec.runtime import checks
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from tests.conftest import SPECS
 
@@ -40,6 +41,11 @@ def test_toy_matches_transformers(spec: Path):
     states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
     for (ids, types), want in zip(golden.probes, golden.hidden):
         assert np.abs(states(ids, types) - want).max() <= ENCODER_ATOL
+    # Our float64 reference() against transformers' encoder run in float64.
+    assert golden.hidden64 is not None, "the golden holds transformers' float64 outputs"
+    float64 = checks.float64_encoder_against(states, pooled, golden.probes, golden.hidden64,
+                                             golden.pooled64, encoder_float64_gate(golden))
+    assert float64.passed, float64.figure
 
 
 def _copy(tmp_path: Path, name: str, edit=None) -> Path:

@@ -1,0 +1,89 @@
+"""The float64 gate sees what float32's KL cannot (read from committed goldens; no torch).
+
+On a toy, activations are of order one, so an RMSNorm epsilon 100x too large moves the
+logits by less than float32's own spread against transformers' float32 golden: the float32
+KL gate passes it. transformers' model run in float64 on the golden's tokens (the golden's
+float64 rows) has a floor some 1e4 below the signal, and the float64 gate fails it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from iron_spec.build import load_model
+from iron_spec.check import FLOAT64_KL, float64_gate, golden_path
+from iron_spec.cli import app
+from iron_spec.runtime import checks
+from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
+from iron_spec.runtime.session import Session
+from tests.conftest import SPECS
+
+NORM = "norm: {kind: rms, eps: rms_norm_eps}"
+
+
+def _edited(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """Spec ``name`` with ``old`` replaced by ``new``, in a checkout beside its goldens."""
+    text = (SPECS / f"{name}.yaml").read_text()
+    assert old in text
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "tests" / "goldens").mkdir(parents=True)
+    (tmp_path / "tests" / "goldens" / name).symlink_to(SPECS.parent / "tests" / "goldens" / name)
+    path = tmp_path / "specs" / f"{name}.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_an_epsilon_100x_off_passes_float32_and_fails_float64(tmp_path):
+    path = _edited(tmp_path, "llama3", NORM, "norm: {kind: rms, eps: rms_norm_eps * 100}")
+    loaded = load_model(path, random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    float32 = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
+    for k, bound in loaded.expanded.spec.get("validation", "kl").items():
+        assert float32[k] <= bound, (k, float32)  # float32's gate cannot see it
+    assert float32["top1_mismatches"] == 0
+    float64 = checks.float64_against(loaded.lm, golden, float64_gate(golden))
+    assert not float64.passed, float64.figure
+    # Measured: mean 2.7e-7, 2.7e4x the gate; the unedited spec's floor is 4e-15.
+    assert float64.numbers["mean"] > 1e3 * FLOAT64_KL["mean"], float64.figure
+
+
+def test_check_exits_1_on_the_float64_gate_alone(tmp_path):
+    path = _edited(tmp_path, "llama3", NORM, "norm: {kind: rms, eps: rms_norm_eps * 100}")
+    result = CliRunner().invoke(app, ["check", str(path), "--random-weights", "0", "--toy"])
+    assert result.exit_code == 1, result.output
+    assert "PASS  KL vs golden" in result.output
+    assert "FAIL  float64 KL vs golden" in result.output
+    assert "float64 reference vs transformers float64, 40 steps: KL mean" in result.output
+    assert "(40 steps, float64 rows)" in result.output
+
+
+def test_a_golden_cut_short_is_refused(tmp_path):
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    assert golden.meta["steps"] == golden.steps == 40
+    with np.load(golden_path(loaded), allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    cut = {**arrays, **{k: arrays[k][:30] for k in ("top_ids", "top_logprobs", "tail",
+                                                    "top_logprobs64", "tail64")}}
+    np.savez(tmp_path / "cut.npz", **cut)
+    with pytest.raises(GoldenError, match="63 tokens are not a prompt of 24 and the 29 greedy"):
+        Golden.read(tmp_path / "cut.npz")
+    cut["tokens"] = arrays["tokens"][:24 + 29]  # tokens cut too: the meta's steps refuse it
+    np.savez(tmp_path / "cut.npz", **cut)
+    with pytest.raises(GoldenError, match="its meta claims 40 steps, and it holds 30 rows"):
+        Golden.read(tmp_path / "cut.npz")
+
+
+def test_a_golden_without_float64_rows_still_reads_and_judges_float32(tmp_path):
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    with np.load(golden_path(loaded), allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files if k not in ("top_logprobs64", "tail64")}
+    np.savez(tmp_path / "old.npz", **arrays)
+    golden = Golden.read(tmp_path / "old.npz", loaded.fingerprint())
+    assert not golden.has_float64
+    stats = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
+    assert stats["mean"] <= 1e-6 and stats["top1_mismatches"] == 0
