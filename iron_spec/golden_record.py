@@ -36,9 +36,8 @@ TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
 
 def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str = "float32"):
     """transformers' own model in ``dtype`` (float32, float64) on ``loaded``'s weights,
-    through the Auto class
-    ``auto`` (the causal LM by default; ``AutoModel``, the bare encoder, for an encoder), or
-    through the model class of that name (``encoder_class``).
+    through the Auto class ``auto`` (the causal LM by default; ``AutoModel``, the bare
+    encoder, for an encoder), or through the model class of that name (``encoder_class``).
 
     A real checkpoint directory loads as it is; drawn weights are written with the config
     to a temporary checkpoint first, so transformers renames and ties them as it loads any.
