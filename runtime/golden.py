@@ -81,10 +81,14 @@ class Golden:
             return (f"top_ids {ids.shape}, top_logprobs {lp.shape} and tail {tail.shape} must "
                     "be (steps, K), (steps, K) and (steps,), steps and K at least 1")
         # Row i follows tokens[:prompt_len + i]; the last row's greedy token is not kept.
-        if self.prompt_len < 1 or tokens.size != self.prompt_len + ids.shape[0] - 1:
-            return (f"{tokens.size} tokens are not a prompt of {self.prompt_len} and the "
-                    f"{ids.shape[0] - 1} greedy tokens {ids.shape[0]} steps follow "
-                    f"({self.prompt_len + ids.shape[0] - 1} tokens)")
+        held = self.prompt_len + ids.shape[0] - 1
+        if self.prompt_len < 1 or tokens.size < held:
+            return (f"{tokens.size} tokens do not hold a prompt of {self.prompt_len} and "
+                    f"{ids.shape[0]} steps")
+        if tokens.size > held:
+            return (f"{tokens.size} tokens are more than a prompt of {self.prompt_len} and the "
+                    f"{ids.shape[0] - 1} greedy tokens its {ids.shape[0]} steps follow ({held}): "
+                    "rows cut from it")
         claimed = self.meta.get("steps")
         if claimed is not None and claimed != ids.shape[0]:
             return f"its meta claims {claimed} steps, and it holds {ids.shape[0]} rows"

@@ -70,7 +70,7 @@ def test_a_golden_cut_short_is_refused(tmp_path):
     cut = {**arrays, **{k: arrays[k][:30] for k in ("top_ids", "top_logprobs", "tail",
                                                     "top_logprobs64", "tail64")}}
     np.savez(tmp_path / "cut.npz", **cut)
-    with pytest.raises(GoldenError, match="63 tokens are not a prompt of 24 and the 29 greedy"):
+    with pytest.raises(GoldenError, match="63 tokens are more than a prompt of 24 and the 29 greedy"):
         Golden.read(tmp_path / "cut.npz")
     cut["tokens"] = arrays["tokens"][:24 + 29]  # tokens cut too: the meta's steps refuse it
     np.savez(tmp_path / "cut.npz", **cut)
