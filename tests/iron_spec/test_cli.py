@@ -279,7 +279,7 @@ def test_check_fits_its_prompt_chunk_to_a_short_context():
     assert result.exit_code == 1
     assert "check needs a --max-seq-len of at least 63, not 62: it runs a prompt of 24 " \
            "tokens (the golden's)" in result.output
-    assert "7/7 checks passed: verified against transformers" in check(63, seed=0).stdout
+    assert "8/8 checks passed: verified against transformers" in check(63, seed=0).stdout
 
 
 def test_the_default_num_tokens_fits_what_the_context_leaves():
