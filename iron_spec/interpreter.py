@@ -21,6 +21,7 @@ from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOp
                                       PerLayerInputOptions, RopeOptions)
 from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions, Sinusoidal
 from iron_spec.runtime.gguf import Layout as GGUFLayout
+from iron_spec.runtime.latent import LatentOptions
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
 from iron_spec.runtime.values import MAX_INT, rope_scaling
 
@@ -229,7 +230,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         qkv_shards=whole(*a, "qkv_shards", default=1), qkv_order=word(*a, "qkv_order", default="qkv")[0],
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
-        qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"))
+        qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
+        latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
                        *opt(*a, "alibi_bfloat16", default=False))
@@ -310,6 +312,32 @@ def _alibi(spec: Spec, a: AttentionOptions, max_bias: Any, at: tuple, scaled: An
     if scaled:
         slopes = tuple(float(np.float32(x * scale)) for x in slopes)
     return replace(a, alibi=slopes)
+
+
+def _latent(spec: Spec, r: Resolved) -> LatentOptions | None:
+    """``layer/attention/latent``: multi-head latent attention's widths
+    (``runtime.latent.LatentOptions``), None without it.
+
+    Raises:
+        SpecError: at the option, a width that is not a whole number >= 1 (q_lora_rank may
+            be null: one q_proj), or an eps not above 0.
+    """
+    p = ("layer", "attention", "latent")
+    if spec.get(*p) is None:
+        return None
+    widths = {}
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "q_lora_rank"):
+        value = _whole(spec, p + (name,), _option(spec, r, p + (name,), name))
+        if (value is None and name != "q_lora_rank") or (value is not None and value < 1):
+            raise spec.error(p + (name,), f"latent {name} is {value}, not a whole number >= 1"
+                             + (" (null: one q_proj)" if name == "q_lora_rank" else ""))
+        widths[name] = value
+    if widths["qk_rope_head_dim"] % 2:
+        raise spec.error(p + ("qk_rope_head_dim",), f"latent qk_rope_head_dim is "
+                         f"{widths['qk_rope_head_dim']}: RoPE turns pairs, an even number")
+    eps = _positive(spec, p + ("eps",), _option(spec, r, p + ("eps",), 1e-6))
+    return LatentOptions(eps=eps, **widths)
 
 
 def _window(spec: Spec, value: Any, at: tuple) -> int | None:

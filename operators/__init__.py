@@ -10,7 +10,7 @@ from . import blas_env  # noqa: F401  (first: before numpy loads OpenBLAS)
 from .activation import GatedActivation, Activation
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
-from .elementwise import Add, Clamp, Columns, Mul, TakeRow
+from .elementwise import Add, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .layernorm import LayerNorm
 from .linear import Linear
@@ -29,7 +29,7 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
-        AddRows(), Clamp(), TokenDropoutRescale(),
+        AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(),
     )
 }
 
@@ -38,5 +38,5 @@ __all__ = [
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
-    "sinusoidal_table", "TokenDropoutRescale",
+    "sinusoidal_table", "TokenDropoutRescale", "JoinHeads",
 ]

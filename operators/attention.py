@@ -188,7 +188,10 @@ class Attention(Operator):
     Inputs: ``q`` ``(n, heads, head_dim)``, ``keys`` and ``values`` ``(kv_heads, capacity,
     head_dim)``, of which positions ``0 .. start + n - 1`` are read (rows ``p % ring`` with
     ``ring``, of which those in the window). Query head ``h`` reads kv head ``h // (heads //
-    kv_heads)``, as transformers' ``repeat_kv``. Output ``(n, heads * head_dim)``.
+    kv_heads)``, as transformers' ``repeat_kv``. Output ``(n, heads * value_dim)``: the
+    values ``(kv_heads, capacity, value_dim)`` may be narrower or wider than the keys
+    (multi-head latent attention's ``v_head_dim`` beside ``qk_head_dim``, DeepseekV2Attention),
+    run by the numpy kernels (the C pool's take values as wide as the keys).
     Attributes: ``start``; ``scale`` (default ``head_dim ** -0.5``); ``window`` (a query
     sees the ``window`` positions ending at its own, transformers' ``sliding_window``; None:
     all); ``softcap`` (``tanh(s / c) * c`` on the scores; None: none); ``ring`` (the cache
@@ -218,12 +221,14 @@ class Attention(Operator):
             raise ValueError(f"attention: sinks {sinks} are not one per head ({q[1]},)")
         if alibi is not None and len(alibi) != q[1]:
             raise ValueError(f"attention: {len(alibi)} alibi slopes for {q[1]} heads")
-        if len(q) != 3 or keys != values or len(keys) != 3 or q[1] % keys[0] or q[2] != keys[2]:
-            raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache {keys}")
+        if len(q) != 3 or len(keys) != 3 or len(values) != 3 or keys[:2] != values[:2] or \
+                q[1] % keys[0] or q[2] != keys[2]:
+            raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache "
+                             f"{keys} (values {values})")
         if ring is not None and (window is None or ring < window + q[0] - 1 or ring != keys[1]):
             raise ValueError(f"attention: a ring of {ring} rows (cache {keys}) does not hold a "
                              f"window of {window} before {q[0]} rows")
-        return (q[0], q[1] * q[2])
+        return (q[0], q[1] * values[2])
 
     def _mask(self, n, start, window, lo=0):
         """Which keys from ``lo`` to the last query's position each of ``n`` queries at
@@ -263,7 +268,7 @@ class Attention(Operator):
         if sinks is not None:
             total = total + np.exp(as64(sinks)[:, None, None] - m)
         p /= total
-        return np.einsum("hnt,htd->nhd", p, v).reshape(n, H * D)
+        return np.einsum("hnt,htd->nhd", p, v).reshape(n, -1)
 
     def kernel(self, out, q, keys, values, sinks=None, scratch=None, start=0, scale=None,
                window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
@@ -271,8 +276,9 @@ class Attention(Operator):
         G = keys.shape[0]
         R = H // G
         scale = np.float32(D ** -0.5 if scale is None else scale)
-        # The pool's: plain slopes, no sink term.
-        lib = native.lib() if alibi_bf16 is None and sinks is None else None
+        Dv = values.shape[2]
+        # The pool's: plain slopes, no sink term, values as wide as the keys.
+        lib = native.lib() if alibi_bf16 is None and sinks is None and Dv == D else None
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -294,25 +300,30 @@ class Attention(Operator):
         qg = scratch[: H * n * D].reshape(G, n, R, D)
         np.multiply(q.reshape(n, G, R, D).transpose(1, 0, 2, 3), scale, out=qg)
         at = H * n * D
+        # Values narrower or wider than the keys: their sums have a buffer of their own.
+        og = qg if Dv == D else scratch[at: at + H * n * Dv].reshape(G, n, R, Dv)
+        at += 0 if Dv == D else H * n * Dv
         # Room for a ring's wrapped keys and values, copied in order (_span).
-        spans = 0 if ring is None else G * ring * D
-        kbuf, vbuf = scratch[at: at + spans], scratch[at + spans: at + 2 * spans]
-        rest = scratch[at + 2 * spans:]
+        kspan, vspan = (0, 0) if ring is None else (G * ring * D, G * ring * Dv)
+        kbuf, vbuf = scratch[at: at + kspan], scratch[at + kspan: at + kspan + vspan]
+        rest = scratch[at + kspan + vspan:]
         cache = (keys, values, kbuf, vbuf, ring)
         if alibi is not None:
             alibi = (alibi, alibi_bf16)  # the slopes and the bfloat16 form's scale (_add_alibi)
         sg = None if sinks is None else sinks.reshape(G, 1, R)  # head g * R + r
         if n == 1:
-            self._one(qg.reshape(G, R, D), cache, rest, start, window, softcap, alibi, sg)
+            self._one(qg.reshape(G, R, D), og.reshape(G, R, Dv), cache, rest, start, window,
+                      softcap, alibi, sg)
         else:
             for i in range(0, n, BLOCK):
-                self._block(qg, i, min(n, i + BLOCK), cache, rest, start, window, softcap,
+                self._block(qg, og, i, min(n, i + BLOCK), cache, rest, start, window, softcap,
                             alibi, sg)
-        np.copyto(out.reshape(n, G, R, D), qg.transpose(1, 0, 2, 3))
+        np.copyto(out.reshape(n, G, R, Dv), og.transpose(1, 0, 2, 3))
 
-    def _block(self, qg, i0, i1, cache, scratch, start, window, softcap, alibi=None,
+    def _block(self, qg, og, i0, i1, cache, scratch, start, window, softcap, alibi=None,
                sinks=None):
-        """Rows ``i0 .. i1`` of a prompt chunk, in place over their queries. A block reads the
+        """Rows ``i0 .. i1`` of a prompt chunk, into ``og`` (over their queries where the
+        values are as wide as the keys: ``og`` is ``qg``). A block reads the
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
         G, _, R, D = qg.shape
@@ -345,12 +356,14 @@ class Attention(Operator):
             sink = scratch[G * nb * R * (w + 1): G * nb * R * (w + 2)].reshape(G, nb, R)
             np.copyto(sink, sinks)
             _softmax_numerators(s, m, sink.reshape(G, nb * R, 1))
-        np.matmul(s, _span(values, lo, hi, ring, vbuf), out=qb)
-        qb /= m
+        ob = og[:, i0:i1].reshape(G, nb * R, og.shape[3])
+        np.matmul(s, _span(values, lo, hi, ring, vbuf), out=ob)
+        ob /= m
 
-    def _one(self, qg, cache, scratch, start, window, softcap, alibi=None, sinks=None):
-        """One query at ``start`` (a decode step), in place over ``qg`` ``(G, R, D)``: it sees
-        every key from its window's first on, so nothing is masked."""
+    def _one(self, qg, og, cache, scratch, start, window, softcap, alibi=None, sinks=None):
+        """One query at ``start`` (a decode step) ``qg`` ``(G, R, D)``, into ``og`` ``(G, R,
+        Dv)`` (``qg`` itself where ``Dv == D``): it sees every key from its window's first on,
+        so nothing is masked."""
         G, R, D = qg.shape
         keys, values, kbuf, vbuf, ring = cache
         t = start + 1
@@ -381,17 +394,18 @@ class Attention(Operator):
         if per_head:
             for g in range(G):
                 for r in range(R):
-                    np.matmul(s[g, r], values[g], out=qg[g, r])
+                    np.matmul(s[g, r], values[g], out=og[g, r])
         else:
-            np.matmul(s, values, out=qg)
-        qg /= m
+            np.matmul(s, values, out=og)
+        og /= m
 
     def lower(self, out, q, keys, values, sinks=None, scratch=None, scale=None, window=None,
               softcap=None, ring=None, alibi=None, alibi_bf16=None):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
         # lib.attend_chunk's; FalconModel's bfloat16 form of the bias and sinks on numpy's only.
-        if alibi_bf16 is not None or sinks is not None or native.LIB is None or scratch is None or \
+        if alibi_bf16 is not None or sinks is not None or values.shape[2] != q.shape[2] or \
+                native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
             return None
         n, H, D = q.shape
@@ -408,8 +422,9 @@ class Attention(Operator):
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
         # Each row's scores and total (and with sinks its sink term).
+        Dv = values[2]
         own = H * n * D + rows * (L + 1 + (sinks is not None)) + (
-            0 if ring is None else 2 * G * ring * D)
+            0 if ring is None else G * ring * (D + Dv)) + (0 if Dv == D else H * n * Dv)
         if n == 1:
             return max(own, native.attend_scratch(H, G, D, L))
         # A chunk's call may run one row (its last): attend's own scratch then.
@@ -427,5 +442,6 @@ class Attention(Operator):
         G = keys.shape[0]
         t = start + n
         vmax = np.abs(as64(values)[:, :t]).max(axis=(1, 2))  # (G,)
-        return np.broadcast_to(np.repeat(vmax, H // G)[None, :, None], (n, H, D)).reshape(n, H * D) \
+        Dv = values.shape[2]
+        return np.broadcast_to(np.repeat(vmax, H // G)[None, :, None], (n, H, Dv)).reshape(n, H * Dv) \
             + np.abs(reference)

@@ -1,5 +1,5 @@
-"""Elementwise add and multiply (with an optional scalar), taking one row, and taking a run
-of columns."""
+"""Elementwise add and multiply (with an optional scalar), taking one row, taking a run
+of columns, and joining two heads' columns."""
 
 from __future__ import annotations
 
@@ -162,3 +162,34 @@ class Clamp(Operator):
 
     def tolerance(self, x, limit=1.0):
         return Tolerance(atol=0.0, rtol=EPS32)
+
+
+class JoinHeads(Operator):
+    """Each head's columns of ``a`` ``(n, ha, da)`` then of ``b`` ``(n, hb, db)``, as ``(n,
+    heads, da + db)``: a head axis of 1 serves every head (``heads`` the other's, or 1). The
+    keys of multi-head latent attention: the RoPE part shared by every head beside each
+    head's own (DeepseekV2Attention's ``expand_kv``, ``k_rot.expand`` then the copy into
+    ``key_states``). Exact: a copy. Runs on numpy (no native step)."""
+
+    name = "join_heads"
+
+    def shape(self, a, b):
+        heads = max(a[1], b[1]) if len(a) == 3 and len(b) == 3 else 0
+        if not heads or a[0] != b[0] or {a[1], b[1]} - {1, heads}:
+            raise ValueError(f"join_heads: {a} and {b} are not (n, heads or 1, d) of one n "
+                             "and one head count")
+        return (a[0], heads, a[2] + b[2])
+
+    def reference(self, a, b):
+        a, b = as64(a), as64(b)
+        heads = max(a.shape[1], b.shape[1])
+        return np.concatenate([np.broadcast_to(a, (a.shape[0], heads, a.shape[2])),
+                               np.broadcast_to(b, (b.shape[0], heads, b.shape[2]))], axis=2)
+
+    def kernel(self, out, a, b, scratch=None):
+        da = a.shape[2]
+        np.copyto(out[..., :da], a)
+        np.copyto(out[..., da:], b)
+
+    def tolerance(self, a, b):
+        return Tolerance(atol=0.0, rtol=0.0)

@@ -97,6 +97,8 @@ class AttentionOptions:
     scale of its bfloat16 form (the operator's ``alibi_bf16``, FalconModel's; None: none).
     ``sinks``: each head's learned sink logit ``sinks`` ``(heads,)``, one more term of its
     softmax's denominator (the attention operator's ``sinks``, GraniteSWAAttention's).
+    ``latent``: multi-head latent attention's widths (``runtime.latent.LatentOptions``: the
+    layer's attention is a ``LatentAttention``, DeepseekV2Attention's); None: none.
     """
 
     heads: int
@@ -123,6 +125,7 @@ class AttentionOptions:
     alibi: tuple[float, ...] | None = None
     alibi_bf16: float | None = None
     sinks: bool = False
+    latent: "LatentOptions | None" = None  # noqa: F821 (runtime.latent's)
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups", "shards")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .blocks import MLP, Attention, LayerOptions, Linear, Norm
 from .graph import Handle, Recorder
+from .latent import LatentAttention
 from .module import Module, Param
 
 PLACEMENTS = ("pre", "post", "sandwich", "post_residual")
@@ -63,7 +64,8 @@ class DecoderLayer(Module):
         E, n = hidden_size, o.norm
         held = placement not in ("post", "post_residual") and o.attention_norm
         self.input_layernorm = Norm(E, n) if held else None
-        self.self_attn = Attention(E, o.attention, max_seq_len, n)
+        attention = Attention if o.attention.latent is None else LatentAttention
+        self.self_attn = attention(E, o.attention, max_seq_len, n)
         shared = o.parallel and o.shared_norm
         self.post_attention_layernorm = None if shared else Norm(E, n)
         self.pre_feedforward_layernorm = Norm(E, n) if placement == "sandwich" else None

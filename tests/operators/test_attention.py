@@ -483,3 +483,29 @@ def test_a_step_with_sinks_stays_on_numpy(randn):
 def test_sinks_of_other_heads_are_refused():
     with pytest.raises(ValueError, match=r"sinks \(3,\) are not one per head \(2,\)"):
         OP.shape((1, 2, 8), (2, 4, 8), (2, 4, 8), (3,))
+
+
+# --- values of another width than the keys ---------------------------------------------
+
+@pytest.mark.parametrize("n,H,G,D,Dv,start,L,window", [
+    (1, 4, 4, 24, 16, 9, 16, None),   # decode
+    (7, 4, 4, 24, 16, 0, 16, None),   # a prompt
+    (70, 2, 2, 8, 12, 3, 80, 5),      # more rows than a BLOCK, wider values, window
+])
+def test_values_of_their_own_width(check_kernel, randn, n, H, G, D, Dv, start, L, window):
+    q = randn(n, H, D, scale=2.0)
+    keys, values = randn(G, L, D, scale=2.0), randn(G, L, Dv)
+    got, ref = check_kernel(OP, q, keys, values, start=start, window=window)
+    assert got.shape == (n, H * Dv)
+    # Each value column is the same convex combination: widening the values by columns of
+    # their own leaves the first Dv columns as they were (an independent computation: the
+    # reference over values padded to the keys' width).
+    padded = np.concatenate([values, np.zeros((G, L, max(D - Dv, 0)), np.float32)], axis=2)
+    wide = OP.reference(q, keys, padded[..., :max(D, Dv)] if Dv <= D else values[..., :D],
+                        start=start, window=window).reshape(n, H, -1)
+    k = min(D, Dv)
+    np.testing.assert_allclose(ref.reshape(n, H, Dv)[..., :k], wide[..., :k], rtol=1e-12,
+                               atol=1e-12)
+    out = np.empty((n, H * Dv), np.float32)
+    scratch = np.empty(OP.scratch(q.shape, keys.shape, values.shape), np.float32)
+    assert OP.lower(out, q, keys, values, scratch=scratch) is None  # numpy's

@@ -81,3 +81,17 @@ def test_clamp_hand(run_kernel):
 def test_clamp_refuses_a_limit_not_above_zero():
     with pytest.raises(ValueError, match="limit 0 is not above 0"):
         Clamp().shape((2, 2), limit=0)
+
+
+def test_join_heads_by_hand():
+    from iron_spec.operators import JoinHeads
+    op = JoinHeads()
+    a = np.array([[[1.0, 2.0]]])                      # (1, 1, 2): every head's
+    b = np.array([[[3.0], [4.0], [5.0]]])             # (1, 3, 1): each head's own
+    expected = [[[1, 2, 3], [1, 2, 4], [1, 2, 5]]]
+    np.testing.assert_array_equal(op.reference(a, b), expected)
+    out = np.empty((1, 3, 3), np.float32)
+    op.kernel(out, a.astype(np.float32), b.astype(np.float32))
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(ValueError, match="join_heads"):
+        op.shape((1, 2, 2), (1, 3, 1))

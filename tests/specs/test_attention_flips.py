@@ -41,3 +41,28 @@ def test_attention_without_its_sinks_misses_the_golden(tmp_path):
     golden = Golden.read(golden_path(right), right.fingerprint())
     assert kl_stats(teacher_forced(golden, Session(right.lm).logits))["mean"] < 1e-6
     assert kl_stats(teacher_forced(golden, Session(flipped.lm).logits))["mean"] > 1e-4
+
+
+@pytest.mark.parametrize("old,new", [
+    # MiniCPM3 turns its RoPE part half against half (apply_rotary_pos_emb), not in pairs.
+    ("rotary_dim: qk_rope_head_dim}", "rotary_dim: qk_rope_head_dim, interleaved: true}"),
+    # The softmax scale is qk_head_dim's (16 in the toy), not v_head_dim's (12).
+    ('scale: "(qk_nope_head_dim + qk_rope_head_dim) ** -0.5"', 'scale: "v_head_dim ** -0.5"'),
+], ids=["minicpm3-interleaved-rope", "minicpm3-scale-of-values"])
+def test_a_flipped_latent_option_misses_the_golden(tmp_path, old, new):
+    assert flipped_kl(tmp_path, "minicpm3", old, new) > 1e-4
+
+
+@pytest.mark.parametrize("projection", ["q_b_proj", "kv_b_proj"])
+def test_latent_rows_read_as_stored_miss_the_golden(projection):
+    # Each head's RoPE part is its last query columns and kv_b_proj's rows are [k_nope | v]
+    # per head: read the rows as they are stored (no regrouping) and RoPE turns the wrong
+    # columns, or keys and values take each other's rows.
+    loaded = load_model(SPECS / "minicpm3.yaml", random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    assert kl_stats(teacher_forced(golden, Session(loaded.lm).logits))["mean"] < 1e-6
+    flipped = load_model(SPECS / "minicpm3.yaml", random_weights=0, toy=True)
+    for layer in flipped.lm.model.layers:
+        p = getattr(layer.self_attn, projection).weight
+        p.array[...] = p.to_stored(p.array.copy())
+    assert kl_stats(teacher_forced(golden, Session(flipped.lm).logits))["mean"] > 1e-4
