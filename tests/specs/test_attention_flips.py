@@ -53,6 +53,13 @@ def test_a_flipped_latent_option_misses_the_golden(tmp_path, old, new):
     assert flipped_kl(tmp_path, "minicpm3", old, new) > 1e-4
 
 
+def test_youtus_rope_half_against_half_misses_the_golden(tmp_path):
+    # YoutuAttention turns its RoPE part in interleaved pairs (rope_interleave, the toy's
+    # true): apply_rotary_pos_emb_interleave, not apply_rotary_pos_emb.
+    assert flipped_kl(tmp_path, "youtu", "interleaved: rope_interleave}",
+                      "interleaved: false}") > 1e-4
+
+
 @pytest.mark.parametrize("projection", ["q_b_proj", "kv_b_proj"])
 def test_latent_rows_read_as_stored_miss_the_golden(projection):
     # Each head's RoPE part is its last query columns and kv_b_proj's rows are [k_nope | v]
