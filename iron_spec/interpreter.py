@@ -17,6 +17,7 @@ from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.operators.attention import alibi_slopes
 from iron_spec.operators.rope import ntk_alpha_theta, rope_inv_freq
 from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
+                                      DifferentialOptions,
                                       LayerOptions, MLPOptions, NormOptions,
                                       PerLayerInputOptions, RopeOptions)
 from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions, Sinusoidal
@@ -497,6 +498,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
                              "with dynamic scaling, whose base grows by a power dim / (dim - 2) "
                              "(transformers' _compute_dynamic_ntk_parameters): at least 4")
     layers = _first_attention_norm(spec, r, [built[k] for k in keys])
+    layers = _differential(spec, r, layers)
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len
     C = prefill_chunk or spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
@@ -544,6 +546,35 @@ def _own_tables(spec: Spec, built: dict, fields: dict, ropes: dict[str, RopeOpti
         table = same[0] if same else f"{name}#{sum(n.startswith(name + '#') for n in ropes) + 1}"
         ropes[table] = mine
         built[key] = replace(lo, attention=replace(lo.attention, rope=table))
+
+
+def _differential(spec: Spec, r: Resolved, layers: list[LayerOptions]) -> list[LayerOptions]:
+    """``layer.attention.differential``: each layer's differential attention
+    (``runtime.blocks.DifferentialOptions``), its ``lambda_init`` ``lambda_base -
+    lambda_amplitude * exp(-lambda_decay * i)`` at layer index ``i`` (DiffLlama's
+    ``lambda_init_fn``: 0.8, 0.6, 0.3), its head norm's eps ``eps`` (default the layer
+    norm's); the layers as they are without it.
+
+    Raises:
+        SpecError: at the option, a schedule value that is not a finite number or an eps
+            not above 0.
+    """
+    p = ("layer", "attention", "differential")
+    if spec.get(*p) is None:
+        return layers
+    base, amplitude, decay = (_number(spec, p + (k,), _option(spec, r, p + (k,), d))
+                              for k, d in (("lambda_base", 0.8), ("lambda_amplitude", 0.6),
+                                           ("lambda_decay", 0.3)))
+    if None in (base, amplitude, decay):
+        raise spec.error(p, "differential lambda_base, lambda_amplitude and lambda_decay are "
+                            "numbers, not null")
+    out = []
+    for i, lo in enumerate(layers):
+        eps = _option(spec, r, p + ("eps",), None)
+        eps = lo.norm.eps if eps is None else _positive(spec, p + ("eps",), eps)
+        d = DifferentialOptions(lambda_init=base - amplitude * math.exp(-decay * i), eps=eps)
+        out.append(replace(lo, attention=replace(lo.attention, differential=d)))
+    return out
 
 
 def _first_attention_norm(spec: Spec, r: Resolved, layers: list[LayerOptions]) -> list[LayerOptions]:

@@ -37,7 +37,7 @@ KINDS: tuple[Row, ...] = (
         **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
-               "qkv_shards", "qkv_order", "latent")
+               "qkv_shards", "qkv_order", "latent", "differential")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias",)}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),

@@ -10,6 +10,7 @@ from . import blas_env  # noqa: F401  (first: before numpy loads OpenBLAS)
 from .activation import GatedActivation, Activation
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
+from .differential import DifferentialAttention
 from .elementwise import Add, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -29,7 +30,7 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
-        AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(),
+        AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
     )
 }
 
@@ -38,5 +39,5 @@ __all__ = [
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
-    "sinusoidal_table", "TokenDropoutRescale", "JoinHeads",
+    "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
 ]

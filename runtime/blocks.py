@@ -99,6 +99,7 @@ class AttentionOptions:
     softmax's denominator (the attention operator's ``sinks``, GraniteSWAAttention's).
     ``latent``: multi-head latent attention's widths (``runtime.latent.LatentOptions``: the
     layer's attention is a ``LatentAttention``, DeepseekV2Attention's); None: none.
+    ``differential``: differential attention (``DifferentialOptions``); None: none.
     """
 
     heads: int
@@ -126,6 +127,24 @@ class AttentionOptions:
     alibi_bf16: float | None = None
     sinks: bool = False
     latent: "LatentOptions | None" = None  # noqa: F821 (runtime.latent's)
+    differential: "DifferentialOptions | None" = None
+
+
+@dataclass(frozen=True)
+class DifferentialOptions:
+    """Differential attention (the ``differential_attention`` operator), as transformers'
+    DiffLlamaAttention: each head pair's two softmax maps, the second weighted by
+    ``exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init`` (the four
+    ``(head_dim,)`` params ``self_attn.lambda_q1`` ...), over the pair's values side by side,
+    then an RMSNorm of no weight over each pair's ``2 head_dim`` (``eps``: its
+    ``groupnorm``'s) times ``1 - lambda_init``. ``lambda_init``: this layer's (DiffLlama's
+    ``lambda_init_fn`` of the layer index)."""
+
+    lambda_init: float
+    eps: float = 1e-6
+
+
+LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
 QKV_LAYOUTS = ("blocks", "heads", "groups", "shards")
@@ -418,6 +437,14 @@ class Attention(Module):
             self.v_norm = Norm(D, NormOptions("rms", norm.eps, weight=False))
         if o.sinks:
             self.sinks = Param(H)
+        if o.differential is not None:
+            if H % 2 or G % 2 or o.sinks or o.alibi is not None or o.softcap is not None:
+                raise ValueError(f"differential attention pairs heads: an even number of heads "
+                                 f"and kv heads ({H}, {G}), and no sinks, alibi or softcap")
+            for name in LAMBDAS:
+                setattr(self, name, Param(D))
+            # The head norm's weight: none, times 1 - lambda_init (its output's scale).
+            self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
         self.options = o
         if own:
             # Positions along axis 1, grown as the sequence does (CausalLM.reserve).
@@ -522,10 +549,27 @@ class Attention(Module):
         bias = {} if o.alibi is None else {"alibi": o.alibi}
         if o.alibi_bf16 is not None:
             bias["alibi_bf16"] = o.alibi_bf16
+        if o.differential is not None:
+            return self.o_proj(rec, self._differential(rec, q, keys, values, ring))
         sinks = () if not o.sinks else (rec.hold("param", self.where("sinks"), self.sinks.array),)
         a = rec.step("attention", q, keys, values, *sinks, where=self.path, start=start,
                      scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
         return self.o_proj(rec, a)
+
+    def _differential(self, rec: Recorder, q: Handle, keys: Handle, values: Handle,
+                      ring: int | None) -> Handle:
+        """Differential attention of ``q`` over the cache, each pair's output RMS-normed and
+        scaled (``DifferentialOptions``): ``(n, heads * head_dim)``."""
+        o, n = self.options, q.shape[0]
+        d = o.differential
+        lambdas = [rec.hold("param", self.where(name), getattr(self, name).array)
+                   for name in LAMBDAS]
+        a = rec.step("differential_attention", q, keys, values, *lambdas, where=self.path,
+                     start=rec.call.start, scale=o.scale, window=o.window, ring=ring,
+                     lambda_init=d.lambda_init)
+        w = rec.hold("const", self.where("head_scale"), self.head_scale)
+        a = rec.step("rms_norm", a, w, where=self.where("groupnorm"), eps=d.eps, plus_one=False)
+        return rec.view(a, (n, o.heads * o.head_dim))
 
 
 class ActivationParams(Module):

@@ -20,9 +20,42 @@ from tests.specs.test_position_flips import flipped_kl
      "theta: rope_theta"),
     # The toy's window is 5, its prompts longer.
     ("granite_swa", "attention: {window: sliding_window}", "attention: {window: null}"),
-], ids=["granite-swa-rope-everywhere", "granite-swa-one-theta", "granite-swa-no-window"])
+    # DiffLlama's toy has four layers: lambda_init 0.2, 0.36, 0.47, 0.56 by depth; decay 0
+    # makes every one 0.2, a base of 0.7 lowers each deeper one.
+    ("diffllama", "lambda_decay: 0.3", "lambda_decay: 0.0"),
+    ("diffllama", "lambda_base: 0.8", "lambda_base: 0.7"),
+], ids=["granite-swa-rope-everywhere", "granite-swa-one-theta", "granite-swa-no-window",
+        "diffllama-lambda-init-flat", "diffllama-lambda-base"])
 def test_a_flipped_attention_option_misses_the_golden(tmp_path, name, old, new):
     assert flipped_kl(tmp_path, name, old, new) > 1e-4
+
+
+def _judged_on_the_right_weights(name: str, flipped_path, param: str, count: int):
+    """The KL means of spec ``name`` and of the flipped copy at ``flipped_path`` (lacking the
+    params ending ``param``, ``count`` of them in the right one), the flipped model given the
+    right one's weights by name and judged by the right one's golden."""
+    right = load_model(SPECS / f"{name}.yaml", random_weights=0, toy=True)
+    flipped = load_model(flipped_path, random_weights=0, toy=True)
+    weights = dict(right.lm.named_params())
+    assert sum(n.endswith(param) for n in weights) == count
+    for n, p in flipped.lm.named_params():
+        p.array[...] = weights[n].array
+    golden = Golden.read(golden_path(right), right.fingerprint())
+    return (kl_stats(teacher_forced(golden, Session(right.lm).logits))["mean"],
+            kl_stats(teacher_forced(golden, Session(flipped.lm).logits))["mean"])
+
+
+def test_attention_without_its_differential_misses_the_golden(tmp_path):
+    # Plain attention over the same q/k/v/o (the lambdas left unread).
+    text = (SPECS / "diffllama.yaml").read_text()
+    old = ("    differential: {lambda_base: 0.8, lambda_amplitude: 0.6, lambda_decay: 0.3, "
+           "eps: rms_norm_eps}\n")
+    assert old in text
+    path = tmp_path / "diffllama.yaml"
+    path.write_text(text.replace(old, "", 1))
+    right, flipped = _judged_on_the_right_weights("diffllama", path, ".lambda_q1", 4)
+    assert right < 1e-6
+    assert flipped > 1e-2
 
 
 def test_attention_without_its_sinks_misses_the_golden(tmp_path):

@@ -86,12 +86,14 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # step, and of the prompt chunk over the call's rows, in its native program, but an
     # activation with learned parameters (xielu, prelu), attention with sinks (a fourth
     # input, which the C pool's softmax has no term for) or with values of their own width
-    # (latent attention's), and latent attention's join_heads; where none is left, one call.
+    # (latent attention's), latent attention's join_heads and differential attention (two
+    # softmax maps a pair, which the C pool has no form of); where none is left, one call.
     loaded = load_model(spec, random_weights=0, toy=True)
     plan = (loaded.lm.prompt_chunk if prompt else loaded.lm.decode_step).plan
     left = [(r.step.op.name, r.step.static, r.step.inputs) for r in plan.runs
             if r.index not in plan._native]
-    assert all((op == "activation" and a.get("act") in ACTIVATION_PARAMS) or op == "join_heads"
+    assert all((op == "activation" and a.get("act") in ACTIVATION_PARAMS)
+               or op in ("join_heads", "differential_attention")
                or (op == "attention" and (len(ins) == 4 or ins[0].shape[2] != ins[2].shape[2]))
                for op, a, ins in left), left
     if not left:
