@@ -232,6 +232,7 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
+        sub_norm=flag(*a, "sub_norm"),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
@@ -245,7 +246,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
     mlp = MLPOptions(intermediate_size=whole("mlp", "intermediate_size", default="intermediate_size"),
                      kind=word("mlp", "kind", default="gated")[0], act=act,
-                     bias=flag("mlp", "bias"), fused=flag("mlp", "fused"))
+                     bias=flag("mlp", "bias"), fused=flag("mlp", "fused"),
+                     sub_norm=norm if flag("mlp", "sub_norm") else None)
     parallel = flag("parallel")
     placement = word("placement", default="pre")[0]
     if parallel and (spec.get("layer", "kind") != "decoder" or placement != "pre"):

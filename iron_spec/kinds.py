@@ -37,9 +37,10 @@ KINDS: tuple[Row, ...] = (
         **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
-               "qkv_shards", "qkv_order", "latent", "differential")
+               "qkv_shards", "qkv_order", "latent", "differential", "sub_norm")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias",)}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
-    Row(("layer", "mlp"), ("layer", "kind"), {"encoder": ("down_bias",)}),
+    Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},
+                                              "encoder": ("down_bias",)}),
 )

@@ -100,6 +100,8 @@ class AttentionOptions:
     ``latent``: multi-head latent attention's widths (``runtime.latent.LatentOptions``: the
     layer's attention is a ``LatentAttention``, DeepseekV2Attention's); None: none.
     ``differential``: differential attention (``DifferentialOptions``); None: none.
+    ``sub_norm``: the attention's output normed by ``attn_sub_norm`` (the layer's norm, over
+    ``heads * head_dim``) before ``o_proj``, as BitNetAttention.
     """
 
     heads: int
@@ -128,6 +130,7 @@ class AttentionOptions:
     sinks: bool = False
     latent: "LatentOptions | None" = None  # noqa: F821 (runtime.latent's)
     differential: "DifferentialOptions | None" = None
+    sub_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -222,13 +225,15 @@ class MLPOptions:
     """``kind``: ``gated`` (``down(act(gate(x)) * up(x))``, LlamaMLP) or ``plain``
     (``down(act(up(x)))``); ``act``: an ``ACT2FN`` name (one holding parameters holds them
     in ``act_fn``, ``ActivationParams``); ``bias`` on every projection; ``fused``: one
-    ``gate_up_proj`` holds gate then up (Phi3MLP)."""
+    ``gate_up_proj`` holds gate then up (Phi3MLP); ``sub_norm``: the norm ``ffn_sub_norm``
+    over ``intermediate_size`` of what ``down_proj`` reads (BitNetMLP's; None: none)."""
 
     intermediate_size: int
     kind: str = "gated"
     act: str = "silu"
     bias: bool = False
     fused: bool = False
+    sub_norm: NormOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -445,6 +450,8 @@ class Attention(Module):
                 setattr(self, name, Param(D))
             # The head norm's weight: none, times 1 - lambda_init (its output's scale).
             self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
+        if o.sub_norm:
+            self.attn_sub_norm = Norm(H * D, norm)
         self.options = o
         if own:
             # Positions along axis 1, grown as the sequence does (CausalLM.reserve).
@@ -550,10 +557,14 @@ class Attention(Module):
         if o.alibi_bf16 is not None:
             bias["alibi_bf16"] = o.alibi_bf16
         if o.differential is not None:
-            return self.o_proj(rec, self._differential(rec, q, keys, values, ring))
-        sinks = () if not o.sinks else (rec.hold("param", self.where("sinks"), self.sinks.array),)
-        a = rec.step("attention", q, keys, values, *sinks, where=self.path, start=start,
-                     scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
+            a = self._differential(rec, q, keys, values, ring)
+        else:
+            sinks = () if not o.sinks else (rec.hold("param", self.where("sinks"),
+                                                      self.sinks.array),)
+            a = rec.step("attention", q, keys, values, *sinks, where=self.path, start=start,
+                         scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
+        if o.sub_norm:
+            a = self.attn_sub_norm(rec, a)
         return self.o_proj(rec, a)
 
     def _differential(self, rec: Recorder, q: Handle, keys: Handle, values: Handle,
@@ -604,6 +615,8 @@ class MLP(Module):
         self.down_proj = Linear(M, hidden_size, o.bias)
         if o.act in ACTIVATION_PARAMS:
             self.act_fn = ActivationParams(o.act)
+        if o.sub_norm is not None:
+            self.ffn_sub_norm = Norm(M, o.sub_norm)
         self.options = o
 
     def packs(self) -> list[tuple[Param, ...]]:
@@ -622,6 +635,8 @@ class MLP(Module):
         else:
             h = rec.step("gated_activation", self.gate_proj(rec, x), self.up_proj(rec, x),
                          *params, where=self.path, act=o.act)
+        if o.sub_norm is not None:
+            h = self.ffn_sub_norm(rec, h)
         return self.down_proj(rec, h)
 
 

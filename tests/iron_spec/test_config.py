@@ -191,3 +191,18 @@ def test_a_whole_number_part_indexes_a_list():
     assert lookup(data, "layer_rope_theta.3") is MISSING  # past the end
     assert lookup(data, "a.b.1.c") == 2
     assert lookup(data, "a.b.x") is MISSING
+
+
+def test_bitnet_refuses_packed_weights_and_a_narrow_attention(tmp_path):
+    # The Hub's BitNet b1.58 config.json names transformers' quantizer; its weights are
+    # packed uint8, which this spec does not unpack.
+    bitnet = SPECS / "bitnet.yaml"
+    quantized = {"quant_method": "bitnet", "linear_class": "autobitlinear",
+                 "quantization_mode": "offline"}
+    for key, value, why in (("quantization_config", quantized, "packed low-bit weights"),
+                            ("head_dim", 8, "attn_sub_norm is hidden_size wide")):
+        (tmp_path / key).mkdir()
+        d = config_dir(tmp_path / key, bitnet, **{key: value})
+        with pytest.raises(SpecError, match=why):
+            load_model(bitnet, checkpoint=d, random_weights=0)
+    assert load_model(bitnet, checkpoint=config_dir(tmp_path, bitnet), random_weights=0).lm
