@@ -364,14 +364,17 @@ class EncoderModel:
         self.config: dict = loaded.config_json
         self.tokenizer = loaded.tokenizer
 
-    def embed(self, texts: str | Iterable[str]) -> np.ndarray:
+    def embed(self, texts: str | Iterable[str], lang: int | None = None) -> np.ndarray:
         """The spec's pooled embedding of each text, ``(len(texts), hidden_size)`` float32
         (one row for a single string); each text truncated to the model's ``max_tokens``,
-        a warning on the ``iron_spec`` logger saying how many were.
+        a warning on the ``iron_spec`` logger saying how many were. ``lang``: the texts'
+        language id where the model has language embeddings (XLMModel's ``langs``, ids as
+        config.json's ``lang2id``; None: the spec's default, ``lang_id``).
 
         Raises:
-            ValueError: no tokenizer, a pooling of ``none``, no texts, or a text that is
-                not UTF-8.
+            ValueError: no tokenizer, a pooling of ``none``, no texts, a text that is not
+                UTF-8, or a ``lang`` outside the language table (or for a model without
+                one).
             TypeError: a text that is not a str.
         """
         from .embed import embed_texts
@@ -384,7 +387,7 @@ class EncoderModel:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
-        return embed_texts(self.loaded, texts)
+        return embed_texts(self.loaded, texts, lang)
 
 
 def _stream_options(stream, caller: str, options: dict) -> dict:

@@ -27,14 +27,17 @@ from .loader import load_spec
 from .registry import entries, find
 
 
-def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
+def embed_texts(loaded: Loaded, texts: list[str], lang: int | None = None) -> np.ndarray:
     """The spec's embedding of each text, ``(len(texts), hidden)`` float32. A text past the
     model's ``max_tokens`` is truncated there (as sentence-transformers truncates it), a
-    warning on the ``iron_spec`` logger saying how many were, once per call.
+    warning on the ``iron_spec`` logger saying how many were, once per call. ``lang``: every
+    text's language id, for a model with a language table (XLMModel's ``langs``; None: the
+    spec's default language).
 
     Raises:
-        ValueError: the model has no tokenizer, its pooling keeps every token (``none``), or
-            a text is not UTF-8 text.
+        ValueError: the model has no tokenizer, its pooling keeps every token (``none``), a
+            text is not UTF-8 text, or ``lang`` is outside the language table (or given to
+            a model without one).
     """
     if loaded.tokenizer is None:
         raise ValueError(no_tokenizer(loaded.directory))
@@ -46,7 +49,7 @@ def embed_texts(loaded: Loaded, texts: list[str]) -> np.ndarray:
     for i, text in enumerate(texts, 1):
         ids, types, truncated = loaded.tokenizer.encode(text, f"TEXT {i}")
         cut += truncated
-        rows.append(np.array(version(ids, types)))  # a copy: the output is the arena's
+        rows.append(np.array(version(ids, types, lang)))  # a copy: the output is the arena's
     if cut:
         n = loaded.tokenizer.max_tokens
         log.warning("%d of %d text%s truncated at %d tokens, the most a text keeps here (as "
@@ -121,15 +124,20 @@ def command(
                                              "between (default: the spec's, capped by "
                                              "sentence-transformers' max_seq_length)"),
     decimals: int = typer.Option(4, min=0, max=12, help="decimals printed"),
+    lang: Optional[int] = typer.Option(None, min=0, metavar="ID",
+                                       help="the texts' language id, for a model with language "
+                                            "embeddings (config.json's lang2id; default: the "
+                                            "spec's, lang_id)"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Embed TEXTs with an encoder SPEC: one line per text, or with --similarity the cosine
     matrix (row i, column j: text i against text j)."""
     with log_to_stderr():
-        _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config)
+        _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config, lang)
 
 
-def _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config) -> None:
+def _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config,
+           lang=None) -> None:
     try:
         spec_path, texts = _spec_and_texts(list(args), checkpoint)
         if not texts:
@@ -150,7 +158,7 @@ def _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_conf
                 "the spec's runtime/max_tokens"
             typer.echo(f"--max-tokens {max_tokens} is capped at {cap}, the most ids the model "
                        f"takes ({held})", err=True)
-        e = model.embed(texts)
+        e = model.embed(texts, lang=lang)
     except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
         refuse(err)
     table = cosine(e) if similarity else e

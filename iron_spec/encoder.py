@@ -27,8 +27,8 @@ from iron_spec.runtime.weights import draw_weights
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
 from .errors import SpecError
-from .interpreter import MAX_LAYERS, _ABSENT, _flag_option, _layer_types, _option, _window, \
-    checkpoint_layout, norm_options, rope_options, traced
+from .interpreter import MAX_LAYERS, _ABSENT, _flag_option, _layer_types, _option, _sinusoidal, \
+    _window, checkpoint_layout, norm_options, rope_options, traced
 from .loader import Spec, load_spec
 from .schema import validate
 
@@ -331,9 +331,33 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         embedding_scale=_number(spec, r, e + ("scale",), 1.0),
         pooler=pooler,
         pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
-        max_tokens=int(L), relative_bias=_relative_bias(spec, r, layers))
+        max_tokens=int(L), relative_bias=_relative_bias(spec, r, layers),
+        sinusoidal=_sinusoidal(spec, r, positions, width or v["hidden_size"]),
+        **_languages(spec, r))
     renames, transposed, unused = checkpoint_layout(spec, r)
     return ExpandedEncoder(spec, r, options, renames, unused, transposed)
+
+
+def _languages(spec: Spec, r: Resolved) -> dict[str, int]:
+    """``embedding.languages``: the language table's ``rows`` (0: none) and the ``default``
+    language of a call that names none, as ``EncoderOptions``' ``languages`` and
+    ``language``.
+
+    Raises:
+        SpecError: at the option's line, rows or a default that is no whole number, or a
+            default outside the table's rows.
+    """
+    p = ("embedding", "languages")
+    if spec.get(*p) is None:
+        return {}
+    rows = _whole(spec, r, p + ("rows",), None)
+    if not rows:
+        return {}
+    default = _whole(spec, r, p + ("default",), 0)
+    if default >= rows:
+        raise spec.error(p + ("default",), f"default language {default} is outside the "
+                                           f"language table's rows 0..{rows - 1}")
+    return {"languages": rows, "language": default}
 
 
 def _relative_bias(spec: Spec, r: Resolved, layers) -> RelativeBiasOptions | None:

@@ -225,10 +225,13 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
     model = hugging_face(loaded, encoder_class(loaded))
     pooling = loaded.model.config.pooling
     probes = encoder_probes(loaded)
-    hidden, pooled = _encode(model, probes, pooling, np.float32)
+    lang = _language(loaded)
+    hidden, pooled = _encode(model, probes, pooling, np.float32, lang)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "dtype": "float32", "model": type(model).__name__,
             "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
+    if lang is not None:
+        meta["langs"] = lang
     golden = EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta)
     return add_encoder_float64(loaded, golden)
 
@@ -246,15 +249,29 @@ def add_encoder_float64(loaded: Loaded, golden: EncoderGolden) -> EncoderGolden:
         # The older layouts pool by the mean over each probe's rows, unnormalized.
         pooling = dataclasses.replace(pooling, kind="mean", normalize=False)
     model = hugging_face(loaded, encoder_class(loaded), dtype="float64")
+    # A golden stores zeros for the types of a model without a token-type table; fed none,
+    # as the float32 run was (XLMModel adds embeddings(token_type_ids), word rows, where given).
+    probes = golden.probes if loaded.model.config.token_types else \
+        [(ids, None) for ids, _ in golden.probes]
     with _default_float64():
-        hidden, pooled = _encode(model, golden.probes, pooling, np.float64)
+        hidden, pooled = _encode(model, probes, pooling, np.float64, _language(loaded))
     return dataclasses.replace(golden, hidden64=hidden, pooled64=pooled, meta={
         **golden.meta, "float64": {"dtype": "float64", "model": type(model).__name__}})
 
 
-def _encode(model, probes, pooling, dtype) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _language(loaded: Loaded) -> int | None:
+    """The language every token of a probe is fed in (``langs``): the spec's default
+    language, which a call of ours that names none takes; None where the model has no
+    language table."""
+    o = loaded.model.config
+    return o.language if o.languages else None
+
+
+def _encode(model, probes, pooling, dtype, lang: int | None = None
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """transformers' ``model``'s last hidden states and the spec's ``pooling`` of them on
-    each probe, as ``dtype`` arrays (float32 pooling is computed in float64, then rounded)."""
+    each probe, as ``dtype`` arrays (float32 pooling is computed in float64, then rounded);
+    every token of a probe in language ``lang`` (XLMModel's ``langs``; None: none given)."""
     import torch
 
     hidden, pooled = [], []
@@ -266,6 +283,8 @@ def _encode(model, probes, pooling, dtype) -> tuple[list[np.ndarray], list[np.nd
                                       "attention_mask": torch.ones((1, len(ids)), dtype=torch.long)}
             if types is not None:
                 kwargs["token_type_ids"] = torch.from_numpy(types.astype(np.int64))[None]
+            if lang is not None:
+                kwargs["langs"] = torch.full((1, len(ids)), lang, dtype=torch.long)
             out = model(**kwargs, output_hidden_states=True)
             # The last layer's states: an output without last_hidden_state (DPR's encoders
             # return pooler_output and hidden_states) holds them last in hidden_states.

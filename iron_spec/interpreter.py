@@ -19,8 +19,8 @@ from iron_spec.operators.rope import ntk_alpha_theta, rope_inv_freq
 from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
                                       DifferentialOptions,
                                       LayerOptions, MLPOptions, NormOptions,
-                                      PerLayerInputOptions, RopeOptions)
-from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions, Sinusoidal
+                                      PerLayerInputOptions, RopeOptions, Sinusoidal)
+from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions
 from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.latent import LatentOptions
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
@@ -764,14 +764,16 @@ def _positions(spec: Spec, r: Resolved, L: int) -> tuple[int, int]:
 
 def _sinusoidal(spec: Spec, r: Resolved, rows: int, width: int) -> Sinusoidal | None:
     """``embedding.sinusoidal``: the position table of ``embedding.positions`` rows computed
-    (``runtime.causal.Sinusoidal``), None where the spec has none (a learned table).
+    (``runtime.blocks.Sinusoidal``), None where the spec has none or its ``enabled`` is
+    false (a learned table).
 
     Raises:
         SpecError: at the option's own line, a sinusoidal table without positions, of odd
-            width, a theta or denominator not above 0, or a zero_row outside the rows.
+            width, a theta or denominator not above 0, a zero_row outside the rows, or an
+            ``enabled`` or ``interleaved`` that is not a boolean.
     """
     p = ("embedding", "sinusoidal")
-    if spec.get(*p) is None:
+    if spec.get(*p) is None or not _flag_option(spec, r, p + ("enabled",), True):
         return None
     if not rows:
         raise spec.error(p, "a sinusoidal position table needs its rows: embedding.positions")
@@ -786,7 +788,8 @@ def _sinusoidal(spec: Spec, r: Resolved, rows: int, width: int) -> Sinusoidal | 
     if zero_row is not None and not 0 <= zero_row < rows:
         raise spec.error(p + ("zero_row",), f"zero_row {zero_row} is outside the position "
                                             f"table's rows 0..{rows - 1}")
-    return Sinusoidal(theta, denominator, zero_row)
+    return Sinusoidal(theta, denominator, zero_row,
+                      _flag_option(spec, r, p + ("interleaved",), False))
 
 
 def checkpoint_layout(spec: Spec, r: Resolved | None = None

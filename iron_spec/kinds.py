@@ -25,8 +25,7 @@ KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "task_types",
                                                   "token_dropout", "size",
-                                                  "project"),
-                                      "causal": ("sinusoidal",)}),
+                                                  "project", "languages")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         **{k: ("kv_sharing",) + (("per_layer_input",) if k == "ple" else ())

@@ -46,14 +46,19 @@ class AddRows(Operator):
 
 
 def sinusoidal_table(rows: int, width: int, theta: float = 10000.0,
-                     denominator: float | None = None, zero_row: int | None = None) -> np.ndarray:
+                     denominator: float | None = None, zero_row: int | None = None,
+                     interleaved: bool = False) -> np.ndarray:
     """A fixed sinusoidal position table ``(rows, width)`` float32, computed, not loaded:
     row ``p`` is ``[sin(p * r_0), .., sin(p * r_{h-1}), cos(p * r_0), .., cos(p * r_{h-1})]``
     with ``h = width / 2`` rates ``r_j = theta ** (-j / denominator)`` (``denominator``
     default ``h``: CTRL's ``positional_encoding``, ``1 / 10000 ** (2j / width)``; ``h - 1``:
     XGLMSinusoidalPositionalEmbedding's ``get_embedding``, tensor2tensor's). ``zero_row``:
-    a row set to zeros (XGLM's ``padding_idx``; None: none). Computed in float64, then
-    rounded: transformers computes it in float32, within a few float32 ulps of this.
+    a row set to zeros (XGLM's ``padding_idx``; None: none). ``interleaved``: the same
+    values with the sines in the even columns and the cosines in the odd ones, column ``2j``
+    ``sin(p * r_j)`` and ``2j + 1`` ``cos(p * r_j)``, as XLM's
+    ``create_sinusoidal_embeddings`` (``pos / 10000 ** (2 * (c // 2) / width)`` at column
+    ``c``: denominator ``h``). Computed in float64, then rounded: transformers computes it in
+    float32 (XLM's in float64, then rounded), within a few float32 ulps of this.
 
     Raises:
         ValueError: an odd ``width`` (no family's table of odd width is built), fewer than
@@ -71,7 +76,11 @@ def sinusoidal_table(rows: int, width: int, theta: float = 10000.0,
         raise ValueError(f"zero_row {zero_row} is outside the table's rows 0..{rows - 1}")
     rates = float(theta) ** (-np.arange(h, dtype=np.float64) / denominator)
     angles = np.arange(rows, dtype=np.float64)[:, None] * rates[None, :]
-    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
+    if interleaved:
+        table = np.stack([np.sin(angles), np.cos(angles)], axis=2).reshape(rows, width)
+    else:
+        table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    table = table.astype(np.float32)
     if zero_row is not None:
         table[zero_row] = 0.0
     return table

@@ -13,6 +13,7 @@ import numpy as np
 
 from iron_spec.operators import rope_switch as rope_switch_of
 from iron_spec.operators import rope_table as rope_table_of
+from iron_spec.operators import sinusoidal_table
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .graph import Handle, Recorder
@@ -301,6 +302,25 @@ class Linear(Module):
         w = rec.hold("param", self.where("weight"), self.weight.array)
         b = None if self.bias is None else rec.hold("param", self.where("bias"), self.bias.array)
         return rec.step("linear", x, w, b, where=self.path)
+
+
+@dataclass(frozen=True)
+class Sinusoidal:
+    """A fixed sinusoidal position table in place of a learned one, computed by
+    ``operators.positions.sinusoidal_table`` with these ``theta``, ``denominator`` (None:
+    half the width), ``zero_row`` (None: none) and ``interleaved`` (sines and cosines in
+    alternate columns): CTRL's ``positional_encoding``, XGLMSinusoidalPositionalEmbedding,
+    XLM's ``create_sinusoidal_embeddings`` (interleaved)."""
+
+    theta: float = 10000.0
+    denominator: float | None = None
+    zero_row: int | None = None
+    interleaved: bool = False
+
+    def table(self, rows: int, width: int) -> np.ndarray:
+        """The table ``(rows, width)`` float32 (``sinusoidal_table``'s errors)."""
+        return sinusoidal_table(rows, width, self.theta, self.denominator, self.zero_row,
+                                self.interleaved)
 
 
 class Embedding(Module):

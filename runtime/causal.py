@@ -13,11 +13,11 @@ from typing import Callable
 
 import numpy as np
 
-from iron_spec.operators import OPERATORS, PerCall, sinusoidal_table
+from iron_spec.operators import OPERATORS, PerCall
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .blocks import (QUERIES, ActivationParams, Embedding, LayerOptions, Linear, Norm, NormOptions,
-                     PerLayerInputOptions, RopeOptions, rope_switch, rope_table)
+                     PerLayerInputOptions, RopeOptions, Sinusoidal, rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
 from .module import Module, State
@@ -73,18 +73,6 @@ class CausalOptions:
     head_transform: "HeadTransformOptions | None" = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
-
-
-@dataclass(frozen=True)
-class Sinusoidal:
-    """A fixed sinusoidal position table in place of a learned one, computed by
-    ``operators.positions.sinusoidal_table`` with these ``theta``, ``denominator`` (None:
-    half the width) and ``zero_row`` (None: none): CTRL's ``positional_encoding``,
-    XGLMSinusoidalPositionalEmbedding."""
-
-    theta: float = 10000.0
-    denominator: float | None = None
-    zero_row: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,9 +140,7 @@ class Decoder(Module):
             if o.sinusoidal is None:
                 self.embed_positions = Embedding(o.positions, E)
             else:
-                s = o.sinusoidal
-                self.position_table = sinusoidal_table(o.positions, E, s.theta, s.denominator,
-                                                       s.zero_row)
+                self.position_table = o.sinusoidal.table(o.positions, E)
         if o.embedding_norm:
             self.embed_norm = Norm(E, o.norm)
         self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]

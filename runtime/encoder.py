@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, fused_qkv, rope_table
+from .blocks import Embedding, Linear, Norm, NormOptions, RopeOptions, Sinusoidal, fused_qkv, \
+    rope_table
 from .graph import CallSpec, Handle, Recorder
 from .module import Module, Param
 from .plan import Plan
@@ -151,6 +152,14 @@ class EncoderOptions:
     ``embedding_hidden_mapping_in`` is there whatever the widths).
     ``max_tokens``: rows the compiled version holds (at most ``positions`` where there is a
     position table). ``relative_bias``: a relative position bias table (None: none).
+    ``sinusoidal``: the position table of ``positions`` rows is computed (``Sinusoidal``),
+    not loaded (None: the learned ``embeddings.position_embeddings``), as XLMModel's
+    ``position_embeddings`` under ``sinusoidal_embeddings``.
+    ``languages``: rows of the language table ``embeddings.lang_embeddings`` (0: none), its
+    row for each token's language added after the positions, as XLMModel's
+    ``lang_embeddings(langs)`` (``n_langs`` where ``use_lang_emb`` and ``n_langs > 1``);
+    ``language``: the language of a call that names none (XLMWithLMHeadModel's generation
+    feeds ``lang_id`` so).
     """
 
     vocab_size: int
@@ -173,24 +182,32 @@ class EncoderOptions:
     pooling: PoolingOptions = field(default_factory=PoolingOptions)
     max_tokens: int = 512
     relative_bias: RelativeBiasOptions | None = None
+    sinusoidal: Sinusoidal | None = None
+    languages: int = 0
+    language: int = 0
 
 
 class Embeddings(Module):
     """Word, absolute position and token-type embeddings summed, then normalized, as
     transformers' BertEmbeddings (and a task-type embedding before the norm, as
-    ErnieEmbeddings)."""
+    ErnieEmbeddings; a language embedding after the positions, as XLMModel). A computed
+    sinusoidal position table is ``position_table`` ``(positions, width)``, a constant."""
 
     def __init__(self, o: EncoderOptions):
         E = o.embedding_size or o.hidden_size
         self.word_embeddings = Embedding(o.vocab_size, E, o.embedding_scale)
-        self.position_embeddings = Embedding(o.positions, E) if o.positions else None
+        self.position_embeddings = Embedding(o.positions, E) \
+            if o.positions and o.sinusoidal is None else None
+        self.position_table = o.sinusoidal.table(o.positions, E) \
+            if o.positions and o.sinusoidal is not None else None
+        self.lang_embeddings = Embedding(o.languages, E) if o.languages else None
         self.token_type_embeddings = Embedding(o.token_types, E) if o.token_types else None
         self.task_type_embeddings = Embedding(o.task_types, E) if o.task_types else None
         self.LayerNorm = Norm(E, o.norm) if o.embedding_norm else None
         self.token_dropout = o.token_dropout
 
     def __call__(self, rec: Recorder, ids: Handle, positions: Handle, types: Handle,
-                 tasks: Handle | None = None) -> Handle:
+                 tasks: Handle | None = None, langs: Handle | None = None) -> Handle:
         x = self.word_embeddings(rec, ids)
         if self.token_dropout is not None:
             mask_id, ratio = self.token_dropout
@@ -200,6 +217,13 @@ class Embeddings(Module):
             x = rec.step("add", x, self.token_type_embeddings(rec, types), where=self.path)
         if self.position_embeddings is not None:
             x = rec.step("add", x, self.position_embeddings(rec, positions), where=self.path)
+        if self.position_table is not None:
+            where = self.where("position_table")
+            table = rec.hold("const", where, self.position_table)
+            x = rec.step("add", x, rec.step("embedding", positions, table, where=where),
+                         where=self.path)
+        if self.lang_embeddings is not None:
+            x = rec.step("add", x, self.lang_embeddings(rec, langs), where=self.path)
         if self.task_type_embeddings is not None:
             x = rec.step("add", x, self.task_type_embeddings(rec, tasks), where=self.path)
         return x if self.LayerNorm is None else self.LayerNorm(rec, x)
@@ -386,8 +410,8 @@ class Encoder(Module):
 
     Raises:
         ValueError: ``max_tokens`` is not in ``[1, positions]`` (where there is a position
-            table), a ``layer_order`` index outside ``layers``, or pooling ``pooler``
-            without a pooler.
+            table), a ``layer_order`` index outside ``layers``, a default ``language``
+            outside the language table, or pooling ``pooler`` without a pooler.
     """
 
     def __init__(self, o: EncoderOptions):
@@ -400,6 +424,9 @@ class Encoder(Module):
             raise ValueError(f"max_tokens {o.max_tokens} is not within 1..{top if o.positions else 'any'}"
                              f", the position table's {o.positions} rows past offset "
                              f"{o.position_offset}")
+        if o.languages and not 0 <= o.language < o.languages:
+            raise ValueError(f"default language {o.language} is outside the language table's "
+                             f"0..{o.languages - 1}")
         if o.layer_order is not None and any(not 0 <= i < len(o.layers) for i in o.layer_order):
             raise ValueError(f"layer order {list(o.layer_order)} runs layers outside the "
                              f"{len(o.layers)} held")
@@ -430,7 +457,9 @@ class Encoder(Module):
         types = rec.input("types", (C,), np.int32, bounded=True)
         tasks = rec.input("tasks", (C,), np.int32, bounded=True) if self.config.task_types \
             else None
-        x = self.embeddings(rec, ids, positions, types, tasks)
+        langs = rec.input("langs", (C,), np.int32, bounded=True) if self.config.languages \
+            else None
+        x = self.embeddings(rec, ids, positions, types, tasks, langs)
         if self.embeddings_project is not None:
             x = self.embeddings_project(rec, x)
         ropes = {r: (rec.hold("const", f"rope.{i}.cos", cos), rec.hold("const", f"rope.{i}.sin", sin))
@@ -471,15 +500,20 @@ class Encoder(Module):
 class EncoderVersion:
     """The encoder compiled over ``max_tokens`` rows for one pooling.
 
-    ``version(ids, types=None)`` runs one text: ``ids`` ``(rows,)`` with ``1 <= rows <=
-    max_tokens``, ``types`` its token types (default zeros, as BertModel's). It returns the
+    ``version(ids, types=None, langs=None)`` runs one text: ``ids`` ``(rows,)`` with ``1 <=
+    rows <= max_tokens``, ``types`` its token types (default zeros, as BertModel's),
+    ``langs`` its language (a model with a language table only): one id for every token, or
+    one per token ``(rows,)``, as XLMModel's ``langs``; None: the options' ``language``. It
+    returns the
     embedding ``(hidden,)`` float32, or the hidden states ``(rows, hidden)`` with pooling
     ``none``: a view, valid until the next call. ``reference(...)`` runs the same recording
     eagerly in float64.
 
     Raises (both, before any work):
         ValueError: no ids, more than ``max_tokens``, an id outside ``[0, vocab)``, a type
-            outside the token-type table, or types of another length.
+            outside the token-type table, types of another length, a language outside the
+            language table, languages of another length, or languages for a model without
+            a language table.
     """
 
     def __init__(self, model: Encoder, pooling: PoolingOptions, check: bool):
@@ -495,7 +529,7 @@ class EncoderVersion:
         self._positions = np.arange(o.max_tokens, dtype=np.int32) + np.int32(o.position_offset)
         self._zeros = np.zeros(o.max_tokens, np.int32)
 
-    def _inputs(self, ids, types) -> tuple[dict, dict]:
+    def _inputs(self, ids, types, langs=None) -> tuple[dict, dict]:
         ids = np.asarray(ids)
         n, o = ids.shape[0] if ids.ndim == 1 else -1, self._options
         if ids.ndim != 1 or not 1 <= n <= self.max_tokens:
@@ -515,7 +549,27 @@ class EncoderVersion:
         inputs = {"ids": ids, "positions": self.positions(ids), "types": types}
         if o.task_types:
             inputs["tasks"] = self._zeros[:n]
+        if o.languages:
+            inputs["langs"] = self._langs(langs, n)
+        elif langs is not None:
+            raise ValueError("languages given to a model without a language table "
+                             "(embeddings.lang_embeddings)")
         return inputs, {"rows": n}
+
+    def _langs(self, langs, n: int) -> np.ndarray:
+        """Each of ``n`` tokens' language id ``(n,)`` int32 from a call's ``langs``."""
+        o = self._options
+        langs = np.asarray(o.language if langs is None else langs)
+        if langs.ndim == 0:
+            langs = np.full(n, langs)
+        if langs.shape != (n,) or not np.issubdtype(langs.dtype, np.integer):
+            raise ValueError(f"{langs.shape} languages of {langs.dtype} for {n} ids: one "
+                             "language id, or a whole number per id")
+        if langs.min() < 0 or langs.max() >= o.languages:
+            bad = int(langs.max() if langs.max() >= o.languages else langs.min())
+            raise ValueError(f"language {bad} is outside the language table's 0.."
+                             f"{o.languages - 1}")
+        return langs.astype(np.int32, copy=False)
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """The position-table row of each of ``ids`` ``(rows,)``: ``p + position_offset`` at
@@ -531,10 +585,10 @@ class EncoderVersion:
     def _out(self, y: np.ndarray) -> np.ndarray:
         return y.reshape(-1) if self.pooling.kind != "none" else y
 
-    def __call__(self, ids, types=None) -> np.ndarray:
-        inputs, call = self._inputs(ids, types)
+    def __call__(self, ids, types=None, langs=None) -> np.ndarray:
+        inputs, call = self._inputs(ids, types, langs)
         return self._out(self.plan.run(inputs, call))
 
-    def reference(self, ids, types=None) -> np.ndarray:
-        inputs, call = self._inputs(ids, types)
+    def reference(self, ids, types=None, langs=None) -> np.ndarray:
+        inputs, call = self._inputs(ids, types, langs)
         return self._out(self._reference.run(inputs, call))

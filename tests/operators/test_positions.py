@@ -49,6 +49,30 @@ def _xglm_get_embedding(n, d, padding_idx):
     return emb
 
 
+def _xlm_create_sinusoidal_embeddings(n_pos, dim):
+    # transformers' modeling_xlm.create_sinusoidal_embeddings, transcribed in float64.
+    enc = np.array([[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)]
+                    for pos in range(n_pos)])
+    out = np.empty_like(enc)
+    out[:, 0::2], out[:, 1::2] = np.sin(enc[:, 0::2]), np.cos(enc[:, 1::2])
+    return out
+
+
+def test_sinusoidal_table_interleaved_hand():
+    # Width 4, rates 1 and 0.01, sines in the even columns: [sin p, cos p, sin .01p, cos .01p].
+    t = sinusoidal_table(3, 4, interleaved=True)
+    np.testing.assert_allclose(t[0], [0.0, 1.0, 0.0, 1.0])
+    np.testing.assert_allclose(t[2], [np.sin(2.0), np.cos(2.0), np.sin(0.02), np.cos(0.02)],
+                               rtol=1e-7)
+
+
+def test_sinusoidal_table_is_xlms_interleaved_not_halves():
+    want = _xlm_create_sinusoidal_embeddings(40, 32)
+    np.testing.assert_allclose(sinusoidal_table(40, 32, interleaved=True), want, atol=2e-7)
+    # The halves layout (CTRL's) holds the same values in other columns.
+    assert np.abs(sinusoidal_table(40, 32) - want).max() > 0.5
+
+
 def test_sinusoidal_table_is_ctrls_and_xglms():
     np.testing.assert_allclose(sinusoidal_table(256, 64), _ctrl_positional_encoding(256, 64),
                                atol=2e-7)
