@@ -84,3 +84,26 @@ def test_xlm_drawn_weights_carry_xlms_own_names():
                   for p in ("weight", "bias")}
     assert set(shapes) == per_layer | {"lang_embeddings.weight", "embeddings.weight",
                                        "layer_norm_emb.weight", "layer_norm_emb.bias"}
+
+
+@pytest.mark.parametrize("old, new", [
+    ("default: lang_id}", "default: 0}"),
+    ("  hidden_act: {expr: \"gelu if gelu_activation else relu\"}\n",
+     "  hidden_act: {expr: \"relu if gelu_activation else gelu\"}\n"),
+], ids=["language 0 by default", "gelu for relu"])
+def test_flaubert_with_another_option_fails_against_the_golden(tmp_path, old, new):
+    # The toy's FlaubertModel: langs filled with lang_id 1, nn.functional.relu
+    # (gelu_activation false), every layer run (layerdrop 0.3 is training's only).
+    _fails_edited(tmp_path, "flaubert", old, new)
+
+
+def test_flaubert_pre_norm_is_refused_naming_why(tmp_path):
+    import json
+
+    from iron_spec.errors import SpecError
+    from iron_spec.loader import load_spec
+    spec = load_spec(SPECS / "flaubert.yaml")
+    config = dict(spec.get("toy", "config"), pre_norm=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecError, match="pre_norm.*TypeError"):
+        load_encoder(spec, checkpoint=tmp_path)
