@@ -1,0 +1,53 @@
+"""Record the config.json transformers writes for each causal spec's config classes at their
+defaults (``ConfigClass().save_pretrained``), one file per spec, ``<spec name>.json``: an
+object from each architecture the spec serves to that config.json. The tests read these
+files (tests/specs/test_default_configs.py), so CI needs no transformers.
+
+Run where transformers is installed (the golden extra), after adding a spec:
+
+    python tests/specs/configs/defaults/record.py [SPEC_NAME ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+
+
+def saved(architecture: str) -> dict:
+    """The config.json ``architecture``'s config class writes at its defaults, less
+    ``transformers_version`` (which changes with the install, not the class)."""
+    import transformers
+
+    config_class = getattr(transformers, architecture).config_class
+    with tempfile.TemporaryDirectory() as d:
+        config_class().save_pretrained(d)
+        data = json.loads((Path(d) / "config.json").read_text())
+    data.pop("transformers_version", None)
+    return data
+
+
+def recorded(spec) -> dict:
+    """``{architecture: saved(architecture)}`` for every architecture ``spec`` serves."""
+    return {a: saved(a) for a in spec.get("architectures")}
+
+
+def main(names: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.specs.test_default_configs import RECORDED_SPECS
+
+    for spec in RECORDED_SPECS:
+        if names and spec.get("name") not in names:
+            continue
+        path = HERE / f"{spec.get('name')}.json"
+        path.write_text(json.dumps(recorded(spec), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
