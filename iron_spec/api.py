@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from iron_spec.operators.native import threads as native_threads
 from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Session
 
@@ -98,9 +101,12 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     toy = arguments.flag(toy, "toy")
     allow_unread_config = arguments.flag(allow_unread_config, "allow_unread_config")
     arguments.callable_or_none(progress, "progress", "(tensors loaded, tensors)")
-    if not isinstance(decode_weights, str):  # a str that is none of them: load_model's
+    if not isinstance(decode_weights, str):
         raise TypeError(f"decode_weights is {decode_weights!r}; it is one of "
                         f"{', '.join(map(repr, DECODE_WEIGHTS))}")
+    if decode_weights not in DECODE_WEIGHTS:
+        raise ValueError(f"decode_weights={decode_weights!r} is not one of "
+                         f"{', '.join(DECODE_WEIGHTS)}")
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
         checkpoint = Path(checkpoint).expanduser()
     path = find(spec, checkpoint)
@@ -113,22 +119,41 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             "prefill_chunk": (prefill_chunk, None, "a causal model's prompt calls"),
             "decode_weights": (decode_weights, "float32", "a causal model's decode step")},
             str(path))
-        if threads is not None:
-            set_threads(threads)
-        return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
-                                         random_weights=random_weights, toy=toy,
-                                         max_tokens=max_tokens, progress=progress,
-                                         allow_unread_config=allow_unread_config), path)
+        with _threads(threads):
+            return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
+                                             random_weights=random_weights, toy=toy,
+                                             max_tokens=max_tokens, progress=progress,
+                                             allow_unread_config=allow_unread_config), path)
     arguments.only_for("causal", {"max_tokens": (max_tokens, None, "an encoder's ids per "
                                                  "text (a causal model's context is "
                                                  "max_seq_len)")}, str(path))
-    if threads is not None:
-        set_threads(threads)
-    loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights, toy=toy,
-                        max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
-                        progress=progress, decode_weights=decode_weights,
-                        allow_unread_config=allow_unread_config)
-    return Model(loaded, path)
+    with _threads(threads):
+        loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights,
+                            toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
+                            progress=progress, decode_weights=decode_weights,
+                            allow_unread_config=allow_unread_config)
+        return Model(loaded, path)
+
+
+@contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """The kernels on ``n`` threads (None: as they are) from here on; put back as they were
+    where the block raises, so a refused load changes nothing (the threads are set first:
+    loading may start the decode pool, which keeps the count it starts with)."""
+    if n is None:
+        yield
+        return
+    var, before = os.environ.get("OPENBLAS_NUM_THREADS"), native_threads()
+    set_threads(n)
+    try:
+        yield
+    except BaseException:
+        set_threads(before)
+        if var is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = var
+        raise
 
 
 class Model:
@@ -156,6 +181,9 @@ class Model:
     @property
     def max_seq_len(self) -> int:
         return self.loaded.lm.config.max_seq_len
+
+    def __getattr__(self, name: str):
+        raise _other_kind(self, name, "EncoderModel", ENCODER_METHODS, CAUSAL_METHODS)
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -235,23 +263,30 @@ class Model:
                 could begin one is held back until the next token decides.
             seed: the sampler's seed; None draws a fresh one (``result.seed`` says which).
             logprobs: record each drawn token's log-probability (``result.logprobs``).
-            session: the conversation whose caches to use (default: the model's own).
+            session: the history whose KV cache to resume from and extend (default: the
+                model's own): a ``runtime.session.Session(model.loaded.lm)``; a call whose
+                prompt begins with what the session last ran re-runs only the rest.
 
         Returns:
             A ``Stream``: iterate it for ``str`` pieces; ``.result`` is the ``Completion``
             once it is exhausted; ``.text()`` runs it to the end.
 
         Raises (before anything runs):
-            ValueError: a bad setting, an empty stop string, or a prompt and the tokens to
-                draw that do not fit ``max_seq_len``; as ``encode`` for the prompt.
-            IndexError, TypeError: as ``encode``.
+            ValueError: a bad setting, an empty stop string; as ``encode`` for the prompt.
+            ContextFull: a ValueError, the prompt and the tokens to draw do not fit
+                ``max_seq_len``.
+            TypeError: ``session`` is not a Session over this model; as ``encode``.
+            IndexError: as ``encode``.
         """
         logprobs = arguments.flag(logprobs, "logprobs")
         if session is not None and (not isinstance(session, Session)
                                     or session.lm is not self.loaded.lm):
-            raise TypeError(f"session is a {type(session).__name__}, not a Session over this "
-                            "model; it is None (the model's own) or a runtime.session.Session "
-                            "of this model's loaded.lm")
+            over = "over another model" if isinstance(session, Session) else ""
+            raise TypeError(f"session is a {type(session).__name__}{over and ' ' + over}, not "
+                            "a Session over this model: give None (the model's own), or make "
+                            "one with `from iron_spec.runtime.session import Session; session "
+                            "= Session(model.loaded.lm)` (it keeps its own history's KV cache "
+                            "from call to call)")
         ids = self.encode(prompt)
         sampler = self.sampler(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
                                min_p=min_p, repetition_penalty=repetition_penalty,
@@ -264,6 +299,9 @@ class Model:
             default = setting(self.generation_config, self._gen_path, "max_new_tokens",
                               DEFAULT_NEW_TOKENS, DEFAULT_NEW_TOKENS)
             n, bound = max(1, min(default, room)), default > room
+        if len(ids) + n - 1 > self.max_seq_len:
+            raise _context_full(f"{len(ids)} token{'s' * (len(ids) != 1)}" + (
+                f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len)
         session = session if session is not None else self._session
         session.check(ids, more=n - 1)  # refused here, before anything runs
         return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
@@ -297,7 +335,16 @@ class Model:
 
 
 class ContextFull(ValueError):
-    """A chat turn that does not fit the context: refused, the conversation unchanged."""
+    """A prompt (a chat turn with the turns before it) and the tokens to draw that do not fit
+    the context: refused before anything runs, nothing changed (a conversation stays as it
+    was). The message names the context's argument as the caller spells it (``max_seq_len=``
+    of ``iron_spec.load``; ``--max-seq-len`` in the CLI: ``arguments.said``)."""
+
+
+def _context_full(what: str, L: int) -> ContextFull:
+    return ContextFull(f"{what} do not fit max_seq_len {L}, the context this model was "
+                       f"loaded with (a larger {arguments.said('max_seq_len')} raises it, up "
+                       "to the model's own context)")
 
 
 class Conversation:
@@ -331,7 +378,8 @@ class Conversation:
         if room < 1:
             raise ContextFull(f"this turn makes the conversation {len(ids)} tokens, past "
                               f"max_seq_len {L}; it is refused, the conversation kept as it "
-                              "was (send a shorter one, or load with a larger max_seq_len)")
+                              "was (send a shorter one, or load with a larger "
+                              f"{arguments.said('max_seq_len')})")
         if options.get("max_new_tokens") is None:
             options["max_new_tokens"] = min(DEFAULT_REPLY_TOKENS, room)
             context_bound = DEFAULT_REPLY_TOKENS > room
@@ -364,6 +412,9 @@ class EncoderModel:
         self.config: dict = loaded.config_json
         self.tokenizer = loaded.tokenizer
 
+    def __getattr__(self, name: str):
+        raise _other_kind(self, name, "Model", CAUSAL_METHODS, ENCODER_METHODS)
+
     def embed(self, texts: str | Iterable[str], lang: int | None = None) -> np.ndarray:
         """The spec's pooled embedding of each text, ``(len(texts), hidden_size)`` float32
         (one row for a single string); each text truncated to the model's ``max_tokens``,
@@ -388,6 +439,25 @@ class EncoderModel:
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
         return embed_texts(self.loaded, texts, lang)
+
+
+CAUSAL_METHODS = ("generate", "complete", "stream", "chat", "encode")
+ENCODER_METHODS = ("embed",)
+
+
+def _other_kind(model, name: str, other: str, theirs: tuple, ours: tuple) -> AttributeError:
+    """The AttributeError for ``model.name``: where the other kind of model (``other``) has
+    ``name``, saying which kind of spec gives it and what this one offers (a bare
+    "'Model' object has no attribute 'embed'" says neither)."""
+    kind = type(model).__name__
+    if name in theirs:
+        spec_kind = "encoder" if other == "EncoderModel" else "causal"
+        return AttributeError(
+            f"{kind}.{name}: {name}() is {'an' if other == 'EncoderModel' else 'a'} {other}'s, loaded from a model: {spec_kind} spec; "
+            f"{model.__dict__.get('spec')} is a model: "
+            f"{'causal' if spec_kind == 'encoder' else 'encoder'} spec, whose {kind} offers "
+            f"{', '.join(m + '()' for m in ours)}")
+    return AttributeError(f"{kind!r} object has no attribute {name!r}")
 
 
 def _stream_options(stream, caller: str, options: dict) -> dict:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+_UNSAID = object()
+
 
 def _held(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
@@ -68,3 +70,20 @@ def only_for(kind: str, given: dict[str, Any], spec: str) -> None:
         name = set_[0]
         raise TypeError(f"{name} is for {given[name][2]}; {spec} is a {kind} model "
                         f"(model: {kind}), which takes no {', '.join(set_)}")
+
+
+def said(name: str, value: Any = _UNSAID, *, placeholder: str | None = None) -> str:
+    """The argument ``name`` (``iron_spec.load``'s keyword, ``max_seq_len``) as the caller
+    wrote it, with ``value`` (or a ``placeholder`` such as ``SEED``) where given:
+    ``max_seq_len=64`` from Python, ``--max-seq-len 64`` inside an ``iron-spec`` command (a
+    typer command runs), so a message never tells a library user of a flag, nor a
+    shell user of a keyword. A flag's True is the switch alone (``--toy``)."""
+    from typer.main import get_current_context  # typer's own click, on first use
+
+    shown = placeholder if placeholder is not None else None if value is _UNSAID else value
+    if get_current_context(silent=True) is not None:
+        flag = "--" + name.replace("_", "-")
+        return flag if shown is None or shown is True else f"{flag} {shown}"
+    if shown is None:
+        return f"{name}="
+    return f"{name}={shown if placeholder is not None else repr(shown)}"

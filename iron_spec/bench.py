@@ -24,8 +24,8 @@ from iron_spec.operators import native
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
-from .build import DECODE_WEIGHTS_HELP, Loaded, use_decode_weights
-from .command import EXPECTED, UsageError, load_compiled, refuse, stages
+from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, use_decode_weights
+from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError
 
@@ -428,7 +428,7 @@ def command(
                                     help="context length the caches are sized for"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
-    decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
+    decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
     gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:

@@ -29,6 +29,7 @@ from iron_spec.runtime.weights import draw_weights
 
 from . import gguf_files
 from .config import account
+from .arguments import said
 from .errors import FlagError
 from .generation import read_generation_config
 from .interpreter import expand
@@ -182,9 +183,12 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
     """
     if toy:
         if checkpoint is not None:
-            raise FlagError("--toy draws a tiny shape; it takes no --checkpoint")
+            raise FlagError(f"{said('toy', True)} draws a tiny shape; it takes no "
+                            f"{said('checkpoint')}")
         if random_weights is None:
-            raise FlagError("--toy needs --random-weights SEED: a toy has no checkpoint")
+            raise FlagError(f"{said('toy', True)} needs "
+                            f"{said('random_weights', placeholder='SEED')}: a toy has no "
+                            "checkpoint")
         if spec.get("toy") is None:
             raise spec.error((), "this spec has no toy: section for --toy")
         if not isinstance(spec.get("toy", "config"), dict):
@@ -219,8 +223,9 @@ def example(spec) -> Path:
     """
     examples = spec.get("examples", default=None) or []
     if not examples:
-        raise FlagError("give --checkpoint DIR (or a hub id), or --random-weights SEED --toy "
-                         f"for a run with no files ({spec.file} names no examples:)")
+        raise FlagError(f"give {said('checkpoint', placeholder='DIR')} (or a hub id), or "
+                        f"{said('random_weights', placeholder='SEED')} {said('toy', True)} "
+                        f"for a run with no files ({spec.file} names no examples:)")
     repo = examples[0]
     log.info("checkpoint %s, the spec's first example (examples:)", repo)
     try:
@@ -230,10 +235,12 @@ def example(spec) -> Path:
         why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
                "the hub did not answer")
         raise FileNotFoundError(
-            f"no --checkpoint given, and {spec.file}'s example {repo} is not in the hub cache "
-            f"({constants.HF_HUB_CACHE}) and cannot be downloaded ({why}): download it where "
-            f"the hub is reachable (hf download {repo}), or give --checkpoint DIR, or "
-            "--random-weights SEED --toy for a run with no files") from None
+            f"no {said('checkpoint')} given, and {spec.file}'s example {repo} is not in the hub "
+            f"cache ({constants.HF_HUB_CACHE}) and cannot be downloaded ({why}): download it "
+            f"where the hub is reachable (hf download {repo}), or give "
+            f"{said('checkpoint', placeholder='DIR')}, or "
+            f"{said('random_weights', placeholder='SEED')} {said('toy', True)} for a run with "
+            "no files") from None
 
 
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
@@ -331,8 +338,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     native = expanded.options.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
-            raise ValueError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
-                             "model's own context")
+            raise ValueError(f"{said('max_seq_len', max_seq_len)} is not within "
+                             f"1..{native}, the model's own context")
         L = max_seq_len
         fixed, per_position = _footprint(expanded.options, decode_weights)
         need, budget = fixed + per_position * L, host_budget()
@@ -344,7 +351,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         fixed, per_position = _footprint(expanded.options, decode_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if asked is not None and asked > L:
-        raise ValueError(f"--prefill-chunk {asked} is past the context max_seq_len {L} "
+        raise ValueError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
                          "(a prompt call holds at most the context; it is not cut silently)")
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
@@ -375,10 +382,10 @@ def _refuse_decode_weights(decode_weights: str) -> None:
     """Raises ValueError where ``decode_weights`` is none of DECODE_WEIGHTS, or a reduced
     form without the decode pool that reads it."""
     if decode_weights not in DECODE_WEIGHTS:
-        raise ValueError(f"--decode-weights {decode_weights!r} is not one of "
+        raise ValueError(f"{said('decode_weights', decode_weights)} is not one of "
                          f"{', '.join(DECODE_WEIGHTS)}")
     if decode_weights != "float32" and decode_pool.LIB is None:
-        raise ValueError(f"--decode-weights {decode_weights} needs the decode pool, and "
+        raise ValueError(f"{said('decode_weights', decode_weights)} needs the decode pool, and "
                          + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
                             decode_pool.STALE if decode_pool.STALE else
                             "operators._cpu is not built (reinstall with a C compiler)"))

@@ -23,8 +23,8 @@ from iron_spec.runtime.golden import Golden, GoldenError
 from iron_spec.runtime.host import fit
 
 from . import goldens
-from .build import DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
-from .command import EXPECTED, load_compiled, refuse, stages
+from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
+from .command import EXPECTED, choice, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
@@ -267,7 +267,7 @@ def command(
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
     self_only: bool = typer.Option(False, "--self-only", help="the self-consistency checks alone, with no golden: exit 0 when they pass, though nothing is verified against transformers"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
-    decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP),
+    decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,

@@ -186,6 +186,21 @@ def number(low: Optional[float] = None, high: Optional[float] = None, *,
     return check
 
 
+def choice(valid: tuple[str, ...], several: bool = False) -> Callable:
+    """A typer option callback refusing, as a usage error (exit 2) before anything loads, a
+    value that is none of ``valid`` (each valid one named); with ``several``, a
+    comma-separated list of them."""
+    def check(value):
+        if value is None:
+            return value
+        for v in (value.split(",") if several else [value]):
+            if v.strip() not in valid:
+                raise typer.BadParameter(f"{v.strip()!r} is not one of {', '.join(valid)}"
+                                         + (" (several: comma-separated)" if several else ""))
+        return value
+    return check
+
+
 class Stages:
     """Progress on stderr for steps that take seconds: on a terminal one rich bar (the stage,
     its count where known, elapsed time), rewritten in place and gone when done; elsewhere

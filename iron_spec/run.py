@@ -21,8 +21,8 @@ from iron_spec.operators import Sampler
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
-from .build import DECODE_WEIGHTS_HELP
-from .command import EXPECTED, log_to_stderr, number, refuse, stages
+from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP
+from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
 from .generation import Completion, Stream
@@ -51,7 +51,7 @@ def command(
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
-    decode_weights: str = typer.Option("float32", "--decode-weights", help=DECODE_WEIGHTS_HELP),
+    decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""

@@ -59,8 +59,8 @@ class Session:
         if t.size + more > L:
             raise ValueError(f"{t.size} token{'s' * (t.size != 1)}"
                              f"{f' and {more} more to draw' if more else ''} do "
-                             f"not fit max_seq_len {L} (--max-seq-len raises it up to the "
-                             "model's own)")
+                             f"not fit max_seq_len {L}, the context the model was built "
+                             "with")
         return t
 
     def check(self, tokens: Iterable[int], more: int = 0) -> None:

@@ -20,11 +20,11 @@ EXPECTED = (" Paris.\n\nThe answer is:\n"
             "(2, 384)\n")  # all-MiniLM-L6-v2's 384-wide embeddings of the two texts
 
 
-def readme_example() -> str:
+def readme_example(n: int = 0) -> str:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert blocks, "README.md has no ```python block"
-    return blocks[0]
+    assert len(blocks) > n, f"README.md has no python block {n}"
+    return blocks[n]
 
 
 def test_the_readme_example_prints_transformers_greedy_text():
@@ -37,3 +37,20 @@ def test_the_readme_example_prints_transformers_greedy_text():
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {})
     assert out.getvalue() == EXPECTED
+
+
+def test_the_readme_session_example_resumes_from_its_cache():
+    import iron_spec
+
+    model = iron_spec.load("llama3", checkpoint("smollm2-135m-instruct"), max_seq_len=256)
+    scope = {"model": model}
+    exec(compile(readme_example(1), "README.md", "exec"), scope)
+    session, prompt, story = scope["session"], scope["prompt"], scope["story"]
+    first = len(prompt) + len(story.token_ids) - 1  # ids the first call's caches hold
+    later = session.calls[-(len(scope["more"].token_ids)):]
+    # The second call's prompt ran from where the first left off (its last whole chunk),
+    # not from position 0; what it drew is what a fresh history gives.
+    assert all(start > 0 for _, start, _ in later), session.calls
+    assert later[0][1] <= first
+    fresh = model.complete(prompt + story.token_ids, max_new_tokens=8)
+    assert fresh.token_ids == scope["more"].token_ids

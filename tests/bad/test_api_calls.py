@@ -229,6 +229,11 @@ LOAD = [
     ("allow_text", dict(allow_unread_config="no"), TypeError, "allow_unread_config is 'no'"),
     ("progress_number", dict(progress=3), TypeError, "progress is 3"),
     ("decode_weights_number", dict(decode_weights=3), TypeError, "decode_weights is 3; it is one of 'float32'"),
+    # Said as load's keywords, not the CLI's flags (found by a new user's trial).
+    ("decode_weights_unknown", dict(decode_weights="fp8"), ValueError, "^decode_weights='fp8' is not one of float32, bfloat16"),
+    ("context_past_model", dict(max_seq_len=100000), ValueError, "^max_seq_len=100000 is not within 1..512, the model's own context"),
+    ("chunk_past_context", dict(max_seq_len=32, prefill_chunk=64), ValueError, "^prefill_chunk=64 is past the context max_seq_len 32"),
+    ("toy_without_seed", dict(random_weights=None), ValueError, r"^toy=True needs random_weights=SEED: a toy has no checkpoint"),
 ]
 
 
@@ -264,6 +269,60 @@ def test_a_bad_stream_flag_or_session_is_refused_naming_it(library):
         library.generate([5, 17], max_new_tokens=2, logprobs="yes")
     with pytest.raises(TypeError, match="session is a int, not a Session over this model"):
         library.generate([5, 17], max_new_tokens=2, session=5)
+
+
+# Found by a new user's trial: session=True and session="x" said a Session was wanted but
+# not how to make one; a prompt past the context named the CLI's --max-seq-len from Python;
+# embed() on a causal model was a bare AttributeError.
+@pytest.mark.parametrize("session", [True, "x"])
+@pytest.mark.parametrize("method", ["generate", "complete"])
+def test_a_session_that_is_none_says_how_to_make_one(library, session, method):
+    with pytest.raises(TypeError, match=r"^session is a (bool|str), not a Session over this "
+                                        r"model: .*Session\(model.loaded.lm\)"):
+        getattr(library, method)([5, 17], max_new_tokens=2, session=session)
+
+
+def test_a_session_made_as_the_message_says_is_taken(library):
+    made = Session(library.loaded.lm)
+    assert library.complete([5, 17], max_new_tokens=2, session=made).token_ids
+    assert made.held == 3
+    other = Session(load_model(LLAMA, random_weights=1, toy=True).lm)
+    with pytest.raises(TypeError, match="session is a Session over another model"):
+        library.generate([5, 17], max_new_tokens=2, session=other)
+
+
+def test_a_prompt_past_the_context_names_load_s_argument(library):
+    import iron_spec
+
+    L = library.max_seq_len
+    with pytest.raises(iron_spec.ContextFull,
+                       match=f"^{L} tokens and 1 more to draw do not fit max_seq_len {L}.*"
+                             r"a larger max_seq_len= raises it") as e:
+        library.generate([5] * L, max_new_tokens=2)
+    assert "--max-seq-len" not in str(e.value)
+
+
+def test_embed_on_a_causal_model_says_what_it_is_and_offers(library):
+    with pytest.raises(AttributeError, match=r"^Model.embed: embed\(\) is an EncoderModel's, "
+                                             r"loaded from a model: encoder spec; .*llama3.yaml "
+                                             r"is a model: causal spec, whose Model offers "
+                                             r"generate\(\), complete\(\)"):
+        library.embed(["a text"])
+    assert not hasattr(library, "embed")
+    with pytest.raises(AttributeError, match="^'Model' object has no attribute 'nothing'$"):
+        library.nothing
+
+
+def test_generate_on_an_encoder_says_what_it_is_and_offers():
+    import iron_spec
+    from tests.conftest import SPECS
+
+    encoder = iron_spec.load(str(SPECS / "bert.yaml"), random_weights=0, toy=True)
+    with pytest.raises(AttributeError, match=r"^EncoderModel.generate: generate\(\) is a "
+                                             r"Model's, loaded from a model: causal spec; "
+                                             r".*bert.yaml is a model: encoder spec, whose "
+                                             r"EncoderModel offers embed\(\)"):
+        encoder.generate("a text")
 
 
 def test_a_system_message_that_is_no_text_is_refused_at_chat(library):
