@@ -167,6 +167,23 @@ DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 
                        "the KL the rounding costs")
 
 
+def weights_source(checkpoint, random_weights: int | None, toy: bool) -> None:
+    """Refuse a weights source that cannot be (``toy`` with a checkpoint, or without a seed),
+    as every load does; a command calls it before it shows anything loading.
+
+    Raises:
+        FlagError: naming the arguments as the caller spells them (``arguments.said``).
+    """
+    if toy:
+        if checkpoint is not None:
+            raise FlagError(f"{said('toy', True)} draws a tiny shape; it takes no "
+                            f"{said('checkpoint')}")
+        if random_weights is None:
+            raise FlagError(f"{said('toy', True)} needs "
+                            f"{said('random_weights', placeholder='SEED')}: a toy has no "
+                            "checkpoint")
+
+
 def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
                  toy: bool, allow_unread_config: bool = False) -> tuple[dict, str, Path | None]:
     """The config.json a model is built on (a checkpoint's, or the spec's toy), where it came
@@ -181,14 +198,8 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
         FileNotFoundError: the checkpoint or its config.json is missing, or (no checkpoint
             given) the spec's example is neither cached nor reachable (``example``).
     """
+    weights_source(checkpoint, random_weights, toy)
     if toy:
-        if checkpoint is not None:
-            raise FlagError(f"{said('toy', True)} draws a tiny shape; it takes no "
-                            f"{said('checkpoint')}")
-        if random_weights is None:
-            raise FlagError(f"{said('toy', True)} needs "
-                            f"{said('random_weights', placeholder='SEED')}: a toy has no "
-                            "checkpoint")
         if spec.get("toy") is None:
             raise spec.error((), "this spec has no toy: section for --toy")
         if not isinstance(spec.get("toy", "config"), dict):

@@ -21,11 +21,12 @@ from iron_spec.operators import Sampler
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
-from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP
+from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, weights_source
 from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
-from .generation import Completion, Stream
+from .generation import Completion, Stream, read_generation_config, sampler_for, setting
+from .gguf_files import is_gguf
 
 
 def command(
@@ -76,6 +77,8 @@ def command(
                 utf8_text(system, "--system")
             if not chat and text is None and checkpoint is not None and random_weights is None:
                 raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+            _before_loading(checkpoint, random_weights, toy, text is not None or chat, chat,
+                            settings, num_tokens)
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
                           decode_weights, allow_unread_config, threads)
             gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
@@ -102,6 +105,35 @@ def command(
                 out.show(model.stream(text, **gen))
         except EXPECTED as e:
             refuse(e)
+
+
+def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], toy: bool,
+                    text: bool, chat: bool, settings: dict, num_tokens: Optional[int]) -> None:
+    """Refuse, before a weight is read, what a local checkpoint directory's own files already
+    refuse (a load takes seconds to a minute): ``--toy`` without a seed; a text prompt or a
+    chat without tokenizer.json; a generation_config.json setting this run would read that
+    is out of range (``generation.sampler_for``, and its max_new_tokens where
+    ``--num-tokens`` is not given outside a chat). A hub id or GGUF file is checked where it
+    is read, after it is resolved.
+
+    Raises:
+        FlagError: ``--toy`` without ``--random-weights`` (or with a checkpoint).
+        ValueError: the tokenizer is missing, or a setting is bad (file and key named).
+    """
+    weights_source(checkpoint, random_weights, toy)
+    if toy and text:
+        raise ValueError("--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
+                         "prompts with random ids")
+    directory = Path(checkpoint).expanduser() if checkpoint is not None else None
+    if directory is None or not directory.is_dir() or is_gguf(directory):
+        return
+    if text and not (directory / "tokenizer.json").exists():
+        raise ValueError(f"{'--chat' if chat else '--prompt'} needs the checkpoint's "
+                         f"tokenizer, and {directory / 'tokenizer.json'} is missing")
+    gen, path = read_generation_config(directory)
+    sampler_for(gen, path, seed=0, **settings)
+    if num_tokens is None and not chat:
+        setting(gen, path, "max_new_tokens")
 
 
 def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional[str]:

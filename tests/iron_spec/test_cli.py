@@ -32,6 +32,18 @@ def toy_checkpoint(tmp_path):
     return tmp_path, tensors
 
 
+def _tokenizer(directory: Path) -> None:
+    """A word-level tokenizer.json in ``directory`` (a text prompt needs one, refused before
+    the weights load without it), so a run reaches the weights."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    tok = HFTokenizer(WordLevel({"[UNK]": 0, "x": 7}, unk_token="[UNK]"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.save(str(directory / "tokenizer.json"))
+
+
 def run(*args):
     return runner.invoke(app, ["run", LLAMA, *args])
 
@@ -65,6 +77,7 @@ def _error_line(result) -> str:
 
 def test_missing_and_misshaped_tensors_named_together(toy_checkpoint):
     directory, tensors = toy_checkpoint
+    _tokenizer(directory)
     del tensors["model.layers.1.mlp.up_proj.weight"]
     tensors["model.norm.weight"] = np.ones(65, np.float32)
     tensors["model.layers.0.self_attn.q_proj.weight"] = np.ones((64, 63), np.float32)
@@ -77,6 +90,7 @@ def test_missing_and_misshaped_tensors_named_together(toy_checkpoint):
 
 def test_truncated_safetensors_names_the_file(toy_checkpoint):
     directory, _ = toy_checkpoint
+    _tokenizer(directory)
     path = directory / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 1000])
@@ -119,6 +133,7 @@ def test_chat_turn_ends_at_end_of_turn(smollm2):
 
 def test_nan_weights_are_refused_naming_the_tensor(toy_checkpoint):
     directory, tensors = toy_checkpoint
+    _tokenizer(directory)
     tensors["model.layers.0.mlp.down_proj.weight"][3, 5] = np.nan
     save_file(tensors, str(directory / "model.safetensors"))
     line = _error_line(run("--checkpoint", str(directory), "--prompt", "x"))
@@ -308,6 +323,7 @@ def test_a_mis_shaped_tensor_names_the_checkpoints_side_and_the_specs(toy_checkp
     # Found by a new user's trial: "X is [96, 64], the model's X is [128, 64]" said neither
     # which file holds X nor where the spec's [128, 64] comes from. run, check and show alike.
     directory, tensors = toy_checkpoint
+    _tokenizer(directory)
     name = "model.layers.0.mlp.up_proj.weight"
     tensors[name] = np.ones((96, 64), np.float32)
     save_file(tensors, str(directory / "model.safetensors"))
@@ -318,3 +334,42 @@ def test_a_mis_shaped_tensor_names_the_checkpoints_side_and_the_specs(toy_checkp
     assert check.exit_code == 1 and said in check.output, check.output
     show = runner.invoke(app, ["show", LLAMA, "--checkpoint", str(directory)])
     assert show.exit_code == 1 and f"mis-shaped: {said}" in show.output, show.output
+
+
+# Found by a new user's trial: each of these was said only after the weights loaded and both
+# plans compiled ("[loading weights]", "[compiling ...]" first); a local checkpoint's own
+# files, and the flags, refuse them before anything loads.
+@pytest.mark.parametrize("case", ["no_tokenizer_prompt", "no_tokenizer_chat",
+                                  "temperature_negative", "toy_without_seed", "toy_prompt"])
+def test_refused_before_anything_loads(toy_checkpoint, case):
+    directory, _ = toy_checkpoint
+    if case == "temperature_negative":
+        (directory / "generation_config.json").write_text(json.dumps(
+            {"do_sample": True, "temperature": -3}))
+    args = {"no_tokenizer_prompt": ["--checkpoint", str(directory), "--prompt", "hello"],
+            "no_tokenizer_chat": ["--checkpoint", str(directory), "--chat"],
+            "temperature_negative": ["--checkpoint", str(directory), "--random-weights", "0",
+                                     "--num-tokens", "2"],
+            "toy_without_seed": ["--toy", "--num-tokens", "2"],
+            "toy_prompt": ["--toy", "--random-weights", "0", "--prompt", "hello"]}[case]
+    result = run(*args)
+    assert "loading" not in result.output and "compiling" not in result.output, result.output
+    says = {"no_tokenizer_prompt": f"--prompt needs the checkpoint's tokenizer, and "
+                                   f"{directory / 'tokenizer.json'} is missing",
+            "no_tokenizer_chat": f"--chat needs the checkpoint's tokenizer, and "
+                                 f"{directory / 'tokenizer.json'} is missing",
+            "temperature_negative": f"{directory / 'generation_config.json'}: temperature is "
+                                    "-3, not a finite number >= 0",
+            "toy_without_seed": "--toy needs --random-weights SEED",
+            "toy_prompt": "--prompt and --chat need a checkpoint's tokenizer.json"}[case]
+    assert result.exit_code == (2 if case == "toy_without_seed" else 1), result.output
+    assert says in result.output, result.output
+
+
+def test_a_greedy_run_reads_no_sampling_setting_before_loading(toy_checkpoint):
+    # A broken temperature refuses sampling only: --temperature 0 reads none of it.
+    directory, _ = toy_checkpoint
+    (directory / "generation_config.json").write_text(json.dumps({"temperature": -3}))
+    result = run("--checkpoint", str(directory), "--random-weights", "0", "--temperature",
+                 "0", "--num-tokens", "2")
+    assert result.exit_code == 0, result.output
