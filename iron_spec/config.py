@@ -445,9 +445,12 @@ def chosen(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> tuple[Any, 
     return raw, path
 
 
-def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> Any:
+def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved,
+                    expects: str | None = None) -> Any:
     """A layer option's value: a literal (number, bool, null) as it is, text as an expression
-    over the resolved fields. Raises SpecError at ``path``."""
+    over the resolved fields. Raises SpecError at ``path``; where the text names no field
+    and ``expects`` says what the option takes (``true or false``), the message says that
+    (a quoted ``"yes"`` is read as a field's name)."""
     if not isinstance(raw, str):
         return raw
     try:
@@ -456,6 +459,11 @@ def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved) -> An
         raise spec.error(path, str(e)) from None
     resolved.read |= needed
     unknown = sorted(needed - set(resolved.values))
+    if unknown and expects is not None:
+        raise spec.error(path, f"{path[-1]} is {raw!r}, not {expects}: text is an expression "
+                               f"over the config fields, and {', '.join(unknown)} is none of "
+                               f"them (fields: {', '.join(resolved.values)}); write "
+                               f"{expects} unquoted, or an expression giving it")
     if unknown:
         raise spec.error(path, f"{raw!r} names {', '.join(unknown)}, not a config field "
                                f"(fields: {', '.join(resolved.values)})")

@@ -54,9 +54,13 @@ class Expanded:
     unused: tuple[str, ...] = ()
 
 
-def _option(spec: Spec, resolved: Resolved, path: tuple, default: Any) -> Any:
+FLAG = "true or false"  # what a flag option takes, as its refusals say
+
+
+def _option(spec: Spec, resolved: Resolved, path: tuple, default: Any,
+            expects: str | None = None) -> Any:
     raw = spec.get(*path, default=default)
-    return evaluate_option(spec, path, raw, resolved)
+    return evaluate_option(spec, path, raw, resolved, expects)
 
 
 def _typed(spec: Spec, path: tuple, value: Any, kind: type | tuple, what: str) -> Any:
@@ -75,7 +79,7 @@ def _flag(spec: Spec, path: tuple, value: Any) -> bool:
 
 def _flag_option(spec: Spec, resolved: Resolved, path: tuple, default: bool) -> bool:
     """The boolean option at ``path`` (``_flag``), evaluated as any option."""
-    return _flag(spec, path, _option(spec, resolved, path, default))
+    return _flag(spec, path, _option(spec, resolved, path, default, FLAG))
 
 
 def _number(spec: Spec, path: tuple, value: Any) -> float | None:
@@ -97,9 +101,16 @@ def _positive(spec: Spec, path: tuple, value: Any) -> float:
 
 
 def _whole(spec: Spec, path: tuple, value: Any) -> int | None:
-    """A whole number; an integral float (``head_dim * 0.5``) counts."""
+    """A whole number; an integral float (``head_dim * 0.5``) counts. A fraction an
+    expression gave is refused naming the expression, and how to truncate it as a config
+    class's ``int()`` does."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    raw = spec.get(*path, default=None)
+    if isinstance(value, float) and math.isfinite(value) and isinstance(raw, str):
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {value!r}, not a whole number: "
+                               f"the expression {raw!r} gives it; where the config class "
+                               f"truncates (int(...)), say so: \"({raw}) // 1\"")
     return _typed(spec, path, value, int, "a whole number")
 
 
@@ -171,6 +182,30 @@ def norm_options(spec: Spec, r: Resolved, path: tuple) -> NormOptions:
         bias=_flag_option(spec, r, path + ("bias",), True))
 
 
+def _heads_group(spec: Spec, r: Resolved, a: AttentionOptions, heads: tuple,
+                 kv_heads: tuple) -> None:
+    """Refuse heads that are no multiple of the kv heads (each kv head serves as many query
+    heads as every other, transformers' repeat_kv), naming the config fields or expressions
+    each came from and the file that gave them; at the kv heads' own line (the option's, else
+    the config field's)."""
+    if not a.heads or not a.kv_heads or a.heads % a.kv_heads == 0:
+        return
+
+    def told(raw: Any) -> str:
+        if isinstance(raw, str) and raw in r.sources:
+            return f"{raw}, from {r.sources[raw]}"
+        return f"{raw!r}" if isinstance(raw, str) else "a literal"
+
+    (raw_h, _), (raw_kv, at) = heads, kv_heads
+    if spec.get(*at, default=_ABSENT) is _ABSENT and isinstance(raw_kv, str) and \
+            raw_kv in (spec.get("config") or {}):
+        at = ("config", raw_kv)
+    raise spec.error(at, f"{a.heads} attention heads ({told(raw_h)}) do not group into "
+                         f"{a.kv_heads} kv heads ({told(raw_kv)}): the heads must be a "
+                         "multiple of the kv heads (each kv head serves heads // kv_heads "
+                         "query heads)")
+
+
 def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
     ``layer``'s own."""
@@ -189,20 +224,20 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
             at = over
         return chosen(spec, at, spec.get(*at, default=default), r)
 
-    def opt(*path, default=None):
+    def opt(*path, default=None, expects=None):
         raw, at = word(*path, default=default)
-        return evaluate_option(spec, at, raw, r), at
+        return evaluate_option(spec, at, raw, r, expects), at
 
     def number(*path, default=None):
-        value, at = opt(*path, default=default)
+        value, at = opt(*path, default=default, expects="a number")
         return _number(spec, at, value)
 
     def whole(*path, default=None):
-        value, at = opt(*path, default=default)
+        value, at = opt(*path, default=default, expects="a whole number")
         return None if value is None else _whole(spec, at, value)
 
     def flag(*path):
-        value, at = opt(*path, default=False)
+        value, at = opt(*path, default=False, expects=FLAG)
         return _flag(spec, at, value)
 
     norm = norm_options(spec, r, ("layer", "norm"))
@@ -235,6 +270,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         sub_norm=flag(*a, "sub_norm"),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
+    _heads_group(spec, r, attention, word(*a, "heads", default="num_attention_heads"),
+                 word(*a, "kv_heads", default="num_key_value_heads"))
     attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
                        *opt(*a, "alibi_bfloat16", default=False))
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:

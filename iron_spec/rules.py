@@ -36,8 +36,11 @@ def _near(word: str, valid: Iterable[str]) -> str:
     return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
 
 
-def _names_fields(spec: Spec, path: tuple, text: str, fields: Iterable[str]) -> list[SpecError]:
-    """An expression refused by the language, or naming what is not a field."""
+def _names_fields(spec: Spec, path: tuple, text: str, fields: Iterable[str],
+                  expects: str | None = None) -> list[SpecError]:
+    """An expression refused by the language, or naming what is not a field; a bare word
+    where the option takes ``expects`` (``true or false``: its schema default's kind) says
+    to write that unquoted, not to map a literal text."""
     try:
         needed = expr.names(text)
     except expr.ExprError as e:
@@ -45,9 +48,12 @@ def _names_fields(spec: Spec, path: tuple, text: str, fields: Iterable[str]) -> 
     fields = list(fields)
     out = []
     for name in sorted(needed - set(fields)):
+        bare = text.strip() == name
         hint = _near(name, fields) or (
+            f" ({path[-1]} takes {expects}: write it unquoted, or an expression over the "
+            f"config fields giving it)" if bare and expects is not None else
             f" (text here is an expression; for the literal {name!r} map a field: "
-            f"{{value: {name}}})" if text.strip() == name else "")
+            f"{{value: {name}}})" if bare else "")
         out.append(spec.error(path, f"{where(path)}: expression {text!r} names {name!r}, not "
                                     f"a config field{hint}", value=True))
     return out
@@ -74,8 +80,15 @@ def expressions(spec: Spec) -> list[SpecError]:
         value = spec.get(*path)
         if node.get("$ref") == EXPRESSION and isinstance(value, str) and path not in seen:
             seen.add(path)
-            out += _names_fields(spec, path, value, fields)
+            out += _names_fields(spec, path, value, fields, _expects(node.get("default")))
     return out
+
+
+def _expects(default: Any) -> str | None:
+    """What an option takes, by its schema default's kind (None where text may be meant)."""
+    if isinstance(default, bool):
+        return "true or false"
+    return "a number" if isinstance(default, (int, float)) else None
 
 
 def config_fields(spec: Spec) -> list[SpecError]:

@@ -16,7 +16,7 @@ from iron_spec.encoder import load_encoder
 from iron_spec.errors import SpecError
 from iron_spec.loader import load_spec
 from iron_spec.show import gather
-from tests.conftest import SPECS
+from tests.conftest import ROOT, SPECS
 
 LLAMA = SPECS / "llama3.yaml"
 runner = CliRunner()
@@ -206,3 +206,31 @@ def test_bitnet_refuses_packed_weights_and_a_narrow_attention(tmp_path):
         with pytest.raises(SpecError, match=why):
             load_model(bitnet, checkpoint=d, random_weights=0)
     assert load_model(bitnet, checkpoint=config_dir(tmp_path, bitnet), random_weights=0).lm
+
+
+def test_floor_division_by_one_truncates_as_int_does(tmp_path):
+    # The way docs/writing-a-spec.md gives for a config class's int(head_dim * factor): the
+    # bad corpus's rotary_dim 4.8, written "(head_dim * 0.3) // 1", is int(16 * 0.3) = 4.
+    from iron_spec.interpreter import expand
+
+    text = (ROOT / "tests" / "specs" / "bad" / "rotary_fraction.yaml").read_text()
+    path = tmp_path / "truncated.yaml"
+    path.write_text(text.replace('"head_dim * 0.3"', '"(head_dim * 0.3) // 1"'))
+    spec = load_spec(path)
+    rope = expand(spec, spec.get("toy", "config")).options.ropes["default"]
+    assert rope.rotary_dim == int(16 * 0.3) == 4
+
+
+def test_heads_that_do_not_group_name_the_fields_the_file_and_the_spec(tmp_path):
+    # Found by a new user's trial: "7 attention heads do not group into 3 kv heads" named
+    # neither the config fields nor where their values came from.
+    config = {**load_spec(LLAMA).get("toy", "config"), "num_attention_heads": 7,
+              "num_key_value_heads": 3, "hidden_size": 70}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecError) as e:
+        load_model(LLAMA, checkpoint=tmp_path, random_weights=0)
+    where = tmp_path / "config.json"
+    assert str(e.value).startswith(f"{LLAMA}:")
+    assert (f"7 attention heads (num_attention_heads, from {where}: num_attention_heads) do "
+            f"not group into 3 kv heads (num_key_value_heads, from {where}: "
+            "num_key_value_heads): the heads must be a multiple of the kv heads") in str(e.value)
