@@ -54,3 +54,16 @@ def test_the_readme_session_example_resumes_from_its_cache():
     assert later[0][1] <= first
     fresh = model.complete(prompt + story.token_ids, max_new_tokens=8)
     assert fresh.token_ids == scope["more"].token_ids
+
+
+def test_the_test_data_script_is_where_the_readme_says():
+    # The first command runs ../shared/data/make_checkpoints.sh from the checkout's root, as
+    # .ci/run does; the README says it lives in shared/ beside the checkout.
+    text = (ROOT / "README.md").read_text()
+    script = re.search(r"bash (\S*make_checkpoints\.sh)", text)[1]
+    assert f"bash {script} " in (ROOT / ".ci" / "run").read_text()
+    assert "in the `shared/` folder next to the\ncheckout" in text
+    if (ROOT.parent / "shared").is_dir():
+        assert (ROOT / script).resolve() == (ROOT.parent / "shared" / "data" /
+                                             "make_checkpoints.sh").resolve()
+        assert (ROOT / script).is_file()
