@@ -279,6 +279,7 @@ class Model:
             IndexError: as ``encode``.
         """
         logprobs = arguments.flag(logprobs, "logprobs")
+        arguments.callable_or_none(on_finish, "on_finish", "the Completion once it ends")
         if session is not None and (not isinstance(session, Session)
                                     or session.lm is not self.loaded.lm):
             over = "over another model" if isinstance(session, Session) else ""
@@ -294,7 +295,8 @@ class Model:
         stops = _stops(stop)
         room = self.max_seq_len - len(ids) + 1
         if max_new_tokens is not None:
-            n, bound = _whole(max_new_tokens, "max_new_tokens"), False
+            n = arguments.whole(max_new_tokens, "max_new_tokens", what="most tokens to draw")
+            bound = False
         else:
             default = setting(self.generation_config, self._gen_path, "max_new_tokens",
                               DEFAULT_NEW_TOKENS, DEFAULT_NEW_TOKENS)
@@ -489,9 +491,3 @@ def _stops(stop) -> tuple[str, ...]:
         if not s:
             raise ValueError("an empty stop string would stop before anything; give some text")
     return stops
-
-
-def _whole(n, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{what} {n!r} is not a whole number >= 1")
-    return int(n)

@@ -140,8 +140,8 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
 
     Raises:
         FlagError: neither a spec nor a checkpoint.
-        ValueError: no spec serves the checkpoint's architectures, or the name is several
-            specs' ``name`` and no file's.
+        ValueError: no spec serves the checkpoint's architectures, the name is several
+            specs' ``name`` and no file's, or ``spec`` is a folder.
         FileNotFoundError: no such file and no spec of that name (every valid name listed).
     """
     if spec is None:
@@ -150,7 +150,12 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
                             "to pick one from its config.json architectures")
         return for_checkpoint(checkpoint, folder)
     path = Path(spec).expanduser()
-    if path.exists():  # a folder or a FIFO too: the loader refuses those, naming what it is
+    if path.is_dir():  # lint reads a folder of specs; a model is built from one
+        inside = sorted(p.name for p in path.glob("*.y*ml"))[:3]
+        raise ValueError(f"{spec} is a folder; a model is built from one spec: a YAML file "
+                         + (f"in it ({', '.join(inside)}, ...) " if inside else "")
+                         + "or a spec's name (iron-spec list shows them)")
+    if path.exists():  # a FIFO too: the loader refuses it, naming what it is
         return path
     folder = Path(folder or specs_folder())
     if not path.is_absolute() and len(path.parts) == 2 and path.parts[0] == "specs" and \

@@ -27,6 +27,8 @@ from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
 from .generation import Completion, Stream, read_generation_config, sampler_for, setting
 from .gguf_files import is_gguf
+from .loader import load_spec
+from .registry import find
 
 
 def command(
@@ -77,6 +79,11 @@ def command(
                 utf8_text(system, "--system")
             if not chat and text is None and checkpoint is not None and random_weights is None:
                 raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+            if spec is not None:  # a missing or broken spec, said before anything loads
+                spec = str(find(spec))
+                if load_spec(spec).get("model") == "encoder":
+                    raise ValueError(f"{spec} is an encoder spec (model: encoder): it gives "
+                                     "embeddings (iron-spec embed), it does not generate")
             _before_loading(checkpoint, random_weights, toy, text is not None or chat, chat,
                             settings, num_tokens)
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,

@@ -328,3 +328,33 @@ def test_generate_on_an_encoder_says_what_it_is_and_offers():
 def test_a_system_message_that_is_no_text_is_refused_at_chat(library):
     with pytest.raises(TypeError, match="system is int; it is the system message's text"):
         library.chat(system=5)
+
+
+# Found by trying: max_new_tokens "3", 1.5 or True was a ValueError (a wrong type is a
+# TypeError, as load's arguments), on_finish=5 a TypeError from inside once the tokens
+# were drawn.
+@pytest.mark.parametrize("value, error, says", [
+    ("3", TypeError, r"max_new_tokens is '3' \(str\); it is a whole number >= 1"),
+    (1.5, TypeError, r"max_new_tokens is 1.5 \(float\)"),
+    (True, TypeError, r"max_new_tokens is True \(bool\)"),
+    (0, ValueError, "max_new_tokens is 0; it is a whole number >= 1"),
+    (-1, ValueError, "max_new_tokens is -1; it is a whole number >= 1")])
+def test_a_bad_max_new_tokens_is_refused_by_its_kind(library, value, error, says):
+    with pytest.raises(error, match=says):
+        library.complete([5, 17], max_new_tokens=value)
+
+
+def test_an_on_finish_that_is_not_callable_is_refused_before_anything_runs(library):
+    session = Session(library.loaded.lm)
+    with pytest.raises(TypeError, match=r"on_finish is 5 \(int\); it is None or a callable"):
+        library.stream([5, 17], max_new_tokens=2, session=session, on_finish=5)
+    assert session.calls == []
+
+
+def test_a_folder_for_a_spec_is_refused_naming_it(tmp_path):
+    import iron_spec
+
+    (tmp_path / "a.yaml").write_text("spec: 1\n")
+    with pytest.raises(ValueError, match=f"^{tmp_path} is a folder; a model is built from one "
+                                         r"spec: a YAML file in it \(a.yaml, ...\)"):
+        iron_spec.load(str(tmp_path), random_weights=0, toy=True)

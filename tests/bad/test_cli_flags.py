@@ -69,7 +69,7 @@ def test_a_checkpoint_that_is_nowhere_is_refused_naming_it(tmp_path):
 
 SPECS = [
     ("missing", lambda p: None, "no such"),
-    ("directory", lambda p: p.mkdir(), "is a directory"),
+    ("directory", lambda p: p.mkdir(), "is a folder; a model is built from one spec"),
     ("fifo", lambda p: os.mkfifo(p), "is a FIFO"),
     ("not_utf8", lambda p: p.write_bytes(b"spec: 1\nname: \xff\n"), "not UTF-8"),
     ("too_large", lambda p: p.write_text("# " + "x" * 2**18 + "\nspec: 1\n"),
@@ -84,6 +84,21 @@ def test_a_spec_that_is_no_spec_file_is_refused_naming_it(tmp_path, case, make, 
     result = runner.invoke(app, ["run", str(path), *TOY])
     assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
     assert str(path) in result.output and says in result.output, result.output
+    # Refused before anything loads (found by trying: a folder said so after
+    # "[loading weights]").
+    assert "loading" not in result.output, result.output
+
+
+def test_a_folder_of_specs_names_what_it_holds_and_an_encoder_spec_is_refused_first():
+    from tests.conftest import SPECS as SHIPPED
+
+    result = runner.invoke(app, ["run", str(SHIPPED), *TOY])
+    assert result.exit_code == 1, result.output
+    assert f"{SHIPPED} is a folder; a model is built from one spec: a YAML file in it " \
+           "(albert.yaml" in result.output
+    result = runner.invoke(app, ["run", "bert", *TOY])
+    assert result.exit_code == 1 and "loading" not in result.output, result.output
+    assert "bert.yaml is an encoder spec (model: encoder)" in result.output
 
 
 def test_a_toy_section_that_is_no_mapping_is_refused_naming_its_line(tmp_path):
