@@ -208,7 +208,8 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
         config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
         account(spec, config_json, source, allow_unread_config)
         return config_json, source, None
-    directory = checkpoint_directory(checkpoint) if checkpoint is not None else example(spec)
+    directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint))) \
+        if checkpoint is not None else example(spec)
     if gguf_files.is_gguf(directory):  # its config.json is built from its metadata
         config_json, source = gguf_files.config_json(spec, directory), str(directory)
     else:

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from . import gguf_files
+from .arguments import said
 from .errors import FlagError, SpecError, message
 from .loader import load_spec
 
@@ -103,7 +104,7 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
 
     from .build import read_config
 
-    directory = checkpoint_directory(checkpoint)
+    directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint)))
     if gguf_files.is_gguf(directory):
         return for_gguf(directory, folder)
     config = read_config(directory)

@@ -26,6 +26,7 @@ from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
 
 from . import gguf_files
+from .arguments import said
 from .build import build_tree, checkpoint_names, read_config
 from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
@@ -83,7 +84,7 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
     spec = load_spec(spec_path)
     directory = None
     if checkpoint is not None:
-        directory = checkpoint_directory(checkpoint)
+        directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint)))
         if gguf_files.is_gguf(directory):  # its config.json is built from its metadata
             config_json, on, source = gguf_files.config_json(spec, directory), str(directory), \
                 "config.json"

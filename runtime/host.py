@@ -16,21 +16,23 @@ CHECKPOINT_FILES = ["*config.json", "model*.safetensors*", "tokenizer.json",
                     "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"]
 
 
-def checkpoint_directory(checkpoint: str | Path) -> Path:
+def checkpoint_directory(checkpoint: str | Path, named: str | None = None) -> Path:
     """``checkpoint`` itself if it is a directory or a GGUF file (``runtime.gguf``: one file
     holding config, tokenizer and weights), else a hub repository id resolved through
     ``huggingface_hub`` (its cache, and ``HF_HUB_OFFLINE``, honoured).
 
     Raises:
         FileNotFoundError: neither a directory, a GGUF file, nor a repository that is cached
-            or reachable, naming it.
+            or reachable, naming it as ``named`` (the caller's spelling of the argument with
+            its value, ``--checkpoint DIR``; default the value alone).
     """
     path = Path(checkpoint)
     if path.is_dir() or is_gguf(path):
         return path
     text = str(checkpoint)
+    named = named or text
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise FileNotFoundError(f"--checkpoint {text}: not a checkpoint directory (one holding "
+        raise FileNotFoundError(f"{named}: not a checkpoint directory (one holding "
                                 "config.json and model.safetensors), a GGUF file, nor a hub id "
                                 "like org/name")
     from huggingface_hub import snapshot_download
@@ -39,7 +41,7 @@ def checkpoint_directory(checkpoint: str | Path) -> Path:
         return Path(snapshot_download(text, allow_patterns=CHECKPOINT_FILES))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
         raise FileNotFoundError(
-            f"--checkpoint {text}: not a directory, and the hub repository {text} is neither "
+            f"{named}: not a directory, and the hub repository {text} is neither "
             f"cached nor reachable ({type(e).__name__}); download it where the hub is reachable "
             "or pass a checkpoint directory") from None
 

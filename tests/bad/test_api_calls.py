@@ -358,3 +358,12 @@ def test_a_folder_for_a_spec_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match=f"^{tmp_path} is a folder; a model is built from one "
                                          r"spec: a YAML file in it \(a.yaml, ...\)"):
         iron_spec.load(str(tmp_path), random_weights=0, toy=True)
+
+
+def test_a_checkpoint_that_is_nowhere_is_named_as_load_s_argument(tmp_path):
+    # Found by trying: from Python it said "--checkpoint PATH", a flag the caller never gave.
+    import iron_spec
+
+    with pytest.raises(FileNotFoundError, match=f"^checkpoint='{tmp_path / 'nope'}': not a "
+                                                "checkpoint directory"):
+        iron_spec.load(LLAMA, str(tmp_path / "nope"))
