@@ -9,6 +9,7 @@ float64 rows) has a floor some 1e4 below the signal, and the float64 gate fails 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -49,6 +50,36 @@ def test_an_epsilon_100x_off_passes_float32_and_fails_float64(tmp_path):
     assert not float64.passed, float64.figure
     # Measured: mean 2.7e-7, 2.7e4x the gate; the unedited spec's floor is 4e-15.
     assert float64.numbers["mean"] > 1e3 * FLOAT64_KL["mean"], float64.figure
+
+
+@pytest.mark.parametrize("factor", ["0.5", "1.5"])
+def test_an_epsilon_halved_passes_the_shared_gate_and_fails_the_goldens_floor(tmp_path, factor):
+    # Found by a new user's trial: rms_norm_eps x 0.5 gave float64 KL mean 7.0e-12, inside
+    # the gate every family shares (1e-11), 1600x the unedited spec's floor (4.4e-15).
+    path = _edited(tmp_path, "llama3", NORM, f"norm: {{kind: rms, eps: rms_norm_eps * {factor}}}")
+    loaded = load_model(path, random_weights=0, toy=True)
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    floor = golden.meta["float64"]["floor"]
+    assert floor["mean"] < 1e-14 and floor["max"] < 1e-13, floor  # measured 4.4e-15, 7.6e-15
+    shared = checks.float64_against(loaded.lm, golden, FLOAT64_KL)
+    assert shared.passed, shared.figure
+    own = checks.float64_against(loaded.lm, golden, float64_gate(golden))
+    assert not own.passed, own.figure
+    assert own.numbers["mean"] > 100 * floor["mean"], own.figure
+
+
+def test_the_goldens_floor_tightens_the_gate_and_never_loosens_it():
+    meta = {"float64": {"floor": {"mean": 4e-15, "max": 1e-12}}}
+    golden = SimpleNamespace(meta=meta, steps=40)
+    assert float64_gate(golden) == pytest.approx({"mean": 1.2e-13, "max": 3e-11})
+    # Over fewer steps a part's mean may exceed the whole's: bounded by the floor's max
+    # (30 x 1e-12 = 3e-11, above the shared 1e-11, which stands).
+    assert float64_gate(golden, 10) == pytest.approx({"mean": 1e-11, "max": 3e-11})
+    loose = SimpleNamespace(meta={"float64": {"floor": {"mean": 1e-10, "max": 1e-8}}}, steps=40)
+    assert float64_gate(loose) == FLOAT64_KL  # a floor above the shared gate loosens nothing
+    tiny = SimpleNamespace(meta={"float64": {"floor": {"mean": 1e-20, "max": 1e-19}}}, steps=40)
+    assert float64_gate(tiny) == {"mean": 1e-16, "max": 1e-15}  # never below FLOOR_LEAST
+    assert float64_gate(SimpleNamespace(meta={}, steps=40)) == FLOAT64_KL
 
 
 def test_check_exits_1_on_the_float64_gate_alone(tmp_path):

@@ -40,7 +40,7 @@ def judge(loaded, golden: Golden, float64_steps: int | None = None) -> dict:
     assert drawn == golden.tokens[golden.prompt_len:].tolist()
     if golden.has_float64:
         # Our float64 reference() against transformers' float64 model, by the float64 gate.
-        float64 = checks.float64_against(loaded.lm, golden, float64_gate(golden), float64_steps)
+        float64 = checks.float64_against(loaded.lm, golden, float64_gate(golden, float64_steps), float64_steps)
         assert float64.passed, float64.figure
     return stats
 
