@@ -369,10 +369,16 @@ class Conversation:
         Raises:
             ContextFull: the conversation with this turn leaves no room to draw a token
                 (nothing changes: the next turn may be shorter).
-            ValueError, IndexError, TypeError: as ``Model.stream``.
+            ValueError, IndexError, TypeError: as ``Model.stream``; TypeError too for a
+                ``session`` (a chat has its own).
         """
         if not isinstance(text, str):
             raise TypeError(f"a turn is text, not {type(text).__name__}")
+        if "session" in options:  # found by a new user's trial: a TypeError from inside
+            raise TypeError("a chat runs on its own session (chat.session), the one its "
+                            "messages are in; it takes no session= (Model.stream does)")
+        then = options.pop("on_finish", None)
+        arguments.callable_or_none(then, "on_finish", "the Completion once it ends")
         turn = self.messages + [{"role": "user", "content": text}]
         ids = self.model.encode(turn)
         L = self.model.max_seq_len
@@ -394,6 +400,8 @@ class Conversation:
             self.messages[:] = turn + [{"role": "assistant", "content": result.text}]
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"
+            if then is not None:  # the caller's, after the conversation holds the reply
+                then(result)
 
         return self.model.stream(turn, session=self.session, on_finish=keep, **options)
 

@@ -260,3 +260,20 @@ def test_a_reply_interrupted_is_dropped_and_the_chat_goes_on(worded, monkeypatch
     assert result.exit_code == 0, result.output
     assert "(interrupted: that reply is dropped, the conversation goes on" in result.output
     assert len(seen) == 2  # the next turn ran
+
+
+# Found by a new user's trial: chat.send(on_finish=...) and chat.send(session=None) were a
+# TypeError from inside Model.stream ("got multiple values for keyword argument").
+def test_a_chat_takes_on_finish_after_its_own_and_refuses_a_session(worded):
+    directory, _ = worded
+    chat = iron_spec.load("llama3", directory).chat()
+    got = []
+    chat.send("t1 t2", max_new_tokens=2, temperature=0, on_finish=got.append)
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"]
+    assert len(got) == 1 and got[0].text == chat.messages[-1]["content"]
+    before, held = list(chat.messages), chat.session.held
+    for bad, says in (({"session": None}, "a chat runs on its own session"),
+                      ({"on_finish": 5}, "on_finish")):
+        with pytest.raises(TypeError, match=says):
+            chat.send("t3", max_new_tokens=2, **bad)
+        assert chat.messages == before and chat.session.held == held
