@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -18,13 +19,14 @@ import numpy as np
 import typer
 
 from iron_spec.runtime import checks
-from iron_spec.runtime.golden import Golden, GoldenError
+from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest
 
 from iron_spec.runtime.host import fit
 
-from . import goldens
+from . import config_defaults, goldens
 from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
 from .command import EXPECTED, choice, load_compiled, refuse, stages
+from .errors import FlagError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
@@ -73,26 +75,54 @@ def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
     return ids[:n]
 
 
-def find_golden(loaded: Loaded, path: Path | None) -> tuple[Golden | None, str]:
-    """The golden for these inputs and a note of what was found.
+def inputs(loaded) -> Inputs:
+    """What a golden of ``loaded``'s inputs is judged by (``runtime.golden.Inputs``): their
+    fingerprint, and what tells a golden of another model from a stale one. An encoder's
+    golden is recorded through a class config.json need not name (``AutoModel``): its
+    class is not compared."""
+    config = loaded.config_json
+    named = config.get("architectures") or [None]
+    causal = loaded.expanded.spec.get("model") != "encoder"
+    return Inputs(loaded.fingerprint(), model=named[0] if causal else None,
+                  model_type=config.get("model_type"), spec=loaded.expanded.spec.get("name"),
+                  config=config_digest(config), vocab_size=config.get("vocab_size"))
 
-    A named ``path`` must be a golden of these inputs (GoldenError otherwise); else every
-    store (``goldens.stores``) is searched for one recorded from the same config and
-    tensors, whatever it is called.
+
+def find_golden(loaded: Loaded, path: Path | None, steps: int | None = None
+                ) -> tuple[Golden | None, str]:
+    """The golden for these inputs and a note of what was found; ``steps``: judge by its
+    first ``steps`` rows alone (default: all it holds).
+
+    A named ``path`` must be a golden of these inputs (GoldenError otherwise, saying whether
+    it is another model's or a stale one of this model); else every store
+    (``goldens.stores``) is searched for one recorded from the same config and tensors,
+    whatever it is called.
+
+    Raises:
+        GoldenError: as above, or ``steps`` more than the golden holds.
     """
-    fp = loaded.fingerprint()
+    these = inputs(loaded)
     if path is None:
         spec = loaded.expanded.spec
-        path, searched = goldens.find(fp, spec.get("name"), spec.file)
+        path, searched = goldens.find(these.fingerprint, spec.get("name"), spec.file)
         if path is None:
-            return None, goldens.not_found(fp, searched)
-    golden = Golden.read(path, fp)
+            return None, goldens.not_found(these.fingerprint, searched)
+    golden = Golden.read(path, these)
     try:
         golden.out_of(loaded.lm.config.vocab_size)
     except GoldenError as e:
         raise GoldenError(f"{path}: {e}") from None
-    return golden, f"golden {path} ({golden.steps} steps" + \
-        (", float64 rows)" if golden.has_float64 else ")")
+    held = golden.steps
+    if steps is not None and steps > held:
+        raise GoldenError(f"--steps {steps}: the golden {path} holds {held} steps, and KL is "
+                          f"judged on its rows alone: give --steps {held} or fewer, or record "
+                          "a golden of more (--record-golden --steps N into a file of its own, "
+                          "--golden PATH)")
+    if steps is not None and steps < held:
+        golden = golden.first(steps)
+    shown = f"its first {steps} of {held} steps, --steps" if golden.steps < held else \
+        f"{held} steps"
+    return golden, f"golden {path} ({shown}" + (", float64 rows)" if golden.has_float64 else ")")
 
 
 def needed_length(prompt: int, steps: int, kl_steps: int | None = None) -> int:
@@ -225,10 +255,13 @@ def kl_gate(loaded: Loaded) -> dict[str, float]:
 
 def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
                done: Callable[[checks.Result], None] = lambda r: None,
-               start: Callable[[str], object] = lambda what: None) -> list[checks.Result]:
+               start: Callable[[str], object] = lambda what: None,
+               golden_file: str = "the golden") -> list[checks.Result]:
     """Every check of the validation issue, in order, each named to ``start`` as it begins
     (a progress stage: one takes up to a minute on SmolLM2) and handed to ``done`` as it
-    finishes.
+    finishes. With a golden (read from ``golden_file``), the spec's config defaults are
+    judged against the transformers config class defaults it records first
+    (``config_defaults.compare``).
 
     Raises:
         ValueError: the model's max_seq_len is too short for them (``require_length``).
@@ -252,6 +285,9 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
     greedy = min(steps, GREEDY_STEPS) if golden is None else min(steps, GREEDY_WITH_GOLDEN)
     reference = checks.Trajectory(lm, prompt, greedy if golden is not None else max(greedy, steps))
     plan = [
+        *([("config defaults vs transformers", lambda: config_defaults.compare(
+            loaded.expanded.spec, golden.meta.get("config_defaults"), golden_file))]
+          if golden is not None else []),
         ("per-step check", lambda: checks.per_step(
             lm, prompt[: C + 4 if C + 4 <= PER_STEP_ROWS else PER_STEP_ROWS])),
         ("compiled = reference", lambda: checks.greedy_match(lm, prompt, greedy, reference)),
@@ -269,7 +305,11 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
     results = []
     for what, check in plan:
         start(f"checking: {what}")
+        began = time.perf_counter()
         results.append(check())
+        # The check's whole time, whatever it timed itself: a shared reference run is paid
+        # by the check that reads it first.
+        results[-1].seconds = time.perf_counter() - began
         done(results[-1])
     return results
 
@@ -282,8 +322,9 @@ def command(
     max_seq_len: Optional[int] = typer.Option(None, min=1, help=f"context length (default: the model's own, at most {CHECK_CONTEXT}, within this host's memory)"),
     prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's, shrunk to fit the context)"),
     golden: Optional[Path] = typer.Option(None, help="the golden to judge by, or to record into (default: any golden of these inputs in the stores; recorded into the spec's checkout as <spec>/<inputs>.npz under tests/goldens, else the user store)"),
-    steps: int = typer.Option(STEPS, min=1, help="teacher-forced KL steps"),
+    steps: Optional[int] = typer.Option(None, min=1, help=f"teacher-forced KL steps (default: all the golden holds, else {STEPS}); with a golden, at most the steps it holds (its first N judge); with --record-golden, the steps recorded"),
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),
+    overwrite_golden: bool = typer.Option(False, "--overwrite-golden", help="with --record-golden: replace a golden of other inputs at the path written (refused without it)"),
     self_only: bool = typer.Option(False, "--self-only", help="the self-consistency checks alone, with no golden: exit 0 when they pass, though nothing is verified against transformers"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
@@ -292,21 +333,34 @@ def command(
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode; one line per check as it finishes. Verified against
     transformers only where a golden of these inputs judged it."""
+    from .lint import as_check
     from .loader import load_spec
     from .registry import find
     if self_only and (golden is not None or record_golden):
         raise typer.BadParameter("--self-only judges by no golden; it takes no --golden or "
                                  "--record-golden", param_hint="--self-only")
+    if overwrite_golden and not record_golden:
+        raise typer.BadParameter("--overwrite-golden is for --record-golden alone",
+                                 param_hint="--overwrite-golden")
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         parsed = load_spec(spec)
+        began = time.perf_counter()
+        problems, linted = as_check(parsed)
+        linted.seconds = time.perf_counter() - began
+        for p in problems:
+            typer.echo(str(p), err=True)
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":
                 raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
+            if steps is not None:
+                raise FlagError(f"--steps {steps}: an encoder's check draws no tokens (its "
+                                "golden holds embeddings of fixed probes)")
             _check_encoder(spec, checkpoint, random_weights, toy, golden, as_json, record_golden,
-                           self_only, allow_unread_config)
+                           self_only, allow_unread_config, overwrite_golden, linted)
         L, C, shape = fit_shape(parsed, checkpoint, random_weights, toy, max_seq_len,
-                                prefill_chunk, steps, decode_weights, allow_unread_config)
+                                prefill_chunk, steps or STEPS, decode_weights,
+                                allow_unread_config)
         with stages() as s:
             loaded = load_compiled(s, spec, checkpoint=checkpoint, random_weights=random_weights,
                                    toy=toy, max_seq_len=L, prefill_chunk=C,
@@ -315,30 +369,43 @@ def command(
             if record_golden:
                 path = golden or golden_path(loaded)
                 s.stage("recording the golden from transformers")
-                _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded), steps))
+                _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded),
+                                                         steps or STEPS), overwrite_golden)
                 typer.echo(f"recorded {path}", err=True)
             found, note = (None, "self-consistency only") if self_only else \
-                find_golden(loaded, golden)
+                find_golden(loaded, golden, steps)
             if loaded.lm.decode_weights != "float32":
                 gate = kl_gate(loaded)
                 shape += (f"; decode weights {loaded.lm.decode_weights}, KL gate " +
                           ", ".join(f"{k} {v:g}" for k, v in gate.items()))
             _header(spec, shape, note, as_json)
-            results = run_checks(loaded, found, steps, lambda r: _line(r, as_json), s.stage)
+            _line(linted, as_json)
+            results = [linted] + run_checks(loaded, found, found.steps if found else steps or STEPS,
+                                 lambda r: _line(r, as_json), s.stage, note)
     except (*EXPECTED, GoldenError) as e:
         refuse(e)
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
 
 
-def _record(loaded, path: Path, record: Callable) -> None:
+def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> None:
     """transformers' golden for ``loaded``'s inputs, written to ``path``: ``record`` takes
     the ``golden_record`` module (imported only here, once torch is known to be there) and
-    returns the golden (its causal or its encoder recorder on ``loaded``).
+    returns the golden (its causal or its encoder recorder on ``loaded``). A file at
+    ``path`` is replaced only where it is a golden of these very inputs, or ``overwrite``.
 
     Raises:
-        ValueError: torch or transformers is missing, or transformers refuses the config or
-            the weights (its message, on one line, naming the config).
+        ValueError: ``path`` holds a golden of other inputs or a file that is no golden
+            (without ``overwrite``), torch or transformers is missing, or transformers
+            refuses the config or the weights (its message, on one line, naming the config).
     """
+    if path.exists() and not overwrite:
+        held, fp = goldens.fingerprint_of(path), loaded.fingerprint()
+        if held != fp:
+            what = f"a golden of other inputs (fingerprint {held})" if held else \
+                "a file that is no golden"
+            raise ValueError(f"--record-golden: {path} holds {what}, and these inputs are "
+                             f"{fp}: not overwritten. Write elsewhere with --golden PATH, or "
+                             "give --overwrite-golden to replace it")
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise ValueError(f"--record-golden needs {' and '.join(missing)}, the golden "
@@ -361,8 +428,17 @@ def _header(spec: Path, shape: str, note: str, as_json: bool) -> None:
 
 def _line(r: checks.Result, as_json: bool) -> None:
     """One check's line, printed (and flushed) as it finishes; on stderr with ``--json``."""
-    typer.echo(f"  {'PASS' if r.passed else 'FAIL'}  {r.name:<32} {r.figure}  "
-               f"({r.seconds:.1f} s)", err=as_json)
+    verdict = "FAIL" if not r.passed else "PASS" if r.verified else "----"
+    typer.echo(f"  {verdict}  {r.name:<32} {r.figure}  "
+               f"({took(r.seconds)})", err=as_json)
+
+
+def took(seconds: float) -> str:
+    """A check's time as its line shows it: tenths of a second, milliseconds below 0.1 s (a
+    toy's checks take a few each, which ``0.0 s`` would hide), ``<1 ms`` below that."""
+    if seconds >= 0.1:
+        return f"{seconds:.1f} s"
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 1e-3 else "<1 ms"
 
 
 def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
@@ -370,10 +446,15 @@ def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
     """The verdict, and exit: 0 every check passed and a golden verified the spec (or
     ``self_only``), 1 any failed, 3 every check passed and nothing verified it."""
     failed = [r for r in results if not r.passed]
+    unjudged = [r for r in results if r.passed and not r.verified]
     n, ok = len(results), len(results) - len(failed)
     if failed:
         code, verdict = FAILED, "failed"
         summary = f"{ok}/{n} checks passed: FAILED ({', '.join(r.name for r in failed)})"
+    elif verified and unjudged:
+        code, verdict = NOT_VERIFIED, "not verified"
+        summary = (f"{n - len(unjudged)}/{n} checks passed; NOT VERIFIED against transformers "
+                   f"in full ({note}): " + "; ".join(f"{r.name}: {r.figure}" for r in unjudged))
     elif verified:
         code, verdict = PASSED, "verified"
         summary = f"{n}/{n} checks passed: verified against transformers ({note})"
@@ -390,7 +471,8 @@ def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
         typer.echo(json.dumps({"spec": str(spec), "reference": note, "verdict": verdict,
                                "verified": verdict == "verified", "passed": not failed,
                                "exit_status": code,
-                               "checks": [{"name": r.name, "passed": r.passed, "figure": r.figure,
+                               "checks": [{"name": r.name, "passed": r.passed,
+                                           "verified": r.verified, "figure": r.figure,
                                            "numbers": r.numbers, "seconds": round(r.seconds, 3)}
                                           for r in results]}, indent=2, default=float))
     else:
@@ -423,22 +505,24 @@ def encoder_float64_gate(golden) -> float:
 
 def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
                    as_json: bool, record_golden: bool = False, self_only: bool = False,
-                   allow_unread_config: bool = False) -> None:
+                   allow_unread_config: bool = False, overwrite_golden: bool = False,
+                   linted: checks.Result | None = None) -> None:
     """``check`` for an encoder spec: its last hidden states and its pooled embeddings
     against transformers' (each within ``ENCODER_ATOL``, max absolute error) where a golden
     is found for these inputs (``goldens.find``), else only against itself, and said so.
     ``record_golden`` records one first through transformers' own ``AutoModel``
-    (``golden_record.record_encoder``)."""
+    (``golden_record.record_encoder``). ``linted``: lint's verdict on the spec, the first
+    result; then the config defaults against the golden's record where one judges."""
     from iron_spec.runtime.encoder_golden import EncoderGolden
     from .encoder import load_encoder
     with stages() as s:
         loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights,
                               toy=toy, allow_unread_config=allow_unread_config,
                               progress=s.stage("loading weights"))
-    model, fp = loaded.model, loaded.fingerprint()
+    model, fp = loaded.model, inputs(loaded)
     if record_golden:
         path = golden or golden_path(loaded)
-        _record(loaded, path, lambda g: g.record_encoder(loaded))
+        _record(loaded, path, lambda g: g.record_encoder(loaded), overwrite_golden)
         typer.echo(f"recorded {path}", err=True)
     found = None
     if self_only:
@@ -446,9 +530,9 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     elif golden is not None:
         found, note = EncoderGolden.read(golden, fp), f"golden {golden}"
     else:
-        where, searched = goldens.find(fp, loaded.expanded.spec.get("name"), spec)
+        where, searched = goldens.find(fp.fingerprint, loaded.expanded.spec.get("name"), spec)
         found = None if where is None else EncoderGolden.read(where, fp)
-        note = f"golden {where}" if found else goldens.not_found(fp, searched)
+        note = f"golden {where}" if found else goldens.not_found(fp.fingerprint, searched)
     pooling = model.config.pooling
     if found is not None and found.pooling == "mean":
         # bert's older goldens hold transformers' mean pooling, unnormalized: judged so.
@@ -462,6 +546,11 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     _header(spec, "embeddings", note, as_json)
     results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,
                                       model.version(pooling, check=True))
+    if linted is not None:
+        results.insert(0, linted)
+    if found is not None:
+        results.insert(int(linted is not None), config_defaults.compare(
+            loaded.expanded.spec, found.meta.get("config_defaults"), note))
     states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
     if found is not None and found.hidden is not None:
         results.insert(-1, checks.hidden_states_against(states, probes, found.hidden,

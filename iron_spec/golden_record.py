@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from iron_spec.runtime.encoder_golden import EncoderGolden
-from iron_spec.runtime.golden import Golden
+from iron_spec.runtime.golden import Golden, config_digest
 from iron_spec.runtime.renames import matching
 
 from .build import Loaded
@@ -97,11 +97,26 @@ def misfit(cls: str, spec: str, missing, unexpected, mismatched) -> str:
     return f"the weights do not fit transformers' {cls}: " + "; ".join(parts)
 
 
+def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
+    """What a golden's meta says it was recorded from, beside its fingerprint: the versions,
+    transformers' class (``model``), config.json's ``model_type``, the spec's name and
+    config.json's own digest (``runtime.golden.Inputs``: what tells a golden of another
+    model from a stale one), and transformers' config class defaults
+    (``config_defaults.of``)."""
+    import torch
+    import transformers
+
+    from . import config_defaults
+    return {"transformers": transformers.__version__, "torch": torch.__version__,
+            "model": type(model).__name__, "model_type": loaded.config_json.get("model_type"),
+            "spec": loaded.expanded.spec.get("name"), "config": config_digest(loaded.config_json),
+            "config_defaults": config_defaults.of(type(model.config))}
+
+
 def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Golden:
     """transformers' distributions after ``prompt`` and then each of its own greedy tokens,
     ``steps`` of them, as a Golden keyed by ``loaded``'s fingerprint."""
     import torch
-    import transformers
 
     model = hugging_face(loaded)
     tokens = list(prompt)
@@ -112,8 +127,7 @@ def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Gold
             row = out.numpy().astype(np.float32)
             rows.append(row)
             tokens.append(int(np.argmax(row)))
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
-            "dtype": "float32", "model": type(model).__name__, "steps": steps}
+    meta = {**recorded_from(loaded, model), "dtype": "float32", "steps": steps}
     golden = Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
                                 np.stack(rows), meta)
     return add_float64(loaded, golden)
@@ -219,16 +233,12 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
         ValueError: transformers' model lacks or does not take some of the weights, or has
             no pooler where the spec pools through one.
     """
-    import torch
-    import transformers
-
     model = hugging_face(loaded, encoder_class(loaded))
     pooling = loaded.model.config.pooling
     probes = encoder_probes(loaded)
     lang = _language(loaded)
     hidden, pooled = _encode(model, probes, pooling, np.float32, lang)
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
-            "dtype": "float32", "model": type(model).__name__,
+    meta = {**recorded_from(loaded, model), "dtype": "float32",
             "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
     if lang is not None:
         meta["langs"] = lang

@@ -5,7 +5,8 @@ keyed by a fingerprint of config.json and the checkpoint's tensors, the inputs t
 ran on, never by the spec that reads them: any golden with the right fingerprint judges a
 spec, wherever the spec is. The stores searched, in order:
 
-1. the checkout the spec is in: ``<spec's folder>/../tests/goldens`` (where it exists);
+1. the checkout whose ``specs/`` the spec is in: ``<checkout>/tests/goldens`` (where it
+   exists; a spec in any other folder has none);
 2. the goldens of the iron-spec installation itself (its checkout's ``tests/goldens``,
    present in an editable install), so a spec copied out of the checkout is still judged;
 3. each folder named by ``IRON_SPEC_GOLDENS`` (``os.pathsep``-separated);
@@ -34,10 +35,13 @@ def user_store() -> Path:
 
 
 def checkout_store(spec_file: str | Path) -> Path | None:
-    """``tests/goldens`` of the checkout holding ``spec_file`` (``<folder>/../tests/goldens``),
-    None where there is none."""
-    folder = Path(spec_file).resolve().parent.parent / "tests" / "goldens"
-    return folder if folder.is_dir() else None
+    """``tests/goldens`` of the checkout whose ``specs/`` folder holds ``spec_file``
+    (``<checkout>/specs/<spec>.yaml``), None where there is none. A spec in any other folder
+    (copied out of ``specs/``, even into the checkout) belongs to no checkout's store:
+    ``<folder>/../tests/goldens`` beside it is somebody else's goldens."""
+    folder = Path(spec_file).resolve().parent
+    store = folder.parent / "tests" / "goldens"
+    return store if folder.name == "specs" and store.is_dir() else None
 
 
 def env_stores() -> list[Path]:
@@ -64,8 +68,8 @@ def fingerprint_of(path: Path) -> str | None:
     try:
         with np.load(path, allow_pickle=False) as f:
             return str(f["fingerprint"]) if "fingerprint" in f.files else None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile):
+        return None  # TypeError, AttributeError: a lone .npy array, no archive
 
 
 def find(fingerprint: str, name: str, spec_file: str | Path) -> tuple[Path | None, list[Path]]:

@@ -18,6 +18,7 @@ from typing import Iterable, List, Optional
 
 import typer
 
+from iron_spec.runtime.checks import Result
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.values import architectures
 
@@ -112,6 +113,17 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
         problems += rules.patterns(spec, matrices)
     unique = {(p.line, p.col, p.message): p for p in problems}
     return sorted(unique.values(), key=lambda p: (p.line, p.col, p.message))
+
+
+def as_check(spec: Spec) -> tuple[list[SpecError], Result]:
+    """``lint_spec``'s problems of ``spec`` and a check's verdict on them (``check`` runs the
+    very checks ``iron-spec lint`` runs, and a spec lint rejects fails it): its figure the
+    count, each problem's ``FILE:LINE:COL: error:`` line for its caller to print."""
+    problems = lint_spec(spec)
+    n = len(problems)
+    figure = f"{n} problem{'s' * (n != 1)}" + (f" (printed above, as iron-spec lint {spec.file} "
+                                                "prints them)" if n else "")
+    return problems, Result("lint", not problems, figure, {"problems": [str(p) for p in problems]})
 
 
 def lint_paths(paths: Iterable[Path], config: ConfigFile | None = None

@@ -26,13 +26,15 @@ from .session import Session
 @dataclass
 class Result:
     """One check: its ``name``, whether it ``passed``, its headline ``figure`` (text) and
-    the numbers behind it."""
+    the numbers behind it; ``verified`` False where nothing it could judge by was there
+    (it failed nothing, and it verified nothing either: the figure says what was missing)."""
 
     name: str
     passed: bool
     figure: str
     numbers: dict = field(default_factory=dict)
     seconds: float = 0.0
+    verified: bool = True
 
 
 def divergence(reference: np.ndarray, logits: np.ndarray) -> tuple[float, bool]:

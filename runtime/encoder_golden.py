@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .golden import GoldenError
+from .golden import GoldenError, Inputs, load_arrays, other_inputs
 
 
 @dataclass
@@ -75,27 +74,22 @@ class EncoderGolden:
         os.replace(partial, path)
 
     @classmethod
-    def read(cls, path: Path, fp: str) -> "EncoderGolden":
-        """The golden at ``path``, recorded from inputs of fingerprint ``fp``.
+    def read(cls, path: Path, fp: str | Inputs) -> "EncoderGolden":
+        """The golden at ``path``, recorded from inputs ``fp`` (their fingerprint, or
+        ``Inputs`` to say how other ones differ).
 
         Raises:
-            GoldenError: no file at ``path``, not a golden of these layouts, or recorded from
-                other config or weights (stale).
+            GoldenError: no file at ``path``, no golden file or not one of these layouts, or
+                recorded from other inputs (``runtime.golden.other_inputs``).
         """
         path = Path(path)
-        if not path.exists():
-            raise GoldenError(f"{path} is missing: record it with iron-spec check ... "
-                              "--record-golden")
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                data = {k: f[k] for k in f.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-            raise GoldenError(f"{path}: not a golden ({e})") from None
-        theirs = str(data.get("fingerprint", ""))
-        if theirs != fp:
-            raise GoldenError(f"{path} is stale: recorded from config and weights {theirs}, "
-                              f"these are {fp}")
+        data = load_arrays(path)
+        these = Inputs(fp) if isinstance(fp, str) else fp
+        fp = these.fingerprint
+        theirs = str(data["fingerprint"])
         meta = json.loads(str(data["meta"])) if "meta" in data else {}
+        if theirs != fp:
+            raise other_inputs(path, meta, theirs, these)
         n = len(json.loads(str(data["ids"]))) if "embeddings" in data else \
             sum(1 for k in data if k.startswith("ids") and k[3:].isdigit())
         float64 = {}

@@ -37,6 +37,93 @@ class GoldenError(ValueError):
     """A golden that is missing, malformed, or recorded from other config or weights."""
 
 
+NOT_A_GOLDEN = "not a golden file (an .npz that iron-spec check --record-golden writes)"
+
+
+def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of the golden file at ``path`` (a causal or an encoder golden), read with
+    ``allow_pickle=False``.
+
+    Raises:
+        GoldenError: no file at ``path`` (saying how to record one), or a file that is no
+            ``.npz`` of arrays or holds no ``fingerprint`` (``NOT_A_GOLDEN``, naming it).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise GoldenError(f"{path} is missing: record it where torch and transformers are "
+                          "installed (pip install -e '.[golden]'; iron-spec check ... "
+                          "--record-golden)")
+    try:
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):  # a lone .npy array
+            raise ValueError(f"{type(f).__name__}")
+        with f:
+            data = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        # numpy's own words (its allow_pickle advice among them) are no help here.
+        raise GoldenError(f"{path}: {NOT_A_GOLDEN}") from None
+    if "fingerprint" not in data:
+        raise GoldenError(f"{path}: {NOT_A_GOLDEN}: it holds no fingerprint")
+    return data
+
+
+def config_digest(config_json: Mapping[str, Any]) -> str:
+    """A digest of config.json alone (canonical JSON), which a golden's meta records
+    (``config``) so a golden of other inputs tells other config from other weights."""
+    return hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a golden is read for: the ``fingerprint`` of config.json and the tensors, and
+    where known the transformers class config.json's ``architectures`` names first
+    (``model``), its ``model_type``, the spec's name, ``config_digest`` (``config``) and the
+    vocabulary size: what tells a golden of another model from a stale one of this model."""
+
+    fingerprint: str
+    model: str | None = None
+    model_type: str | None = None
+    spec: str | None = None
+    config: str | None = None
+    vocab_size: int | None = None
+
+
+def other_inputs(path: Path, meta: Mapping[str, Any], theirs: str, these: Inputs,
+                 largest_id: int | None = None) -> GoldenError:
+    """The error for a golden at ``path`` recorded from inputs ``theirs``, read for
+    ``these``: a golden of another model where its meta names another model class, model
+    type or spec, or it holds ids past this vocabulary (``largest_id``); else one of this
+    model recorded from other config or weights (stale, or another checkpoint's)."""
+    differs = []
+    for key, what in (("model_type", "model type"), ("model", "transformers class"),
+                      ("spec", "spec")):
+        held, want = meta.get(key), getattr(these, key)
+        if held and want and held != want:
+            differs.append(f"{what} {held}, not {want}")
+    if largest_id is not None and these.vocab_size is not None and largest_id >= these.vocab_size:
+        differs.append(f"token id {largest_id}, past this vocabulary of {these.vocab_size}")
+    if differs:
+        return GoldenError(
+            f"{path} is a golden of another model ({'; '.join(differs)}): recorded from inputs "
+            f"{theirs}, these are {these.fingerprint}. It cannot judge these inputs, and "
+            "re-recording into it would replace that model's golden: give a golden of these "
+            "inputs with --golden, or leave --golden out (check finds one by fingerprint, and "
+            "--record-golden writes one in a file of its own)")
+    named = ", ".join(f"{k} {meta[k]}" for k in ("model", "spec") if meta.get(k))
+    if meta.get("config") and these.config:
+        which = ("the same config.json, other weights" if meta["config"] == these.config else
+                 "another config.json")
+    else:
+        which = "other config.json or weights"
+    return GoldenError(
+        f"{path} is a golden of this model ({named or 'its meta names no model'}) recorded "
+        f"from {which} (inputs {theirs}, these are {these.fingerprint}): stale if these are "
+        "the inputs it was recorded from and they changed since (re-record it where "
+        "transformers is installed: iron-spec check ... --record-golden --golden PATH "
+        "--overwrite-golden), else another checkpoint's (give that checkpoint, or a golden "
+        "of these inputs)")
+
+
 def fingerprint(config_json: Mapping[str, Any], tensors: Iterable[tuple[str, np.ndarray]]) -> str:
     """A digest of the config (canonical JSON) and every tensor's name, dtype, shape and its
     first and last 4 KiB: what tells one set of weights from another without hashing GBs."""
@@ -138,6 +225,22 @@ class Golden:
         return dataclasses.replace(self, top_logprobs64=top, tail64=tail,
                                    meta={**self.meta, **meta})
 
+    def first(self, steps: int) -> "Golden":
+        """This golden cut to its first ``steps`` rows and the tokens they follow.
+
+        Raises:
+            ValueError: ``steps`` not within 1..``self.steps``.
+        """
+        if not 1 <= steps <= self.steps:
+            raise ValueError(f"{steps} steps of a golden of {self.steps}")
+        rows = slice(0, steps)
+        return dataclasses.replace(
+            self, tokens=self.tokens[: self.prompt_len + steps - 1], top_ids=self.top_ids[rows],
+            top_logprobs=self.top_logprobs[rows], tail=self.tail[rows],
+            top_logprobs64=None if self.top_logprobs64 is None else self.top_logprobs64[rows],
+            tail64=None if self.tail64 is None else self.tail64[rows],
+            meta={**self.meta, "steps": steps})
+
     def history(self, step: int) -> np.ndarray:
         return self.tokens[: self.prompt_len + step]
 
@@ -192,32 +295,33 @@ class Golden:
         os.replace(partial, path)
 
     @classmethod
-    def read(cls, path: str | Path, expected: str | None = None) -> "Golden":
-        """The golden at ``path``.
+    def read(cls, path: str | Path, expected: str | Inputs | None = None) -> "Golden":
+        """The golden at ``path``; ``expected``: the inputs it must be recorded from (their
+        fingerprint, or ``Inputs`` to say how other ones differ).
 
         Raises:
-            GoldenError: no file (saying how to record one), a malformed file, or one
-                recorded from other config or weights than ``expected`` (stale).
+            GoldenError: no file (saying how to record one), a file that is no golden, or
+                one recorded from other inputs than ``expected`` (``other_inputs``: another
+                model's, or a stale one of this model).
         """
         path = Path(path)
-        if not path.exists():
-            raise GoldenError(f"{path} is missing: record it where torch and transformers are "
-                              "installed (pip install -e '.[golden]'; iron-spec check ... "
-                              "--record-golden)")
+        data = load_arrays(path)
         try:
-            with np.load(path, allow_pickle=False) as f:
-                g = cls(str(f["fingerprint"]), f["tokens"], int(f["prompt_len"]), f["top_ids"],
-                        f["top_logprobs"], f["tail"], json.loads(str(f["meta"])),
-                        *(f[k] if k in f.files else None for k in ("top_logprobs64", "tail64")))
-        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-            raise GoldenError(f"{path}: not a golden ({e})") from None
+            g = cls(str(data["fingerprint"]), data["tokens"], int(data["prompt_len"]),
+                    data["top_ids"], data["top_logprobs"], data["tail"],
+                    json.loads(str(data["meta"])),
+                    *(data.get(k) for k in ("top_logprobs64", "tail64")))
+        except KeyError as e:
+            raise GoldenError(f"{path}: {NOT_A_GOLDEN}: it holds no {e.args[0]}") from None
+        except (ValueError, TypeError) as e:
+            raise GoldenError(f"{path}: {NOT_A_GOLDEN}: {e}") from None
         why = g._malformed()
         if why:
             raise GoldenError(f"{path}: not a golden ({why})")
-        if expected is not None and g.fingerprint != expected:
-            raise GoldenError(f"{path} is stale: recorded from config and weights {g.fingerprint}, "
-                              f"these are {expected}; re-record it (iron-spec check ... "
-                              "--record-golden, where transformers is installed)")
+        these = Inputs(expected) if isinstance(expected, str) else expected
+        if these is not None and g.fingerprint != these.fingerprint:
+            largest = max(int(g.top_ids.max()), int(g.tokens.max()))
+            raise other_inputs(path, g.meta, g.fingerprint, these, largest)
         return g
 
 
@@ -254,11 +358,7 @@ def add_arrays(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
         GoldenError: ``path`` is no ``.npz`` golden.
     """
     path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            data = {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise GoldenError(f"{path}: not a golden ({e})") from None
+    data = load_arrays(path)
     old = json.loads(str(data["meta"])) if "meta" in data else {}
     data.update(arrays)
     data["meta"] = np.asarray(json.dumps({**old, **meta}, sort_keys=True))

@@ -18,9 +18,11 @@ from iron_spec.cli import app
 from tests.conftest import SPECS
 
 LLAMA = (SPECS / "llama3.yaml").read_text()
-# Renames compose, so the swap goes through a name of neither.
-SWAPPED = LLAMA + ("\ncheckpoint:\n  renames: {mlp.gate_proj: mlp.swap, "
-                   "mlp.up_proj: mlp.gate_proj, mlp.swap: mlp.up_proj}\n")
+# A spec lint passes (check refuses one it rejects) and wrong in its numbers: RoPE's base
+# 1000x too small.
+THETA = "  default: {theta: rope_theta, scaling: rope_scaling}"
+WRONG = LLAMA.replace(THETA, '  default: {theta: "rope_theta / 1000", scaling: rope_scaling}')
+assert WRONG != LLAMA
 CHECKOUT_GOLDEN = SPECS.parent / "tests" / "goldens" / "llama3" / "toy-seed0.npz"
 runner = CliRunner()
 
@@ -48,8 +50,8 @@ def outside(tmp_path, text: str):
     return path
 
 
-def test_a_swapped_gate_and_up_outside_the_checkout_fails_on_the_golden_it_finds(tmp_path):
-    spec = outside(tmp_path, SWAPPED)
+def test_a_wrong_rope_base_outside_the_checkout_fails_on_the_golden_it_finds(tmp_path):
+    spec = outside(tmp_path, WRONG)
     result = check(spec, "--checkpoint", toy_checkpoint(tmp_path / "ckpt"))
     assert result.exit_code == 1, result.output
     # Found by fingerprint in the installation's goldens, whatever the directory is called.
@@ -59,10 +61,10 @@ def test_a_swapped_gate_and_up_outside_the_checkout_fails_on_the_golden_it_finds
     assert "FAILED (KL vs golden" in result.output and "verified" not in result.output
 
 
-def test_a_swapped_gate_and_up_with_no_golden_is_not_verified(tmp_path):
-    spec = outside(tmp_path, SWAPPED)
-    # Drawn weights under the swapped names: other tensors, so no golden has these inputs.
-    result = check(spec, "--random-weights", "0", "--toy")
+def test_a_wrong_rope_base_with_no_golden_is_not_verified(tmp_path):
+    spec = outside(tmp_path, WRONG)
+    # Weights drawn at a seed no golden was recorded from.
+    result = check(spec, "--random-weights", "1", "--toy")
     assert result.exit_code == 3, result.output
     assert "FAIL" not in result.output  # it agrees with itself: only a golden can tell
     assert "NOT VERIFIED against transformers: no golden for these inputs" in result.output
@@ -70,7 +72,7 @@ def test_a_swapped_gate_and_up_with_no_golden_is_not_verified(tmp_path):
 
 
 def test_self_only_is_said_plainly_and_exits_0(tmp_path):
-    result = check(outside(tmp_path, SWAPPED), "--random-weights", "0", "--toy", "--self-only")
+    result = check(outside(tmp_path, WRONG), "--random-weights", "1", "--toy", "--self-only")
     assert result.exit_code == 0, result.output
     assert "checks passed: self-consistency only, not verified against transformers" in \
         result.output

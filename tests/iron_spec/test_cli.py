@@ -288,13 +288,13 @@ def test_check_fits_its_prompt_chunk_to_a_short_context():
     result = check(62)  # the toy's chunk of 16 needs 63: 15 it is
     assert result.exit_code == 3, result.output  # seed 1: no golden, not verified
     assert "prompt chunk 15 (the spec's 16, shrunk to fit)" in result.output
-    assert "7/7 self-consistency checks passed" in result.stdout
+    assert "8/8 self-consistency checks passed" in result.stdout
     # The golden's prompt is what it is: 24 tokens and 39 after them.
     result = check(62, seed=0)
     assert result.exit_code == 1
     assert "check needs a --max-seq-len of at least 63, not 62: it runs a prompt of 24 " \
            "tokens (the golden's)" in result.output
-    assert "8/8 checks passed: verified against transformers" in check(63, seed=0).stdout
+    assert "10/10 checks passed: verified against transformers" in check(63, seed=0).stdout
 
 
 def test_the_default_num_tokens_fits_what_the_context_leaves():

@@ -187,7 +187,8 @@ def test_lint_refuses_an_example_that_is_no_hub_id(tmp_path):
 # --- progress: one plain line per stage when piped, a bar on a terminal -----------------------
 
 CHECK_STAGES = ["[loading weights]", "[compiling the decode step]",
-                "[compiling the prompt chunk]", "[checking: per-step check]",
+                "[compiling the prompt chunk]", "[checking: config defaults vs transformers]",
+                "[checking: per-step check]",
                 "[checking: compiled = reference]", "[checking: KL vs golden]",
                 "[checking: float64 KL vs golden]", "[checking: determinism]", "[checking: chat turn]",
                 "[checking: chunked = decode]", "[checking: deep decode]"]
