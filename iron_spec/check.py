@@ -41,7 +41,8 @@ PASSED, FAILED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
 EXIT_STATUS = ("Exit status: 0 verified against transformers (or, with --self-only, every "
                "self-consistency check passed); 1 a check failed or the input was refused; 2 a "
                "usage error; 3 every check passed but nothing verified the spec against "
-               "transformers (no golden for these inputs).")
+               "transformers (no golden for these inputs), or not all of it (a golden that "
+               "records no config class defaults: its ---- line).")
 PROMPT_EXTRA = 8  # prompt tokens past a whole chunk, so a chunk with a rows bound runs
 GREEDY_WITH_GOLDEN = 8  # compiled = reference draws where a golden judges KL
 # Each step of the per-step check runs its float64 reference too: a chunk and 4 where the
@@ -444,7 +445,9 @@ def took(seconds: float) -> str:
 def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
             verified: bool, self_only: bool) -> None:
     """The verdict, and exit: 0 every check passed and a golden verified the spec (or
-    ``self_only``), 1 any failed, 3 every check passed and nothing verified it."""
+    ``self_only``), 1 any failed, 3 every check passed and nothing verified it, or one
+    could not judge (``Result.verified`` False: the config defaults of a golden that
+    records none)."""
     failed = [r for r in results if not r.passed]
     unjudged = [r for r in results if r.passed and not r.verified]
     n, ok = len(results), len(results) - len(failed)
@@ -453,8 +456,9 @@ def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
         summary = f"{ok}/{n} checks passed: FAILED ({', '.join(r.name for r in failed)})"
     elif verified and unjudged:
         code, verdict = NOT_VERIFIED, "not verified"
-        summary = (f"{n - len(unjudged)}/{n} checks passed; NOT VERIFIED against transformers "
-                   f"in full ({note}): " + "; ".join(f"{r.name}: {r.figure}" for r in unjudged))
+        summary = (f"{n - len(unjudged)}/{n} checks passed and {len(unjudged)} could not "
+                   f"judge; NOT VERIFIED against transformers in full ({note}): " +
+                   "; ".join(f"{r.name}: {r.figure}" for r in unjudged))
     elif verified:
         code, verdict = PASSED, "verified"
         summary = f"{n}/{n} checks passed: verified against transformers ({note})"
