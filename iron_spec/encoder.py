@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks import QKV_LAYOUTS, RopeOptions, rope_switch
-from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, Encoder, EncoderLayerOptions, EncoderOptions, \
-    PoolingOptions, POOLINGS, RelativeBiasOptions
+from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, DisentangledOptions, Encoder, \
+    EncoderLayerOptions, EncoderOptions, PoolingOptions, POOLINGS, RelativeBiasOptions
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
 from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
@@ -273,7 +273,12 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),
         placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout,
         qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
-        residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0))
+        residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0),
+        disentangled=_disentangled(spec, r))
+    if one.disentangled is not None and scale is not None:
+        raise spec.error(a + ("scale",), "disentangled attention scales its scores by "
+                                         "1 / sqrt(head_dim * (1 + len(types))): leave "
+                                         "layer/attention/scale out")
     order = _layer_order(spec, r, v["num_hidden_layers"])
     layers = _typed_layers(spec, r, one, len(set(order)) if order else v["num_hidden_layers"],
                            source)
@@ -303,7 +308,10 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
     pooler = _flag_option(spec, r, p + ("pooler",), False)
     if kind == "pooler" and not pooler:
         raise spec.error(p + ("kind",), "pooling 'pooler' reads pooler.dense: set pooling/pooler")
-    L = max_tokens or spec.get("runtime", "max_tokens") or positions - offset
+    held = _option(spec, r, ("runtime", "max_tokens"), None)
+    if held is not None:
+        held = _whole(spec, r, ("runtime", "max_tokens"), None)
+    L = max_tokens or held or positions - offset
     if not L or L < 1:
         raise spec.error(("runtime",) if not positions else e + ("position_offset",),
                          "an encoder with no position table needs runtime/max_tokens, the ids "
@@ -336,6 +344,38 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         **_languages(spec, r))
     renames, transposed, unused = checkpoint_layout(spec, r)
     return ExpandedEncoder(spec, r, options, renames, unused, transposed)
+
+
+DISENTANGLED_TYPES = ("c2p", "p2c")
+
+
+def _disentangled(spec: Spec, r: Resolved) -> DisentangledOptions | None:
+    """``layer.attention.disentangled``: its ``span`` (``max_relative_positions``), the
+    terms ``types`` lists (pos_att_type: a list, or words joined by ``|`` as DebertaConfig's
+    ``__post_init__`` splits them; null: none) and ``qv_bias``; None where the spec has none.
+
+    Raises:
+        SpecError: at the option's line, a span that is no whole number from 1, types that
+            are not a list of ``c2p``/``p2c`` (each once), or a qv_bias that is no boolean.
+    """
+    p = ("layer", "attention", "disentangled")
+    if spec.get(*p) is None:
+        return None
+    span = _whole(spec, r, p + ("span",), None)
+    if span < 1:
+        raise spec.error(p + ("span",), "disentangled attention's span is 0: at least 1 "
+                                        "relative position each side")
+    types = _option(spec, r, p + ("types",), None)
+    if isinstance(types, str):
+        types = [t.strip() for t in types.lower().split("|")]
+    types = [] if types is None else types
+    if not isinstance(types, list) or any(t not in DISENTANGLED_TYPES for t in types) \
+            or len(set(types)) != len(types):
+        raise spec.error(p + ("types",), f"disentangled attention's types are {types!r}: a "
+                                         f"list of {', '.join(DISENTANGLED_TYPES)}, each once "
+                                         "(or one string of them joined by |)")
+    return DisentangledOptions(span, "c2p" in types, "p2c" in types, 1 + len(types),
+                               _flag_option(spec, r, p + ("qv_bias",), False))
 
 
 def _languages(spec: Spec, r: Resolved) -> dict[str, int]:

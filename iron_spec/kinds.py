@@ -38,7 +38,7 @@ KINDS: tuple[Row, ...] = (
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
                "qkv_shards", "qkv_order", "latent", "differential", "sub_norm")
            for k in CAUSAL_LAYERS},
-        "encoder": ("relative_bias",)}),
+        "encoder": ("relative_bias", "disentangled")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},
                                               "encoder": ("down_bias",)}),

@@ -11,6 +11,7 @@ from .activation import GatedActivation, Activation
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
 from .differential import DifferentialAttention
+from .disentangled import DisentangledAttention
 from .elementwise import Add, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -31,6 +32,7 @@ OPERATORS: dict[str, Operator] = {
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
         AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
+        DisentangledAttention(),
     )
 }
 
@@ -40,4 +42,5 @@ __all__ = [
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
+    "DisentangledAttention",
 ]

@@ -31,6 +31,24 @@ ENCODER_MLP_KINDS = ("plain", "gated")
 
 
 @dataclass(frozen=True)
+class DisentangledOptions:
+    """Disentangled attention (``operators.disentangled``): scores gain a content-to-position
+    (``c2p``: queries against ``attention.self.pos_proj`` of the relative table) and a
+    position-to-content term (``p2c``: keys against ``attention.self.pos_q_proj``'s), read at
+    the row ``clamp(span + i - j, 0, 2 * span - 1)`` of the model's one table
+    ``encoder.rel_embeddings`` ``(2 * span, hidden)``, all scaled by ``1 / sqrt(head_dim *
+    scale_factor)`` (``1 + len(pos_att_type)``), as DisentangledSelfAttention.
+    ``qv_bias``: the projections hold no bias and ``attention.self.q_bias``/``v_bias`` are
+    added to the queries and values (its ``in_proj`` without bias)."""
+
+    span: int
+    c2p: bool = True
+    p2c: bool = True
+    scale_factor: int = 3
+    qv_bias: bool = False
+
+
+@dataclass(frozen=True)
 class EncoderLayerOptions:
     """One encoder layer.
 
@@ -62,6 +80,8 @@ class EncoderLayerOptions:
     k_norm; ``qk_norm_bias``: whether those hold a bias where it differs from ``norm``'s
     (None: as ``norm``). ``residual_scale`` multiplies the attention's and the MLP's outputs
     before their residual adds (EsmcLayer's division by ``sqrt(layers / 36)``).
+    ``disentangled``: disentangled attention in place of the plain scaled scores
+    (``DisentangledOptions``; None: none).
     """
 
     heads: int
@@ -88,6 +108,7 @@ class EncoderLayerOptions:
     qk_norm: bool = False
     qk_norm_bias: bool | None = None
     residual_scale: float = 1.0
+    disentangled: DisentangledOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +269,18 @@ class SelfAttentionProjections(Module):
             qk = o.norm if o.qk_norm_bias is None else replace(o.norm, bias=o.qk_norm_bias)
             self.q_norm = Norm(H * D, qk)
             self.k_norm = Norm(G * D, qk)
+        d = o.disentangled
+        if d is not None:
+            if G != H or o.rope is not None or o.window is not None:
+                raise ValueError("disentangled attention reads one key head per query head, "
+                                 "without RoPE or a window")
+            if d.qv_bias:
+                self.q_bias = Param(H * D)
+                self.v_bias = Param(H * D)
+            if d.c2p:
+                self.pos_proj = Linear(E, H * D, False)
+            if d.p2c:
+                self.pos_q_proj = Linear(E, H * D, True)
         self.options = o
 
     def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
@@ -261,13 +294,16 @@ class SelfAttentionProjections(Module):
                      for name, a, b in zip(("query", "key", "value"), bounds, bounds[1:]))
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
-                 bias: tuple[Handle, RelativeBiasOptions] | None = None) -> Handle:
+                 bias: tuple[Handle, RelativeBiasOptions] | None = None,
+                 rel: Handle | None = None) -> Handle:
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         q, k, v = self._project(rec, x)
         if o.qk_norm:
             q, k = self.q_norm(rec, q), self.k_norm(rec, k)
         q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
+        if o.disentangled is not None:
+            return self._disentangled(rec, q, k, v, rel)
         if rope is not None:
             # A call is one text from position 0: row r turns by table row r.
             q = rec.step("rope", q, *rope, where=self.where("query"), start=0,
@@ -281,6 +317,21 @@ class SelfAttentionProjections(Module):
         return rec.step("self_attention", q, k, v, table, where=self.path, scale=o.scale,
                         window=o.window, buckets=b.buckets, max_distance=b.max_distance,
                         bidirectional=b.bidirectional)
+
+
+    def _disentangled(self, rec: Recorder, q: Handle, k: Handle, v: Handle, rel: Handle
+                      ) -> Handle:
+        """DisentangledSelfAttention over the relative table ``rel`` ``(2 * span, hidden)``."""
+        o, d = self.options, self.options.disentangled
+        H, D = o.heads, o.head_dim
+        R = 2 * d.span
+        held = [rec.hold("param", self.where(name), getattr(self, name).array) if d.qv_bias
+                else None for name in ("q_bias", "v_bias")]
+        pos_key = rec.view(self.pos_proj(rec, rel), (R, H, D)) if d.c2p else None
+        pos_query = rec.view(self.pos_q_proj(rec, rel), (R, H, D)) if d.p2c else None
+        return rec.step("disentangled_attention", q, k, v, *held, pos_key, pos_query,
+                        where=self.path, scale=float((D * d.scale_factor) ** -0.5),
+                        span=d.span)
 
 
 class Output(Module):
@@ -358,33 +409,45 @@ class EncoderLayer(Module):
         self.options = o
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None = None,
-                 bias: tuple[Handle, RelativeBiasOptions] | None = None) -> Handle:
+                 bias: tuple[Handle, RelativeBiasOptions] | None = None,
+                 rel: Handle | None = None) -> Handle:
         """``x`` ``(rows, hidden)`` through the layer; ``rope``: the cos and sin tables
         ``(max_tokens, rotary_dim // 2)`` of ``options.rope`` (None where it is None);
-        ``bias``: the relative bias table's handle and options (None: none)."""
+        ``bias``: the relative bias table's handle and options (None: none); ``rel``: the
+        disentangled attention's relative table ``(2 * span, hidden)`` (None: none)."""
         attn_out, mlp_out = self.attention.output, self.output
         s = self.options.residual_scale
         if self.options.placement == "post":
-            a = attn_out.dense(rec, self.attention.self(rec, x, rope, bias))
+            a = attn_out.dense(rec, self.attention.self(rec, x, rope, bias, rel))
             x = attn_out.LayerNorm(rec, rec.step("add", x, a, where=self.path, scale=s))
             m = mlp_out.dense(rec, self.intermediate(rec, x))
             return mlp_out.LayerNorm(rec, rec.step("add", x, m, where=self.path, scale=s))
         h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
-        a = attn_out.dense(rec, self.attention.self(rec, h, rope, bias))
+        a = attn_out.dense(rec, self.attention.self(rec, h, rope, bias, rel))
         x = rec.step("add", x, a, where=self.path, scale=s)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path, scale=s)
 
 
 class Stack(Module):
-    """``layer`` (the list of layers), under pre-norm the final ``LayerNorm``, and with a
-    relative bias its table ``relative_attention_bias`` ``(rows, heads)``."""
+    """``layer`` (the list of layers), under pre-norm the final ``LayerNorm``, with a
+    relative bias its table ``relative_attention_bias`` ``(rows, heads)``, and with
+    disentangled attention its relative table ``rel_embeddings`` ``(2 * span, hidden)``
+    (DebertaEncoder's).
+
+    Raises:
+        ValueError: layers of disentangled attention over different spans (one table).
+    """
 
     def __init__(self, o: EncoderOptions):
         self.layer = [EncoderLayer(o.hidden_size, lo) for lo in o.layers]
         b = o.relative_bias
         if b is not None:
             self.relative_attention_bias = Embedding(b.rows, o.layers[0].heads)
+        spans = {lo.disentangled.span for lo in o.layers if lo.disentangled is not None}
+        if len(spans) > 1:
+            raise ValueError(f"one relative table serves every layer: spans {sorted(spans)}")
+        self.rel_embeddings = Embedding(2 * spans.pop(), o.hidden_size) if spans else None
         pre = bool(o.layers) and o.layers[-1].placement == "pre"
         final = o.norm if o.final_norm_bias is None else replace(o.norm, bias=o.final_norm_bias)
         self.LayerNorm = Norm(o.hidden_size, final) if pre else None
@@ -469,10 +532,14 @@ class Encoder(Module):
             table = self.encoder.relative_attention_bias
             bias = (rec.hold("param", table.where("weight"), table.weight.array),
                     self.config.relative_bias)
+        rel = None
+        if self.encoder.rel_embeddings is not None:
+            table = self.encoder.rel_embeddings
+            rel = rec.hold("param", table.where("weight"), table.weight.array)
         order = self.config.layer_order or range(len(self.encoder.layer))
         for layer in (self.encoder.layer[i] for i in order):
             r = layer.options.rope
-            x = layer(rec, x, None if r is None else ropes[repr(r)], bias)
+            x = layer(rec, x, None if r is None else ropes[repr(r)], bias, rel)
         if self.encoder.LayerNorm is not None:
             x = self.encoder.LayerNorm(rec, x)
         if pooling.kind == "mean":

@@ -1,0 +1,89 @@
+"""The DeBERTa toy against transformers' own DebertaModel (committed golden): disentangled
+attention's c2p and p2c terms, their clamped relative rows, their direction, scale and
+span; each turned off or wrong fails against the golden."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.encoder import load_encoder
+from iron_spec.operators import disentangled
+from iron_spec.runtime.encoder import Encoder
+from iron_spec.runtime.encoder_golden import EncoderGolden
+from tests.conftest import SPECS
+
+
+def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
+    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
+    return [float(np.abs(states(ids, types) - want).max())
+            for (ids, types), want in zip(golden.probes, golden.hidden)]
+
+
+def _loaded(name="deberta"):
+    loaded = load_encoder(SPECS / f"{name}.yaml", random_weights=0, toy=True)
+    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+
+
+def _rebuilt(model: Encoder, **change) -> Encoder:
+    """``model`` with every layer's disentangled options changed, on the same weights."""
+    o = model.config
+    layers = tuple(dataclasses.replace(lo, disentangled=dataclasses.replace(lo.disentangled,
+                                                                            **change))
+                   for lo in o.layers)
+    other = Encoder(dataclasses.replace(o, layers=layers))
+    held = dict(model.named_params())
+    for name, p in other.named_params():
+        p.array = held[name].array
+    return other
+
+
+def test_deberta_toy_matches_and_its_relative_rows_clamp():
+    loaded, golden = _loaded()
+    d = loaded.model.config.layers[0].disentangled
+    assert (d.span, d.c2p, d.p2c, d.scale_factor, d.qv_bias) == (6, True, True, 3, True)
+    assert max(len(ids) for ids, _ in golden.probes) > 2 * d.span  # distances past the span
+    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+
+
+@pytest.mark.parametrize("params", [("pos_proj.weight",),
+                                    ("pos_q_proj.weight", "pos_q_proj.bias")],
+                         ids=["no c2p", "no p2c"])
+def test_deberta_without_a_position_term_fails_against_the_golden(params):
+    loaded, golden = _loaded()
+    for name, p in loaded.model.named_params():
+        if name.endswith(params):
+            p.array[...] = 0.0
+    # The 1-id probe attends to itself alone, whatever its scores: the longer two fail.
+    assert max(_errors(loaded.model, golden)) > 1e-2
+
+
+@pytest.mark.parametrize("change", [{"scale_factor": 1}, {"span": 5}], ids=["scale sqrt(D)", "span 5"])
+def test_deberta_with_another_scale_or_span_fails_against_the_golden(change):
+    loaded, golden = _loaded()
+    if "span" in change:
+        # The table's first 10 rows as a span of 5: the rows read move.
+        loaded.model.encoder.rel_embeddings.weight.array = \
+            loaded.model.encoder.rel_embeddings.weight.array[:10].copy()
+    assert max(_errors(_rebuilt(loaded.model, **change), golden)) > 1e-3
+
+
+def test_deberta_with_relative_distances_reversed_fails_against_the_golden(monkeypatch):
+    loaded, golden = _loaded()
+    rows = disentangled.relative_rows
+    monkeypatch.setattr(disentangled, "relative_rows", lambda n, span: rows(n, span).T)
+    assert max(_errors(loaded.model, golden)) > 1e-3
+
+
+def test_deberta_drawn_weights_carry_debertas_own_names():
+    shapes = {n: t.shape for n, t in load_encoder(SPECS / "deberta.yaml", random_weights=0,
+                                                  toy=True).checkpoint_tensors().items()}
+    assert shapes["encoder.rel_embeddings.weight"] == (12, 32)
+    assert shapes["encoder.layer.1.attention.self.in_proj.weight"] == (96, 32)
+    assert shapes["encoder.layer.0.attention.self.q_bias"] == (32,)
+    assert shapes["encoder.layer.0.attention.self.pos_q_proj.bias"] == (32,)
+    assert "encoder.layer.0.attention.self.pos_proj.bias" not in shapes
+    assert "embeddings.position_embeddings.weight" not in shapes
