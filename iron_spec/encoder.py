@@ -352,11 +352,14 @@ DISENTANGLED_TYPES = ("c2p", "p2c")
 def _disentangled(spec: Spec, r: Resolved) -> DisentangledOptions | None:
     """``layer.attention.disentangled``: its ``span`` (``max_relative_positions``), the
     terms ``types`` lists (pos_att_type: a list, or words joined by ``|`` as DebertaConfig's
-    ``__post_init__`` splits them; null: none) and ``qv_bias``; None where the spec has none.
+    ``__post_init__`` splits them; null: none), ``qv_bias``, DeBERTa-v2's ``buckets`` (0 or
+    null: none) with ``max_position``, ``share_att_key``, ``pos_key_bias`` and ``norm_rel``;
+    None where the spec has none.
 
     Raises:
         SpecError: at the option's line, a span that is no whole number from 1, types that
-            are not a list of ``c2p``/``p2c`` (each once), or a qv_bias that is no boolean.
+            are not a list of ``c2p``/``p2c`` (each once), a flag that is no boolean, or
+            log buckets fewer than 4 or not below twice ``max_position - 1``.
     """
     p = ("layer", "attention", "disentangled")
     if spec.get(*p) is None:
@@ -374,8 +377,18 @@ def _disentangled(spec: Spec, r: Resolved) -> DisentangledOptions | None:
         raise spec.error(p + ("types",), f"disentangled attention's types are {types!r}: a "
                                          f"list of {', '.join(DISENTANGLED_TYPES)}, each once "
                                          "(or one string of them joined by |)")
+    buckets = _option(spec, r, p + ("buckets",), 0)
+    buckets = 0 if buckets is None else _whole(spec, r, p + ("buckets",), 0)
+    top = _whole(spec, r, p + ("max_position",), 0) if buckets else 0
+    if buckets and (buckets < 4 or top - 1 <= buckets // 2):
+        raise spec.error(p + ("buckets",), f"{buckets} log buckets up to max_position {top}: "
+                                           "at least 4 buckets, and max_position - 1 past "
+                                           "half of them")
     return DisentangledOptions(span, "c2p" in types, "p2c" in types, 1 + len(types),
-                               _flag_option(spec, r, p + ("qv_bias",), False))
+                               _flag_option(spec, r, p + ("qv_bias",), False), buckets, top,
+                               _flag_option(spec, r, p + ("share_att_key",), False),
+                               _flag_option(spec, r, p + ("pos_key_bias",), False),
+                               _flag_option(spec, r, p + ("norm_rel",), False))
 
 
 def _languages(spec: Spec, r: Resolved) -> dict[str, int]:

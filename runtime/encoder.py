@@ -39,13 +39,24 @@ class DisentangledOptions:
     ``encoder.rel_embeddings`` ``(2 * span, hidden)``, all scaled by ``1 / sqrt(head_dim *
     scale_factor)`` (``1 + len(pos_att_type)``), as DisentangledSelfAttention.
     ``qv_bias``: the projections hold no bias and ``attention.self.q_bias``/``v_bias`` are
-    added to the queries and values (its ``in_proj`` without bias)."""
+    added to the queries and values (its ``in_proj`` without bias). DeBERTa-v2's
+    (DisentangledSelfAttention of modeling_deberta_v2): ``buckets`` > 0 maps distances onto
+    log buckets up to ``max_position`` (``position_buckets``, ``max_relative_positions``);
+    ``share_att_key`` projects the table by the layer's own ``key`` and ``query`` in place
+    of ``pos_proj``/``pos_q_proj``; ``pos_key_bias``: ``pos_proj`` holds a bias (its
+    ``pos_key_proj``); ``norm_rel``: the table is normed first by ``encoder.rel_norm`` (its
+    ``norm_rel_ebd`` ``layer_norm``) in the layers' norm kind."""
 
     span: int
     c2p: bool = True
     p2c: bool = True
     scale_factor: int = 3
     qv_bias: bool = False
+    buckets: int = 0
+    max_position: int = 0
+    share_att_key: bool = False
+    pos_key_bias: bool = False
+    norm_rel: bool = False
 
 
 @dataclass(frozen=True)
@@ -274,12 +285,15 @@ class SelfAttentionProjections(Module):
             if G != H or o.rope is not None or o.window is not None:
                 raise ValueError("disentangled attention reads one key head per query head, "
                                  "without RoPE or a window")
+            if d.share_att_key and o.fused_qkv:
+                raise ValueError("share_att_key projects the relative table by the layer's own "
+                                 "key and query: not with a fused query_key_value")
             if d.qv_bias:
                 self.q_bias = Param(H * D)
                 self.v_bias = Param(H * D)
-            if d.c2p:
-                self.pos_proj = Linear(E, H * D, False)
-            if d.p2c:
+            if d.c2p and not d.share_att_key:
+                self.pos_proj = Linear(E, H * D, d.pos_key_bias)
+            if d.p2c and not d.share_att_key:
                 self.pos_q_proj = Linear(E, H * D, True)
         self.options = o
 
@@ -327,11 +341,13 @@ class SelfAttentionProjections(Module):
         R = 2 * d.span
         held = [rec.hold("param", self.where(name), getattr(self, name).array) if d.qv_bias
                 else None for name in ("q_bias", "v_bias")]
-        pos_key = rec.view(self.pos_proj(rec, rel), (R, H, D)) if d.c2p else None
-        pos_query = rec.view(self.pos_q_proj(rec, rel), (R, H, D)) if d.p2c else None
+        key, query = (self.key, self.query) if d.share_att_key else \
+            (getattr(self, "pos_proj", None), getattr(self, "pos_q_proj", None))
+        pos_key = rec.view(key(rec, rel), (R, H, D)) if d.c2p else None
+        pos_query = rec.view(query(rec, rel), (R, H, D)) if d.p2c else None
         return rec.step("disentangled_attention", q, k, v, *held, pos_key, pos_query,
                         where=self.path, scale=float((D * d.scale_factor) ** -0.5),
-                        span=d.span)
+                        span=d.span, buckets=d.buckets, max_position=d.max_position)
 
 
 class Output(Module):
@@ -433,7 +449,8 @@ class Stack(Module):
     """``layer`` (the list of layers), under pre-norm the final ``LayerNorm``, with a
     relative bias its table ``relative_attention_bias`` ``(rows, heads)``, and with
     disentangled attention its relative table ``rel_embeddings`` ``(2 * span, hidden)``
-    (DebertaEncoder's).
+    (DebertaEncoder's), normed by ``rel_norm`` where the options say (DebertaV2Encoder's
+    ``LayerNorm`` under ``norm_rel_ebd``).
 
     Raises:
         ValueError: layers of disentangled attention over different spans (one table).
@@ -444,10 +461,14 @@ class Stack(Module):
         b = o.relative_bias
         if b is not None:
             self.relative_attention_bias = Embedding(b.rows, o.layers[0].heads)
-        spans = {lo.disentangled.span for lo in o.layers if lo.disentangled is not None}
-        if len(spans) > 1:
-            raise ValueError(f"one relative table serves every layer: spans {sorted(spans)}")
-        self.rel_embeddings = Embedding(2 * spans.pop(), o.hidden_size) if spans else None
+        tables = {(lo.disentangled.span, lo.disentangled.norm_rel) for lo in o.layers
+                  if lo.disentangled is not None}
+        if len(tables) > 1:
+            raise ValueError(f"one relative table serves every layer: spans and norms "
+                             f"{sorted(tables)}")
+        span, normed = tables.pop() if tables else (0, False)
+        self.rel_embeddings = Embedding(2 * span, o.hidden_size) if span else None
+        self.rel_norm = Norm(o.hidden_size, o.norm) if normed else None
         pre = bool(o.layers) and o.layers[-1].placement == "pre"
         final = o.norm if o.final_norm_bias is None else replace(o.norm, bias=o.final_norm_bias)
         self.LayerNorm = Norm(o.hidden_size, final) if pre else None
@@ -536,6 +557,8 @@ class Encoder(Module):
         if self.encoder.rel_embeddings is not None:
             table = self.encoder.rel_embeddings
             rel = rec.hold("param", table.where("weight"), table.weight.array)
+            if self.encoder.rel_norm is not None:
+                rel = self.encoder.rel_norm(rec, rel)
         order = self.config.layer_order or range(len(self.encoder.layer))
         for layer in (self.encoder.layer[i] for i in order):
             r = layer.options.rope

@@ -50,6 +50,7 @@ ISLANDS = {
     "xlm": (5e-6, "MultiHeadAttention's softmax(scores.float())"),
     "deberta": (1.5e-5, "DebertaLayerNorm's hidden_states.float(); scaled_size_sqrt's "
                         "sqrt(head_dim * scale_factor) in float32"),
+    "deberta_v2": (2e-6, "scaled_size_sqrt's sqrt(head_dim * scale_factor) in float32"),
     "flaubert": (7e-6, "MultiHeadAttention's softmax(scores.float())"),
     "ultrabert": (2.1e-5, ROPE + "; its RMSNorm's .to(torch.float32); eager attention's "
                                "softmax(dtype=torch.float32)"),

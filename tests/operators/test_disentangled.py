@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import OPERATORS
-from iron_spec.operators.disentangled import relative_rows
+from iron_spec.operators.disentangled import log_buckets, relative_rows
 
 OP = OPERATORS["disentangled_attention"]
 
@@ -85,3 +85,13 @@ def test_kernel_meets_reference(run_kernel):
 def test_shape_refuses_a_table_of_another_span():
     with pytest.raises(ValueError, match="2 \\* span"):
         OP.shape((5, 2, 4), (5, 2, 4), (5, 2, 4), None, None, (6, 2, 4), None, span=4)
+
+
+def test_log_buckets_hand():
+    # 8 buckets (mid 4) up to 16: |d| <= 4 stays; d = 5: 4 + ceil(log(1.25) / log(3.75) * 3)
+    # = 4 + ceil(0.506) = 5; d = 15: 4 + ceil(log(3.75) / log(3.75) * 3) = 7; d = 23: 8.
+    d = np.array([-23, -15, -5, -4, 0, 3, 4, 5, 15, 23])
+    np.testing.assert_array_equal(log_buckets(d, 8, 16), [-8, -7, -5, -4, 0, 3, 4, 5, 7, 8])
+    # span 8: row clamp(8 + bucket, 0, 15); distance 23 reads row 15, -23 row 0.
+    rows = relative_rows(24, 8, 8, 16)
+    assert rows[23, 0] == 15 and rows[0, 23] == 0 and rows[5, 5] == 8

@@ -1,6 +1,7 @@
-"""The DeBERTa toy against transformers' own DebertaModel (committed golden): disentangled
-attention's c2p and p2c terms, their clamped relative rows, their direction, scale and
-span; each turned off or wrong fails against the golden."""
+"""The DeBERTa and DeBERTa-v2 toys against transformers' own DebertaModel and
+DebertaV2Model (committed goldens): disentangled attention's c2p and p2c terms, their
+clamped relative rows, their direction, scale and span, v2's log buckets and normed table;
+each turned off or wrong fails against the golden."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from iron_spec.operators import disentangled
 from iron_spec.runtime.encoder import Encoder
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from tests.conftest import SPECS
+from tests.specs.test_encoder_goldens import _fails_edited
 
 
 def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
@@ -74,7 +76,7 @@ def test_deberta_with_another_scale_or_span_fails_against_the_golden(change):
 def test_deberta_with_relative_distances_reversed_fails_against_the_golden(monkeypatch):
     loaded, golden = _loaded()
     rows = disentangled.relative_rows
-    monkeypatch.setattr(disentangled, "relative_rows", lambda n, span: rows(n, span).T)
+    monkeypatch.setattr(disentangled, "relative_rows", lambda *a: rows(*a).T)
     assert max(_errors(loaded.model, golden)) > 1e-3
 
 
@@ -87,3 +89,31 @@ def test_deberta_drawn_weights_carry_debertas_own_names():
     assert shapes["encoder.layer.0.attention.self.pos_q_proj.bias"] == (32,)
     assert "encoder.layer.0.attention.self.pos_proj.bias" not in shapes
     assert "embeddings.position_embeddings.weight" not in shapes
+
+
+@pytest.mark.parametrize("old, new", [
+    ('      buckets: "position_buckets if position_buckets > 0 else 0"\n', "      buckets: 0\n"),
+    ("      max_position: max_relative\n", "      max_position: max_position_embeddings\n"),
+], ids=["no log buckets", "buckets up to 24"])
+def test_deberta_v2_with_other_buckets_fails_against_the_golden(tmp_path, old, new):
+    # The toy's DebertaV2Model: 8 log buckets up to distance 16 (max_relative_positions).
+    _fails_edited(tmp_path, "deberta_v2", old, new)
+
+
+def test_deberta_v2_without_its_table_norm_fails_against_the_golden():
+    loaded, golden = _loaded("deberta_v2")
+    d = loaded.model.config.layers[0].disentangled
+    assert (d.span, d.buckets, d.max_position, d.share_att_key, d.norm_rel) == (8, 8, 16, True,
+                                                                                True)
+    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(_errors(_rebuilt(loaded.model, norm_rel=False), golden)) > 1e-2
+
+
+def test_deberta_v2_drawn_weights_carry_deberta_v2s_own_names():
+    # share_att_key: no pos_key_proj or pos_query_proj; norm_rel_ebd: encoder.LayerNorm.
+    shapes = {n: t.shape for n, t in load_encoder(SPECS / "deberta_v2.yaml", random_weights=0,
+                                                  toy=True).checkpoint_tensors().items()}
+    assert shapes["encoder.rel_embeddings.weight"] == (16, 32)
+    assert shapes["encoder.LayerNorm.weight"] == (32,)
+    assert shapes["encoder.layer.0.attention.self.key_proj.bias"] == (32,)
+    assert not [n for n in shapes if "pos_" in n or "in_proj" in n or "q_bias" in n]
