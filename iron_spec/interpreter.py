@@ -267,7 +267,7 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
-        sub_norm=flag(*a, "sub_norm"),
+        sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     _heads_group(spec, r, attention, word(*a, "heads", default="num_attention_heads"),
@@ -294,7 +294,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"),
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
-                        parallel=parallel, shared_norm=_flag(spec, at, shared_norm))
+                        parallel=parallel, shared_norm=_flag(spec, at, shared_norm),
+                        residual_weights=flag("residual_weights"))
 
 
 def _qkv_shards(spec: Spec, a: AttentionOptions, shards_at: tuple, order_at: tuple) -> None:

@@ -29,14 +29,16 @@ KINDS: tuple[Row, ...] = (
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         **{k: ("kv_sharing",) + (("per_layer_input",) if k == "ple" else ())
-           + (("parallel", "shared_norm", "first_attention_norm") if k == "decoder" else ())
+           + (("parallel", "shared_norm", "first_attention_norm", "residual_weights")
+              if k == "decoder" else ())
            for k in CAUSAL_LAYERS},
         "encoder": ("first_attention_norm", "final_norm_bias", "sharing")}),
     Row(("layer", "attention"), ("layer", "kind"), {
         **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
-               "qkv_shards", "qkv_order", "latent", "differential", "sub_norm")
+               "qkv_shards", "qkv_order", "latent", "differential", "sub_norm",
+               "dynamic_mask")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias", "disentangled")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),

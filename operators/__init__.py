@@ -12,6 +12,7 @@ from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
 from .differential import DifferentialAttention
 from .disentangled import DisentangledAttention
+from .dynamic_mask import DynamicMask
 from .elementwise import Add, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .layernorm import LayerNorm
@@ -33,6 +34,7 @@ OPERATORS: dict[str, Operator] = {
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
         AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
+        DynamicMask(),
     )
 }
 
@@ -43,4 +45,5 @@ __all__ = [
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention",
+    "DynamicMask",
 ]

@@ -211,14 +211,24 @@ class Attention(Operator):
     column dropped after the softmax). Run by the numpy kernels only: the C pool's softmax has
     no sink term, so ``kernel`` does not call it and ``lower`` gives no native step for a
     step with sinks (the plan calls ``kernel``).
+
+    ``bias``: an optional fifth input ``(kv_heads, capacity, 1)``, a value per key position
+    (held as the keys are: rows ``p % ring`` with ``ring``) added to the scaled scores of
+    every query head reading that kv head, after any softcap and ALiBi: a mask computed
+    from the keys' own values, as DogeAttention's dynamic mask (``attn_weights +
+    attn_mask``, its ``dt_states`` per kv head and key). Run by the numpy kernels only, as
+    ``sinks``.
     """
 
     name = "attention"
 
-    def shape(self, q, keys, values, sinks=None, start=0, scale=None, window=None, softcap=None,
-              ring=None, alibi=None, alibi_bf16=None):
+    def shape(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
+              softcap=None, ring=None, alibi=None, alibi_bf16=None):
         if sinks is not None and tuple(sinks) != (q[1],):
             raise ValueError(f"attention: sinks {sinks} are not one per head ({q[1]},)")
+        if bias is not None and tuple(bias) != (keys[0], keys[1], 1):
+            raise ValueError(f"attention: bias {bias} is not one value per key of cache {keys} "
+                             f"({keys[0]}, {keys[1]}, 1)")
         if alibi is not None and len(alibi) != q[1]:
             raise ValueError(f"attention: {len(alibi)} alibi slopes for {q[1]} heads")
         if len(q) != 3 or len(keys) != 3 or len(values) != 3 or keys[:2] != values[:2] or \
@@ -240,7 +250,7 @@ class Attention(Operator):
             allowed &= kpos > qpos - window
         return allowed
 
-    def reference(self, q, keys, values, sinks=None, start=0, scale=None, window=None,
+    def reference(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
                   softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q.shape
         G = keys.shape[0]
@@ -259,6 +269,8 @@ class Attention(Operator):
             s = s + np.asarray(alibi, np.float64)[:, None, None] * d[None]
         elif alibi is not None:  # bfloat16's values, as they are: float32 holds them exactly
             s = s + as64(alibi_bias(alibi, np.arange(start, t), np.arange(lo, t), alibi_bf16))
+        if bias is not None:
+            s = s + np.repeat(as64(bias)[:, held, 0], H // G, axis=0)[:, None, :]
         s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
         m = s.max(-1, keepdims=True)
         if sinks is not None:  # the sink's logit is one more column of the softmax
@@ -270,7 +282,7 @@ class Attention(Operator):
         p /= total
         return np.einsum("hnt,htd->nhd", p, v).reshape(n, -1)
 
-    def kernel(self, out, q, keys, values, sinks=None, scratch=None, start=0, scale=None,
+    def kernel(self, out, q, keys, values, sinks=None, bias=None, scratch=None, start=0, scale=None,
                window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q.shape
         G = keys.shape[0]
@@ -278,7 +290,8 @@ class Attention(Operator):
         scale = np.float32(D ** -0.5 if scale is None else scale)
         Dv = values.shape[2]
         # The pool's: plain slopes, no sink term, values as wide as the keys.
-        lib = native.lib() if alibi_bf16 is None and sinks is None and Dv == D else None
+        lib = native.lib() if alibi_bf16 is None and sinks is None and bias is None \
+            and Dv == D else None
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -307,7 +320,7 @@ class Attention(Operator):
         kspan, vspan = (0, 0) if ring is None else (G * ring * D, G * ring * Dv)
         kbuf, vbuf = scratch[at: at + kspan], scratch[at + kspan: at + kspan + vspan]
         rest = scratch[at + kspan + vspan:]
-        cache = (keys, values, kbuf, vbuf, ring)
+        cache = (keys, values, kbuf, vbuf, ring, bias)
         if alibi is not None:
             alibi = (alibi, alibi_bf16)  # the slopes and the bfloat16 form's scale (_add_alibi)
         sg = None if sinks is None else sinks.reshape(G, 1, R)  # head g * R + r
@@ -327,7 +340,7 @@ class Attention(Operator):
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
         G, _, R, D = qg.shape
-        keys, values, kbuf, vbuf, ring = cache
+        keys, values, kbuf, vbuf, ring, bias = cache
         nb, hi = i1 - i0, start + i1
         lo = 0 if window is None else max(0, start + i0 - window + 1)
         w = hi - lo
@@ -339,6 +352,8 @@ class Attention(Operator):
         rows = s.reshape(G, nb, R, w)
         if alibi is not None:
             _add_alibi(rows, alibi, np.arange(start + i0, start + i1), np.arange(lo, hi))
+        if bias is not None:
+            rows += bias[:, rows_of(lo, w, ring), 0][:, None, None, :]
         # Only the columns some row of the block may not see: its own (causal) and, under a
         # window, those before its last row's window.
         allowed = self._mask(nb, start + i0, window, lo)
@@ -365,7 +380,7 @@ class Attention(Operator):
         Dv)`` (``qg`` itself where ``Dv == D``): it sees every key from its window's first on,
         so nothing is masked."""
         G, R, D = qg.shape
-        keys, values, kbuf, vbuf, ring = cache
+        keys, values, kbuf, vbuf, ring, bias = cache
         t = start + 1
         lo = 0 if window is None else max(0, t - window)
         w = t - lo
@@ -384,6 +399,8 @@ class Attention(Operator):
             _softcap(s, softcap)
         if alibi is not None:
             _add_alibi(s.reshape(G, 1, R, w), alibi, np.arange(start, t), np.arange(lo, t))
+        if bias is not None:
+            s += bias[:, rows_of(lo, w, ring), 0][:, None, :]
         m = scratch[G * R * w: G * R * (w + 1)].reshape(G, R, 1)
         if sinks is None:
             _softmax_numerators(s, m)
@@ -399,12 +416,13 @@ class Attention(Operator):
             np.matmul(s, values, out=og)
         og /= m
 
-    def lower(self, out, q, keys, values, sinks=None, scratch=None, scale=None, window=None,
-              softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def lower(self, out, q, keys, values, sinks=None, bias=None, scratch=None, scale=None,
+              window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
         # lib.attend_chunk's; FalconModel's bfloat16 form of the bias and sinks on numpy's only.
-        if alibi_bf16 is not None or sinks is not None or values.shape[2] != q.shape[2] or \
+        if alibi_bf16 is not None or sinks is not None or bias is not None or \
+                values.shape[2] != q.shape[2] or \
                 native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
             return None
@@ -416,7 +434,7 @@ class Attention(Operator):
                            (H, G, D, L, window or 0, ring or 0, n),
                            (float(scale), float(softcap or 0.0)), rows=6)
 
-    def scratch(self, q, keys, values, sinks=None, start=0, scale=None, window=None,
+    def scratch(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
                 softcap=None, ring=None, alibi=None, alibi_bf16=None):
         n, H, D = q
         G, L = keys[0], keys[1]
@@ -430,12 +448,12 @@ class Attention(Operator):
         # A chunk's call may run one row (its last): attend's own scratch then.
         return max(own, native.attend_chunk_scratch(D, L), native.attend_scratch(H, G, D, L))
 
-    def tolerance(self, q, keys, values, sinks=None, start=0, scale=None, window=None,
+    def tolerance(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
                   softcap=None, ring=None, alibi=None, alibi_bf16=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
-    def scale(self, reference, q, keys, values, sinks=None, start=0, scale=None, window=None,
-              softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def scale(self, reference, q, keys, values, sinks=None, bias=None, start=0, scale=None,
+              window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape

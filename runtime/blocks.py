@@ -102,7 +102,12 @@ class AttentionOptions:
     layer's attention is a ``LatentAttention``, DeepseekV2Attention's); None: none.
     ``differential``: differential attention (``DifferentialOptions``); None: none.
     ``sub_norm``: the attention's output normed by ``attn_sub_norm`` (the layer's norm, over
-    ``heads * head_dim``) before ``o_proj``, as BitNetAttention.
+    ``heads * head_dim``) before ``o_proj``, as BitNetAttention. ``dynamic_mask``: each key
+    position's scores gain ``exp(A * softplus(dt_proj(v)))`` per kv head (``A``
+    ``(kv_heads,)``, ``dt_proj`` ``(kv_heads, kv_heads * head_dim)`` over the position's
+    values, with ``bias``), held beside the cache as ``key_bias`` ``(kv_heads, capacity, 1)``:
+    DogeAttention's dynamic mask (its ``prepare_dynamic_mask`` below ``keep_window_size``
+    keys, where it keeps every key).
     """
 
     heads: int
@@ -132,6 +137,7 @@ class AttentionOptions:
     latent: "LatentOptions | None" = None  # noqa: F821 (runtime.latent's)
     differential: "DifferentialOptions | None" = None
     sub_norm: bool = False
+    dynamic_mask: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,7 +261,10 @@ class LayerOptions:
     n2 are one ``input_layernorm`` (GPT-J, Phi, Cohere), else n2 is
     ``post_attention_layernorm`` (GPT-NeoX's names). ``attention_norm`` false (a ``pre``
     decoder, not parallel): no ``input_layernorm``, the attention reads the layer's input as
-    it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0)."""
+    it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0).
+    ``residual_weights`` (not parallel): each residual add weighs the stream per channel,
+    ``w * x + block(x)``, by ``input_residual`` (the attention's) and
+    ``post_attention_residual`` (the MLP's), ``(hidden,)`` each (DogeDecoderLayer)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -267,6 +276,7 @@ class LayerOptions:
     parallel: bool = False
     shared_norm: bool = True
     attention_norm: bool = True
+    residual_weights: bool = False
 
 
 @dataclass(frozen=True)
@@ -472,11 +482,20 @@ class Attention(Module):
             self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
         if o.sub_norm:
             self.attn_sub_norm = Norm(H * D, norm)
+        if o.dynamic_mask:
+            if not own:
+                raise ValueError("a dynamic mask is computed from the layer's own values: not "
+                                 "with kv_from")
+            # Drawn around 1 (a gain), so a toy's mask varies by key.
+            self.A = Param(G, gain=True)
+            self.dt_proj = Linear(G * D, G, o.bias)
         self.options = o
         if own:
             # Positions along axis 1, grown as the sequence does (CausalLM.reserve).
             self.keys = State(G, max_seq_len, D, axis=1, initial=0)
             self.values = State(G, max_seq_len, D, axis=1, initial=0)
+        if o.dynamic_mask:
+            self.key_bias = State(G, max_seq_len, 1, axis=1, initial=0)
         else:
             self.shared: tuple[State, State] | None = None  # set by share()
 
@@ -529,6 +548,12 @@ class Attention(Module):
                        for name, h in zip("qkv", (q, k, v)))
         if o.kv_from is not None:
             return self._attend(rec, self._queries(rec, q, ropes), *self.shared)
+        if o.dynamic_mask:
+            A = rec.hold("param", self.where("A"), self.A.array)
+            mask = rec.step("dynamic_mask", self.dt_proj(rec, v), A, where=self.where("A"))
+            key_bias = rec.state(self.where("key_bias"), self.key_bias)
+            rec.step("kv_write", rec.view(mask, (n, G, 1)), key_bias,
+                     where=self.where("key_bias"), start=start, ring=self.key_bias.ring)
         if o.qk_norm == "all":
             k = self.k_norm(rec, k)
         k, v = rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
@@ -579,9 +604,12 @@ class Attention(Module):
         if o.differential is not None:
             a = self._differential(rec, q, keys, values, ring)
         else:
-            sinks = () if not o.sinks else (rec.hold("param", self.where("sinks"),
-                                                      self.sinks.array),)
-            a = rec.step("attention", q, keys, values, *sinks, where=self.path, start=start,
+            extra = [rec.hold("param", self.where("sinks"), self.sinks.array) if o.sinks
+                     else None]
+            if o.dynamic_mask:
+                extra.append(rec.state(self.where("key_bias"), self.key_bias))
+            a = rec.step("attention", q, keys, values, *(extra if extra != [None] else []),
+                         where=self.path, start=start,
                          scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
         if o.sub_norm:
             a = self.attn_sub_norm(rec, a)

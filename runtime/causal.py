@@ -181,6 +181,8 @@ class Decoder(Module):
         G, D = o.kv_heads, o.head_dim
         attn.keys = State(G, ring, D, axis=1, initial=0, ring=ring)
         attn.values = State(G, ring, D, axis=1, initial=0, ring=ring)
+        if o.dynamic_mask:
+            attn.key_bias = State(G, ring, 1, axis=1, initial=0, ring=ring)
 
     def per_layer_inputs(self, rec: Recorder, ids: Handle, x: Handle,
                          o: PerLayerInputOptions) -> list[Handle]:

@@ -78,6 +78,12 @@ class DecoderLayer(Module):
             self.post_per_layer_input_norm = Norm(E, n)
         if o.kind == "ple":
             self.layer_scalar = Param(1, gain=True)
+        if o.residual_weights:
+            if o.parallel or placement == "post_residual":
+                raise ValueError("residual weights weigh each block's residual add: not in a "
+                                 f"parallel layer nor placed {placement!r}")
+            self.input_residual = Param(E, gain=True)
+            self.post_attention_residual = Param(E, gain=True)
         self.placement = placement
         self.options = o
 
@@ -112,9 +118,16 @@ class DecoderLayer(Module):
         before_mlp = self.post_attention_layernorm if pre else self.pre_feedforward_layernorm
         after_mlp = self.post_feedforward_layernorm
         a = self.self_attn(rec, before_attn(rec, x) if before_attn else x, ropes)
-        x = self.residual(rec, x, after_attn(rec, a) if after_attn else a)
+        x = self.residual(rec, x, after_attn(rec, a) if after_attn else a, "input_residual")
         m = self.mlp(rec, before_mlp(rec, x) if before_mlp else x)
-        return self.residual(rec, x, after_mlp(rec, m) if after_mlp else m)
+        return self.residual(rec, x, after_mlp(rec, m) if after_mlp else m,
+                             "post_attention_residual")
 
-    def residual(self, rec: Recorder, x: Handle, y: Handle) -> Handle:
+    def residual(self, rec: Recorder, x: Handle, y: Handle, weight: str | None = None) -> Handle:
+        """``x + scale * y``; where the layer holds residual weights, ``x`` first times the
+        param ``weight`` names (``residual_weights``: ``input_residual * residual +
+        hidden_states``, DogeDecoderLayer's)."""
+        if weight is not None and self.options.residual_weights:
+            w = rec.hold("param", self.where(weight), getattr(self, weight).array)
+            x = rec.step("mul", x, w, where=self.where(weight))
         return rec.step("add", x, y, where=self.path, scale=self.options.residual_scale)

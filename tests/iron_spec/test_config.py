@@ -193,19 +193,25 @@ def test_a_whole_number_part_indexes_a_list():
     assert lookup(data, "a.b.x") is MISSING
 
 
-def test_bitnet_refuses_packed_weights_and_a_narrow_attention(tmp_path):
+
+@pytest.mark.parametrize("name,key,value,why", [
     # The Hub's BitNet b1.58 config.json names transformers' quantizer; its weights are
     # packed uint8, which this spec does not unpack.
-    bitnet = SPECS / "bitnet.yaml"
-    quantized = {"quant_method": "bitnet", "linear_class": "autobitlinear",
-                 "quantization_mode": "offline"}
-    for key, value, why in (("quantization_config", quantized, "packed low-bit weights"),
-                            ("head_dim", 8, "attn_sub_norm is hidden_size wide")):
-        (tmp_path / key).mkdir()
-        d = config_dir(tmp_path / key, bitnet, **{key: value})
-        with pytest.raises(SpecError, match=why):
-            load_model(bitnet, checkpoint=d, random_weights=0)
-    assert load_model(bitnet, checkpoint=config_dir(tmp_path, bitnet), random_weights=0).lm
+    ("bitnet", "quantization_config", {"quant_method": "bitnet", "linear_class":
+                                       "autobitlinear", "quantization_mode": "offline"},
+     "packed low-bit weights"),
+    ("bitnet", "head_dim", 8, "attn_sub_norm is hidden_size wide"),
+    ("doge", "is_moe", True, "DogeCDMoE"),
+    ("doge", "keep_window_size", 256, "top keep_window_size"),
+    ("doge", "sliding_window", 64, "sliding window beside the dynamic mask"),
+])
+def test_a_config_outside_what_the_spec_serves_is_refused(tmp_path, name, key, value, why):
+    spec = SPECS / f"{name}.yaml"
+    (tmp_path / "served").mkdir()
+    assert load_model(spec, checkpoint=config_dir(tmp_path / "served", spec), random_weights=0).lm
+    d = config_dir(tmp_path, spec, **{key: value})
+    with pytest.raises(SpecError, match=why):
+        load_model(spec, checkpoint=d, random_weights=0)
 
 
 def test_floor_division_by_one_truncates_as_int_does(tmp_path):

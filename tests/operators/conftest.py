@@ -14,10 +14,18 @@ import pytest
 from iron_spec.operators import native
 
 
+def _shapes(inputs) -> tuple:
+    # An absent optional input (None) has no shape, as in a plan (linear's bias).
+    return tuple(None if x is None else np.shape(x) for x in inputs)
+
+
 def _run_kernel(op, *inputs, packed=(), **attrs):
-    shapes = tuple(np.shape(x) for x in inputs)
+    shapes = _shapes(inputs)
     args = []
     for i, x in enumerate(inputs):
+        if x is None:
+            args.append(None)
+            continue
         x = np.asarray(x)
         if i in packed:
             args.append(op.pack(i, x, **attrs))
@@ -33,9 +41,10 @@ def _run_kernel(op, *inputs, packed=(), **attrs):
 
 def _check_kernel(op, *inputs, packed=(), **attrs):
     """Assert ``|kernel - reference| <= tol.bound(scale)``; return both outputs."""
-    shapes = tuple(np.shape(x) for x in inputs)
+    shapes = _shapes(inputs)
     got = _run_kernel(op, *inputs, packed=packed, **attrs)
-    ref_inputs = [np.array(x) for x in inputs]  # the reference may write a cache in place
+    # The reference may write a cache in place.
+    ref_inputs = [None if x is None else np.array(x) for x in inputs]
     ref = op.reference(*ref_inputs, **attrs)
     assert got.dtype == np.float32
     assert got.shape == ref.shape == op.shape(*shapes, **attrs)

@@ -509,3 +509,73 @@ def test_values_of_their_own_width(check_kernel, randn, n, H, G, D, Dv, start, L
     out = np.empty((n, H * Dv), np.float32)
     scratch = np.empty(OP.scratch(q.shape, keys.shape, values.shape), np.float32)
     assert OP.lower(out, q, keys, values, scratch=scratch) is None  # numpy's
+
+
+# --- a bias per key (a dynamic mask) ----------------------------------------------------
+
+def test_key_bias_by_hand(run_kernel):
+    # Equal scores, a bias of ln 3 on the second key: weights 1/4 and 3/4 over values 0 and
+    # 4 give 3 (kv head 0; one query head).
+    q = np.array([[[0.0, 0.0, 0.0, 0.0]]])
+    keys = _cache([[1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
+    values = _cache([[0.0, 0.0, 0.0, 0.0], [4.0, 4.0, 0.0, 0.0]])
+    bias = np.array([[[0.0], [math.log(3.0)]]])
+    expected = [[3.0, 3.0, 0.0, 0.0]]
+    np.testing.assert_allclose(OP.reference(q, keys, values, None, bias, start=1), expected,
+                               rtol=1e-12)
+    np.testing.assert_allclose(run_kernel(OP, q, keys, values, None, bias, start=1), expected,
+                               rtol=1e-6, atol=1e-6)
+
+
+def _biased(q, keys, values, bias, start, window):
+    """DogeAttention's eager form in numpy: scores * scaling + the mask (each kv head's bias
+    repeated to its query heads), the causal and window mask, softmax."""
+    n, H, D = q.shape
+    G = keys.shape[0]
+    k = np.repeat(keys.astype(np.float64), H // G, axis=0)
+    v = np.repeat(values.astype(np.float64), H // G, axis=0)
+    b = np.repeat(bias[..., 0].astype(np.float64), H // G, axis=0)
+    s = np.einsum("nhd,htd->hnt", q.astype(np.float64), k) * D ** -0.5 + b[:, None, :]
+    qpos, kpos = np.arange(start, start + n)[:, None], np.arange(k.shape[1])[None, :]
+    allowed = (kpos <= qpos) & ((kpos > qpos - window) if window else True)
+    s = np.where(allowed[None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hnt,htd->nhd", p, v).reshape(n, H * D)
+
+
+@pytest.mark.parametrize("n,H,G,D,start,L,window", [
+    (1, 4, 2, 16, 9, 16, None),   # decode
+    (7, 4, 2, 16, 0, 16, None),   # a prompt
+    (70, 2, 1, 8, 3, 80, 5),      # more rows than a BLOCK, window
+])
+def test_key_bias_is_dogess_added_mask(check_kernel, randn, n, H, G, D, start, L, window):
+    q = randn(n, H, D, scale=2.0)
+    keys, values = randn(G, L, D, scale=2.0), randn(G, L, D)
+    bias = np.exp(randn(G, L, 1))
+    got, ref = check_kernel(OP, q, keys, values, None, bias, start=start, window=window)
+    np.testing.assert_allclose(ref, _biased(q, keys, values, bias, start, window), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_key_bias_in_a_ring_reads_its_rows(check_kernel, randn):
+    # A ring of 8 rows (positions p at row p % 8) against the same positions laid out in order.
+    G, H, D, n, start, window, ring = 2, 4, 8, 3, 11, 5, 8
+    q = randn(n, H, D)
+    keys, values, bias = randn(G, 14, D), randn(G, 14, D), randn(G, 14, 1)
+    rk, rv, rb = (np.zeros((G, ring, x.shape[2]), np.float32) for x in (keys, values, bias))
+    for p in range(14 - ring, 14):
+        rk[:, p % ring], rv[:, p % ring], rb[:, p % ring] = keys[:, p], values[:, p], bias[:, p]
+    got, ref = check_kernel(OP, q, rk, rv, None, rb, start=start, window=window, ring=ring)
+    np.testing.assert_allclose(ref, OP.reference(q, keys, values, None, bias, start=start,
+                                                 window=window), rtol=1e-12, atol=1e-12)
+
+
+def test_a_step_with_a_key_bias_stays_on_numpy(randn):
+    q, keys, values = randn(1, 2, 8), randn(2, 4, 8), randn(2, 4, 8)
+    out = np.empty((1, 16), np.float32)
+    scratch = np.empty(OP.scratch(q.shape, keys.shape, values.shape, None, (2, 4, 1)),
+                       np.float32)
+    assert OP.lower(out, q, keys, values, None, randn(2, 4, 1), scratch=scratch) is None
+    with pytest.raises(ValueError, match="is not one value per key"):
+        OP.shape((1, 2, 8), (2, 4, 8), (2, 4, 8), None, (2, 3, 1))

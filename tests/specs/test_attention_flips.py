@@ -108,16 +108,22 @@ def test_latent_rows_read_as_stored_miss_the_golden(projection):
     assert kl_stats(teacher_forced(golden, Session(flipped.lm).logits))["mean"] > 1e-4
 
 
-@pytest.mark.parametrize("old,new,param", [
-    ("rope: default, sub_norm: true}", "rope: default}", ".attn_sub_norm.weight"),
-    ("act: hidden_act, sub_norm: true}", "act: hidden_act}", ".ffn_sub_norm.weight"),
-], ids=["attn-sub-norm", "ffn-sub-norm"])
-def test_a_block_without_its_sub_norm_misses_the_golden(tmp_path, old, new, param):
-    # BitNet's toy, one of its two sub-norms dropped (its weights left unread).
-    text = (SPECS / "bitnet.yaml").read_text()
+
+@pytest.mark.parametrize("name,old,new,param", [
+    # BitNet's toy, one of its two sub-norms dropped.
+    ("bitnet", "rope: default, sub_norm: true}", "rope: default}", ".attn_sub_norm.weight"),
+    ("bitnet", "act: hidden_act, sub_norm: true}", "act: hidden_act}", ".ffn_sub_norm.weight"),
+    # Doge's toy without its dynamic mask (A, dt_proj) or its residual weights.
+    ("doge", "qk_norm: head,\n              dynamic_mask: true}", "qk_norm: head}", ".A"),
+    ("doge", "  residual_weights: true\n", "", ".input_residual"),
+], ids=["bitnet-attn-sub-norm", "bitnet-ffn-sub-norm", "doge-no-dynamic-mask",
+        "doge-no-residual-weights"])
+def test_a_behaviour_dropped_misses_the_golden(tmp_path, name, old, new, param):
+    # The dropped behaviour's weights (one per layer of the two-layer toys) left unread.
+    text = (SPECS / f"{name}.yaml").read_text()
     assert old in text
-    path = tmp_path / "bitnet.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(text.replace(old, new, 1))
-    right, flipped = _judged_on_the_right_weights("bitnet", path, param, 2)
+    right, flipped = _judged_on_the_right_weights(name, path, param, 2)
     assert right < 1e-6
     assert flipped > 1e-3, flipped
