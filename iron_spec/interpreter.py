@@ -284,7 +284,13 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     mlp = MLPOptions(intermediate_size=whole("mlp", "intermediate_size", default="intermediate_size"),
                      kind=word("mlp", "kind", default="gated")[0], act=act,
                      bias=flag("mlp", "bias"), fused=flag("mlp", "fused"),
-                     sub_norm=norm if flag("mlp", "sub_norm") else None)
+                     sub_norm=norm if flag("mlp", "sub_norm") else None,
+                     activation_sparsity=_sparsity(
+                         spec, *opt("mlp", "activation_sparsity", default=0.0)))
+    if mlp.activation_sparsity and (mlp.kind != "gated" or mlp.fused):
+        raise spec.error(opt("mlp", "activation_sparsity")[1], "activation_sparsity cuts a "
+                         f"gated MLP's own gate_proj, not a {'fused ' if mlp.fused else ''}"
+                         f"{mlp.kind} MLP's")
     parallel = flag("parallel")
     placement = word("placement", default="pre")[0]
     if parallel and (spec.get("layer", "kind") != "decoder" or placement != "pre"):
@@ -391,6 +397,17 @@ def _window(spec: Spec, value: Any, at: tuple) -> int | None:
         raise spec.error(at, f"{'.'.join(map(str, at))} is {value}, not a whole number within "
                              f"1..{MAX_INT} (null: full attention)")
     return value
+
+
+def _sparsity(spec: Spec, value: Any, at: tuple) -> float:
+    """``layer/mlp/activation_sparsity``: a share within [0, 1) (0 or null: no cut)."""
+    share = _number(spec, at, value)
+    if share is None:
+        return 0.0
+    if not 0.0 <= share < 1.0:
+        raise spec.error(at, f"activation_sparsity is {share}, not a share within [0, 1) "
+                             "(0: no cut; 0.95 cuts 95% of a normal row)")
+    return share
 
 
 def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:

@@ -24,6 +24,7 @@ from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .self_attention import SelfAttention
 from .softcap import Softcap
+from .sparsity import GaussianTopK, std_multiplier
 from .token_dropout import TokenDropoutRescale
 
 OPERATORS: dict[str, Operator] = {
@@ -35,6 +36,7 @@ OPERATORS: dict[str, Operator] = {
         AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
         DynamicMask(),
+        GaussianTopK(),
     )
 }
 
@@ -46,4 +48,5 @@ __all__ = [
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention",
     "DynamicMask",
+    "GaussianTopK", "std_multiplier",
 ]

@@ -14,6 +14,7 @@ import numpy as np
 from iron_spec.operators import rope_switch as rope_switch_of
 from iron_spec.operators import rope_table as rope_table_of
 from iron_spec.operators import sinusoidal_table
+from iron_spec.operators import std_multiplier
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .graph import Handle, Recorder
@@ -233,7 +234,10 @@ class MLPOptions:
     (``down(act(up(x)))``); ``act``: an ``ACT2FN`` name (one holding parameters holds them
     in ``act_fn``, ``ActivationParams``); ``bias`` on every projection; ``fused``: one
     ``gate_up_proj`` holds gate then up (Phi3MLP); ``sub_norm``: the norm ``ffn_sub_norm``
-    over ``intermediate_size`` of what ``down_proj`` reads (BitNetMLP's; None: none)."""
+    over ``intermediate_size`` of what ``down_proj`` reads (BitNetMLP's; None: none).
+    ``activation_sparsity`` (gated, not fused; 0: none): the gate projection's rows cut by
+    the gaussian top-k at that sparsity before the activation (``operators.sparsity``), as
+    Gemma3nTextMLP where its entry of ``activation_sparsity_pattern`` is above 0."""
 
     intermediate_size: int
     kind: str = "gated"
@@ -241,6 +245,7 @@ class MLPOptions:
     bias: bool = False
     fused: bool = False
     sub_norm: NormOptions | None = None
+    activation_sparsity: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -648,11 +653,22 @@ class ActivationParams(Module):
 
 class MLP(Module):
     """The feed-forward block: ``down_proj(act(gate_proj(x)) * up_proj(x))`` (gated, gate
-    and up fused in ``gate_up_proj`` where ``fused``) or ``down_proj(act(up_proj(x)))``."""
+    and up fused in ``gate_up_proj`` where ``fused``) or ``down_proj(act(up_proj(x)))``;
+    with ``activation_sparsity``, ``gate_proj(x)`` cut by the gaussian top-k first.
+
+    Raises:
+        ValueError: an unknown kind, or activation sparsity outside [0, 1) or on an MLP
+            other than gated and unfused.
+    """
 
     def __init__(self, hidden_size: int, o: MLPOptions):
         if o.kind not in MLP_KINDS:
             raise ValueError(f"mlp kind {o.kind!r} is not one of {', '.join(MLP_KINDS)}")
+        if o.activation_sparsity:
+            if o.kind != "gated" or o.fused:
+                raise ValueError("activation sparsity cuts a gated MLP's own gate_proj, not a "
+                                 f"{'fused ' if o.fused else ''}{o.kind} MLP's")
+            self.std_multiplier = std_multiplier(o.activation_sparsity)
         M = o.intermediate_size
         if o.kind == "gated" and o.fused:
             self.gate_up_proj = Linear(hidden_size, 2 * M, o.bias)
@@ -681,8 +697,12 @@ class MLP(Module):
             h = rec.step("gated_activation", self.gate_up_proj(rec, x), None, *params,
                          where=self.path, act=o.act)
         else:
-            h = rec.step("gated_activation", self.gate_proj(rec, x), self.up_proj(rec, x),
-                         *params, where=self.path, act=o.act)
+            gate = self.gate_proj(rec, x)
+            if o.activation_sparsity:
+                gate = rec.step("gaussian_topk", gate, where=self.path,
+                                std_multiplier=self.std_multiplier)
+            h = rec.step("gated_activation", gate, self.up_proj(rec, x), *params,
+                         where=self.path, act=o.act)
         if o.sub_norm is not None:
             h = self.ffn_sub_norm(rec, h)
         return self.down_proj(rec, h)

@@ -102,6 +102,7 @@ def test_fused_equals_unfused_on_the_same_weights():
     {"kind": "ple", "per_layer_input": PLE, "attn_qk_norm": "head", "attn_v_norm": True,
      "attn_window": 3, "shared": True},
     {"kind": "ple", "attn_values_from_keys": True, "attn_scale": 1.0, "shared": True},
+    {"mlp_activation_sparsity": 0.9, "mlp_act": "gelu_pytorch_tanh"},
 ])
 def test_compiled_equals_reference_and_passes_per_step_check(options):
     lm = model(**options)
@@ -380,3 +381,52 @@ def test_a_decode_step_runs_as_one_native_call(options):
     plan = lm.decode_step.plan
     assert plan.native_steps == len(plan.runs)
     assert plan._order == [(0, len(plan.runs))]
+
+
+def _one_token_sparse_mlp_by_transformers(w: dict, token: int, sparsity: float) -> np.ndarray:
+    """One pre-norm layer on one token, its MLP transformers' Gemma3nTextMLP (gelu tanh,
+    the gaussian top-k at ``sparsity``) in float64 on the same weights: attention over a
+    single position is its values, attn = o(v(n1(x))) per kv group."""
+    torch = pytest.importorskip("torch")
+    modeling = pytest.importorskip("transformers.models.gemma3n.modeling_gemma3n")
+    from transformers import Gemma3nTextConfig
+
+    def rms(x, name):
+        return x / np.sqrt(np.mean(x * x) + 1e-6) * w[name + ".weight"]
+
+    L = "model.layers.0."
+    config = Gemma3nTextConfig(hidden_size=E, intermediate_size=48, num_hidden_layers=1,
+                               hidden_activation="gelu_pytorch_tanh",
+                               activation_sparsity_pattern=[sparsity], vocab_size=V,
+                               vocab_size_per_layer_input=V, hidden_size_per_layer_input=2,
+                               laurel_rank=2, num_kv_shared_layers=0)
+    mlp = modeling.Gemma3nTextMLP(config, layer_idx=0).double()
+    mlp.load_state_dict({n + ".weight": torch.tensor(w[L + "mlp." + n + ".weight"]) for n in
+                         ("gate_proj", "up_proj", "down_proj")})
+    x = w["model.embed_tokens.weight"][token]
+    v = (w[L + "self_attn.v_proj.weight"] @ rms(x, L + "input_layernorm")).reshape(2, 8)
+    x = x + w[L + "self_attn.o_proj.weight"] @ np.repeat(v, 2, axis=0).reshape(-1)
+    with torch.no_grad():
+        x = x + mlp(torch.tensor(rms(x, L + "post_attention_layernorm"))).numpy()
+    return w["lm_head.weight"] @ rms(x, "model.norm")
+
+
+def test_activation_sparsity_matches_transformers_mlp_and_is_seen():
+    attention = AttentionOptions(heads=4, kv_heads=2, head_dim=8, rope=None)
+    mlp = MLPOptions(48, act="gelu_pytorch_tanh", activation_sparsity=0.95)
+    lo = LayerOptions(attention, mlp, NormOptions(eps=1e-6))
+    lm = CausalLM(CausalOptions(V, E, (lo,), lo.norm, {}, max_seq_len=8, prefill_chunk=4))
+    fill(lm, draw_weights(lm, 3))
+    w = {n: p.array.astype(np.float64) for n, p in lm.named_params()}
+    want = _one_token_sparse_mlp_by_transformers(w, 9, 0.95)
+    np.testing.assert_allclose(Session(lm).logits([9]), want, atol=2e-5, rtol=0)
+    dense = CausalLM(dataclasses.replace(lm.config, layers=(
+        dataclasses.replace(lo, mlp=dataclasses.replace(mlp, activation_sparsity=0.0)),)))
+    fill(dense, {n: p.array for n, p in lm.named_params()})
+    assert not np.allclose(Session(dense).logits([9]), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("mlp", [{"mlp_kind": "plain"}, {"mlp_fused": True}])
+def test_activation_sparsity_only_on_a_gated_unfused_mlp(mlp):
+    with pytest.raises(ValueError, match="activation sparsity cuts a gated MLP's own gate_proj"):
+        model(mlp_activation_sparsity=0.9, **mlp)
