@@ -234,12 +234,17 @@ class Golden:
         if not 1 <= steps <= self.steps:
             raise ValueError(f"{steps} steps of a golden of {self.steps}")
         rows = slice(0, steps)
+        meta = {**self.meta, "steps": steps}
+        f64 = self.meta.get("float64") or {}
+        if steps < self.steps and isinstance(f64.get("floor"), dict) and "max" in f64["floor"]:
+            # A floor measured over every step: a part's KL mean may exceed the whole's,
+            # never its max, so the cut golden's floor mean is the whole's max.
+            meta["float64"] = {**f64, "floor": {**f64["floor"], "mean": f64["floor"]["max"]}}
         return dataclasses.replace(
             self, tokens=self.tokens[: self.prompt_len + steps - 1], top_ids=self.top_ids[rows],
             top_logprobs=self.top_logprobs[rows], tail=self.tail[rows],
             top_logprobs64=None if self.top_logprobs64 is None else self.top_logprobs64[rows],
-            tail64=None if self.tail64 is None else self.tail64[rows],
-            meta={**self.meta, "steps": steps})
+            tail64=None if self.tail64 is None else self.tail64[rows], meta=meta)
 
     def history(self, step: int) -> np.ndarray:
         return self.tokens[: self.prompt_len + step]

@@ -22,9 +22,8 @@ from pathlib import Path
 from iron_spec.check import encoder_float64_gate, float64_gate
 from iron_spec.loader import load_spec
 from iron_spec.runtime import checks
-from iron_spec.runtime.checkpoint import Checkpoint
 from iron_spec.runtime.encoder_golden import EncoderGolden
-from iron_spec.runtime.golden import Golden, add_arrays, fingerprint
+from iron_spec.runtime.golden import Golden, add_arrays
 from tests.goldens.add_float64 import CHECKPOINTS, HERE, ROOT, _arrays, same_but_added
 from tests.specs.divergences import cases
 

@@ -71,15 +71,26 @@ def test_an_epsilon_halved_passes_the_shared_gate_and_fails_the_goldens_floor(tm
 def test_the_goldens_floor_tightens_the_gate_and_never_loosens_it():
     meta = {"float64": {"floor": {"mean": 4e-15, "max": 1e-12}}}
     golden = SimpleNamespace(meta=meta, steps=40)
-    assert float64_gate(golden) == pytest.approx({"mean": 1.2e-13, "max": 3e-11})
+    assert float64_gate(golden) == pytest.approx({"mean": 1.2e-13, "max": 3e-11}, rel=1e-9, abs=0)
     # Over fewer steps a part's mean may exceed the whole's: bounded by the floor's max
     # (30 x 1e-12 = 3e-11, above the shared 1e-11, which stands).
-    assert float64_gate(golden, 10) == pytest.approx({"mean": 1e-11, "max": 3e-11})
+    assert float64_gate(golden, 10) == pytest.approx({"mean": 1e-11, "max": 3e-11}, rel=1e-9, abs=0)
     loose = SimpleNamespace(meta={"float64": {"floor": {"mean": 1e-10, "max": 1e-8}}}, steps=40)
     assert float64_gate(loose) == FLOAT64_KL  # a floor above the shared gate loosens nothing
     tiny = SimpleNamespace(meta={"float64": {"floor": {"mean": 1e-20, "max": 1e-19}}}, steps=40)
     assert float64_gate(tiny) == {"mean": 1e-16, "max": 1e-15}  # never below FLOOR_LEAST
     assert float64_gate(SimpleNamespace(meta={}, steps=40)) == FLOAT64_KL
+
+
+def test_check_steps_judge_a_cut_golden_by_its_floors_max():
+    # check --steps N judges golden.first(N): the first N steps' KL mean may exceed the
+    # mean over all 40 the floor was measured over, never their max.
+    golden = Golden.read(SPECS.parent / "tests" / "goldens" / "llama3" / "toy-seed0.npz")
+    floor = golden.meta["float64"]["floor"]
+    assert floor["max"] > floor["mean"]
+    assert float64_gate(golden.first(10))["mean"] == pytest.approx(
+        min(FLOAT64_KL["mean"], 30 * floor["max"]), rel=1e-9, abs=0)
+    assert float64_gate(golden.first(40)) == float64_gate(golden)
 
 
 def test_check_exits_1_on_the_float64_gate_alone(tmp_path):
