@@ -16,8 +16,8 @@ import numpy as np
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.operators.attention import alibi_slopes
 from iron_spec.operators.rope import ntk_alpha_theta, rope_inv_freq
-from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AttentionOptions,
-                                      DifferentialOptions,
+from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AltUpOptions,
+                                      AttentionOptions, DifferentialOptions,
                                       LayerOptions, MLPOptions, NormOptions,
                                       PerLayerInputOptions, RopeOptions, Sinusoidal)
 from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions
@@ -301,7 +301,9 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
                         parallel=parallel, shared_norm=_flag(spec, at, shared_norm),
-                        residual_weights=flag("residual_weights"))
+                        residual_weights=flag("residual_weights"),
+                        laurel_rank=_laurel_rank(spec, *opt("laurel", "rank", default=0)),
+                        altup=_altup(spec, r))
 
 
 def _qkv_shards(spec: Spec, a: AttentionOptions, shards_at: tuple, order_at: tuple) -> None:
@@ -397,6 +399,33 @@ def _window(spec: Spec, value: Any, at: tuple) -> int | None:
         raise spec.error(at, f"{'.'.join(map(str, at))} is {value}, not a whole number within "
                              f"1..{MAX_INT} (null: full attention)")
     return value
+
+
+def _laurel_rank(spec: Spec, value: Any, at: tuple) -> int:
+    """``layer/laurel/rank``: a whole number, 0 (or null) for no branch."""
+    rank = _whole(spec, at, value) or 0
+    if rank < 0:
+        raise spec.error(at, f"laurel rank {rank} is not a whole number of 0 or more "
+                             "(0: no branch)")
+    return rank
+
+
+def _altup(spec: Spec, r: Resolved) -> AltUpOptions | None:
+    """``layer/altup`` evaluated: ``inputs`` streams (1 or more), the ``active`` one among
+    them, ``correct_scale``; None without it."""
+    p = ("layer", "altup")
+    if spec.get(*p) is None:
+        return None
+    inputs = _whole(spec, p + ("inputs",), _option(spec, r, p + ("inputs",), "altup_num_inputs"))
+    if inputs is None or inputs < 1:
+        raise spec.error(p + ("inputs",), f"altup inputs is {inputs}, not a whole number of "
+                                          "streams of 1 or more")
+    active = _whole(spec, p + ("active",), _option(spec, r, p + ("active",), 0))
+    if active is None or not 0 <= active < inputs:
+        raise spec.error(p + ("active",), f"altup active stream {active} is not one of the "
+                                          f"{inputs} streams 0..{inputs - 1}")
+    return AltUpOptions(inputs=inputs, active=active,
+                        correct_scale=_flag_option(spec, r, p + ("correct_scale",), True))
 
 
 def _sparsity(spec: Spec, value: Any, at: tuple) -> float:
@@ -580,7 +609,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         sinusoidal=_sinusoidal(spec, r, positions, v["hidden_size"]),
         final_norm=_flag_option(spec, r, ("head", "norm"), True),
         head_rows=_head_rows(spec, r, v["vocab_size"]),
-        head_transform=_head_transform(spec, r),
+        head_transform=_head_transform(spec, r), altup=layers[0].altup,
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec, r))
 

@@ -28,7 +28,8 @@ KINDS: tuple[Row, ...] = (
                                                   "project", "languages")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
-        **{k: ("kv_sharing",) + (("per_layer_input",) if k == "ple" else ())
+        **{k: ("kv_sharing", "laurel", "altup")
+           + (("per_layer_input",) if k in ("sandwich", "ple") else ())
            + (("parallel", "shared_norm", "first_attention_norm", "residual_weights")
               if k == "decoder" else ())
            for k in CAUSAL_LAYERS},

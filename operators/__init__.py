@@ -8,6 +8,7 @@ know nothing of models: no layer, no checkpoint, no spec.
 
 from . import blas_env  # noqa: F401  (first: before numpy loads OpenBLAS)
 from .activation import GatedActivation, Activation
+from .altup import AddToStreams, AltUpCorrect, AltUpPredict, MatchRMS, StackStreams
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
 from .differential import DifferentialAttention
@@ -37,6 +38,7 @@ OPERATORS: dict[str, Operator] = {
         DisentangledAttention(),
         DynamicMask(),
         GaussianTopK(),
+        StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
 }
 
@@ -49,4 +51,5 @@ __all__ = [
     "DisentangledAttention",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
+    "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",
 ]

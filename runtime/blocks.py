@@ -269,7 +269,12 @@ class LayerOptions:
     it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0).
     ``residual_weights`` (not parallel): each residual add weighs the stream per channel,
     ``w * x + block(x)``, by ``input_residual`` (the attention's) and
-    ``post_attention_residual`` (the MLP's), ``(hidden,)`` each (DogeDecoderLayer)."""
+    ``post_attention_residual`` (the MLP's), ``(hidden,)`` each (DogeDecoderLayer).
+    ``laurel_rank`` (above 0; not parallel, with an attention norm): a low-rank branch on
+    the attention norm's output ``h``, ``h + post_laurel_norm(linear_right(linear_left(h)))``,
+    added to the attention's residual sum and the whole times ``2 ** -0.5``
+    (``runtime.altup.Laurel``, Gemma3nTextLaurelBlock). ``altup``: the layer runs on one of
+    several residual streams (``AltUpOptions``; None: one stream)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -282,6 +287,22 @@ class LayerOptions:
     shared_norm: bool = True
     attention_norm: bool = True
     residual_weights: bool = False
+    laurel_rank: int = 0
+    altup: "AltUpOptions | None" = None
+
+
+@dataclass(frozen=True)
+class AltUpOptions:
+    """Alternating updates: ``inputs`` residual streams, the layer running on stream
+    ``active`` and the others predicted before it and corrected after it by per-token
+    coefficients from a router (``runtime.altup.AltUp``), as transformers' Gemma3nTextAltUp
+    (``altup_num_inputs``, ``altup_active_idx``); ``correct_scale``: the corrected active
+    stream times ``correct_output_scale`` before it feeds the per-layer input
+    (``altup_correct_scale``)."""
+
+    inputs: int
+    active: int = 0
+    correct_scale: bool = True
 
 
 @dataclass(frozen=True)

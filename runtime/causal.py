@@ -16,8 +16,10 @@ import numpy as np
 from iron_spec.operators import OPERATORS, PerCall
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
-from .blocks import (QUERIES, ActivationParams, Embedding, LayerOptions, Linear, Norm, NormOptions,
-                     PerLayerInputOptions, RopeOptions, Sinusoidal, rope_switch, rope_table)
+from .altup import merge, spread
+from .blocks import (QUERIES, ActivationParams, AltUpOptions, Embedding, LayerOptions, Linear,
+                     Norm, NormOptions, PerLayerInputOptions, RopeOptions, Sinusoidal,
+                     rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
 from .module import Module, State
@@ -49,7 +51,9 @@ class CausalOptions:
     logits' width, where fewer than ``vocab_size`` (the embedding's; Apertus1p5's pruned
     ``output_vocab_size``: ids from ``head_rows`` on are read, never drawn; None: all).
     ``head_transform``: a dense layer, an activation and a norm between the final norm and
-    ``lm_head`` (``HeadTransformOptions``; None: none). ``max_seq_len``: positions the KV caches
+    ``lm_head`` (``HeadTransformOptions``; None: none). ``altup``: the layers run on
+    several residual streams (layers with ``altup``; None: one), spread from the embeddings
+    before the first and merged after the last (``runtime.altup``). ``max_seq_len``: positions the KV caches
     hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
@@ -71,6 +75,7 @@ class CausalOptions:
     final_norm: bool = True
     head_rows: int | None = None
     head_transform: "HeadTransformOptions | None" = None
+    altup: AltUpOptions | None = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -122,7 +127,8 @@ class Decoder(Module):
     an embedding
     norm also ``embed_norm``; with per-layer
     inputs also ``embed_tokens_per_layer``, ``per_layer_model_projection`` and
-    ``per_layer_projection_norm`` (transformers' Gemma4TextModel).
+    ``per_layer_projection_norm`` (transformers' Gemma4TextModel); with AltUp streams also
+    ``altup_projections`` and ``altup_unembed_projections`` (Gemma3nTextModel).
 
     Raises:
         ValueError: a layer's ``kv_from`` is not an earlier layer holding a cache of its
@@ -164,6 +170,10 @@ class Decoder(Module):
             self.embed_tokens_per_layer = Embedding(p.vocab_size, width, p.embedding_scale)
             self.per_layer_model_projection = Linear(E, width)
             self.per_layer_projection_norm = Norm(p.size, o.norm)
+        if o.altup is not None:
+            K = o.altup.inputs
+            self.altup_projections = [Linear(E, E) for _ in range(1, K)]
+            self.altup_unembed_projections = [Linear(E, E) for _ in range(1, K)]
 
     @staticmethod
     def _hold_window(attn, readers, chunk: int, max_seq_len: int) -> None:
@@ -350,8 +360,12 @@ class CausalLM(Module):
         per_layer = [None] * len(self.model.layers)
         if o.per_layer_input is not None:
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
+        if o.altup is not None:
+            x = spread(rec, self.model, x)
         for layer, extra in zip(self.model.layers, per_layer):
             x = layer(rec, x, ropes, extra)
+        if o.altup is not None:
+            x = merge(rec, self.model, x)
         if c.prompt:
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
         if self.model.norm is not None:

@@ -6,6 +6,7 @@ Not for: the blocks themselves (``blocks``) or the model around the layers (``ca
 
 from __future__ import annotations
 
+from .altup import AltUp, Laurel, stream
 from .blocks import MLP, Attention, LayerOptions, Linear, Norm
 from .graph import Handle, Recorder
 from .latent import LatentAttention
@@ -27,10 +28,18 @@ class DecoderLayer(Module):
     then ``post_feedforward_layernorm(n + mlp(n))``, as OpenAIGPT's ``Block`` (``ln_1``,
     ``ln_2``) and BertLayer.
 
-    Kind ``ple`` is ``sandwich`` followed by the per-layer input gated in
-    (``per_layer_input_gate``, ``per_layer_projection``, ``post_per_layer_input_norm``, where
-    ``o.per_layer_input`` is set) and the output times ``layer_scalar`` ``(1,)``, as
-    Gemma4TextDecoderLayer.
+    A per-layer input (``o.per_layer_input``, kinds ``sandwich`` and ``ple``) is gated in
+    after the MLP: ``x + post_per_layer_input_norm(per_layer_projection(act(
+    per_layer_input_gate(x)) * input))``. Kind ``ple`` is ``sandwich`` with the per-layer
+    input and then the output times ``layer_scalar`` ``(1,)``, as Gemma4TextDecoderLayer.
+
+    ``laurel`` (``o.laurel_rank``, ``runtime.altup.Laurel``): after the attention's residual
+    add, ``(x + laurel(h)) * 2 ** -0.5``, ``h`` the attention norm's output, as
+    Gemma3nTextDecoderLayer's ``attn_laurel``. ``altup`` (``o.altup``): the layer takes and
+    returns the streams ``(n, K, E)``: ``altup.predict`` them, run the blocks on the active
+    prediction, ``altup.correct`` the predictions by their output; the per-layer input is
+    then gated from the corrected active stream (times ``correct_output_scale``) and added to
+    streams 1 onward, as Gemma3nTextDecoderLayer.forward.
 
     ``parallel`` (kind ``decoder``, placement ``pre``): ``x + (attn(input_layernorm(x)) +
     mlp(n(x)))``, ``n`` the same ``input_layernorm`` where ``shared_norm`` (PhiDecoderLayer,
@@ -50,8 +59,9 @@ class DecoderLayer(Module):
     def __init__(self, hidden_size: int, o: LayerOptions, max_seq_len: int):
         if o.kind not in KINDS:
             raise ValueError(f"layer kind {o.kind!r} is not one of {', '.join(KINDS)}")
-        if o.per_layer_input is not None and o.kind != "ple":
-            raise ValueError(f"layer kind {o.kind!r} takes no per-layer input (kind ple does)")
+        if o.per_layer_input is not None and o.kind not in ("sandwich", "ple"):
+            raise ValueError(f"layer kind {o.kind!r} takes no per-layer input (kinds sandwich "
+                             "and ple do)")
         placement = "sandwich" if o.kind in ("sandwich", "ple") else o.placement
         if placement not in PLACEMENTS:
             raise ValueError(f"norm placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
@@ -78,6 +88,13 @@ class DecoderLayer(Module):
             self.post_per_layer_input_norm = Norm(E, n)
         if o.kind == "ple":
             self.layer_scalar = Param(1, gain=True)
+        if o.laurel_rank:
+            if not held or o.parallel:
+                raise ValueError("laurel branches off the attention norm's output: a layer "
+                                 "holding input_layernorm, not parallel")
+            self.laurel = Laurel(E, o.laurel_rank, n)
+        if o.altup is not None:
+            self.altup = AltUp(E, o.altup, n)
         if o.residual_weights:
             if o.parallel or placement == "post_residual":
                 raise ValueError("residual weights weigh each block's residual add: not in a "
@@ -90,17 +107,34 @@ class DecoderLayer(Module):
     def __call__(self, rec: Recorder, x: Handle, ropes, per_layer: Handle | None = None) -> Handle:
         """The attention then the MLP, each around its norms and added to ``x``; for kind
         ``ple``, then ``per_layer`` ``(n, size)`` gated in and the sum times the scalar."""
+        if self.options.altup is not None:
+            return self._altup(rec, x, ropes, per_layer)
         x = self._blocks(rec, x, ropes)
-        p = self.options.per_layer_input
-        if p is not None:
-            g = rec.step("gated_activation", self.per_layer_input_gate(rec, x), per_layer,
-                         where=self.path, act=p.act)
-            x = self.residual(rec, x, self.post_per_layer_input_norm(
-                rec, self.per_layer_projection(rec, g)))
+        if self.options.per_layer_input is not None:
+            x = self.residual(rec, x, self._per_layer(rec, x, per_layer))
         if self.options.kind == "ple":
             scalar = rec.hold("param", self.where("layer_scalar"), self.layer_scalar.array)
             x = rec.step("mul", x, scalar, where=self.path)
         return x
+
+    def _per_layer(self, rec: Recorder, x: Handle, per_layer: Handle) -> Handle:
+        """``post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) *
+        per_layer))`` ``(n, E)``, what the per-layer input adds."""
+        g = rec.step("gated_activation", self.per_layer_input_gate(rec, x), per_layer,
+                     where=self.path, act=self.options.per_layer_input.act)
+        return self.post_per_layer_input_norm(rec, self.per_layer_projection(rec, g))
+
+    def _altup(self, rec: Recorder, streams: Handle, ropes, per_layer: Handle | None) -> Handle:
+        active = self.options.altup.active
+        predictions = self.altup.predict(rec, streams)
+        x = self._blocks(rec, stream(rec, predictions, active, self.path), ropes)
+        corrected = self.altup.correct(rec, predictions, x)
+        if self.options.per_layer_input is None:
+            return corrected
+        first = self.altup.scale_corrected(rec, stream(rec, corrected, active, self.path))
+        # Streams 1 onward, whichever is active (transformers' corrected_predictions[1:]).
+        return rec.step("add_to_streams", corrected, self._per_layer(rec, first, per_layer),
+                        where=self.path, begin=1)
 
     def _blocks(self, rec: Recorder, x: Handle, ropes) -> Handle:
         if self.options.parallel:
@@ -117,8 +151,12 @@ class DecoderLayer(Module):
         after_attn = None if pre else self.post_attention_layernorm
         before_mlp = self.post_attention_layernorm if pre else self.pre_feedforward_layernorm
         after_mlp = self.post_feedforward_layernorm
-        a = self.self_attn(rec, before_attn(rec, x) if before_attn else x, ropes)
+        h = before_attn(rec, x) if before_attn else x
+        a = self.self_attn(rec, h, ropes)
         x = self.residual(rec, x, after_attn(rec, a) if after_attn else a, "input_residual")
+        if self.options.laurel_rank:
+            x = rec.step("mul", rec.step("add", x, self.laurel(rec, h), where=self.path),
+                         where=self.path, scale=2 ** -0.5)
         m = self.mlp(rec, before_mlp(rec, x) if before_mlp else x)
         return self.residual(rec, x, after_mlp(rec, m) if after_mlp else m,
                              "post_attention_residual")

@@ -170,7 +170,7 @@ def test_unknown_options_refused():
     with pytest.raises(ValueError, match="mlp kind"):
         model(mlp_kind="moe")
     with pytest.raises(ValueError, match="takes no per-layer input"):
-        model(kind="sandwich", per_layer_input=PLE)
+        model(kind="decoder", per_layer_input=PLE)
     with pytest.raises(ValueError, match="not an earlier one"):
         model(attn_kv_from=1)
     with pytest.raises(ValueError, match="fused qkv_proj"):

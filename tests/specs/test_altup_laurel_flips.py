@@ -1,0 +1,68 @@
+"""Gemma 3n's behaviours (AltUp streams, Laurel, per-layer inputs into the streams, KV
+sharing, the weightless v norm) flipped one at a time against specs/gemma3n_text.yaml's
+golden: each must miss transformers' logits on the same weights by far more than the gate
+(KL mean 1e-6), while the spec as shipped meets it."""
+
+from __future__ import annotations
+
+import pytest
+
+from iron_spec.build import load_model
+from iron_spec.errors import SpecError
+from tests.specs.test_attention_flips import _judged_on_the_right_weights
+from tests.specs.test_position_flips import flipped_kl
+from tests.conftest import SPECS
+
+NAME = "gemma3n_text"
+
+
+@pytest.mark.parametrize("old,new", [
+    # The toy runs on stream 1 of 3: stream 0 is another model.
+    ("active: altup_active_idx", "active: 0"),
+    # correct_output_scale left out of the per-layer input's gate.
+    ("correct_scale: altup_correct_scale", "correct_scale: false"),
+    # Values as v_proj makes them (Gemma3nTextAttention's v_norm has no weight: it is
+    # still a norm). The per-layer input's mix scale cannot be flipped so: what it scales
+    # passes per_layer_projection into post_per_layer_input_norm, which undoes it.
+    ("v_norm: true", "v_norm: false"),
+    # The activation sparsity off (the toy cuts layers 0 and 1).
+    ("activation_sparsity: layer_activation_sparsity", "activation_sparsity: 0.0"),
+    # Every layer sliding (the toy's window 8 is shorter than its prompts).
+    ("full_attention: {attention: {rope: global}}",
+     "full_attention: {attention: {rope: global, window: sliding_window}}"),
+], ids=["altup-active-0", "altup-no-correct-scale", "no-v-norm", "no-sparsity",
+        "all-sliding"])
+def test_a_flipped_option_misses_the_golden(tmp_path, old, new):
+    assert flipped_kl(tmp_path, NAME, old, new) > 1e-4
+
+
+@pytest.mark.parametrize("old,new,param,count", [
+    # No Laurel branch: its three tensors per layer (five layers) unread.
+    ("  laurel: {rank: laurel_rank}\n", "", ".laurel.linear_left.weight", 5),
+    # One stream: no AltUp at all, its router and coefficients unread.
+    ("  altup:\n    inputs: altup_num_inputs\n    active: altup_active_idx\n"
+     "    correct_scale: altup_correct_scale\n", "", ".altup.modality_router.weight", 5),
+], ids=["no-laurel", "no-altup"])
+def test_a_behaviour_dropped_misses_the_golden(tmp_path, old, new, param, count):
+    text = (SPECS / f"{NAME}.yaml").read_text()
+    assert old in text
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(text.replace(old, new, 1))
+    right, flipped = _judged_on_the_right_weights(NAME, path, param, count)
+    assert right < 1e-6
+    assert flipped > 1e-3, flipped
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("active: altup_active_idx", "active: 3", "altup active stream 3 is not one of the 3 streams"),
+    ("inputs: altup_num_inputs", "inputs: 0", "altup inputs is 0"),
+    ("laurel: {rank: laurel_rank}", "laurel: {rank: -1}", "laurel rank -1 is not"),
+], ids=["active-past-the-streams", "no-streams", "negative-rank"])
+def test_an_option_out_of_range_is_refused_naming_it(tmp_path, old, new, message):
+    text = (SPECS / f"{NAME}.yaml").read_text()
+    assert old in text
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError, match=message) as e:
+        load_model(path, random_weights=0, toy=True)
+    assert f"{NAME}.yaml:" in str(e.value)
