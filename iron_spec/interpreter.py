@@ -455,12 +455,17 @@ def _per_layer_input(spec: Spec, r: Resolved) -> PerLayerInputOptions | None:
     def number(name: str) -> float:
         return _number(spec, p + (name,), _option(spec, r, p + (name,), 1.0))
 
+    vocab = _whole(spec, p + ("vocab_size",), _option(spec, r, p + ("vocab_size",),
+                                                      "vocab_size_per_layer_input"))
+    outside = _whole(spec, p + ("outside_row",), _option(spec, r, p + ("outside_row",), None))
+    if outside is not None and not 0 <= outside < (vocab or 0):
+        raise spec.error(p + ("outside_row",), f"outside_row {outside} is not a row of "
+                                               f"embed_tokens_per_layer's {vocab} (0..{vocab - 1})")
     return PerLayerInputOptions(
         size=size, act=act,
-        vocab_size=_whole(spec, p + ("vocab_size",), _option(
-            spec, r, p + ("vocab_size",), "vocab_size_per_layer_input")),
+        vocab_size=vocab,
         embedding_scale=number("embedding_scale"), projection_scale=number("projection_scale"),
-        mix_scale=number("mix_scale"))
+        mix_scale=number("mix_scale"), outside_row=outside)
 
 
 def _share_kv(spec: Spec, r: Resolved, layers: list[LayerOptions],

@@ -12,35 +12,46 @@ class Embedding(Operator):
     """``ids`` ``(n,)`` int32 and ``weight`` ``(vocab, hidden)`` give ``(n, hidden)``.
 
     Attributes: ``scale`` multiplies every row (Gemma's ``sqrt(hidden_size)``; 1.0 is none).
-    An id outside ``[0, vocab)`` is the caller's to refuse before the call.
+    ``outside``: the row an id outside ``[0, vocab)`` reads, as Gemma3nTextModel's
+    ``get_per_layer_inputs`` (``torch.where(in_table, input_ids, 0)``); numpy runs such a
+    step (no native one). None: an id outside is the caller's to refuse before the call.
     """
 
     name = "embedding"
 
-    def shape(self, ids, weight, scale=1.0):
+    def shape(self, ids, weight, scale=1.0, outside=None):
         if len(ids) != 1 or len(weight) != 2:
             raise ValueError(f"embedding takes ids (n,) and weight (vocab, hidden), not {ids} and {weight}")
+        if outside is not None and not 0 <= outside < weight[0]:
+            raise ValueError(f"embedding: row {outside} for ids outside the table is not one "
+                             f"of its {weight[0]} rows")
         return (ids[0], weight[1])
 
-    def reference(self, ids, weight, scale=1.0):
+    @staticmethod
+    def _ids(ids, rows, outside):
+        ids = np.asarray(ids)
+        return ids if outside is None else np.where((ids >= 0) & (ids < rows), ids, outside)
+
+    def reference(self, ids, weight, scale=1.0, outside=None):
         # The rows gathered, then widened: the whole table in float64 is 1.3 GB on a
         # 262144-token vocabulary.
-        return np.asarray(np.asarray(weight)[np.asarray(ids)], np.float64) * scale
+        weight = np.asarray(weight)
+        return np.asarray(weight[self._ids(ids, len(weight), outside)], np.float64) * scale
 
-    def kernel(self, out, ids, weight, scratch=None, scale=1.0):
-        np.take(weight, ids, axis=0, out=out)
+    def kernel(self, out, ids, weight, scratch=None, scale=1.0, outside=None):
+        np.take(weight, self._ids(ids, len(weight), outside), axis=0, out=out)
         if scale != 1.0:
             out *= np.float32(scale)
 
-    def lower(self, out, ids, weight, scratch=None, scale=1.0):
+    def lower(self, out, ids, weight, scratch=None, scale=1.0, outside=None):
         # Each id's row, times the scale; every id checked within the vocabulary first (the
         # error names its row).
-        if ids.ndim != 1 or ids.dtype != np.int32 or weight.dtype != np.float32 or \
+        if outside is not None or ids.ndim != 1 or ids.dtype != np.int32 or weight.dtype != np.float32 or \
                 not native.contiguous(out, ids, weight):
             return None
         return native.Step(native.OP_EMBEDDING, (out, ids, weight), weight.shape + ids.shape,
                            (scale,), rows=2)
 
-    def tolerance(self, ids, weight, scale=1.0):
+    def tolerance(self, ids, weight, scale=1.0, outside=None):
         # A gather is exact; the scale is one float32 rounding.
         return Tolerance(atol=0.0, rtol=0.0 if scale == 1.0 else np.finfo(np.float32).eps)

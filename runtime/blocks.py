@@ -316,7 +316,9 @@ class PerLayerInputOptions:
     output times ``projection_scale``, then ``per_layer_projection_norm`` over each layer's
     ``size``); a layer's input is ``(projection + embedding) * mix_scale``, its slice of the
     ``layers * size``. A layer gates it in: ``x + norm(per_layer_projection(act(
-    per_layer_input_gate(x)) * input))`` (``act`` a ``hidden_act`` name).
+    per_layer_input_gate(x)) * input))`` (``act`` a ``hidden_act`` name). ``outside_row``:
+    the row of ``embed_tokens_per_layer`` an id past its ``vocab_size`` reads
+    (Gemma3nTextModel.get_per_layer_inputs reads row 0; None: such an id is refused).
     """
 
     size: int
@@ -325,6 +327,7 @@ class PerLayerInputOptions:
     embedding_scale: float = 1.0
     projection_scale: float = 1.0
     mix_scale: float = 1.0
+    outside_row: int | None = None
 
 
 class Linear(Module):
@@ -360,15 +363,21 @@ class Sinusoidal:
 
 
 class Embedding(Module):
-    """torch.nn.Embedding: ``weight`` ``(vocab, hidden)``, rows times ``scale``."""
+    """torch.nn.Embedding: ``weight`` ``(vocab, hidden)``, rows times ``scale``; an id
+    outside the table reads row ``outside`` (None: refused before the call)."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, scale: float = 1.0):
+    def __init__(self, vocab_size: int, hidden_size: int, scale: float = 1.0,
+                 outside: int | None = None):
         self.weight = Param(vocab_size, hidden_size)
         self.scale = scale
+        self.outside = outside
 
     def __call__(self, rec: Recorder, ids: Handle) -> Handle:
         w = rec.hold("param", self.where("weight"), self.weight.array)
-        return rec.step("embedding", ids, w, where=self.path, scale=self.scale)
+        if self.outside is None:
+            return rec.step("embedding", ids, w, where=self.path, scale=self.scale)
+        return rec.step("embedding", ids, w, where=self.path, scale=self.scale,
+                        outside=self.outside)
 
 
 class Norm(Module):

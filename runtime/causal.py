@@ -167,7 +167,8 @@ class Decoder(Module):
         p = o.per_layer_input
         if p is not None:
             width = len(o.layers) * p.size
-            self.embed_tokens_per_layer = Embedding(p.vocab_size, width, p.embedding_scale)
+            self.embed_tokens_per_layer = Embedding(p.vocab_size, width, p.embedding_scale,
+                                                    p.outside_row)
             self.per_layer_model_projection = Linear(E, width)
             self.per_layer_projection_norm = Norm(p.size, o.norm)
         if o.altup is not None:

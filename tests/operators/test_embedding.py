@@ -40,3 +40,13 @@ def test_shape_and_mismatch():
         OP.shape((5, 1), (50, 16))
     with pytest.raises(ValueError):
         OP.shape((5,), (50, 16, 2))
+
+
+def test_ids_outside_the_table_read_the_outside_row(run_kernel):
+    # Gemma3nTextModel.get_per_layer_inputs: ids past vocab_size_per_layer_input read row 0.
+    ids = np.array([2, 3, 7, 1], np.int32)
+    want = [[5, 6], [1, 2], [1, 2], [3, 4]]
+    np.testing.assert_array_equal(OP.reference(ids, TABLE, outside=0), want)
+    np.testing.assert_array_equal(run_kernel(OP, ids, TABLE, outside=0), want)
+    with pytest.raises(ValueError, match="row 3 for ids outside the table is not one of its 3"):
+        OP.shape((4,), (3, 2), outside=3)

@@ -27,11 +27,13 @@ NAME = "gemma3n_text"
     ("v_norm: true", "v_norm: false"),
     # The activation sparsity off (the toy cuts layers 0 and 1).
     ("activation_sparsity: layer_activation_sparsity", "activation_sparsity: 0.0"),
+    # Ids from 200 (the per-layer table's rows) read row 5, not transformers' 0.
+    ("outside_row: 0", "outside_row: 5"),
     # Every layer sliding (the toy's window 8 is shorter than its prompts).
     ("full_attention: {attention: {rope: global}}",
      "full_attention: {attention: {rope: global, window: sliding_window}}"),
 ], ids=["altup-active-0", "altup-no-correct-scale", "no-v-norm", "no-sparsity",
-        "all-sliding"])
+        "outside-row-5", "all-sliding"])
 def test_a_flipped_option_misses_the_golden(tmp_path, old, new):
     assert flipped_kl(tmp_path, NAME, old, new) > 1e-4
 
@@ -57,7 +59,8 @@ def test_a_behaviour_dropped_misses_the_golden(tmp_path, old, new, param, count)
     ("active: altup_active_idx", "active: 3", "altup active stream 3 is not one of the 3 streams"),
     ("inputs: altup_num_inputs", "inputs: 0", "altup inputs is 0"),
     ("laurel: {rank: laurel_rank}", "laurel: {rank: -1}", "laurel rank -1 is not"),
-], ids=["active-past-the-streams", "no-streams", "negative-rank"])
+    ("outside_row: 0", "outside_row: 200", "outside_row 200 is not a row of"),
+], ids=["active-past-the-streams", "no-streams", "negative-rank", "outside-row-past-the-table"])
 def test_an_option_out_of_range_is_refused_naming_it(tmp_path, old, new, message):
     text = (SPECS / f"{NAME}.yaml").read_text()
     assert old in text

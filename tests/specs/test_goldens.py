@@ -90,14 +90,16 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # attention's join_heads, differential attention (two softmax maps a pair, which the C
     # pool has no form of), the dynamic mask itself and, in a prompt chunk, its dt_proj (a
     # GEMM over the values' columns of the stacked q/k/v product, rows not contiguous), and
-    # the gaussian top-k of an MLP's activation sparsity, and AltUp's stream steps (its
-    # operators.altup steps and the router's tanh); where none is left, one call.
+    # the gaussian top-k of an MLP's activation sparsity, AltUp's stream steps (its
+    # operators.altup steps and the router's tanh) and an embedding whose ids outside the
+    # table read a row (per-layer inputs' outside_row); where none is left, one call.
     loaded = load_model(spec, random_weights=0, toy=True)
     plan = (loaded.lm.prompt_chunk if prompt else loaded.lm.decode_step).plan
     left = [(r.step.op.name, r.step.static, r.step.inputs) for r in plan.runs
             if r.index not in plan._native
             and not (prompt and r.step.op.name == "linear" and r.step.where.endswith(".dt_proj"))]
     assert all((op == "activation" and a.get("act") in ACTIVATION_PARAMS)
+               or (op == "embedding" and a.get("outside") is not None)
                or op in ("join_heads", "differential_attention", "dynamic_mask",
                          "gaussian_topk", "stack_streams", "match_rms", "altup_predict",
                          "altup_correct", "add_to_streams", "tanh")
