@@ -23,10 +23,11 @@ from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest
 
 from iron_spec.runtime.host import fit
 
-from . import config_defaults, goldens
+from . import config_defaults, gates, goldens
 from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
 from .command import EXPECTED, choice, load_compiled, refuse, stages
 from .errors import FlagError
+from .gates import ENCODER_ATOL, float64_gate, kl_gate
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .interpreter import DEFAULT_PREFILL_CHUNK, expand
 
@@ -196,64 +197,6 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
     return L, C, where
 
 
-# The KL gates of reduced decode weights against the float32 reference (issue 14), in
-# place of the spec's float32 gates: what rounding every weight may cost. bfloat16 that
-# holds exactly is float32's products, judged by float32's gates. Measured on SmolLM2's
-# golden, int8: mean 3.0e-4, p90 5.3e-4, max 2.5e-3, no top-1 mismatch in 40 steps.
-REDUCED_KL = {
-    "bfloat16-rounded": {"mean": 1e-3, "p90": 3e-3, "max": 3e-2, "top1_mismatches": 2},
-    "int8": {"mean": 1e-3, "p90": 3e-3, "max": 3e-2, "top1_mismatches": 2},
-}
-
-
-# The float64 gate: KL mean and max over the golden's steps of our float64 reference()
-# against transformers' model run in float64 on the golden's tokens. float32's own spread
-# (1e-10 .. 2e-8) hides a semantic error as small as an RMSNorm epsilon 10x or 100x off, a
-# gelu for gelu_new, a rope_theta 0.1% off (KL 3e-11 .. 3e-7 on the toys); float64's floor,
-# set by transformers' float32 islands (RoPE's cos/sin, RMSNorm's and the eager softmax's
-# float32), is at most 3.4e-13 mean and 1.3e-11 max over every causal golden (GPT-Neo's
-# attention, which casts query and key to float32): docs/writing-a-spec.md, "What float64
-# sees". Each bound is 30x the worst floor.
-FLOAT64_KL = {"mean": 1e-11, "max": 4e-10}
-
-
-# One gate for every family is loose for most: GPT-Neo's floor sets it, and a Llama toy's
-# floor is 4e-15, so an RMSNorm epsilon halved (KL mean 7e-12) passed it (found by a new
-# user's trial). A golden's own floor (``float64.floor``: our float64 reference against its
-# float64 rows, measured when the spec serving it was verified, tests/goldens/add_floor.py)
-# tightens each bound to FLOOR_MARGIN x that floor. Our float64 sums differ between BLAS
-# kernels by ~1e-16 relative, KL ~1e-30: far inside FLOOR_LEAST, the least a bound falls to.
-FLOOR_MARGIN = 30
-FLOOR_LEAST = {"mean": 1e-16, "max": 1e-15}
-
-
-def float64_gate(golden: Golden, steps: int | None = None) -> dict[str, float]:
-    """The float64 KL bounds (mean, max) ``golden`` is judged by over its first ``steps``
-    (default all): ``FLOAT64_KL``, or, bound by bound, what its meta records
-    (``float64.gate``, with ``float64.why``: a float32 island in transformers' float64 model
-    that lifts this golden's floor); each then at most ``FLOOR_MARGIN`` x the golden's own
-    floor where its meta records one (``float64.floor``: mean, max), never below
-    ``FLOOR_LEAST``. Over fewer steps than the golden holds, the mean is bounded by the
-    floor's max (a part's mean can exceed the whole's; never its max)."""
-    f64 = golden.meta.get("float64") or {}
-    gate = {**FLOAT64_KL, **{k: float(v) for k, v in (f64.get("gate") or {}).items()}}
-    floor = {k: float(v) for k, v in (f64.get("floor") or {}).items() if k in gate}
-    if steps is not None and steps < golden.steps and "max" in floor:
-        floor["mean"] = floor["max"]
-    return {k: min(b, max(FLOOR_MARGIN * floor[k], FLOOR_LEAST[k])) if k in floor else b
-            for k, b in gate.items()}
-
-
-def kl_gate(loaded: Loaded) -> dict[str, float]:
-    """The KL bounds (mean, p90, max; top1_mismatches where some are allowed) check judges
-    by: the reduced decode weights' own (``REDUCED_KL``), else the spec's
-    ``validation.kl``, else float32's default."""
-    if loaded.lm.decode_weights in REDUCED_KL:
-        return dict(REDUCED_KL[loaded.lm.decode_weights])
-    bounds = dict(loaded.expanded.spec.get("validation", "kl", default={}) or {})
-    return bounds or {"mean": 1e-6, "p90": 2e-6, "max": 1e-5}
-
-
 def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
                done: Callable[[checks.Result], None] = lambda r: None,
                start: Callable[[str], object] = lambda what: None,
@@ -370,9 +313,9 @@ def command(
             if record_golden:
                 path = golden or golden_path(loaded)
                 s.stage("recording the golden from transformers")
-                _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded),
-                                                         steps or STEPS), overwrite_golden)
-                typer.echo(f"recorded {path}", err=True)
+                said = _record(loaded, path, lambda g: g.record(loaded, check_prompt(loaded),
+                                                                steps or STEPS), overwrite_golden)
+                typer.echo(f"recorded {path}; {said}", err=True)
             found, note = (None, "self-consistency only") if self_only else \
                 find_golden(loaded, golden, steps)
             if loaded.lm.decode_weights != "float32":
@@ -388,9 +331,10 @@ def command(
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
 
 
-def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> None:
-    """transformers' golden for ``loaded``'s inputs, written to ``path``: ``record`` takes
-    the ``golden_record`` module (imported only here, once torch is known to be there) and
+def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> str:
+    """transformers' golden for ``loaded``'s inputs, written to ``path`` with its float64
+    floor (``_with_floor``), and a line saying what the floor is: ``record`` takes the
+    ``golden_record`` module (imported only here, once torch is known to be there) and
     returns the golden (its causal or its encoder recorder on ``loaded``). A file at
     ``path`` is replaced only where it is a golden of these very inputs, or ``overwrite``.
 
@@ -420,7 +364,31 @@ def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> No
                   f"{loaded.expanded.spec.file} toy.config")
         raise ValueError(f"--record-golden: transformers refuses {source}: "
                          f"{type(e).__name__}: {said}") from None
+    golden, note = _with_floor(loaded, golden)
     golden.write(path)
+    return note
+
+
+def _with_floor(loaded, golden):
+    """``golden`` (just recorded) with its own float64 floor in its meta, measured as
+    tests/goldens/add_floor.py measures a committed golden's (``gates.floor``), and a line
+    saying what was recorded: a golden a user records is judged like the shipped ones, by at
+    most ``FLOOR_MARGIN`` x its floor. None is recorded where this spec fails the float64
+    gate now, or where reduced decode weights make its float64 reference not float32's."""
+    reduced = getattr(getattr(loaded, "lm", None), "decode_weights", "float32") != "float32"
+    if reduced:
+        return golden, ("float64 rows recorded, no floor: with --decode-weights "
+                        f"{loaded.lm.decode_weights} the float64 check does not run")
+    result, value = gates.floor(loaded, golden)
+    if not result.passed:
+        return golden, (f"float64 rows recorded, no floor: this spec fails the float64 gate "
+                        f"({result.figure}); the golden is judged by the shared gate until it "
+                        "is recorded again from a spec that passes")
+    shown = ", ".join(f"{k} {v:.3g}" for k, v in value.items()) if isinstance(value, dict) \
+        else f"max |error| {value:.3g}"
+    return (dataclasses.replace(golden, meta=gates.with_floor(golden.meta, value)),
+            f"float64 floor recorded ({shown}): later checks judge by at most "
+            f"{gates.FLOOR_MARGIN}x it")
 
 
 def _header(spec: Path, shape: str, note: str, as_json: bool) -> None:
@@ -484,29 +452,6 @@ def _report(spec: Path, note: str, results: list[checks.Result], as_json: bool,
     raise typer.Exit(code)
 
 
-ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of order-one values
-# Our float64 reference() against transformers' encoder in float64 (hidden states and pooled,
-# max absolute error); docs/writing-a-spec.md ("What float64 sees") gives the floor.
-ENCODER_FLOAT64_ATOL = 1e-12
-ENCODER_FLOOR_LEAST = 1e-14  # float64 values of order one differ between BLAS kernels by ~1e-16
-
-
-def encoder_float64_gate(golden) -> float:
-    """The max |error| bound an encoder golden's float64 outputs judge our float64
-    reference() by: ``ENCODER_FLOAT64_ATOL`` (30x above 3.1e-15, the worst floor of an
-    encoder golden whose transformers model is float64 throughout), or the bound its meta
-    records (``float64.gate``, with ``float64.why``: the float32 island in transformers'
-    float64 model, RoPE's cos/sin, RMSNorm's or the softmax's float32, that lifts its
-    floor to 3e-8 .. 8e-7); at most ``FLOOR_MARGIN`` x its own floor where its meta records
-    one (``float64.floor``: the larger max |error| of hidden states and pooled), never below
-    ``ENCODER_FLOOR_LEAST``."""
-    f64 = golden.meta.get("float64") or {}
-    gate = float(f64.get("gate") or ENCODER_FLOAT64_ATOL)
-    if f64.get("floor") is not None:  # its own floor, as float64_gate's
-        gate = min(gate, max(FLOOR_MARGIN * float(f64["floor"]), ENCODER_FLOOR_LEAST))
-    return gate
-
-
 def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | None,
                    as_json: bool, record_golden: bool = False, self_only: bool = False,
                    allow_unread_config: bool = False, overwrite_golden: bool = False,
@@ -526,8 +471,8 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     model, fp = loaded.model, inputs(loaded)
     if record_golden:
         path = golden or golden_path(loaded)
-        _record(loaded, path, lambda g: g.record_encoder(loaded), overwrite_golden)
-        typer.echo(f"recorded {path}", err=True)
+        said = _record(loaded, path, lambda g: g.record_encoder(loaded), overwrite_golden)
+        typer.echo(f"recorded {path}; {said}", err=True)
     found = None
     if self_only:
         note = "self-consistency only"
@@ -537,10 +482,7 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
         where, searched = goldens.find(fp.fingerprint, loaded.expanded.spec.get("name"), spec)
         found = None if where is None else EncoderGolden.read(where, fp)
         note = f"golden {where}" if found else goldens.not_found(fp.fingerprint, searched)
-    pooling = model.config.pooling
-    if found is not None and found.pooling == "mean":
-        # bert's older goldens hold transformers' mean pooling, unnormalized: judged so.
-        pooling = dataclasses.replace(pooling, kind="mean", normalize=False)
+    pooling = gates.encoder_pooling(loaded, found)
     if found is not None:
         probes, wants = found.probes, found.pooled
     else:
@@ -560,9 +502,7 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
         results.insert(-1, checks.hidden_states_against(states, probes, found.hidden,
                                                         ENCODER_ATOL))
     if found is not None and found.hidden64 is not None:
-        results.insert(-1, checks.float64_encoder_against(
-            states, version, probes, found.hidden64, found.pooled64,
-            encoder_float64_gate(found)))
+        results.insert(-1, gates.encoder_float64(loaded, found))
     for r in results:
         _line(r, as_json)
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)

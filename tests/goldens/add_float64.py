@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Encoders whose transformers model, loaded in float64, still computes in float32 somewhere:
 # their float64 floor (our float64 reference() against it, max |error|, measured over the
 # toy's probes) is 3e-8 .. 8e-7, not 3e-15, and each golden records its own gate, 30x its
-# floor, with the island named (``iron_spec.check.encoder_float64_gate``).
+# floor, with the island named (``iron_spec.gates.encoder_float64_gate``).
 ROPE = "its *RotaryEmbedding.forward computes cos/sin in float32 (.float())"
 ISLANDS = {
     "jina_embeddings_v3": (1e-6, ROPE),

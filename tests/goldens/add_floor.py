@@ -6,22 +6,20 @@
 The floor is what the spec serving the golden (``specs/<folder>.yaml``, verified against
 it) measures: our float64 ``reference()`` against the golden's float64 rows, KL mean and
 max over its steps (causal), or the larger max |error| of hidden states and pooled
-embeddings (encoder). ``iron_spec.check.float64_gate`` then judges the golden by
+embeddings (encoder). ``iron_spec.gates.float64_gate`` then judges the golden by
 ``FLOOR_MARGIN`` x that floor, so a later edit too small for the shared gate (an epsilon
 halved) fails. A golden whose spec does not pass its present gate gets no floor (an error).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from iron_spec.check import encoder_float64_gate, float64_gate
+from iron_spec import gates
 from iron_spec.loader import load_spec
-from iron_spec.runtime import checks
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden, add_arrays
 from tests.goldens.add_float64 import CHECKPOINTS, HERE, ROOT, _arrays, same_but_added
@@ -38,22 +36,15 @@ def _inputs(spec_file: Path, stem: str, tmp: Path) -> dict:
 
 
 def floor(path: Path, tmp: Path) -> object:
-    """The floor of the golden at ``path``, measured by its spec; raises SystemExit where
-    the spec does not pass the golden's present float64 gate."""
+    """The floor of the golden at ``path``, measured by its spec (``iron_spec.gates.floor``,
+    as ``check --record-golden`` measures one); raises SystemExit where the spec does not
+    pass the golden's present float64 gate."""
     spec_file = ROOT / "specs" / f"{path.parent.name}.yaml"
     args = _inputs(spec_file, path.stem, tmp)
     if load_spec(spec_file).get("model") == "encoder":
         from iron_spec.encoder import load_encoder
         loaded = load_encoder(spec_file, **args)
         golden = EncoderGolden.read(path, loaded.fingerprint())
-        pooling = loaded.model.config.pooling
-        if golden.pooling == "mean":  # as check: bert's older goldens, unnormalized
-            pooling = dataclasses.replace(pooling, kind="mean", normalize=False)
-        states = loaded.model.version(dataclasses.replace(pooling, kind="none", normalize=False))
-        result = checks.float64_encoder_against(states, loaded.model.version(pooling),
-                                                golden.probes, golden.hidden64, golden.pooled64,
-                                                encoder_float64_gate(golden))
-        value = max(result.numbers["hidden_max_error"], result.numbers["pooled_max_error"])
     else:
         from iron_spec.build import load_model
         # A real checkpoint's context cut to 2048 (its cache's memory), as add_float64.
@@ -61,11 +52,10 @@ def floor(path: Path, tmp: Path) -> object:
         size = {"max_seq_len": 2048} if real else {}
         loaded = load_model(spec_file, **size, **args)
         golden = Golden.read(path, loaded.fingerprint())
-        result = checks.float64_against(loaded.lm, golden, float64_gate(golden))
-        value = {"mean": result.numbers["mean"], "max": result.numbers["max"]}
+    result, value = gates.floor(loaded, golden)
     if not result.passed:
         raise SystemExit(f"{path}: {spec_file.name} fails its float64 gate: {result.figure}")
-    return value, golden.meta["float64"]
+    return value, golden.meta
 
 
 def main(paths: list[str]) -> None:
@@ -76,9 +66,9 @@ def main(paths: list[str]) -> None:
                 print(f"{path}: no float64 rows, no floor")
                 continue
             start = time.perf_counter()
-            value, f64 = floor(path, Path(tmp))
+            value, meta = floor(path, Path(tmp))
             old = _arrays(path)
-            add_arrays(path, {}, {"float64": {**f64, "floor": value}})
+            add_arrays(path, {}, {"float64": gates.with_floor(meta, value)["float64"]})
             bad = same_but_added(old, _arrays(path), set())
             if bad:
                 raise SystemExit(f"{path}: arrays changed: {bad}")

@@ -122,6 +122,27 @@ def test_a_recorded_golden_holds_what_it_was_recorded_from(tmp_path):
 
 
 @golden_extra
+def test_a_golden_a_user_records_holds_its_floor_and_judges_later_edits_by_it(tmp_path):
+    # Recorded as a user records one: the floor is written at record time, as
+    # tests/goldens/add_floor.py writes the committed goldens' (llama3's toy: mean 4.4e-15).
+    path = tmp_path / "mine.npz"
+    result = check(SPECS / "llama3.yaml", "--toy", "--random-weights", "0", "--record-golden",
+                   "--golden", path)
+    assert result.exit_code == 0, result.output
+    assert "float64 floor recorded (mean" in result.output
+    floor = json.loads(str(load_arrays(path)["meta"]))["float64"]["floor"]
+    committed = json.loads(str(load_arrays(TOY_GOLDEN)["meta"]))["float64"]["floor"]
+    for k in ("mean", "max"):  # the same spec and inputs as add_floor measured
+        assert floor[k] == pytest.approx(committed[k], rel=0.1, abs=0), (floor, committed)
+    # An epsilon halved passes the shared gate (KL mean 7e-12 < 1e-11) and fails the floor's.
+    norm = "  norm: {kind: rms, eps: rms_norm_eps}"
+    edited = outside(tmp_path, LLAMA.replace(norm, "  norm: {kind: rms, eps: rms_norm_eps * 0.5}"))
+    result = check(edited, "--toy", "--random-weights", "0", "--golden", path)
+    assert result.exit_code == 1, result.output
+    assert "FAIL  float64 KL vs golden" in result.output
+
+
+@golden_extra
 def test_the_record_reads_transformers_config_class():
     import transformers
     record = of(transformers.Qwen2Config)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.check import ENCODER_ATOL, encoder_float64_gate, golden_path
+from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.gates import encoder_float64_gate
 from iron_spec.cli import app
 from iron_spec.encoder import load_encoder
 from iron_spec.loader import load_spec

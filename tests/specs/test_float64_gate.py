@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from iron_spec.build import load_model
-from iron_spec.check import FLOAT64_KL, float64_gate, golden_path
+from iron_spec.check import golden_path
+from iron_spec.gates import FLOAT64_KL, float64_gate
 from iron_spec.cli import app
 from iron_spec.runtime import checks
 from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced

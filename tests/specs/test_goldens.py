@@ -4,7 +4,7 @@ The goldens (tests/goldens/<spec>/) were recorded from transformers' model in fl
 (``iron-spec check ... --record-golden``), and the same model in float64 teacher-forced on
 those tokens (``tests/goldens/add_float64.py``); reading them needs neither torch nor
 transformers. The compiled float32 model is judged by the spec's float32 KL gate, our
-float64 ``reference()`` by the float64 gate (``iron_spec.check.float64_gate``).
+float64 ``reference()`` by the float64 gate (``iron_spec.gates.float64_gate``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from iron_spec.build import load_model
-from iron_spec.check import float64_gate, golden_path
+from iron_spec.check import golden_path
+from iron_spec.gates import float64_gate
 from iron_spec.loader import load_spec
 from iron_spec.operators import native
 from iron_spec.operators.activation import ACTIVATION_PARAMS
