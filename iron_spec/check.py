@@ -210,7 +210,7 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
     Raises:
         ValueError: the model's max_seq_len is too short for them (``require_length``).
     """
-    lm = loaded.lm
+    lm, spec = loaded.lm, loaded.expanded.spec
     bounds = kl_gate(loaded)
     prompt = [int(t) for t in golden.tokens[:golden.prompt_len]] if golden else check_prompt(loaded)
     C, L = lm.config.prefill_chunk, lm.config.max_seq_len
@@ -236,9 +236,13 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
             lm, prompt[: C + 4 if C + 4 <= PER_STEP_ROWS else PER_STEP_ROWS])),
         ("compiled = reference", lambda: checks.greedy_match(lm, prompt, greedy, reference)),
         ("KL vs " + ("golden" if golden is not None else "reference"),
-         lambda: checks.kl_against(lm, bounds, golden, prompt, steps, reference)),
+         lambda: gates.said(checks.kl_against(lm, bounds, golden, prompt, steps, reference),
+                            None if lm.decode_weights in gates.REDUCED_KL else
+                            gates.loosened(spec, "kl"))),
         # Reduced decode weights change what the reference's decode step computes too.
-        *([("float64 KL vs golden", lambda: checks.float64_against(lm, golden, float64_gate(golden)))]
+        *([("float64 KL vs golden", lambda: gates.said(
+            checks.float64_against(lm, golden, float64_gate(golden, spec=spec)),
+            gates.loosened(spec, "float64")))]
           if golden is not None and golden.has_float64 and lm.decode_weights == "float32" else []),
         ("determinism", lambda: checks.determinism(lm, [prompt, other])),
         ("chat turn", lambda: checks.chat_turn(lm, prompt, turn)),

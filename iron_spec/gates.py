@@ -56,16 +56,23 @@ FLOOR_MARGIN = 30
 FLOOR_LEAST = {"mean": 1e-16, "max": 1e-15}
 
 
-def float64_gate(golden: Golden, steps: int | None = None) -> dict[str, float]:
+def _spec_float64(spec) -> dict:
+    """The spec's ``validation.float64`` (``{gate: {mean, max}, why}``), or {}."""
+    given = spec.get("validation", "float64", default=None) if spec is not None else None
+    return given if isinstance(given, dict) else {}
+
+
+def float64_gate(golden: Golden, steps: int | None = None, spec=None) -> dict[str, float]:
     """The float64 KL bounds (mean, max) ``golden`` is judged by over its first ``steps``
-    (default all): ``FLOAT64_KL``, or, bound by bound, what its meta records
-    (``float64.gate``, with ``float64.why``: a float32 island in transformers' float64 model
-    that lifts this golden's floor); each then at most ``FLOOR_MARGIN`` x the golden's own
-    floor where its meta records one (``float64.floor``: mean, max), never below
-    ``FLOOR_LEAST``. Over fewer steps than the golden holds, the mean is bounded by the
-    floor's max (a part's mean can exceed the whole's; never its max)."""
+    (default all): ``FLOAT64_KL``, or, bound by bound, what ``spec``'s
+    ``validation.float64.gate`` gives (with its ``why``: a float32 island in transformers'
+    float64 model that lifts the family's floor); each then at most ``FLOOR_MARGIN`` x the
+    golden's own floor where its meta records one (``float64.floor``: mean, max), never
+    below ``FLOOR_LEAST``. Over fewer steps than the golden holds, the mean is bounded by
+    the floor's max (a part's mean can exceed the whole's; never its max)."""
     f64 = golden.meta.get("float64") or {}
-    gate = {**FLOAT64_KL, **{k: float(v) for k, v in (f64.get("gate") or {}).items()}}
+    given = _spec_float64(spec).get("gate") or {}
+    gate = {**FLOAT64_KL, **{k: float(v) for k, v in given.items() if k in FLOAT64_KL}}
     floor = {k: float(v) for k, v in (f64.get("floor") or {}).items() if k in gate}
     if steps is not None and steps < golden.steps and "max" in floor:
         floor["mean"] = floor["max"]
@@ -76,11 +83,30 @@ def float64_gate(golden: Golden, steps: int | None = None) -> dict[str, float]:
 def kl_gate(loaded: Loaded) -> dict[str, float]:
     """The KL bounds (mean, p90, max; top1_mismatches where some are allowed) check judges
     by: the reduced decode weights' own (``REDUCED_KL``), else the spec's
-    ``validation.kl``, else float32's default."""
+    ``validation.kl`` bound by bound over float32's default (``DEFAULT_KL``)."""
     if loaded.lm.decode_weights in REDUCED_KL:
         return dict(REDUCED_KL[loaded.lm.decode_weights])
-    bounds = dict(loaded.expanded.spec.get("validation", "kl", default={}) or {})
-    return bounds or dict(DEFAULT_KL)
+    given = loaded.expanded.spec.get("validation", "kl", default={}) or {}
+    return {**DEFAULT_KL, **{k: float(v) for k, v in given.items() if k in DEFAULT_KL}}
+
+
+def loosened(spec, which: str, encoder: bool = False) -> str | None:
+    """What a check's line says where ``spec`` loosens a gate past its default: ``which``
+    ``kl`` (``validation.kl`` over ``DEFAULT_KL``) or ``float64`` (``validation.float64``'s
+    gate over ``FLOAT64_KL``, an encoder's ``max`` over ``ENCODER_FLOAT64_ATOL``), the
+    bounds raised and the spec's ``why``; None where it loosens nothing."""
+    given = spec.get("validation", which, default=None)
+    if not isinstance(given, dict):
+        return None
+    bounds = given.get("gate") if which == "float64" else given
+    default = ({"max": ENCODER_FLOAT64_ATOL} if encoder else FLOAT64_KL) \
+        if which == "float64" else DEFAULT_KL
+    raised = [f"{k} {float(v):.3g} over {default[k]:.3g}" for k, v in (bounds or {}).items()
+              if k in default and isinstance(v, (int, float)) and v > default[k]]
+    if not raised:
+        return None
+    return (f"gate loosened by {spec.file}'s validation.{which} ({', '.join(raised)}): "
+            f"{given.get('why') or 'no reason given'}")
 
 
 ENCODER_ATOL = 1e-5  # float32 against transformers' float32: a few ulps of order-one values
@@ -90,17 +116,17 @@ ENCODER_FLOAT64_ATOL = 1e-12
 ENCODER_FLOOR_LEAST = 1e-14  # float64 values of order one differ between BLAS kernels by ~1e-16
 
 
-def encoder_float64_gate(golden) -> float:
+def encoder_float64_gate(golden, spec=None) -> float:
     """The max |error| bound an encoder golden's float64 outputs judge our float64
     reference() by: ``ENCODER_FLOAT64_ATOL`` (30x above 3.1e-15, the worst floor of an
-    encoder golden whose transformers model is float64 throughout), or the bound its meta
-    records (``float64.gate``, with ``float64.why``: the float32 island in transformers'
-    float64 model, RoPE's cos/sin, RMSNorm's or the softmax's float32, that lifts its
-    floor to 3e-8 .. 8e-7); at most ``FLOOR_MARGIN`` x its own floor where its meta records
-    one (``float64.floor``: the larger max |error| of hidden states and pooled), never below
-    ``ENCODER_FLOOR_LEAST``."""
+    encoder golden whose transformers model is float64 throughout), or the bound ``spec``'s
+    ``validation.float64.gate.max`` gives (with its ``why``: the float32 island in
+    transformers' float64 model, RoPE's cos/sin, RMSNorm's or the softmax's float32, that
+    lifts its floor to 3e-8 .. 8e-7); at most ``FLOOR_MARGIN`` x the golden's own floor
+    where its meta records one (``float64.floor``: the larger max |error| of hidden states
+    and pooled), never below ``ENCODER_FLOOR_LEAST``."""
     f64 = golden.meta.get("float64") or {}
-    gate = float(f64.get("gate") or ENCODER_FLOAT64_ATOL)
+    gate = float((_spec_float64(spec).get("gate") or {}).get("max") or ENCODER_FLOAT64_ATOL)
     if f64.get("floor") is not None:  # its own floor, as float64_gate's
         gate = min(gate, max(FLOOR_MARGIN * float(f64["floor"]), ENCODER_FLOOR_LEAST))
     return gate
@@ -120,9 +146,18 @@ def encoder_float64(loaded: Loaded, golden: EncoderGolden) -> checks.Result:
     hidden states and pooled embeddings, within ``encoder_float64_gate``."""
     pooling = encoder_pooling(loaded, golden)
     states = loaded.model.version(dataclasses.replace(pooling, kind="none", normalize=False))
-    return checks.float64_encoder_against(states, loaded.model.version(pooling), golden.probes,
-                                          golden.hidden64, golden.pooled64,
-                                          encoder_float64_gate(golden))
+    result = checks.float64_encoder_against(states, loaded.model.version(pooling), golden.probes,
+                                            golden.hidden64, golden.pooled64,
+                                            encoder_float64_gate(golden, loaded.expanded.spec))
+    return said(result, loosened(loaded.expanded.spec, "float64", encoder=True))
+
+
+def said(result: checks.Result, note: str | None) -> checks.Result:
+    """``result`` with ``note`` (a loosened gate, ``loosened``) added to its figure."""
+    if note:
+        result.figure += f"; {note}"
+        result.numbers["loosened"] = note
+    return result
 
 
 def floor(loaded: Loaded, golden: Golden | EncoderGolden) -> tuple[checks.Result, Any]:
@@ -138,7 +173,8 @@ def floor(loaded: Loaded, golden: Golden | EncoderGolden) -> tuple[checks.Result
     if isinstance(golden, EncoderGolden):
         result = encoder_float64(loaded, golden)
         return result, max(result.numbers["hidden_max_error"], result.numbers["pooled_max_error"])
-    result = checks.float64_against(loaded.lm, golden, float64_gate(golden))
+    result = checks.float64_against(loaded.lm, golden,
+                                    float64_gate(golden, spec=loaded.expanded.spec))
     return result, {"mean": result.numbers["mean"], "max": result.numbers["max"]}
 
 

@@ -199,6 +199,29 @@ def kinds(spec: Spec) -> list[SpecError]:
     return out
 
 
+def validation(spec: Spec) -> list[SpecError]:
+    """A ``validation.kl`` bound above float32's default (``gates.DEFAULT_KL``) with no
+    ``why`` (a gate loosened for no reason hides the errors it lets through), and an
+    encoder's ``validation.float64.gate`` giving ``mean`` (an encoder's float64 gate is one
+    max |error|)."""
+    from .gates import DEFAULT_KL
+    out = []
+    kl = spec.get("validation", "kl")
+    if isinstance(kl, dict) and not kl.get("why"):
+        for k, v in kl.items():
+            if k in DEFAULT_KL and isinstance(v, (int, float)) and v > DEFAULT_KL[k]:
+                out.append(spec.error(("validation", "kl", k), f"validation.kl.{k} {v:g} is "
+                                      f"above the default {DEFAULT_KL[k]:g} with no reason: give "
+                                      "validation.kl.why (what in this family lifts float32's "
+                                      "spread against transformers'), or keep the default"))
+    gate = spec.get("validation", "float64", "gate")
+    if spec.get("model") == "encoder" and isinstance(gate, dict) and "mean" in gate:
+        out.append(spec.error(("validation", "float64", "gate", "mean"), "an encoder's float64 "
+                              "gate is max alone (the max |error| of hidden states and pooled "
+                              "embeddings), not mean"))
+    return out
+
+
 def config_keys(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
     """Fields mapped from a key ``config_json`` lacks and declaring no fallback."""
     out = []

@@ -45,7 +45,8 @@ def test_toy_matches_transformers(spec: Path):
     # Our float64 reference() against transformers' encoder run in float64.
     assert golden.hidden64 is not None, "the golden holds transformers' float64 outputs"
     float64 = checks.float64_encoder_against(states, pooled, golden.probes, golden.hidden64,
-                                             golden.pooled64, encoder_float64_gate(golden))
+                                             golden.pooled64,
+                                             encoder_float64_gate(golden, loaded.expanded.spec))
     assert float64.passed, float64.figure
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from iron_spec.build import load_model
 from iron_spec.check import golden_path
-from iron_spec.gates import float64_gate
+from iron_spec.gates import float64_gate, kl_gate
 from iron_spec.loader import load_spec
 from iron_spec.operators import native
 from iron_spec.operators.activation import ACTIVATION_PARAMS
@@ -30,7 +30,7 @@ REAL = {"llama3": ["smollm2-135m-instruct"], "gemma3": ["gemma-3-270m"]}
 
 
 def judge(loaded, golden: Golden, float64_steps: int | None = None) -> dict:
-    bounds = loaded.expanded.spec.get("validation", "kl")
+    bounds = kl_gate(loaded)  # check's own: validation.kl over the default
     stats = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
     for k, bound in bounds.items():
         assert stats[k] <= bound, f"{k} KL {stats[k]:.3g} > {bound}"
@@ -41,7 +41,8 @@ def judge(loaded, golden: Golden, float64_steps: int | None = None) -> dict:
     assert drawn == golden.tokens[golden.prompt_len:].tolist()
     if golden.has_float64:
         # Our float64 reference() against transformers' float64 model, by the float64 gate.
-        float64 = checks.float64_against(loaded.lm, golden, float64_gate(golden, float64_steps), float64_steps)
+        gate = float64_gate(golden, float64_steps, loaded.expanded.spec)
+        float64 = checks.float64_against(loaded.lm, golden, gate, float64_steps)
         assert float64.passed, float64.figure
     return stats
 
