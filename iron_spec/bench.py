@@ -27,7 +27,7 @@ from iron_spec.runtime.session import Session
 from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, use_decode_weights
 from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import FlagError
+from .errors import NoWeights
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
@@ -444,7 +444,7 @@ def command(
                                        random_weights=random_weights, max_seq_len=max_seq_len,
                                        decode_weights=first,
                                        allow_unread_config=allow_unread_config)
-            except FlagError:  # no checkpoint, and the spec names no example
+            except NoWeights:  # no checkpoint, and the spec names no example
                 # A toy's context is too short for the deep decode, and its speed says nothing.
                 raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or "
                                  "a hub id (with --random-weights SEED, weights drawn instead "

@@ -30,7 +30,7 @@ from iron_spec.runtime.weights import draw_weights
 from . import gguf_files
 from .config import account
 from .arguments import said
-from .errors import FlagError
+from .errors import FlagError, NoWeights
 from .generation import read_generation_config
 from .interpreter import expand
 from .shapes import explainer
@@ -229,13 +229,13 @@ def example(spec) -> Path:
     log line.
 
     Raises:
-        FlagError: the spec names no example (give --checkpoint).
+        NoWeights: the spec names no example (give --checkpoint).
         FileNotFoundError: the example is neither in the hub cache nor reachable, saying
             where the cache is, why the hub was not asked or answered, and what to do.
     """
     examples = spec.get("examples", default=None) or []
     if not examples:
-        raise FlagError(f"give {said('checkpoint', placeholder='DIR')} (or a hub id), or "
+        raise NoWeights(f"give {said('checkpoint', placeholder='DIR')} (or a hub id), or "
                         f"{said('random_weights', placeholder='SEED')} {said('toy', True)} "
                         f"for a run with no files ({spec.file} names no examples:)")
     repo = examples[0]
@@ -350,7 +350,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     native = expanded.options.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
-            raise ValueError(f"{said('max_seq_len', max_seq_len)} is not within "
+            raise FlagError(f"{said('max_seq_len', max_seq_len)} is not within "
                              f"1..{native}, the model's own context")
         L = max_seq_len
         fixed, per_position = _footprint(expanded.options, decode_weights)
@@ -363,7 +363,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         fixed, per_position = _footprint(expanded.options, decode_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if asked is not None and asked > L:
-        raise ValueError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
+        raise FlagError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
                          "(a prompt call holds at most the context; it is not cut silently)")
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,

@@ -25,11 +25,11 @@ from iron_spec.runtime.host import fit
 
 from . import config_defaults, gates, goldens
 from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
-from .command import EXPECTED, choice, load_compiled, refuse, stages
+from .command import EXPECTED, choice, load_compiled, refuse, stages, whole
 from .errors import FlagError
 from .gates import ENCODER_ATOL, float64_gate, kl_gate
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .interpreter import DEFAULT_PREFILL_CHUNK, expand
+from .interpreter import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK, expand
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
@@ -158,8 +158,10 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
     prompt of a chunk and 8 and the tokens drawn after it fit the context.
 
     Raises:
-        ValueError: ``max_seq_len`` past the model's own, a given ``prefill_chunk`` whose
-            prompt does not fit, or a context too short for even a one-token chunk.
+        FlagError: ``max_seq_len`` past the model's own, a given ``prefill_chunk`` whose
+            prompt does not fit, or a given context or ``steps`` leaving no room for even a
+            one-token chunk (the CLI's usage error, exit 2).
+        ValueError: the model's own context too short for even a one-token chunk.
     """
     config_json, source, _ = model_inputs(spec, checkpoint, random_weights, toy,
                                           allow_unread_config)
@@ -169,7 +171,7 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
     native = options.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
-            raise ValueError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
+            raise FlagError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
                              "model's own context")
         L, where = max_seq_len, f"context {max_seq_len} (--max-seq-len)"
     else:
@@ -181,11 +183,13 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
     if C + after > L:
         what = "--max-seq-len" if max_seq_len is not None else "the context"
         if prefill_chunk is not None:
-            raise ValueError(f"--prefill-chunk {C} does not fit {what} {L}: check runs a prompt "
+            raise FlagError(f"--prefill-chunk {C} does not fit {what} {L}: check runs a prompt "
                              f"of a chunk and {PROMPT_EXTRA} and {after - PROMPT_EXTRA} tokens "
                              f"after it; give a --prefill-chunk of at most {L - after}, or none")
         if L - after < 1:
-            raise ValueError(f"check needs a context of at least {after + 1}, and {what} is "
+            # A flag's fault where one set the context or the steps; else the model's own.
+            error = FlagError if max_seq_len is not None or steps != STEPS else ValueError
+            raise error(f"check needs a context of at least {after + 1}, and {what} is "
                              f"{L}: it runs a prompt of a chunk and {PROMPT_EXTRA} and "
                              f"{after - PROMPT_EXTRA} tokens after it (--steps lowers that)")
         fitted = L - after
@@ -268,7 +272,7 @@ def command(
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help=f"context length (default: the model's own, at most {CHECK_CONTEXT}, within this host's memory)"),
-    prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's, shrunk to fit the context)"),
+    prefill_chunk: Optional[int] = typer.Option(None, callback=whole(1, MAX_PREFILL_CHUNK, "ids a prompt call holds"), help="ids a prompt call holds (default: the spec's, shrunk to fit the context)"),
     golden: Optional[Path] = typer.Option(None, help="the golden to judge by, or to record into (default: any golden of these inputs in the stores; recorded into the spec's checkout as <spec>/<inputs>.npz under tests/goldens, else the user store)"),
     steps: Optional[int] = typer.Option(None, min=1, help=f"teacher-forced KL steps (default: all the golden holds, else {STEPS}); with a golden, at most the steps it holds (its first N judge); with --record-golden, the steps recorded"),
     record_golden: bool = typer.Option(False, "--record-golden", help="record the golden from transformers first (needs the golden extra)"),

@@ -186,6 +186,17 @@ def number(low: Optional[float] = None, high: Optional[float] = None, *,
     return check
 
 
+def whole(low: int, high: int, what: str) -> Callable:
+    """A typer option callback refusing, as a usage error (exit 2) before anything loads, a
+    whole number outside ``low``..``high``, naming that range and ``what`` the flag is;
+    None (the flag not given) passes."""
+    def check(value):
+        if value is not None and not low <= value <= high:
+            raise typer.BadParameter(f"{value} is not within {low}..{high} ({what})")
+        return value
+    return check
+
+
 def choice(valid: tuple[str, ...], several: bool = False) -> Callable:
     """A typer option callback refusing, as a usage error (exit 2) before anything loads, a
     value that is none of ``valid`` (each valid one named); with ``several``, a

@@ -21,6 +21,11 @@ class FlagError(ValueError):
     does on its own checks; the library raises it as the ValueError it is."""
 
 
+class NoWeights(FlagError):
+    """No checkpoint was given and none can be found (the spec names no example): the
+    FlagError a command that needs real weights (``bench``) tells its user apart."""
+
+
 def message(e: Exception) -> str:
     """The line a command prints for ``e``: a SpecError says ``FILE:LINE:COL: error:`` itself,
     anything else gets ``error:`` before it."""

@@ -22,10 +22,11 @@ from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
 from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, weights_source
-from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages
+from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
 from .generation import Completion, Stream, read_generation_config, sampler_for, setting
+from .interpreter import MAX_PREFILL_CHUNK
 from .gguf_files import is_gguf
 from .loader import load_spec
 from .registry import find
@@ -50,7 +51,7 @@ def command(
     threads: Optional[int] = typer.Option(None, min=1, help="threads for the kernels (default: OPENBLAS_NUM_THREADS, else every core)"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON object per generation: text, token ids, per-token log-probabilities, finish reason, seed, timings"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help="context length (default: the checkpoint's own, fitted to this host's memory)"),
-    prefill_chunk: Optional[int] = typer.Option(None, min=1, help="ids a prompt call holds (default: the spec's)"),
+    prefill_chunk: Optional[int] = typer.Option(None, callback=whole(1, MAX_PREFILL_CHUNK, "ids a prompt call holds"), help="ids a prompt call holds (default: the spec's)"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),

@@ -139,11 +139,11 @@ def test_a_256_context_checkpoint_checks_with_no_flag(tmp_path):
 
 def test_a_context_too_short_for_any_chunk_is_refused_naming_its_need():
     result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--max-seq-len", "40")
-    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output  # the flag's: usage
     assert "check needs a context of at least 48, and --max-seq-len is 40" in result.output
     result = check(SPECS / "llama3.yaml", "--random-weights", "0", "--toy", "--max-seq-len",
                    "100", "--prefill-chunk", "64")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--prefill-chunk 64 does not fit --max-seq-len 100" in result.output
     assert "at most 53" in result.output
 

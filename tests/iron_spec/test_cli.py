@@ -104,8 +104,9 @@ def test_not_a_directory_nor_a_hub_id(tmp_path):
 
 
 def test_max_seq_len_past_the_model(toy_checkpoint):
-    line = _error_line(run("--random-weights", "0", "--toy", "--max-seq-len", "100000"))
-    assert "--max-seq-len 100000 is not within 1..512" in line
+    result = run("--random-weights", "0", "--toy", "--max-seq-len", "100000")
+    assert result.exit_code == 2, result.output  # a flag out of its range: usage
+    assert "--max-seq-len 100000 is not within 1..512" in result.output
 
 
 def test_prompt_past_max_seq_len_is_refused():
@@ -282,7 +283,7 @@ def test_check_fits_its_prompt_chunk_to_a_short_context():
     # A prompt of a chunk and 8, and 39 tokens after it (40 KL steps): a chunk of 1 at least.
     for length in (1, 32, 47):
         result = check(length)
-        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert result.exit_code == 2 and "Traceback" not in result.output
         assert f"check needs a context of at least 48, and --max-seq-len is {length}" in \
             result.output
     result = check(62)  # the toy's chunk of 16 needs 63: 15 it is
