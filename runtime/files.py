@@ -96,17 +96,39 @@ def read_text(path: str | Path, limit: int = MAX_JSON, what: str = "file") -> st
                         f"{e.start}: {e.reason})") from None
 
 
+class _Twice(Exception):
+    """A key given twice in one JSON object (``_unique``), caught by ``parse_json``."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object's pairs as a dict, refusing a key given twice: json (and so
+    transformers) keeps the last silently, and which one the file meant is not for us to
+    guess."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Twice(k, out[k], v)
+        out[k] = v
+    return out
+
+
 def parse_json(text: str | bytes, source: str) -> Any:
     """``text`` parsed as JSON, refusals naming ``source``: invalid JSON at its line and
-    column, nesting past the recursion limit, the non-standard constants NaN and Infinity
-    (transformers' json reads them, and a NaN factor then makes every logit NaN, so each is
-    refused where it is read: here they stay floats for that check to name the key).
+    column, a key given twice in one object, nesting past the recursion limit; the
+    non-standard constants NaN and Infinity (transformers' json reads them, and a NaN factor
+    then makes every logit NaN, so each is refused where it is read: here they stay floats
+    for that check to name the key).
 
     Raises:
-        FileError: not JSON, or nested too deeply.
+        FileError: not JSON, a duplicate key, or nested too deeply.
     """
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique)
+    except _Twice as e:
+        key, first, last = e.args
+        raise FileError(f"{source}: the key {key!r} is given twice in one object ({first!r}, "
+                        f"then {last!r}); json would keep the last silently: give it once") \
+            from None
     except json.JSONDecodeError as e:
         raise FileError(f"{source}: not valid JSON: {e.msg} at line {e.lineno} column "
                         f"{e.colno}") from None

@@ -171,6 +171,12 @@ FILES = [
     ("empty", lambda p: p.write_text(""), "not valid JSON"),
     ("deeply_nested", lambda p: p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"),
      "nested too deeply"),
+    # json keeps the last of a key given twice: a config.json edited by hand says 64 and 96.
+    ("duplicate_key", lambda p: p.write_text('{"hidden_size": 64, "hidden_size": 96}'),
+     "the key 'hidden_size' is given twice in one object (64, then 96)"),
+    ("duplicate_nested_key", lambda p: p.write_text(
+        '{"rope_parameters": {"rope_type": "default", "rope_type": "linear"}}'),
+     "the key 'rope_type' is given twice in one object ('default', then 'linear')"),
 ]
 
 
