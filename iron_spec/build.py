@@ -214,12 +214,34 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
         config_json, source = gguf_files.config_json(spec, directory), str(directory)
     else:
         config_json, source = read_config(directory), str(directory / "config.json")
-    served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
-    if isinstance(archs, list) and archs and not set(archs) & set(served):
-        raise spec.error(("architectures",), f"this spec serves {', '.join(served)}; {source} is "
-                         f"{', '.join(map(str, archs))} (iron-spec list shows which spec serves it)")
+    refuse_other_architecture(spec, config_json, source)
     account(spec, config_json, source, allow_unread_config)
     return config_json, source, directory
+
+
+def other_architecture(spec, config_json: dict, source: str) -> str | None:
+    """What says ``config_json`` is a model this spec does not serve: its ``architectures``
+    (where it names some) share none with the spec's, each side's named with its
+    ``model_type`` (the spec's from its toy config); None where the spec serves it."""
+    served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(served, list) or \
+            set(archs) & set(served):
+        return None
+    theirs, ours = config_json.get("model_type"), spec.get("toy", "config", "model_type")
+    return (f"{source} is {', '.join(map(str, archs))}"
+            + (f" (model_type {theirs})" if theirs is not None else "")
+            + f"; this spec serves {', '.join(map(str, served))}"
+            + (f" (model_type {ours}, as its toy config)" if ours is not None else "")
+            + ": the architecture does not match (iron-spec list shows which spec serves it)")
+
+
+def refuse_other_architecture(spec, config_json: dict, source: str) -> None:
+    """Raises SpecError (at the spec's ``architectures``) where ``config_json`` is a model
+    the spec does not serve (``other_architecture``), before its keys are accounted for: a
+    Gemma config.json under a Llama spec is another model, not keys to map."""
+    said = other_architecture(spec, config_json, source)
+    if said is not None:
+        raise spec.error(("architectures",), said)
 
 
 def example(spec) -> Path:

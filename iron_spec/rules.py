@@ -14,7 +14,7 @@ from iron_spec.runtime.renames import Pattern, RenameError, compile_table, sourc
 from iron_spec.runtime.module import Module
 
 from . import expr
-from .build import build_tree
+from .build import build_tree, other_architecture
 from .config import (MISSING, entry, ignored_keys, lookup, mapped, refusals, rope_moves, standard,
                      unread, unread_message)
 from .errors import SpecError
@@ -284,12 +284,8 @@ def refused(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[Spe
 
 def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
     """A config.json naming architectures none of which this spec serves."""
-    theirs = config_json.get("architectures")
-    ours = spec.get("architectures")
-    if not isinstance(theirs, list) or not isinstance(ours, list) or set(theirs) & set(ours):
-        return []
-    return [spec.error(("architectures",), f"{source} is a {', '.join(map(str, theirs))}; this "
-                       f"spec serves {', '.join(map(str, ours))}")]
+    said = other_architecture(spec, config_json, source)
+    return [] if said is None else [spec.error(("architectures",), said)]
 
 
 def build(spec: Spec, config_json: Mapping[str, Any], source: str, place: tuple = ("config",)

@@ -27,7 +27,7 @@ from iron_spec.runtime.module import Module, Param
 
 from . import gguf_files
 from .arguments import said
-from .build import build_tree, checkpoint_names, read_config
+from .build import build_tree, checkpoint_names, read_config, refuse_other_architecture
 from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from .errors import SpecError, message
@@ -96,6 +96,7 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         if not isinstance(toy, dict):
             raise spec.error((), "this spec has no toy: section; give --checkpoint DIR")
         config_json, on, source = toy, f"{spec.file} toy.config", "toy.config"
+    refuse_other_architecture(spec, config_json, on)
     account(spec, config_json, on, allow_unread_config)
     tree = build_tree(spec, config_json, on)
     resolved = resolve(spec, config_json, source)

@@ -127,7 +127,9 @@ def test_config_json_of_another_architecture(tmp_path):
     config = dict(spec.data["toy"]["config"], architectures=["Qwen3ForCausalLM"])
     problems = lint_spec(spec, ConfigFile("q/config.json", config))
     assert [p.message for p in problems] == [
-        "q/config.json is a Qwen3ForCausalLM; this spec serves LlamaForCausalLM"]
+        "q/config.json is Qwen3ForCausalLM (model_type llama); this spec serves "
+        "LlamaForCausalLM (model_type llama, as its toy config): the architecture does not "
+        "match (iron-spec list shows which spec serves it)"]
 
 
 def test_smollm2_config_is_fully_mapped(smollm2):

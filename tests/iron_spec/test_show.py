@@ -97,3 +97,15 @@ def test_smollm2_parameter_count_is_hugging_faces(smollm2):
     out = show(LLAMA, "--checkpoint", str(smollm2)).stdout
     assert "params    134,515,008 float32 (538,060,032 bytes, 513.1 MiB) as held" in out
     assert "stored    134,515,008 BF16 (269,030,016 bytes, 256.6 MiB) in the checkpoint's files" in out
+
+
+def test_a_checkpoint_of_another_architecture_is_said_so_not_its_unread_keys(smollm2):
+    # SmolLM2 is a LlamaForCausalLM: gemma3's spec would list the keys it does not read
+    # (hidden_act, mlp_bias, ...) as if they were what stood in the way.
+    result = show(str(SPECS / "gemma3.yaml"), "--checkpoint", str(smollm2))
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert (f"{smollm2 / 'config.json'} is LlamaForCausalLM (model_type llama); this spec serves "
+            "Gemma3ForCausalLM (model_type gemma3_text, as its toy config): the architecture "
+            "does not match") in said, said
+    assert "neither mapped under config" not in said
