@@ -52,6 +52,9 @@ class Expanded:
     renames: dict[str, str]
     transposed: tuple[str, ...] = ()
     unused: tuple[str, ...] = ()
+    # The option paths under ``layer`` a pattern's entry may set per type (each read through
+    # ``_layer``'s ``word``): any other an entry gives is never read (lint refuses it).
+    per_type: frozenset = frozenset()
 
 
 FLAG = "true or false"  # what a flag option takes, as its refusals say
@@ -206,9 +209,10 @@ def _heads_group(spec: Spec, r: Resolved, a: AttentionOptions, heads: tuple,
                          "query heads)")
 
 
-def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
+def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
-    ``layer``'s own."""
+    ``layer``'s own; each option path read so (and so settable per type) is added to
+    ``per_type``."""
 
     def _maybe_flag(value, at):
         return None if value is None else _flag(spec, at, value)
@@ -219,6 +223,8 @@ def _layer(spec: Spec, r: Resolved, t: Any) -> LayerOptions:
     def word(*path, default=None):
         """The raw value at ``path`` under ``layer`` (or its override) and where it is."""
         at = ("layer",) + path
+        if per_type is not None:
+            per_type.add(path)
         over = ("layer", "pattern", "options", t) + path
         if t is not None and spec.get(*over, default=_ABSENT) is not _ABSENT:
             at = over
@@ -556,11 +562,11 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
     own = per_layer_fields(spec)
     rs = [resolve(spec, config_json, source, layer=i) if own else r for i in range(len(types))]
     built: dict[Any, LayerOptions] = {}
-    keys = []
+    keys, per_type = [], set()
     for t, ri in zip(types, rs):
         key = (t,) + tuple(repr(ri.values[f]) for f in own)
         if key not in built:
-            built[key] = _layer(spec, ri, t)
+            built[key] = _layer(spec, ri, t, per_type)
         keys.append(key)
     layers = [built[k] for k in keys]
     model_fields = r
@@ -616,7 +622,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_rows=_head_rows(spec, r, v["vocab_size"]),
         head_transform=_head_transform(spec, r), altup=layers[0].altup,
         max_seq_len=L, prefill_chunk=min(C, L))
-    return Expanded(spec, r, options, *checkpoint_layout(spec, r))
+    return Expanded(spec, r, options, *checkpoint_layout(spec, r), per_type=frozenset(per_type))
 
 
 def _own_tables(spec: Spec, built: dict, fields: dict, ropes: dict[str, RopeOptions],

@@ -81,7 +81,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
     problems = validate(spec)
     problems += rules.expressions(spec) + rules.config_fields(spec) + rules.kinds(spec)
     problems += rules.ignored(spec) + rules.spellings(spec) + rules.unread_fields(spec)
-    problems += rules.validation(spec)
+    problems += rules.validation(spec) + rules.pattern_options(spec)
     toy = spec.get("toy", "config")
     configs = []
     if isinstance(toy, dict):

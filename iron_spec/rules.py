@@ -199,6 +199,38 @@ def kinds(spec: Spec) -> list[SpecError]:
     return out
 
 
+def pattern_options(spec: Spec) -> list[SpecError]:
+    """Options a causal spec's ``layer.pattern.options`` entry gives that no layer reads
+    per type (``interpreter.Expanded.per_type``, as expanded on the toy config): an option
+    built once for every layer (``attention.latent``, ``attention.differential``) set
+    under a pattern is ignored, silently wrong. An encoder's pattern is held to its two
+    options where it expands."""
+    from .interpreter import expand
+
+    entries = spec.get("layer", "pattern", "options")
+    toy = spec.get("toy", "config")
+    if spec.get("model") == "encoder" or not isinstance(entries, dict) or \
+            not isinstance(toy, dict):
+        return []
+    try:
+        per_type = expand(spec, toy).per_type
+    except (SpecError, ValueError, TypeError):
+        return []  # a spec that does not expand: its own error, and nothing judged here
+    out = []
+    for t, entry in entries.items():
+        for section, options in (entry.items() if isinstance(entry, dict) else ()):
+            for key in (options if isinstance(options, dict) else ()):
+                if (section, key) in per_type:
+                    continue
+                at = ("layer", "pattern", "options", t, section, key)
+                out.append(spec.error(at, f"{where(at)} is never read: {section}.{key} is "
+                                      "built once for every layer, whatever its type, so a "
+                                      f"pattern cannot set it (set it under layer.{section}; "
+                                      "a pattern sets the options read layer by layer, such "
+                                      f"as attention.window or mlp.intermediate_size)"))
+    return out
+
+
 def validation(spec: Spec) -> list[SpecError]:
     """A ``validation.kl`` bound above float32's default (``gates.DEFAULT_KL``) with no
     ``why`` (a gate loosened for no reason hides the errors it lets through), and an

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from iron_spec import kinds, rules
 from iron_spec.cli import app
+from iron_spec.interpreter import expand
 from iron_spec.lint import ConfigFile, lint_paths, lint_spec
 from iron_spec.loader import parse_spec
 from iron_spec.schema import at, known_keys
@@ -214,3 +216,31 @@ def test_transposed_pattern_matching_no_matrix():
 def test_rename_that_drops_a_run_is_checked_against_the_model():
     spec = parse_spec("checkpoint:\n  renames: {language_model: ''}\n")
     assert rules.renames(spec, ["model.norm.weight"]) == []
+
+
+DIFFERENTIAL = ("    differential: {lambda_base: 0.8, lambda_amplitude: 0.6, lambda_decay: 0.3, "
+                "eps: rms_norm_eps}\n")
+LATENT = ("    latent: {q_lora_rank: q_lora_rank, kv_lora_rank: kv_lora_rank,\n"
+          "             qk_nope_head_dim: qk_nope_head_dim, qk_rope_head_dim: qk_rope_head_dim,\n"
+          "             v_head_dim: v_head_dim}\n")
+
+
+@pytest.mark.parametrize("name, option, key", [("diffllama", DIFFERENTIAL, "differential"),
+                                               ("minicpm3", LATENT, "latent")])
+def test_an_option_a_pattern_would_ignore_is_refused_at_its_line(tmp_path, name, option, key):
+    text = (SPECS / f"{name}.yaml").read_text()
+    assert option in text
+    # The option moved under a pattern's entry: built once for every layer, it is read from
+    # layer.attention alone, so there it was dropped without a word.
+    moved = textwrap.indent(option.strip("\n"), " " * 6)
+    pattern = ("  pattern:\n    every: 2\n    nth: one\n    other: two\n    options:\n"
+               f"      one:\n        attention:\n{moved}\n      two: {{}}\n")
+    edited = text.replace(option, "").replace("  mlp: {kind: gated", pattern + "  mlp: {kind: gated", 1)
+    assert pattern in edited
+    spec = parse_spec(edited, str(tmp_path / f"{name}.yaml"))
+    options = expand(spec, spec.get("toy", "config")).options
+    assert all(getattr(lo.attention, key) is None for lo in options.layers)  # ignored
+    line = next(i for i, t in enumerate(edited.splitlines(), 1) if t.strip().startswith(f"{key}:"))
+    problems = [p for p in lint_spec(spec) if "is never read" in p.message]
+    assert [(p.line, p.message.split(":")[0]) for p in problems] == [
+        (line, f"layer.pattern.options.one.attention.{key} is never read")], problems
