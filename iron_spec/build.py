@@ -239,9 +239,9 @@ def refuse_other_architecture(spec, config_json: dict, source: str) -> None:
     """Raises SpecError (at the spec's ``architectures``) where ``config_json`` is a model
     the spec does not serve (``other_architecture``), before its keys are accounted for: a
     Gemma config.json under a Llama spec is another model, not keys to map."""
-    said = other_architecture(spec, config_json, source)
-    if said is not None:
-        raise spec.error(("architectures",), said)
+    text = other_architecture(spec, config_json, source)
+    if text is not None:
+        raise spec.error(("architectures",), text)
 
 
 def example(spec) -> Path:
@@ -339,9 +339,10 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         SpecError: the spec is invalid, does not fit the config, or leaves a config.json
             key unaccounted for.
         CheckpointError: the weights do not fit the model (every tensor named).
-        ValueError: bad arguments (no weights source, ``max_seq_len`` past the model's own,
-            reduced decode weights without the decode pool, bfloat16 that would round a
-            weight, int8 on rows not a multiple of 32 long).
+        FlagError: (a ValueError) no weights source, ``max_seq_len`` past the model's own
+            context, a ``prefill_chunk`` past the context (a usage error in the CLI).
+        ValueError: reduced decode weights without the decode pool, bfloat16 that would
+            round a weight, int8 on rows not a multiple of 32 long.
     """
     _refuse_decode_weights(decode_weights)
     spec = load_spec(spec_path)
@@ -373,7 +374,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
             raise FlagError(f"{said('max_seq_len', max_seq_len)} is not within "
-                             f"1..{native}, the model's own context")
+                            f"1..{native}, the model's own context")
         L = max_seq_len
         fixed, per_position = _footprint(expanded.options, decode_weights)
         need, budget = fixed + per_position * L, host_budget()
@@ -386,7 +387,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if asked is not None and asked > L:
         raise FlagError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
-                         "(a prompt call holds at most the context; it is not cut silently)")
+                        "(a prompt call holds at most the context; it is not cut silently)")
     if L != native:
         expanded = expand(spec, config_json, max_seq_len=L, prefill_chunk=prefill_chunk,
                           source=source)

@@ -172,7 +172,7 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
             raise FlagError(f"--max-seq-len {max_seq_len} is not within 1..{native}, the "
-                             "model's own context")
+                            "model's own context")
         L, where = max_seq_len, f"context {max_seq_len} (--max-seq-len)"
     else:
         fixed, per_position = _footprint(options, decode_weights)
@@ -184,14 +184,14 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
         what = "--max-seq-len" if max_seq_len is not None else "the context"
         if prefill_chunk is not None:
             raise FlagError(f"--prefill-chunk {C} does not fit {what} {L}: check runs a prompt "
-                             f"of a chunk and {PROMPT_EXTRA} and {after - PROMPT_EXTRA} tokens "
-                             f"after it; give a --prefill-chunk of at most {L - after}, or none")
+                            f"of a chunk and {PROMPT_EXTRA} and {after - PROMPT_EXTRA} tokens "
+                            f"after it; give a --prefill-chunk of at most {L - after}, or none")
         if L - after < 1:
             # A flag's fault where one set the context or the steps; else the model's own.
             error = FlagError if max_seq_len is not None or steps != STEPS else ValueError
             raise error(f"check needs a context of at least {after + 1}, and {what} is "
-                             f"{L}: it runs a prompt of a chunk and {PROMPT_EXTRA} and "
-                             f"{after - PROMPT_EXTRA} tokens after it (--steps lowers that)")
+                        f"{L}: it runs a prompt of a chunk and {PROMPT_EXTRA} and "
+                        f"{after - PROMPT_EXTRA} tokens after it (--steps lowers that)")
         fitted = L - after
         fitted = fitted // 8 * 8 if fitted >= 64 else fitted
         where += f", prompt chunk {fitted} (the spec's {C}, shrunk to fit)"
