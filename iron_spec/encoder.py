@@ -34,6 +34,8 @@ from .schema import validate
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "head_dim")
+# Fields a layer that mixes its rows without attention (layer/mixing) reads nothing from.
+ATTENTION_FIELDS = ("num_attention_heads", "head_dim")
 
 
 @dataclass
@@ -205,12 +207,19 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
     if problems:
         raise problems[0]
     fields = spec.get("config") or {}
-    missing = [f for f in REQUIRED if f not in fields]
+    mixing = spec.get("layer", "mixing", default="attention")
+    required = REQUIRED if mixing == "attention" else \
+        tuple(f for f in REQUIRED if f not in ATTENTION_FIELDS)
+    missing = [f for f in required if f not in fields]
     if missing:
         raise spec.error(("config",), f"config lacks the required fields {', '.join(missing)}")
     r = resolve(spec, config_json, source)
     v = r.values
-    for name in REQUIRED + tuple(n for n in ("num_key_value_heads",) if n in fields):
+    if mixing != "attention":
+        # No attention reads them: one nominal head over the hidden width where undeclared.
+        v = {"num_attention_heads": 1, "head_dim": v["hidden_size"], **v}
+        _no_attention_options(spec)
+    for name in required + tuple(n for n in ("num_key_value_heads",) if n in fields):
         if isinstance(v[name], bool) or not isinstance(v[name], int):
             raise spec.error(("config", name), f"config/{name} is {v[name]!r}, not a whole "
                              f"number (from {r.sources[name]})")
@@ -274,7 +283,7 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout,
         qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
         residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0),
-        disentangled=_disentangled(spec, r))
+        disentangled=_disentangled(spec, r), mixing=mixing)
     if one.disentangled is not None and scale is not None:
         raise spec.error(a + ("scale",), "disentangled attention scales its scores by "
                                          "1 / sqrt(head_dim * (1 + len(types))): leave "
@@ -344,6 +353,22 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         **_languages(spec, r))
     renames, transposed, unused = checkpoint_layout(spec, r)
     return ExpandedEncoder(spec, r, options, renames, unused, transposed)
+
+
+def _no_attention_options(spec: Spec) -> None:
+    """A layer mixing its rows without attention (``layer/mixing`` other than ``attention``)
+    reads no attention option and no RoPE table.
+
+    Raises:
+        SpecError: at the first attention option or the ``rope:`` section.
+    """
+    a = ("layer", "attention")
+    for key in spec.get(*a, default=None) or {}:
+        raise spec.error(a + (key,), f"layer/mixing {spec.get('layer', 'mixing')!r} holds no "
+                                     f"attention: leave layer/attention/{key} out")
+    if spec.get("rope", default=None):
+        raise spec.error(("rope",), "a layer mixing its rows without attention turns nothing "
+                                    "by RoPE: leave rope: out")
 
 
 DISENTANGLED_TYPES = ("c2p", "p2c")

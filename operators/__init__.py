@@ -16,6 +16,7 @@ from .disentangled import DisentangledAttention
 from .dynamic_mask import DynamicMask
 from .elementwise import Add, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
+from .fourier import FourierMix
 from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
@@ -37,7 +38,7 @@ OPERATORS: dict[str, Operator] = {
         AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
         DynamicMask(),
-        GaussianTopK(),
+        GaussianTopK(), FourierMix(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
 }
@@ -48,7 +49,7 @@ __all__ = [
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
-    "DisentangledAttention",
+    "DisentangledAttention", "FourierMix",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",

@@ -28,6 +28,7 @@ from .reference import Reference
 PLACEMENTS = ("post", "pre")
 POOLINGS = ("none", "mean", "cls", "pooler")
 ENCODER_MLP_KINDS = ("plain", "gated")
+MIXINGS = ("attention", "fourier")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class EncoderLayerOptions:
     before their residual adds (EsmcLayer's division by ``sqrt(layers / 36)``).
     ``disentangled``: disentangled attention in place of the plain scaled scores
     (``DisentangledOptions``; None: none).
+    ``mixing``: how the rows meet: ``attention`` (the above), or ``fourier``: the real part
+    of the 2-D DFT over rows and hidden columns (``operators.fourier``), with no projection
+    before or after it, only its norm ``attention.output.LayerNorm``, as
+    FNetBasicFourierTransform and FNetBasicOutput (the attention options unread).
     """
 
     heads: int
@@ -120,6 +125,7 @@ class EncoderLayerOptions:
     qk_norm_bias: bool | None = None
     residual_scale: float = 1.0
     disentangled: DisentangledOptions | None = None
+    mixing: str = "attention"
 
 
 @dataclass(frozen=True)
@@ -353,20 +359,40 @@ class SelfAttentionProjections(Module):
 class Output(Module):
     """``dense`` then (post-norm) ``LayerNorm(dense(h) + residual)``: BertSelfOutput and
     BertOutput. Under pre-norm, ``LayerNorm`` normalizes the block's input instead (None
-    where ``normed`` is false: the block reads its input as it is)."""
+    where ``normed`` is false: the block reads its input as it is). ``dense`` is None where
+    ``projected`` is false (FNetBasicOutput: the norm alone)."""
 
     def __init__(self, in_features: int, E: int, bias: bool, norm: NormOptions,
-                 normed: bool = True):
-        self.dense = Linear(in_features, E, bias)
+                 normed: bool = True, projected: bool = True):
+        self.dense = Linear(in_features, E, bias) if projected else None
         self.LayerNorm = Norm(E, norm) if normed else None
 
 
 class Attention(Module):
-    """``self`` (the projections and attention) and ``output`` (dense and its norm)."""
+    """``self`` (the projections and attention) and ``output`` (dense and its norm); with
+    Fourier mixing no ``self`` and an ``output`` of its norm alone.
+
+    Raises:
+        ValueError: an unknown ``mixing``.
+    """
 
     def __init__(self, E: int, o: EncoderLayerOptions):
-        self.self = SelfAttentionProjections(E, o)
-        self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm, o.attention_norm)
+        if o.mixing not in MIXINGS:
+            raise ValueError(f"mixing {o.mixing!r} is not one of {', '.join(MIXINGS)}")
+        attends = o.mixing == "attention"
+        self.self = SelfAttentionProjections(E, o) if attends else None
+        self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm, o.attention_norm,
+                             projected=attends)
+        self.options = o
+
+    def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
+                 bias: tuple[Handle, RelativeBiasOptions] | None, rel: Handle | None
+                 ) -> Handle:
+        """The block's output before its residual add: ``output.dense`` of the attention,
+        or the Fourier transform of ``x`` ``(rows, hidden)``."""
+        if self.self is None:
+            return rec.step("fourier_mix", x, where=self.path)
+        return self.output.dense(rec, self.self(rec, x, rope, bias, rel))
 
 
 class Intermediate(Module):
@@ -434,12 +460,12 @@ class EncoderLayer(Module):
         attn_out, mlp_out = self.attention.output, self.output
         s = self.options.residual_scale
         if self.options.placement == "post":
-            a = attn_out.dense(rec, self.attention.self(rec, x, rope, bias, rel))
+            a = self.attention(rec, x, rope, bias, rel)
             x = attn_out.LayerNorm(rec, rec.step("add", x, a, where=self.path, scale=s))
             m = mlp_out.dense(rec, self.intermediate(rec, x))
             return mlp_out.LayerNorm(rec, rec.step("add", x, m, where=self.path, scale=s))
         h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
-        a = attn_out.dense(rec, self.attention.self(rec, h, rope, bias, rel))
+        a = self.attention(rec, h, rope, bias, rel)
         x = rec.step("add", x, a, where=self.path, scale=s)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path, scale=s)
