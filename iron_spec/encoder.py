@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks import QKV_LAYOUTS, RopeOptions, rope_switch
-from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, DisentangledOptions, Encoder, \
+from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, BottleneckOptions, DisentangledOptions, Encoder, \
     EncoderLayerOptions, EncoderOptions, PoolingOptions, POOLINGS, RelativeBiasOptions
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
@@ -283,7 +283,12 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         placement=placement, fused_qkv=fused_qkv, qkv_layout=qkv_layout,
         qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
         residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0),
-        disentangled=_disentangled(spec, r), mixing=mixing)
+        disentangled=_disentangled(spec, r), mixing=mixing, bottleneck=_bottleneck(spec, r),
+        feedforwards=_feedforwards(spec, r))
+    if (one.bottleneck is not None or one.feedforwards > 1) and placement != "post":
+        raise spec.error(layer + ("bottleneck" if one.bottleneck else "feedforwards",),
+                         "a bottleneck and several feedforwards are built post-norm only "
+                         f"(placement is {placement!r})")
     if one.disentangled is not None and scale is not None:
         raise spec.error(a + ("scale",), "disentangled attention scales its scores by "
                                          "1 / sqrt(head_dim * (1 + len(types))): leave "
@@ -350,9 +355,56 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
         max_tokens=int(L), relative_bias=_relative_bias(spec, r, layers),
         sinusoidal=_sinusoidal(spec, r, positions, width or v["hidden_size"]),
-        **_languages(spec, r))
+        **_languages(spec, r), **_word_transform(spec, r))
     renames, transposed, unused = checkpoint_layout(spec, r)
     return ExpandedEncoder(spec, r, options, renames, unused, transposed)
+
+
+def _bottleneck(spec: Spec, r: Resolved) -> BottleneckOptions | None:
+    """``layer.bottleneck``: its ``size`` (a whole number from 1), ``shared_query_key`` and
+    ``attention_input``; None where the spec has none or its ``enabled`` is false.
+
+    Raises:
+        SpecError: at the option's line, a size that is no whole number from 1, or a flag
+            that is no boolean.
+    """
+    p = ("layer", "bottleneck")
+    if spec.get(*p) is None or not _flag_option(spec, r, p + ("enabled",), True):
+        return None
+    size = _whole(spec, r, p + ("size",), None)
+    if size < 1:
+        raise spec.error(p + ("size",), "a bottleneck of width 0: at least 1")
+    return BottleneckOptions(size, _flag_option(spec, r, p + ("shared_query_key",), False),
+                             _flag_option(spec, r, p + ("attention_input",), False))
+
+
+def _feedforwards(spec: Spec, r: Resolved) -> int:
+    """``layer.feedforwards``: MLPs per layer, a whole number from 1 (default 1).
+
+    Raises:
+        SpecError: at the option's line, anything else.
+    """
+    n = _whole(spec, r, ("layer", "feedforwards"), 1)
+    if n < 1:
+        raise spec.error(("layer", "feedforwards"), "0 feedforwards: at least the layer's own 1")
+    return n
+
+
+def _word_transform(spec: Spec, r: Resolved) -> dict[str, Any]:
+    """``embedding.word_transform``: the word table's ``size`` and ``trigram``, as
+    ``EncoderOptions``' ``word_size`` and ``trigram`` (none: ``{}``).
+
+    Raises:
+        SpecError: at the option's line, a size that is no whole number from 1, or a trigram
+            flag that is no boolean.
+    """
+    p = ("embedding", "word_transform")
+    if spec.get(*p) is None:
+        return {}
+    size = _whole(spec, r, p + ("size",), None)
+    if size < 1:
+        raise spec.error(p + ("size",), "word embeddings of width 0: at least 1")
+    return {"word_size": size, "trigram": _flag_option(spec, r, p + ("trigram",), False)}
 
 
 def _no_attention_options(spec: Spec) -> None:

@@ -171,8 +171,8 @@ def norm_options(spec: Spec, r: Resolved, path: tuple) -> NormOptions:
     and ``bias`` evaluated, each error naming the option's own line.
 
     Raises:
-        SpecError: a kind other than ``rms`` or ``layer``, an eps not above 0, a flag that is
-            not a boolean.
+        SpecError: a kind other than ``rms``, ``layer`` or ``no_norm``, an eps not above 0,
+            a flag that is not a boolean.
     """
     kind = spec.get(*path, "kind", default="rms")
     if kind not in NORM_KINDS:

@@ -25,7 +25,7 @@ KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "task_types",
                                                   "token_dropout", "size",
-                                                  "project", "languages")}),
+                                                  "project", "languages", "word_transform")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
         **{k: ("kv_sharing", "laurel", "altup")
@@ -33,7 +33,8 @@ KINDS: tuple[Row, ...] = (
            + (("parallel", "shared_norm", "first_attention_norm", "residual_weights")
               if k == "decoder" else ())
            for k in CAUSAL_LAYERS},
-        "encoder": ("first_attention_norm", "final_norm_bias", "sharing", "mixing")}),
+        "encoder": ("first_attention_norm", "final_norm_bias", "sharing", "mixing",
+                    "bottleneck", "feedforwards")}),
     Row(("layer", "attention"), ("layer", "kind"), {
         **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
@@ -42,7 +43,7 @@ KINDS: tuple[Row, ...] = (
                "dynamic_mask")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias", "disentangled")}),
-    Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",)}),
+    Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",), "no_norm": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},
                                               "encoder": ("down_bias",)}),
 )

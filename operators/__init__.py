@@ -14,7 +14,7 @@ from .base import Operator, PerCall, Tolerance
 from .differential import DifferentialAttention
 from .disentangled import DisentangledAttention
 from .dynamic_mask import DynamicMask
-from .elementwise import Add, Clamp, Columns, JoinHeads, Mul, TakeRow
+from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .fourier import FourierMix
 from .layernorm import LayerNorm
@@ -28,6 +28,7 @@ from .self_attention import SelfAttention
 from .softcap import Softcap
 from .sparsity import GaussianTopK, std_multiplier
 from .token_dropout import TokenDropoutRescale
+from .trigram import Trigram
 
 OPERATORS: dict[str, Operator] = {
     op.name: op
@@ -38,7 +39,7 @@ OPERATORS: dict[str, Operator] = {
         AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
         DynamicMask(),
-        GaussianTopK(), FourierMix(),
+        GaussianTopK(), FourierMix(), Affine(), Trigram(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
 }
@@ -49,7 +50,7 @@ __all__ = [
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
-    "DisentangledAttention", "FourierMix",
+    "DisentangledAttention", "FourierMix", "Affine", "Trigram",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",

@@ -79,6 +79,42 @@ class Mul(Operator):
         return Tolerance(atol=0.0, rtol=EPS32)
 
 
+class Affine(Operator):
+    """``x * weight + bias`` over the last axis: ``x`` ``(..., d)``, ``weight`` and ``bias``
+    ``(d,)`` (bias None: none); a norm that normalizes nothing, transformers' MobileBERT
+    ``NoNorm``. Two roundings in the kernel, the product's then the sum's, as torch's
+    ``input_tensor * self.weight + self.bias``.
+
+    Raises:
+        ValueError: a weight or bias other than ``(d,)``.
+    """
+
+    name = "affine"
+
+    def shape(self, x, weight, bias=None):
+        for name, v in (("weight", weight), ("bias", bias)):
+            if v is not None and tuple(v) != (x[-1],):
+                raise ValueError(f"affine: {name} {v} is not ({x[-1]},) for x {x}")
+        return x
+
+    def reference(self, x, weight, bias=None):
+        y = as64(x) * as64(weight)
+        return y if bias is None else y + as64(bias)
+
+    def kernel(self, out, x, weight, bias=None, scratch=None):
+        np.multiply(x, weight, out=out)
+        if bias is not None:
+            out += bias
+
+    def tolerance(self, x, weight, bias=None):
+        return Tolerance(atol=0.0, rtol=2 * EPS32)
+
+    def scale(self, reference, x, weight, bias=None):
+        # The sum's rounding is relative to its terms, which may cancel.
+        s = np.abs(as64(x) * as64(weight))
+        return s if bias is None else s + np.abs(as64(bias))
+
+
 class TakeRow(Operator):
     """Row ``index`` of ``x`` ``(n, d)`` as ``(1, d)``: a prompt chunk's last row, whose
     logits alone are needed."""

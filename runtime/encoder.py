@@ -61,6 +61,23 @@ class DisentangledOptions:
 
 
 @dataclass(frozen=True)
+class BottleneckOptions:
+    """A layer run ``size`` wide inside a wider stream, as MobileBertLayer with
+    ``use_bottleneck``: ``bottleneck.input`` (dense to ``size``, then the layer's norm) is
+    the attention's residual; queries and keys read ``bottleneck.attention``'s own such
+    projection where ``shared_query_key`` (``key_query_shared_bottleneck``), values the
+    layer's input; where ``attention_input`` (``use_bottleneck_attention``) queries, keys
+    and values all read ``bottleneck.input``'s; else all read the layer's input (only where
+    ``size`` is the stream's width). After the MLP, ``output.bottleneck`` (dense back to the
+    stream's width, then the norm of it plus the layer's input) is the layer's output
+    (OutputBottleneck)."""
+
+    size: int
+    shared_query_key: bool = True
+    attention_input: bool = False
+
+
+@dataclass(frozen=True)
 class EncoderLayerOptions:
     """One encoder layer.
 
@@ -98,6 +115,12 @@ class EncoderLayerOptions:
     of the 2-D DFT over rows and hidden columns (``operators.fourier``), with no projection
     before or after it, only its norm ``attention.output.LayerNorm``, as
     FNetBasicFourierTransform and FNetBasicOutput (the attention options unread).
+    ``bottleneck``: the layer runs narrower than the stream (``BottleneckOptions``; None:
+    at its width). ``feedforwards``: MLPs in turn after the attention, each ``x`` to
+    ``norm(x + mlp(x))``: the first ``feedforwards - 1`` as ``ffn.{i}`` (MobileBERT's
+    FFNLayer: ``intermediate.dense``, ``output.dense``, ``output.LayerNorm``), the last the
+    layer's own ``intermediate`` and ``output`` (MobileBertLayer's num_feedforward_networks;
+    post-norm only).
     """
 
     heads: int
@@ -126,6 +149,8 @@ class EncoderLayerOptions:
     residual_scale: float = 1.0
     disentangled: DisentangledOptions | None = None
     mixing: str = "attention"
+    bottleneck: BottleneckOptions | None = None
+    feedforwards: int = 1
 
 
 @dataclass(frozen=True)
@@ -198,6 +223,11 @@ class EncoderOptions:
     ``lang_embeddings(langs)`` (``n_langs`` where ``use_lang_emb`` and ``n_langs > 1``);
     ``language``: the language of a call that names none (XLMWithLMHeadModel's generation
     feeds ``lang_id`` so).
+    ``word_size``: the word table's own width where it alone differs (None: as the other
+    tables), mapped to theirs by ``embeddings.embedding_transformation`` (a Linear with
+    bias) before anything is added, as MobileBertEmbeddings; ``trigram``: the
+    transformation reads each row's next, own and previous word embeddings side by side
+    (``operators.trigram``; zeros past the text's ends), its ``trigram_input``.
     """
 
     vocab_size: int
@@ -223,17 +253,32 @@ class EncoderOptions:
     sinusoidal: Sinusoidal | None = None
     languages: int = 0
     language: int = 0
+    word_size: int | None = None
+    trigram: bool = False
 
 
 class Embeddings(Module):
     """Word, absolute position and token-type embeddings summed, then normalized, as
     transformers' BertEmbeddings (and a task-type embedding before the norm, as
     ErnieEmbeddings; a language embedding after the positions, as XLMModel). A computed
-    sinusoidal position table is ``position_table`` ``(positions, width)``, a constant."""
+    sinusoidal position table is ``position_table`` ``(positions, width)``, a constant. Word
+    embeddings of their own width pass ``embedding_transformation`` first (of a trigram of
+    them where the options say), as MobileBertEmbeddings.
+
+    Raises:
+        ValueError: ``trigram`` without a ``word_size`` (no transformation to read it).
+    """
 
     def __init__(self, o: EncoderOptions):
         E = o.embedding_size or o.hidden_size
-        self.word_embeddings = Embedding(o.vocab_size, E, o.embedding_scale)
+        if o.trigram and o.word_size is None:
+            raise ValueError("trigram word embeddings are 3 * word_size wide: they need a "
+                             "word_size and its embedding_transformation")
+        words = E if o.word_size is None else o.word_size
+        self.word_embeddings = Embedding(o.vocab_size, words, o.embedding_scale)
+        self.embedding_transformation = None if o.word_size is None else \
+            Linear(words * (3 if o.trigram else 1), E, True)
+        self.trigram = o.trigram
         self.position_embeddings = Embedding(o.positions, E) \
             if o.positions and o.sinusoidal is None else None
         self.position_table = o.sinusoidal.table(o.positions, E) \
@@ -251,6 +296,10 @@ class Embeddings(Module):
             mask_id, ratio = self.token_dropout
             x = rec.step("token_dropout_rescale", x, ids, where=self.path, mask_id=mask_id,
                          ratio=ratio)
+        if self.trigram:
+            x = rec.step("trigram", x, where=self.where("word_embeddings"))
+        if self.embedding_transformation is not None:
+            x = self.embedding_transformation(rec, x)
         if self.token_type_embeddings is not None:
             x = rec.step("add", x, self.token_type_embeddings(rec, types), where=self.path)
         if self.position_embeddings is not None:
@@ -271,9 +320,12 @@ class SelfAttentionProjections(Module):
     """``query``, ``key`` and ``value`` (BertSelfAttention), or one ``query_key_value``
     (``fused_qkv``), and attention over the call's rows."""
 
-    def __init__(self, E: int, o: EncoderLayerOptions):
+    def __init__(self, E: int, o: EncoderLayerOptions, value_in: int | None = None):
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         if o.fused_qkv:
+            if value_in not in (None, E):
+                raise ValueError("values of another width than queries and keys: not from a "
+                                 "fused query_key_value")
             self.query_key_value = fused_qkv(E, o)
         else:
             if o.qkv_layout != "blocks":
@@ -281,7 +333,7 @@ class SelfAttentionProjections(Module):
                                  "query_key_value's rows: only with fused_qkv")
             self.query = Linear(E, H * D, o.bias)
             self.key = Linear(E, G * D, o.bias)
-            self.value = Linear(E, G * D, o.bias)
+            self.value = Linear(E if value_in is None else value_in, G * D, o.bias)
         if o.qk_norm:
             qk = o.norm if o.qk_norm_bias is None else replace(o.norm, bias=o.qk_norm_bias)
             self.q_norm = Norm(H * D, qk)
@@ -303,10 +355,12 @@ class SelfAttentionProjections(Module):
                 self.pos_q_proj = Linear(E, H * D, True)
         self.options = o
 
-    def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle, Handle]:
+    def _project(self, rec: Recorder, x: Handle, values: Handle | None = None
+                 ) -> tuple[Handle, Handle, Handle]:
         o = self.options
         if not o.fused_qkv:
-            return self.query(rec, x), self.key(rec, x), self.value(rec, x)
+            return self.query(rec, x), self.key(rec, x), self.value(rec, x if values is None
+                                                                    else values)
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         qkv = self.query_key_value(rec, x)
         bounds = (0, H * D, (H + G) * D, (H + 2 * G) * D)
@@ -315,10 +369,12 @@ class SelfAttentionProjections(Module):
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
                  bias: tuple[Handle, RelativeBiasOptions] | None = None,
-                 rel: Handle | None = None) -> Handle:
+                 rel: Handle | None = None, values: Handle | None = None) -> Handle:
+        """Attention of ``x`` ``(rows, width)``'s queries and keys over values projected from
+        ``values`` (None: ``x``; MobileBERT's bottleneck feeds the layer's input)."""
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
-        q, k, v = self._project(rec, x)
+        q, k, v = self._project(rec, x, values)
         if o.qk_norm:
             q, k = self.q_norm(rec, q), self.k_norm(rec, k)
         q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
@@ -376,23 +432,24 @@ class Attention(Module):
         ValueError: an unknown ``mixing``.
     """
 
-    def __init__(self, E: int, o: EncoderLayerOptions):
+    def __init__(self, E: int, o: EncoderLayerOptions, value_in: int | None = None):
         if o.mixing not in MIXINGS:
             raise ValueError(f"mixing {o.mixing!r} is not one of {', '.join(MIXINGS)}")
         attends = o.mixing == "attention"
-        self.self = SelfAttentionProjections(E, o) if attends else None
+        self.self = SelfAttentionProjections(E, o, value_in) if attends else None
         self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm, o.attention_norm,
                              projected=attends)
         self.options = o
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
-                 bias: tuple[Handle, RelativeBiasOptions] | None, rel: Handle | None
-                 ) -> Handle:
-        """The block's output before its residual add: ``output.dense`` of the attention,
-        or the Fourier transform of ``x`` ``(rows, hidden)``."""
+                 bias: tuple[Handle, RelativeBiasOptions] | None, rel: Handle | None,
+                 values: Handle | None = None) -> Handle:
+        """The block's output before its residual add: ``output.dense`` of the attention
+        (values from ``values``, None: ``x``), or the Fourier transform of ``x`` ``(rows,
+        hidden)``."""
         if self.self is None:
             return rec.step("fourier_mix", x, where=self.path)
-        return self.output.dense(rec, self.self(rec, x, rope, bias, rel))
+        return self.output.dense(rec, self.self(rec, x, rope, bias, rel, values))
 
 
 class Intermediate(Module):
@@ -428,12 +485,52 @@ class Intermediate(Module):
                         where=self.path, act=o.act)
 
 
+class Projected(Module):
+    """``LayerNorm(dense(x))``, no residual: MobileBERT's BottleneckLayer."""
+
+    def __init__(self, in_features: int, out_features: int, norm: NormOptions):
+        self.dense = Linear(in_features, out_features, True)
+        self.LayerNorm = Norm(out_features, norm)
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        return self.LayerNorm(rec, self.dense(rec, x))
+
+
+class Bottleneck(Module):
+    """``input`` (the layer's input narrowed) and, where queries and keys share one of their
+    own, ``attention``: MobileBERT's Bottleneck."""
+
+    def __init__(self, E: int, b: BottleneckOptions, norm: NormOptions):
+        self.input = Projected(E, b.size, norm)
+        # Held wherever queries and keys share it, as transformers builds it, though
+        # attention_input then reads bottleneck.input's projection alone.
+        self.attention = Projected(E, b.size, norm) if b.shared_query_key else None
+
+
+class FeedForward(Module):
+    """``x`` to ``output.LayerNorm(x + output.dense(intermediate(x)))``, one MLP with its
+    residual and norm: MobileBERT's FFNLayer (an extra one before the layer's own)."""
+
+    def __init__(self, W: int, o: EncoderLayerOptions):
+        self.intermediate = Intermediate(W, o)
+        self.output = Output(o.intermediate_size, W,
+                             o.mlp_bias if o.down_bias is None else o.down_bias, o.norm)
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        m = self.output.dense(rec, self.intermediate(rec, x))
+        return self.output.LayerNorm(rec, rec.step("add", x, m, where=self.path))
+
+
 class EncoderLayer(Module):
-    """One layer: attention and MLP, each with its residual and norm (``placement``).
+    """One layer: attention and MLP, each with its residual and norm (``placement``); with a
+    bottleneck (post-norm), run ``bottleneck.size`` wide between ``bottleneck`` and
+    ``output.bottleneck``, and ``feedforwards - 1`` MLPs ``ffn`` before its own.
 
     Raises:
-        ValueError: an unknown placement, heads that do not group into kv heads, or no
-            attention norm under post-norm placement.
+        ValueError: an unknown placement, heads that do not group into kv heads, no
+            attention norm under post-norm placement, a bottleneck or several feedforwards
+            under pre-norm or a residual scale, or queries and keys reading the whole
+            stream through a bottleneck narrower than it.
     """
 
     def __init__(self, E: int, o: EncoderLayerOptions):
@@ -444,10 +541,26 @@ class EncoderLayer(Module):
                              "placement pre only")
         if o.heads % (o.kv_heads or o.heads):
             raise ValueError(f"{o.heads} attention heads do not group into {o.kv_heads} kv heads")
-        self.attention = Attention(E, o)
-        self.intermediate = Intermediate(E, o)
-        self.output = Output(o.intermediate_size, E,
+        b = o.bottleneck
+        if (b is not None or o.feedforwards != 1) and (o.placement != "post"
+                                                       or o.residual_scale != 1.0):
+            raise ValueError("a bottleneck and several feedforwards are built post-norm, "
+                             "without a residual scale")
+        if o.feedforwards < 1:
+            raise ValueError(f"{o.feedforwards} feedforwards: at least the layer's own")
+        W = E if b is None else b.size
+        if b is not None and not (b.attention_input or b.shared_query_key) and W != E:
+            raise ValueError(f"queries and keys read the {E}-wide input, projected from the "
+                             f"bottleneck's {W}: only where the widths agree")
+        value_in = E if b is not None and not b.attention_input else None
+        self.bottleneck = None if b is None else Bottleneck(E, b, o.norm)
+        self.attention = Attention(W, o, value_in)
+        self.ffn = [FeedForward(W, o) for _ in range(o.feedforwards - 1)] or None
+        self.intermediate = Intermediate(W, o)
+        self.output = Output(o.intermediate_size, W,
                              o.mlp_bias if o.down_bias is None else o.down_bias, o.norm)
+        if b is not None:
+            self.output.bottleneck = Output(W, E, True, o.norm)
         self.options = o
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None = None,
@@ -460,15 +573,38 @@ class EncoderLayer(Module):
         attn_out, mlp_out = self.attention.output, self.output
         s = self.options.residual_scale
         if self.options.placement == "post":
-            a = self.attention(rec, x, rope, bias, rel)
-            x = attn_out.LayerNorm(rec, rec.step("add", x, a, where=self.path, scale=s))
-            m = mlp_out.dense(rec, self.intermediate(rec, x))
-            return mlp_out.LayerNorm(rec, rec.step("add", x, m, where=self.path, scale=s))
+            return self._post(rec, x, rope, bias, rel)
         h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
         a = self.attention(rec, h, rope, bias, rel)
         x = rec.step("add", x, a, where=self.path, scale=s)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path, scale=s)
+
+    def _post(self, rec: Recorder, x: Handle, rope, bias, rel) -> Handle:
+        """Post-norm: ``norm(r + attn(q))`` then ``norm(a + mlp(a))`` per feedforward, where
+        without a bottleneck ``r`` and ``q`` are ``x``; with one, as MobileBertLayer: ``r``
+        is ``bottleneck.input(x)``, the attention's queries and keys read ``bottleneck.attention(x)``
+        (values ``x``), or ``r`` for all three, and the result widens back by
+        ``output.bottleneck``: ``norm(x + dense(h))``."""
+        attn_out, mlp_out, b = self.attention.output, self.output, self.options.bottleneck
+        s = self.options.residual_scale
+        queries, values, residual = x, None, x
+        if b is not None:
+            residual = self.bottleneck.input(rec, x)
+            if b.attention_input:
+                queries = residual
+            elif b.shared_query_key:
+                queries, values = self.bottleneck.attention(rec, x), x
+        a = self.attention(rec, queries, rope, bias, rel, values)
+        h = attn_out.LayerNorm(rec, rec.step("add", residual, a, where=self.path, scale=s))
+        for ffn in self.ffn or ():
+            h = ffn(rec, h)
+        m = mlp_out.dense(rec, self.intermediate(rec, h))
+        h = mlp_out.LayerNorm(rec, rec.step("add", h, m, where=self.path, scale=s))
+        if b is None:
+            return h
+        wide = mlp_out.bottleneck.dense(rec, h)
+        return mlp_out.bottleneck.LayerNorm(rec, rec.step("add", x, wide, where=self.path))
 
 
 class Stack(Module):

@@ -153,7 +153,8 @@ def test_an_option_only_another_kind_takes():
     line, col = next((i, l.index("bias: false") + 1)
                      for i, l in enumerate(text.splitlines(), 1) if "bias: false" in l)
     assert [(p.line, p.col, p.message) for p in problems] == [
-        (line, col, "layer.norm.kind 'rms' does not take layer.norm.bias (only layer takes it)")]
+        (line, col, "layer.norm.kind 'rms' does not take layer.norm.bias (only layer and no_norm "
+                    "take it)")]
 
 
 def test_rename_shadowed_by_an_earlier_one():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from iron_spec.operators import Add, Clamp, Mul, TakeRow
+from iron_spec.operators import Add, Affine, Clamp, Mul, TakeRow
 
 A = np.array([[1.0, 2.0], [-3.0, 4.0]], np.float32)
 B = np.array([[10.0, 20.0], [0.5, -8.0]], np.float32)
@@ -95,3 +95,19 @@ def test_join_heads_by_hand():
     np.testing.assert_array_equal(out, expected)
     with pytest.raises(ValueError, match="join_heads"):
         op.shape((1, 2, 2), (1, 3, 1))
+
+
+def test_affine_is_x_times_weight_plus_bias(check_kernel):
+    # MobileBERT's NoNorm: input_tensor * weight + bias, no normalization.
+    op = Affine()
+    x = np.array([[1.0, -2.0, 0.5], [4.0, 0.0, -1.0]], np.float32)
+    w = np.array([2.0, 0.5, -1.0], np.float32)
+    b = np.array([0.25, 1.0, 0.0], np.float32)
+    want = [[2.25, 0.0, -0.5], [8.25, 1.0, 1.0]]
+    got, ref = check_kernel(op, x, w, b)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(ref, want, rtol=0, atol=0)
+    got, _ = check_kernel(op, x, w, None)
+    np.testing.assert_array_equal(got, [[2.0, -1.0, -0.5], [8.0, 0.0, 1.0]])
+    with pytest.raises(ValueError, match=r"affine: bias \(2,\) is not \(3,\)"):
+        op.shape((2, 3), (3,), (2,))
