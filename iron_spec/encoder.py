@@ -284,7 +284,12 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
         residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0),
         disentangled=_disentangled(spec, r), mixing=mixing, bottleneck=_bottleneck(spec, r),
-        feedforwards=_feedforwards(spec, r))
+        feedforwards=_feedforwards(spec, r), span_conv=_span_conv(spec, r))
+    if one.span_conv is not None and (one.disentangled is not None or fused_qkv):
+        raise spec.error(a + ("span_conv",), "span-based dynamic convolution heads sit beside "
+                                             "plain attention over separate query, key and "
+                                             "value projections: not with disentangled or "
+                                             "fused_qkv")
     if (one.bottleneck is not None or one.feedforwards > 1) and placement != "post":
         raise spec.error(layer + ("bottleneck" if one.bottleneck else "feedforwards",),
                          "a bottleneck and several feedforwards are built post-norm only "
@@ -376,6 +381,23 @@ def _bottleneck(spec: Spec, r: Resolved) -> BottleneckOptions | None:
         raise spec.error(p + ("size",), "a bottleneck of width 0: at least 1")
     return BottleneckOptions(size, _flag_option(spec, r, p + ("shared_query_key",), False),
                              _flag_option(spec, r, p + ("attention_input",), False))
+
+
+def _span_conv(spec: Spec, r: Resolved) -> int | None:
+    """``layer.attention.span_conv``: the dynamic convolution's kernel, an odd whole number
+    (ConvBERT's ``conv_kernel_size``), or None.
+
+    Raises:
+        SpecError: at the option's line, anything else.
+    """
+    p = ("layer", "attention", "span_conv")
+    if _option(spec, r, p, None) is None:
+        return None
+    k = _whole(spec, r, p, None)
+    if k < 1 or k % 2 == 0:
+        raise spec.error(p, f"a span convolution's kernel is {k}: an odd number from 1 (an "
+                            "even one pads the rows unevenly, past the queries' rows)")
+    return k
 
 
 def _feedforwards(spec: Spec, r: Resolved) -> int:

@@ -42,7 +42,7 @@ KINDS: tuple[Row, ...] = (
                "qkv_shards", "qkv_order", "latent", "differential", "sub_norm",
                "dynamic_mask")
            for k in CAUSAL_LAYERS},
-        "encoder": ("relative_bias", "disentangled")}),
+        "encoder": ("relative_bias", "disentangled", "span_conv")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",), "no_norm": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},
                                               "encoder": ("down_bias",)}),

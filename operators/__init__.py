@@ -26,6 +26,7 @@ from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .self_attention import SelfAttention
 from .softcap import Softcap
+from .span_conv import DepthwiseConv, DynamicConv
 from .sparsity import GaussianTopK, std_multiplier
 from .token_dropout import TokenDropoutRescale
 from .trigram import Trigram
@@ -39,7 +40,7 @@ OPERATORS: dict[str, Operator] = {
         AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
         DynamicMask(),
-        GaussianTopK(), FourierMix(), Affine(), Trigram(),
+        GaussianTopK(), FourierMix(), Affine(), Trigram(), DepthwiseConv(), DynamicConv(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
 }
@@ -50,7 +51,8 @@ __all__ = [
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
-    "DisentangledAttention", "FourierMix", "Affine", "Trigram",
+    "DisentangledAttention", "FourierMix", "Affine", "Trigram", "DepthwiseConv",
+    "DynamicConv",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",

@@ -438,6 +438,7 @@ def _fill(param, checkpoint: Checkpoint, source: str) -> None:
     raw = checkpoint.raw(source)
     # Only a safetensors file maps its pages (a GGUF tensor is dequantized into a new array).
     if (not isinstance(checkpoint, Checkpoint) or param.transposed or param.rows is not None
+            or param.reshaped is not None
             or raw.ndim == 0 or raw.nbytes <= SLICE_BYTES):
         param.fill(param.from_stored(raw))
         return

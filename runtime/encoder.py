@@ -121,6 +121,14 @@ class EncoderLayerOptions:
     FFNLayer: ``intermediate.dense``, ``output.dense``, ``output.LayerNorm``), the last the
     layer's own ``intermediate`` and ``output`` (MobileBertLayer's num_feedforward_networks;
     post-norm only).
+    ``span_conv``: the kernel of as many span-based dynamic convolution heads as attention
+    heads beside them (None: none), as ConvBertSelfAttention: ``key_conv_attn_layer`` (a
+    depthwise convolution over the rows, then a pointwise projection to ``heads *
+    head_dim`` plus its bias) times the queries gives ``conv_kernel_layer``'s logits, each
+    row's and head's ``span_conv`` taps softmaxed, which weigh the rows around it of
+    ``conv_out_layer``'s projection (``operators.span_conv``); the attention's output and
+    the convolution's, side by side, are what ``attention.output.dense`` reads (``2 * heads
+    * head_dim`` wide).
     """
 
     heads: int
@@ -151,6 +159,7 @@ class EncoderLayerOptions:
     mixing: str = "attention"
     bottleneck: BottleneckOptions | None = None
     feedforwards: int = 1
+    span_conv: int | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +325,30 @@ class Embeddings(Module):
         return x if self.LayerNorm is None else self.LayerNorm(rec, x)
 
 
+class SeparableConv(Module):
+    """A depthwise convolution over the rows then a pointwise projection and its bias:
+    ConvBERT's SeparableConv1D, its tensors stored as torch's Conv1d lays them out
+    (``depthwise.weight`` ``(in, 1, kernel)``, ``pointwise.weight`` ``(out, in, 1)``,
+    ``bias`` ``(out, 1)``)."""
+
+    def __init__(self, in_features: int, out_features: int, kernel: int):
+        self.depthwise = Module()
+        self.depthwise.weight = Param(in_features, kernel)
+        self.depthwise.weight.reshaped = (in_features, 1, kernel)
+        self.pointwise = Module()
+        self.pointwise.weight = Param(out_features, in_features)
+        self.pointwise.weight.reshaped = (out_features, in_features, 1)
+        self.bias = Param(out_features)
+        self.bias.reshaped = (out_features, 1)
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        dw = rec.hold("param", self.where("depthwise.weight"), self.depthwise.weight.array)
+        h = rec.step("depthwise_conv", x, dw, where=self.where("depthwise"))
+        pw = rec.hold("param", self.where("pointwise.weight"), self.pointwise.weight.array)
+        b = rec.hold("param", self.where("bias"), self.bias.array)
+        return rec.step("linear", h, pw, b, where=self.where("pointwise"))
+
+
 class SelfAttentionProjections(Module):
     """``query``, ``key`` and ``value`` (BertSelfAttention), or one ``query_key_value``
     (``fused_qkv``), and attention over the call's rows."""
@@ -334,6 +367,14 @@ class SelfAttentionProjections(Module):
             self.query = Linear(E, H * D, o.bias)
             self.key = Linear(E, G * D, o.bias)
             self.value = Linear(E if value_in is None else value_in, G * D, o.bias)
+        if o.span_conv is not None:
+            if o.fused_qkv or G != H or value_in not in (None, E):
+                raise ValueError("span-based dynamic convolution heads read separate query, "
+                                 "key and value projections of one width, a key head per "
+                                 "query head")
+            self.key_conv_attn_layer = SeparableConv(E, H * D, o.span_conv)
+            self.conv_kernel_layer = Linear(H * D, H * o.span_conv, True)
+            self.conv_out_layer = Linear(E, H * D, True)
         if o.qk_norm:
             qk = o.norm if o.qk_norm_bias is None else replace(o.norm, bias=o.qk_norm_bias)
             self.q_norm = Norm(H * D, qk)
@@ -375,6 +416,8 @@ class SelfAttentionProjections(Module):
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         q, k, v = self._project(rec, x, values)
+        if o.span_conv is not None:
+            return self._mixed(rec, x, q, k, v)
         if o.qk_norm:
             q, k = self.q_norm(rec, q), self.k_norm(rec, k)
         q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
@@ -394,6 +437,21 @@ class SelfAttentionProjections(Module):
                         window=o.window, buckets=b.buckets, max_distance=b.max_distance,
                         bidirectional=b.bidirectional)
 
+
+    def _mixed(self, rec: Recorder, x: Handle, q: Handle, k: Handle, v: Handle) -> Handle:
+        """ConvBertSelfAttention: the attention's heads then the dynamic convolution's,
+        ``(rows, 2 * heads * head_dim)``."""
+        o, n = self.options, x.shape[0]
+        H, D, K = o.heads, o.head_dim, o.span_conv
+        a = rec.step("self_attention", rec.view(q, (n, H, D)), rec.view(k, (n, H, D)),
+                     rec.view(v, (n, H, D)), where=self.path, scale=o.scale)
+        mixed = rec.step("mul", self.key_conv_attn_layer(rec, x), q, where=self.path)
+        taps = self.conv_kernel_layer(rec, mixed)
+        conv = rec.step("dynamic_conv", taps, self.conv_out_layer(rec, x), where=self.path,
+                        heads=H, kernel=K)
+        both = rec.step("join_heads", rec.view(a, (n, 1, H * D)), rec.view(conv, (n, 1, H * D)),
+                        where=self.path)
+        return rec.view(both, (n, 2 * H * D))
 
     def _disentangled(self, rec: Recorder, q: Handle, k: Handle, v: Handle, rel: Handle
                       ) -> Handle:
@@ -437,8 +495,8 @@ class Attention(Module):
             raise ValueError(f"mixing {o.mixing!r} is not one of {', '.join(MIXINGS)}")
         attends = o.mixing == "attention"
         self.self = SelfAttentionProjections(E, o, value_in) if attends else None
-        self.output = Output(o.heads * o.head_dim, E, o.o_bias, o.norm, o.attention_norm,
-                             projected=attends)
+        width = o.heads * o.head_dim * (1 if o.span_conv is None else 2)
+        self.output = Output(width, E, o.o_bias, o.norm, o.attention_norm, projected=attends)
         self.options = o
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,

@@ -19,7 +19,9 @@ class Param:
 
     How a checkpoint stores it, where that differs from the model's layout: ``transposed``,
     a matrix stored ``[in, out]`` (transformers' ``Conv1D``); ``rows``, the stored row each
-    model row is (``model = stored[rows]``: a fused q/k/v projection stored per head).
+    model row is (``model = stored[rows]``: a fused q/k/v projection stored per head);
+    ``reshaped``, the stored shape of the same elements in the same order (a ``Conv1d``'s
+    ``(out, in, 1)`` weight, a bias stored ``(out, 1)``).
     ``from_stored`` and ``to_stored`` turn one layout into the other, exactly.
     """
 
@@ -29,21 +31,29 @@ class Param:
         self.array: np.ndarray | None = None
         self.transposed = False
         self.rows: np.ndarray | None = None
+        self.reshaped: tuple[int, ...] | None = None
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
-        """The shape a checkpoint stores: ``shape``, reversed where ``transposed``."""
+        """The shape a checkpoint stores: ``shape``, reversed where ``transposed``, or
+        ``reshaped``."""
+        if self.reshaped is not None:
+            return self.reshaped
         return self.shape[::-1] if self.transposed else self.shape
 
     def from_stored(self, values: np.ndarray) -> np.ndarray:
         """A stored tensor ``stored_shape`` in the model's layout (a view where only
         transposed, else a copy)."""
+        if self.reshaped is not None:
+            return values.reshape(self.shape)
         if self.transposed:
             values = values.T
         return values if self.rows is None else values[self.rows]
 
     def to_stored(self, values: np.ndarray) -> np.ndarray:
         """The model's ``values`` in the checkpoint's layout (``from_stored`` undone)."""
+        if self.reshaped is not None:
+            return values.reshape(self.reshaped)
         if self.rows is not None:
             stored = np.empty_like(values)
             stored[self.rows] = values
