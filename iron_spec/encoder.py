@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks import QKV_LAYOUTS, RopeOptions, rope_switch
 from iron_spec.runtime.encoder import ENCODER_MLP_KINDS, BottleneckOptions, DisentangledOptions, Encoder, \
+    PointwiseGroups, \
     EncoderLayerOptions, EncoderOptions, PoolingOptions, POOLINGS, RelativeBiasOptions
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
@@ -284,7 +285,12 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         qk_norm=qk_norm == "all", qk_norm_bias=qk_norm_bias,
         residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0),
         disentangled=_disentangled(spec, r), mixing=mixing, bottleneck=_bottleneck(spec, r),
-        feedforwards=_feedforwards(spec, r), span_conv=_span_conv(spec, r))
+        feedforwards=_feedforwards(spec, r), span_conv=_span_conv(spec, r),
+        pointwise=_pointwise(spec, r))
+    if one.pointwise is not None and (fused_qkv or mlp_kind != "plain"):
+        raise spec.error(layer + ("pointwise",), "pointwise convolutions stand for separate "
+                                                 "query, key and value projections and a plain "
+                                                 "MLP's: not with fused_qkv or a gated mlp")
     if one.span_conv is not None and (one.disentangled is not None or fused_qkv):
         raise spec.error(a + ("span_conv",), "span-based dynamic convolution heads sit beside "
                                              "plain attention over separate query, key and "
@@ -381,6 +387,25 @@ def _bottleneck(spec: Spec, r: Resolved) -> BottleneckOptions | None:
         raise spec.error(p + ("size",), "a bottleneck of width 0: at least 1")
     return BottleneckOptions(size, _flag_option(spec, r, p + ("shared_query_key",), False),
                              _flag_option(spec, r, p + ("attention_input",), False))
+
+
+def _pointwise(spec: Spec, r: Resolved) -> PointwiseGroups | None:
+    """``layer.pointwise``: each projection's groups (whole numbers from 1, default 1), or
+    None where the spec has none.
+
+    Raises:
+        SpecError: at the option's line, a count that is no whole number from 1.
+    """
+    p = ("layer", "pointwise")
+    if spec.get(*p) is None:
+        return None
+    groups = {}
+    for name in PointwiseGroups.__dataclass_fields__:
+        g = _whole(spec, r, p + (name,), 1)
+        if g < 1:
+            raise spec.error(p + (name,), f"{name} in 0 groups: at least 1")
+        groups[name] = g
+    return PointwiseGroups(**groups)
 
 
 def _span_conv(spec: Spec, r: Resolved) -> int | None:

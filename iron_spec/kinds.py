@@ -34,7 +34,7 @@ KINDS: tuple[Row, ...] = (
               if k == "decoder" else ())
            for k in CAUSAL_LAYERS},
         "encoder": ("first_attention_norm", "final_norm_bias", "sharing", "mixing",
-                    "bottleneck", "feedforwards")}),
+                    "bottleneck", "feedforwards", "pointwise")}),
     Row(("layer", "attention"), ("layer", "kind"), {
         **{k: ("softcap", "qk_norm_on",
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",

@@ -17,6 +17,7 @@ from .dynamic_mask import DynamicMask
 from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .fourier import FourierMix
+from .grouped import GroupedLinear
 from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
@@ -41,6 +42,7 @@ OPERATORS: dict[str, Operator] = {
         DisentangledAttention(),
         DynamicMask(),
         GaussianTopK(), FourierMix(), Affine(), Trigram(), DepthwiseConv(), DynamicConv(),
+        GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
 }
@@ -52,7 +54,7 @@ __all__ = [
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention", "FourierMix", "Affine", "Trigram", "DepthwiseConv",
-    "DynamicConv",
+    "DynamicConv", "GroupedLinear",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",

@@ -61,6 +61,57 @@ class DisentangledOptions:
 
 
 @dataclass(frozen=True)
+class PointwiseGroups:
+    """The groups of each of a layer's projections where every one is a kernel-1
+    convolution over the rows (``PointwiseConv``), as SqueezeBertModule's Conv1d layers:
+    ``query``, ``key``, ``value`` (q_groups, k_groups, v_groups), ``attention_output``
+    (post_attention_groups), ``intermediate`` (intermediate_groups) and ``output``
+    (output_groups)."""
+
+    query: int = 1
+    key: int = 1
+    value: int = 1
+    attention_output: int = 1
+    intermediate: int = 1
+    output: int = 1
+
+
+class PointwiseConv(Module):
+    """``nn.Conv1d(in, out, kernel_size=1, groups=groups)`` over the rows: ``weight`` ``(out,
+    in / groups)``, stored as Conv1d's ``(out, in / groups, 1)``, and ``bias`` ``(out,)``;
+    one ``grouped_linear`` step (``linear`` where one group).
+
+    Raises:
+        ValueError: widths that do not split into ``groups``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, groups: int):
+        if groups < 1 or in_features % groups or out_features % groups:
+            raise ValueError(f"a pointwise convolution of {in_features} to {out_features} "
+                             f"channels does not split into {groups} groups")
+        self.weight = Param(out_features, in_features // groups)
+        self.weight.reshaped = (out_features, in_features // groups, 1)
+        self.bias = Param(out_features) if bias else None
+        self.groups = groups
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        w = rec.hold("param", self.where("weight"), self.weight.array)
+        b = None if self.bias is None else rec.hold("param", self.where("bias"), self.bias.array)
+        if self.groups == 1:
+            return rec.step("linear", x, w, b, where=self.path)
+        return rec.step("grouped_linear", x, w, b, where=self.path, groups=self.groups)
+
+
+def projection(in_features: int, out_features: int, bias: bool,
+               groups: PointwiseGroups | None, which: str) -> Module:
+    """A Linear, or where ``groups`` says the layer's projections are pointwise
+    convolutions, the ``PointwiseConv`` of projection ``which``'s groups."""
+    if groups is None:
+        return Linear(in_features, out_features, bias)
+    return PointwiseConv(in_features, out_features, bias, getattr(groups, which))
+
+
+@dataclass(frozen=True)
 class BottleneckOptions:
     """A layer run ``size`` wide inside a wider stream, as MobileBertLayer with
     ``use_bottleneck``: ``bottleneck.input`` (dense to ``size``, then the layer's norm) is
@@ -129,6 +180,9 @@ class EncoderLayerOptions:
     ``conv_out_layer``'s projection (``operators.span_conv``); the attention's output and
     the convolution's, side by side, are what ``attention.output.dense`` reads (``2 * heads
     * head_dim`` wide).
+    ``pointwise``: every projection of the layer (query, key, value, the attention's output
+    and the MLP's two, plain MLP only) a kernel-1 convolution of its own groups
+    (``PointwiseGroups``; None: Linear), as SqueezeBertModule.
     """
 
     heads: int
@@ -160,6 +214,7 @@ class EncoderLayerOptions:
     bottleneck: BottleneckOptions | None = None
     feedforwards: int = 1
     span_conv: int | None = None
+    pointwise: PointwiseGroups | None = None
 
 
 @dataclass(frozen=True)
@@ -364,9 +419,11 @@ class SelfAttentionProjections(Module):
             if o.qkv_layout != "blocks":
                 raise ValueError(f"qkv_layout {o.qkv_layout!r} orders a fused "
                                  "query_key_value's rows: only with fused_qkv")
-            self.query = Linear(E, H * D, o.bias)
-            self.key = Linear(E, G * D, o.bias)
-            self.value = Linear(E if value_in is None else value_in, G * D, o.bias)
+            pw = o.pointwise
+            self.query = projection(E, H * D, o.bias, pw, "query")
+            self.key = projection(E, G * D, o.bias, pw, "key")
+            self.value = projection(E if value_in is None else value_in, G * D, o.bias, pw,
+                                    "value")
         if o.span_conv is not None:
             if o.fused_qkv or G != H or value_in not in (None, E):
                 raise ValueError("span-based dynamic convolution heads read separate query, "
@@ -477,8 +534,9 @@ class Output(Module):
     ``projected`` is false (FNetBasicOutput: the norm alone)."""
 
     def __init__(self, in_features: int, E: int, bias: bool, norm: NormOptions,
-                 normed: bool = True, projected: bool = True):
-        self.dense = Linear(in_features, E, bias) if projected else None
+                 normed: bool = True, projected: bool = True,
+                 groups: PointwiseGroups | None = None, which: str = "output"):
+        self.dense = projection(in_features, E, bias, groups, which) if projected else None
         self.LayerNorm = Norm(E, norm) if normed else None
 
 
@@ -496,7 +554,8 @@ class Attention(Module):
         attends = o.mixing == "attention"
         self.self = SelfAttentionProjections(E, o, value_in) if attends else None
         width = o.heads * o.head_dim * (1 if o.span_conv is None else 2)
-        self.output = Output(width, E, o.o_bias, o.norm, o.attention_norm, projected=attends)
+        self.output = Output(width, E, o.o_bias, o.norm, o.attention_norm, projected=attends,
+                             groups=o.pointwise, which="attention_output")
         self.options = o
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
@@ -523,8 +582,10 @@ class Intermediate(Module):
         if o.mlp_kind not in ENCODER_MLP_KINDS:
             raise ValueError(f"mlp kind {o.mlp_kind!r} is not one of {', '.join(ENCODER_MLP_KINDS)}")
         M = o.intermediate_size
+        if o.pointwise is not None and o.mlp_kind != "plain":
+            raise ValueError("pointwise convolutions project a plain MLP only")
         if o.mlp_kind == "plain":
-            self.dense = Linear(E, M, o.mlp_bias)
+            self.dense = projection(E, M, o.mlp_bias, o.pointwise, "intermediate")
         elif o.mlp_fused:
             self.gate_up_proj = Linear(E, 2 * M, o.mlp_bias)
         else:
@@ -572,7 +633,8 @@ class FeedForward(Module):
     def __init__(self, W: int, o: EncoderLayerOptions):
         self.intermediate = Intermediate(W, o)
         self.output = Output(o.intermediate_size, W,
-                             o.mlp_bias if o.down_bias is None else o.down_bias, o.norm)
+                             o.mlp_bias if o.down_bias is None else o.down_bias, o.norm,
+                             groups=o.pointwise)
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
         m = self.output.dense(rec, self.intermediate(rec, x))
@@ -616,7 +678,8 @@ class EncoderLayer(Module):
         self.ffn = [FeedForward(W, o) for _ in range(o.feedforwards - 1)] or None
         self.intermediate = Intermediate(W, o)
         self.output = Output(o.intermediate_size, W,
-                             o.mlp_bias if o.down_bias is None else o.down_bias, o.norm)
+                             o.mlp_bias if o.down_bias is None else o.down_bias, o.norm,
+                             groups=o.pointwise)
         if b is not None:
             self.output.bottleneck = Output(W, E, True, o.norm)
         self.options = o
