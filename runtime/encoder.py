@@ -19,12 +19,10 @@ from dataclasses import replace
 import numpy as np
 
 from .blocks import Embedding, Linear, Norm, rope_table
-# The options and the layer live in modules of their own; their names are this module's too.
-from .encoder_layer import Attention, Bottleneck, EncoderLayer, FeedForward, Intermediate, \
-    Output, PointwiseConv, Projected, SelfAttentionProjections, SeparableConv, projection  # noqa: F401
-from .encoder_options import ENCODER_MLP_KINDS, MIXINGS, PLACEMENTS, POOLINGS, \
-    BottleneckOptions, DisentangledOptions, EncoderLayerOptions, EncoderOptions, \
-    PointwiseGroups, PoolingOptions, RelativeBiasOptions  # noqa: F401
+from .encoder_layer import EncoderLayer
+# EncoderLayerOptions: the layer's options, named here for the callers that build an Encoder.
+from .encoder_options import POOLINGS, EncoderLayerOptions, EncoderOptions, \
+    PoolingOptions  # noqa: F401
 from .graph import CallSpec, Handle, Recorder
 from .module import Module
 from .plan import Plan
