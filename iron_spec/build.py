@@ -116,11 +116,18 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, 
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
+    loops = o.recurrence
+    # A recurrent schedule: each stack holds every layer's weights, each run of a layer a
+    # cache of its own (runtime.recurrence).
+    stacks = [name for name, _ in loops.stacks] if loops is not None else []
+    runs = [sum(loops.calls(s, len(o.layers))[i] for s in stacks)
+            for i in range(len(o.layers))] if loops is not None else [1] * len(o.layers)
     for i, lo in enumerate(o.layers):
         a, M = lo.attention, lo.mlp.intermediate_size
-        own = a.kv_from is None  # a layer reading another's cache holds no k/v
-        fixed += E * (a.heads + 2 * own * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
-        fixed += 3 * E * M + 2 * E
+        held = a.kv_from is None  # a layer reading another's cache holds no k/v
+        own = held * runs[i]
+        weights = E * (a.heads + 2 * held * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
+        fixed += (weights + 3 * E * M + 2 * E) * max(1, len(stacks))
         # The layer's keys and values: a sliding window's ring of window + chunk - 1
         # positions at most (runtime.causal), unless a layer seeing further reads them.
         readers = [r.attention.window for r in o.layers if r.attention.kv_from == i]

@@ -31,6 +31,7 @@ from .errors import SpecError
 
 from .config import Resolved, chosen, evaluate_option, per_layer_fields, resolve
 from .loader import Spec
+from .recurrence import recurrence
 from .schema import validate
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -274,6 +275,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
+        output_gate=flag(*a, "output_gate"),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     _heads_group(spec, r, attention, word(*a, "heads", default="num_attention_heads"),
@@ -621,6 +623,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         final_norm=_flag_option(spec, r, ("head", "norm"), True),
         head_rows=_head_rows(spec, r, v["vocab_size"]),
         head_transform=_head_transform(spec, r), altup=layers[0].altup,
+        recurrence=recurrence(spec, r, v["num_hidden_layers"]),
         max_seq_len=L, prefill_chunk=min(C, L))
     return Expanded(spec, r, options, *checkpoint_layout(spec, r), per_type=frozenset(per_type))
 

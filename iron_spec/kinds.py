@@ -22,7 +22,7 @@ class Row(NamedTuple):
 CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causal
 
 KINDS: tuple[Row, ...] = (
-    Row((), ("model",), {"causal": ("head",), "encoder": ("pooling",)}),
+    Row((), ("model",), {"causal": ("head", "recurrence"), "encoder": ("pooling",)}),
     Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "task_types",
                                                   "token_dropout", "size",
                                                   "project", "languages", "word_transform")}),
@@ -40,7 +40,7 @@ KINDS: tuple[Row, ...] = (
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
                "qkv_shards", "qkv_order", "latent", "differential", "sub_norm",
-               "dynamic_mask")
+               "dynamic_mask", "output_gate")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias", "disentangled", "span_conv")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",), "no_norm": ("bias",)}),

@@ -19,9 +19,10 @@
 #define CPU_CHUNK_ONCE
 /* Activations by their operators/activation.py names: silu (and swish), the tanh form of
  * gelu (gelu_new, gelu_pytorch_tanh, ...), the erf form (gelu, gelu_python), relu,
- * quick_gelu, relu2 (relu squared). The first two run in vectors (gate below), the rest one
- * value at a time (act_one). */
-enum { ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2, ACT_COUNT };
+ * quick_gelu, relu2 (relu squared), sigmoid (a gated attention output's). The first two run
+ * in vectors (gate below), the rest one value at a time (act_one). */
+enum { ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_RELU, ACT_QUICK_GELU, ACT_RELU2, ACT_SIGMOID,
+       ACT_COUNT };
 
 /* gelu's erf form as operators/activation.py's _gelu32: 0.5 x erfc(-x / sqrt(2)), no
  * cancellation for negative x. */
@@ -32,6 +33,7 @@ static inline float act_one(float x, int act) {
     case ACT_GELU_ERF: return gelu_erf(x);
     case ACT_RELU: return x < 0.0f ? 0.0f : x;  /* NaN stays NaN, as numpy's maximum */
     case ACT_RELU2: return x < 0.0f ? 0.0f : x * x;
+    case ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));  /* as activation.py's _sigmoid32 */
     default: return x / (1.0f + expf(-1.702f * x));  /* quick_gelu */
     }
 }

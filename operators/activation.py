@@ -275,7 +275,7 @@ _NATIVE = {"silu": native.ACT_SILU, "swish": native.ACT_SILU,
                                                 "gelu_python_tanh", "gelu_accurate")},
            "gelu": native.ACT_GELU_ERF, "gelu_python": native.ACT_GELU_ERF,
            "relu": native.ACT_RELU, "quick_gelu": native.ACT_QUICK_GELU,
-           "relu2": native.ACT_RELU2}
+           "relu2": native.ACT_RELU2, "sigmoid": native.ACT_SIGMOID}
 
 #: The activations a prompt chunk's gated rows run natively (``_cpu.gated``).
 _CHUNK = (native.ACT_SILU, native.ACT_GELU_TANH)

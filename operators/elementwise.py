@@ -10,14 +10,15 @@ from .base import EPS32, Operator, Tolerance, as64
 
 
 class Add(Operator):
-    """``a + scale * b``, same shapes (a residual add; ``scale`` is Granite's
-    ``residual_multiplier``, 1.0 for none)."""
+    """``a + scale * b``: same shapes (a residual add; ``scale`` is Granite's
+    ``residual_multiplier``, 1.0 for none), or ``b`` one row ``(hidden,)`` added to every
+    row of ``a`` (a learned initial state, HrmTextModel's ``z_L_init`` broadcast)."""
 
     name = "add"
 
     def shape(self, a, b, scale=1.0):
-        if a != b:
-            raise ValueError(f"add: shapes {a} and {b} differ")
+        if a != b and tuple(b) != tuple(a[-1:]):
+            raise ValueError(f"add: shapes {a} and {b} differ (b may be one row of a's width)")
         return a
 
     def reference(self, a, b, scale=1.0):
@@ -26,12 +27,14 @@ class Add(Operator):
     def kernel(self, out, a, b, scratch=None, scale=1.0):
         if scale == 1.0:
             np.add(a, b, out=out)
+        elif a.shape != b.shape:
+            np.add(a, np.multiply(b, np.float32(scale)), out=out)
         else:
             np.multiply(b, np.float32(scale), out=out)
             out += a
 
     def lower(self, out, a, b, scratch=None, scale=1.0):
-        if not native.contiguous(out, a, b):
+        if a.shape != b.shape or not native.contiguous(out, a, b):
             return None
         return native.Step(native.OP_ADD, (out, a, b), (a.size,), (scale,), rows=0)
 

@@ -109,7 +109,10 @@ class AttentionOptions:
     ``(kv_heads,)``, ``dt_proj`` ``(kv_heads, kv_heads * head_dim)`` over the position's
     values, with ``bias``), held beside the cache as ``key_bias`` ``(kv_heads, capacity, 1)``:
     DogeAttention's dynamic mask (its ``prepare_dynamic_mask`` below ``keep_window_size``
-    keys, where it keeps every key).
+    keys, where it keeps every key). ``output_gate``: the attention's output (``heads *
+    head_dim``, before ``attn_sub_norm`` and ``o_proj``) times ``sigmoid(gate_proj(x))`` of
+    the layer's input ``x`` (``gate_proj`` ``(heads * head_dim, hidden)``, biased with
+    ``bias``): the gated attention of HrmTextAttention's and Qwen3-Next's ``gate``.
     """
 
     heads: int
@@ -140,6 +143,7 @@ class AttentionOptions:
     differential: "DifferentialOptions | None" = None
     sub_norm: bool = False
     dynamic_mask: bool = False
+    output_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -528,6 +532,8 @@ class Attention(Module):
                 setattr(self, name, Param(D))
             # The head norm's weight: none, times 1 - lambda_init (its output's scale).
             self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
+        if o.output_gate:
+            self.gate_proj = Linear(hidden_size, H * D, o.bias)
         if o.sub_norm:
             self.attn_sub_norm = Norm(H * D, norm)
         if o.dynamic_mask:
@@ -590,12 +596,13 @@ class Attention(Module):
         G, D = o.kv_heads, o.head_dim
         start = rec.call.start
         q, k, v = self._project(rec, x)
+        gate = self.gate_proj(rec, x) if o.output_gate else None
         if o.clip_qkv is not None:
             q, k, v = (None if h is None else rec.step("clamp", h, where=self.where(name),
                                                         limit=o.clip_qkv)
                        for name, h in zip("qkv", (q, k, v)))
         if o.kv_from is not None:
-            return self._attend(rec, self._queries(rec, q, ropes), *self.shared)
+            return self._attend(rec, self._queries(rec, q, ropes), *self.shared, gate)
         if o.dynamic_mask:
             A = rec.hold("param", self.where("A"), self.A.array)
             mask = rec.step("dynamic_mask", self.dt_proj(rec, v), A, where=self.where("A"))
@@ -621,7 +628,7 @@ class Attention(Module):
         rec.step("kv_write", k, keys, where=self.where("keys"), start=start, ring=self.keys.ring)
         rec.step("kv_write", v, values, where=self.where("values"), start=start,
                  ring=self.values.ring)
-        return self._attend(rec, q, self.keys, self.values)
+        return self._attend(rec, q, self.keys, self.values, gate)
 
     def _queries(self, rec: Recorder, q: Handle, ropes) -> Handle:
         """The projected queries ``(n, H * D)`` normed and turned: ``(n, H, D)``."""
@@ -639,9 +646,11 @@ class Attention(Module):
             q = self.q_norm(rec, q)
         return q
 
-    def _attend(self, rec: Recorder, q: Handle, keys: State, values: State) -> Handle:
+    def _attend(self, rec: Recorder, q: Handle, keys: State, values: State,
+                gate: Handle | None = None) -> Handle:
         """Attention of ``q`` over the cache ``keys``, ``values`` up to the call's last
-        position, through ``o_proj``."""
+        position, times ``sigmoid(gate)`` where there is one (``output_gate``), through
+        ``o_proj``."""
         o, start = self.options, rec.call.start
         ring = keys.ring
         keys = rec.state(self.where("keys"), keys)
@@ -659,6 +668,10 @@ class Attention(Module):
             a = rec.step("attention", q, keys, values, *(extra if extra != [None] else []),
                          where=self.path, start=start,
                          scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
+        if gate is not None:
+            # sigmoid(gate) * a: the gated MLP's step with sigmoid for its activation.
+            a = rec.step("gated_activation", gate, rec.view(a, gate.shape),
+                         where=self.where("gate_proj"), act="sigmoid")
         if o.sub_norm:
             a = self.attn_sub_norm(rec, a)
         return self.o_proj(rec, a)

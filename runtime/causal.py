@@ -22,8 +22,9 @@ from .blocks import (QUERIES, ActivationParams, AltUpOptions, Embedding, LayerOp
                      rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
-from .module import Module, State
+from .module import Module, Param, State
 from .plan import Plan
+from .recurrence import DEFAULT_STACK, RecurrenceOptions, Schedule, Stack, run_schedule
 from .reference import Reference
 
 
@@ -53,7 +54,10 @@ class CausalOptions:
     ``head_transform``: a dense layer, an activation and a norm between the final norm and
     ``lm_head`` (``HeadTransformOptions``; None: none). ``altup``: the layers run on
     several residual streams (layers with ``altup``; None: one), spread from the embeddings
-    before the first and merged after the last (``runtime.altup``). ``max_seq_len``: positions the KV caches
+    before the first and merged after the last (``runtime.altup``). ``recurrence``: the
+    schedule the layers run in, stacks run several times
+    (``runtime.recurrence.RecurrenceOptions``; None: each layer once, in order).
+    ``max_seq_len``: positions the KV caches
     hold; ``prefill_chunk``: ids a prompt call holds.
     """
 
@@ -76,6 +80,7 @@ class CausalOptions:
     head_rows: int | None = None
     head_transform: "HeadTransformOptions | None" = None
     altup: AltUpOptions | None = None
+    recurrence: "RecurrenceOptions | None" = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
 
@@ -149,7 +154,9 @@ class Decoder(Module):
                 self.position_table = o.sinusoidal.table(o.positions, E)
         if o.embedding_norm:
             self.embed_norm = Norm(E, o.norm)
-        self.layers = [DecoderLayer(E, lo, o.max_seq_len) for lo in o.layers]
+        r = o.recurrence
+        own = r is None or any(name == DEFAULT_STACK for name, _ in r.stacks)
+        self.layers = [self._layer(o, i) for i in range(len(o.layers))] if own else []
         readers: dict[int, list[int]] = {}
         for i, layer in enumerate(self.layers):
             j = layer.options.attention.kv_from
@@ -164,6 +171,8 @@ class Decoder(Module):
             for i in rs:
                 self.layers[i].self_attn.share(self.layers[j].self_attn)
         self.norm = Norm(E, o.norm) if o.final_norm else None
+        if r is not None:
+            self._recurrence(o, r)
         p = o.per_layer_input
         if p is not None:
             width = len(o.layers) * p.size
@@ -175,6 +184,45 @@ class Decoder(Module):
             K = o.altup.inputs
             self.altup_projections = [Linear(E, E) for _ in range(1, K)]
             self.altup_unembed_projections = [Linear(E, E) for _ in range(1, K)]
+
+    def _layer(self, o: CausalOptions, i: int) -> DecoderLayer:
+        """Layer ``i`` as the options say, its sliding-window cache a ring where it may be."""
+        layer = DecoderLayer(o.hidden_size, o.layers[i], o.max_seq_len)
+        if o.recurrence is not None:
+            self._hold_window(layer.self_attn, [], o.prefill_chunk, o.max_seq_len)
+        return layer
+
+    def _recurrence(self, o: CausalOptions, r: RecurrenceOptions) -> None:
+        """The stacks other than ``layers`` (``model.<name>``), the learned initial states
+        (``model.<state>``) and the schedule's repeated runs (``model.schedule.loops``).
+
+        Raises:
+            ValueError: layers reading another's KV cache, per-layer inputs or AltUp streams
+                (a run's layer index is no depth; a state is one stream), a stack or state named as another of the model's
+                parts, or what ``Schedule`` refuses.
+        """
+        if o.per_layer_input is not None or o.altup is not None or any(
+                lo.attention.kv_from is not None for lo in o.layers):
+            raise ValueError("a recurrent schedule runs layers several times: not with KV "
+                             "sharing, per-layer inputs or AltUp streams")
+        stacks = {DEFAULT_STACK: self.layers} if self.layers else {}
+        for name, final in r.stacks:
+            if name == DEFAULT_STACK:
+                continue
+            if hasattr(self, name):
+                raise ValueError(f"stack {name!r} is named as a part of the model already")
+            stack = Stack([self._layer(o, i) for i in range(len(o.layers))],
+                          Norm(o.hidden_size, o.norm) if final else None)
+            setattr(self, name, stack)
+            stacks[name] = stack.layers
+        for name, init in r.states:
+            if init == "learned":
+                if hasattr(self, name):
+                    raise ValueError(f"state {name!r} is named as a part of the model already")
+                setattr(self, name, Param(o.hidden_size))
+        self.schedule = Schedule(r, stacks, {n: getattr(self, n) for n in stacks
+                                             if n != DEFAULT_STACK},
+                                 lambda i: self._layer(o, i), o.final_norm)
 
     @staticmethod
     def _hold_window(attn, readers, chunk: int, max_seq_len: int) -> None:
@@ -363,7 +411,9 @@ class CausalLM(Module):
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
         if o.altup is not None:
             x = spread(rec, self.model, x)
-        for layer, extra in zip(self.model.layers, per_layer):
+        if o.recurrence is not None:
+            x = run_schedule(rec, self.model, self.model.schedule, x, ropes)
+        for layer, extra in zip(self.model.layers if o.recurrence is None else [], per_layer):
             x = layer(rec, x, ropes, extra)
         if o.altup is not None:
             x = merge(rec, self.model, x)

@@ -18,6 +18,17 @@ def test_add_hand(run_kernel, scale, expected):
     np.testing.assert_array_equal(run_kernel(Add(), A, B, scale=scale), expected)
 
 
+def test_add_of_one_row_to_every_row_hand(run_kernel):
+    # A learned initial state (hidden,) added to each row (HrmTextModel's z_L_init + z_H).
+    row = np.array([0.5, -2.0], np.float32)
+    assert Add().shape((2, 2), (2,)) == (2, 2)
+    for scale, expected in [(1.0, [[1.5, 0.0], [-2.5, 2.0]]), (2.0, [[2.0, -2.0], [-2.0, 0.0]])]:
+        np.testing.assert_array_equal(Add().reference(A, row, scale=scale), expected)
+        np.testing.assert_array_equal(run_kernel(Add(), A, row, scale=scale), expected)
+    with pytest.raises(ValueError, match="one row of a's width"):
+        Add().shape((2, 2), (3,))
+
+
 def test_mul_hand(run_kernel):
     expected = [[10.0, 40.0], [-1.5, -32.0]]
     np.testing.assert_array_equal(Mul().reference(A, B), expected)

@@ -85,7 +85,7 @@ def test_mul_along_a_leading_axis_is_left_to_numpy(randn):
     assert Mul().lower(np.empty_like(a), a, b) is None
 
 
-@pytest.mark.parametrize("act", ["silu", "swish", "gelu_pytorch_tanh", "gelu_new"])
+@pytest.mark.parametrize("act", ["silu", "swish", "gelu_pytorch_tanh", "gelu_new", "sigmoid"])
 @pytest.mark.parametrize("fused", [False, True])
 def test_gated_activation(simd, randn, act, fused):
     # Out to both tails of exp and tanh, and near 0 (tanh's 1 - e cancels there).
@@ -176,7 +176,7 @@ def test_columns(randn):
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_new", "gelu", "gelu_python", "relu", "relu2",
-                                 "quick_gelu"])
+                                 "quick_gelu", "sigmoid"])
 def test_activation(simd, randn, act):
     x = randn(1, 45, scale=6.0)
     x[0, :4] = [0.0, -0.0, 1e-5, -1e-5]
@@ -270,7 +270,7 @@ def test_bounded_rms_norm_and_layer_norm_over_rows_apart(simd, randn, x, w):
            apart=(0,), eps=1e-5)
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu", "relu2"])
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu", "relu2", "sigmoid"])
 def test_bounded_gated_and_plain_activation(simd, randn, act):
     judged(GatedActivation(), randn(C, 37, scale=4.0), randn(C, 37), rows=3, bounded=(0, 1),
            apart=(0, 1), act=act)

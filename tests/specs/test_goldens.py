@@ -93,8 +93,9 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # pool has no form of), the dynamic mask itself and, in a prompt chunk, its dt_proj (a
     # GEMM over the values' columns of the stacked q/k/v product, rows not contiguous), and
     # the gaussian top-k of an MLP's activation sparsity, AltUp's stream steps (its
-    # operators.altup steps and the router's tanh) and an embedding whose ids outside the
-    # table read a row (per-layer inputs' outside_row); where none is left, one call.
+    # operators.altup steps and the router's tanh), an embedding whose ids outside the
+    # table read a row (per-layer inputs' outside_row) and the add of a learned initial
+    # state's one row to every row (a recurrence's); where none is left, one call.
     loaded = load_model(spec, random_weights=0, toy=True)
     plan = (loaded.lm.prompt_chunk if prompt else loaded.lm.decode_step).plan
     left = [(r.step.op.name, r.step.static, r.step.inputs) for r in plan.runs
@@ -107,6 +108,7 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
                          "altup_correct", "add_to_streams", "tanh")
                or (op == "attention" and (len(ins) in (4, 5)
                                           or ins[0].shape[2] != ins[2].shape[2]))
+               or (op == "add" and ins[0].shape != ins[1].shape)
                for op, a, ins in left), left
     if not left:
         assert len(plan._order) == 1 and isinstance(plan._order[0], tuple), plan._order

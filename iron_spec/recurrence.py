@@ -1,0 +1,115 @@
+"""Reading a spec's ``recurrence:`` section: stacks, states and a schedule of runs, its
+repeats (counts from config fields) unrolled into ``runtime.recurrence.RecurrenceOptions``.
+
+Not for: running the schedule (``runtime.recurrence``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from iron_spec.runtime.recurrence import DEFAULT_STACK, INITS, RecurrenceOptions, Run
+
+from .config import Resolved, evaluate_option
+from .loader import Spec
+
+MAX_RUNS = 4096  # steps an unrolled schedule may hold: each repeated layer is a module tree
+SECTION = ("recurrence",)
+
+
+def recurrence(spec: Spec, r: Resolved, layers: int) -> RecurrenceOptions | None:
+    """The spec's schedule over ``layers`` layers a stack, None without a ``recurrence:``.
+
+    Raises:
+        SpecError: at the entry, a stack or state name that is no identifier, a state's init
+            other than ``embeddings`` or ``learned``, a repeat count or layer bound that is no
+            whole number (or out of the stack), a step reading a state no earlier step wrote,
+            more than ``MAX_RUNS`` steps unrolled, an output no step writes.
+    """
+    if spec.get(*SECTION) is None:
+        return None
+    stacks_raw = spec.get(*SECTION, "stacks", default=None) or {DEFAULT_STACK: {}}
+    stacks = []
+    for name, entry in stacks_raw.items():
+        at = SECTION + ("stacks", name)
+        _name(spec, at, name)
+        final = evaluate_option(spec, at + ("final_norm",), (entry or {}).get("final_norm", False),
+                                r, "true or false")
+        if not isinstance(final, bool) or (final and name == DEFAULT_STACK):
+            raise spec.error(at, f"stack {name!r}'s final_norm is {final!r}: true or false "
+                                 f"(model.layers holds none: head.norm is the model's)")
+        stacks.append((name, final))
+    states = []
+    for name, init in (spec.get(*SECTION, "states", default=None) or {}).items():
+        at = SECTION + ("states", name)
+        _name(spec, at, name)
+        if init not in INITS:
+            raise spec.error(at, f"state {name!r} starts as {init!r}, not one of "
+                                 f"{', '.join(INITS)}")
+        states.append((name, init))
+    if not states:
+        raise spec.error(SECTION, "a recurrence needs states: each a name and its start "
+                                  f"({', '.join(INITS)})")
+    written = {name for name, _ in states}
+    runs: list[Run] = []
+    _steps(spec, r, SECTION + ("steps",), dict(stacks), layers, written, runs)
+    output = spec.get(*SECTION, "output")
+    if output not in written:
+        raise spec.error(SECTION + ("output",), f"the output state {output!r} is written by no "
+                                                f"step (states: {', '.join(sorted(written))})")
+    return RecurrenceOptions(tuple(stacks), tuple(states), tuple(runs), output)
+
+
+def _name(spec: Spec, at: tuple, name: Any) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise spec.error(at, f"{name!r} is not a name (letters, digits and _)")
+
+
+def _whole(spec: Spec, r: Resolved, at: tuple, raw: Any, lo: int, hi: int) -> int:
+    value = evaluate_option(spec, at, raw, r, "a whole number")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise spec.error(at, f"{at[-1]} is {value!r} (from {raw!r}), not a whole number within "
+                             f"{lo}..{hi}")
+    return value
+
+
+def _steps(spec: Spec, r: Resolved, at: tuple, stacks: dict, layers: int, written: set,
+           runs: list[Run]) -> None:
+    """Unroll the steps at ``at`` onto ``runs``."""
+    steps = spec.get(*at)
+    if not isinstance(steps, list) or not steps:
+        raise spec.error(at, "steps is a list of runs and repeats, not empty")
+    for k, step in enumerate(steps):
+        here = at + (k,)
+        if "repeat" in step:
+            times = _whole(spec, r, here + ("repeat",), step["repeat"], 0, MAX_RUNS)
+            for _ in range(times):
+                _steps(spec, r, here + ("steps",), stacks, layers, written, runs)
+            continue
+        inputs = []
+        for j, entry in enumerate(step.get("inputs") or []):
+            name, normed = (entry, False) if isinstance(entry, str) else \
+                (entry.get("state"), bool(entry.get("norm", False)))
+            if name not in written:
+                raise spec.error(here + ("inputs", j), f"state {name!r} is read before any step "
+                                 f"writes it (states so far: {', '.join(sorted(written))})")
+            inputs.append((name, normed))
+        if not inputs:
+            raise spec.error(here, "a run sums at least one state: inputs is empty")
+        stack = step.get("stack")
+        begin, end = 0, None
+        if stack is not None:
+            if stack not in stacks:
+                raise spec.error(here + ("stack",), f"stack {stack!r} is not under "
+                                 f"recurrence/stacks ({', '.join(stacks)})")
+            begin = _whole(spec, r, here + ("begin",), step.get("begin", 0), 0, layers)
+            end = _whole(spec, r, here + ("end",), step.get("end", layers), begin, layers)
+        elif "begin" in step or "end" in step:
+            raise spec.error(here, "begin and end bound a run's layers: only with stack")
+        _name(spec, here + ("into",), step.get("into"))
+        runs.append(Run(tuple(inputs), step["into"], stack, begin, end))
+        written.add(step["into"])
+        if len(runs) > MAX_RUNS:
+            raise spec.error(at, f"the schedule unrolls to more than {MAX_RUNS} runs")
