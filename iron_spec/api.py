@@ -31,7 +31,7 @@ from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Session
 
 from . import arguments
-from .build import DECODE_WEIGHTS, Loaded, load_model
+from .build import DECODE_WEIGHTS, PREFILL_WEIGHTS, Loaded, load_model
 from .generation import Completion, Stream, read_generation_config, sampler_for, setting
 from .loader import load_spec
 from .registry import find
@@ -48,7 +48,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
          max_seq_len: int | None = None, threads: int | None = None,
          allow_unread_config: bool = False, random_weights: int | None = None,
          toy: bool = False, prefill_chunk: int | None = None, decode_weights: str = "float32",
-         max_tokens: int | None = None,
+         prefill_weights: str = "float32", max_tokens: int | None = None,
          progress: Callable[[int, int], None] | None = None) -> "Model | EncoderModel":
     """A model of ``spec`` on ``checkpoint``'s config and weights (or drawn ones).
 
@@ -67,6 +67,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         toy: the spec's tiny ``toy`` shape (with ``random_weights``: no files at all).
         prefill_chunk: ids a prompt call holds (default: the spec's).
         decode_weights: ``"float32"``, ``"bfloat16"``, ``"bfloat16-rounded"`` or ``"int8"`` (the decode step's projections: build.DECODE_WEIGHTS).
+        prefill_weights: ``"float32"`` or ``"bfloat16"`` (the prompt chunk's projections,
+            their inputs rounded to bfloat16 too: build.PREFILL_WEIGHTS).
         max_tokens: an encoder's ids per text (default: the spec's).
         progress: called with (tensors loaded, tensors) as weights load.
 
@@ -81,9 +83,11 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         TypeError: an argument of the wrong type (a bool or float for a count or a seed,
             a str for a flag), or one the spec's kind of model has no use for
             (``max_tokens`` for a causal model; ``max_seq_len``, ``prefill_chunk``,
-            ``decode_weights`` for an encoder); each named, before anything loads.
+            ``decode_weights``, ``prefill_weights`` for an encoder); each named, before
+            anything loads.
         ValueError: an argument out of its range (a seed < 0, a count < 1, ``max_tokens`` <
-            2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``), ``max_seq_len``
+            2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``, ``prefill_weights`` none
+            of ``build.PREFILL_WEIGHTS``), ``max_seq_len``
             past the model's own context, or a generation_config.json id that is no token
             (a file that cannot be read is a warning: nothing comes from it).
     """
@@ -101,12 +105,12 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     toy = arguments.flag(toy, "toy")
     allow_unread_config = arguments.flag(allow_unread_config, "allow_unread_config")
     arguments.callable_or_none(progress, "progress", "(tensors loaded, tensors)")
-    if not isinstance(decode_weights, str):
-        raise TypeError(f"decode_weights is {decode_weights!r}; it is one of "
-                        f"{', '.join(map(repr, DECODE_WEIGHTS))}")
-    if decode_weights not in DECODE_WEIGHTS:
-        raise ValueError(f"decode_weights={decode_weights!r} is not one of "
-                         f"{', '.join(DECODE_WEIGHTS)}")
+    for name, value, choices in (("decode_weights", decode_weights, DECODE_WEIGHTS),
+                                 ("prefill_weights", prefill_weights, PREFILL_WEIGHTS)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} is {value!r}; it is one of {', '.join(map(repr, choices))}")
+        if value not in choices:
+            raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
         checkpoint = Path(checkpoint).expanduser()
     path = find(spec, checkpoint)
@@ -117,7 +121,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             "max_seq_len": (max_seq_len, None, "a causal model's context (an encoder's "
                             "ids per text are max_tokens)"),
             "prefill_chunk": (prefill_chunk, None, "a causal model's prompt calls"),
-            "decode_weights": (decode_weights, "float32", "a causal model's decode step")},
+            "decode_weights": (decode_weights, "float32", "a causal model's decode step"),
+            "prefill_weights": (prefill_weights, "float32", "a causal model's prompt chunk")},
             str(path))
         with _threads(threads):
             return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
@@ -131,7 +136,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights,
                             toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
                             progress=progress, decode_weights=decode_weights,
-                            allow_unread_config=allow_unread_config)
+                            prefill_weights=prefill_weights, allow_unread_config=allow_unread_config)
         return Model(loaded, path)
 
 

@@ -24,7 +24,8 @@ from iron_spec.operators import native
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.session import Session
 
-from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, use_decode_weights
+from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
+                    Loaded, use_decode_weights, use_prefill_weights)
 from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import NoWeights
@@ -61,13 +62,17 @@ def figures(prefill: Callable[[int], float], decode: Callable[[int], float]) -> 
     return out
 
 
-def ours(loaded: Loaded, weights: str | None = None) -> Figures:
+def ours(loaded: Loaded, weights: str | None = None, prefill_weights: str | None = None
+         ) -> Figures:
     """Our figures; with ``weights``, only the decode figures, run on a decode step of those
-    weights (the prompt chunk is float32 whatever the decode step reads)."""
+    weights; with ``prefill_weights``, only the prefill figures, run on a prompt chunk of
+    those."""
     lm, prompt = loaded.lm, bench_prompt(loaded)
     own = lm.decode_weights if weights is None else weights
+    own_prefill = lm.prefill_weights if prefill_weights is None else prefill_weights
 
     def prefill(n: int) -> float:
+        lm.prefill_weights = own_prefill  # each compiled once (CausalLM.version)
         s = Session(lm)
         start = time.perf_counter()
         s.logits(prompt[:n])
@@ -83,7 +88,11 @@ def ours(loaded: Loaded, weights: str | None = None) -> Figures:
         return s.stats.decode_tokens_per_s
 
     out = figures(prefill, decode)
-    return out if weights is None else {k: v for k, v in out.items() if k.startswith("decode")}
+    if weights is not None:
+        return {k: v for k, v in out.items() if k.startswith("decode")}
+    if prefill_weights is not None:
+        return {k: v for k, v in out.items() if k.startswith("ttft")}
+    return out
 
 
 def floor(loaded: Loaded) -> tuple[Figures, dict]:
@@ -256,28 +265,35 @@ BYTES_PER_FLOAT32_BYTE = {"float32": 1.0, "bfloat16": 0.5, "bfloat16-rounded": 0
 
 
 def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
-            also: tuple[str, ...] = (), stage: Callable[[str], object] = lambda what: None
-            ) -> dict:
+            also: tuple[str, ...] = (), stage: Callable[[str], object] = lambda what: None,
+            also_prefill: tuple[str, ...] = ()) -> dict:
     """Every figure of ours, the floor's and (where installed) transformers' and llama.cpp's
     (on each of ``gguf``, GGUF files: a Path or several), measured in turn within each of
     ``runs`` runs after a warm-up run; ``also``:
-    more decode weights whose decode figures are measured beside the model's own. A
+    more decode weights whose decode figures are measured beside the model's own;
+    ``also_prefill``: more prefill weights whose prefill figures are, likewise. A
     machine's speed drifts by 20% over a minute; a ratio is the median of its runs' ratios,
     each from figures taken seconds apart, and a figure the median of its runs. ``stage`` is
     told each step as it begins (a progress display: a SmolLM2 run takes about a minute)."""
     n_threads = threads()
-    own = loaded.lm.decode_weights
+    own, own_prefill = loaded.lm.decode_weights, loaded.lm.prefill_weights
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
               "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe(),
-              "decode_weights": own, "also_decode_weights": list(also)}
+              "decode_weights": own, "also_decode_weights": list(also),
+              "prefill_weights": own_prefill, "also_prefill_weights": list(also_prefill)}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
     for w in also:
         sides[f"ours {w}"] = ours(loaded, w)
+    for w in also_prefill:
+        sides[f"ours prefill {w}"] = ours(loaded, prefill_weights=w)
     for name in list(sides):
-        stage(f"warm-up: iron-spec" + (name[4:] and f" ({name[5:]} decode weights)"))
+        what = name[5:]
+        stage(f"warm-up: iron-spec" + (what and (f" ({what[8:]} prefill weights)" if
+                                                 what.startswith("prefill ") else
+                                                 f" ({what} decode weights)")))
         for fn in sides[name].values():
-            fn()  # warm-up (and each decode step compiled, its weights packed)
-    loaded.lm.decode_weights = own
+            fn()  # warm-up (and each version compiled, its weights packed)
+    loaded.lm.decode_weights, loaded.lm.prefill_weights = own, own_prefill
     peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peers' models
     sides["floor"], floor_static = floor(loaded)
     if peer:
@@ -313,10 +329,10 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
         for side, figs in sides.items():
             for name, fn in figs.items():
                 samples[side][name].append(fn())
-    loaded.lm.decode_weights = own
+    loaded.lm.decode_weights, loaded.lm.prefill_weights = own, own_prefill
     for side, figs in samples.items():
         result[side] = {name: statistics.median(v) for name, v in figs.items()}
-    for side in ("ours", "transformers", *engines):
+    for side in ("ours", "transformers", *engines, *(f"ours prefill {w}" for w in also_prefill)):
         if side in result:
             for n in PROMPTS:
                 result[side][f"prefill{n}_tokens_per_s"] = n / result[side][f"ttft{n}_s"]
@@ -331,7 +347,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     if "read_bytes_per_s" in f:
         f["read_gb_per_s"] = f.pop("read_bytes_per_s") / 1e9
         f["read_floor_tokens_per_s"] = f["read_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
-    # The weights as loaded (float32), and the decode step's reduced copies where it has them.
+    # The weights as loaded (float32), and the decode step's and the prompt chunk's reduced
+    # copies where they have them.
     reduced = sum(a.nbytes for a in loaded.lm.packed.values() if a.dtype != np.float32)
     weights = sum(w.nbytes for w in loaded.weights().values()) + reduced
     result["reduced_decode_weights_bytes"] = reduced
@@ -367,6 +384,18 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
                 key = own if peer_side == "ours" else peer_side.replace(".", "_")
                 result["ratios"][f"{w}_decode_vs_{key}"] = ratio((side, SHORT_DECODE),
                                                                 (peer_side, SHORT_DECODE))
+    # Each more prefill weights against transformers', our own and llama.cpp's of its bits.
+    for w in also_prefill:
+        side = f"ours prefill {w}"
+        for n in PROMPTS:
+            ttft = f"ttft{n}_s"
+            for peer_side, key in (("transformers", "transformers"), ("ours", own_prefill)):
+                result["ratios"][f"{w}_prefill{n}_vs_{key}"] = ratio((peer_side, ttft),
+                                                                    (side, ttft))
+            for e, run in engines.items():
+                if run["type"] in SAME_BITS.get(w, ()):
+                    result["ratios"][f"{w}_prefill{n}_vs_{ENGINE_KEY}_{run['type']}"] = ratio(
+                        (e, ttft), (side, ttft))
     return result
 
 
@@ -375,7 +404,8 @@ def report(r: dict) -> str:
     lines = [f"threads {r['threads']}, median of {r['runs']} run{'s' * (r['runs'] != 1)} after "
              "a warm-up, "
              f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}; decode "
-             f"kernels: {r['decode_kernels']}, {r['decode_weights']} weights",
+             f"kernels: {r['decode_kernels']}; {r['decode_weights']} decode weights, "
+             f"{r['prefill_weights']} prefill weights",
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
 
     def row(label, key, rkey=None, unit="tok/s"):
@@ -394,6 +424,13 @@ def report(r: dict) -> str:
                      f"{'':>14}{'':>8}  tok/s")
         lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
                      f"{'':>14}{'':>8}  tok/s")
+    for w in r.get("also_prefill_weights", ()):
+        mine = r[f"ours prefill {w}"]
+        for n in PROMPTS:
+            rkey = f"{w}_prefill{n}_vs_transformers"
+            ratio = "" if q.get(rkey) is None else f"{q[rkey]:8.2f}"
+            lines.append(f"{f'prefill {n} tokens, {w}':28}{mine[f'prefill{n}_tokens_per_s']:12.1f}"
+                         f"{'':>14}{ratio:>8}  tok/s")
     for side, run in r.get(f"{ENGINE}_runs", {}).items():
         lp = r[side]
         lines.append(f"{ENGINE} {run['version']} on {Path(run['file']).name} ({run['type']}): "
@@ -429,12 +466,14 @@ def command(
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
+    prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS, several=True), help=PREFILL_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, the others' prefill measured beside it in the same run"),
     gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp
     (with --gguf) and the floor."""
     first, *also = [w.strip() for w in decode_weights.split(",")]
+    first_prefill, *also_prefill = [w.strip() for w in prefill_weights.split(",")]
     from .registry import find
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
@@ -443,6 +482,7 @@ def command(
                 loaded = load_compiled(s, spec, checkpoint=checkpoint,
                                        random_weights=random_weights, max_seq_len=max_seq_len,
                                        decode_weights=first,
+                                       prefill_weights=first_prefill,
                                        allow_unread_config=allow_unread_config)
             except NoWeights:  # no checkpoint, and the spec names no example
                 # A toy's context is too short for the deep decode, and its speed says nothing.
@@ -453,10 +493,14 @@ def command(
             for w in also:  # each compiled (and refused, where its weights do not fit) now
                 s.stage(f"compiling the decode step on {w} weights")
                 use_decode_weights(loaded, w)
+            for w in also_prefill:
+                s.stage(f"compiling the prompt chunk on {w} weights")
+                use_prefill_weights(loaded, w)
             if loaded.lm.config.max_seq_len < DEEP + DECODE + 1:
                 raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than "
                                  f"the {DEEP + DECODE + 1} positions the deep decode needs")
-            result = measure(loaded, runs, peer, tuple(gguf or ()), tuple(also), s.stage)
+            result = measure(loaded, runs, peer, tuple(gguf or ()), tuple(also), s.stage,
+                             tuple(also_prefill))
     except EXPECTED as e:
         refuse(e)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

@@ -110,9 +110,10 @@ def read_config(directory: Path) -> dict:
     return data
 
 
-def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, int]:
+def _footprint(o: CausalOptions, decode_weights: str = "float32",
+               prefill_weights: str = "float32") -> tuple[int, int]:
     """Bytes the model holds whatever its context, and bytes per position of context; with
-    bfloat16 decode weights, the decode step's half-size copy of the projections too."""
+    reduced decode or prefill weights, the half-size copies of the projections too."""
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
@@ -139,8 +140,11 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32") -> tuple[int, 
     if o.per_layer_input is not None:
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
+    weights = fixed
     if decode_weights != "float32":  # every weight so far again, in its reduced form (a
-        fixed += fixed * REDUCED_BYTES[decode_weights] // 4  # bound: norms stay float32)
+        fixed += weights * REDUCED_BYTES[decode_weights] // 4  # bound: norms stay float32)
+    if prefill_weights != "float32":  # and the prompt chunk's bfloat16 tiles
+        fixed += weights * 2 // 4
     heads = max((lo.attention.heads for lo in o.layers), default=0)
     # Attention scores: a block of a prompt chunk's rows at a time (operators.attention),
     # and one row in the decode step.
@@ -172,6 +176,11 @@ DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 
                        "int8 (Q8_0 blocks, as GGUF's: a float16 scale per 32 weights, "
                        "quantized at load). The prompt chunk keeps float32; check reports "
                        "the KL the rounding costs")
+PREFILL_WEIGHTS = ("float32", "bfloat16")
+PREFILL_WEIGHTS_HELP = ("the prompt chunk's projection weights: float32; bfloat16 (rounded to "
+                        "nearest, a bfloat16 checkpoint's as they are, and each projection's "
+                        "input rounded too: float32 sums of bfloat16 products, on Intel AMX "
+                        "where the CPU has it). check reports the KL the rounding costs")
 
 
 def weights_source(checkpoint, random_weights: int | None, toy: bool) -> None:
@@ -322,7 +331,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                random_weights: int | None = None, toy: bool = False,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
                progress: Progress | None = None, decode_weights: str = "float32",
-               allow_unread_config: bool = False) -> Loaded:
+               prefill_weights: str = "float32", allow_unread_config: bool = False) -> Loaded:
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
@@ -337,7 +346,11 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             projections' weights as bfloat16, half the bytes, where every value holds
             exactly (a bfloat16 checkpoint's); ``bfloat16-rounded``: any weights rounded to
             the nearest bfloat16; ``int8``: llama.cpp's Q8_0 blocks (``operators.formats``),
-            quantized once here. The prompt chunk keeps float32 in every case.
+            quantized once here. The prompt chunk's are ``prefill_weights``'.
+        prefill_weights: ``float32``; ``bfloat16``: the prompt chunk's projections
+            multiply bfloat16 weights (rounded to nearest) by their input rounded to
+            bfloat16, summing in float32 (Intel AMX tiles where the CPU has them:
+            ``operators/_cpu_tiles.h``); the head, on one row, stays float32.
         allow_unread_config: load although config.json holds keys the spec neither reads
             nor ignores (refused otherwise, every such key named).
 
@@ -352,6 +365,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             round a weight, int8 on rows not a multiple of 32 long.
     """
     _refuse_decode_weights(decode_weights)
+    _refuse_prefill_weights(prefill_weights)
     spec = load_spec(spec_path)
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
@@ -383,14 +397,14 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             raise FlagError(f"{said('max_seq_len', max_seq_len)} is not within "
                             f"1..{native}, the model's own context")
         L = max_seq_len
-        fixed, per_position = _footprint(expanded.options, decode_weights)
+        fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights)
         need, budget = fixed + per_position * L, host_budget()
         if need > budget:  # numpy maps zeros lazily: refused here, not by the OOM killer
             raise ValueError(f"the model on {source} with max_seq_len {L} would hold "
                              f"{need / 2**30:.1f} GiB, past this host's {budget / 2**30:.1f} "
                              "GiB budget")
     else:
-        fixed, per_position = _footprint(expanded.options, decode_weights)
+        fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if asked is not None and asked > L:
         raise FlagError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
@@ -413,7 +427,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, expanded.unused, progress, spec,
                                       config_json, expanded.resolved.values)
-    lm.decode_weights = decode_weights
+    lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     if decode_weights != "float32":
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
@@ -431,6 +445,29 @@ def _refuse_decode_weights(decode_weights: str) -> None:
                          + ("IRON_SPEC_NATIVE turns it off" if decode_pool.BUILT else
                             decode_pool.STALE if decode_pool.STALE else
                             "operators._cpu is not built (reinstall with a C compiler)"))
+
+
+def _refuse_prefill_weights(prefill_weights: str) -> None:
+    """Raises ValueError where ``prefill_weights`` is none of PREFILL_WEIGHTS."""
+    if prefill_weights not in PREFILL_WEIGHTS:
+        raise ValueError(f"{said('prefill_weights', prefill_weights)} is not one of "
+                         f"{', '.join(PREFILL_WEIGHTS)}")
+
+
+def use_prefill_weights(loaded: Loaded, prefill_weights: str) -> None:
+    """Compile ``loaded``'s prompt chunk on ``prefill_weights`` too, and go back to the
+    weights it had: a bench then switches between them by ``lm.prefill_weights``.
+
+    Raises:
+        ValueError: as ``load_model`` does for these prefill weights.
+    """
+    _refuse_prefill_weights(prefill_weights)
+    lm, before = loaded.lm, loaded.lm.prefill_weights
+    lm.prefill_weights = prefill_weights
+    try:
+        lm.prompt_chunk
+    finally:
+        lm.prefill_weights = before
 
 
 def use_decode_weights(loaded: Loaded, decode_weights: str) -> None:

@@ -24,7 +24,8 @@ from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest
 from iron_spec.runtime.host import fit
 
 from . import config_defaults, gates, goldens
-from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, Loaded, _footprint, model_inputs
+from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
+                    Loaded, _footprint, model_inputs)
 from .command import EXPECTED, choice, load_compiled, refuse, stages, whole
 from .errors import FlagError
 from .gates import ENCODER_ATOL, float64_gate, kl_gate
@@ -149,7 +150,8 @@ def require_length(L: int, prompt: int, steps: int, why: str, kl_steps: int | No
 
 def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | None,
               prefill_chunk: int | None, steps: int, decode_weights: str,
-              allow_unread_config: bool = False) -> tuple[int, int, str]:
+              allow_unread_config: bool = False,
+              prefill_weights: str = "float32") -> tuple[int, int, str]:
     """The context and prompt chunk check runs at, and a line saying where they came from.
 
     The context is ``max_seq_len`` as given, else the model's own, at most ``CHECK_CONTEXT``
@@ -175,7 +177,7 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
                             "model's own context")
         L, where = max_seq_len, f"context {max_seq_len} (--max-seq-len)"
     else:
-        fixed, per_position = _footprint(options, decode_weights)
+        fixed, per_position = _footprint(options, decode_weights, prefill_weights)
         L = fit(min(native, CHECK_CONTEXT), min(C, native), fixed, per_position)
         where = f"context {L} (the model's own {native}" + \
             (f", at most {CHECK_CONTEXT} in check)" if L < native else ")")
@@ -241,13 +243,15 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
         ("compiled = reference", lambda: checks.greedy_match(lm, prompt, greedy, reference)),
         ("KL vs " + ("golden" if golden is not None else "reference"),
          lambda: gates.said(checks.kl_against(lm, bounds, golden, prompt, steps, reference),
-                            None if lm.decode_weights in gates.REDUCED_KL else
+                            None if lm.decode_weights in gates.REDUCED_KL
+                            or lm.prefill_weights != "float32" else
                             gates.loosened(spec, "kl"))),
-        # Reduced decode weights change what the reference's decode step computes too.
+        # Reduced weights change what the reference's steps compute too.
         *([("float64 KL vs golden", lambda: gates.said(
             checks.float64_against(lm, golden, float64_gate(golden, spec=spec)),
             gates.loosened(spec, "float64")))]
-          if golden is not None and golden.has_float64 and lm.decode_weights == "float32" else []),
+          if golden is not None and golden.has_float64 and lm.decode_weights == "float32"
+          and lm.prefill_weights == "float32" else []),
         ("determinism", lambda: checks.determinism(lm, [prompt, other])),
         ("chat turn", lambda: checks.chat_turn(lm, prompt, turn)),
         ("chunked = decode", lambda: checks.chunked_vs_decode(
@@ -280,6 +284,7 @@ def command(
     self_only: bool = typer.Option(False, "--self-only", help="the self-consistency checks alone, with no golden: exit 0 when they pass, though nothing is verified against transformers"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
+    prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
@@ -305,6 +310,9 @@ def command(
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":
                 raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
+            if prefill_weights != "float32":
+                raise ValueError(f"--prefill-weights {prefill_weights}: an encoder has no "
+                                 "prompt chunk (its projections are float32)")
             if steps is not None:
                 raise FlagError(f"--steps {steps}: an encoder's check draws no tokens (its "
                                 "golden holds embeddings of fixed probes)")
@@ -312,11 +320,12 @@ def command(
                            self_only, allow_unread_config, overwrite_golden, linted)
         L, C, shape = fit_shape(parsed, checkpoint, random_weights, toy, max_seq_len,
                                 prefill_chunk, steps or STEPS, decode_weights,
-                                allow_unread_config)
+                                allow_unread_config, prefill_weights)
         with stages() as s:
             loaded = load_compiled(s, spec, checkpoint=checkpoint, random_weights=random_weights,
                                    toy=toy, max_seq_len=L, prefill_chunk=C,
                                    decode_weights=decode_weights,
+                                   prefill_weights=prefill_weights,
                                    allow_unread_config=allow_unread_config)
             if record_golden:
                 path = golden or golden_path(loaded)
@@ -326,10 +335,12 @@ def command(
                 typer.echo(f"recorded {path}; {said}", err=True)
             found, note = (None, "self-consistency only") if self_only else \
                 find_golden(loaded, golden, steps)
-            if loaded.lm.decode_weights != "float32":
-                gate = kl_gate(loaded)
-                shape += (f"; decode weights {loaded.lm.decode_weights}, KL gate " +
-                          ", ".join(f"{k} {v:g}" for k, v in gate.items()))
+            reduced = [f"{what} weights {w}" for what, w in
+                       (("decode", loaded.lm.decode_weights), ("prefill", loaded.lm.prefill_weights))
+                       if w != "float32"]
+            if reduced:
+                shape += (f"; {', '.join(reduced)}, KL gate " +
+                          ", ".join(f"{k} {v:g}" for k, v in kl_gate(loaded).items()))
             _header(spec, shape, note, as_json)
             _line(linted, as_json)
             results = [linted] + run_checks(loaded, found, found.steps if found else steps or STEPS,

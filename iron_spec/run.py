@@ -21,7 +21,8 @@ from iron_spec.operators import Sampler
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
-from .build import DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, weights_source
+from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
+                    weights_source)
 from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
@@ -56,6 +57,7 @@ def command(
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
+    prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
@@ -88,7 +90,7 @@ def command(
             _before_loading(checkpoint, random_weights, toy, text is not None or chat, chat,
                             settings, num_tokens)
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-                          decode_weights, allow_unread_config, threads)
+                          decode_weights, prefill_weights, allow_unread_config, threads)
             gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
                        logprobs=json_output)
             model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
@@ -181,14 +183,15 @@ def _read_stdin() -> str:
 
 
 def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, decode_weights,
-          allow_unread_config, threads) -> Model:
+          prefill_weights, allow_unread_config, threads) -> Model:
     """The model through ``iron_spec.load``, both versions compiled, each stage shown
     (``command.stages``: a bar on a terminal, a line each when piped)."""
     with stages() as shown:
         advance = shown.stage("loading weights")
         model = load(spec, checkpoint, random_weights=random_weights, toy=toy,
                      max_seq_len=max_seq_len, prefill_chunk=prefill_chunk, progress=advance,
-                     decode_weights=decode_weights, allow_unread_config=allow_unread_config,
+                     decode_weights=decode_weights, prefill_weights=prefill_weights,
+                     allow_unread_config=allow_unread_config,
                      threads=threads)
         if not isinstance(model, Model):
             raise ValueError(f"{model.spec} is an encoder spec (model: encoder): it gives "

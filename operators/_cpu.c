@@ -718,6 +718,7 @@ static void attend_run(float *out, const float *q, const float *keys, const floa
     }
 }
 
+#include "_cpu_tiles.h"
 #include "_cpu_program.h"
 
 
@@ -923,23 +924,32 @@ static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     if (get_floats(args[1], &x, 0, "x") < 0)
         goto g0;
-    if (get_floats(args[2], &w, 0, "w") < 0)
+    if (get_weights(args[2], &w) < 0)
         goto g1;
     int has_b = args[3] != Py_None;
     if (has_b && get_floats(args[3], &b, 0, "b") < 0)
         goto g2;
-    if (x.ndim != 2 || w.ndim != 2 || out.ndim != 2 || x.shape[1] != w.shape[1] ||
-        out.shape[0] != x.shape[0] || out.shape[1] != w.shape[0] ||
-        (has_b && b.len / 4 != w.shape[0]) || overlaps(&out, &x) || overlaps(&out, &w) ||
-        (has_b && overlaps(&out, &b))) {
-        PyErr_SetString(PyExc_ValueError, "gemm: out (m, n), x (m, k), w (n, k), b None or "
-                        "(n,); out apart from the rest");
+    /* float32 (n, k), or bfloat16 tiles (ceil(n / 16), ceil(k / 32), 16, 32): _cpu_tiles.h */
+    int tiles = w.itemsize == 2 && w.ndim == 4;
+    Py_ssize_t n = tiles ? out.shape[1] : w.shape[0];
+    int fits = tiles ? w.shape[0] == (n + TILE_N - 1) / TILE_N &&
+                       w.shape[1] == (x.shape[1] + TILE_K - 1) / TILE_K &&
+                       w.shape[2] == TILE_N && w.shape[3] == TILE_K
+                     : w.itemsize == 4 && w.ndim == 2 && x.shape[1] == w.shape[1];
+    if (x.ndim != 2 || out.ndim != 2 || !fits || out.shape[0] != x.shape[0] ||
+        out.shape[1] != n || (has_b && b.len / 4 != n) || overlaps(&out, &x) ||
+        overlaps(&out, &w) || (has_b && overlaps(&out, &b))) {
+        PyErr_SetString(PyExc_ValueError, "gemm: out (m, n), x (m, k), w float32 (n, k) or "
+                        "bfloat16 tiles (ceil(n / 16), ceil(k / 32), 16, 32) as uint16, b "
+                        "None or (n,); out apart from the rest");
         goto g3;
     }
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    failed = gemm_run(out.buf, x.buf, w.buf, has_b ? b.buf : NULL, x.shape[0], w.shape[0],
-                      x.shape[1]) < 0;
+    failed = (tiles ? tiles_run(out.buf, x.buf, w.buf, has_b ? b.buf : NULL, x.shape[0], n,
+                                x.shape[1])
+                    : gemm_run(out.buf, x.buf, w.buf, has_b ? b.buf : NULL, x.shape[0], n,
+                               x.shape[1])) < 0;
     Py_END_ALLOW_THREADS
     if (failed) {
         PyErr_NoMemory();
@@ -1284,6 +1294,27 @@ static PyObject *py_use(PyObject *self, PyObject *arg) {
     return NULL;
 }
 
+static PyObject *py_tiles(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(tiles_amx && tiles_use_amx ? "amx" : "portable");
+}
+
+static PyObject *py_use_tiles(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return NULL;
+    if (strcmp(name, "amx") == 0 && !tiles_amx) {
+        PyErr_SetString(PyExc_ValueError, "amx tiles need AMX-BF16, which this CPU (or its OS) "
+                        "does not offer; it runs portable");
+        return NULL;
+    }
+    if (strcmp(name, "amx") != 0 && strcmp(name, "portable") != 0) {
+        PyErr_Format(PyExc_ValueError, "%s is not a tile kernel: amx or portable", name);
+        return NULL;
+    }
+    tiles_use_amx = strcmp(name, "amx") == 0; /* between calls: the pool is idle */
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"start", py_start, METH_O, "start(threads): start the pool once; returns its threads"},
     {"threads", py_threads, METH_NOARGS, "the pool's threads (0: not started)"},
@@ -1298,7 +1329,13 @@ static PyMethodDef methods[] = {
      "in row groups (operators.formats.group_bfloat16, group_q8_0); b None or (len(y),)"},
     {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL,
      "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
-     "row-major; b None or (n,)"},
+     "row-major, or bfloat16 tiles (formats.tile_bfloat16) with x rounded to bfloat16; b "
+     "None or (n,)"},
+    {"tiles", py_tiles, METH_NOARGS,
+     "tiles(): who runs a GEMM on bfloat16 tiles: amx or portable"},
+    {"use_tiles", py_use_tiles, METH_O,
+     "use_tiles(name): run GEMMs on bfloat16 tiles on amx (where the CPU and OS allow it) or "
+     "portable"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring[, "
      "alibi]): one query q (H, D) at start; alibi None or (H,) ALiBi slopes"},
@@ -1342,6 +1379,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         simd_best = SIMD_AVX512;
     simd = simd_best;
 #endif
+    tiles_init();
     pthread_atfork(NULL, NULL, pool_after_fork);
     PyObject *m = PyModule_Create(&module);
 #ifndef IRON_SPEC_SOURCE_DIGEST

@@ -63,7 +63,8 @@ enum {
     OP_SOFTCAP,   /* (out, x); (n); (cap): tanh(x / cap) * cap */
     OP_ADD_ROWS,  /* (out, x, table); (hidden, table rows, n); (): x[r] + table[start + r] */
     OP_GEMM,      /* (out, x, w, b|None); (n, k, m); (): out (m, n) = x (m, k) w (n, k)^T
-                   * (+ b), float32: the gemm kernel */
+                   * (+ b), float32: the gemm kernel; w bfloat16 tiles (uint16): x rounded
+                   * to bfloat16, the tile kernel (_cpu_tiles.h) */
     OP_TAKE_ROW,  /* (out, x); (d, rows); (): row start of x (rows, d) */
     OP_COUNT
 };
@@ -85,7 +86,8 @@ typedef struct {
     Py_ssize_t rs[ARRAYS];   /* elements from one row to the next */
     Py_ssize_t i[INTS];
     float f[FLOATS];
-    int kind;                /* OP_GEMV: WEIGHTS_F32, WEIGHTS_BF16 or 2 (Q8_0) */
+    int kind;                /* OP_GEMV: WEIGHTS_F32, WEIGHTS_BF16 or 2 (Q8_0); OP_GEMM:
+                              * WEIGHTS_F32 or WEIGHTS_BF16 (tiles, _cpu_tiles.h) */
 } step_t;
 
 typedef struct {
@@ -139,7 +141,13 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
             break;
         want[0] = 4 * i[2] * i[0];
         want[1] = 4 * i[2] * i[1];
-        want[2] = 4 * i[0] * i[1];
+        if (s->kind == WEIGHTS_BF16) { /* tiles (_cpu_tiles.h), padded to whole tiles */
+            want[2] = 2 * ((i[0] + TILE_N - 1) / TILE_N * TILE_N) *
+                      ((i[1] + TILE_K - 1) / TILE_K * TILE_K);
+            fmt[2] = 'H';
+        } else {
+            want[2] = 4 * i[0] * i[1];
+        }
         want[3] = s->a[3] ? 4 * i[0] : 0;
         return 0;
     case OP_ATTEND:
@@ -338,6 +346,8 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
         }
         if (s->op == OP_GEMV)
             s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : formats[2] == 'B' ? 2 : WEIGHTS_F32;
+        if (s->op == OP_GEMM)
+            s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : WEIGHTS_F32;
         Py_ssize_t want[ARRAYS];
         char fmt[ARRAYS];
         if (step_sizes(s, want, fmt) < 0)
@@ -470,7 +480,9 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         return NULL;
     }
     case OP_GEMM:
-        if (gemm_run(out, s->a[1], s->a[2], s->a[3], i[2], i[0], i[1]) < 0)
+        if ((s->kind == WEIGHTS_BF16
+                 ? tiles_run(out, s->a[1], s->a[2], s->a[3], i[2], i[0], i[1])
+                 : gemm_run(out, s->a[1], s->a[2], s->a[3], i[2], i[0], i[1])) < 0)
             return "gemm: no memory for x's panels";
         return NULL;
     case OP_ATTEND: {

@@ -92,20 +92,24 @@ class Operator:
         """
         return np.ascontiguousarray(array, dtype=np.float32)
 
-    def pack_reduced(self, index: int, array: np.ndarray, dtype: str) -> np.ndarray | None:
-        """Input ``index`` (a weight) in ``dtype`` (``bfloat16``, ``bfloat16-rounded``,
-        ``int8``: ``operators.formats``), the form a kernel reads
-        in reduced precision, or None where this operator keeps float32 (the default).
+    def pack_reduced(self, index: int, array: np.ndarray, dtype: str,
+                     rows: int | None = None) -> np.ndarray | None:
+        """Input ``index`` (a weight) in ``dtype`` (a decode step's ``bfloat16``,
+        ``bfloat16-rounded``, ``int8``, a prompt chunk's ``bfloat16-tiles``:
+        ``operators.formats``), the form a kernel reads in reduced precision, or None where
+        this operator keeps float32 (the default). ``rows``: the leading axis of the step's
+        first input, where it has one.
 
         Raises:
             ValueError: the weight does not hold exactly in ``dtype``.
         """
         return None
 
-    def widen_reduced(self, index: int, packed: np.ndarray) -> np.ndarray:
-        """The float32 values input ``index``'s reduced form (``pack_reduced``) stands for:
-        what a reference multiplies by to judge the kernel reading it. The packed array
-        itself by default (an operator that keeps float32)."""
+    def widen_reduced(self, index: int, packed: np.ndarray,
+                      shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """The float32 values input ``index``'s reduced form (``pack_reduced``) stands for,
+        of the weight's own ``shape``: what a reference multiplies by to judge the kernel
+        reading it. The packed array itself by default (an operator that keeps float32)."""
         return packed
 
     def reference_inputs(self, inputs: list, kernel_inputs: list) -> list:

@@ -21,6 +21,12 @@ The decode step's GEMV (``operators/_cpu_gemv.h``) reads either in **row groups*
 holding the rest), a group's weights one after another in the order the kernel reads them,
 so each thread streams one sequential range and a group's rows' sums run side by side. Same
 dtype, shape and bytes as the row-major form; only the order within a group differs.
+
+A prompt chunk's GEMM on bfloat16 (``--prefill-weights bfloat16``) reads **tiles**
+(``tile_bfloat16``): the weight padded with zeros to whole tiles of 16 rows by 32 columns,
+``(ceil(rows / 16), ceil(k / 32), 16, 32)`` uint16, each tile's row ``r`` holding columns
+``2r`` and ``2r + 1`` of each of its 16 rows side by side: the pair ("VNNI") layout an Intel
+AMX B tile is read in (``operators/_cpu_tiles.h``).
 """
 
 from __future__ import annotations
@@ -86,6 +92,29 @@ def round_bfloat16(array: np.ndarray) -> np.ndarray:
 def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) as float32, exactly."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+TILE_ROWS, TILE_COLS = 16, 32  # a bfloat16 tile: rows of the weight, columns (values of k)
+
+
+def tile_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits ``(rows, k)`` (uint16) as tiles: uint16 ``(ceil(rows / 16),
+    ceil(k / 32), 16, 32)``, zeros past ``rows`` and ``k``; tile ``(j, t)``'s element
+    ``(p, 2q + e)`` is ``bits[16 j + q, 32 t + 2p + e]``."""
+    n, k = bits.shape
+    nt, kt = -(-n // TILE_ROWS), -(-k // TILE_COLS)
+    padded = np.zeros((nt * TILE_ROWS, kt * TILE_COLS), np.uint16)
+    padded[:n, :k] = bits
+    # (j, q, t, p, e) -> (j, t, p, q, e)
+    t = padded.reshape(nt, TILE_ROWS, kt, TILE_COLS // 2, 2).transpose(0, 2, 3, 1, 4)
+    return np.ascontiguousarray(t).reshape(nt, kt, TILE_ROWS, TILE_COLS)
+
+
+def untile_bfloat16(tiles: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """``tile_bfloat16``'s inverse: the bits ``(rows, k)`` (uint16, row-major)."""
+    nt, kt = tiles.shape[:2]
+    t = tiles.reshape(nt, kt, TILE_COLS // 2, TILE_ROWS, 2).transpose(0, 3, 1, 2, 4)
+    return np.ascontiguousarray(t.reshape(nt * TILE_ROWS, kt * TILE_COLS)[:rows, :k])
 
 
 def quantize_q8_0(array: np.ndarray) -> np.ndarray:

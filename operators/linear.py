@@ -38,9 +38,9 @@ class Linear(Operator):
             y[..., i: i + REFERENCE_ROWS] = x @ as64(weight[i: i + REFERENCE_ROWS]).T
         return y if bias is None else y + as64(bias)
 
-    def pack_reduced(self, index, array, dtype):
-        """The weight in a decode step's reduced form (``operators.formats``), or None for
-        any other input (a bias stays float32):
+    def pack_reduced(self, index, array, dtype, rows=None):
+        """The weight in a reduced form (``operators.formats``), or None for any other input
+        (a bias stays float32):
 
         - ``bfloat16``: bfloat16's 16-bit patterns (uint16), where every value holds
           exactly (a bfloat16 checkpoint's own weights): the same products as float32's.
@@ -52,12 +52,22 @@ class Linear(Operator):
         Each in the GEMV's row groups (``formats.group_bfloat16``, ``formats.group_q8_0``):
         the weight's shape, its rows' bytes in the order the kernel streams them.
 
+        - ``bfloat16-tiles`` (a prompt chunk's, ``--prefill-weights bfloat16``): rounded to
+          the nearest bfloat16 (a bfloat16 checkpoint's weights as they are), in the GEMM's
+          tiles (``formats.tile_bfloat16``); the GEMM rounds x to bfloat16 too
+          (``reference_inputs``). None for a projection of one row (a prompt chunk's head,
+          on its last row), which stays float32.
+
         Raises:
             ValueError: a value ``bfloat16`` would round, a value not finite, or (``int8``)
                 rows whose length is not a multiple of 32.
         """
         if index != 1:
             return None
+        if dtype == "bfloat16-tiles":
+            if rows == 1:
+                return None
+            return formats.tile_bfloat16(formats.round_bfloat16(array))
         if dtype == "bfloat16":
             bits, inexact = formats.bfloat16_exact(array)
             if inexact:
@@ -73,8 +83,10 @@ class Linear(Operator):
             return formats.group_q8_0(formats.quantize_q8_0(array))
         return None
 
-    def widen_reduced(self, index, packed):
+    def widen_reduced(self, index, packed, shape=None):
         """The float32 values a reduced weight stands for (what the kernel multiplies by)."""
+        if packed.ndim == 4:  # bfloat16 tiles, padded past the weight's own shape
+            return formats.widen_bfloat16(formats.untile_bfloat16(packed, *shape))
         if packed.dtype == np.uint16:
             return formats.widen_bfloat16(formats.ungroup_bfloat16(packed))
         if packed.dtype == np.uint8:
@@ -82,13 +94,24 @@ class Linear(Operator):
         return packed
 
     def reference_inputs(self, inputs, kernel_inputs):
-        """On Q8_0 weights, x as the kernel quantizes it (``formats.x16_values``, exact)."""
+        """On Q8_0 weights, x as the kernel quantizes it (``formats.x16_values``, exact); on
+        bfloat16 tiles, x rounded to bfloat16 as the GEMM rounds it."""
+        if kernel_inputs[1].ndim == 4:
+            return [formats.widen_bfloat16(formats.round_bfloat16(inputs[0])).astype(np.float64)] \
+                + list(inputs[1:])
         if kernel_inputs[1].dtype == np.uint8:
             return [formats.x16_values(inputs[0])] + list(inputs[1:])
         return inputs
 
     def kernel(self, out, x, weight, bias=None, scratch=None):
-        if weight.dtype != np.float32:  # a decode step's reduced weights (pack_reduced)
+        if weight.ndim == 4:  # a prompt chunk's bfloat16 tiles: the GEMM rounds x
+            lib = native.lib()
+            if lib is not None and native.contiguous(out, x):
+                lib.gemm(out, x, weight, bias)
+                return
+            x = formats.widen_bfloat16(formats.round_bfloat16(x))
+            weight = self.widen_reduced(1, weight, (out.shape[1], x.shape[1]))
+        elif weight.dtype != np.float32:  # a decode step's reduced weights (pack_reduced)
             lib = native.lib()
             if lib is not None and x.shape[0] == 1 and x[0].flags.c_contiguous:
                 lib.gemv(out[0], x[0], weight, bias)
@@ -116,6 +139,9 @@ class Linear(Operator):
         if x.shape[0] == 1:
             return native.Step(native.OP_GEMV, (out, x, weight, bias),
                                (weight.shape[0], x.shape[1]))
+        if weight.ndim == 4:  # bfloat16 tiles: the tile GEMM (_cpu_tiles.h), whatever GEMM says
+            return native.Step(native.OP_GEMM, (out, x, weight, bias),
+                               (out.shape[1], x.shape[1], x.shape[0]), rows=2)
         if weight.dtype != np.float32 or native.GEMM != "native":
             return None
         return native.Step(native.OP_GEMM, (out, x, weight, bias),

@@ -84,6 +84,7 @@ def describe() -> str:
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
             f"{', '.join(LIB.available())}); prompt GEMMs: "
             + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
+            + f", on bfloat16 tiles {LIB.tiles()}"
             + "; compiled steps: " + ("one native call" if PROGRAM else
                                      "a Python call each (IRON_SPEC_PROGRAM=0)"))
 

@@ -308,6 +308,9 @@ class CausalLM(Module):
         # The decode step's weights: float32 or a reduced form (operators.formats); each
         # compiles a decode step of its own, so a bench can switch between them.
         self.decode_weights = "float32"
+        # The prompt chunk's projection weights: float32, or bfloat16 tiles (x rounded to
+        # bfloat16 too: operators/_cpu_tiles.h); a prompt chunk of its own each.
+        self.prefill_weights = "float32"
         self.reserve(1)
 
     def reserve(self, positions: int) -> None:
@@ -434,8 +437,8 @@ class CausalLM(Module):
         """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
         # Keyed by the decode weights too where they are reduced: a bench switches between
         # them by decode_weights, each decode step compiled once.
-        key = (prompt, check) if prompt or self.decode_weights == "float32" else \
-            (prompt, check, self.decode_weights)
+        weights = self.prefill_weights if prompt else self.decode_weights
+        key = (prompt, check) if weights == "float32" else (prompt, check, weights)
         if key not in self._versions:
             self._versions[key] = Version(self, prompt, check)
         return self._versions[key]
@@ -447,6 +450,11 @@ class CausalLM(Module):
     @property
     def prompt_chunk(self) -> "Version":
         return self.version(True)
+
+
+#: The form a prompt chunk's projection weights take (``Operator.pack_reduced``), by
+#: ``CausalLM.prefill_weights``.
+PROMPT_FORMS = {"float32": "float32", "bfloat16": "bfloat16-tiles"}
 
 
 class Version:
@@ -468,7 +476,8 @@ class Version:
         self.prompt, self.capacity = prompt, C
         self.lm = lm
         self.plan = Plan(rec, out, check=check, packed=lm.packed,
-                         weights="float32" if prompt else lm.decode_weights)
+                         weights=PROMPT_FORMS[lm.prefill_weights] if prompt
+                         else lm.decode_weights)
         self._reference = Reference(rec, out, lm.reference_states)
         self.vocab_size, self.max_seq_len = lm.config.vocab_size, lm.config.max_seq_len
 

@@ -176,7 +176,9 @@ class Plan:
         """Input ``k`` of ``step`` (a weight or table) in the form its kernel reads."""
         if self.weights != "float32":
             try:
-                reduced = step.op.pack_reduced(k, weight.memory, self.weights)
+                x = step.inputs[0]
+                reduced = step.op.pack_reduced(k, weight.memory, self.weights,
+                                               rows=None if x is None else x.shape[0])
             except ValueError as e:
                 raise ValueError(f"{weight.name}: {e}") from None
             if reduced is not None:
@@ -371,8 +373,8 @@ class Plan:
                      else self._root(h).memory for h in step.inputs]
         # A weight in reduced precision is judged as the values the kernel reads (bfloat16
         # rounded, Q8_0's d * q); what the rounding costs is the KL checks' to judge.
-        originals = [o if o is None or x.dtype == np.float32 else step.op.widen_reduced(k, x)
-                     for k, (o, x) in enumerate(zip(originals, ins))]
+        originals = [o if o is None or x.dtype == np.float32 else
+                     step.op.widen_reduced(k, x, o.shape) for k, (o, x) in enumerate(zip(originals, ins))]
         # Copies taken before the kernel runs: a writing step changes its state in place.
         # A weight is read as stored, never copied (the reference widens what it needs).
         before = [None if x is None or o is not None else

@@ -231,6 +231,8 @@ LOAD = [
     ("decode_weights_number", dict(decode_weights=3), TypeError, "decode_weights is 3; it is one of 'float32'"),
     # Said as load's keywords, not the CLI's flags (found by a new user's trial).
     ("decode_weights_unknown", dict(decode_weights="fp8"), ValueError, "^decode_weights='fp8' is not one of float32, bfloat16"),
+    ("prefill_weights_number", dict(prefill_weights=16), TypeError, "prefill_weights is 16; it is one of 'float32', 'bfloat16'"),
+    ("prefill_weights_unknown", dict(prefill_weights="int8"), ValueError, "^prefill_weights='int8' is not one of float32, bfloat16"),
     ("context_past_model", dict(max_seq_len=100000), ValueError, "^max_seq_len=100000 is not within 1..512, the model's own context"),
     ("chunk_past_context", dict(max_seq_len=32, prefill_chunk=64), ValueError, "^prefill_chunk=64 is past the context max_seq_len 32"),
     ("toy_without_seed", dict(random_weights=None), ValueError, r"^toy=True needs random_weights=SEED: a toy has no checkpoint"),
@@ -250,7 +252,8 @@ def test_a_bad_load_argument_is_refused_naming_it(case, kwargs, error, says):
     assert native.threads() == before  # refused before the threads were set
 
 
-ENCODER_ONLY_NOT = [("max_seq_len", 64), ("prefill_chunk", 8), ("decode_weights", "int8")]
+ENCODER_ONLY_NOT = [("max_seq_len", 64), ("prefill_chunk", 8), ("decode_weights", "int8"),
+                    ("prefill_weights", "bfloat16")]
 
 
 @pytest.mark.parametrize("name, value", ENCODER_ONLY_NOT, ids=[c[0] for c in ENCODER_ONLY_NOT])

@@ -199,3 +199,13 @@ def test_a_prompt_past_the_context_names_the_flag():
     assert "40 tokens and 1 more to draw do not fit max_seq_len 32" in result.output
     assert "a larger --max-seq-len raises it" in result.output
     assert "max_seq_len=" not in result.output
+
+
+@pytest.mark.parametrize("command, value", [("run", "int8"), ("check", "int8"),
+                                            ("bench", "float32,int8")])
+def test_an_unknown_prefill_weights_is_a_usage_error_before_loading(command, value):
+    result = runner.invoke(app, [command, LLAMA, "--checkpoint", "/nowhere",
+                                 "--prefill-weights", value])
+    assert result.exit_code == 2, result.output
+    assert "'int8' is not one of float32, bfloat16" in _unboxed(result.output)
+    assert "loading" not in result.output

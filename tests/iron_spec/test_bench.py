@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from iron_spec import bench
-from iron_spec.build import load_model, use_decode_weights
+from iron_spec.build import load_model, use_decode_weights, use_prefill_weights
 from iron_spec.operators import native
 from tests.conftest import SPECS
 
@@ -85,3 +85,24 @@ def test_each_decode_weights_meets_the_gguf_of_its_bits(short, monkeypatch, tmp_
     assert q["float32_decode_vs_read_floor"] > 0
     text = bench.report(r)
     assert "m.q8_0.gguf (Q8_0)" in text and "m.bf16.gguf (BF16)" in text
+
+
+def test_each_prefill_weights_is_measured_beside_the_first(short, monkeypatch, tmp_path):
+    import types
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=_FakeLlama))
+    files = [tmp_path / "m.bf16.gguf"]
+    files[0].write_bytes(b"")
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    use_prefill_weights(loaded, "bfloat16")
+    assert loaded.lm.prefill_weights == "float32"  # compiled, and back to the model's own
+    r = bench.measure(loaded, runs=1, peer=True, gguf=files, also_prefill=("bfloat16",))
+    mine, q = r["ours prefill bfloat16"], r["ratios"]
+    assert set(mine) == {"ttft128_s", "ttft512_s", "prefill128_tokens_per_s",
+                         "prefill512_tokens_per_s"}
+    assert q["bfloat16_prefill512_vs_float32"] == pytest.approx(
+        r["ours"]["ttft512_s"] / mine["ttft512_s"], rel=1e-12, abs=0)
+    assert q["bfloat16_prefill128_vs_llama_cpp_BF16"] == pytest.approx(
+        r["llama.cpp BF16"]["ttft128_s"] / mine["ttft128_s"], rel=1e-12, abs=0)
+    assert loaded.lm.prefill_weights == "float32"
+    assert any(a.ndim == 4 for a in loaded.lm.packed.values())  # the tiles, counted in weights
+    assert "prefill 512 tokens, bfloat16" in bench.report(r)

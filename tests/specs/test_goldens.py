@@ -112,3 +112,18 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
                for op, a, ins in left), left
     if not left:
         assert len(plan._order) == 1 and isinstance(plan._order[0], tuple), plan._order
+
+
+@pytest.mark.parametrize("spec,name", [(s, c) for s, cs in REAL.items() for c in cs])
+def test_bfloat16_prefill_on_a_real_checkpoint_is_within_its_gate(spec: str, name: str):
+    # The prompt chunk on bfloat16 tiles (weights and inputs rounded): transformers' float32
+    # golden judges the rounding by the reduced gate (gates.PREFILL_KL), with no top-1 miss.
+    from iron_spec.gates import PREFILL_KL
+    loaded = load_model(SPECS / f"{spec}.yaml", checkpoint=checkpoint(name), max_seq_len=2048,
+                        prefill_weights="bfloat16")
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    stats = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
+    for k in ("mean", "p90", "max"):
+        assert stats[k] <= PREFILL_KL[k], f"{k} KL {stats[k]:.3g} > {PREFILL_KL[k]}"
+    assert stats["top1_mismatches"] == 0, stats
+    assert stats["mean"] > 0  # the rounding costs something: the tiles did run

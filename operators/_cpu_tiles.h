@@ -1,0 +1,215 @@
+/* A prompt chunk's GEMM on bfloat16 tiles: out (m, n) = bf16(x) (m, k) @ w (n, k).T (+ b),
+ * float32 sums of bfloat16 products, on Intel AMX where the CPU and the OS allow it, else a
+ * portable loop over the same tiles (the same products: a bfloat16 times a bfloat16 is exact
+ * in float32, so the two differ only in the order of the sums).
+ *
+ * The weights are packed once (operators/formats.py tile_bfloat16): w padded with zeros to
+ * whole 16-row, 32-column tiles, shape (n / 16, k / 32, 16, 32) uint16, tile (j, t)'s row r
+ * holding columns 2r and 2r + 1 of its 32 for each of its 16 rows of w side by side: the
+ * "VNNI" layout an AMX B tile reads (TDPBF16PS multiplies pairs along k). x is rounded to
+ * bfloat16 (to nearest, ties to even) into a buffer padded with zeros to whole tiles, kept
+ * between calls (one GEMM at a time: gemm_lock).
+ *
+ * AMX's state is per thread: each pool part loads the tile configuration, runs, and releases
+ * it. Linux gives a process AMX's registers only when asked (arch_prctl ARCH_REQ_XCOMP_PERM),
+ * once, at import (tiles_init). */
+
+#define TILE_N 16 /* rows of w (output columns) a tile holds */
+#define TILE_K 32 /* values of k a tile holds */
+#define TILE_M 16 /* rows of x an A tile holds */
+
+typedef struct {
+    const uint16_t *w; /* (nt, kt, 16, 32) */
+    const float *x, *b;
+    uint16_t *xb; /* x rounded, (mt * 16, kt * 32), zeros past m and k */
+    float *out;
+    Py_ssize_t m, n, k, mt, nt, kt;
+} tiles_args;
+
+static int tiles_amx = 0; /* 1 once the CPU offers AMX-BF16 and Linux granted its registers */
+static int tiles_use_amx = 1; /* _cpu.use_tiles(): 0 runs the portable loop (tests) */
+static uint16_t *tiles_xb = NULL;
+static Py_ssize_t tiles_xb_size = 0;
+
+/* float32 to bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static void tiles_round_part(const void *args, int part, int parts) {
+    const tiles_args *a = args;
+    const Py_ssize_t K = a->kt * TILE_K, rows = a->mt * TILE_M;
+    Py_ssize_t r0, r1;
+    share(rows, 1, part, parts, &r0, &r1);
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        uint16_t *dst = a->xb + r * K;
+        Py_ssize_t c = 0;
+        if (r < a->m) {
+            const float *src = a->x + r * a->k;
+            for (; c < a->k; c++)
+                dst[c] = float_to_bf16(src[c]);
+        }
+        for (; c < K; c++)
+            dst[c] = 0;
+    }
+}
+
+/* Tile (i, j)'s 16 x 16 sums (row-major in c) into out, clipped to m and n, plus the bias. */
+static void tiles_store(const tiles_args *a, const float *c, Py_ssize_t i, Py_ssize_t j) {
+    const Py_ssize_t r1 = (i + 1) * TILE_M < a->m ? TILE_M : a->m - i * TILE_M;
+    const Py_ssize_t c1 = (j + 1) * TILE_N < a->n ? TILE_N : a->n - j * TILE_N;
+    for (Py_ssize_t r = 0; r < r1; r++) {
+        float *o = a->out + (i * TILE_M + r) * a->n + j * TILE_N;
+        for (Py_ssize_t q = 0; q < c1; q++)
+            o[q] = c[r * TILE_N + q] + (a->b ? a->b[j * TILE_N + q] : 0.0f);
+    }
+}
+
+/* The portable loop: one row of x against one tile column at a time, each tile's pairs in
+ * the order TDPBF16PS takes them. */
+static void tiles_portable(const tiles_args *a, Py_ssize_t j0, Py_ssize_t j1) {
+    const Py_ssize_t K = a->kt * TILE_K;
+    float c[TILE_M * TILE_N];
+    for (Py_ssize_t j = j0; j < j1; j++)
+        for (Py_ssize_t i = 0; i < a->mt; i++) {
+            if (i * TILE_M >= a->m)
+                break;
+            for (int r = 0; r < TILE_M; r++) {
+                float acc[TILE_N] = {0};
+                const uint16_t *xr = a->xb + (i * TILE_M + r) * K;
+                for (Py_ssize_t t = 0; t < a->kt; t++) {
+                    const uint16_t *wt = a->w + (j * a->kt + t) * (TILE_N * TILE_K);
+                    for (int p = 0; p < TILE_K / 2; p++) {
+                        const float x0 = bf16_to_float(xr[t * TILE_K + 2 * p]);
+                        const float x1 = bf16_to_float(xr[t * TILE_K + 2 * p + 1]);
+                        for (int q = 0; q < TILE_N; q++)
+                            acc[q] += x0 * bf16_to_float(wt[p * 32 + 2 * q]) +
+                                      x1 * bf16_to_float(wt[p * 32 + 2 * q + 1]);
+                    }
+                }
+                memcpy(c + r * TILE_N, acc, sizeof acc);
+            }
+            tiles_store(a, c, i, j);
+        }
+}
+
+#ifdef HAVE_X86
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* Tiles 0-3: sums of a 32 x 32 block of out (rows i, i + 1 by columns j, j + 1); 4, 5: x's
+ * two 16-row tiles; 6, 7: w's two tiles. Each step of k reads 4 KB and makes 4 products of
+ * 16 x 16 x 32. A block's sums go through c (clipped at the edges) to out. */
+__attribute__((target("amx-tile,amx-bf16"))) static void tiles_amx_cols(const tiles_args *a,
+                                                                      Py_ssize_t j0,
+                                                                      Py_ssize_t j1) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    const Py_ssize_t K = a->kt * TILE_K, stride = K * 2, tile = TILE_N * TILE_K;
+    float c[4][TILE_M * TILE_N];
+    for (Py_ssize_t j = j0; j < j1; j += 2) {
+        const int two = j + 1 < j1;
+        const uint16_t *w0 = a->w + j * a->kt * tile;
+        const uint16_t *w1 = two ? w0 + a->kt * tile : w0;
+        for (Py_ssize_t i = 0; i * TILE_M < a->m; i += 2) {
+            const uint16_t *x0 = a->xb + i * TILE_M * K;
+            const uint16_t *x1 = x0 + TILE_M * K; /* mt is even: this tile exists */
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (Py_ssize_t t = 0; t < a->kt; t++) {
+                _tile_loadd(4, x0 + t * TILE_K, stride);
+                _tile_loadd(5, x1 + t * TILE_K, stride);
+                _tile_loadd(6, w0 + t * tile, 64);
+                _tile_loadd(7, w1 + t * tile, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            _tile_stored(2, c[2], 64);
+            _tile_stored(3, c[3], 64);
+            tiles_store(a, c[0], i, j);
+            if (two)
+                tiles_store(a, c[1], i, j + 1);
+            if ((i + 1) * TILE_M < a->m) {
+                tiles_store(a, c[2], i + 1, j);
+                if (two)
+                    tiles_store(a, c[3], i + 1, j + 1);
+            }
+        }
+    }
+    _tile_release();
+}
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static void tiles_init(void) {
+    tiles_amx = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+                syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#else
+static void tiles_init(void) {}
+#endif
+
+static void tiles_part(const void *args, int part, int parts) {
+    const tiles_args *a = args;
+    Py_ssize_t j0, j1; /* whole pairs of tile columns: the same blocks at any thread count */
+    share(a->nt, 2, part, parts, &j0, &j1);
+    if (j0 >= j1)
+        return;
+#ifdef HAVE_X86
+    if (tiles_amx && tiles_use_amx) {
+        tiles_amx_cols(a, j0, j1);
+        return;
+    }
+#endif
+    tiles_portable(a, j0, j1);
+}
+
+/* out (m, n) = bf16(x) (m, k) @ w.T (+ b), w in tiles (nt = ceil(n / 16), kt = ceil(k / 32)),
+ * on the pool; called with the GIL released (py_gemm_tiles, a program's OP_GEMM on tiles).
+ * -1 where x's rounded copy finds no memory. */
+static int tiles_run(float *out, const float *x, const uint16_t *w, const float *b,
+                     Py_ssize_t m, Py_ssize_t n, Py_ssize_t k) {
+    tiles_args a = {w, x, b, NULL, out, m, n, k, 0, (n + TILE_N - 1) / TILE_N,
+                    (k + TILE_K - 1) / TILE_K};
+    a.mt = (m + 2 * TILE_M - 1) / (2 * TILE_M) * 2; /* even: AMX's blocks are two tiles high */
+    int failed = 0;
+    pthread_mutex_lock(&gemm_lock);
+    const Py_ssize_t need = a.mt * TILE_M * a.kt * TILE_K;
+    if (need > tiles_xb_size) {
+        free(tiles_xb);
+        tiles_xb = malloc(sizeof(uint16_t) * need);
+        tiles_xb_size = tiles_xb ? need : 0;
+    }
+    if (!tiles_xb) {
+        failed = 1;
+    } else {
+        a.xb = tiles_xb;
+        pool_run(tiles_round_part, &a);
+        pool_run(tiles_part, &a);
+    }
+    pthread_mutex_unlock(&gemm_lock);
+    return failed ? -1 : 0;
+}
