@@ -7,7 +7,7 @@
  * whole 16-row, 32-column tiles, shape (n / 16, k / 32, 16, 32) uint16, tile (j, t)'s row r
  * holding columns 2r and 2r + 1 of its 32 for each of its 16 rows of w side by side: the
  * "VNNI" layout an AMX B tile reads (TDPBF16PS multiplies pairs along k). x is rounded to
- * bfloat16 (to nearest, ties to even) into a buffer padded with zeros to whole tiles, kept
+ * bfloat16 (to nearest, ties to even; a NaN stays a quiet NaN) into a buffer padded with zeros to whole tiles, kept
  * between calls (one GEMM at a time: gemm_lock).
  *
  * AMX's state is per thread: each pool part loads the tile configuration, runs, and releases
@@ -31,41 +31,59 @@ static int tiles_use_amx = 1; /* _cpu.use_tiles(): 0 runs the portable loop (tes
 static uint16_t *tiles_xb = NULL;
 static Py_ssize_t tiles_xb_size = 0;
 
-/* float32 to bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN. */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+/* Rows [r0, r1) of x rounded into xb (to nearest, ties to even), zeros past m and k, in
+ * a loop the compiler vectorizes (the NaN case a select, not a branch). */
+#define TILES_ROUND_BODY                                                                     \
+    const Py_ssize_t K = a->kt * TILE_K;                                                     \
+    for (Py_ssize_t r = r0; r < r1; r++) {                                                   \
+        uint16_t *dst = a->xb + r * K;                                                       \
+        Py_ssize_t c = 0;                                                                    \
+        if (r < a->m) {                                                                      \
+            const uint32_t *src = (const uint32_t *)(a->x + r * a->k);                       \
+            for (; c < a->k; c++) {                                                          \
+                const uint32_t u = src[c];                                                   \
+                const uint32_t near = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;                 \
+                dst[c] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40 : near); \
+            }                                                                                \
+        }                                                                                    \
+        for (; c < K; c++)                                                                   \
+            dst[c] = 0;                                                                      \
+    }
+
+static void tiles_round_rows(const tiles_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    TILES_ROUND_BODY
 }
+
+#ifdef HAVE_X86
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void tiles_round_rows_avx512(
+    const tiles_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    TILES_ROUND_BODY
+}
+#endif
 
 static void tiles_round_part(const void *args, int part, int parts) {
     const tiles_args *a = args;
-    const Py_ssize_t K = a->kt * TILE_K, rows = a->mt * TILE_M;
     Py_ssize_t r0, r1;
-    share(rows, 1, part, parts, &r0, &r1);
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        uint16_t *dst = a->xb + r * K;
-        Py_ssize_t c = 0;
-        if (r < a->m) {
-            const float *src = a->x + r * a->k;
-            for (; c < a->k; c++)
-                dst[c] = float_to_bf16(src[c]);
-        }
-        for (; c < K; c++)
-            dst[c] = 0;
+    share(a->mt * TILE_M, 1, part, parts, &r0, &r1);
+#ifdef HAVE_X86
+    if (simd == SIMD_AVX512) {
+        tiles_round_rows_avx512(a, r0, r1);
+        return;
     }
+#endif
+    tiles_round_rows(a, r0, r1);
 }
 
-/* Tile (i, j)'s 16 x 16 sums (row-major in c) into out, clipped to m and n, plus the bias. */
-static void tiles_store(const tiles_args *a, const float *c, Py_ssize_t i, Py_ssize_t j) {
+/* Tile (i, j)'s 16 x 16 sums (row-major in c) into out, clipped to m and n, plus the bias
+ * unless the sums began at it (``biased``). */
+static void tiles_store(const tiles_args *a, const float *c, Py_ssize_t i, Py_ssize_t j,
+                        int biased) {
     const Py_ssize_t r1 = (i + 1) * TILE_M < a->m ? TILE_M : a->m - i * TILE_M;
     const Py_ssize_t c1 = (j + 1) * TILE_N < a->n ? TILE_N : a->n - j * TILE_N;
     for (Py_ssize_t r = 0; r < r1; r++) {
         float *o = a->out + (i * TILE_M + r) * a->n + j * TILE_N;
         for (Py_ssize_t q = 0; q < c1; q++)
-            o[q] = c[r * TILE_N + q] + (a->b ? a->b[j * TILE_N + q] : 0.0f);
+            o[q] = c[r * TILE_N + q] + (a->b && !biased ? a->b[j * TILE_N + q] : 0.0f);
     }
 }
 
@@ -93,7 +111,7 @@ static void tiles_portable(const tiles_args *a, Py_ssize_t j0, Py_ssize_t j1) {
                 }
                 memcpy(c + r * TILE_N, acc, sizeof acc);
             }
-            tiles_store(a, c, i, j);
+            tiles_store(a, c, i, j, 0);
         }
 }
 
@@ -122,18 +140,33 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_amx_cols(const ti
     }
     _tile_loadconfig(&cfg);
     const Py_ssize_t K = a->kt * TILE_K, stride = K * 2, tile = TILE_N * TILE_K;
-    float c[4][TILE_M * TILE_N];
+    float c[TILE_M * TILE_N];
+    const Py_ssize_t ostride = a->n * 4;
     for (Py_ssize_t j = j0; j < j1; j += 2) {
         const int two = j + 1 < j1;
         const uint16_t *w0 = a->w + j * a->kt * tile;
         const uint16_t *w1 = two ? w0 + a->kt * tile : w0;
+        /* Columns of out whole in tile j, j + 1: their sums start at the bias (a row read
+         * 16 times: stride 0) and are stored straight into out. */
+        const int whole0 = (j + 1) * TILE_N <= a->n, whole1 = two && (j + 2) * TILE_N <= a->n;
         for (Py_ssize_t i = 0; i * TILE_M < a->m; i += 2) {
             const uint16_t *x0 = a->xb + i * TILE_M * K;
             const uint16_t *x1 = x0 + TILE_M * K; /* mt is even: this tile exists */
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            const int rows0 = (i + 1) * TILE_M <= a->m, rows1 = (i + 2) * TILE_M <= a->m;
+            if (a->b && whole0) {
+                _tile_loadd(0, a->b + j * TILE_N, 0);
+                _tile_loadd(2, a->b + j * TILE_N, 0);
+            } else {
+                _tile_zero(0);
+                _tile_zero(2);
+            }
+            if (a->b && whole1) {
+                _tile_loadd(1, a->b + (j + 1) * TILE_N, 0);
+                _tile_loadd(3, a->b + (j + 1) * TILE_N, 0);
+            } else {
+                _tile_zero(1);
+                _tile_zero(3);
+            }
             for (Py_ssize_t t = 0; t < a->kt; t++) {
                 _tile_loadd(4, x0 + t * TILE_K, stride);
                 _tile_loadd(5, x1 + t * TILE_K, stride);
@@ -144,18 +177,23 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_amx_cols(const ti
                 _tile_dpbf16ps(2, 5, 6);
                 _tile_dpbf16ps(3, 5, 7);
             }
-            _tile_stored(0, c[0], 64);
-            _tile_stored(1, c[1], 64);
-            _tile_stored(2, c[2], 64);
-            _tile_stored(3, c[3], 64);
-            tiles_store(a, c[0], i, j);
-            if (two)
-                tiles_store(a, c[1], i, j + 1);
-            if ((i + 1) * TILE_M < a->m) {
-                tiles_store(a, c[2], i + 1, j);
-                if (two)
-                    tiles_store(a, c[3], i + 1, j + 1);
+            float *o0 = a->out + i * TILE_M * a->n + j * TILE_N, *o1 = o0 + TILE_M * a->n;
+            /* Each tile straight into out where it is whole there; else through c, clipped
+             * (and its bias added there, where it began at zero). */
+#define TILE_OUT(t, whole, rows, dst, ti, tj)                                                \
+            if ((whole) && (rows)) {                                                         \
+                _tile_stored(t, dst, ostride);                                               \
+            } else if ((ti) * TILE_M < a->m) {                                               \
+                _tile_stored(t, c, 64);                                                      \
+                tiles_store(a, c, ti, tj, whole);                                            \
             }
+            TILE_OUT(0, whole0, rows0, o0, i, j)
+            TILE_OUT(2, whole0, rows1, o1, i + 1, j)
+            if (two) {
+                TILE_OUT(1, whole1, rows0, o0 + TILE_N, i, j + 1)
+                TILE_OUT(3, whole1, rows1, o1 + TILE_N, i + 1, j + 1)
+            }
+#undef TILE_OUT
         }
     }
     _tile_release();
