@@ -21,9 +21,9 @@
 typedef struct {
     const uint16_t *w; /* (nt, kt, 16, 32) */
     const float *x, *b;
-    uint16_t *xb; /* x rounded, (mt * 16, kt * 32), zeros past m and k */
+    uint16_t *xb; /* x rounded, mt * 16 rows pitch apart, zeros past m and k (to kt * 32) */
     float *out;
-    Py_ssize_t m, n, k, mt, nt, kt;
+    Py_ssize_t m, n, k, mt, nt, kt, pitch;
 } tiles_args;
 
 static int tiles_amx = 0; /* 1 once the CPU offers AMX-BF16 and Linux granted its registers */
@@ -36,7 +36,7 @@ static Py_ssize_t tiles_xb_size = 0;
 #define TILES_ROUND_BODY                                                                     \
     const Py_ssize_t K = a->kt * TILE_K;                                                     \
     for (Py_ssize_t r = r0; r < r1; r++) {                                                   \
-        uint16_t *dst = a->xb + r * K;                                                       \
+        uint16_t *dst = a->xb + r * a->pitch;                                                \
         Py_ssize_t c = 0;                                                                    \
         if (r < a->m) {                                                                      \
             const uint32_t *src = (const uint32_t *)(a->x + r * a->k);                       \
@@ -90,7 +90,6 @@ static void tiles_store(const tiles_args *a, const float *c, Py_ssize_t i, Py_ss
 /* The portable loop: one row of x against one tile column at a time, each tile's pairs in
  * the order TDPBF16PS takes them. */
 static void tiles_portable(const tiles_args *a, Py_ssize_t j0, Py_ssize_t j1) {
-    const Py_ssize_t K = a->kt * TILE_K;
     float c[TILE_M * TILE_N];
     for (Py_ssize_t j = j0; j < j1; j++)
         for (Py_ssize_t i = 0; i < a->mt; i++) {
@@ -98,7 +97,7 @@ static void tiles_portable(const tiles_args *a, Py_ssize_t j0, Py_ssize_t j1) {
                 break;
             for (int r = 0; r < TILE_M; r++) {
                 float acc[TILE_N] = {0};
-                const uint16_t *xr = a->xb + (i * TILE_M + r) * K;
+                const uint16_t *xr = a->xb + (i * TILE_M + r) * a->pitch;
                 for (Py_ssize_t t = 0; t < a->kt; t++) {
                     const uint16_t *wt = a->w + (j * a->kt + t) * (TILE_N * TILE_K);
                     for (int p = 0; p < TILE_K / 2; p++) {
@@ -139,7 +138,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_amx_cols(const ti
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
-    const Py_ssize_t K = a->kt * TILE_K, stride = K * 2, tile = TILE_N * TILE_K;
+    const Py_ssize_t P = a->pitch, stride = P * 2, tile = TILE_N * TILE_K;
     float c[TILE_M * TILE_N];
     const Py_ssize_t ostride = a->n * 4;
     for (Py_ssize_t j = j0; j < j1; j += 2) {
@@ -150,8 +149,8 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_amx_cols(const ti
          * 16 times: stride 0) and are stored straight into out. */
         const int whole0 = (j + 1) * TILE_N <= a->n, whole1 = two && (j + 2) * TILE_N <= a->n;
         for (Py_ssize_t i = 0; i * TILE_M < a->m; i += 2) {
-            const uint16_t *x0 = a->xb + i * TILE_M * K;
-            const uint16_t *x1 = x0 + TILE_M * K; /* mt is even: this tile exists */
+            const uint16_t *x0 = a->xb + i * TILE_M * P;
+            const uint16_t *x1 = x0 + TILE_M * P; /* mt is even: this tile exists */
             const int rows0 = (i + 1) * TILE_M <= a->m, rows1 = (i + 2) * TILE_M <= a->m;
             if (a->b && whole0) {
                 _tile_loadd(0, a->b + j * TILE_N, 0);
@@ -233,9 +232,12 @@ static int tiles_run(float *out, const float *x, const uint16_t *w, const float 
     tiles_args a = {w, x, b, NULL, out, m, n, k, 0, (n + TILE_N - 1) / TILE_N,
                     (k + TILE_K - 1) / TILE_K};
     a.mt = (m + 2 * TILE_M - 1) / (2 * TILE_M) * 2; /* even: AMX's blocks are two tiles high */
+    /* A cache line more than the row: rows a power of two bytes apart (k = 1024, 2048) would
+     * put a tile's 16 rows in one L1 set, past its ways. */
+    a.pitch = a.kt * TILE_K + 32;
     int failed = 0;
     pthread_mutex_lock(&gemm_lock);
-    const Py_ssize_t need = a.mt * TILE_M * a.kt * TILE_K;
+    const Py_ssize_t need = a.mt * TILE_M * a.pitch;
     if (need > tiles_xb_size) {
         free(tiles_xb);
         tiles_xb = malloc(sizeof(uint16_t) * need);
