@@ -462,12 +462,7 @@ def use_prefill_weights(loaded: Loaded, prefill_weights: str) -> None:
         ValueError: as ``load_model`` does for these prefill weights.
     """
     _refuse_prefill_weights(prefill_weights)
-    lm, before = loaded.lm, loaded.lm.prefill_weights
-    lm.prefill_weights = prefill_weights
-    try:
-        lm.prompt_chunk
-    finally:
-        lm.prefill_weights = before
+    _compile_beside(loaded.lm, "prefill_weights", prefill_weights, prompt=True)
 
 
 def use_decode_weights(loaded: Loaded, decode_weights: str) -> None:
@@ -479,12 +474,18 @@ def use_decode_weights(loaded: Loaded, decode_weights: str) -> None:
         ValueError: as ``load_model`` does for these decode weights.
     """
     _refuse_decode_weights(decode_weights)
-    lm, before = loaded.lm, loaded.lm.decode_weights
-    lm.decode_weights = decode_weights
+    _compile_beside(loaded.lm, "decode_weights", decode_weights, prompt=False)
+
+
+def _compile_beside(lm: CausalLM, attr: str, weights: str, prompt: bool) -> None:
+    """The version (prompt chunk or decode step) of ``lm`` with ``attr`` set to ``weights``
+    compiled, and ``attr`` put back as it was, whatever the compile raised."""
+    before = getattr(lm, attr)
+    setattr(lm, attr, weights)
     try:
-        lm.decode_step
+        lm.version(prompt)
     finally:
-        lm.decode_weights = before
+        setattr(lm, attr, before)
 
 
 def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str):

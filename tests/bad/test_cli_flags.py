@@ -181,14 +181,17 @@ def test_a_bad_expression_shadowed_by_a_config_key_is_refused_by_run_as_lint_doe
 
 # Found by a new user's trial: --decode-weights fp8 exited 1 after "[loading weights]"; a
 # flag's value out of its range is a usage error (exit 2), refused before anything loads.
-@pytest.mark.parametrize("command, value", [("run", "fp8"), ("check", "fp8"),
-                                            ("bench", "float32,fp8")])
-def test_an_unknown_decode_weights_is_a_usage_error_before_loading(command, value):
-    result = runner.invoke(app, [command, LLAMA, "--checkpoint", "/nowhere",
-                                 "--decode-weights", value])
+@pytest.mark.parametrize("command, flag, value, says", [
+    ("run", "--decode-weights", "fp8", "'fp8' is not one of float32, bfloat16, bfloat16-rounded, int8"),
+    ("check", "--decode-weights", "fp8", "'fp8' is not one of float32, bfloat16, bfloat16-rounded, int8"),
+    ("bench", "--decode-weights", "float32,fp8", "'fp8' is not one of float32, bfloat16, bfloat16-rounded, int8"),
+    ("run", "--prefill-weights", "int8", "'int8' is not one of float32, bfloat16"),
+    ("check", "--prefill-weights", "int8", "'int8' is not one of float32, bfloat16"),
+    ("bench", "--prefill-weights", "float32,int8", "'int8' is not one of float32, bfloat16")])
+def test_an_unknown_weights_choice_is_a_usage_error_before_loading(command, flag, value, says):
+    result = runner.invoke(app, [command, LLAMA, "--checkpoint", "/nowhere", flag, value])
     assert result.exit_code == 2, result.output
-    assert "'fp8' is not one of float32, bfloat16, bfloat16-rounded, int8" in \
-        _unboxed(result.output)
+    assert says in _unboxed(result.output)
     assert "loading" not in result.output
 
 
@@ -200,12 +203,3 @@ def test_a_prompt_past_the_context_names_the_flag():
     assert "a larger --max-seq-len raises it" in result.output
     assert "max_seq_len=" not in result.output
 
-
-@pytest.mark.parametrize("command, value", [("run", "int8"), ("check", "int8"),
-                                            ("bench", "float32,int8")])
-def test_an_unknown_prefill_weights_is_a_usage_error_before_loading(command, value):
-    result = runner.invoke(app, [command, LLAMA, "--checkpoint", "/nowhere",
-                                 "--prefill-weights", value])
-    assert result.exit_code == 2, result.output
-    assert "'int8' is not one of float32, bfloat16" in _unboxed(result.output)
-    assert "loading" not in result.output
