@@ -48,7 +48,8 @@ def std_multiplier(sparsity: float) -> float:
     ``torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(sparsity, float32))``, that is
     ``erfinv(2 * s - 1) * sqrt(2)`` with ``s``, ``2 s - 1``, the erfinv and the product each
     rounded to float32 (the erfinv as torch's ``calc_erfinv``, in float64, then rounded).
-    Equal to torch 2.13's value on every sparsity of three decimals (tests/operators/
+    Equal to torch 2.13's value on every sparsity of three decimals on one CPU, within a
+    float32 ulp on another whose torch build takes another path (tests/operators/
     test_sparsity.py). Returned as the float32 value, held in a Python float.
 
     Raises:

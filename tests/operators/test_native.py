@@ -492,7 +492,7 @@ def test_prompt_gemm_by_hand():
     out = np.full((3, 4), np.nan, np.float32)
     native.lib().gemm(out, x, w, np.array([0, 0, 0, 10], np.float32))
     assert out.tolist() == [[1, 2, 3, 10], [3, 4, 7, 12], [-1, 0, -1, 8]]
-    with pytest.raises(ValueError, match=r"gemm: out \(m, n\), x \(m, k\), w \(n, k\)"):
+    with pytest.raises(ValueError, match=r"gemm: out \(m, n\), x \(m, k\), w float32 \(n, k\)"):
         native.lib().gemm(out, x, w[:, :1].copy(), None)
 
 

@@ -28,12 +28,20 @@ def test_the_multiplier_is_the_normal_quantile_in_float32():
                                [[0.0, 0.0, 0.0, 3.0 - 3.0 ** 0.5 * q]], rtol=1e-15)
 
 
-def test_the_multiplier_equals_torchs_on_every_three_decimal_sparsity():
+def test_the_multiplier_is_torchs_to_a_float32_ulp_on_every_three_decimal_sparsity():
+    # torch's erfinv differs by CPU: equal to ours on all 999 on an AMD EPYC (AVX-512, no
+    # AMX), 1 ulp apart on 3 of them (0.267 among them) on an Intel Xeon with AMX, whose
+    # torch build takes another path (2026-12-02). A multiplier 1 ulp off moves the cut by
+    # ~1e-7 of a std; a wrong formula misses by far more.
     torch = pytest.importorskip("torch")
     normal = torch.distributions.normal.Normal(0, 1)
+    apart = []
     for s in np.arange(1, 1000) / 1000:
-        want = normal.icdf(torch.tensor(float(s), dtype=torch.float32)).item()
-        assert std_multiplier(float(s)) == want, s
+        want = np.float32(normal.icdf(torch.tensor(float(s), dtype=torch.float32)).item())
+        ours = np.float32(std_multiplier(float(s)))
+        apart.append(abs(int(ours.view(np.int32)) - int(want.view(np.int32))))
+    assert max(apart) <= 1, max(apart)
+    assert sum(a > 0 for a in apart) <= 10, sum(a > 0 for a in apart)
 
 
 @pytest.mark.parametrize("sparsity", [0.0, 1.0, -0.1, 1.5])
