@@ -130,3 +130,18 @@ def test_a_golden_without_float64_rows_still_reads_and_judges_float32(tmp_path):
     assert not golden.has_float64
     stats = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
     assert stats["mean"] <= 1e-6 and stats["top1_mismatches"] == 0
+
+
+@pytest.mark.parametrize("weights", [["--decode-weights", "int8"],
+                                     ["--decode-weights", "bfloat16-rounded"],
+                                     ["--prefill-weights", "bfloat16"]])
+def test_reduced_weights_keep_the_float64_gate(tmp_path, weights):
+    # Found by a new user's trial: with reduced decode weights check skipped its float64
+    # check and the reduced KL gate (mean 1e-3) passed an epsilon doubled as "verified".
+    # The float64 reference reads the weights as loaded, so it judges the spec whatever the
+    # kernels read.
+    path = _edited(tmp_path, "llama3", NORM, "norm: {kind: rms, eps: rms_norm_eps * 2}")
+    result = CliRunner().invoke(app, ["check", str(path), "--random-weights", "0", "--toy",
+                                      *weights])
+    assert result.exit_code == 1, result.output
+    assert "FAIL  float64 KL vs golden" in result.output, result.output
