@@ -32,9 +32,11 @@ def number(value: Any, where: str, *, above: float | None = None,
     Raises:
         ValueError: naming ``where`` (``FILE: KEY``), the value and what would be valid.
     """
-    valid = "a finite number" + (f" above {above:g}" if above is not None else "") + (
-        f" >= {at_least:g}" if at_least is not None else "") + (
-        f" <= {at_most:g}" if at_most is not None else "")
+    low = f"above {above:g}" if above is not None else \
+        f"at least {at_least:g}" if at_least is not None else None
+    high = None if at_most is None else f"at most {at_most:g}"
+    valid = "a finite number" + (f" {low} and {high}" if low and high else
+                                 f" {low or high}" if low or high else "")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where} is {shown(value)} ({_kind(value)}), not {valid}")
     try:

@@ -268,7 +268,7 @@ def test_null_generation_settings_leave_their_warper_off_as_transformers(tmp_pat
 
 @pytest.mark.parametrize("text,says", [('{"do_sample": true, "top_k": "many"}',
                                         "top_k is 'many' (text), not a whole number"),
-                                       ('{"do_sample": true, "top_p": 0}', "top_p is 0, not a finite number above 0")])
+                                       ('{"do_sample": true, "top_p": 0}', "top_p is 0, not a finite number above 0 and at most 1")])
 def test_a_bad_generation_config_is_refused_naming_the_file(toy_checkpoint, text, says):
     directory, _ = toy_checkpoint
     path = write_generation_config(directory, text)
@@ -360,7 +360,7 @@ def test_refused_before_anything_loads(toy_checkpoint, case):
             "no_tokenizer_chat": f"--chat needs the checkpoint's tokenizer, and "
                                  f"{directory / 'tokenizer.json'} is missing",
             "temperature_negative": f"{directory / 'generation_config.json'}: temperature is "
-                                    "-3, not a finite number >= 0",
+                                    "-3, not a finite number at least 0",
             "toy_without_seed": "--toy needs --random-weights SEED",
             "toy_prompt": "--prompt and --chat need a checkpoint's tokenizer.json"}[case]
     assert result.exit_code == (2 if case == "toy_without_seed" else 1), result.output

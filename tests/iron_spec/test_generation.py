@@ -71,7 +71,7 @@ def test_no_settings_follow_generation_config_as_transformers(tmp_path):
     assert s.greedy and s.repetition_penalty == 1.1 and s.min_p is None
     # No do_sample: greedy, as transformers' generate.
     assert sampler_for({"temperature": 0.6}, path).greedy
-    with pytest.raises(ValueError, match=f"{path}: min_p is 3, not a finite number >= 0 <= 1"):
+    with pytest.raises(ValueError, match=f"{path}: min_p is 3, not a finite number at least 0 and at most 1"):
         sampler_for({"do_sample": True, "min_p": 3}, path)
     with pytest.raises(ValueError, match="^top_p 0.0 is outside"):
         sampler_for(gen, path, top_p=0.0)
