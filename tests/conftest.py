@@ -55,3 +55,22 @@ def golden_stores(tmp_path_factory, monkeypatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.delenv("IRON_SPEC_GOLDENS", raising=False)
     return cache / "iron-spec" / "goldens"
+
+
+def encoder_toy(name: str):
+    """Spec ``name``'s encoder on its toy (weights drawn at seed 0) and the committed golden
+    transformers recorded for it."""
+    from iron_spec.check import golden_path
+    from iron_spec.encoder import load_encoder
+    from iron_spec.runtime.encoder_golden import EncoderGolden
+    loaded = load_encoder(SPECS / f"{name}.yaml", random_weights=0, toy=True)
+    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+
+
+def hidden_errors(model, golden) -> list[float]:
+    """max |our hidden states - transformers'| on each of ``golden``'s probes (pooling off)."""
+    import dataclasses
+    import numpy as np
+    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
+    return [float(np.abs(states(ids, types) - want).max())
+            for (ids, types), want in zip(golden.probes, golden.hidden)]

@@ -6,7 +6,6 @@ recorded afresh where the golden extra is installed."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import shutil
 import subprocess
@@ -16,34 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.check import ENCODER_ATOL
 from iron_spec.encoder import load_encoder
 from iron_spec.operators.trigram import Trigram
-from iron_spec.runtime.encoder import Encoder
-from iron_spec.runtime.encoder_golden import EncoderGolden
-from tests.conftest import SPECS
+from tests.conftest import SPECS, encoder_toy, hidden_errors
 from tests.specs.test_encoder_goldens import _copy, _fails_edited
 
 
-def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
-    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
-    return [float(np.abs(states(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden)]
-
-
-def _loaded():
-    loaded = load_encoder(SPECS / "mobilebert.yaml", random_weights=0, toy=True)
-    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
-
-
 def test_mobilebert_toy_matches_the_golden():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("mobilebert")
     o = loaded.model.config
     b = o.layers[0].bottleneck
     assert (b.size, b.shared_query_key, b.attention_input) == (16, True, False)
     assert (o.layers[0].feedforwards, o.word_size, o.trigram, o.norm.kind) == (3, 16, True,
                                                                                "no_norm")
-    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(hidden_errors(loaded.model, golden)) <= ENCODER_ATOL
 
 
 def test_mobilebert_with_layernorm_for_nonorm_fails_against_the_golden(tmp_path):
@@ -59,26 +45,26 @@ def test_mobilebert_with_the_trigram_reversed_fails_against_the_golden(monkeypat
         ref = Trigram().reference(x)
         np.copyto(out, np.concatenate([ref[:, 2 * d:], ref[:, d:2 * d], ref[:, :d]], axis=1))
     monkeypatch.setattr(Trigram, "kernel", reversed_trigram)
-    loaded, golden = _loaded()
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    loaded, golden = encoder_toy("mobilebert")
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_mobilebert_without_its_extra_feedforwards_fails_against_the_golden():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("mobilebert")
     for layer in loaded.model.encoder.layer:
         layer.ffn = None
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_mobilebert_with_the_bottleneck_projections_swapped_fails_against_the_golden():
     # bottleneck.input is the attention's residual, bottleneck.attention its queries' and
     # keys' input: the two (same shapes) exchanged.
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("mobilebert")
     for layer in loaded.model.encoder.layer:
         b = layer.bottleneck
         for (_, p), (_, q) in zip(b.input.named_params(), b.attention.named_params()):
             p.array, q.array = q.array.copy(), p.array.copy()
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_mobilebert_drawn_weights_carry_mobileberts_own_names():

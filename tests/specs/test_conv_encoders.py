@@ -8,38 +8,25 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.check import ENCODER_ATOL
 from iron_spec.encoder import load_encoder
 from iron_spec.operators import span_conv
 from iron_spec.operators.elementwise import JoinHeads
-from iron_spec.runtime.encoder import Encoder
-from iron_spec.runtime.encoder_golden import EncoderGolden
-from tests.conftest import SPECS
-
-
-def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
-    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
-    return [float(np.abs(states(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden)]
-
-
-def _loaded():
-    loaded = load_encoder(SPECS / "convbert.yaml", random_weights=0, toy=True)
-    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+from tests.conftest import SPECS, encoder_toy, hidden_errors
 
 
 def test_convbert_toy_matches_the_golden():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("convbert")
     lo = loaded.model.config.layers[0]
     assert (lo.heads, lo.head_dim, lo.span_conv) == (2, 8, 5)
-    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(hidden_errors(loaded.model, golden)) <= ENCODER_ATOL
 
 
 def test_convbert_with_the_windows_reversed_fails_against_the_golden(monkeypatch):
     # Row i's taps over rows i + 2 .. i - 2 for i - 2 .. i + 2 (both convolutions' windows).
     windows = span_conv._windows
     monkeypatch.setattr(span_conv, "_windows", lambda x, k: windows(x, k)[..., ::-1])
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("convbert")
     states = loaded.model.version(dataclasses.replace(loaded.model.config.pooling, kind="none"))
     errors = [float(np.abs(states.reference(ids, types) - want).max())
               for (ids, types), want in zip(golden.probes, golden.hidden64)]
@@ -48,19 +35,19 @@ def test_convbert_with_the_windows_reversed_fails_against_the_golden(monkeypatch
 
 def test_convbert_with_its_depthwise_taps_reversed_fails_against_the_golden():
     # A convolution for torch's cross-correlation.
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("convbert")
     for layer in loaded.model.encoder.layer:
         w = layer.attention.self.key_conv_attn_layer.depthwise.weight
         w.array = w.array[:, ::-1].copy()
-    assert max(_errors(loaded.model, golden)) > 1e-3
+    assert max(hidden_errors(loaded.model, golden)) > 1e-3
 
 
 def test_convbert_without_its_convolution_heads_fails_against_the_golden():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("convbert")
     for layer in loaded.model.encoder.layer:
         for p in (layer.attention.self.conv_out_layer.weight, layer.attention.self.conv_out_layer.bias):
             p.array = np.zeros_like(p.array)
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_convbert_with_the_halves_swapped_fails_against_the_golden(monkeypatch):
@@ -68,8 +55,8 @@ def test_convbert_with_the_halves_swapped_fails_against_the_golden(monkeypatch):
     kernel = JoinHeads.kernel
     monkeypatch.setattr(JoinHeads, "kernel", lambda self, out, a, b, scratch=None:
                         kernel(self, out, b, a, scratch=scratch))
-    loaded, golden = _loaded()
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    loaded, golden = encoder_toy("convbert")
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 

@@ -7,27 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.check import ENCODER_ATOL
 from iron_spec.encoder import load_encoder
 from iron_spec.operators import disentangled
 from iron_spec.runtime.encoder import Encoder
-from iron_spec.runtime.encoder_golden import EncoderGolden
-from tests.conftest import SPECS
+from tests.conftest import SPECS, encoder_toy, hidden_errors
 from tests.specs.test_encoder_goldens import _fails_edited
-
-
-def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
-    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
-    return [float(np.abs(states(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden)]
-
-
-def _loaded(name="deberta"):
-    loaded = load_encoder(SPECS / f"{name}.yaml", random_weights=0, toy=True)
-    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
 
 
 def _rebuilt(model: Encoder, **change) -> Encoder:
@@ -44,40 +31,40 @@ def _rebuilt(model: Encoder, **change) -> Encoder:
 
 
 def test_deberta_toy_matches_and_its_relative_rows_clamp():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("deberta")
     d = loaded.model.config.layers[0].disentangled
     assert (d.span, d.c2p, d.p2c, d.scale_factor, d.qv_bias) == (6, True, True, 3, True)
     assert max(len(ids) for ids, _ in golden.probes) > 2 * d.span  # distances past the span
-    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(hidden_errors(loaded.model, golden)) <= ENCODER_ATOL
 
 
 @pytest.mark.parametrize("params", [("pos_proj.weight",),
                                     ("pos_q_proj.weight", "pos_q_proj.bias")],
                          ids=["no c2p", "no p2c"])
 def test_deberta_without_a_position_term_fails_against_the_golden(params):
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("deberta")
     for name, p in loaded.model.named_params():
         if name.endswith(params):
             p.array[...] = 0.0
     # The 1-id probe attends to itself alone, whatever its scores: the longer two fail.
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 @pytest.mark.parametrize("change", [{"scale_factor": 1}, {"span": 5}], ids=["scale sqrt(D)", "span 5"])
 def test_deberta_with_another_scale_or_span_fails_against_the_golden(change):
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("deberta")
     if "span" in change:
         # The table's first 10 rows as a span of 5: the rows read move.
         loaded.model.encoder.rel_embeddings.weight.array = \
             loaded.model.encoder.rel_embeddings.weight.array[:10].copy()
-    assert max(_errors(_rebuilt(loaded.model, **change), golden)) > 1e-3
+    assert max(hidden_errors(_rebuilt(loaded.model, **change), golden)) > 1e-3
 
 
 def test_deberta_with_relative_distances_reversed_fails_against_the_golden(monkeypatch):
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("deberta")
     rows = disentangled.relative_rows
     monkeypatch.setattr(disentangled, "relative_rows", lambda *a: rows(*a).T)
-    assert max(_errors(loaded.model, golden)) > 1e-3
+    assert max(hidden_errors(loaded.model, golden)) > 1e-3
 
 
 def test_deberta_drawn_weights_carry_debertas_own_names():
@@ -101,12 +88,12 @@ def test_deberta_v2_with_other_buckets_fails_against_the_golden(tmp_path, old, n
 
 
 def test_deberta_v2_without_its_table_norm_fails_against_the_golden():
-    loaded, golden = _loaded("deberta_v2")
+    loaded, golden = encoder_toy("deberta_v2")
     d = loaded.model.config.layers[0].disentangled
     assert (d.span, d.buckets, d.max_position, d.share_att_key, d.norm_rel) == (8, 8, 16, True,
                                                                                 True)
-    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
-    assert max(_errors(_rebuilt(loaded.model, norm_rel=False), golden)) > 1e-2
+    assert max(hidden_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(hidden_errors(_rebuilt(loaded.model, norm_rel=False), golden)) > 1e-2
 
 
 def test_deberta_v2_drawn_weights_carry_deberta_v2s_own_names():

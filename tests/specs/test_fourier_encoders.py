@@ -5,38 +5,24 @@ takes no attention option."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.check import ENCODER_ATOL
 from iron_spec.encoder import load_encoder
 from iron_spec.errors import SpecError
 from iron_spec.loader import load_spec
 from iron_spec.encoder import expand_encoder
 from iron_spec.operators.fourier import FourierMix
-from iron_spec.runtime.encoder import Encoder
-from iron_spec.runtime.encoder_golden import EncoderGolden
-from tests.conftest import SPECS
-
-
-def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
-    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
-    return [float(np.abs(states(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden)]
-
-
-def _loaded():
-    loaded = load_encoder(SPECS / "fnet.yaml", random_weights=0, toy=True)
-    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+from tests.conftest import SPECS, encoder_toy, hidden_errors
 
 
 def test_fnet_toy_matches_the_golden_on_every_probe_length():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("fnet")
     assert all(lo.mixing == "fourier" for lo in loaded.model.config.layers)
     assert sorted(len(ids) for ids, _ in golden.probes) == [1, 11, 24]
-    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(hidden_errors(loaded.model, golden)) <= ENCODER_ATOL
 
 
 @pytest.mark.parametrize("transform", [
@@ -48,9 +34,9 @@ def test_fnet_toy_matches_the_golden_on_every_probe_length():
 def test_fnet_with_another_transform_fails_against_the_golden(monkeypatch, transform):
     monkeypatch.setattr(FourierMix, "kernel",
                         lambda self, out, x, scratch=None: np.copyto(out, transform(x)))
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("fnet")
     # The 1-id probe's sequence transform is the identity: the longer two fail.
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_fnet_drawn_weights_carry_fnets_own_names():

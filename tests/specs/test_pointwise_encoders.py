@@ -4,35 +4,21 @@ every projection dense over its blocks, fails against the golden."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
-from iron_spec.check import ENCODER_ATOL, golden_path
+from iron_spec.check import ENCODER_ATOL
 from iron_spec.encoder import load_encoder
 from iron_spec.operators.grouped import GroupedLinear
-from iron_spec.runtime.encoder import Encoder
-from iron_spec.runtime.encoder_golden import EncoderGolden
-from tests.conftest import SPECS
-
-
-def _errors(model: Encoder, golden: EncoderGolden) -> list[float]:
-    states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
-    return [float(np.abs(states(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden)]
-
-
-def _loaded():
-    loaded = load_encoder(SPECS / "squeezebert.yaml", random_weights=0, toy=True)
-    return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+from tests.conftest import SPECS, encoder_toy, hidden_errors
 
 
 def test_squeezebert_toy_matches_the_golden():
-    loaded, golden = _loaded()
+    loaded, golden = encoder_toy("squeezebert")
     g = loaded.model.config.layers[0].pointwise
     assert (g.query, g.key, g.value, g.attention_output, g.intermediate, g.output) == \
         (2, 4, 1, 2, 4, 2)
-    assert max(_errors(loaded.model, golden)) <= ENCODER_ATOL
+    assert max(hidden_errors(loaded.model, golden)) <= ENCODER_ATOL
 
 
 def test_squeezebert_with_the_groups_interleaved_fails_against_the_golden(monkeypatch):
@@ -44,8 +30,8 @@ def test_squeezebert_with_the_groups_interleaved_fails_against_the_golden(monkey
         ws = weight.reshape(cout // groups, groups, ci).transpose(1, 2, 0)
         return np.matmul(xs, ws).transpose(1, 2, 0).reshape(n, cout)
     monkeypatch.setattr(GroupedLinear, "_blocks", staticmethod(interleaved))
-    loaded, golden = _loaded()
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    loaded, golden = encoder_toy("squeezebert")
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_squeezebert_with_its_groups_read_as_one_fails_against_the_golden(monkeypatch):
@@ -54,8 +40,8 @@ def test_squeezebert_with_its_groups_read_as_one_fails_against_the_golden(monkey
     def dense(x, weight, groups):
         return x @ np.tile(weight, (1, groups)).T
     monkeypatch.setattr(GroupedLinear, "_blocks", staticmethod(dense))
-    loaded, golden = _loaded()
-    assert max(_errors(loaded.model, golden)) > 1e-2
+    loaded, golden = encoder_toy("squeezebert")
+    assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
 def test_squeezebert_drawn_weights_carry_squeezeberts_own_names():
