@@ -6,7 +6,6 @@ is."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -22,16 +21,12 @@ from iron_spec.lint import lint_paths
 from iron_spec.loader import load_spec
 from iron_spec.config_defaults import compare
 from iron_spec.runtime.golden import NOT_A_GOLDEN, load_arrays
-from tests.conftest import SPECS
+from tests.conftest import SPECS, golden_extra
 
 LLAMA = (SPECS / "llama3.yaml").read_text()
 GOLDENS = SPECS.parent / "tests" / "goldens"
 TOY_GOLDEN = GOLDENS / "llama3" / "toy-seed0.npz"
 runner = CliRunner()
-# Recording, and reading a config class, need the golden extra, which CI does not install.
-golden_extra = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None,
-    reason="recording needs torch and transformers (the golden extra)")
 
 
 def check(*args):

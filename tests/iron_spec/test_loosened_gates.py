@@ -4,7 +4,6 @@ which lint asks for and check prints beside the loosened gate."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -13,7 +12,7 @@ from typer.testing import CliRunner
 from iron_spec.cli import app
 from iron_spec.lint import lint_paths
 from iron_spec.runtime.golden import load_arrays
-from tests.conftest import SPECS
+from tests.conftest import SPECS, golden_extra
 
 GOLDENS = SPECS.parent / "tests" / "goldens"
 XLM = (SPECS / "xlm.yaml").read_text()
@@ -25,9 +24,6 @@ ISLAND = '''validation:
 '''
 KL = "validation:\n  kl: {mean: 1.0e-6, p90: 2.0e-6, max: 1.0e-5}\n"
 runner = CliRunner()
-golden_extra = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None,
-    reason="recording needs torch and transformers (the golden extra)")
 
 
 def check(*args):

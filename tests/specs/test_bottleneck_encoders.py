@@ -6,7 +6,6 @@ recorded afresh where the golden extra is installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 from iron_spec.check import ENCODER_ATOL
 from iron_spec.encoder import load_encoder
 from iron_spec.operators.trigram import Trigram
-from tests.conftest import SPECS, encoder_toy, hidden_errors
+from tests.conftest import SPECS, golden_extra, encoder_toy, hidden_errors
 from tests.specs.test_encoder_goldens import _copy, _fails_edited
 
 
@@ -81,9 +80,7 @@ def test_mobilebert_drawn_weights_carry_mobileberts_own_names():
     assert shapes["encoder.layer.1.output.bottleneck.LayerNorm.weight"] == (32,)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
-                    or importlib.util.find_spec("torch") is None,
-                    reason="recording needs torch and transformers (the golden extra)")
+@golden_extra
 @pytest.mark.parametrize("toy", [
     {"use_bottleneck_attention": "true", "trigram_input": "false"},
     {"use_bottleneck": "false", "num_feedforward_networks": "1"},

@@ -6,7 +6,6 @@ through transformers' AutoModel): last hidden states and pooled embeddings withi
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from iron_spec.encoder import load_encoder
 from iron_spec.loader import load_spec
 from iron_spec.runtime import checks
 from iron_spec.runtime.encoder_golden import EncoderGolden
-from tests.conftest import SPECS
+from tests.conftest import SPECS, golden_extra
 
 ENCODERS = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") == "encoder")
 
@@ -147,9 +146,7 @@ def test_electra_embeddings_are_narrower_and_projected():
     assert not any(n.startswith("embeddings_project") for n in bert)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
-                    or importlib.util.find_spec("torch") is None,
-                    reason="recording needs torch and transformers (the golden extra)")
+@golden_extra
 @pytest.mark.parametrize("name", ["roberta", "dpr", "dpr_context", "ibert"])
 def test_record_then_check_a_toy(tmp_path, name):
     # In a subprocess: this test process never imports torch. dpr: DPRQuestionEncoder's
@@ -183,9 +180,7 @@ def test_distilbert_drawn_weights_carry_distilberts_own_names():
     assert names == want
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
-                    or importlib.util.find_spec("torch") is None,
-                    reason="recording needs torch and transformers (the golden extra)")
+@golden_extra
 def test_a_config_transformers_refuses_is_one_line_naming_it(tmp_path):
     # RobertaEmbeddings' nn.Embedding(..., padding_idx=pad_token_id) refuses a padding id
     # past the vocabulary; the toy's own table holds it (max_position_embeddings 300).
