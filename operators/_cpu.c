@@ -404,10 +404,21 @@ static void rope_part(const void *args, int part, int parts) {
     BY_SIMD(rope_rows, a, r0, r1);
 }
 
-/* x transposed into a buffer kept between calls (one GEMM at a time: gemm_lock). */
+/* A GEMM's copy of x (transposed panels, or rounded tiles: _cpu_tiles.h) in a buffer kept
+ * between calls, one GEMM at a time (gemm_lock held). */
 static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
-static float *gemm_xt = NULL;
-static Py_ssize_t gemm_xt_size = 0;
+static void *gemm_x = NULL;
+static Py_ssize_t gemm_x_bytes = 0;
+
+/* The buffer, grown to at least ``bytes`` (gemm_lock held); NULL where no memory. */
+static void *gemm_buffer(Py_ssize_t bytes) {
+    if (bytes > gemm_x_bytes) {
+        free(gemm_x);
+        gemm_x = malloc(bytes);
+        gemm_x_bytes = gemm_x ? bytes : 0;
+    }
+    return gemm_x;
+}
 
 /* ---- attention of one query over a KV cache (a decode step) ----------------------------- */
 
@@ -897,15 +908,10 @@ static int gemm_run(float *out, const float *x, const float *w, const float *b, 
     pthread_mutex_lock(&gemm_lock);
     const Py_ssize_t panel = 2 * simd_lanes();
     a.mp = (a.m + panel - 1) / panel * panel;
-    if (a.mp * a.k > gemm_xt_size) {
-        free(gemm_xt);
-        gemm_xt = malloc(sizeof(float) * a.mp * a.k);
-        gemm_xt_size = gemm_xt ? a.mp * a.k : 0;
-    }
-    if (!gemm_xt) {
+    a.xt = gemm_buffer(sizeof(float) * a.mp * a.k);
+    if (!a.xt) {
         failed = 1;
     } else {
-        a.xt = gemm_xt;
         pool_run(panel_part, &a);
         pool_run(gemm_part, &a);
     }

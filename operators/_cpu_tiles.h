@@ -7,8 +7,8 @@
  * whole 16-row, 32-column tiles, shape (n / 16, k / 32, 16, 32) uint16, tile (j, t)'s row r
  * holding columns 2r and 2r + 1 of its 32 for each of its 16 rows of w side by side: the
  * "VNNI" layout an AMX B tile reads (TDPBF16PS multiplies pairs along k). x is rounded to
- * bfloat16 (to nearest, ties to even; a NaN stays a quiet NaN) into a buffer padded with zeros to whole tiles, kept
- * between calls (one GEMM at a time: gemm_lock).
+ * bfloat16 (to nearest, ties to even; a NaN stays a quiet NaN) into a buffer padded with
+ * zeros to whole tiles: the GEMMs' own (gemm_buffer).
  *
  * AMX's state is per thread: each pool part loads the tile configuration, runs, and releases
  * it. Linux gives a process AMX's registers only when asked (arch_prctl ARCH_REQ_XCOMP_PERM),
@@ -28,8 +28,6 @@ typedef struct {
 
 static int tiles_amx = 0; /* 1 once the CPU offers AMX-BF16 and Linux granted its registers */
 static int tiles_use_amx = 1; /* _cpu.use_tiles(): 0 runs the portable loop (tests) */
-static uint16_t *tiles_xb = NULL;
-static Py_ssize_t tiles_xb_size = 0;
 
 /* Rows [r0, r1) of x rounded into xb (to nearest, ties to even), zeros past m and k, in
  * a loop the compiler vectorizes (the NaN case a select, not a branch). */
@@ -237,16 +235,10 @@ static int tiles_run(float *out, const float *x, const uint16_t *w, const float 
     a.pitch = a.kt * TILE_K + 32;
     int failed = 0;
     pthread_mutex_lock(&gemm_lock);
-    const Py_ssize_t need = a.mt * TILE_M * a.pitch;
-    if (need > tiles_xb_size) {
-        free(tiles_xb);
-        tiles_xb = malloc(sizeof(uint16_t) * need);
-        tiles_xb_size = tiles_xb ? need : 0;
-    }
-    if (!tiles_xb) {
+    a.xb = gemm_buffer(sizeof(uint16_t) * a.mt * TILE_M * a.pitch);
+    if (!a.xb) {
         failed = 1;
     } else {
-        a.xb = tiles_xb;
         pool_run(tiles_round_part, &a);
         pool_run(tiles_part, &a);
     }
