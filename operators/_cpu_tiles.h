@@ -223,16 +223,18 @@ static void tiles_part(const void *args, int part, int parts) {
 }
 
 /* out (m, n) = bf16(x) (m, k) @ w.T (+ b), w in tiles (nt = ceil(n / 16), kt = ceil(k / 32)),
- * on the pool; called with the GIL released (py_gemm_tiles, a program's OP_GEMM on tiles).
+ * on the pool; called with the GIL released (py_gemm on tiles, a program's OP_GEMM on tiles).
  * -1 where x's rounded copy finds no memory. */
 static int tiles_run(float *out, const float *x, const uint16_t *w, const float *b,
                      Py_ssize_t m, Py_ssize_t n, Py_ssize_t k) {
-    tiles_args a = {w, x, b, NULL, out, m, n, k, 0, (n + TILE_N - 1) / TILE_N,
-                    (k + TILE_K - 1) / TILE_K};
-    a.mt = (m + 2 * TILE_M - 1) / (2 * TILE_M) * 2; /* even: AMX's blocks are two tiles high */
-    /* A cache line more than the row: rows a power of two bytes apart (k = 1024, 2048) would
-     * put a tile's 16 rows in one L1 set, past its ways. */
-    a.pitch = a.kt * TILE_K + 32;
+    const Py_ssize_t kt = (k + TILE_K - 1) / TILE_K;
+    tiles_args a = {.w = w, .x = x, .b = b, .out = out, .m = m, .n = n, .k = k,
+                    /* even: AMX's blocks are two tiles high */
+                    .mt = (m + 2 * TILE_M - 1) / (2 * TILE_M) * 2,
+                    .nt = (n + TILE_N - 1) / TILE_N, .kt = kt,
+                    /* A cache line more than the row: rows a power of two bytes apart
+                     * (k = 1024, 2048) would put a tile's 16 rows in one L1 set. */
+                    .pitch = kt * TILE_K + 32};
     int failed = 0;
     pthread_mutex_lock(&gemm_lock);
     a.xb = gemm_buffer(sizeof(uint16_t) * a.mt * TILE_M * a.pitch);
