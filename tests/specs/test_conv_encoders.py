@@ -59,7 +59,6 @@ def test_convbert_with_the_halves_swapped_fails_against_the_golden(monkeypatch):
     assert max(hidden_errors(loaded.model, golden)) > 1e-2
 
 
-
 def test_convbert_drawn_weights_carry_convberts_own_names():
     shapes = {n: t.shape for n, t in load_encoder(SPECS / "convbert.yaml", random_weights=0,
                                                   toy=True).checkpoint_tensors().items()}
