@@ -282,15 +282,15 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
               "decode_weights": own, "also_decode_weights": list(also),
               "prefill_weights": own_prefill, "also_prefill_weights": list(also_prefill)}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
+    shown = {"ours": "iron-spec"}  # each of our sides as a progress stage names it
     for w in also:
         sides[f"ours {w}"] = ours(loaded, w)
+        shown[f"ours {w}"] = f"iron-spec ({w} decode weights)"
     for w in also_prefill:
         sides[f"ours prefill {w}"] = ours(loaded, prefill_weights=w)
+        shown[f"ours prefill {w}"] = f"iron-spec ({w} prefill weights)"
     for name in list(sides):
-        what = name[5:]
-        stage(f"warm-up: iron-spec" + (what and (f" ({what[8:]} prefill weights)" if
-                                                 what.startswith("prefill ") else
-                                                 f" ({what} decode weights)")))
+        stage(f"warm-up: {shown[name]}")
         for fn in sides[name].values():
             fn()  # warm-up (and each version compiled, its weights packed)
     loaded.lm.decode_weights, loaded.lm.prefill_weights = own, own_prefill
