@@ -505,7 +505,8 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
         probes, wants = found.probes, found.pooled
     else:
         rng = np.random.default_rng(0)
-        probes, wants = [(rng.integers(0, model.config.vocab_size, n), None) for n in (5, 17)], None
+        lengths = (5, 17) if model.call_rows is None else (model.call_rows,) * 2
+        probes, wants = [(rng.integers(0, model.config.vocab_size, n), None) for n in lengths], None
     version = model.version(pooling)
     _header(spec, "embeddings", note, as_json)
     results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,

@@ -27,9 +27,9 @@ from iron_spec.runtime.weights import draw_weights
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
-from .encoder_parts import _bottleneck, _disentangled, _feedforwards, _languages, \
-    _no_attention_options, _number, _pointwise, _relative_bias, _span_conv, _whole, \
-    _word_transform
+from .encoder_parts import _bottleneck, _disentangled, _feedforwards, _landmarks, _languages, \
+    _lsh_expectation, _no_attention_options, _number, _pointwise, _relative_bias, _span_conv, \
+    _value_conv, _whole, _word_transform
 from .errors import SpecError
 from .interpreter import MAX_LAYERS, _ABSENT, _flag_option, _layer_types, _option, _sinusoidal, \
     _window, checkpoint_layout, norm_options, rope_options, traced
@@ -274,7 +274,23 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         residual_scale=_number(spec, r, layer + ("residual_scale",), 1.0),
         disentangled=_disentangled(spec, r), mixing=mixing, bottleneck=_bottleneck(spec, r),
         feedforwards=_feedforwards(spec, r), span_conv=_span_conv(spec, r),
-        pointwise=_pointwise(spec, r))
+        pointwise=_pointwise(spec, r), landmarks=_landmarks(spec, r),
+        value_conv=_value_conv(spec, r), lsh_expectation=_lsh_expectation(spec, r))
+    approximate = [name for name in ("landmarks", "lsh_expectation")
+                   if getattr(one, name) is not None]
+    if one.value_conv is not None and not approximate:
+        raise spec.error(a + ("value_conv",), "a value convolution is added to landmark or "
+                                              "LSH-expectation attention's output: set "
+                                              "attention/landmarks or lsh_expectation")
+    if approximate and (
+            len(approximate) > 1 or one.disentangled is not None or one.span_conv is not None
+            or scale is not None or qk_norm is not None
+            or spec.get(*a, "relative_bias") is not None):
+        raise spec.error(a + (approximate[-1],), "landmark and LSH-expectation attention "
+                                                 "(one of them) scale queries and keys "
+                                                 "alone: not with attention/scale, qk_norm, "
+                                                 "disentangled, span_conv, relative_bias or "
+                                                 "each other")
     if one.pointwise is not None and (fused_qkv or mlp_kind != "plain"):
         raise spec.error(layer + ("pointwise",), "pointwise convolutions stand for separate "
                                                  "query, key and value projections and a plain "
@@ -297,6 +313,10 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
                            source)
     if not first_norm:
         layers = (replace(layers[0], attention_norm=False),) + layers[1:]
+    if any((lo.landmarks is not None or lo.lsh_expectation is not None)
+           and (lo.rope is not None or lo.window is not None) for lo in layers):
+        raise spec.error(a, "landmark and LSH-expectation attention turn no RoPE and see every "
+                            "row: not with attention/rope or a window")
     one = layers[0]
     e, p = ("embedding",), ("pooling",)
     positions = _whole(spec, r, e + ("positions",), 0)

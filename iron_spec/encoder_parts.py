@@ -1,6 +1,6 @@
 """Reading an encoder spec's option sections into their runtime options: the layer's
 bottleneck, feedforwards, pointwise groups and span convolution, its attention's
-disentangled and relative-position variants, the word transform and the languages, each
+disentangled, landmark and relative-position variants, the word transform and the languages, each
 error at the option's own line.
 
 Not for: the whole expansion and loading (``encoder``).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from iron_spec.runtime.encoder_options import BottleneckOptions, DisentangledOptions, \
-    PointwiseGroups, RelativeBiasOptions
+    LandmarkOptions, PointwiseGroups, RelativeBiasOptions
 from iron_spec.runtime.values import MAX_INT
 
 from .config import Resolved
@@ -71,6 +71,33 @@ def _pointwise(spec: Spec, r: Resolved) -> PointwiseGroups | None:
     return PointwiseGroups(**groups)
 
 
+def _counted(spec: Spec, r: Resolved, p: tuple, what: str) -> int | None:
+    """The option at ``p``: a whole number from 1, or None where it is unset or null.
+
+    Raises:
+        SpecError: at the option's line, anything else.
+    """
+    if _option(spec, r, p, None) is None:
+        return None
+    k = _whole(spec, r, p, None)
+    if k < 1:
+        raise spec.error(p, f"{what} of 0: at least 1")
+    return k
+
+
+def _odd_kernel(spec: Spec, r: Resolved, p: tuple, what: str) -> int | None:
+    """The option at ``p``: a convolution's kernel, an odd whole number, or None.
+
+    Raises:
+        SpecError: at the option's line, anything else.
+    """
+    k = _counted(spec, r, p, f"{what}'s kernel")
+    if k is not None and k % 2 == 0:
+        raise spec.error(p, f"{what}'s kernel is {k}: an odd number from 1 (an even one "
+                            "pads the rows unevenly, past the queries' rows)")
+    return k
+
+
 def _span_conv(spec: Spec, r: Resolved) -> int | None:
     """``layer.attention.span_conv``: the dynamic convolution's kernel, an odd whole number
     (ConvBERT's ``conv_kernel_size``), or None.
@@ -78,14 +105,46 @@ def _span_conv(spec: Spec, r: Resolved) -> int | None:
     Raises:
         SpecError: at the option's line, anything else.
     """
-    p = ("layer", "attention", "span_conv")
-    if _option(spec, r, p, None) is None:
+    return _odd_kernel(spec, r, ("layer", "attention", "span_conv"), "a span convolution")
+
+
+def _landmarks(spec: Spec, r: Resolved) -> LandmarkOptions | None:
+    """``layer.attention.landmarks``: ``count`` landmarks over ``segment`` rows (whole
+    numbers from 1, ``segment`` a multiple of ``count``) and ``iterations`` of the
+    pseudo-inverse (default 6); None where the spec has none.
+
+    Raises:
+        SpecError: at the option's line, a value outside those.
+    """
+    p = ("layer", "attention", "landmarks")
+    if spec.get(*p) is None:
         return None
-    k = _whole(spec, r, p, None)
-    if k < 1 or k % 2 == 0:
-        raise spec.error(p, f"a span convolution's kernel is {k}: an odd number from 1 (an "
-                            "even one pads the rows unevenly, past the queries' rows)")
-    return k
+    count, segment = _whole(spec, r, p + ("count",), None), _whole(spec, r, p + ("segment",), None)
+    if count < 1 or segment < 1 or segment % count:
+        raise spec.error(p + ("segment",), f"{segment} rows do not split into {count} landmark "
+                                           "segments: segment a multiple of count, both from 1")
+    return LandmarkOptions(count, segment, _whole(spec, r, p + ("iterations",), 6))
+
+
+def _lsh_expectation(spec: Spec, r: Resolved) -> int | None:
+    """``layer.attention.lsh_expectation``: the hash bits (YOSO's ``hash_code_len``), a
+    whole number from 1, or None.
+
+    Raises:
+        SpecError: at the option's line, anything else.
+    """
+    return _counted(spec, r, ("layer", "attention", "lsh_expectation"),
+                    "LSH-expectation attention's hash bits")
+
+
+def _value_conv(spec: Spec, r: Resolved) -> int | None:
+    """``layer.attention.value_conv``: the values' convolution's kernel, an odd whole number
+    (Nystromformer's ``conv_kernel_size``), or None.
+
+    Raises:
+        SpecError: at the option's line, anything else.
+    """
+    return _odd_kernel(spec, r, ("layer", "attention", "value_conv"), "a value convolution")
 
 
 def _feedforwards(spec: Spec, r: Resolved) -> int:

@@ -182,9 +182,11 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
     config.json names a ``pad_token_id`` in the vocabulary, the first two drawn probes hold
     it inside them, so positions that count around padding are judged too; where it names a
     ``mask_token_id``, they hold that too (two of the first's 11, one of the second's), so
-    embeddings rescaled for the share of masked tokens (token dropout) are judged."""
-    o = loaded.model.config
-    if loaded.tokenizer is not None:
+    embeddings rescaled for the share of masked tokens (token dropout) are judged. A model
+    whose calls hold a fixed number of rows (``Encoder.call_rows``: landmark attention's
+    segment) is probed on three drawn texts of that many ids, tokenizer or not."""
+    o, fixed = loaded.model.config, loaded.model.call_rows
+    if loaded.tokenizer is not None and fixed is None:
         out = []
         for text in TEXTS:
             ids, types = loaded.tokenizer(text)
@@ -192,10 +194,11 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
                         np.asarray(types, np.int32) if o.token_types else None))
         return out
     rng = np.random.default_rng(0)
-    L = o.max_tokens
-    probes = [(rng.integers(0, o.vocab_size, 11), np.zeros(11, np.int64)),
+    L = o.max_tokens if fixed is None else fixed
+    short, one = (11, 1) if fixed is None else (fixed, fixed)
+    probes = [(rng.integers(0, o.vocab_size, short), np.zeros(short, np.int64)),
               (rng.integers(0, o.vocab_size, L), (np.arange(L) >= L // 2).astype(np.int64)),
-              (rng.integers(0, o.vocab_size, 1), np.zeros(1, np.int64))]
+              (rng.integers(0, o.vocab_size, one), np.zeros(one, np.int64))]
     pad = loaded.config_json.get("pad_token_id")
     if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < o.vocab_size:
         probes[0][0][3] = pad

@@ -42,7 +42,8 @@ KINDS: tuple[Row, ...] = (
                "qkv_shards", "qkv_order", "latent", "differential", "sub_norm",
                "dynamic_mask", "output_gate")
            for k in CAUSAL_LAYERS},
-        "encoder": ("relative_bias", "disentangled", "span_conv")}),
+        "encoder": ("relative_bias", "disentangled", "span_conv", "landmarks",
+                    "value_conv", "lsh_expectation")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",), "no_norm": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},
                                               "encoder": ("down_bias",)}),

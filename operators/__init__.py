@@ -18,6 +18,8 @@ from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .fourier import FourierMix
 from .grouped import GroupedLinear
+from .landmark import LandmarkAttention
+from .lsh_expectation import LshExpectationAttention
 from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
@@ -42,6 +44,7 @@ OPERATORS: dict[str, Operator] = {
         DisentangledAttention(),
         DynamicMask(),
         GaussianTopK(), FourierMix(), Affine(), Trigram(), DepthwiseConv(), DynamicConv(),
+        LandmarkAttention(), LshExpectationAttention(),
         GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
@@ -54,7 +57,7 @@ __all__ = [
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention", "FourierMix", "Affine", "Trigram", "DepthwiseConv",
-    "DynamicConv", "GroupedLinear",
+    "DynamicConv", "LandmarkAttention", "LshExpectationAttention", "GroupedLinear",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",

@@ -37,39 +37,45 @@ class DepthwiseConv(Operator):
     """Column ``c`` of ``x`` ``(n, d)`` convolved over the rows by its own ``weight[c]``
     ``(d, kernel)``: ``out[i, c] = sum_t weight[c, t] x[i + t - (kernel - 1) // 2, c]``
     (a cross-correlation, as torch's Conv1d), zeros past the ends; output ``(n, d)``.
+    Attribute ``group``: ``group`` consecutive columns share one row of taps (``weight``
+    ``(d / group, kernel)``: a head's columns convolved by its taps, as a Conv2d of kernel
+    ``(kernel, 1)`` with ``groups=heads`` over ``(heads, n, head_dim)``).
 
     Raises:
-        ValueError: ``x`` not ``(n, d)``, a weight not ``(d, kernel)``, or an even kernel.
+        ValueError: ``x`` not ``(n, d)``, a weight not ``(d / group, kernel)``, or an even
+            kernel.
     """
 
     name = "depthwise_conv"
 
-    def shape(self, x, weight):
-        if len(x) != 2 or len(weight) != 2 or weight[0] != x[1]:
-            raise ValueError(f"depthwise_conv takes x (n, d) and weight (d, kernel), not {x} "
-                             f"and {weight}")
+    def shape(self, x, weight, group=1):
+        if len(x) != 2 or len(weight) != 2 or group < 1 or weight[0] * group != x[1]:
+            raise ValueError(f"depthwise_conv takes x (n, d) and weight (d / {group}, kernel), "
+                             f"not {x} and {weight}")
         _odd(weight[1], self.name)
         return tuple(x)
 
-    def reference(self, x, weight):
-        return np.einsum("nct,ct->nc", _windows(as64(x), weight.shape[1]), as64(weight))
+    def reference(self, x, weight, group=1):
+        w = np.repeat(as64(weight), group, axis=0)
+        return np.einsum("nct,ct->nc", _windows(as64(x), weight.shape[1]), w)
 
-    def kernel(self, out, x, weight, scratch=None):
+    def kernel(self, out, x, weight, scratch=None, group=1):
         # One multiply-add per tap over all rows and columns at once.
         n, K = x.shape[0], weight.shape[1]
         p = (K - 1) // 2
+        taps = weight if group == 1 else np.repeat(weight, group, axis=0)
         out[...] = 0.0
         for t in range(K):
             lo, hi = max(0, p - t), min(n, n + p - t)  # rows i with 0 <= i + t - p < n
             if lo < hi:
-                out[lo:hi] += x[lo + t - p: hi + t - p] * weight[:, t]
+                out[lo:hi] += x[lo + t - p: hi + t - p] * taps[:, t]
 
-    def tolerance(self, x, weight):
+    def tolerance(self, x, weight, group=1):
         return Tolerance(atol=1e-6, rtol=(2 + weight[1]) * EPS32)
 
-    def scale(self, reference, x, weight):
+    def scale(self, reference, x, weight, group=1):
         return np.einsum("nct,ct->nc", np.abs(_windows(as64(x), weight.shape[1])),
-                         np.abs(as64(weight)))
+                         np.abs(np.repeat(as64(weight), group, axis=0)))
 
 
 class DynamicConv(Operator):

@@ -18,6 +18,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from iron_spec.operators.landmark import landmark_rows
+
 from .blocks import Embedding, Linear, Norm, rope_table
 from .encoder_layer import EncoderLayer
 # EncoderLayerOptions: the layer's options, named here for the callers that build an Encoder.
@@ -137,7 +139,8 @@ class Encoder(Module):
 
     Raises:
         ValueError: ``max_tokens`` is not in ``[1, positions]`` (where there is a position
-            table), a ``layer_order`` index outside ``layers``, a default ``language``
+            table), landmark attention's fixed call length past it or differing between
+            layers, a ``layer_order`` index outside ``layers``, a default ``language``
             outside the language table, or pooling ``pooler`` without a pooler.
     """
 
@@ -157,6 +160,13 @@ class Encoder(Module):
         if o.layer_order is not None and any(not 0 <= i < len(o.layers) for i in o.layer_order):
             raise ValueError(f"layer order {list(o.layer_order)} runs layers outside the "
                              f"{len(o.layers)} held")
+        fixed = {landmark_rows(lo.landmarks.landmarks, lo.landmarks.segment)
+                 for lo in o.layers if lo.landmarks is not None} - {None}
+        if len(fixed) > 1 or (fixed and max(fixed) > o.max_tokens):
+            raise ValueError(f"landmark attention takes calls of exactly {sorted(fixed)} rows: "
+                             f"one length, at most max_tokens {o.max_tokens}")
+        #: The rows every call must hold (None: any from 1 to max_tokens).
+        self.call_rows = fixed.pop() if fixed else None
         self.embeddings = Embeddings(o)
         width = o.embedding_size or o.hidden_size
         project = width != o.hidden_size if o.embeddings_project is None else o.embeddings_project
@@ -243,7 +253,8 @@ class EncoderVersion:
     eagerly in float64.
 
     Raises (both, before any work):
-        ValueError: no ids, more than ``max_tokens``, an id outside ``[0, vocab)``, a type
+        ValueError: no ids, more than ``max_tokens`` (other than ``call_rows`` where the
+            model fixes it), an id outside ``[0, vocab)``, a type
             outside the token-type table, types of another length, a language outside the
             language table, languages of another length, or languages for a model without
             a language table.
@@ -256,7 +267,7 @@ class EncoderVersion:
         self.pooling, self.max_tokens = pooling, o.max_tokens
         self.plan = Plan(rec, out, check=check)
         self._reference = Reference(rec, out, {})
-        self._options = o
+        self._options, self.call_rows = o, model.call_rows
         # Made once: a call feeds views of them, allocating nothing (but where a padding id
         # occurs in a text with position_padding, which counts around it).
         self._positions = np.arange(o.max_tokens, dtype=np.int32) + np.int32(o.position_offset)
@@ -267,6 +278,9 @@ class EncoderVersion:
         n, o = ids.shape[0] if ids.ndim == 1 else -1, self._options
         if ids.ndim != 1 or not 1 <= n <= self.max_tokens:
             raise ValueError(f"{ids.shape} ids: a call takes 1..{self.max_tokens} ids, one text")
+        if self.call_rows is not None and n != self.call_rows:
+            raise ValueError(f"{n} ids: landmark attention's segment means take exactly "
+                             f"{self.call_rows} ids a call (segment_means_seq_len), one text")
         if ids.min() < 0 or ids.max() >= o.vocab_size:
             raise ValueError(f"token id {int(ids.max() if ids.max() >= o.vocab_size else ids.min())}"
                              f" is outside the vocabulary 0..{o.vocab_size - 1}")

@@ -109,6 +109,7 @@ class SelfAttentionProjections(Module):
             qk = o.norm if o.qk_norm_bias is None else replace(o.norm, bias=o.qk_norm_bias)
             self.q_norm = Norm(H * D, qk)
             self.k_norm = Norm(G * D, qk)
+        self._approximate(o, G)
         d = o.disentangled
         if d is not None:
             if G != H or o.rope is not None or o.window is not None:
@@ -125,6 +126,37 @@ class SelfAttentionProjections(Module):
             if d.p2c and not d.share_att_key:
                 self.pos_q_proj = Linear(E, H * D, True)
         self.options = o
+
+    def _approximate(self, o: EncoderLayerOptions, G: int) -> None:
+        """Landmark and LSH-expectation attention's checks, and the value convolution's taps
+        ``conv.weight`` ``(heads, kernel)``, stored as Conv2d's ``(heads, 1, kernel, 1)``."""
+        approximate = o.landmarks is not None or o.lsh_expectation is not None
+        if approximate and (o.landmarks is not None and o.lsh_expectation is not None
+                            or G != o.heads or o.qk_norm or o.rope is not None
+                            or o.window is not None or o.disentangled is not None
+                            or o.span_conv is not None):
+            raise ValueError("landmark or LSH-expectation attention (one of them) reads one key "
+                             "head per query head, without q/k norms, RoPE, a window, "
+                             "disentangled or span convolution")
+        if o.value_conv is not None:
+            if not approximate:
+                raise ValueError("a value convolution is added to landmark or LSH-expectation "
+                                 "attention's output only")
+            self.conv = Module()
+            self.conv.weight = Param(o.heads, o.value_conv)
+            self.conv.weight.reshaped = (o.heads, 1, o.value_conv, 1)
+
+    def _value_conv(self, rec: Recorder, out: Handle, v: Handle) -> Handle:
+        """``out`` ``(rows, heads * head_dim)`` plus each head's values ``v`` ``(rows, heads,
+        head_dim)`` convolved over the rows by its taps (``out`` where there are none)."""
+        o = self.options
+        if o.value_conv is None:
+            return out
+        n = v.shape[0]
+        w = rec.hold("param", self.where("conv.weight"), self.conv.weight.array)
+        c = rec.step("depthwise_conv", rec.view(v, (n, o.heads * o.head_dim)), w,
+                     where=self.where("conv"), group=o.head_dim)
+        return rec.step("add", out, c, where=self.path)
 
     def _project(self, rec: Recorder, x: Handle, values: Handle | None = None
                  ) -> tuple[Handle, Handle, Handle]:
@@ -153,6 +185,15 @@ class SelfAttentionProjections(Module):
         q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
         if o.disentangled is not None:
             return self._disentangled(rec, q, k, v, rel)
+        if o.landmarks is not None:
+            lm = o.landmarks
+            a = rec.step("landmark_attention", q, k, v, where=self.path,
+                         landmarks=lm.landmarks, segment=lm.segment, iterations=lm.iterations)
+            return self._value_conv(rec, a, v)
+        if o.lsh_expectation is not None:
+            a = rec.step("lsh_expectation_attention", q, k, v, where=self.path,
+                         bits=o.lsh_expectation)
+            return self._value_conv(rec, a, v)
         if rope is not None:
             # A call is one text from position 0: row r turns by table row r.
             q = rec.step("rope", q, *rope, where=self.where("query"), start=0,

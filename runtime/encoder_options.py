@@ -45,6 +45,19 @@ class DisentangledOptions:
 
 
 @dataclass(frozen=True)
+class LandmarkOptions:
+    """Landmark (Nystrom) attention in place of the plain scaled scores
+    (``operators.landmark``), as NystromformerSelfAttention: ``landmarks`` segment means of
+    queries and keys over ``segment`` rows (``num_landmarks``, ``segment_means_seq_len``;
+    equal: exact softmax attention at any length, else every call exactly ``segment``
+    rows) and the pseudo-inverse by ``iterations`` steps (6)."""
+
+    landmarks: int
+    segment: int
+    iterations: int = 6
+
+
+@dataclass(frozen=True)
 class PointwiseGroups:
     """The groups of each of a layer's projections where every one is a kernel-1
     convolution over the rows (``PointwiseConv``), as SqueezeBertModule's Conv1d layers:
@@ -129,6 +142,15 @@ class EncoderLayerOptions:
     ``conv_out_layer``'s projection (``operators.span_conv``); the attention's output and
     the convolution's, side by side, are what ``attention.output.dense`` reads (``2 * heads
     * head_dim`` wide).
+    ``landmarks``: landmark (Nystrom) attention in place of the plain scaled scores
+    (``LandmarkOptions``; None: none). ``lsh_expectation``: in place of the softmax, each
+    key weighs a query by the expected collisions of that many random-hyperplane hash bits
+    (``operators.lsh_expectation``; None: none), as YosoSelfAttention with
+    ``use_expectation``. ``value_conv``: an odd kernel (None: none), with either: each
+    head's values convolved over the rows by its own taps ``attention.self.conv.weight``
+    ``(heads, 1, kernel, 1)`` (a Conv2d of kernel ``(kernel, 1)``, ``groups=heads``, centred,
+    zeros past the ends), added to the attention's output, as NystromformerSelfAttention's
+    ``conv``.
     ``pointwise``: every projection of the layer (query, key, value, the attention's output
     and the MLP's two, plain MLP only) a kernel-1 convolution of its own groups
     (``PointwiseGroups``; None: Linear), as SqueezeBertModule.
@@ -164,6 +186,9 @@ class EncoderLayerOptions:
     feedforwards: int = 1
     span_conv: int | None = None
     pointwise: PointwiseGroups | None = None
+    landmarks: LandmarkOptions | None = None
+    lsh_expectation: int | None = None
+    value_conv: int | None = None
 
 
 @dataclass(frozen=True)

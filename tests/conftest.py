@@ -68,13 +68,35 @@ def encoder_toy(name: str):
     return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
 
 
-def hidden_errors(model, golden) -> list[float]:
-    """max |our hidden states - transformers'| on each of ``golden``'s probes (pooling off)."""
+def hidden_errors(model, golden, float64: bool = False) -> list[float]:
+    """max |our hidden states - transformers'| on each of ``golden``'s probes (pooling off);
+    ``float64``: our float64 ``reference()`` against transformers run in float64."""
     import dataclasses
     import numpy as np
     states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
-    return [float(np.abs(states(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden)]
+    run = states.reference if float64 else states
+    return [float(np.abs(run(ids, types) - want).max())
+            for (ids, types), want in zip(golden.probes, golden.hidden64 if float64
+                                          else golden.hidden)]
+
+
+def toy_config(tmp_path: Path, name: str, **changes) -> Path:
+    """A folder holding spec ``name``'s toy config.json with ``changes`` made to it."""
+    import json
+    from iron_spec.loader import load_spec
+    config = dict(load_spec(SPECS / f"{name}.yaml").get("toy", "config"), **changes)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def edited_spec(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """Spec ``name`` with its first ``old`` (which it must hold) replaced by ``new``, written
+    into ``tmp_path``."""
+    text = (SPECS / f"{name}.yaml").read_text()
+    assert old in text
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
 
 
 #: Recording a golden (and reading a transformers config class) needs the golden extra,
