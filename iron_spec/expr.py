@@ -2,7 +2,8 @@
 
 Accepted: numbers, field names, the literals ``true``/``false``/``null`` (and Python's
 ``True``/``False``/``None``), ``+ - * / // % **``, unary minus and plus, parentheses,
-``min(...)`` and ``max(...)``, comparisons ``== != < <= > >=`` (chained as in Python),
+``min(...)`` and ``max(...)`` (of two or more numbers, or of one: a number, or a list of
+numbers a config key holds, as LongformerConfig's per-layer ``attention_window``), comparisons ``== != < <= > >=`` (chained as in Python),
 ``and``/``or``/``not`` over booleans, and the conditional ``a if c else b``. Everything else
 (attribute access, subscripts, other calls, lambdas, comprehensions, strings, ``is``,
 ``in``, bitwise operators) is refused with an error naming the expression. Expressions are
@@ -97,9 +98,9 @@ def parse(text: str) -> ast.Expression:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
                 and node.func.id in _CALLS and not node.keywords \
                 and not any(isinstance(a, ast.Starred) for a in node.args):
-            if len(node.args) < 2:
-                raise ExprError(f"expression {text!r}: {node.func.id}() takes two or more "
-                                "arguments")
+            if not node.args:
+                raise ExprError(f"expression {text!r}: {node.func.id}() takes a list or "
+                                "numbers")
             continue
         if isinstance(node, ast.Name):
             continue
@@ -199,7 +200,13 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
                 raise ExprError(f"expression {text!r}: gives {value}, not a finite real number")
             return value
         if isinstance(node, ast.Call):
-            return _CALLS[node.func.id](*(number(walk(a)) for a in node.args))
+            values = [walk(a) for a in node.args]
+            if len(values) == 1:
+                # One argument: a number, or a config key's list of them (one per layer).
+                values = values[0] if isinstance(values[0], list) else values
+                if not values:
+                    raise ExprError(f"expression {text!r}: {node.func.id}() of an empty list")
+            return _CALLS[node.func.id]([number(v) for v in values])
         raise ExprError(f"expression {text!r}: {_describe(node)} is not allowed")
 
     return walk(tree)
