@@ -509,8 +509,9 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
         probes, wants = [(rng.integers(0, model.config.vocab_size, n), None) for n in lengths], None
     version = model.version(pooling)
     _header(spec, "embeddings", note, as_json)
+    masks = None if found is None else found.global_masks
     results = checks.embedding_checks(version, probes, wants, ENCODER_ATOL,
-                                      model.version(pooling, check=True))
+                                      model.version(pooling, check=True), masks)
     if linted is not None:
         results.insert(0, linted)
     if found is not None:
@@ -519,7 +520,7 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
     if found is not None and found.hidden is not None:
         results.insert(-1, checks.hidden_states_against(states, probes, found.hidden,
-                                                        ENCODER_ATOL))
+                                                        ENCODER_ATOL, masks))
     if found is not None and found.hidden64 is not None:
         results.insert(-1, gates.encoder_float64(loaded, found))
     for r in results:

@@ -275,7 +275,8 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         disentangled=_disentangled(spec, r), mixing=mixing, bottleneck=_bottleneck(spec, r),
         feedforwards=_feedforwards(spec, r), span_conv=_span_conv(spec, r),
         pointwise=_pointwise(spec, r), landmarks=_landmarks(spec, r),
-        value_conv=_value_conv(spec, r), lsh_expectation=_lsh_expectation(spec, r))
+        value_conv=_value_conv(spec, r), lsh_expectation=_lsh_expectation(spec, r),
+        global_tokens=_flag_option(spec, r, a + ("global_tokens",), False))
     approximate = [name for name in ("landmarks", "lsh_expectation")
                    if getattr(one, name) is not None]
     if one.value_conv is not None and not approximate:
@@ -313,6 +314,13 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
                            source)
     if not first_norm:
         layers = (replace(layers[0], attention_norm=False),) + layers[1:]
+    if one.global_tokens and (fused_qkv or approximate or qk_norm is not None or any(
+            lo.window is None or lo.rope is not None for lo in layers)):
+        raise spec.error(a + ("global_tokens",), "global tokens sit beside a sliding window "
+                                                 "(attention/window, on every layer) over "
+                                                 "separate query, key and value projections: "
+                                                 "not with fused_qkv, qk_norm, RoPE, landmarks "
+                                                 "or lsh_expectation")
     if any((lo.landmarks is not None or lo.lsh_expectation is not None)
            and (lo.rope is not None or lo.window is not None) for lo in layers):
         raise spec.error(a, "landmark and LSH-expectation attention turn no RoPE and see every "

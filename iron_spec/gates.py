@@ -155,7 +155,8 @@ def encoder_float64(loaded: Loaded, golden: EncoderGolden) -> checks.Result:
     states = loaded.model.version(dataclasses.replace(pooling, kind="none", normalize=False))
     result = checks.float64_encoder_against(states, loaded.model.version(pooling), golden.probes,
                                             golden.hidden64, golden.pooled64,
-                                            encoder_float64_gate(golden, loaded.expanded.spec))
+                                            encoder_float64_gate(golden, loaded.expanded.spec),
+                                            golden.global_masks)
     return said(result, loosened(loaded.expanded.spec, "float64", encoder=True))
 
 

@@ -213,6 +213,19 @@ def encoder_probes(loaded: Loaded) -> list[tuple[np.ndarray, np.ndarray | None]]
             for ids, types in probes]
 
 
+def global_masks(loaded: Loaded, probes) -> list[np.ndarray] | None:
+    """Each probe's global attention mask ``(rows,)`` int32 where the model's attention reads
+    global tokens (else None): the first probe's first and sixth ids global, the second's
+    first, middle and last, the third none (the window alone)."""
+    if not any(lo.global_tokens for lo in loaded.model.config.layers):
+        return None
+    masks = [np.zeros(len(ids), np.int32) for ids, _ in probes]
+    for k, marks in enumerate(masks[:2]):
+        n = len(marks)
+        marks[[i for i in ((0, 5) if k == 0 else (0, n // 2, n - 1)) if i < n]] = 1
+    return masks
+
+
 def encoder_class(loaded: Loaded) -> str:
     """The transformers class an encoder golden is recorded through: the one config.json's
     ``architectures`` names first, where the spec serves it and transformers has it (a
@@ -240,12 +253,14 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
     pooling = loaded.model.config.pooling
     probes = encoder_probes(loaded)
     lang = _language(loaded)
-    hidden, pooled = _encode(model, probes, pooling, np.float32, lang)
+    masks = global_masks(loaded, probes)
+    hidden, pooled = _encode(model, probes, pooling, np.float32, lang, masks)
     meta = {**recorded_from(loaded, model), "dtype": "float32",
             "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
     if lang is not None:
         meta["langs"] = lang
-    golden = EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta)
+    golden = EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta,
+                           global_masks=masks)
     return add_encoder_float64(loaded, golden)
 
 
@@ -267,7 +282,8 @@ def add_encoder_float64(loaded: Loaded, golden: EncoderGolden) -> EncoderGolden:
     probes = golden.probes if loaded.model.config.token_types else \
         [(ids, None) for ids, _ in golden.probes]
     with _default_float64():
-        hidden, pooled = _encode(model, probes, pooling, np.float64, _language(loaded))
+        hidden, pooled = _encode(model, probes, pooling, np.float64, _language(loaded),
+                                 golden.global_masks)
     return dataclasses.replace(golden, hidden64=hidden, pooled64=pooled, meta={
         **golden.meta, "float64": {"dtype": "float64", "model": type(model).__name__}})
 
@@ -280,16 +296,17 @@ def _language(loaded: Loaded) -> int | None:
     return o.language if o.languages else None
 
 
-def _encode(model, probes, pooling, dtype, lang: int | None = None
+def _encode(model, probes, pooling, dtype, lang: int | None = None, masks=None
             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """transformers' ``model``'s last hidden states and the spec's ``pooling`` of them on
     each probe, as ``dtype`` arrays (float32 pooling is computed in float64, then rounded);
-    every token of a probe in language ``lang`` (XLMModel's ``langs``; None: none given)."""
+    every token of a probe in language ``lang`` (XLMModel's ``langs``; None: none given);
+    ``masks``: each probe's ``global_attention_mask`` (None: none given)."""
     import torch
 
     hidden, pooled = [], []
     with torch.no_grad():
-        for ids, types in probes:
+        for k, (ids, types) in enumerate(probes):
             # As a tokenizer feeds one unpadded text: every id attended (a model that masks
             # its padding id where given no mask, as DPRQuestionEncoder, then masks none).
             kwargs: dict[str, Any] = {"input_ids": torch.from_numpy(ids.astype(np.int64))[None],
@@ -298,6 +315,9 @@ def _encode(model, probes, pooling, dtype, lang: int | None = None
                 kwargs["token_type_ids"] = torch.from_numpy(types.astype(np.int64))[None]
             if lang is not None:
                 kwargs["langs"] = torch.full((1, len(ids)), lang, dtype=torch.long)
+            if masks is not None:
+                kwargs["global_attention_mask"] = torch.from_numpy(
+                    masks[k].astype(np.int64))[None]
             out = model(**kwargs, output_hidden_states=True)
             # The last layer's states: an output without last_hidden_state (DPR's encoders
             # return pooler_output and hidden_states) holds them last in hidden_states.

@@ -43,7 +43,7 @@ KINDS: tuple[Row, ...] = (
                "dynamic_mask", "output_gate")
            for k in CAUSAL_LAYERS},
         "encoder": ("relative_bias", "disentangled", "span_conv", "landmarks",
-                    "value_conv", "lsh_expectation")}),
+                    "value_conv", "lsh_expectation", "global_tokens")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",), "no_norm": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},
                                               "encoder": ("down_bias",)}),

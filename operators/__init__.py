@@ -18,6 +18,7 @@ from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .fourier import FourierMix
 from .grouped import GroupedLinear
+from .global_attention import GlobalWindowAttention
 from .landmark import LandmarkAttention
 from .lsh_expectation import LshExpectationAttention
 from .layernorm import LayerNorm
@@ -44,7 +45,7 @@ OPERATORS: dict[str, Operator] = {
         DisentangledAttention(),
         DynamicMask(),
         GaussianTopK(), FourierMix(), Affine(), Trigram(), DepthwiseConv(), DynamicConv(),
-        LandmarkAttention(), LshExpectationAttention(),
+        LandmarkAttention(), LshExpectationAttention(), GlobalWindowAttention(),
         GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
     )
@@ -57,7 +58,8 @@ __all__ = [
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention", "FourierMix", "Affine", "Trigram", "DepthwiseConv",
-    "DynamicConv", "LandmarkAttention", "LshExpectationAttention", "GroupedLinear",
+    "DynamicConv", "LandmarkAttention", "LshExpectationAttention",
+    "GlobalWindowAttention", "GroupedLinear",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",

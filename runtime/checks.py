@@ -280,23 +280,29 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) ->
     return _timed(run)
 
 
+def call_keywords(masks: list | None, k: int) -> dict:
+    """Probe ``k``'s call keywords: its global attention mask where ``masks`` holds one."""
+    return {} if masks is None else {"global_attention_mask": masks[k]}
+
+
 def embedding_checks(version, probes: list[tuple[np.ndarray, np.ndarray]],
                      golden: list[np.ndarray] | None, atol: float,
-                     checked) -> list[Result]:
-    """An encoder's checks on ``probes`` (ids, token types): every step against its operator
-    (``checked``, the version compiled with ``check=True``), compiled against
-    ``reference()``, against transformers' embeddings (``golden``, one per probe) within
-    ``atol``, and two runs bitwise equal."""
+                     checked, masks: list | None = None) -> list[Result]:
+    """An encoder's checks on ``probes`` (ids, token types; ``masks``: each probe's global
+    attention mask, None: none): every step against its operator (``checked``, the version
+    compiled with ``check=True``), compiled against ``reference()``, against transformers'
+    embeddings (``golden``, one per probe) within ``atol``, and two runs bitwise equal."""
     def per_step() -> Result:
         try:
-            for ids, types in probes:
-                checked(ids, types)
+            for k, (ids, types) in enumerate(probes):
+                checked(ids, types, **call_keywords(masks, k))
         except CheckError as e:
             return Result("per-step check", False, str(e))
         return Result("per-step check", True, f"{len(checked.plan.checked)} steps within tolerance")
 
     def against(name: str, wants: list[np.ndarray], bound: float) -> Result:
-        got = [np.array(version(i, t)).reshape(-1) for i, t in probes]
+        got = [np.array(version(i, t, **call_keywords(masks, k))).reshape(-1)
+               for k, (i, t) in enumerate(probes)]
         wants = [np.asarray(w).reshape(-1) for w in wants]
         errors = [float(np.abs(g - w).max()) for g, w in zip(got, wants)]
         cosines = [float(np.dot(g, w) / (np.linalg.norm(g) * np.linalg.norm(w)))
@@ -307,14 +313,16 @@ def embedding_checks(version, probes: list[tuple[np.ndarray, np.ndarray]],
                       f"min cosine {min(cosines):.8f}", {"max_error": worst, "min_cosine": min(cosines)})
 
     def determinism() -> Result:
-        first = [np.array(version(i, t)) for i, t in probes]
-        again = [np.array(version(i, t)) for i, t in reversed(probes)][::-1]
+        runs = list(enumerate(probes))
+        first = [np.array(version(i, t, **call_keywords(masks, k))) for k, (i, t) in runs]
+        again = [np.array(version(i, t, **call_keywords(masks, k))) for k, (i, t) in runs[::-1]][::-1]
         differ = sum(a.tobytes() != b.tobytes() for a, b in zip(first, again))
         return Result("determinism", differ == 0, f"{differ}/{len(probes)} runs differ bitwise")
 
     results = [_timed(per_step),
                _timed(lambda: against("compiled = reference()",
-                                      [version.reference(i, t) for i, t in probes], atol))]
+                                      [version.reference(i, t, **call_keywords(masks, k))
+                                       for k, (i, t) in enumerate(probes)], atol))]
     if golden is not None:
         results.append(_timed(lambda: against("embeddings vs golden", golden, atol)))
     results.append(_timed(determinism))
@@ -322,14 +330,15 @@ def embedding_checks(version, probes: list[tuple[np.ndarray, np.ndarray]],
 
 
 def hidden_states_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
-                          wants: list[np.ndarray], atol: float) -> Result:
+                          wants: list[np.ndarray], atol: float,
+                          masks: list | None = None) -> Result:
     """An encoder's last hidden states (``version`` compiled with pooling ``none``) on
     ``probes`` against transformers' (``wants``, ``(rows, hidden)`` each): the largest
     absolute error within ``atol``, and every row's cosine."""
     def run() -> Result:
         errors, cosines = [], []
-        for (ids, types), want in zip(probes, wants):
-            got = np.asarray(version(ids, types), np.float64)
+        for k, ((ids, types), want) in enumerate(zip(probes, wants)):
+            got = np.asarray(version(ids, types, **call_keywords(masks, k)), np.float64)
             want = np.asarray(want, np.float64)
             if got.shape != want.shape:
                 return Result("hidden states vs golden", False, f"shape {got.shape}, the "
@@ -347,7 +356,7 @@ def hidden_states_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
 
 def float64_encoder_against(states, pooled, probes: list[tuple[np.ndarray, np.ndarray]],
                             hidden64: list[np.ndarray], pooled64: list[np.ndarray] | None,
-                            bound: float) -> Result:
+                            bound: float, masks: list | None = None) -> Result:
     """An encoder's float64 ``reference()`` against transformers' encoder run in float64
     (the golden's ``hidden64`` ``(rows, hidden)`` and ``pooled64`` ``(hidden,)`` per
     probe): the largest absolute error of the last hidden states (``states``, a version of
@@ -356,14 +365,15 @@ def float64_encoder_against(states, pooled, probes: list[tuple[np.ndarray, np.nd
     def run() -> Result:
         hidden_err, pooled_err = 0.0, 0.0
         for i, (ids, types) in enumerate(probes):
-            got = np.asarray(states.reference(ids, types), np.float64)
+            got = np.asarray(states.reference(ids, types, **call_keywords(masks, i)), np.float64)
             want = np.asarray(hidden64[i], np.float64)
             if got.shape != want.shape:
                 return Result("float64 vs golden", False, f"hidden states {got.shape}, the "
                               f"golden's {want.shape}")
             hidden_err = max(hidden_err, float(np.abs(got - want).max()))
             if pooled64 is not None:
-                p = np.asarray(pooled.reference(ids, types), np.float64).reshape(-1)
+                p = np.asarray(pooled.reference(ids, types, **call_keywords(masks, i)),
+                               np.float64).reshape(-1)
                 pooled_err = max(pooled_err, float(np.abs(p - pooled64[i].reshape(-1)).max()))
         worst = max(hidden_err, pooled_err)
         figure = (f"float64 reference vs transformers float64, {len(probes)} texts: max |hidden "

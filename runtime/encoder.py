@@ -196,6 +196,8 @@ class Encoder(Module):
             else None
         langs = rec.input("langs", (C,), np.int32, bounded=True) if self.config.languages \
             else None
+        marks = rec.input("marks", (C,), np.int32, bounded=True) \
+            if any(lo.global_tokens for lo in self.config.layers) else None
         x = self.embeddings(rec, ids, positions, types, tasks, langs)
         if self.embeddings_project is not None:
             x = self.embeddings_project(rec, x)
@@ -215,7 +217,7 @@ class Encoder(Module):
         order = self.config.layer_order or range(len(self.encoder.layer))
         for layer in (self.encoder.layer[i] for i in order):
             r = layer.options.rope
-            x = layer(rec, x, None if r is None else ropes[repr(r)], bias, rel)
+            x = layer(rec, x, None if r is None else ropes[repr(r)], bias, rel, marks)
         if self.encoder.LayerNorm is not None:
             x = self.encoder.LayerNorm(rec, x)
         if pooling.kind == "mean":
@@ -243,10 +245,12 @@ class Encoder(Module):
 class EncoderVersion:
     """The encoder compiled over ``max_tokens`` rows for one pooling.
 
-    ``version(ids, types=None, langs=None)`` runs one text: ``ids`` ``(rows,)`` with ``1 <=
-    rows <= max_tokens``, ``types`` its token types (default zeros, as BertModel's),
-    ``langs`` its language (a model with a language table only): one id for every token, or
-    one per token ``(rows,)``, as XLMModel's ``langs``; None: the options' ``language``. It
+    ``version(ids, types=None, langs=None, global_attention_mask=None)`` runs one text:
+    ``ids`` ``(rows,)`` with ``1 <= rows <= max_tokens``, ``types`` its token types (default
+    zeros, as BertModel's), ``langs`` its language (a model with a language table only): one
+    id for every token, or one per token ``(rows,)``, as XLMModel's ``langs``; None: the
+    options' ``language``; ``global_attention_mask`` ``(rows,)`` 0 or 1 (a model whose
+    layers read global tokens only; None: none global), as LongformerModel's. It
     returns the
     embedding ``(hidden,)`` float32, or the hidden states ``(rows, hidden)`` with pooling
     ``none``: a view, valid until the next call. ``reference(...)`` runs the same recording
@@ -257,7 +261,8 @@ class EncoderVersion:
             model fixes it), an id outside ``[0, vocab)``, a type
             outside the token-type table, types of another length, a language outside the
             language table, languages of another length, or languages for a model without
-            a language table.
+            a language table, or a global attention mask of another length, of other
+            values than 0 and 1, or for a model that reads none.
     """
 
     def __init__(self, model: Encoder, pooling: PoolingOptions, check: bool):
@@ -268,12 +273,13 @@ class EncoderVersion:
         self.plan = Plan(rec, out, check=check)
         self._reference = Reference(rec, out, {})
         self._options, self.call_rows = o, model.call_rows
+        self._marks = any(lo.global_tokens for lo in o.layers)
         # Made once: a call feeds views of them, allocating nothing (but where a padding id
         # occurs in a text with position_padding, which counts around it).
         self._positions = np.arange(o.max_tokens, dtype=np.int32) + np.int32(o.position_offset)
         self._zeros = np.zeros(o.max_tokens, np.int32)
 
-    def _inputs(self, ids, types, langs=None) -> tuple[dict, dict]:
+    def _inputs(self, ids, types, langs=None, global_attention_mask=None) -> tuple[dict, dict]:
         ids = np.asarray(ids)
         n, o = ids.shape[0] if ids.ndim == 1 else -1, self._options
         if ids.ndim != 1 or not 1 <= n <= self.max_tokens:
@@ -301,7 +307,22 @@ class EncoderVersion:
         elif langs is not None:
             raise ValueError("languages given to a model without a language table "
                              "(embeddings.lang_embeddings)")
+        if self._marks:
+            inputs["marks"] = self._global_marks(global_attention_mask, n)
+        elif global_attention_mask is not None:
+            raise ValueError("a global attention mask given to a model whose attention reads "
+                             "no global tokens (attention.global_tokens)")
         return inputs, {"rows": n}
+
+    def _global_marks(self, mask, n: int) -> np.ndarray:
+        """A call's global tokens ``(n,)`` int32 from its ``global_attention_mask``."""
+        if mask is None:
+            return self._zeros[:n]
+        mask = np.asarray(mask)
+        if mask.shape != (n,) or not np.isin(mask, (0, 1)).all():
+            raise ValueError(f"a global attention mask of shape {mask.shape} for {n} ids: one "
+                             "0 or 1 per id")
+        return mask.astype(np.int32)
 
     def _langs(self, langs, n: int) -> np.ndarray:
         """Each of ``n`` tokens' language id ``(n,)`` int32 from a call's ``langs``."""
@@ -332,10 +353,11 @@ class EncoderVersion:
     def _out(self, y: np.ndarray) -> np.ndarray:
         return y.reshape(-1) if self.pooling.kind != "none" else y
 
-    def __call__(self, ids, types=None, langs=None) -> np.ndarray:
-        inputs, call = self._inputs(ids, types, langs)
+    def __call__(self, ids, types=None, langs=None, global_attention_mask=None) -> np.ndarray:
+        inputs, call = self._inputs(ids, types, langs, global_attention_mask)
         return self._out(self.plan.run(inputs, call))
 
-    def reference(self, ids, types=None, langs=None) -> np.ndarray:
-        inputs, call = self._inputs(ids, types, langs)
+    def reference(self, ids, types=None, langs=None, global_attention_mask=None
+                  ) -> np.ndarray:
+        inputs, call = self._inputs(ids, types, langs, global_attention_mask)
         return self._out(self._reference.run(inputs, call))

@@ -11,7 +11,9 @@ to transformers' outputs. Two older layouts of ``tests/goldens/bert/`` read too:
 ``embeddings`` (mean pooling under the attention mask, unnormalized) and no hidden states.
 Any layout may also hold transformers' encoder run in float64 on the same probes:
 ``hidden64_{i}`` ``(rows, hidden)`` and ``pooled64_{i}`` ``(hidden,)`` float64 (pooled as
-``pooled{i}`` is), which our float64 ``reference()`` is judged against.
+``pooled{i}`` is), which our float64 ``reference()`` is judged against; and, for a model
+whose attention reads global tokens, each probe's ``global_attention_mask`` ``global{i}``
+``(rows,)`` int32 (LongformerModel's), fed to both sides.
 
 Not for: causal models (``runtime.golden``), recording (``iron_spec.golden_record``).
 """
@@ -33,8 +35,10 @@ class EncoderGolden:
     """``probes``: (ids, types) per probe, ``(rows,)`` int32 each (types None: zeros).
     ``hidden``: transformers' last hidden states per probe ``(rows, hidden)`` float32, or
     None (an older layout). ``pooled``: the pooled embedding per probe ``(hidden,)``
-    float32. ``pooling``: how ``pooled`` was pooled: ``"spec"`` (the spec's own pooling) or
-    ``"mean"`` (mean over the rows, unnormalized: the older layouts)."""
+    float32. ``global_masks``: each probe's global attention mask ``(rows,)`` int32, or
+    None (the model reads none). ``pooling``: how ``pooled`` was pooled: ``"spec"`` (the
+    spec's own pooling) or ``"mean"`` (mean over the rows, unnormalized: the older
+    layouts)."""
 
     fingerprint: str
     probes: list[tuple[np.ndarray, np.ndarray | None]]
@@ -44,6 +48,7 @@ class EncoderGolden:
     meta: dict = field(default_factory=dict)
     hidden64: list[np.ndarray] | None = None
     pooled64: list[np.ndarray] | None = None
+    global_masks: list[np.ndarray] | None = None
 
     def float64_arrays(self) -> dict[str, np.ndarray]:
         """The float64 arrays as the file holds them (none where there are none)."""
@@ -68,6 +73,8 @@ class EncoderGolden:
             arrays[f"pooled{i}"] = np.asarray(self.pooled[i], np.float32)
             if self.hidden is not None:
                 arrays[f"hidden{i}"] = np.asarray(self.hidden[i], np.float32)
+            if self.global_masks is not None:
+                arrays[f"global{i}"] = np.asarray(self.global_masks[i], np.int32)
         arrays.update(self.float64_arrays())
         partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
         np.savez_compressed(partial, **arrays)
@@ -117,7 +124,12 @@ class EncoderGolden:
             raise GoldenError(f"{path}: not an encoder golden (ids{{i}}, types{{i}}, pooled{{i}} "
                               "per probe)")
         pooling = "spec" if "pooling" in data else "mean"
-        return cls(fp, probes, pooled, hidden or None, pooling, meta, **float64)
+        masks = [data[f"global{i}"] for i in range(len(probes)) if f"global{i}" in data]
+        if masks and len(masks) != len(probes):
+            raise GoldenError(f"{path}: not an encoder golden (global{{i}} for {len(masks)} "
+                              f"of {len(probes)} probes)")
+        return cls(fp, probes, pooled, hidden or None, pooling, meta, **float64,
+                   global_masks=masks or None)
 
 
 def find_encoder_golden(folder: Path, fp: str) -> tuple[EncoderGolden | None, Path | None]:

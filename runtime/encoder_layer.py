@@ -110,6 +110,16 @@ class SelfAttentionProjections(Module):
             self.q_norm = Norm(H * D, qk)
             self.k_norm = Norm(G * D, qk)
         self._approximate(o, G)
+        if o.global_tokens:
+            if o.window is None or G != H or o.fused_qkv or o.qk_norm or o.rope is not None \
+                    or o.disentangled is not None or o.span_conv is not None \
+                    or o.landmarks is not None or o.lsh_expectation is not None:
+                raise ValueError("global tokens sit beside a sliding window over separate "
+                                 "query, key and value projections, one key head per query "
+                                 "head, without q/k norms, RoPE or another attention")
+            self.query_global = Linear(E, H * D, o.bias)
+            self.key_global = Linear(E, H * D, o.bias)
+            self.value_global = Linear(E, H * D, o.bias)
         d = o.disentangled
         if d is not None:
             if G != H or o.rope is not None or o.window is not None:
@@ -172,9 +182,11 @@ class SelfAttentionProjections(Module):
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
                  bias: tuple[Handle, RelativeBiasOptions] | None = None,
-                 rel: Handle | None = None, values: Handle | None = None) -> Handle:
+                 rel: Handle | None = None, values: Handle | None = None,
+                 marks: Handle | None = None) -> Handle:
         """Attention of ``x`` ``(rows, width)``'s queries and keys over values projected from
-        ``values`` (None: ``x``; MobileBERT's bottleneck feeds the layer's input)."""
+        ``values`` (None: ``x``; MobileBERT's bottleneck feeds the layer's input); ``marks``:
+        the call's global tokens ``(rows,)`` int32 where the layer reads them."""
         o, n = self.options, x.shape[0]
         H, G, D = o.heads, o.kv_heads or o.heads, o.head_dim
         q, k, v = self._project(rec, x, values)
@@ -185,6 +197,11 @@ class SelfAttentionProjections(Module):
         q, k, v = rec.view(q, (n, H, D)), rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
         if o.disentangled is not None:
             return self._disentangled(rec, q, k, v, rel)
+        if o.global_tokens:
+            g = [rec.view(p(rec, x), (n, H, D))
+                 for p in (self.query_global, self.key_global, self.value_global)]
+            return rec.step("global_window_attention", q, k, v, *g, marks, where=self.path,
+                            window=o.window)
         if o.landmarks is not None:
             lm = o.landmarks
             a = rec.step("landmark_attention", q, k, v, where=self.path,
@@ -274,13 +291,13 @@ class Attention(Module):
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None,
                  bias: tuple[Handle, RelativeBiasOptions] | None, rel: Handle | None,
-                 values: Handle | None = None) -> Handle:
+                 values: Handle | None = None, marks: Handle | None = None) -> Handle:
         """The block's output before its residual add: ``output.dense`` of the attention
         (values from ``values``, None: ``x``), or the Fourier transform of ``x`` ``(rows,
         hidden)``."""
         if self.self is None:
             return rec.step("fourier_mix", x, where=self.path)
-        return self.output.dense(rec, self.self(rec, x, rope, bias, rel, values))
+        return self.output.dense(rec, self.self(rec, x, rope, bias, rel, values, marks))
 
 
 class Intermediate(Module):
@@ -400,22 +417,23 @@ class EncoderLayer(Module):
 
     def __call__(self, rec: Recorder, x: Handle, rope: tuple[Handle, Handle] | None = None,
                  bias: tuple[Handle, RelativeBiasOptions] | None = None,
-                 rel: Handle | None = None) -> Handle:
+                 rel: Handle | None = None, marks: Handle | None = None) -> Handle:
         """``x`` ``(rows, hidden)`` through the layer; ``rope``: the cos and sin tables
         ``(max_tokens, rotary_dim // 2)`` of ``options.rope`` (None where it is None);
         ``bias``: the relative bias table's handle and options (None: none); ``rel``: the
-        disentangled attention's relative table ``(2 * span, hidden)`` (None: none)."""
+        disentangled attention's relative table ``(2 * span, hidden)`` (None: none);
+        ``marks``: the call's global tokens ``(rows,)`` int32 (None: the model reads none)."""
         attn_out, mlp_out = self.attention.output, self.output
         s = self.options.residual_scale
         if self.options.placement == "post":
-            return self._post(rec, x, rope, bias, rel)
+            return self._post(rec, x, rope, bias, rel, marks)
         h = x if attn_out.LayerNorm is None else attn_out.LayerNorm(rec, x)
-        a = self.attention(rec, h, rope, bias, rel)
+        a = self.attention(rec, h, rope, bias, rel, marks=marks)
         x = rec.step("add", x, a, where=self.path, scale=s)
         m = mlp_out.dense(rec, self.intermediate(rec, mlp_out.LayerNorm(rec, x)))
         return rec.step("add", x, m, where=self.path, scale=s)
 
-    def _post(self, rec: Recorder, x: Handle, rope, bias, rel) -> Handle:
+    def _post(self, rec: Recorder, x: Handle, rope, bias, rel, marks=None) -> Handle:
         """Post-norm: ``norm(r + attn(q))`` then ``norm(a + mlp(a))`` per feedforward, where
         without a bottleneck ``r`` and ``q`` are ``x``; with one, as MobileBertLayer: ``r``
         is ``bottleneck.input(x)``, the attention's queries and keys read ``bottleneck.attention(x)``
@@ -430,7 +448,7 @@ class EncoderLayer(Module):
                 queries = residual
             elif b.shared_query_key:
                 queries, values = self.bottleneck.attention(rec, x), x
-        a = self.attention(rec, queries, rope, bias, rel, values)
+        a = self.attention(rec, queries, rope, bias, rel, values, marks)
         h = attn_out.LayerNorm(rec, rec.step("add", residual, a, where=self.path, scale=s))
         for ffn in self.ffn or ():
             h = ffn(rec, h)

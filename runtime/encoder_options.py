@@ -151,6 +151,10 @@ class EncoderLayerOptions:
     ``(heads, 1, kernel, 1)`` (a Conv2d of kernel ``(kernel, 1)``, ``groups=heads``, centred,
     zeros past the ends), added to the attention's output, as NystromformerSelfAttention's
     ``conv``.
+    ``global_tokens``: beside the sliding ``window``, the call's global tokens (its
+    ``global_attention_mask``): every row also sees them, and their rows see every row
+    through ``attention.self.query_global``, ``key_global`` and ``value_global``
+    (``operators.global_attention``), as LongformerSelfAttention.
     ``pointwise``: every projection of the layer (query, key, value, the attention's output
     and the MLP's two, plain MLP only) a kernel-1 convolution of its own groups
     (``PointwiseGroups``; None: Linear), as SqueezeBertModule.
@@ -189,6 +193,7 @@ class EncoderLayerOptions:
     landmarks: LandmarkOptions | None = None
     lsh_expectation: int | None = None
     value_conv: int | None = None
+    global_tokens: bool = False
 
 
 @dataclass(frozen=True)

@@ -69,15 +69,17 @@ def encoder_toy(name: str):
 
 
 def hidden_errors(model, golden, float64: bool = False) -> list[float]:
-    """max |our hidden states - transformers'| on each of ``golden``'s probes (pooling off);
-    ``float64``: our float64 ``reference()`` against transformers run in float64."""
+    """max |our hidden states - transformers'| on each of ``golden``'s probes (pooling off;
+    each with its global attention mask where the golden holds one); ``float64``: our
+    float64 ``reference()`` against transformers run in float64."""
     import dataclasses
     import numpy as np
     states = model.version(dataclasses.replace(model.config.pooling, kind="none"))
+    from iron_spec.runtime.checks import call_keywords
     run = states.reference if float64 else states
-    return [float(np.abs(run(ids, types) - want).max())
-            for (ids, types), want in zip(golden.probes, golden.hidden64 if float64
-                                          else golden.hidden)]
+    wants = golden.hidden64 if float64 else golden.hidden
+    return [float(np.abs(run(ids, types, **call_keywords(golden.global_masks, k)) - want).max())
+            for k, ((ids, types), want) in enumerate(zip(golden.probes, wants))]
 
 
 def toy_config(tmp_path: Path, name: str, **changes) -> Path:

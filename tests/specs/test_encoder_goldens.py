@@ -35,17 +35,21 @@ def test_toy_matches_transformers(spec: Path):
     pooling = model.config.pooling if golden.pooling == "spec" else dataclasses.replace(
         model.config.pooling, kind="mean", normalize=False)
     pooled = model.version(pooling)
-    for (ids, types), want in zip(golden.probes, golden.pooled):
-        assert np.abs(pooled(ids, types) - want).max() <= ENCODER_ATOL
+    masks = golden.global_masks
+    for k, ((ids, types), want) in enumerate(zip(golden.probes, golden.pooled)):
+        assert np.abs(pooled(ids, types, **checks.call_keywords(masks, k)) - want).max() \
+            <= ENCODER_ATOL
     assert golden.hidden is not None, "the golden holds transformers' hidden states"
     states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
-    for (ids, types), want in zip(golden.probes, golden.hidden):
-        assert np.abs(states(ids, types) - want).max() <= ENCODER_ATOL
+    for k, ((ids, types), want) in enumerate(zip(golden.probes, golden.hidden)):
+        assert np.abs(states(ids, types, **checks.call_keywords(masks, k)) - want).max() \
+            <= ENCODER_ATOL
     # Our float64 reference() against transformers' encoder run in float64.
     assert golden.hidden64 is not None, "the golden holds transformers' float64 outputs"
     float64 = checks.float64_encoder_against(states, pooled, golden.probes, golden.hidden64,
                                              golden.pooled64,
-                                             encoder_float64_gate(golden, loaded.expanded.spec))
+                                             encoder_float64_gate(golden, loaded.expanded.spec),
+                                             masks)
     assert float64.passed, float64.figure
 
 
