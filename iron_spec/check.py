@@ -27,7 +27,7 @@ from . import config_defaults, gates, goldens
 from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
                     Loaded, _footprint, model_inputs)
 from .command import EXPECTED, choice, load_compiled, refuse, stages, whole
-from .errors import FlagError
+from .errors import FlagError, SpecError
 from .gates import ENCODER_ATOL, float64_gate, kl_gate
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .interpreter import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK, expand
@@ -301,6 +301,7 @@ def command(
     if overwrite_golden and not record_golden:
         raise typer.BadParameter("--overwrite-golden is for --record-golden alone",
                                  param_hint="--overwrite-golden")
+    printed: list[SpecError] = []  # lint's problems, each said once (not again as the refusal)
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         parsed = load_spec(spec)
@@ -309,6 +310,7 @@ def command(
         linted.seconds = time.perf_counter() - began
         for p in problems:
             typer.echo(str(p), err=True)
+            printed.append(p)
         if parsed.get("model") == "encoder":
             if decode_weights != "float32":
                 raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
@@ -348,8 +350,25 @@ def command(
             results = [linted] + run_checks(loaded, found, found.steps if found else steps or STEPS,
                                  lambda r: _line(r, as_json), s.stage, note)
     except (*EXPECTED, GoldenError) as e:
-        refuse(e)
+        if not _said(e, printed, toy):
+            refuse(e)
+        # Found by a new user's trial: a spec that does not expand was refused with the very
+        # line lint had just printed, twice. Said once: lint's verdict is check's.
+        note = "none: the spec does not load on these inputs (lint's error above), so no other check ran"
+        _header(spec, "lint alone", note, as_json)
+        _line(linted, as_json)
+        results, found = [linted], None
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)
+
+
+def _said(e: Exception, printed: list[SpecError], toy: bool) -> bool:
+    """Whether ``e`` is one of lint's ``printed`` problems, found again by the load: the very
+    line, or on the toy config (the one lint expands the spec on) a SpecError at a place lint
+    named (the load words it with its config's source: ``SPEC toy.config: key ...``)."""
+    if any(str(e) == str(p) for p in printed):
+        return True
+    return toy and isinstance(e, SpecError) and e.line > 0 and \
+        any((e.file, e.line, e.col) == (p.file, p.line, p.col) for p in printed)
 
 
 def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> str:

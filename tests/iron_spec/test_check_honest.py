@@ -235,3 +235,23 @@ def test_each_check_line_says_how_long_it_took():
     # Toys' checks take milliseconds: "0.0 s" on every line said nothing.
     assert all(t == "<1" or float(t) > 0 for t, _ in times), result.output
     assert sum(float(t) for t, unit in times if unit == "ms" and t != "<1") > 5, result.output
+
+
+@pytest.mark.parametrize("spec_name, old, new", [
+    ("llama3", "mlp: {kind: gated, act: hidden_act", "mlp: {kind: gated, act: {value: silu}"),
+    ("bert", "  kind: encoder\n", "  kind: encoder\n  atention: {}\n"),
+    # the load words it otherwise (its config's source named): the same problem all the same
+    ("llama3", "  prefill_chunk: 16\n  config:\n", "  prefill_chunk: 16\n  config:\n    zzz: 3\n")])
+def test_a_spec_that_does_not_expand_has_its_error_said_once(tmp_path, spec_name, old, new):
+    # Found by a new user's trial: lint's line printed, then the same line again as the
+    # refusal of the expansion that failed on it.
+    text = (SPECS / f"{spec_name}.yaml").read_text()
+    assert old in text
+    spec = outside(tmp_path, text.replace(old, new, 1))
+    (problem,), _ = lint_paths([spec])
+    for flags in ([], ["--json"]):
+        result = check(spec, "--toy", "--random-weights", "0", *flags)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.count(str(problem)) == 1, result.output  # (--json holds it too)
+        assert "no other check ran" in result.output
+    assert json.loads(result.stdout)["verdict"] == "failed"
