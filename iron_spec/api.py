@@ -187,6 +187,14 @@ class Model:
     def max_seq_len(self) -> int:
         return self.loaded.lm.config.max_seq_len
 
+    @property
+    def _own_context(self) -> tuple[int, str]:
+        """The model's own context (its max_position_embeddings field) and its source
+        (``config.json: max_position_embeddings``): the most ``max_seq_len`` can be."""
+        resolved = self.loaded.expanded.resolved
+        return (resolved.values["max_position_embeddings"],
+                resolved.sources["max_position_embeddings"])
+
     def __getattr__(self, name: str):
         raise _other_kind(self, name, "EncoderModel", ENCODER_METHODS, CAUSAL_METHODS)
 
@@ -308,7 +316,9 @@ class Model:
             n, bound = max(1, min(default, room)), default > room
         if len(ids) + n - 1 > self.max_seq_len:
             raise _context_full(f"{len(ids)} token{'s' * (len(ids) != 1)}" + (
-                f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len)
+                f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len,
+                self._own_context, "give a shorter prompt" + (
+                    f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
         session = session if session is not None else self._session
         session.check(ids, more=n - 1)  # refused here, before anything runs
         return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
@@ -348,10 +358,17 @@ class ContextFull(ValueError):
     of ``iron_spec.load``; ``--max-seq-len`` in the CLI: ``arguments.said``)."""
 
 
-def _context_full(what: str, L: int) -> ContextFull:
-    return ContextFull(f"{what} do not fit max_seq_len {L}, the context this model was "
-                       f"loaded with (a larger {arguments.said('max_seq_len')} raises it, up "
-                       "to the model's own context)")
+def _context_full(what: str, L: int, own: tuple[int, str], instead: str) -> ContextFull:
+    """``what`` past the context ``L``: a larger context where the model's ``own`` (its
+    max_position_embeddings and where it came from) is larger, else ``instead`` (the model's
+    limit is reached: a larger max_seq_len would only be refused)."""
+    limit, source = own
+    if L < limit:
+        return ContextFull(f"{what} do not fit max_seq_len {L}, the context this model was "
+                           f"loaded with (a larger {arguments.said('max_seq_len')} raises it, "
+                           f"up to the model's own context {limit})")
+    return ContextFull(f"{what} do not fit max_seq_len {L}, the model's own context "
+                       f"({source}; no larger one can be loaded): {instead}")
 
 
 class Conversation:
@@ -389,10 +406,16 @@ class Conversation:
         L = self.model.max_seq_len
         room = L - len(ids) + 1
         if room < 1:
+            own, source = self.model._own_context
             raise ContextFull(f"this turn makes the conversation {len(ids)} tokens, past "
                               f"max_seq_len {L}; it is refused, the conversation kept as it "
-                              "was (send a shorter one, or load with a larger "
-                              f"{arguments.said('max_seq_len')})")
+                              "was (" + (
+                                  f"send a shorter one, or load with a larger "
+                                  f"{arguments.said('max_seq_len')}, up to the model's own "
+                                  f"context {own})" if L < own else
+                                  f"max_seq_len {L} is the model's own context ({source}; no "
+                                  "larger one can be loaded): send a shorter turn, or start a "
+                                  "new conversation)"))
         if options.get("max_new_tokens") is None:
             options["max_new_tokens"] = min(DEFAULT_REPLY_TOKENS, room)
             context_bound = DEFAULT_REPLY_TOKENS > room

@@ -250,8 +250,10 @@ class _Output:
                 typer.echo(f"[end of text: the model drew its end-of-text token {last}]",
                            err=True)
         elif r.finish_reason == "context":
-            typer.echo(f"[the text stopped where the context (max_seq_len "
-                       f"{self.model.max_seq_len}) is full]", err=True)
+            L, (own, _) = self.model.max_seq_len, self.model._own_context
+            typer.echo(f"[the text stopped where the context (max_seq_len {L}"
+                       + (", the model's own" if L >= own else f"; --max-seq-len up to {own} "
+                          "gives more") + ") is full]", err=True)
         typer.echo(f"\n[prefill] {r.prompt_tokens} token{'s' * (r.prompt_tokens != 1)}, time to "
                    f"first token {r.ttft:.3f} s", err=True)
         n = len(r.token_ids)

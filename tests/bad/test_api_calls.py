@@ -294,15 +294,35 @@ def test_a_session_made_as_the_message_says_is_taken(library):
         library.generate([5, 17], max_new_tokens=2, session=other)
 
 
-def test_a_prompt_past_the_context_names_load_s_argument(library):
+def test_a_prompt_past_the_context_names_load_s_argument():
     import iron_spec
 
-    L = library.max_seq_len
+    shorter = iron_spec.load(LLAMA, random_weights=0, toy=True, max_seq_len=100)
     with pytest.raises(iron_spec.ContextFull,
-                       match=f"^{L} tokens and 1 more to draw do not fit max_seq_len {L}.*"
-                             r"a larger max_seq_len= raises it") as e:
-        library.generate([5] * L, max_new_tokens=2)
+                       match="^100 tokens and 1 more to draw do not fit max_seq_len 100.*"
+                             r"a larger max_seq_len= raises it, up to the model's own "
+                             r"context 512\)$") as e:
+        shorter.generate([5] * 100, max_new_tokens=2)
     assert "--max-seq-len" not in str(e.value)
+
+
+def test_a_prompt_past_the_model_s_own_context_offers_no_larger_one(library):
+    # Found by a new user's trial: "a larger max_seq_len= raises it" where max_seq_len was
+    # already the model's own (the toy config's max_position_embeddings 512), which load
+    # refuses to pass.
+    import iron_spec
+
+    assert library.max_seq_len == library.config["max_position_embeddings"] == 512
+    with pytest.raises(iron_spec.ContextFull) as e:
+        library.generate([5] * 500, max_new_tokens=20)
+    assert str(e.value) == (
+        f"500 tokens and 19 more to draw do not fit max_seq_len 512, the model's own context "
+        f"({LLAMA} toy.config: max_position_embeddings; no larger one can be loaded): give a "
+        "shorter prompt, or draw at most 13 tokens")  # 500 + 13 - 1 = 512 positions
+    with pytest.raises(iron_spec.ContextFull) as e:
+        library.generate([5] * 513, max_new_tokens=1)
+    assert str(e.value).endswith("no larger one can be loaded): give a shorter prompt")
+    assert "raises" not in str(e.value)
 
 
 def test_embed_on_a_causal_model_says_what_it_is_and_offers(library):

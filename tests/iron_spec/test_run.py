@@ -180,6 +180,30 @@ def test_a_chat_turn_too_long_is_refused_alone(worded):
     assert [m["content"] for m in chat.messages][:3] == ["t1 t2", messages[1]["content"], "t3"]
 
 
+def test_a_chat_turn_past_the_model_s_own_context_offers_a_new_conversation(worded):
+    # Found by a new user's trial: "load with a larger max_seq_len=" where the context was
+    # already the model's own (max_position_embeddings 512 here).
+    directory, _ = worded
+    chat = iron_spec.load("llama3", directory).chat()
+    assert chat.model.max_seq_len == 512
+    with pytest.raises(iron_spec.ContextFull) as e:
+        chat.send(" ".join(["t9"] * 600))
+    assert str(e.value) == (
+        "this turn makes the conversation 600 tokens, past max_seq_len 512; it is refused, the "
+        f"conversation kept as it was (max_seq_len 512 is the model's own context ({directory}"
+        "/config.json: max_position_embeddings; no larger one can be loaded): send a shorter "
+        "turn, or start a new conversation)")
+    shorter = iron_spec.load("llama3", directory, max_seq_len=32).chat()
+    with pytest.raises(iron_spec.ContextFull, match=r"send a shorter one, or load with a "
+                       r"larger max_seq_len=, up to the model's own context 512\)$"):
+        shorter.send(" ".join(["t9"] * 40))
+    result = run("llama3", "--checkpoint", str(directory), "--prompt",
+                 " ".join(["t9"] * 505), "--temperature", "0")
+    assert result.exit_code == 0, result.output
+    assert "[the text stopped where the context (max_seq_len 512, the model's own) is full]" \
+        in result.output
+
+
 def test_chat_with_a_system_message_replies_as_transformers(smollm2):
     result = run("llama3", "--checkpoint", str(smollm2), "--chat", "--system",
                  "You are a helpful assistant.", "--prompt", "What is the capital of France?",
