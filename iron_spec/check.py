@@ -26,7 +26,7 @@ from iron_spec.runtime.host import fit
 from . import config_defaults, gates, goldens
 from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
                     Loaded, _footprint, model_inputs)
-from .command import EXPECTED, choice, load_compiled, refuse, stages, whole
+from .command import EXPECTED, UsageError, choice, load_compiled, refuse, stages, whole
 from .errors import FlagError, SpecError
 from .gates import ENCODER_ATOL, float64_gate, kl_gate
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
@@ -102,7 +102,9 @@ def find_golden(loaded: Loaded, path: Path | None, steps: int | None = None
     whatever it is called.
 
     Raises:
-        GoldenError: as above, or ``steps`` more than the golden holds.
+        GoldenError: as above.
+        FlagError: ``steps`` more than the golden holds (a usage error in the CLI, as
+            ``--max-seq-len`` past the model's own context).
     """
     these = inputs(loaded)
     if path is None:
@@ -116,8 +118,8 @@ def find_golden(loaded: Loaded, path: Path | None, steps: int | None = None
     except GoldenError as e:
         raise GoldenError(f"{path}: {e}") from None
     held = golden.steps
-    if steps is not None and steps > held:
-        raise GoldenError(f"--steps {steps}: the golden {path} holds {held} steps, and KL is "
+    if steps is not None and steps > held:  # a flag past what its input allows: usage
+        raise FlagError(f"--steps {steps}: the golden {path} holds {held} steps, and KL is "
                           f"judged on its rows alone: give --steps {held} or fewer, or record "
                           "a golden of more (--record-golden --steps N into a file of its own, "
                           "--golden PATH)")
@@ -296,11 +298,10 @@ def command(
     from .loader import load_spec
     from .registry import find
     if self_only and (golden is not None or record_golden):
-        raise typer.BadParameter("--self-only judges by no golden; it takes no --golden or "
-                                 "--record-golden", param_hint="--self-only")
+        raise UsageError("--self-only judges by no golden; it takes no --golden or "
+                         "--record-golden")
     if overwrite_golden and not record_golden:
-        raise typer.BadParameter("--overwrite-golden is for --record-golden alone",
-                                 param_hint="--overwrite-golden")
+        raise UsageError("--overwrite-golden is for --record-golden alone")
     printed: list[SpecError] = []  # lint's problems, each said once (not again as the refusal)
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
@@ -312,11 +313,12 @@ def command(
             typer.echo(str(p), err=True)
             printed.append(p)
         if parsed.get("model") == "encoder":
+            # Flags that do not go together with an encoder spec: usage errors, as --steps.
             if decode_weights != "float32":
-                raise ValueError(f"--decode-weights {decode_weights}: an encoder has no decode step")
+                raise FlagError(f"--decode-weights {decode_weights}: an encoder has no decode step")
             if prefill_weights != "float32":
-                raise ValueError(f"--prefill-weights {prefill_weights}: an encoder has no "
-                                 "prompt chunk (its projections are float32)")
+                raise FlagError(f"--prefill-weights {prefill_weights}: an encoder has no "
+                                "prompt chunk (its projections are float32)")
             if steps is not None:
                 raise FlagError(f"--steps {steps}: an encoder's check draws no tokens (its "
                                 "golden holds embeddings of fixed probes)")

@@ -127,13 +127,14 @@ def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], to
     is read, after it is resolved.
 
     Raises:
-        FlagError: ``--toy`` without ``--random-weights`` (or with a checkpoint).
+        FlagError: ``--toy`` without ``--random-weights`` (or with a checkpoint, or with a
+            text prompt or a chat).
         ValueError: the tokenizer is missing, or a setting is bad (file and key named).
     """
     weights_source(checkpoint, random_weights, toy)
-    if toy and text:
-        raise ValueError("--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
-                         "prompts with random ids")
+    if toy and text:  # flags that do not go together: a usage error, as --toy's own
+        raise FlagError("--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
+                        "prompts with random ids")
     directory = Path(checkpoint).expanduser() if checkpoint is not None else None
     if directory is None or not directory.is_dir() or is_gguf(directory):
         return
@@ -151,7 +152,9 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
     bytes read as a command line's are (surrogateescape), so what is not UTF-8 is named.
 
     Raises:
-        FlagError: the prompt file is a directory (a usage error, exit 2).
+        FlagError: the prompt file is a directory, or the prompt is empty (a usage error,
+            exit 2, as ``--stop ''``: said before anything loads, not after a minute's load
+            as "encodes to no tokens").
         FileNotFoundError: no such prompt file.
         ValueError: the prompt is not UTF-8 text.
     """
@@ -172,6 +175,10 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
         text, what = prompt, "--prompt"
     else:
         return None
+    if not text:
+        raise FlagError(f"{what} is empty" + (", its end before any text" if prompt_file is None
+                                              and prompt == "-" or str(prompt_file) == "-"
+                                              else "") + "; give some text")
     return utf8_text(text, what)
 
 

@@ -95,6 +95,30 @@ def test_toy_with_a_checkpoint_is_refused(tmp_path):
     assert result.exit_code == 2 and "--toy draws a tiny shape" in result.output  # usage
 
 
+# Found by a new user's trial: flags that do not go together exited 1 here, 2 elsewhere
+# (--stop '', --toy with a checkpoint, --steps on an encoder): a usage error is 2, as click's.
+@pytest.mark.parametrize("args, says", [
+    (["run", LLAMA, "--random-weights", "0", "--toy", "--prompt", "hi"],
+     "--prompt and --chat need a checkpoint's tokenizer.json; a --toy run prompts with random ids"),
+    (["run", LLAMA, "--random-weights", "0", "--toy", "--chat"], "a --toy run prompts with"),
+    (["check", "bert", "--random-weights", "0", "--toy", "--decode-weights", "bfloat16"],
+     "--decode-weights bfloat16: an encoder has no decode step"),
+    (["check", "bert", "--random-weights", "0", "--toy", "--prefill-weights", "bfloat16"],
+     "--prefill-weights bfloat16: an encoder has no prompt chunk"),
+    (["check", LLAMA, "--random-weights", "0", "--toy", "--overwrite-golden"],
+     "--overwrite-golden is for --record-golden alone"),
+    (["check", LLAMA, "--random-weights", "0", "--toy", "--self-only", "--record-golden"],
+     "--self-only judges by no golden; it takes no --golden or --record-golden"),
+    (["show", LLAMA, "--toy", "--checkpoint", "/nowhere"],
+     "--toy shows the spec's toy config; it takes no --checkpoint")])
+def test_flags_that_do_not_go_together_are_a_usage_error(args, says):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    said = _unboxed(result.output)
+    assert says in said and "Invalid value" not in said, result.output
+    assert "loading" not in result.output
+
+
 def test_a_checkpoint_that_is_nowhere_is_refused_naming_it(tmp_path):
     result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(tmp_path / "nope"),
                                  "--prompt", "hi"])

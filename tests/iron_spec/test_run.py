@@ -180,6 +180,24 @@ def test_a_chat_turn_too_long_is_refused_alone(worded):
     assert [m["content"] for m in chat.messages][:3] == ["t1 t2", messages[1]["content"], "t3"]
 
 
+@pytest.mark.parametrize("flags, stdin, says", [
+    (["--prompt", ""], None, "--prompt is empty; give some text"),
+    (["--prompt", "-"], "", "the prompt on stdin is empty, its end before any text; give some"),
+    (["--prompt-file", "-"], "", "the prompt on stdin is empty, its end before any text"),
+    (["--prompt-file", "EMPTY"], None, "empty.txt is empty; give some text"),
+    (["--chat", "--prompt", ""], None, "--prompt is empty; give some text")])
+def test_an_empty_prompt_is_a_usage_error_before_anything_loads(worded, flags, stdin, says):
+    # Found by a new user's trial: refused with exit 1 only once the weights had loaded and
+    # both plans compiled ("the prompt encodes to no tokens"), where --stop '' is exit 2 at once.
+    directory, _ = worded
+    (directory / "empty.txt").write_text("")
+    flags = [str(directory / "empty.txt") if f == "EMPTY" else f for f in flags]
+    result = run("llama3", "--checkpoint", str(directory), *flags, input=stdin)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.replace("│", " ").split()), result.output
+    assert "loading" not in result.output and "compiling" not in result.output
+
+
 def test_a_chat_turn_past_the_model_s_own_context_offers_a_new_conversation(worded):
     # Found by a new user's trial: "load with a larger max_seq_len=" where the context was
     # already the model's own (max_position_embeddings 512 here).
