@@ -113,3 +113,58 @@ def _steps(spec: Spec, r: Resolved, at: tuple, stacks: dict, layers: int, writte
         written.add(step["into"])
         if len(runs) > MAX_RUNS:
             raise spec.error(at, f"the schedule unrolls to more than {MAX_RUNS} runs")
+
+
+def outline(spec: Spec, r: Resolved, options: RecurrenceOptions, layers: int) -> list[str]:
+    """The schedule of ``options`` (what ``recurrence`` read from ``spec`` over ``r``) as
+    ``iron-spec show`` prints it, one line each: the stacks (their layers, a final norm),
+    the states and how each starts, the steps as the spec nests them (a repeat with its
+    count and the expression it came from; a run as ``INTO <- STACK[begin:end](A + B)``,
+    ``norm(A)`` for an input through the model's norm), the output, and how often each
+    stack's layers run a token.
+
+    Raises:
+        SpecError: as ``recurrence`` (it read the same section first, so none in practice).
+    """
+    stacks = ", ".join(f"{name} ({layers} layers{', final norm' if final else ''})"
+                       for name, final in options.stacks)
+    states = ", ".join(f"{name} from {init}" for name, init in options.states)
+    lines = [f"stacks    {stacks}", f"states    {states}", "steps"]
+    _outline(spec, r, SECTION + ("steps",), layers, 1, lines)
+    runs = ", ".join(_calls(name, options.calls(name, layers)) for name, _ in options.stacks)
+    lines += [f"output    {options.output}",
+              f"unrolled  {len(options.runs)} runs a token: {runs}"]
+    return lines
+
+
+def _calls(stack: str, counts: list[int]) -> str:
+    """How often ``stack``'s layers run a token: ``each L_module layer 4 times``, or layer
+    by layer where they differ (a run of part of a stack)."""
+    if len(set(counts)) == 1:
+        return f"each {stack} layer {counts[0]} time{'s' * (counts[0] != 1)}"
+    return f"{stack} layers {'/'.join(map(str, counts))} times"
+
+
+def _outline(spec: Spec, r: Resolved, at: tuple, layers: int, depth: int,
+             lines: list[str]) -> None:
+    pad = "  " * depth
+    for k, step in enumerate(spec.get(*at)):
+        here = at + (k,)
+        if "repeat" in step:
+            raw = step["repeat"]
+            times = _whole(spec, r, here + ("repeat",), raw, 0, MAX_RUNS)
+            lines.append(f"{pad}repeat {times}" + (f" ({raw})" if isinstance(raw, str) else "")
+                         + ":")
+            _outline(spec, r, here + ("steps",), layers, depth + 1, lines)
+            continue
+        summed = " + ".join(f"norm({e['state']})" if isinstance(e, dict) and e.get("norm")
+                            else e["state"] if isinstance(e, dict) else e
+                            for e in step.get("inputs") or [])
+        stack = step.get("stack")
+        if stack is None:
+            lines.append(f"{pad}{step['into']} <- {summed}")
+            continue
+        begin = _whole(spec, r, here + ("begin",), step.get("begin", 0), 0, layers)
+        end = _whole(spec, r, here + ("end",), step.get("end", layers), begin, layers)
+        span = "" if (begin, end) == (0, layers) else f"[{begin}:{end}]"
+        lines.append(f"{pad}{step['into']} <- {stack}{span}({summed})")

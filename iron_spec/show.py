@@ -2,7 +2,8 @@
 
 On a checkpoint's config.json (``--checkpoint``) or the spec's toy one (``--toy``, the
 default): every config field's value and source, the layer pattern (each run of alike
-layers: kind, window, RoPE table), the RoPE tables, the module tree with each parameter's
+layers: kind, window, RoPE table), a ``recurrence:`` schedule (its stacks, states and
+steps, repeats with their counts), the RoPE tables, the module tree with each parameter's
 shape and dtype and, given a checkpoint, the tensor it loads from after renames; then the
 tensors nothing loads and the parameters nothing fills. Only the checkpoint's headers are
 read, never its weights. ``--format json`` gives the same for scripts.
@@ -32,6 +33,7 @@ from .command import UsageError
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from .errors import SpecError, message
 from .loader import Spec, load_spec
+from .recurrence import outline
 from .shapes import fields_of
 
 FORMATS = ("text", "json")
@@ -57,6 +59,7 @@ class View:
     checkpoint: Optional[str] = None
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     placement: Optional[Placement] = None
+    recurrence: list[str] = field(default_factory=list)  # recurrence.outline's lines
 
 
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -105,6 +108,9 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
                            for n, v in resolved.values.items()}, tree,
                 [_flat(lo) for lo in getattr(options, "layers", ())],
                 {n: dataclasses.asdict(r) for n, r in (getattr(options, "ropes", None) or {}).items()})
+    schedule = getattr(options, "recurrence", None)
+    if schedule is not None:
+        view.recurrence = outline(spec, resolved, schedule, resolved.values["num_hidden_layers"])
     if directory is not None:
         view.checkpoint = str(directory)
         renames = spec.get("checkpoint", "renames", default={}) or {}
@@ -206,6 +212,8 @@ def render_text(view: View) -> str:
                 else:
                     parts.append(f"{k} {v}")
             out.append(f"  {which:<7} {', '.join(parts)}")
+    if view.recurrence:
+        out += ["", "recurrence"] + [f"  {line}" for line in view.recurrence]
     if view.ropes:
         out += ["", "rope tables"]
         for name, r in view.ropes.items():
@@ -281,7 +289,7 @@ def render_json(view: View) -> str:
     data: dict[str, Any] = {
         "spec": view.spec.file, "name": view.spec.get("name"), "model": view.spec.get("model"),
         "config_from": view.on, "config": view.config, "layers": view.layers,
-        "ropes": view.ropes, "params": rows, "parameters": sizes(view), "checkpoint": None}
+        "ropes": view.ropes, "recurrence": _recurrence_json(view.tree), "params": rows, "parameters": sizes(view), "checkpoint": None}
     if p is not None:
         data["checkpoint"] = {
             "path": view.checkpoint, "tensors": len(view.tensors), "placed": len(p.sources),
@@ -289,6 +297,19 @@ def render_json(view: View) -> str:
             "unplaced": [s for s, _ in p.unplaced], "unfilled": p.unfilled,
             "misshaped": [s for s, _ in p.misshaped], "fits": p.fits}
     return json.dumps(data, indent=2, default=str)
+
+
+def _recurrence_json(tree: Module) -> Optional[dict[str, Any]]:
+    """The schedule as the model runs it (repeats unrolled), None without one."""
+    schedule = getattr(getattr(tree, "config", None), "recurrence", None)
+    if schedule is None:
+        return None
+    return {"stacks": [{"name": n, "final_norm": f} for n, f in schedule.stacks],
+            "states": [{"name": n, "init": i} for n, i in schedule.states],
+            "runs": [{"inputs": [{"state": s, "norm": normed} for s, normed in run.inputs],
+                      "into": run.into, "stack": run.stack, "begin": run.begin, "end": run.end}
+                     for run in schedule.runs],
+            "output": schedule.output}
 
 
 def command(

@@ -109,3 +109,33 @@ def test_a_checkpoint_of_another_architecture_is_said_so_not_its_unread_keys(smo
             "Gemma3ForCausalLM (model_type gemma3_text, as its toy config): the architecture "
             "does not match") in said, said
     assert "neither mapped under config" not in said
+
+
+def test_a_recurrence_schedule_is_shown_as_the_spec_nests_it(tmp_path):
+    # Found by a new user's trial: show printed hrm_text's layers and tree but not its
+    # recurrence:, the schedule they run in. On a toy of H_cycles 1, L_cycles 3 (counts that
+    # differ, so a swap shows): HrmTextModel's loop runs L_module L_cycles times, then
+    # H_module, each of H_cycles times: 1 * (3 + 1) = 4 runs, as its cycle_offset slots count.
+    text = (SPECS / "hrm_text.yaml").read_text()
+    toy = "    H_cycles: 2\n    L_cycles: 2\n"
+    assert toy in text
+    spec = tmp_path / "hrm_text.yaml"
+    spec.write_text(text.replace(toy, "    H_cycles: 1\n    L_cycles: 3\n"))
+    result = show(str(spec))
+    assert result.exit_code == 0, result.output
+    shown = result.output.split("\nrecurrence\n")[1].split("\n\n")[0].splitlines()
+    assert shown == [
+        "  stacks    L_module (2 layers, final norm), H_module (2 layers, final norm)",
+        "  states    z_H from embeddings, z_L from learned",
+        "  steps",
+        "    repeat 1 (H_cycles):",
+        "      repeat 3 (L_cycles):",
+        "        z_L <- L_module(z_L + z_H)",
+        "      z_H <- H_module(z_H + z_L)",
+        "  output    z_H",
+        "  unrolled  4 runs a token: each L_module layer 3 times, each H_module layer 1 time"]
+    runs = json.loads(show(str(spec), "--format", "json").output)["recurrence"]["runs"]
+    assert [(r["stack"], r["into"], [i["state"] for i in r["inputs"]]) for r in runs] == \
+        [("L_module", "z_L", ["z_L", "z_H"])] * 3 + [("H_module", "z_H", ["z_H", "z_L"])]
+    assert "recurrence" not in show(LLAMA).output
+    assert json.loads(show(LLAMA, "--format", "json").output)["recurrence"] is None
