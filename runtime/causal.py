@@ -496,12 +496,14 @@ class Version:
             if bad.size:
                 raise IndexError(f"ids[{int(bad[0])}] = {int(ids[bad[0]])} is outside the "
                                  f"vocabulary 0..{V - 1}")
+            in_per_layer_table(self.lm.config, ids[:rows], "ids[{}]")
             call = {"start": start, "rows": rows, "position": start + rows - 1}
             inputs = {"ids": ids.astype(np.int32)}
         else:
             if token is None or position is None:
                 raise TypeError("a decode step takes token and position")
             token = _index(token, "token", 0, V - 1, IndexError)
+            in_per_layer_table(self.lm.config, np.asarray([token]), "token")
             position = _index(position, "position", 0, L - 1)
             call = {"start": position, "rows": 1, "position": position}
             inputs = {"ids": np.asarray([token], np.int32)}
@@ -521,6 +523,29 @@ class Version:
                   sampler: Callable[[np.ndarray], int] | None = None, output: bool = True):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler,
                           output)
+
+
+def in_per_layer_table(config: CausalOptions, ids: np.ndarray, where: str) -> None:
+    """Refuse an id of ``ids`` (within the vocabulary) past the rows of the per-layer-input
+    table where the model has one smaller than the vocabulary and no ``outside_row`` to
+    read for such an id: said here, before anything runs, not by numpy's bare IndexError
+    (the float64 reference) nor mid-plan (the native gather).
+
+    Raises:
+        IndexError: the first such id, named by ``where`` (``{}`` its index), with the
+            table's size and the option that would serve it.
+    """
+    p, V = config.per_layer_input, config.vocab_size
+    if p is None or p.outside_row is not None or p.vocab_size >= V:
+        return
+    bad = np.flatnonzero(np.asarray(ids) >= p.vocab_size)
+    if bad.size:
+        raise IndexError(
+            f"token id {int(ids[bad[0]])} ({where.format(int(bad[0]))}) is outside the "
+            f"per-layer-input table model.embed_tokens_per_layer, {p.vocab_size} rows "
+            f"(per_layer_input.vocab_size) of the vocabulary's {V}, and the spec gives no "
+            "layer.per_layer_input.outside_row, the row such an id reads "
+            "(get_per_layer_inputs' torch.where(in_table, input_ids, 0): outside_row: 0)")
 
 
 def _index(value, name: str, lo: int, hi: int, error=ValueError) -> int:

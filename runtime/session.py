@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .causal import CausalLM, greedy, token_ids
+from .causal import CausalLM, greedy, in_per_layer_table, token_ids
 
 
 @dataclass
@@ -56,6 +56,7 @@ class Session:
         if bad.size:
             raise IndexError(f"token id {int(t[bad[0]])} at position {int(bad[0])} is outside "
                              f"the vocabulary [0, {V})")
+        in_per_layer_table(self.lm.config, t, "position {} of the history")
         if t.size + more > L:
             raise ValueError(f"{t.size} token{'s' * (t.size != 1)}"
                              f"{f' and {more} more to draw' if more else ''} do "
@@ -70,7 +71,8 @@ class Session:
         Raises:
             ValueError: ``tokens`` is empty, not ids, or with ``more`` does not fit
                 ``max_seq_len``.
-            IndexError: a token is outside ``[0, vocab_size)``.
+            IndexError: a token is outside ``[0, vocab_size)``, or past a per-layer-input
+                table with no ``outside_row`` (``causal.in_per_layer_table``).
         """
         self._validate(tokens, more)
 

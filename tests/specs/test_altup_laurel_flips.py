@@ -5,6 +5,8 @@ golden: each must miss transformers' logits on the same weights by far more than
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from iron_spec.build import load_model
@@ -69,3 +71,40 @@ def test_an_option_out_of_range_is_refused_naming_it(tmp_path, old, new, message
     with pytest.raises(SpecError, match=message) as e:
         load_model(path, random_weights=0, toy=True)
     assert f"{NAME}.yaml:" in str(e.value)
+
+
+def test_an_id_past_the_per_layer_table_without_outside_row_is_refused_naming_it(tmp_path):
+    # Found by a new user's trial: the float64 reference raised numpy's bare "index 250 is
+    # out of bounds for axis 0 with size 200", the compiled plan a ValueError mid-plan that
+    # called the table the vocabulary. The toy's vocabulary is 256, its table 200 rows.
+    import numpy as np
+
+    import iron_spec
+
+    text = (SPECS / f"{NAME}.yaml").read_text()
+    line = [s for s in text.splitlines() if "outside_row: 0" in s]
+    assert len(line) == 1
+    path = tmp_path / f"{NAME}.yaml"
+    path.write_text(text.replace(line[0] + "\n", ""))
+    model = iron_spec.load(str(path), random_weights=0, toy=True)
+    lm = model.loaded.lm
+    assert (lm.config.vocab_size, lm.config.per_layer_input.vocab_size) == (256, 200)
+    says = ("is outside the per-layer-input table model.embed_tokens_per_layer, 200 rows "
+            "(per_layer_input.vocab_size) of the vocabulary's 256, and the spec gives no "
+            "layer.per_layer_input.outside_row")
+    chunk = np.zeros(lm.prompt_chunk.capacity, np.int64)
+    chunk[:3] = [1, 250, 3]
+    for call in (lambda: lm.prompt_chunk.reference(chunk, start=0, rows=3),
+                 lambda: lm.prompt_chunk(chunk, start=0, rows=3)):
+        with pytest.raises(IndexError, match=r"^token id 250 \(ids\[1\]\) " + re.escape(says)):
+            call()
+    for call in (lm.decode_step.reference, lm.decode_step):
+        with pytest.raises(IndexError, match=r"^token id 250 \(token\) " + re.escape(says)):
+            call(token=250, position=0)
+    prompt = [1, 2, 3] * 10
+    model.complete(prompt, max_new_tokens=1, temperature=0)
+    held = model._session.held
+    with pytest.raises(IndexError, match=r"^token id 200 \(position 31 of the history\) "):
+        model.complete(prompt + [5, 200], max_new_tokens=1)
+    assert model._session.held == held  # refused before anything ran
+    assert model.complete([1, 199, 3], max_new_tokens=1, temperature=0).token_ids  # 199 is a row
