@@ -22,12 +22,12 @@ from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
 from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
-                    weights_source)
+                    model_inputs, weights_source)
 from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
 from .generation import Completion, Stream, read_generation_config, sampler_for, setting
-from .interpreter import MAX_PREFILL_CHUNK
+from .interpreter import MAX_PREFILL_CHUNK, expand
 from .gguf_files import is_gguf
 from .loader import load_spec
 from .registry import find
@@ -89,6 +89,9 @@ def command(
                                      "embeddings (iron-spec embed), it does not generate")
             _before_loading(checkpoint, random_weights, toy, text is not None or chat, chat,
                             settings, num_tokens)
+            _within_context(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
+                            num_tokens, None if text is not None or chat else prompt_len,
+                            allow_unread_config)
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
                           decode_weights, prefill_weights, allow_unread_config, threads)
             gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
@@ -145,6 +148,52 @@ def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], to
     sampler_for(gen, path, seed=0, **settings)
     if num_tokens is None and not chat:
         setting(gen, path, "max_new_tokens")
+
+
+def _within_context(spec: Optional[str], checkpoint: Optional[str],
+                    random_weights: Optional[int], toy: bool, max_seq_len: Optional[int],
+                    prefill_chunk: Optional[int], num_tokens: Optional[int],
+                    prompt_len: Optional[int], allow_unread_config: bool) -> None:
+    """Refuse, before a weight is read, a ``--num-tokens`` no context of this model holds
+    (and with ``prompt_len`` random prompt ids, a ``--prompt-len`` with them): the context is
+    ``--max-seq-len``, at most the model's own (config.json's, or the toy's, expanded as the
+    load will). A hub id or GGUF file is judged where it is read, after it is resolved.
+
+    Raises:
+        FlagError: a prompt and the tokens to draw take more positions than the context.
+    """
+    if num_tokens is None and prompt_len is None:
+        return
+    local = checkpoint is None or (Path(checkpoint).expanduser().is_dir()
+                                   and not is_gguf(Path(checkpoint).expanduser()))
+    if not local or (spec is None and checkpoint is None):
+        return
+    parsed = load_spec(spec if spec is not None else find(None, checkpoint))
+    config_json, source, _ = model_inputs(parsed, checkpoint, random_weights, toy,
+                                          allow_unread_config)
+    if toy:  # the chunk the load expands with: the toy's own, not the spec's runtime one
+        prefill_chunk = prefill_chunk or parsed.get("toy", "prefill_chunk")
+    own = expand(parsed, config_json, prefill_chunk=prefill_chunk,
+                 source=source).options.max_seq_len
+    L = own if max_seq_len is None else min(max_seq_len, own)  # past own: the load says so
+    where = f"--max-seq-len {L}" if max_seq_len is not None and L == max_seq_len else \
+        f"the model's own context {own}"
+    larger = f", or a larger --max-seq-len (up to the model's own {own})" if L < own else ""
+    if num_tokens is not None and prompt_len is None and num_tokens > L:
+        raise FlagError(f"--num-tokens {num_tokens} does not fit {where}: a prompt and the "
+                        f"tokens drawn after it take its tokens and {num_tokens - 1} more "
+                        f"positions; give a --num-tokens of at most {L + 1} less the prompt's "
+                        f"length in tokens{larger}")
+    if num_tokens is not None and prompt_len is not None and prompt_len + num_tokens - 1 > L:
+        raise FlagError(f"--prompt-len {prompt_len} and --num-tokens {num_tokens} do not fit "
+                        f"{where}: the prompt and the tokens drawn after it take "
+                        f"{prompt_len + num_tokens - 1} positions; give a --num-tokens of at "
+                        f"most {L - prompt_len + 1}{larger}" if prompt_len <= L else
+                        f"--prompt-len {prompt_len} does not fit {where}; give at most "
+                        f"{L}{larger}")
+    if prompt_len is not None and prompt_len > L:
+        raise FlagError(f"--prompt-len {prompt_len} does not fit {where}; give at most "
+                        f"{L}{larger}")
 
 
 def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional[str]:

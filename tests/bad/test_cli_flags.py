@@ -220,10 +220,51 @@ def test_an_unknown_weights_choice_is_a_usage_error_before_loading(command, flag
 
 
 def test_a_prompt_past_the_context_names_the_flag():
+    # Random prompt ids and the tokens to draw are counted before anything loads (a usage
+    # error, as --max-seq-len past the model's own context): no load to find 41 > 32.
     result = runner.invoke(app, ["run", LLAMA, *TOY, "--max-seq-len", "32", "--prompt-len",
                                  "40"])
-    assert result.exit_code == 1, result.output
-    assert "40 tokens and 1 more to draw do not fit max_seq_len 32" in result.output
-    assert "a larger --max-seq-len raises it" in result.output
-    assert "max_seq_len=" not in result.output
+    assert result.exit_code == 2, result.output
+    said = _unboxed(result.output)
+    assert "--prompt-len 40 does not fit --max-seq-len 32; give at most 32, or a larger " \
+        "--max-seq-len (up to the model's own 512)" in said, result.output
+    assert "loading" not in result.output and "max_seq_len=" not in result.output
+
+
+@pytest.mark.parametrize("flags, says", [
+    # 500 ids and 13 drawn take 512 positions, the toy's max_position_embeddings; 14, 513.
+    (["--prompt-len", "500", "--num-tokens", "14"],
+     "--prompt-len 500 and --num-tokens 14 do not fit the model's own context 512: the prompt "
+     "and the tokens drawn after it take 513 positions; give a --num-tokens of at most 13"),
+    (["--num-tokens", "100000000"], "take 100000023 positions; give a --num-tokens of at most 489"),
+    (["--prompt-len", "20", "--num-tokens", "20", "--max-seq-len", "32"],
+     "do not fit --max-seq-len 32: the prompt and the tokens drawn after it take 39 positions; "
+     "give a --num-tokens of at most 13, or a larger --max-seq-len (up to the model's own 512)")])
+def test_tokens_to_draw_past_the_context_are_refused_before_loading(flags, says):
+    # Found by a new user's trial: --num-tokens 100000000 loaded the weights and compiled
+    # both plans before the context said no.
+    result = runner.invoke(app, ["run", LLAMA, "--random-weights", "0", "--toy", *flags])
+    assert result.exit_code == 2, result.output
+    assert says in _unboxed(result.output), result.output
+    assert "loading" not in result.output
+
+
+def test_the_most_tokens_the_context_holds_run():
+    result = runner.invoke(app, ["run", LLAMA, "--random-weights", "0", "--toy", "--prompt-len",
+                                 "500", "--num-tokens", "13"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_text_prompt_s_tokens_to_draw_past_the_model_s_context_are_refused_before_loading(
+        tmp_path):
+    import json
+    from iron_spec.loader import load_spec
+    (tmp_path / "config.json").write_text(json.dumps(load_spec(LLAMA).get("toy", "config")))
+    (tmp_path / "tokenizer.json").write_text("{}")  # never read: refused first
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(tmp_path), "--prompt", "hi",
+                                 "--num-tokens", "513"])
+    assert result.exit_code == 2, result.output
+    assert "--num-tokens 513 does not fit the model's own context 512: a prompt and the " \
+        "tokens drawn after it take its tokens and 512 more positions; give a --num-tokens " \
+        "of at most 513 less the prompt's length in tokens" in _unboxed(result.output)
 
