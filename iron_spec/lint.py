@@ -176,7 +176,7 @@ def render(problems: list[SpecError], format: str) -> str:
 
 
 def command(
-    paths: List[Path] = typer.Argument(..., help="spec files or folders of them"),
+    paths: List[Path] = typer.Argument(..., help="spec files or folders of them, or specs' names (iron-spec list)"),
     format: str = typer.Option("text", "--format", help="text | json | github"),
     config: Optional[Path] = typer.Option(None, "--config", help="a checkpoint's config.json: "
                                           "also report every key of it the spec neither maps "
@@ -187,7 +187,12 @@ def command(
     if format not in FORMATS:
         raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMATS)}",
                                  param_hint="--format")
+    from .registry import find
     try:
+        # A spec's name (llama3), as every other command takes it, from any folder: a bare
+        # word that is no file here (a path keeps lint's "no such file or folder").
+        paths = [find(str(p)) if len(p.parts) == 1 and not p.suffix and not p.exists()
+                 and not p.is_symlink() else p for p in paths]
         problems, files = lint_paths(paths, None if config is None else ConfigFile.read(config))
     except (FileNotFoundError, ValueError, OSError) as e:
         typer.echo(message(e), err=True)

@@ -96,3 +96,17 @@ def test_many_nodes_without_aliases_are_not_called_an_alias_bomb():
         parse_spec(text, "f.yaml")
     assert f"more than {MAX_NODES} nodes" in e.value.message
     assert "alias" not in e.value.message and "a spec holds a few hundred" in e.value.message
+
+
+def test_lint_takes_a_spec_s_name_as_the_other_commands_do(tmp_path, monkeypatch):
+    # Found by a new user's trial: `iron-spec lint llama3` said "no such file or folder"
+    # where run, check and show take the name from any folder.
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["lint", "llama3", "gemma3"])
+    assert result.exit_code == 0, result.output
+    assert "2 specs, 0 problems" in result.output
+    result = runner.invoke(app, ["lint", "lama3"])
+    assert result.exit_code == 1
+    assert "lama3: no such spec file, and no spec of that name in" in result.output
+    assert "did you mean llama3?" in result.output
