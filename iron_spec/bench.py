@@ -456,7 +456,7 @@ def report(r: dict) -> str:
 
 
 def command(
-    spec: Path = typer.Argument(..., help="the spec YAML"),
+    spec: str = typer.Argument(..., help="a spec's name (iron-spec list) or a spec YAML's path"),
     checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed "
                                                  "(the checkpoint's config, not its weights)"),

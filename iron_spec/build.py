@@ -183,13 +183,20 @@ PREFILL_WEIGHTS_HELP = ("the prompt chunk's projection weights: float32; bfloat1
                         "where the CPU has it). check reports the KL the rounding costs")
 
 
+EMPTY = "''"  # an empty argument, as a shell would quote it
+
+
 def weights_source(checkpoint, random_weights: int | None, toy: bool) -> None:
     """Refuse a weights source that cannot be (``toy`` with a checkpoint, or without a seed),
     as every load does; a command calls it before it shows anything loading.
 
     Raises:
-        FlagError: naming the arguments as the caller spells them (``arguments.said``).
+        FlagError: naming the arguments as the caller spells them (``arguments.said``); a
+            checkpoint of ''.
     """
+    if checkpoint is not None and str(checkpoint) == "":  # Path("") is the working folder
+        raise FlagError(f"{said('checkpoint', placeholder=EMPTY)} names nothing: give a checkpoint "
+                        "directory, a GGUF file or a hub id")
     if toy:
         if checkpoint is not None:
             raise FlagError(f"{said('toy', True)} draws a tiny shape; it takes no "

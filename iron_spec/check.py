@@ -19,7 +19,7 @@ import numpy as np
 import typer
 
 from iron_spec.runtime import checks
-from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest
+from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest, load_arrays
 
 from iron_spec.runtime.host import fit
 
@@ -275,7 +275,7 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
 
 
 def command(
-    spec: Path = typer.Argument(..., help="the spec YAML"),
+    spec: str = typer.Argument(..., help="a spec's name (iron-spec list) or a spec YAML's path"),
     checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
@@ -304,6 +304,11 @@ def command(
         raise UsageError("--overwrite-golden is for --record-golden alone")
     printed: list[SpecError] = []  # lint's problems, each said once (not again as the refusal)
     try:
+        if golden is not None and golden.is_dir():
+            raise FlagError(f"--golden {golden} is a folder; give the golden's .npz file"
+                            + (" to write" if record_golden else ""))
+        if golden is not None and not record_golden:
+            load_arrays(golden)  # no file there, or no golden: said before anything loads
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         parsed = load_spec(spec)
         began = time.perf_counter()

@@ -176,7 +176,7 @@ def render(problems: list[SpecError], format: str) -> str:
 
 
 def command(
-    paths: List[Path] = typer.Argument(..., help="spec files or folders of them, or specs' names (iron-spec list)"),
+    paths: List[str] = typer.Argument(..., help="spec files or folders of them, or specs' names (iron-spec list)"),
     format: str = typer.Option("text", "--format", help="text | json | github"),
     config: Optional[Path] = typer.Option(None, "--config", help="a checkpoint's config.json: "
                                           "also report every key of it the spec neither maps "
@@ -188,6 +188,9 @@ def command(
         raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMATS)}",
                                  param_hint="--format")
     from .registry import find
+    if "" in paths:  # Path("") is the working folder: never what an empty $VAR meant
+        raise typer.BadParameter("'' is no spec file, folder or name", param_hint="PATHS")
+    paths = [Path(p) for p in paths]
     try:
         # A spec's name (llama3), as every other command takes it, from any folder: a bare
         # word that is no file here (a path keeps lint's "no such file or folder").

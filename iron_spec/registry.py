@@ -140,7 +140,7 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
     folder's file of that name; None, the spec serving ``checkpoint``'s architectures.
 
     Raises:
-        FlagError: neither a spec nor a checkpoint.
+        FlagError: neither a spec nor a checkpoint, or a spec of ''.
         ValueError: no spec serves the checkpoint's architectures, the name is several
             specs' ``name`` and no file's, or ``spec`` is a folder.
         FileNotFoundError: no such file and no spec of that name (every valid name listed).
@@ -150,6 +150,9 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
             raise FlagError("name a spec (iron-spec list shows them), or give a checkpoint "
                             "to pick one from its config.json architectures")
         return for_checkpoint(checkpoint, folder)
+    if str(spec) == "":  # Path("") is the working folder: never what an empty $VAR meant
+        raise FlagError("the spec is '', no name nor path: give a spec's name (iron-spec list "
+                        "shows them) or a spec YAML's path")
     path = Path(spec).expanduser()
     if path.is_dir():  # lint reads a folder of specs; a model is built from one
         inside = sorted(p.name for p in path.glob("*.y*ml"))[:3]

@@ -18,6 +18,7 @@ import numpy as np
 import typer
 
 from iron_spec.operators import Sampler
+from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
@@ -133,12 +134,15 @@ def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], to
         FlagError: ``--toy`` without ``--random-weights`` (or with a checkpoint, or with a
             text prompt or a chat).
         ValueError: the tokenizer is missing, or a setting is bad (file and key named).
+        FileNotFoundError: the checkpoint is a file that is no GGUF file.
     """
     weights_source(checkpoint, random_weights, toy)
     if toy and text:  # flags that do not go together: a usage error, as --toy's own
         raise FlagError("--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
                         "prompts with random ids")
     directory = Path(checkpoint).expanduser() if checkpoint is not None else None
+    if directory is not None and directory.exists() and not directory.is_dir():
+        checkpoint_directory(directory, f"--checkpoint {checkpoint}")  # a file, not GGUF: refused
     if directory is None or not directory.is_dir() or is_gguf(directory):
         return
     if text and not (directory / "tokenizer.json").exists():

@@ -22,16 +22,16 @@ from typing import Any, Optional
 
 import typer
 
-from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError, Placement, TensorInfo, place, renamed
+from iron_spec.runtime.checkpoint import Checkpoint, Placement, TensorInfo, place, renamed
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
 
 from . import gguf_files
 from .arguments import said
-from .build import build_tree, checkpoint_names, read_config, refuse_other_architecture
-from .command import UsageError
+from .build import (build_tree, checkpoint_names, read_config, refuse_other_architecture,
+                    weights_source)
+from .command import EXPECTED, UsageError, refuse
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
-from .errors import SpecError, message
 from .loader import Spec, load_spec
 from .recurrence import outline
 from .shapes import fields_of
@@ -86,6 +86,7 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
     """
     spec = load_spec(spec_path)
     directory = None
+    weights_source(checkpoint, None, False)  # a checkpoint of '' names nothing
     if checkpoint is not None:
         directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint)))
         if gguf_files.is_gguf(directory):  # its config.json is built from its metadata
@@ -313,7 +314,7 @@ def _recurrence_json(tree: Module) -> Optional[dict[str, Any]]:
 
 
 def command(
-    spec: Path = typer.Argument(..., help="the spec YAML, one of specs/ (iron-spec list) or your own"),
+    spec: str = typer.Argument(..., help="the spec YAML, one of specs/ (iron-spec list) or your own"),
     checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id: its "
                                              "config.json, and its tensors placed (headers only)"),
     toy: bool = typer.Option(False, "--toy", help="the spec's toy config (the default without "
@@ -333,8 +334,7 @@ def command(
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         view = gather(spec, checkpoint, allow_unread_config)
-    except (SpecError, CheckpointError, FileNotFoundError, ValueError) as e:
-        typer.echo(message(e), err=True)
-        raise typer.Exit(1)
+    except EXPECTED as e:
+        refuse(e)
     typer.echo(render_json(view) if format == "json" else render_text(view))
     raise typer.Exit(0 if view.placement is None or view.placement.fits else 1)

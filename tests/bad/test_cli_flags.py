@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from iron_spec.cli import app
 from tests.bad.corpus import LLAMA
 
+SPECS_FILE = LLAMA  # a file that is neither a golden nor a checkpoint
+
 runner = CliRunner()
 TOY = ["--random-weights", "0", "--toy", "--num-tokens", "2"]
 
@@ -268,3 +270,37 @@ def test_a_text_prompt_s_tokens_to_draw_past_the_model_s_context_are_refused_bef
         "tokens drawn after it take its tokens and 512 more positions; give a --num-tokens " \
         "of at most 513 less the prompt's length in tokens" in _unboxed(result.output)
 
+
+
+# Found by a new user's trial: an empty argument (an unset $VAR) was the working folder to
+# Path(""): `lint ""` linted every spec under it, `run ""` called the folder "" a folder,
+# `--checkpoint ""` said the folder lacked tokenizer.json. Each is a usage error now.
+@pytest.mark.parametrize("args, says", [
+    (["run", "", *TOY], "the spec is '', no name nor path"),
+    (["check", "", "--random-weights", "0", "--toy"], "the spec is '', no name nor path"),
+    (["show", ""], "the spec is '', no name nor path"),
+    (["lint", ""], "'' is no spec file, folder or name"),
+    (["lint", LLAMA, ""], "'' is no spec file, folder or name"),
+    (["run", LLAMA, "--checkpoint", "", "--prompt", "hi"], "--checkpoint '' names nothing"),
+    (["check", LLAMA, "--checkpoint", ""], "--checkpoint '' names nothing"),
+    (["show", LLAMA, "--checkpoint", ""], "--checkpoint '' names nothing")])
+def test_an_empty_spec_path_or_checkpoint_is_a_usage_error(args, says):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert says in _unboxed(result.output), result.output
+    assert "loading" not in result.output and "spec," not in result.output
+
+
+def test_a_golden_or_checkpoint_that_cannot_be_is_refused_before_anything_loads(tmp_path):
+    # Found by a new user's trial: each was refused only after the weights had loaded and
+    # both plans compiled.
+    for golden, code, says in ((tmp_path, 2, f"--golden {tmp_path} is a folder"),
+                               (tmp_path / "none.npz", 1, "none.npz is missing"),
+                               (SPECS_FILE, 1, "not a golden file")):
+        result = runner.invoke(app, ["check", LLAMA, "--random-weights", "0", "--toy",
+                                     "--golden", str(golden)])
+        assert result.exit_code == code, result.output
+        assert says in _unboxed(result.output) and "loading" not in result.output
+    result = runner.invoke(app, ["run", LLAMA, "--checkpoint", SPECS_FILE, "--prompt", "hi"])
+    assert result.exit_code == 1, result.output
+    assert "not a checkpoint directory" in result.output and "loading" not in result.output

@@ -110,9 +110,13 @@ def test_max_seq_len_past_the_model(toy_checkpoint):
 
 
 def test_prompt_past_max_seq_len_is_refused():
-    line = _error_line(run("--random-weights", "0", "--toy", "--max-seq-len", "32",
-                           "--prompt-len", "30", "--num-tokens", "8"))
-    assert "30 tokens and 7 more to draw do not fit max_seq_len 32" in line
+    # Random ids and the tokens to draw: counted before anything loads, a usage error.
+    result = run("--random-weights", "0", "--toy", "--max-seq-len", "32", "--prompt-len", "30",
+                 "--num-tokens", "8")
+    assert result.exit_code == 2 and "loading" not in result.output, result.output
+    assert "--prompt-len 30 and --num-tokens 8 do not fit --max-seq-len 32: the prompt and the " \
+        "tokens drawn after it take 37 positions; give a --num-tokens of at most 3" in \
+        " ".join(result.output.replace("│", " ").split())
 
 
 def test_greedy_on_smollm2(smollm2):
@@ -303,7 +307,8 @@ def test_the_default_num_tokens_fits_what_the_context_leaves():
     result = run("--random-weights", "0", "--toy", "--max-seq-len", "32")
     assert result.exit_code == 0, result.output
     assert len(result.stdout.split()) == 9
-    assert "[the text stopped where the context (max_seq_len 32) is full]" in result.output
+    assert "[the text stopped where the context (max_seq_len 32; --max-seq-len up to 512 " \
+        "gives more) is full]" in result.output
 
 
 def test_the_default_num_tokens_fits_after_a_text_prompt(smollm2):
@@ -314,9 +319,10 @@ def test_the_default_num_tokens_fits_after_a_text_prompt(smollm2):
 
 
 def test_a_prompt_past_the_context_is_refused_before_its_ids_print():
-    line = _error_line(run("--random-weights", "0", "--toy", "--prompt-len", "100000"))
-    assert "100000 tokens do not fit max_seq_len 512" in line
     result = run("--random-weights", "0", "--toy", "--prompt-len", "100000")
+    assert result.exit_code == 2, result.output  # counted before anything loads: usage
+    assert "--prompt-len 100000 does not fit the model's own context 512; give at most 512" in \
+        " ".join(result.output.replace("│", " ").split())
     assert "prompt ids" not in result.output and len(result.output) < 1000
 
 
@@ -363,7 +369,8 @@ def test_refused_before_anything_loads(toy_checkpoint, case):
                                     "-3, not a finite number at least 0",
             "toy_without_seed": "--toy needs --random-weights SEED",
             "toy_prompt": "--prompt and --chat need a checkpoint's tokenizer.json"}[case]
-    assert result.exit_code == (2 if case == "toy_without_seed" else 1), result.output
+    # flags that do not go together are a usage error; a checkpoint's own files refuse it
+    assert result.exit_code == (2 if case.startswith("toy") else 1), result.output
     assert says in result.output, result.output
 
 
