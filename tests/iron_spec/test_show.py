@@ -9,7 +9,7 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from iron_spec.cli import app
-from tests.conftest import SPECS
+from tests.conftest import SPECS, edited_spec
 
 LLAMA = str(SPECS / "llama3.yaml")
 runner = CliRunner()
@@ -116,11 +116,8 @@ def test_a_recurrence_schedule_is_shown_as_the_spec_nests_it(tmp_path):
     # recurrence:, the schedule they run in. On a toy of H_cycles 1, L_cycles 3 (counts that
     # differ, so a swap shows): HrmTextModel's loop runs L_module L_cycles times, then
     # H_module, each of H_cycles times: 1 * (3 + 1) = 4 runs, as its cycle_offset slots count.
-    text = (SPECS / "hrm_text.yaml").read_text()
-    toy = "    H_cycles: 2\n    L_cycles: 2\n"
-    assert toy in text
-    spec = tmp_path / "hrm_text.yaml"
-    spec.write_text(text.replace(toy, "    H_cycles: 1\n    L_cycles: 3\n"))
+    spec = edited_spec(tmp_path, "hrm_text", "    H_cycles: 2\n    L_cycles: 2\n",
+                       "    H_cycles: 1\n    L_cycles: 3\n")
     result = show(str(spec))
     assert result.exit_code == 0, result.output
     shown = result.output.split("\nrecurrence\n")[1].split("\n\n")[0].splitlines()

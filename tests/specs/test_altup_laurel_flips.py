@@ -13,7 +13,7 @@ from iron_spec.build import load_model
 from iron_spec.errors import SpecError
 from tests.specs.test_attention_flips import _judged_on_the_right_weights
 from tests.specs.test_position_flips import flipped_kl
-from tests.conftest import SPECS
+from tests.conftest import SPECS, edited_spec
 
 NAME = "gemma3n_text"
 
@@ -81,11 +81,9 @@ def test_an_id_past_the_per_layer_table_without_outside_row_is_refused_naming_it
 
     import iron_spec
 
-    text = (SPECS / f"{NAME}.yaml").read_text()
-    line = [s for s in text.splitlines() if "outside_row: 0" in s]
+    line = [s for s in (SPECS / f"{NAME}.yaml").read_text().splitlines() if "outside_row: 0" in s]
     assert len(line) == 1
-    path = tmp_path / f"{NAME}.yaml"
-    path.write_text(text.replace(line[0] + "\n", ""))
+    path = edited_spec(tmp_path, NAME, line[0] + "\n", "")
     model = iron_spec.load(str(path), random_weights=0, toy=True)
     lm = model.loaded.lm
     assert (lm.config.vocab_size, lm.config.per_layer_input.vocab_size) == (256, 200)
