@@ -66,10 +66,13 @@ def golden_path(loaded: Loaded) -> Path:
 
 def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
     """The prompt checks run from: ``prefill_chunk + 8`` tokens (more than one chunk), from
-    the packaged text where there is a tokenizer, else drawn at seed 0."""
+    the packaged text where there is a tokenizer, else drawn at seed 0 (never the model's
+    padding id, which a history may not hold: the ids from it on drawn one higher)."""
     n = length or loaded.lm.config.prefill_chunk + PROMPT_EXTRA
     if loaded.tokenizer is None:
-        return np.random.default_rng(0).integers(0, loaded.lm.config.vocab_size, n).tolist()
+        pad, V = loaded.lm.config.padding_id, loaded.lm.config.vocab_size
+        ids = np.random.default_rng(0).integers(0, V - (pad is not None), n)
+        return (ids + (ids >= pad) if pad is not None else ids).tolist()
     text = PROMPT_TEXT.read_text()
     ids = loaded.tokenizer.encode(text)
     while len(ids) < n:
@@ -222,6 +225,14 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
     bounds = kl_gate(loaded)
     prompt = [int(t) for t in golden.tokens[:golden.prompt_len]] if golden else check_prompt(loaded)
     C, L = lm.config.prefill_chunk, lm.config.max_seq_len
+    calls = (golden.meta.get("calls") or {}) if golden is not None else {}
+    if calls and calls.get("prefill_chunk") != C:
+        # Rows that see their call compute what the split into calls makes them: a golden
+        # recorded on other calls judges another computation.
+        raise ValueError(f"{golden_file} was recorded through transformers' cache in prompt "
+                         f"calls of {calls.get('prefill_chunk')} ids (the model's rows see "
+                         f"their whole call: attention.sees call), and check runs calls of {C}: "
+                         f"give --prefill-chunk {calls.get('prefill_chunk')}")
     if golden is not None:
         require_length(L, len(prompt), steps, "the golden's", golden.steps)
     else:

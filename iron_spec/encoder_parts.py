@@ -282,4 +282,8 @@ def _relative_bias(spec: Spec, r: Resolved, layers) -> RelativeBiasOptions | Non
                                                 f"{buckets // 4} exact buckets of a half")
     if len({lo.heads for lo in layers}) != 1:
         raise spec.error(p, "one relative bias table serves every layer: their head counts differ")
+    for name, default in (("bidirectional", True), ("segment_pairs", False)):
+        if _flag_option(spec, r, p + (name,), default) != default:
+            raise spec.error(p + (name,), f"an encoder's relative bias is bidirectional, by "
+                                          f"distance alone: {name} is a causal model's option")
     return RelativeBiasOptions(rows, buckets, distance)

@@ -113,21 +113,73 @@ def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
             "config_defaults": config_defaults.of(type(model.config))}
 
 
+def sees_call(loaded: Loaded) -> bool:
+    """Whether ``loaded``'s attention lets a row see its whole call (``attention.sees:
+    call``): what it computes then depends on how a sequence is split into calls, so its
+    golden is recorded through transformers' cache on the calls a session makes
+    (``through_cache``), not as one call per step."""
+    return any(lo.attention.sees == "call" for lo in loaded.lm.config.layers)
+
+
+def through_cache(loaded: Loaded, model, prompt: list[int], steps: int,
+                  forced: list[int] | None = None) -> tuple[list[int], list[np.ndarray]]:
+    """transformers' ``model`` called as a ``runtime.session.Session`` calls ours: the
+    prompt in calls ending at the prompt-chunk boundaries (multiples of ``prefill_chunk``
+    positions, the model's prefix counted: the first call holds the prefix and the first
+    ``prefill_chunk - len(prefix)`` ids), then one id a call, each call through the one
+    transformers cache (``DynamicCache``) and given the whole history, as its ``generate``
+    does (CpmAntForCausalLM's forward slices off what the cache holds). Returns the tokens
+    (the prompt, then each draw: the greedy token, or ``forced``'s, teacher-forced) and the
+    last row's logits after the prompt and after each of ``steps - 1`` more tokens,
+    ``(vocab,)`` each in the model's dtype."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    C, P = loaded.lm.config.prefill_chunk, len(loaded.lm.config.prefix)
+    n, tokens, rows = len(prompt), list(prompt), []
+    cache = DynamicCache(config=model.config)
+    ends = [min(k * C - P, n) for k in range(1, -(-(n + P) // C) + 1)]
+
+    def call(upto: int) -> np.ndarray:
+        ids = torch.tensor([tokens[:upto]])
+        return model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].numpy()
+
+    for end in ends:
+        row = call(end)
+    rows.append(row)
+    for i in range(1, steps):
+        tokens.append(int(np.argmax(rows[-1])) if forced is None else int(forced[n + i - 1]))
+        rows.append(call(len(tokens)))
+    return tokens, rows
+
+
 def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Golden:
     """transformers' distributions after ``prompt`` and then each of its own greedy tokens,
-    ``steps`` of them, as a Golden keyed by ``loaded``'s fingerprint."""
+    ``steps`` of them, as a Golden keyed by ``loaded``'s fingerprint: each step one call of
+    the whole history, or where the model sees its calls (``sees_call``) the calls a
+    session makes, through transformers' cache (``through_cache``; the meta's ``calls``
+    says which)."""
     import torch
 
     model = hugging_face(loaded)
     tokens = list(prompt)
     rows = []
     with torch.no_grad():
-        for _ in range(steps):
-            out = model(torch.tensor([tokens]), use_cache=False, logits_to_keep=1).logits[0, -1]
-            row = out.numpy().astype(np.float32)
-            rows.append(row)
-            tokens.append(int(np.argmax(row)))
+        if sees_call(loaded):
+            tokens, rows = through_cache(loaded, model, prompt, steps)
+            rows = [r.astype(np.float32) for r in rows]
+            tokens.append(int(np.argmax(rows[-1])))
+        else:
+            for _ in range(steps):
+                out = model(torch.tensor([tokens]), use_cache=False, logits_to_keep=1).logits[0, -1]
+                row = out.numpy().astype(np.float32)
+                rows.append(row)
+                tokens.append(int(np.argmax(row)))
     meta = {**recorded_from(loaded, model), "dtype": "float32", "steps": steps}
+    if sees_call(loaded):
+        meta["calls"] = {"prefill_chunk": loaded.lm.config.prefill_chunk,
+                         "prefix": len(loaded.lm.config.prefix),
+                         "through": "transformers' cache, as a session calls"}
     golden = Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
                                 np.stack(rows), meta)
     return add_float64(loaded, golden)
@@ -157,7 +209,8 @@ def float64_arrays(golden: Golden | EncoderGolden) -> dict[str, np.ndarray]:
 
 def add_float64(loaded: Loaded, golden: Golden) -> Golden:
     """``golden`` with transformers' float64 rows added: its model loaded in float64 on
-    ``loaded``'s weights, teacher-forced on the golden's own tokens one step at a time, as
+    ``loaded``'s weights, teacher-forced on the golden's own tokens one step at a time (a
+    model seeing its calls through transformers' cache, ``through_cache``), as
     the float32 rows were run (a longrope table is chosen by the length of each history).
     Every float32 array of ``golden`` is kept as it is; its meta gains ``steps`` and
     ``float64``."""
@@ -166,9 +219,15 @@ def add_float64(loaded: Loaded, golden: Golden) -> Golden:
     model = hugging_face(loaded, dtype="float64")
     rows = []
     with torch.no_grad(), _default_float64():
-        for i in range(golden.steps):
-            history = torch.from_numpy(golden.history(i).astype(np.int64))[None]
-            rows.append(model(history, use_cache=False, logits_to_keep=1).logits[0, -1].numpy())
+        if sees_call(loaded):
+            forced = [int(t) for t in golden.history(golden.steps - 1)]
+            _, rows = through_cache(loaded, model, forced[:golden.prompt_len], golden.steps,
+                                    forced)
+        else:
+            for i in range(golden.steps):
+                history = torch.from_numpy(golden.history(i).astype(np.int64))[None]
+                rows.append(model(history, use_cache=False,
+                                  logits_to_keep=1).logits[0, -1].numpy())
     return golden.with_float64(np.stack(rows), {
         "steps": golden.steps,
         "float64": {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),

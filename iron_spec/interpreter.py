@@ -31,6 +31,7 @@ from .errors import SpecError
 
 from .config import Resolved, chosen, evaluate_option, per_layer_fields, resolve
 from .loader import Spec
+from .causal_parts import position_parts
 from .recurrence import recurrence
 from .schema import validate
 
@@ -276,6 +277,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
         output_gate=flag(*a, "output_gate"),
+        sees=_sees(spec, *word(*a, "sees", default="own")),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     _heads_group(spec, r, attention, word(*a, "heads", default="num_attention_heads"),
@@ -395,6 +397,37 @@ def _latent(spec: Spec, r: Resolved) -> LatentOptions | None:
                          f"{widths['qk_rope_head_dim']}: RoPE turns pairs, an even number")
     eps = _positive(spec, p + ("eps",), _option(spec, r, p + ("eps",), 1e-6))
     return LatentOptions(eps=eps, **widths)
+
+
+def _sees(spec: Spec, value: Any, at: tuple) -> str:
+    """``attention.sees``: ``own`` (causal) or ``call`` (every row of a call), never beside
+    a sliding window (the attention operator's)."""
+    if value not in ("own", "call"):
+        raise spec.error(at, f"attention.sees is {value!r}, not own (each query sees the keys "
+                             "up to its own position) or call (up to its call's last row)")
+    if value == "call" and spec.get("layer", "attention", "window") is not None:
+        raise spec.error(at, "attention.sees call is not built beside a sliding window")
+    return value
+
+
+def _with_relative(spec: Spec, layers: list[LayerOptions], relative) -> list[LayerOptions]:
+    """Every layer reading the one relative bias table (``relative``: the operator's
+    options; None: the layers as they are).
+
+    Raises:
+        SpecError: at the option, layers of different head counts, or latent or
+            differential attention (which take no bias input).
+    """
+    if relative is None:
+        return layers
+    p = ("layer", "attention", "relative_bias")
+    if len({lo.attention.heads for lo in layers}) != 1:
+        raise spec.error(p, "one relative bias table serves every layer: their head counts differ")
+    if any(lo.attention.latent is not None or lo.attention.differential is not None
+           for lo in layers):
+        raise spec.error(p, "a relative bias is added by the attention operator: not with "
+                            "latent or differential attention")
+    return [replace(lo, attention=replace(lo.attention, relative=relative)) for lo in layers]
 
 
 def _window(spec: Spec, value: Any, at: tuple) -> int | None:
@@ -608,6 +641,8 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
             raise ValueError(what)
         raise spec.error(("runtime", "prefill_chunk"), f"runtime.{what}")
     positions, offset = _positions(spec, r, L)
+    parts = position_parts(spec, r, v["vocab_size"])
+    layers = _with_relative(spec, layers, parts.relative)
     options = CausalOptions(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"],
         layers=tuple(_share_kv(spec, r, layers, types)),
@@ -624,7 +659,8 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_rows=_head_rows(spec, r, v["vocab_size"]),
         head_transform=_head_transform(spec, r), altup=layers[0].altup,
         recurrence=recurrence(spec, r, v["num_hidden_layers"]),
-        max_seq_len=L, prefill_chunk=min(C, L))
+        max_seq_len=L, prefill_chunk=min(C, L), relative_rows=parts.relative_rows,
+        prefix=parts.prefix, segments=parts.segments, padding_id=parts.padding_id)
     return Expanded(spec, r, options, *checkpoint_layout(spec, r), per_type=frozenset(per_type))
 
 

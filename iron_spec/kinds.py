@@ -23,7 +23,8 @@ CAUSAL_LAYERS = ("decoder", "sandwich", "ple")  # the layer kinds of model causa
 
 KINDS: tuple[Row, ...] = (
     Row((), ("model",), {"causal": ("head", "recurrence"), "encoder": ("pooling",)}),
-    Row(("embedding",), ("model",), {"encoder": ("position_padding", "token_types", "task_types",
+    Row(("embedding",), ("model",), {"causal": ("prefix", "segments", "padding_id"),
+                                     "encoder": ("position_padding", "token_types", "task_types",
                                                   "token_dropout", "size",
                                                   "project", "languages", "word_transform")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
@@ -40,9 +41,9 @@ KINDS: tuple[Row, ...] = (
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
                "qkv_shards", "qkv_order", "latent", "differential", "sub_norm",
-               "dynamic_mask", "output_gate")
+               "dynamic_mask", "output_gate", "sees")
            for k in CAUSAL_LAYERS},
-        "encoder": ("relative_bias", "disentangled", "span_conv", "landmarks",
+        "encoder": ("disentangled", "span_conv", "landmarks",
                     "value_conv", "lsh_expectation", "global_tokens")}),
     Row(("layer", "norm"), ("layer", "norm", "kind"), {"layer": ("bias",), "no_norm": ("bias",)}),
     Row(("layer", "mlp"), ("layer", "kind"), {**{k: ("sub_norm",) for k in CAUSAL_LAYERS},

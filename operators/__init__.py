@@ -24,7 +24,7 @@ from .lsh_expectation import LshExpectationAttention
 from .layernorm import LayerNorm
 from .linear import Linear
 from .norm import RMSNorm
-from .positions import AddRows, sinusoidal_table
+from .positions import AddRows, SegmentRows, sinusoidal_table
 from .pooling import L2Normalize, MeanRows, Tanh
 from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
@@ -41,7 +41,7 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
-        AddRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
+        AddRows(), SegmentRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
         DynamicMask(),
         GaussianTopK(), FourierMix(), Affine(), Trigram(), DepthwiseConv(), DynamicConv(),
@@ -55,7 +55,7 @@ __all__ = [
     "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
-    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "Clamp",
+    "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "SegmentRows", "Clamp",
     "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention", "FourierMix", "Affine", "Trigram", "DepthwiseConv",
     "DynamicConv", "LandmarkAttention", "LshExpectationAttention",

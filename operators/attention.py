@@ -17,6 +17,7 @@ import numpy as np
 
 from . import native
 from .base import EPS32, Operator, Tolerance, as64
+from .relative import position_bias
 
 
 def rows_of(start: int, n: int, ring: int | None) -> np.ndarray:
@@ -172,6 +173,17 @@ def alibi_bias(alibi: tuple, qpos: np.ndarray, kpos: np.ndarray, bf16: float | N
     return np.broadcast_to(keys[:, None, :], (len(alibi), len(qpos), len(kpos)))
 
 
+def _add_relative(rows: np.ndarray, relative: tuple, qpos: np.ndarray, kpos: np.ndarray
+                  ) -> None:
+    """Each head's relative position bias (``relative``: the table ``(rows, heads)`` and its
+    options, ``relative.position_bias``) added to its scores ``rows`` ``(G, n, R, w)`` (head
+    ``g * R + r``), in place."""
+    G, _, R, _ = rows.shape
+    table, options = relative
+    bias = position_bias(table, qpos, kpos, *options)
+    rows += bias.reshape(G, R, len(qpos), len(kpos)).transpose(0, 2, 1, 3)
+
+
 def _add_alibi(rows: np.ndarray, alibi: tuple, qpos: np.ndarray, kpos: np.ndarray) -> None:
     """Each head's ALiBi bias (``alibi``: the slopes and the bfloat16 form's scale or None,
     ``alibi_bias``) added to its scores ``rows`` ``(G, n, R, w)`` (head ``g * R + r``), in
@@ -218,12 +230,28 @@ class Attention(Operator):
     from the keys' own values, as DogeAttention's dynamic mask (``attn_weights +
     attn_mask``, its ``dt_states`` per kv head and key). Run by the numpy kernels only, as
     ``sinks``.
+
+    ``table``: an optional sixth input ``(rows, heads)``, a learned relative position bias
+    read as ``relative`` says (``(buckets, max_distance, bidirectional, segments)``): head
+    ``h``'s score of the key at position ``j`` from the query at ``i`` gains
+    ``table[bucket(j - i), h]`` after the scale (``operators.relative.position_bias``: T5's
+    bucketed distance; with ``segments``, a pair of different segments reads its own row,
+    CpmAntSegmentPositionEmbedding's), over every position the cache holds, as
+    T5Attention's ``compute_bias`` over the past keys. Run by the numpy kernels only, as
+    ``sinks``.
+
+    ``sees``: which keys a query sees: ``own``, those up to its own position (causal);
+    ``call``, those up to the call's last position, its own call's later rows too, as
+    CpmAntModel's mask (``context`` all ones: every row of a call sees the whole call and
+    the cache). One query (a decode step) sees the same either way; a prompt chunk's rows
+    with ``call`` run on the numpy kernels, and never with a window.
     """
 
     name = "attention"
 
-    def shape(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
-              softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def shape(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
+              window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None, relative=None,
+              sees="own"):
         if sinks is not None and tuple(sinks) != (q[1],):
             raise ValueError(f"attention: sinks {sinks} are not one per head ({q[1]},)")
         if bias is not None and tuple(bias) != (keys[0], keys[1], 1):
@@ -231,6 +259,13 @@ class Attention(Operator):
                              f"({keys[0]}, {keys[1]}, 1)")
         if alibi is not None and len(alibi) != q[1]:
             raise ValueError(f"attention: {len(alibi)} alibi slopes for {q[1]} heads")
+        if (table is None) != (relative is None) or (
+                table is not None and (len(table) != 2 or table[1] != q[1])):
+            raise ValueError(f"attention: a relative bias table {table} (rows, {q[1]} heads) "
+                             f"and its options {relative} go together")
+        if sees not in ("own", "call") or (sees == "call" and window is not None):
+            raise ValueError(f"attention: sees {sees!r} is own or call (call: not with a "
+                             f"window, here {window})")
         if len(q) != 3 or len(keys) != 3 or len(values) != 3 or keys[:2] != values[:2] or \
                 q[1] % keys[0] or q[2] != keys[2]:
             raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache "
@@ -250,8 +285,9 @@ class Attention(Operator):
             allowed &= kpos > qpos - window
         return allowed
 
-    def reference(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
-                  softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def reference(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
+                  window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
+                  relative=None, sees="own"):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
@@ -271,7 +307,10 @@ class Attention(Operator):
             s = s + as64(alibi_bias(alibi, np.arange(start, t), np.arange(lo, t), alibi_bf16))
         if bias is not None:
             s = s + np.repeat(as64(bias)[:, held, 0], H // G, axis=0)[:, None, :]
-        s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
+        if table is not None:
+            s = s + position_bias(as64(table), np.arange(start, t), np.arange(lo, t), *relative)
+        if sees == "own":
+            s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
         m = s.max(-1, keepdims=True)
         if sinks is not None:  # the sink's logit is one more column of the softmax
             m = np.maximum(m, as64(sinks)[:, None, None])
@@ -282,8 +321,9 @@ class Attention(Operator):
         p /= total
         return np.einsum("hnt,htd->nhd", p, v).reshape(n, -1)
 
-    def kernel(self, out, q, keys, values, sinks=None, bias=None, scratch=None, start=0, scale=None,
-               window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def kernel(self, out, q, keys, values, sinks=None, bias=None, table=None, scratch=None, start=0,
+               scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
+               relative=None, sees="own"):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
@@ -291,7 +331,7 @@ class Attention(Operator):
         Dv = values.shape[2]
         # The pool's: plain slopes, no sink term, values as wide as the keys.
         lib = native.lib() if alibi_bf16 is None and sinks is None and bias is None \
-            and Dv == D else None
+            and table is None and Dv == D and (sees == "own" or n == 1) else None
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -320,7 +360,8 @@ class Attention(Operator):
         kspan, vspan = (0, 0) if ring is None else (G * ring * D, G * ring * Dv)
         kbuf, vbuf = scratch[at: at + kspan], scratch[at + kspan: at + kspan + vspan]
         rest = scratch[at + kspan + vspan:]
-        cache = (keys, values, kbuf, vbuf, ring, bias)
+        cache = (keys, values, kbuf, vbuf, ring, bias,
+                 None if table is None else (table, relative), sees == "call" and start + n)
         if alibi is not None:
             alibi = (alibi, alibi_bf16)  # the slopes and the bfloat16 form's scale (_add_alibi)
         sg = None if sinks is None else sinks.reshape(G, 1, R)  # head g * R + r
@@ -340,8 +381,9 @@ class Attention(Operator):
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
         G, _, R, D = qg.shape
-        keys, values, kbuf, vbuf, ring, bias = cache
-        nb, hi = i1 - i0, start + i1
+        keys, values, kbuf, vbuf, ring, bias, relative, end = cache
+        # Seeing the call: every row reads the keys up to the call's last row, unmasked.
+        nb, hi = i1 - i0, end or start + i1
         lo = 0 if window is None else max(0, start + i0 - window + 1)
         w = hi - lo
         qb = qg[:, i0:i1].reshape(G, nb * R, D)
@@ -354,10 +396,12 @@ class Attention(Operator):
             _add_alibi(rows, alibi, np.arange(start + i0, start + i1), np.arange(lo, hi))
         if bias is not None:
             rows += bias[:, rows_of(lo, w, ring), 0][:, None, None, :]
+        if relative is not None:
+            _add_relative(rows, relative, np.arange(start + i0, start + i1), np.arange(lo, hi))
         # Only the columns some row of the block may not see: its own (causal) and, under a
         # window, those before its last row's window.
         allowed = self._mask(nb, start + i0, window, lo)
-        causal = start + i0 - lo + 1
+        causal = w if end else start + i0 - lo + 1
         if causal < w:
             np.copyto(rows[..., causal:], np.float32(-np.inf),
                       where=~allowed[:, None, causal:])
@@ -380,7 +424,7 @@ class Attention(Operator):
         Dv)`` (``qg`` itself where ``Dv == D``): it sees every key from its window's first on,
         so nothing is masked."""
         G, R, D = qg.shape
-        keys, values, kbuf, vbuf, ring, bias = cache
+        keys, values, kbuf, vbuf, ring, bias, relative, _ = cache
         t = start + 1
         lo = 0 if window is None else max(0, t - window)
         w = t - lo
@@ -401,6 +445,8 @@ class Attention(Operator):
             _add_alibi(s.reshape(G, 1, R, w), alibi, np.arange(start, t), np.arange(lo, t))
         if bias is not None:
             s += bias[:, rows_of(lo, w, ring), 0][:, None, :]
+        if relative is not None:
+            _add_relative(s.reshape(G, 1, R, w), relative, np.arange(start, t), np.arange(lo, t))
         m = scratch[G * R * w: G * R * (w + 1)].reshape(G, R, 1)
         if sinks is None:
             _softmax_numerators(s, m)
@@ -416,12 +462,14 @@ class Attention(Operator):
             np.matmul(s, values, out=og)
         og /= m
 
-    def lower(self, out, q, keys, values, sinks=None, bias=None, scratch=None, scale=None,
-              window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def lower(self, out, q, keys, values, sinks=None, bias=None, table=None, scratch=None,
+              scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
+              relative=None, sees="own"):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
         # lib.attend_chunk's; FalconModel's bfloat16 form of the bias and sinks on numpy's only.
         if alibi_bf16 is not None or sinks is not None or bias is not None or \
+                table is not None or (sees == "call" and q.shape[0] > 1) or \
                 values.shape[2] != q.shape[2] or \
                 native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
@@ -434,8 +482,9 @@ class Attention(Operator):
                            (H, G, D, L, window or 0, ring or 0, n),
                            (float(scale), float(softcap or 0.0)), rows=6)
 
-    def scratch(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
-                softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def scratch(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
+                window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None, relative=None,
+                sees="own"):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
@@ -448,12 +497,14 @@ class Attention(Operator):
         # A chunk's call may run one row (its last): attend's own scratch then.
         return max(own, native.attend_chunk_scratch(D, L), native.attend_scratch(H, G, D, L))
 
-    def tolerance(self, q, keys, values, sinks=None, bias=None, start=0, scale=None, window=None,
-                  softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def tolerance(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
+                  window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
+                  relative=None, sees="own"):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
-    def scale(self, reference, q, keys, values, sinks=None, bias=None, start=0, scale=None,
-              window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None):
+    def scale(self, reference, q, keys, values, sinks=None, bias=None, table=None, start=0,
+              scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
+              relative=None, sees="own"):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape

@@ -1,5 +1,6 @@
-"""Adding learned absolute positions: rows of a position table, from a call's first
-position, added to the hidden states."""
+"""Adding rows by position to the hidden states: a learned absolute position table's, from
+a call's first position, and a segment table's row by each position's segment (a prefix's
+or the text's)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,41 @@ class AddRows(Operator):
 
     def scale(self, reference, x, table, start=0):
         return np.abs(as64(x)) + np.abs(as64(table)[start:start + x.shape[0]])
+
+
+class SegmentRows(Operator):
+    """``x`` plus each row's segment embedding: ``x`` ``(n, hidden)`` float32 at positions
+    ``start .. start + n``, ``table`` ``(segments, hidden)``; a row at a position below
+    ``prefix`` (a prefix prepended to every sequence) gains ``table[first]``, every other
+    ``table[rest]``, as CpmAntModel's ``segment_embedding(segment)`` (0 for its prompt
+    prefix, 2 for the text's ids). Attributes: ``start`` (often per call), ``prefix``,
+    ``first``, ``rest``. No native step: numpy runs it.
+    """
+
+    name = "segment_rows"
+
+    def shape(self, x, table, start=0, prefix=0, first=0, rest=0):
+        if len(x) != 2 or len(table) != 2 or x[1] != table[1] or not (
+                0 <= first < table[0] and 0 <= rest < table[0]):
+            raise ValueError(f"segment_rows: x {x} (n, hidden) does not meet table {table} "
+                             f"at rows {first} and {rest}")
+        return x
+
+    def _rows(self, n, start, prefix, first, rest):
+        return np.where(np.arange(start, start + n) < prefix, first, rest)
+
+    def reference(self, x, table, start=0, prefix=0, first=0, rest=0):
+        return as64(x) + as64(table)[self._rows(x.shape[0], start, prefix, first, rest)]
+
+    def kernel(self, out, x, table, scratch=None, start=0, prefix=0, first=0, rest=0):
+        np.add(x, table[self._rows(x.shape[0], start, prefix, first, rest)], out=out)
+
+    def tolerance(self, x, table, start=0, prefix=0, first=0, rest=0):
+        return Tolerance(atol=0.0, rtol=2 * EPS32)
+
+    def scale(self, reference, x, table, start=0, prefix=0, first=0, rest=0):
+        return np.abs(as64(x)) + np.abs(as64(table)[self._rows(x.shape[0], start, prefix,
+                                                                 first, rest)])
 
 
 def sinusoidal_table(rows: int, width: int, theta: float = 10000.0,

@@ -63,3 +63,37 @@ def relative_bias(table: np.ndarray, n: int, buckets: int, max_distance: int,
         raise ValueError(f"relative bucket {int(b.max())} is past the bias table's "
                          f"{table.shape[0]} rows")
     return np.ascontiguousarray(table[b].transpose(2, 0, 1))
+
+
+def segment_of(positions: np.ndarray, segments: tuple[int, int, int, int]) -> np.ndarray:
+    """Each position's segment, int64 of ``positions``' shape: ``segments`` is ``(count,
+    prefix, first, rest)``, positions below ``prefix`` (a prefix prepended to every
+    sequence) in segment ``first``, the others in ``rest``, of ``count`` segments."""
+    _, prefix, first, rest = segments
+    return np.where(np.asarray(positions) < prefix, first, rest).astype(np.int64)
+
+
+def position_bias(table: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, buckets: int,
+                  max_distance: int, bidirectional: bool = True,
+                  segments: tuple[int, int, int, int] | None = None) -> np.ndarray:
+    """Each head's bias ``(heads, n, w)`` of queries at positions ``qpos`` ``(n,)`` over keys
+    at ``kpos`` ``(w,)``, in ``table``'s dtype: ``table[bucket(key - query), h]``
+    (``relative_buckets``), as T5Attention's ``compute_bias`` over a cache's positions.
+    With ``segments`` (``(count, prefix, first, rest)``, ``segment_of``) a query and a key of
+    different segments read row ``buckets + sq * count + sk`` instead, by the pair of
+    segments, as CpmAntSegmentPositionEmbedding (its ``relative_attention_bias`` holds the
+    ``buckets`` rows first, then ``count ** 2`` rows of pairs).
+
+    Raises:
+        ValueError: a row past the table's (``relative_buckets``' own errors too).
+    """
+    q, k = np.asarray(qpos, np.int64), np.asarray(kpos, np.int64)
+    b = relative_buckets(k[None, :] - q[:, None], buckets, max_distance, bidirectional)
+    if segments is not None:
+        sq, sk = segment_of(q, segments), segment_of(k, segments)
+        b = np.where(sq[:, None] == sk[None, :], b, buckets + sq[:, None] * segments[0]
+                     + sk[None, :])
+    if b.size and b.max() >= table.shape[0]:
+        raise ValueError(f"relative bias row {int(b.max())} is past the bias table's "
+                         f"{table.shape[0]} rows")
+    return np.ascontiguousarray(table[b].transpose(2, 0, 1))

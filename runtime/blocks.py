@@ -113,6 +113,12 @@ class AttentionOptions:
     head_dim``, before ``attn_sub_norm`` and ``o_proj``) times ``sigmoid(gate_proj(x))`` of
     the layer's input ``x`` (``gate_proj`` ``(heads * head_dim, hidden)``, biased with
     ``bias``): the gated attention of HrmTextAttention's and Qwen3-Next's ``gate``.
+    ``relative``: a learned relative position bias on the scaled scores, read from the
+    model's one table ``model.relative_attention_bias`` (``RELATIVE_TABLE`` among the
+    tables a layer is given) as the attention operator's ``relative`` says (``(buckets,
+    max_distance, bidirectional, segments)``: T5Attention's ``compute_bias``,
+    CpmAntSegmentPositionEmbedding's); None: none. ``sees``: ``own`` (causal) or ``call``
+    (a query sees every row of its own call, CpmAntModel's mask; the operator's ``sees``).
     """
 
     heads: int
@@ -144,6 +150,8 @@ class AttentionOptions:
     sub_norm: bool = False
     dynamic_mask: bool = False
     output_gate: bool = False
+    relative: tuple | None = None
+    sees: str = "own"
 
 
 @dataclass(frozen=True)
@@ -602,7 +610,7 @@ class Attention(Module):
                                                         limit=o.clip_qkv)
                        for name, h in zip("qkv", (q, k, v)))
         if o.kv_from is not None:
-            return self._attend(rec, self._queries(rec, q, ropes), *self.shared, gate)
+            return self._attend(rec, self._queries(rec, q, ropes), *self.shared, gate, ropes)
         if o.dynamic_mask:
             A = rec.hold("param", self.where("A"), self.A.array)
             mask = rec.step("dynamic_mask", self.dt_proj(rec, v), A, where=self.where("A"))
@@ -628,7 +636,7 @@ class Attention(Module):
         rec.step("kv_write", k, keys, where=self.where("keys"), start=start, ring=self.keys.ring)
         rec.step("kv_write", v, values, where=self.where("values"), start=start,
                  ring=self.values.ring)
-        return self._attend(rec, q, self.keys, self.values, gate)
+        return self._attend(rec, q, self.keys, self.values, gate, ropes)
 
     def _queries(self, rec: Recorder, q: Handle, ropes) -> Handle:
         """The projected queries ``(n, H * D)`` normed and turned: ``(n, H, D)``."""
@@ -647,10 +655,11 @@ class Attention(Module):
         return q
 
     def _attend(self, rec: Recorder, q: Handle, keys: State, values: State,
-                gate: Handle | None = None) -> Handle:
+                gate: Handle | None = None, ropes=None) -> Handle:
         """Attention of ``q`` over the cache ``keys``, ``values`` up to the call's last
         position, times ``sigmoid(gate)`` where there is one (``output_gate``), through
-        ``o_proj``."""
+        ``o_proj``; ``ropes``: the model-wide tables (the relative bias table's handle under
+        ``RELATIVE_TABLE`` where ``relative``)."""
         o, start = self.options, rec.call.start
         ring = keys.ring
         keys = rec.state(self.where("keys"), keys)
@@ -663,9 +672,16 @@ class Attention(Module):
         else:
             extra = [rec.hold("param", self.where("sinks"), self.sinks.array) if o.sinks
                      else None]
-            if o.dynamic_mask:
-                extra.append(rec.state(self.where("key_bias"), self.key_bias))
-            a = rec.step("attention", q, keys, values, *(extra if extra != [None] else []),
+            extra.append(rec.state(self.where("key_bias"), self.key_bias) if o.dynamic_mask
+                         else None)
+            if o.relative is not None:
+                extra.append(ropes[RELATIVE_TABLE])
+                bias["relative"] = o.relative
+            if o.sees != "own":
+                bias["sees"] = o.sees
+            while extra and extra[-1] is None:
+                extra.pop()
+            a = rec.step("attention", q, keys, values, *extra,
                          where=self.path, start=start,
                          scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
         if gate is not None:
@@ -786,6 +802,8 @@ def rope_table(o: RopeOptions, positions: int, length: int = 1) -> tuple[np.ndar
 
 
 QUERIES = ":queries"  # a table's name + this: the queries' own table (RopeOptions.query_scale)
+# Among the tables every layer is given (beside RoPE's): the relative position bias table.
+RELATIVE_TABLE = "relative_attention_bias"
 
 
 def query_scale(beta: float, period: int, positions: int) -> np.ndarray:

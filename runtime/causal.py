@@ -17,7 +17,7 @@ from iron_spec.operators import OPERATORS, PerCall
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .altup import merge, spread
-from .blocks import (QUERIES, ActivationParams, AltUpOptions, Embedding, LayerOptions, Linear,
+from .blocks import (QUERIES, RELATIVE_TABLE, ActivationParams, AltUpOptions, Embedding, LayerOptions, Linear,
                      Norm, NormOptions, PerLayerInputOptions, RopeOptions, Sinusoidal,
                      rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
@@ -59,6 +59,14 @@ class CausalOptions:
     (``runtime.recurrence.RecurrenceOptions``; None: each layer once, in order).
     ``max_seq_len``: positions the KV caches
     hold; ``prefill_chunk``: ids a prompt call holds.
+    ``relative_rows``: rows of the relative position bias table ``model.relative_attention_bias``
+    ``(rows, heads)`` the layers with ``attention.relative`` read (0: none). ``prefix``: ids
+    prepended to every sequence (a session runs them first, in its first call: CpmAntModel's
+    prompt ids; empty: none), at positions ``0 .. len(prefix) - 1``. ``segments``: ``(rows,
+    first, rest)``, the segment table ``model.embed_segments`` ``(rows, hidden)``, row
+    ``first`` added at the prefix's positions and ``rest`` at every other (CpmAntModel's
+    ``segment_embedding``; None: none). ``padding_id``: an id a history may not hold, which
+    the model reads as padding, not a token (CpmAntModel's id 0; None: none).
     """
 
     vocab_size: int
@@ -83,6 +91,10 @@ class CausalOptions:
     recurrence: "RecurrenceOptions | None" = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
+    relative_rows: int = 0
+    prefix: tuple[int, ...] = ()
+    segments: tuple[int, int, int] | None = None
+    padding_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,10 @@ class Decoder(Module):
                 self.position_table = o.sinusoidal.table(o.positions, E)
         if o.embedding_norm:
             self.embed_norm = Norm(E, o.norm)
+        if o.segments is not None:
+            self.embed_segments = Embedding(o.segments[0], E)
+        if o.relative_rows:
+            self.relative_attention_bias = Param(o.relative_rows, o.layers[0].attention.heads)
         r = o.recurrence
         own = r is None or any(name == DEFAULT_STACK for name, _ in r.stacks)
         self.layers = [self._layer(o, i) for i in range(len(o.layers))] if own else []
@@ -271,6 +287,11 @@ class CausalLM(Module):
     def __init__(self, o: CausalOptions):
         if not 1 <= o.prefill_chunk <= o.max_seq_len:
             raise ValueError(f"prefill_chunk {o.prefill_chunk} is not within 1..max_seq_len "
+                             f"{o.max_seq_len}")
+        if o.prefix and not len(o.prefix) < min(o.prefill_chunk, o.max_seq_len):
+            # The first call holds the prefix and at least one id of the text after it.
+            raise ValueError(f"a prefix of {len(o.prefix)} ids leaves no room for a token in a "
+                             f"prompt chunk of {o.prefill_chunk} ids within max_seq_len "
                              f"{o.max_seq_len}")
         rows = o.vocab_size if o.head_rows is None else o.head_rows
         if not 1 <= rows <= o.vocab_size or (o.tied and rows != o.vocab_size):
@@ -397,6 +418,15 @@ class CausalLM(Module):
                  for name, (cos, sin) in self.rope_tables.items()}
         x = self.model.embed_tokens(rec, ids)
         o = self.config
+        if o.segments is not None:
+            table = self.model.embed_segments
+            w = rec.hold("param", table.where("weight"), table.weight.array)
+            x = rec.step("segment_rows", x, w, where=table.path, start=c.start,
+                         prefix=len(o.prefix), first=o.segments[1], rest=o.segments[2])
+        if o.relative_rows:
+            where = self.model.where("relative_attention_bias")
+            ropes[RELATIVE_TABLE] = rec.hold("param", where,
+                                             self.model.relative_attention_bias.array)
         if o.positions:
             if o.sinusoidal is None:
                 table = self.model.embed_positions

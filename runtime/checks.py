@@ -226,7 +226,8 @@ def chat_turn(lm: CausalLM, history: list[int], turn: list[int], steps: int = 2)
         ran = sum(rows for kind, _, rows in chat.calls if kind == "prompt")
         same = resumed.tobytes() == fresh.tobytes()
         C = lm.config.prefill_chunk
-        reused = len(history) // C * C
+        # Positions count the model's prefix too (a session runs it before every history).
+        reused = (len(lm.config.prefix) + len(history)) // C * C
         figure = (f"resumed at {chat.calls[0][1]} of {len(history)} held, ran {ran} tokens; "
                   f"logits {'bitwise equal' if same else 'DIFFER'}")
         return Result("chat turn", same and chat.calls[0][1] == reused, figure,
@@ -236,7 +237,14 @@ def chat_turn(lm: CausalLM, history: list[int], turn: list[int], steps: int = 2)
 
 def chunked_vs_decode(lm: CausalLM, tokens: list[int], bound: float) -> Result:
     """The prompt chunk against one token at a time (decode steps) on the same tokens: the
-    last logits within KL ``bound``."""
+    last logits within KL ``bound``. Not run where a layer's rows see their whole call
+    (``attention.sees`` call): one token at a time is then another computation, in
+    transformers too, and the golden judges the calls a session makes."""
+    if any(lo.attention.sees == "call" for lo in lm.config.layers):
+        return Result("chunked = decode", True, "not applicable: rows see their whole call "
+                      "(attention.sees call), so one token at a time computes another thing, "
+                      "as in transformers; the golden judges the session's calls")
+
     def run() -> Result:
         chunked = Session(lm).logits(tokens).copy()
         one = Session(lm)

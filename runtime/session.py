@@ -57,12 +57,20 @@ class Session:
             raise IndexError(f"token id {int(t[bad[0]])} at position {int(bad[0])} is outside "
                              f"the vocabulary [0, {V})")
         in_per_layer_table(self.lm.config, t, "position {} of the history")
-        if t.size + more > L:
+        pad, prefix = self.lm.config.padding_id, self.lm.config.prefix
+        if pad is not None and np.any(t == pad):
+            raise IndexError(f"token id {pad} at position {int(np.flatnonzero(t == pad)[0])} is "
+                             "the padding id (embedding.padding_id), which the model reads as "
+                             "left padding, not as a token: a history holds none")
+        P = len(prefix)
+        if t.size + more + P > L:
             raise ValueError(f"{t.size} token{'s' * (t.size != 1)}"
-                             f"{f' and {more} more to draw' if more else ''} do "
+                             f"{f' and {more} more to draw' if more else ''}"
+                             f"{f' after a prefix of {P} ids' if P else ''} do "
                              f"not fit max_seq_len {L}, the context the model was built "
                              "with")
-        return t
+        # The prefix runs first, in the first call, as a part of every history.
+        return np.concatenate([np.asarray(prefix, np.int64), t]) if P else t
 
     def check(self, tokens: Iterable[int], more: int = 0) -> None:
         """Refuse ``tokens`` (a history) with ``more`` tokens to draw after it, as a call
@@ -78,7 +86,7 @@ class Session:
 
     @property
     def held(self) -> int:
-        """How many tokens of this session the caches hold."""
+        """How many tokens of this session the caches hold (a prefix's ids too)."""
         return self._held.size if self.lm.holder is self else 0
 
     def _common(self, tokens: np.ndarray) -> int:
@@ -168,7 +176,7 @@ class Session:
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens} draws nothing; give 1 or more")
         history = self._validate(tokens, more=max_tokens - 1)
-        prompt_tokens, eos = history.size, frozenset(eos)
+        prompt_tokens, eos = history.size - len(self.lm.config.prefix), frozenset(eos)
         begin = time.perf_counter()
         _, token = self._run(history, sampler)
         ttft = time.perf_counter() - begin
