@@ -85,13 +85,15 @@ def inputs(loaded) -> Inputs:
     """What a golden of ``loaded``'s inputs is judged by (``runtime.golden.Inputs``): their
     fingerprint, and what tells a golden of another model from a stale one. An encoder's
     golden is recorded through a class config.json need not name (``AutoModel``): its
-    class is not compared."""
+    class is not compared. A causal model's vocabulary is its embedding's rows (the ids it
+    takes: a prefix's past config.json's ``vocab_size`` too)."""
     config = loaded.config_json
     named = config.get("architectures") or [None]
     causal = loaded.expanded.spec.get("model") != "encoder"
     return Inputs(loaded.fingerprint(), model=named[0] if causal else None,
                   model_type=config.get("model_type"), spec=loaded.expanded.spec.get("name"),
-                  config=config_digest(config), vocab_size=config.get("vocab_size"))
+                  config=config_digest(config),
+                  vocab_size=loaded.lm.config.vocab_size if causal else config.get("vocab_size"))
 
 
 def find_golden(loaded: Loaded, path: Path | None, steps: int | None = None

@@ -1,4 +1,5 @@
-"""KVWrite and causal GQA attention over a ``(kv_heads, L, head_dim)`` cache."""
+"""KVWrite and causal GQA attention over a ``(kv_heads, L, head_dim)`` cache (rows that see
+their whole call, and a relative position bias, too)."""
 
 import math
 
@@ -7,6 +8,7 @@ import pytest
 
 from iron_spec.operators import Attention, KVWrite, native
 from iron_spec.operators.attention import alibi_bias, alibi_slopes, bfloat16
+from iron_spec.operators.relative import position_bias
 
 OP = Attention()
 KV = KVWrite()
@@ -579,3 +581,42 @@ def test_a_step_with_a_key_bias_stays_on_numpy(randn):
     assert OP.lower(out, q, keys, values, None, randn(2, 4, 1), scratch=scratch) is None
     with pytest.raises(ValueError, match="is not one value per key"):
         OP.shape((1, 2, 8), (2, 4, 8), (2, 4, 8), None, (2, 3, 1))
+
+
+# --- rows that see their call, and a relative position bias --------------------------------
+
+
+def _seeing_the_call(q, keys, values, start, bias):
+    """Every query of a call at ``start ..`` over every key up to the call's last row, its
+    scores plus ``bias`` ``(heads, n, t)``, written out one query and head at a time."""
+    n, H, D = q.shape
+    G, t = keys.shape[0], start + n
+    out = np.zeros((n, H, D))
+    for i in range(n):
+        for h in range(H):
+            g = h // (H // G)
+            s = np.array([float(np.dot(q[i, h], keys[g, j])) * D ** -0.5 + bias[h, i, j]
+                          for j in range(t)])
+            w = np.exp(s - s.max())
+            out[i, h] = (w[:, None] * values[g, :t]).sum(0) / w.sum()
+    return out.reshape(n, H * D)
+
+
+@pytest.mark.parametrize("start,n", [(0, 6), (3, 4), (8, 1)])
+def test_a_call_seen_whole_with_a_relative_bias(run_kernel, randn, start, n):
+    H, G, D, L = 4, 2, 8, 12
+    q, keys, values = randn(n, H, D), randn(G, L, D), randn(G, L, D)
+    table = randn(48, H)
+    relative = (32, 128, True, (4, 3, 0, 2))
+    t = start + n
+    bias = position_bias(table.astype(np.float64), np.arange(start, t), np.arange(t), *relative)
+    want = _seeing_the_call(q, keys, values, start, bias)
+    attrs = dict(start=start, relative=relative, sees="call")
+    for got in (OP.reference(q, keys, values, None, None, table, **attrs),
+                run_kernel(OP, q, keys, values, None, None, table, **attrs)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_seeing_the_call_is_refused_beside_a_window():
+    with pytest.raises(ValueError, match="sees 'call' is own or call"):
+        OP.shape((2, 2, 4), (1, 8, 4), (1, 8, 4), sees="call", window=4)

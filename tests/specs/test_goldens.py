@@ -95,7 +95,10 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # the gaussian top-k of an MLP's activation sparsity, AltUp's stream steps (its
     # operators.altup steps and the router's tanh), an embedding whose ids outside the
     # table read a row (per-layer inputs' outside_row) and the add of a learned initial
-    # state's one row to every row (a recurrence's); where none is left, one call.
+    # state's one row to every row (a recurrence's), a relative position bias (a sixth input,
+    # its table, which the C pool has no term for), a prompt chunk whose rows see the whole
+    # call (attention.sees call: the C pool's chunk is causal) and the segment rows added by
+    # position; where none is left, one call.
     loaded = load_model(spec, random_weights=0, toy=True)
     plan = (loaded.lm.prompt_chunk if prompt else loaded.lm.decode_step).plan
     left = [(r.step.op.name, r.step.static, r.step.inputs) for r in plan.runs
@@ -105,8 +108,8 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
                or (op == "embedding" and a.get("outside") is not None)
                or op in ("join_heads", "differential_attention", "dynamic_mask",
                          "gaussian_topk", "stack_streams", "match_rms", "altup_predict",
-                         "altup_correct", "add_to_streams", "tanh")
-               or (op == "attention" and (len(ins) in (4, 5)
+                         "altup_correct", "add_to_streams", "tanh", "segment_rows")
+               or (op == "attention" and (len(ins) in (4, 5, 6) or a.get("sees") == "call"
                                           or ins[0].shape[2] != ins[2].shape[2]))
                or (op == "add" and ins[0].shape != ins[1].shape)
                for op, a, ins in left), left
