@@ -22,6 +22,7 @@ import typer
 
 from iron_spec.operators import native
 from iron_spec.operators.native import describe, threads
+from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.session import Session
 
 from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
@@ -42,8 +43,7 @@ def peak_rss() -> int:
 
 def bench_prompt(loaded: Loaded) -> list[int]:
     """The ids every measurement reads a prefix of, drawn at seed 0 (the same for the peer)."""
-    rng = np.random.default_rng(0)
-    return rng.integers(0, loaded.lm.config.vocab_size, max(PROMPTS) + DEEP).tolist()
+    return drawn_ids(loaded.lm.config, np.random.default_rng(0), max(PROMPTS) + DEEP)
 
 
 Figures = dict[str, Callable[[], float]]

@@ -19,6 +19,7 @@ import numpy as np
 import typer
 
 from iron_spec.runtime import checks
+from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest, load_arrays
 
 from iron_spec.runtime.host import fit
@@ -70,9 +71,7 @@ def check_prompt(loaded: Loaded, length: int | None = None) -> list[int]:
     padding id, which a history may not hold: the ids from it on drawn one higher)."""
     n = length or loaded.lm.config.prefill_chunk + PROMPT_EXTRA
     if loaded.tokenizer is None:
-        pad, V = loaded.lm.config.padding_id, loaded.lm.config.vocab_size
-        ids = np.random.default_rng(0).integers(0, V - (pad is not None), n)
-        return (ids + (ids >= pad) if pad is not None else ids).tolist()
+        return drawn_ids(loaded.lm.config, np.random.default_rng(0), n)
     text = PROMPT_TEXT.read_text()
     ids = loaded.tokenizer.encode(text)
     while len(ids) < n:

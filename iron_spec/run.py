@@ -18,6 +18,7 @@ import numpy as np
 import typer
 
 from iron_spec.operators import Sampler
+from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.tokenizer import utf8_text
 
@@ -111,7 +112,7 @@ def command(
                         "--prompt and --chat need a checkpoint's tokenizer.json; a --toy run "
                         "prompts with random ids")
                 rng = np.random.default_rng(random_weights)
-                ids = rng.integers(0, model.loaded.lm.config.vocab_size, prompt_len).tolist()
+                ids = drawn_ids(model.loaded.lm.config, rng, prompt_len)
                 out.show(model.stream(ids, **gen), shown=f"prompt ids: {' '.join(map(str, ids))}")
             elif text is None:
                 raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")

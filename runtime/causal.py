@@ -611,6 +611,15 @@ def token_ids(ids, V: int, what: str = "tokens") -> np.ndarray:
     return np.asarray(ids, np.int64)
 
 
+def drawn_ids(config: CausalOptions, rng: np.random.Generator, n: int) -> list[int]:
+    """``n`` ids drawn uniformly from ``config``'s vocabulary by ``rng`` (a toy's prompt, a
+    bench's), never its padding id, which a history may not hold (the ids from it on drawn
+    one higher, so a model without one draws what it always drew)."""
+    pad = config.padding_id
+    ids = rng.integers(0, config.vocab_size - (pad is not None), n)
+    return (ids + (ids >= pad) if pad is not None else ids).tolist()
+
+
 def drawn(token, V: int) -> int:
     """A sampler's draw, where it is a token id (an integer within ``0..V - 1``).
 

@@ -165,7 +165,8 @@ class Session:
                  sampler: Callable[[np.ndarray], int] = greedy,
                  eos: Iterable[int] = ()) -> Iterator[int]:
         """Draw up to ``max_tokens`` after ``tokens``, each yielded as it is drawn, stopping
-        after the first of ``eos``; ``stats`` is set once the last is drawn.
+        after the first of ``eos`` (or the model's padding id, which a history may not
+        hold); ``stats`` is set once the last is drawn.
 
         Raises (before anything runs):
             ValueError: the history and the tokens to draw do not fit ``max_seq_len``.
@@ -177,6 +178,9 @@ class Session:
             raise ValueError(f"max_tokens {max_tokens} draws nothing; give 1 or more")
         history = self._validate(tokens, more=max_tokens - 1)
         prompt_tokens, eos = history.size - len(self.lm.config.prefix), frozenset(eos)
+        if self.lm.config.padding_id is not None:
+            # A drawn padding id ends the text: the model would read it as padding next.
+            eos |= {self.lm.config.padding_id}
         begin = time.perf_counter()
         _, token = self._run(history, sampler)
         ttft = time.perf_counter() - begin

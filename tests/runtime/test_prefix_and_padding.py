@@ -43,3 +43,9 @@ def test_the_prefix_counts_in_the_context(lm):
     with pytest.raises(ValueError, match=f"{L - 3} tokens after a prefix of 4 ids do not fit "
                                          f"max_seq_len {L}"):
         Session(lm).check([5] * (L - 3))
+
+
+def test_a_drawn_padding_id_ends_the_generation(lm):
+    # A sampler drawing id 0: the next step would read it as padding, so the text ends.
+    assert list(Session(lm).generate([5, 6, 7], 4, sampler=lambda logits: 0)) == [0]
+    assert list(Session(lm).generate([5, 6, 7], 3, sampler=lambda logits: 9)) == [9, 9, 9]
