@@ -349,8 +349,8 @@ static int simd_lanes(void) { return simd == SIMD_AVX512 ? 16 : simd == SIMD_AVX
 
 static void gemm_part(const void *args, int part, int parts) {
     const gemm_args *a = args;
-    Py_ssize_t j0, j1;  /* whole groups of 6 output columns: the same tiles at any count */
-    share(a->n, 6, part, parts, &j0, &j1);
+    Py_ssize_t j0, j1;  /* whole tiles of output columns (_cpu_gemv.h's GEMM_MR) */
+    share(a->n, simd == SIMD_AVX512 ? 12 : 6, part, parts, &j0, &j1);
     if (j0 < j1)
         BY_SIMD(gemm_cols, a, j0, j1);
 }
@@ -1301,24 +1301,26 @@ static PyObject *py_use(PyObject *self, PyObject *arg) {
 }
 
 static PyObject *py_tiles(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(tiles_amx && tiles_use_amx ? "amx" : "portable");
+    return PyUnicode_FromString(TILES_NAMES[tiles_running()]);
 }
 
 static PyObject *py_use_tiles(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name)
         return NULL;
-    if (strcmp(name, "amx") == 0 && !tiles_amx) {
-        PyErr_SetString(PyExc_ValueError, "amx tiles need AMX-BF16, which this CPU (or its OS) "
-                        "does not offer; it runs portable");
-        return NULL;
-    }
-    if (strcmp(name, "amx") != 0 && strcmp(name, "portable") != 0) {
-        PyErr_Format(PyExc_ValueError, "%s is not a tile kernel: amx or portable", name);
-        return NULL;
-    }
-    tiles_use_amx = strcmp(name, "amx") == 0; /* between calls: the pool is idle */
-    Py_RETURN_NONE;
+    for (int i = TILES_PORTABLE; i <= TILES_AMX; i++)
+        if (strcmp(name, TILES_NAMES[i]) == 0) {
+            if (!tiles_offered[i]) {
+                PyErr_Format(PyExc_ValueError, "%s tiles need an instruction set this CPU (or "
+                             "its OS) does not offer; it runs %s at best", name,
+                             TILES_NAMES[tiles_best]);
+                return NULL;
+            }
+            tiles_kernel = i; /* between calls: the pool is idle */
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "%s is not a tile kernel: amx, avx512bf16 or portable", name);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -1338,10 +1340,10 @@ static PyMethodDef methods[] = {
      "row-major, or bfloat16 tiles (formats.tile_bfloat16) with x rounded to bfloat16; b "
      "None or (n,)"},
     {"tiles", py_tiles, METH_NOARGS,
-     "tiles(): who runs a GEMM on bfloat16 tiles: amx or portable"},
+     "tiles(): who runs a GEMM on bfloat16 tiles: amx, avx512bf16 or portable"},
     {"use_tiles", py_use_tiles, METH_O,
-     "use_tiles(name): run GEMMs on bfloat16 tiles on amx (where the CPU and OS allow it) or "
-     "portable"},
+     "use_tiles(name): run GEMMs on bfloat16 tiles on amx, avx512bf16 (where the CPU and OS "
+     "allow it) or portable"},
     {"attend", (PyCFunction)(void (*)(void))py_attend, METH_FASTCALL,
      "attend(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap, ring[, "
      "alibi]): one query q (H, D) at start; alibi None or (H,) ALiBi slopes"},

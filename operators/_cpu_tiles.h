@@ -1,7 +1,7 @@
 /* A prompt chunk's GEMM on bfloat16 tiles: out (m, n) = bf16(x) (m, k) @ w (n, k).T (+ b),
- * float32 sums of bfloat16 products, on Intel AMX where the CPU and the OS allow it, else a
- * portable loop over the same tiles (the same products: a bfloat16 times a bfloat16 is exact
- * in float32, so the two differ only in the order of the sums).
+ * float32 sums of bfloat16 products, on Intel AMX where the CPU and the OS allow it, else
+ * AVX-512's BF16 dot products, else a portable loop, all over the same tiles (the same
+ * products: a bfloat16 times a bfloat16 is exact in float32, so the two differ only in the order of the sums).
  *
  * The weights are packed once (operators/formats.py tile_bfloat16): w padded with zeros to
  * whole 16-row, 32-column tiles, shape (n / 16, k / 32, 16, 32) uint16, tile (j, t)'s row r
@@ -26,8 +26,14 @@ typedef struct {
     Py_ssize_t m, n, k, mt, nt, kt, pitch;
 } tiles_args;
 
-static int tiles_amx = 0; /* 1 once the CPU offers AMX-BF16 and Linux granted its registers */
-static int tiles_use_amx = 1; /* _cpu.use_tiles(): 0 runs the portable loop (tests) */
+/* Who runs a GEMM on tiles, best first: AMX; AVX-512's BF16 dot products (VDPBF16PS, Cooper
+ * Lake, Sapphire Rapids with AMX off, Zen 4 and later), which read the same tiles a row of w
+ * a vector; the portable loop. */
+enum { TILES_PORTABLE, TILES_AVX512BF16, TILES_AMX };
+static const char *const TILES_NAMES[] = {"portable", "avx512bf16", "amx"};
+static int tiles_offered[3] = {1, 0, 0}; /* by this CPU and OS (tiles_init) */
+static int tiles_best = TILES_PORTABLE;
+static int tiles_kernel = TILES_PORTABLE; /* _cpu.use_tiles(): the best unless told */
 
 /* Rows [r0, r1) of x rounded into xb (to nearest, ties to even), zeros past m and k, in
  * a loop the compiler vectorizes (the NaN case a select, not a branch). */
@@ -196,16 +202,96 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_amx_cols(const ti
     _tile_release();
 }
 
+/* AVX-512 BF16: a 32 x 16-bit vector of w's tile row p is its 16 rows' pairs (columns 2p,
+ * 2p + 1 of the tile's 32), so VDPBF16PS of it against one row of x's pair, broadcast, adds
+ * both products into that row's 16 output columns. R rows of x (12 at most: 24 sums, two
+ * w vectors and the broadcasts in 32 registers) by two tile columns per block; w's two
+ * columns (k / 32 KB each) are read from L2 by every block of rows in turn. Each lane's sum
+ * runs over k in order, a pair at a time (as AMX's), from the bias; VDPBF16PS, as AMX's
+ * TDPBF16PS, treats subnormal inputs and results as zero. */
+#define TILES_BF16_BODY(R)                                                                   \
+    do {                                                                                     \
+        __m512 c[R][2];                                                                      \
+        for (int r = 0; r < (R); r++) {                                                      \
+            c[r][0] = b0;                                                                    \
+            c[r][1] = b1;                                                                    \
+        }                                                                                    \
+        const uint16_t *x = a->xb + i * P;                                                   \
+        for (Py_ssize_t t = 0; t < a->kt; t++) {                                             \
+            const uint16_t *v0 = w0 + t * tile, *v1 = w1 + t * tile;                         \
+            const uint16_t *xt = x + t * TILE_K;                                             \
+            for (int p = 0; p < TILE_K / 2; p++) {                                           \
+                const __m512bh u0 = (__m512bh)_mm512_loadu_si512(v0 + p * 32);               \
+                const __m512bh u1 = (__m512bh)_mm512_loadu_si512(v1 + p * 32);               \
+                for (int r = 0; r < (R); r++) {                                              \
+                    uint32_t pair;                                                           \
+                    memcpy(&pair, xt + r * P + 2 * p, sizeof pair);                          \
+                    const __m512bh xp = (__m512bh)_mm512_set1_epi32((int)pair);              \
+                    c[r][0] = _mm512_dpbf16_ps(c[r][0], xp, u0);                             \
+                    c[r][1] = _mm512_dpbf16_ps(c[r][1], xp, u1);                             \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        for (int r = 0; r < (R) && i + r < a->m; r++) {                                      \
+            float *o = a->out + (i + r) * a->n + j * TILE_N;                                 \
+            _mm512_mask_storeu_ps(o, m0, c[r][0]);                                           \
+            if (two)                                                                         \
+                _mm512_mask_storeu_ps(o + TILE_N, m1, c[r][1]);                              \
+        }                                                                                    \
+    } while (0)
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void tiles_bf16_cols(
+    const tiles_args *a, Py_ssize_t j0, Py_ssize_t j1) {
+    const Py_ssize_t P = a->pitch, tile = TILE_N * TILE_K, M = a->mt * TILE_M;
+    for (Py_ssize_t j = j0; j < j1; j += 2) {
+        const int two = j + 1 < j1;
+        const uint16_t *w0 = a->w + j * a->kt * tile;
+        const uint16_t *w1 = two ? w0 + a->kt * tile : w0;
+        /* columns past n: masked off in the stores, their sums (of zero rows) unused */
+        const Py_ssize_t n0 = a->n - j * TILE_N, n1 = n0 - TILE_N;
+        const __mmask16 m0 = n0 >= TILE_N ? 0xffff : (__mmask16)((1u << n0) - 1);
+        const __mmask16 m1 = n1 >= TILE_N ? 0xffff : n1 <= 0 ? 0 : (__mmask16)((1u << n1) - 1);
+        const __m512 b0 = a->b ? _mm512_maskz_loadu_ps(m0, a->b + j * TILE_N) : _mm512_setzero_ps();
+        const __m512 b1 = a->b && two ? _mm512_maskz_loadu_ps(m1, a->b + (j + 1) * TILE_N)
+                                      : _mm512_setzero_ps();
+        /* xb holds M rows, a multiple of 32 (zeros past m): blocks of 12, the last of 4 or 8 */
+        Py_ssize_t i = 0;
+        for (; i + 12 <= M && i < a->m; i += 12)
+            TILES_BF16_BODY(12);
+        if (i < a->m && M - i == 8)
+            TILES_BF16_BODY(8);
+        else if (i < a->m)
+            TILES_BF16_BODY(4);
+    }
+}
+#undef TILES_BF16_BODY
+
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
+/* After the instruction sets are known (simd_best): AVX-512 BF16 needs the OS to keep
+ * AVX-512's registers, as the avx512 kernels do. */
 static void tiles_init(void) {
-    tiles_amx = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-                syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    tiles_offered[TILES_AVX512BF16] =
+        simd_best == SIMD_AVX512 && __builtin_cpu_supports("avx512bf16");
+    tiles_offered[TILES_AMX] =
+        __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+        syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    for (int i = TILES_PORTABLE; i <= TILES_AMX; i++)
+        if (tiles_offered[i])
+            tiles_best = i;
+    tiles_kernel = tiles_best;
 }
 #else
 static void tiles_init(void) {}
 #endif
+
+/* The tile kernel a GEMM runs: the one chosen, but never an AVX-512 one where the float32
+ * kernels were told to run on less (IRON_SPEC_SIMD=avx2: a lesser CPU's whole path). */
+static int tiles_running(void) {
+    return tiles_kernel == TILES_AVX512BF16 && simd != SIMD_AVX512 ? TILES_PORTABLE
+                                                                    : tiles_kernel;
+}
 
 static void tiles_part(const void *args, int part, int parts) {
     const tiles_args *a = args;
@@ -214,9 +300,10 @@ static void tiles_part(const void *args, int part, int parts) {
     if (j0 >= j1)
         return;
 #ifdef HAVE_X86
-    if (tiles_amx && tiles_use_amx) {
-        tiles_amx_cols(a, j0, j1);
-        return;
+    switch (tiles_running()) {
+    case TILES_AMX: tiles_amx_cols(a, j0, j1); return;
+    case TILES_AVX512BF16: tiles_bf16_cols(a, j0, j1); return;
+    default: break;
     }
 #endif
     tiles_portable(a, j0, j1);

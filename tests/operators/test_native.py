@@ -478,9 +478,10 @@ def test_q8_0_gemv_refuses_rows_of_the_wrong_width():
 
 @pytest.mark.parametrize("rows, cols, out", [(2, 1, 1), (5, 13, 7), (17, 64, 50), (33, 576, 97),
                                              (256, 96, 12), (19, 40, 9), (5, 33, 10),
-                                             (40, 70, 11), (3, 8, 5)])
+                                             (40, 70, 11), (3, 8, 5), (3, 64, 104)])
 def test_prompt_gemm_within_tolerance(simd, check_kernel, randn, monkeypatch, rows, cols, out):
-    # Rows past whole panels (2 * lanes), columns past whole tiles of 6 (1 to 5 left over).
+    # Rows past whole panels (2 * lanes), columns past whole tiles of 12 (AVX-512) or 6 (1 to
+    # 11 left over), and past blocks of 48 or 96.
     monkeypatch.setattr(native, "GEMM", "native")
     check_kernel(Linear(), randn(rows, cols), randn(out, cols), randn(out), packed=(1,))
 

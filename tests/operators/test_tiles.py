@@ -1,6 +1,7 @@
 """A prompt chunk's GEMM on bfloat16 tiles (``--prefill-weights bfloat16``): the tile layout
 by hand, the rounding of x by hand, and the product against float64 on the rounded values,
-on each tile kernel this CPU runs (AMX where it has it, the portable loop everywhere)."""
+on each tile kernel this CPU runs (AMX, AVX-512 BF16 where it has them, the portable loop
+everywhere)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from iron_spec.operators import formats, native
 from iron_spec.operators.linear import Linear
 
-KERNELS = ("amx", "portable")
+KERNELS = ("amx", "avx512bf16", "portable")
 
 
 @pytest.fixture(params=KERNELS)
@@ -84,7 +85,7 @@ def test_a_tile_gemm_refuses_tiles_of_another_shape():
     w = formats.tile_bfloat16(formats.round_bfloat16(np.ones((20, 40), np.float32)))
     with pytest.raises(ValueError, match=r"bfloat16 tiles \(ceil\(n / 16\), ceil\(k / 32\)"):
         native.LIB.gemm(np.empty((3, 33), np.float32), x, w, None)  # 33 columns: 3 tiles
-    with pytest.raises(ValueError, match="tile kernel: amx or portable"):
+    with pytest.raises(ValueError, match="tile kernel: amx, avx512bf16 or portable"):
         native.LIB.use_tiles("avx")
 
 
