@@ -20,21 +20,14 @@
 /* fv, uv and xload: _cpu_vec.h's. */
 #define FV GEMV_FN(fv)
 
-/* How far ahead of its loads a part asks for its weight stream (bytes), per form. Without
- * it the loads and the arithmetic did not overlap: a GEMV ran at about
- * 1 / (1 / read + 1 / compute) of the two rates (microbench on AVX-512: float32, bfloat16,
- * int8 at 0.78, 0.68, 0.49 of the read bandwidth); the hardware prefetcher alone follows
- * a stream only a few lines ahead. Farther for the denser forms: more arithmetic a byte.
- * Prefetches past the stream's end are harmless (a prefetch never faults). */
-#ifndef GEMV_PREFETCH_F32
-#define GEMV_PREFETCH_F32 2048
-#endif
-#ifndef GEMV_PREFETCH_BF16
-#define GEMV_PREFETCH_BF16 2560
-#endif
-#ifndef GEMV_PREFETCH_Q8
-#define GEMV_PREFETCH_Q8 4096
-#endif
+/* A part's weight stream is asked for gemv_ahead[form] bytes ahead of its loads (_cpu.c's
+ * reasons), one prefetch a cache line; past the stream's end harmless (never a fault). */
+#define GEMV_PREFETCH_HINT 3
+#define GEMV_AHEAD(p, form)                                                                  \
+    do {                                                                                     \
+        if (gemv_ahead[form])                                                                \
+            __builtin_prefetch((const char *)(p) + gemv_ahead[form], 0, GEMV_PREFETCH_HINT); \
+    } while (0)
 
 /* c + a * b, fused where the instruction set has it: written out, so that the float32 and
  * bfloat16 kernels' sums round alike wherever the compiler would contract one but not the
@@ -69,9 +62,9 @@ static inline __attribute__((always_inline)) void GEMV_FN(f32_group)(const gemv_
     for (Py_ssize_t c = 0; c < C; c++) {
         const float *x = X + c * 32;
         for (int i = 0; i < R; i++) {  /* a chunk's row is 128 bytes: two lines */
-            const char *ahead = (const char *)(a->w + (r + i) * K + c * 32) + GEMV_PREFETCH_F32;
-            __builtin_prefetch(ahead, 0, 0);
-            __builtin_prefetch(ahead + 64, 0, 0);
+            const float *w = a->w + (r + i) * K + c * 32;
+            GEMV_AHEAD(w, AHEAD_F32);
+            GEMV_AHEAD(w + 16, AHEAD_F32);
         }
         for (int j = 0; j < 16; j += W) {
             FV x0 = GEMV_FN(xload)(x + j), x1 = GEMV_FN(xload)(x + 16 + j);
@@ -113,7 +106,7 @@ static inline __attribute__((always_inline)) void GEMV_FN(bf16_group)(const gemv
         const uint16_t *p = g + c * R * 32;
         const float *x = X + c * 32;
         for (int i = 0; i < R; i++)  /* a chunk's row is 64 bytes: one line */
-            __builtin_prefetch((const char *)(p + i * 32) + GEMV_PREFETCH_BF16, 0, 0);
+            GEMV_AHEAD(p + i * 32, AHEAD_BF16);
         for (int j = 0; j < 16; j += W) {
             FV x0 = GEMV_FN(xload)(x + j), x1 = GEMV_FN(xload)(x + 16 + j);
             for (int i = 0; i < R; i++) {
@@ -271,8 +264,8 @@ static inline __attribute__((always_inline)) void GEMV_FN(q8_group)(const gemv_a
         const uint8_t *p = g + b * R * Q8_BYTES, *q = p + 2 * R;
         /* a block of R rows is R * 34 bytes: one line each, first to last */
         for (int l = 0; l < R * Q8_BYTES; l += 64)
-            __builtin_prefetch(p + l + GEMV_PREFETCH_Q8, 0, 0);
-        __builtin_prefetch(p + R * Q8_BYTES - 1 + GEMV_PREFETCH_Q8, 0, 0);
+            GEMV_AHEAD(p + l, AHEAD_Q8);
+        GEMV_AHEAD(p + R * Q8_BYTES - 1, AHEAD_Q8);
         const int16_t *xq = XQ + b * Q8_BLOCK;
         GEMV_FN(iv) m[GEMV_GROUP];
         for (int i = 0; i < GEMV_GROUP; i++)  /* rows past R: row 0 again, scaled by 0 */
