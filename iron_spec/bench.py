@@ -33,6 +33,8 @@ from .errors import NoWeights
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
+#: The context bench sizes the caches for, where the model's own is not shorter.
+CONTEXT = 4096
 COPY_ELEMENTS = 2**28  # the copy bandwidth's array: 1 GiB, past any cache
 
 
@@ -461,8 +463,10 @@ def command(
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed "
                                                  "(the checkpoint's config, not its weights)"),
     runs: int = typer.Option(3, min=1, help="runs per figure, after one warm-up"),
-    max_seq_len: int = typer.Option(4096, min=DEEP + DECODE + 1,
-                                    help="context length the caches are sized for"),
+    max_seq_len: Optional[int] = typer.Option(None, min=DEEP + DECODE + 1,
+                                              help=f"context length the caches are sized for "
+                                              f"[default: {CONTEXT} or the model's own, the "
+                                              "shorter]"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
@@ -481,6 +485,7 @@ def command(
             try:
                 loaded = load_compiled(s, spec, checkpoint=checkpoint,
                                        random_weights=random_weights, max_seq_len=max_seq_len,
+                                       context_at_most=CONTEXT,
                                        decode_weights=first,
                                        prefill_weights=first_prefill,
                                        allow_unread_config=allow_unread_config)

@@ -338,7 +338,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                random_weights: int | None = None, toy: bool = False,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
                progress: Progress | None = None, decode_weights: str = "float32",
-               prefill_weights: str = "float32", allow_unread_config: bool = False) -> Loaded:
+               prefill_weights: str = "float32", allow_unread_config: bool = False,
+               context_at_most: int | None = None) -> Loaded:
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
@@ -348,6 +349,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         toy: the spec's ``toy`` shape (with ``random_weights``, no files at all).
         max_seq_len: the context; default the checkpoint's own where it fits this host's
             memory, else the longest whole number of prompt chunks that does.
+        context_at_most: with no ``max_seq_len``, the context is this or the model's own,
+            the shorter (bench's: a context of its own size on any model).
         progress: called with (tensors loaded, tensors) while weights load.
         decode_weights: ``float32``; ``bfloat16``: the decode step streams its
             projections' weights as bfloat16, half the bytes, where every value holds
@@ -399,6 +402,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                              f"outside the model's vocabulary 0..{V - 1} (vocab_size {V})")
     read_generation_config(directory, warn=True)  # a file that cannot be read: said once
     native = expanded.options.max_seq_len
+    if max_seq_len is None and context_at_most is not None:
+        max_seq_len = min(context_at_most, native)
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
             raise FlagError(f"{said('max_seq_len', max_seq_len)} is not within "

@@ -1367,6 +1367,9 @@ static PyMethodDef methods[] = {
     {"prefetch", py_prefetch, METH_VARARGS,
      "prefetch([float32, bfloat16, int8]): how far ahead (bytes, 0: off) a GEMV asks for its "
      "weights, per form; returns the distances before"},
+    {"profile", py_profile, METH_O,
+     "profile(on): count each program step's calls and ns by its code from now (True) or "
+     "stop (False); returns {code: (calls, ns)} since the last call, and clears it"},
     {"tiles", py_tiles, METH_NOARGS,
      "tiles(): who runs a GEMM on bfloat16 tiles: amx, avx512bf16 or portable"},
     {"use_tiles", py_use_tiles, METH_O,

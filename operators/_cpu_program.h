@@ -69,6 +69,18 @@ enum {
     OP_COUNT
 };
 
+static const char *const OP_NAMES[OP_COUNT] = {
+    [OP_GEMV] = "gemv", [OP_ATTEND] = "attend", [OP_RMS_NORM] = "rms_norm", [OP_ADD] = "add",
+    [OP_MUL] = "mul", [OP_GATED] = "gated", [OP_ROPE] = "rope", [OP_KV_WRITE] = "kv_write",
+    [OP_EMBEDDING] = "embedding", [OP_LAYER_NORM] = "layer_norm", [OP_COLUMNS] = "columns",
+    [OP_ACTIVATION] = "activation", [OP_CLAMP] = "clamp", [OP_SOFTCAP] = "softcap",
+    [OP_ADD_ROWS] = "add_rows", [OP_GEMM] = "gemm", [OP_TAKE_ROW] = "take_row"};
+
+/* profile(True): each step's calls and wall time summed by its code, until profile(False)
+ * hands them over (bench/profile.py). Off, a run reads the clock not at all. */
+static int profile_on = 0;
+static long profile_calls[OP_COUNT], profile_ns[OP_COUNT];
+
 /* The arrays each code reads rows apart (bit k: array k), the rest C-contiguous. */
 static const unsigned ROWS_APART[OP_COUNT] = {
     [OP_ATTEND] = 1u << 1, [OP_RMS_NORM] = 1u << 0 | 1u << 1,
@@ -677,12 +689,47 @@ static PyObject *py_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     char msg[192];
     Py_ssize_t at = first;
     Py_BEGIN_ALLOW_THREADS
-    for (; at < last && !error; at++)
-        error = step_run(&p->steps[at], call, msg, sizeof msg);
+    if (profile_on) {
+        for (; at < last && !error; at++) {
+            const long t0 = now_ns();
+            error = step_run(&p->steps[at], call, msg, sizeof msg);
+            profile_ns[p->steps[at].op] += now_ns() - t0;
+            profile_calls[p->steps[at].op]++;
+        }
+    } else {
+        for (; at < last && !error; at++)
+            error = step_run(&p->steps[at], call, msg, sizeof msg);
+    }
     Py_END_ALLOW_THREADS
     if (error) {
         PyErr_Format(PyExc_ValueError, "run: step %zd: %s", at - 1, error);
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* profile(on): start (True) or stop (False) counting; returns what was counted since the
+ * last call, {code name: (calls, ns)}, and clears it. */
+static PyObject *py_profile(PyObject *self, PyObject *arg) {
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    for (int k = 0; k < OP_COUNT; k++) {
+        if (!profile_calls[k])
+            continue;
+        PyObject *v = Py_BuildValue("(ll)", profile_calls[k], profile_ns[k]);
+        if (!v || PyDict_SetItemString(d, OP_NAMES[k], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    memset(profile_calls, 0, sizeof profile_calls);
+    memset(profile_ns, 0, sizeof profile_ns);
+    profile_on = on; /* between runs: Python holds the GIL here, no run is counting */
+    return d;
 }

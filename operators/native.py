@@ -21,7 +21,8 @@ step instead.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -170,6 +171,30 @@ def program(steps: list[tuple]):
 def run(prog, call, first: int, last: int) -> None:
     """Steps ``first .. last`` of ``prog`` at ``call``'s per-call values."""
     LIB.run(prog, call.get("start", 0), call.get("rows", 1), call.get("position", 0), first, last)
+
+class Profile(dict):
+    """Each compiled step's calls and wall seconds by its code (``gemm``, ``attend``, ...),
+    summed over every native run inside ``profile()``: {code: (calls, seconds)}."""
+
+
+@contextmanager
+def profile() -> Iterator[Profile]:
+    """Count the native programs' steps by code while the block runs; the ``Profile`` is
+    filled when it ends. Steps run outside a program (IRON_SPEC_PROGRAM=0, check's per-step
+    runs) are not counted.
+
+    Raises:
+        RuntimeError: the extension is not in use (nothing would be counted).
+    """
+    if LIB is None:
+        raise RuntimeError("native.profile needs operators._cpu (built, IRON_SPEC_NATIVE on)")
+    LIB.profile(True)
+    out = Profile()
+    try:
+        yield out
+    finally:
+        out.update({k: (calls, ns * 1e-9) for k, (calls, ns) in LIB.profile(False).items()})
+
 
 #: Who runs a prompt chunk's projections (GEMMs): ``native``, the extension's blocked GEMM
 #: on the same pool as the decode step (the default where it is built), or ``blas``,

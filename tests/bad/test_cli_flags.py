@@ -86,6 +86,20 @@ def test_a_bench_context_past_the_model_is_a_usage_error_naming_it(tmp_path):
         _unboxed(result.output)
 
 
+def test_bench_sizes_its_context_to_a_shorter_model_not_past_it(tmp_path):
+    # The toy's own context is 512: bench's default (4096) gives way to it, so the refusal
+    # names the deep decode's need, not a --max-seq-len the user never gave.
+    import json
+    from iron_spec.loader import load_spec
+    (tmp_path / "config.json").write_text(json.dumps(load_spec(LLAMA).get("toy", "config")))
+    result = runner.invoke(app, ["bench", LLAMA, "--checkpoint", str(tmp_path),
+                                 "--random-weights", "0", "--no-peer"])
+    assert result.exit_code != 0, result.output
+    said = _unboxed(result.output)
+    assert "max_seq_len 512 is shorter than the 2065 positions the deep decode needs" in said
+    assert "--max-seq-len" not in said
+
+
 def _unboxed(output: str) -> str:
     """``output`` with rich's error box taken off and its wrapping undone."""
     return " ".join(output.replace("│", " ").split())

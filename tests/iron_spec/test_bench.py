@@ -106,3 +106,12 @@ def test_each_prefill_weights_is_measured_beside_the_first(short, monkeypatch, t
     assert loaded.lm.prefill_weights == "float32"
     assert any(a.ndim == 4 for a in loaded.lm.packed.values())  # the tiles, counted in weights
     assert "prefill 512 tokens, bfloat16" in bench.report(r)
+
+
+def test_a_context_at_most_gives_way_to_a_shorter_model():
+    toy = dict(random_weights=0, toy=True)  # the toy's own context: 512
+    assert load_model(SPECS / "llama3.yaml", context_at_most=4096, **toy).lm.config.max_seq_len == 512
+    assert load_model(SPECS / "llama3.yaml", context_at_most=300, **toy).lm.config.max_seq_len == 300
+    # a max_seq_len asked for is the user's: the cap does not touch it
+    assert load_model(SPECS / "llama3.yaml", context_at_most=300, max_seq_len=400,
+                      **toy).lm.config.max_seq_len == 400

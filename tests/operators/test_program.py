@@ -384,3 +384,28 @@ def test_an_id_outside_the_vocabulary_is_refused_naming_its_row(randn):
     with pytest.raises(ValueError, match=r"embedding: row 2's token id 11 is outside the "
                                          r"vocabulary \(0 .. 10\)"):
         native.run(prog, {"start": 0, "rows": 3, "position": 2}, 0, 1)
+
+
+def test_a_profile_counts_each_step_by_its_code(randn):
+    # A program of three GEMVs and an add, run twice: 6 gemv and 2 add calls counted, and
+    # nothing once the profile has ended.
+    x, w = randn(8), randn(4, 8)
+    ys = [np.empty(4, np.float32) for _ in range(3)]
+    steps = [(native.Step(native.OP_GEMV, (y, x, w, None), (4, 8)), None) for y in ys]
+    total = np.empty(4, np.float32)
+    steps.append((Add().lower(total, ys[0], ys[1]), None))
+    prog = native.program(steps)
+    call = {"start": 0, "position": 0, "rows": 1}
+    with native.profile() as prof:
+        native.run(prog, call, 0, 4)
+        native.run(prog, call, 0, 4)
+    assert {k: calls for k, (calls, _) in prof.items()} == {"gemv": 6, "add": 2}
+    assert all(seconds >= 0 for _, seconds in prof.values())
+    np.testing.assert_allclose(total, w @ x + w @ x, rtol=1e-5)
+    with native.profile() as prof:
+        pass
+    assert prof == {}
+    native.run(prog, call, 0, 4)  # outside: counted nowhere
+    with native.profile() as prof:
+        native.run(prog, call, 3, 4)
+    assert {k: calls for k, (calls, _) in prof.items()} == {"add": 1}
