@@ -797,7 +797,12 @@ typedef struct {
 __attribute__((target("avx2,fma"))) static double read_avx2(const float *x, Py_ssize_t lo,
                                                            Py_ssize_t hi) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    const Py_ssize_t ahead = gemv_ahead[AHEAD_F32] / 4;
     for (Py_ssize_t i = lo; i < hi; i += 32) {
+        if (ahead) {  /* as the GEMVs ask for their streams: a floor they can meet, not pass */
+            __builtin_prefetch(x + i + ahead, 0, 3);
+            __builtin_prefetch(x + i + ahead + 16, 0, 3);
+        }
         s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + i));
         s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + i + 8));
         s2 = _mm256_add_ps(s2, _mm256_loadu_ps(x + i + 16));
