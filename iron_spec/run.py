@@ -57,7 +57,8 @@ def command(
     prefill_chunk: Optional[int] = typer.Option(None, callback=whole(1, MAX_PREFILL_CHUNK, "ids a prompt call holds"), help="ids a prompt call holds (default: the spec's)"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed instead of reading them"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
-    prompt_len: int = typer.Option(24, min=1, help="with no tokenizer (--toy), this many random prompt ids"),
+    prompt_len: int = typer.Option(24, min=1, help="with --toy and no tokenizer, this many random prompt ids"),
+    prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", metavar="IDS", help="the token ids to continue, comma- or space-separated (\"1,2,3\"): no tokenizer needed (a checkpoint saved without tokenizer.json); the text drawn is shown as ids where there is no tokenizer"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
@@ -79,11 +80,17 @@ def command(
                 raise FlagError("--system is the system message of a --chat; give --chat too")
             if prompt is not None and prompt_file is not None:
                 raise FlagError("give --prompt or --prompt-file, not both")
+            ids = _prompt_ids(prompt_ids)
+            if ids is not None and (prompt is not None or prompt_file is not None or chat):
+                raise FlagError("--prompt-ids is the prompt: give it without --prompt, "
+                                "--prompt-file or --chat")
             text = _prompt_text(prompt, prompt_file)
             if system is not None:
                 utf8_text(system, "--system")
-            if not chat and text is None and checkpoint is not None and random_weights is None:
-                raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+            if (not chat and text is None and ids is None and checkpoint is not None
+                    and random_weights is None):
+                raise FlagError("give --prompt TEXT (or --prompt-file F), --prompt-ids IDS "
+                                "(no tokenizer needed), or --chat")
             if spec is not None:  # a missing or broken spec, said before anything loads
                 spec = str(find(spec))
                 if load_spec(spec).get("model") == "encoder":
@@ -92,8 +99,10 @@ def command(
             _before_loading(checkpoint, random_weights, toy, text is not None or chat, chat,
                             settings, num_tokens)
             _within_context(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-                            num_tokens, None if text is not None or chat else prompt_len,
-                            allow_unread_config)
+                            num_tokens, len(ids) if ids is not None else
+                            None if text is not None or chat else prompt_len,
+                            allow_unread_config, "the {} --prompt-ids" if ids is not None else
+                            "--prompt-len {}")
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
                           decode_weights, prefill_weights, allow_unread_config, threads)
             gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
@@ -103,7 +112,10 @@ def command(
             if chat:
                 _chat(model, text, system, gen, out)
                 return
-            if model.tokenizer is None:
+            if ids is not None:
+                out.show(model.stream(ids, **gen), shown=None if model.tokenizer else
+                         f"prompt ids: {' '.join(map(str, ids))}")
+            elif model.tokenizer is None:
                 if text is not None:
                     raise ValueError(
                         "--prompt needs the checkpoint's tokenizer, and "
@@ -115,7 +127,8 @@ def command(
                 ids = drawn_ids(model.loaded.lm.config, rng, prompt_len)
                 out.show(model.stream(ids, **gen), shown=f"prompt ids: {' '.join(map(str, ids))}")
             elif text is None:
-                raise FlagError("give --prompt TEXT (or --prompt-file F), or --chat")
+                raise FlagError("give --prompt TEXT (or --prompt-file F), --prompt-ids IDS, "
+                                "or --chat")
             else:
                 out.show(model.stream(text, **gen))
         except EXPECTED as e:
@@ -158,7 +171,8 @@ def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], to
 def _within_context(spec: Optional[str], checkpoint: Optional[str],
                     random_weights: Optional[int], toy: bool, max_seq_len: Optional[int],
                     prefill_chunk: Optional[int], num_tokens: Optional[int],
-                    prompt_len: Optional[int], allow_unread_config: bool) -> None:
+                    prompt_len: Optional[int], allow_unread_config: bool,
+                    flag: str = "--prompt-len {}") -> None:
     """Refuse, before a weight is read, a ``--num-tokens`` no context of this model holds
     (and with ``prompt_len`` random prompt ids, a ``--prompt-len`` with them): the context is
     ``--max-seq-len``, at most the model's own (config.json's, or the toy's, expanded as the
@@ -190,15 +204,34 @@ def _within_context(spec: Optional[str], checkpoint: Optional[str],
                         f"positions; give a --num-tokens of at most {L + 1} less the prompt's "
                         f"length in tokens{larger}")
     if num_tokens is not None and prompt_len is not None and prompt_len + num_tokens - 1 > L:
-        raise FlagError(f"--prompt-len {prompt_len} and --num-tokens {num_tokens} do not fit "
+        raise FlagError(f"{flag.format(prompt_len)} and --num-tokens {num_tokens} do not fit "
                         f"{where}: the prompt and the tokens drawn after it take "
                         f"{prompt_len + num_tokens - 1} positions; give a --num-tokens of at "
                         f"most {L - prompt_len + 1}{larger}" if prompt_len <= L else
-                        f"--prompt-len {prompt_len} does not fit {where}; give at most "
+                        f"{flag.format(prompt_len)} does not fit {where}; give at most "
                         f"{L}{larger}")
     if prompt_len is not None and prompt_len > L:
-        raise FlagError(f"--prompt-len {prompt_len} does not fit {where}; give at most "
+        raise FlagError(f"{flag.format(prompt_len)} does not fit {where}; give at most "
                         f"{L}{larger}")
+
+
+def _prompt_ids(given: Optional[str]) -> Optional[list[int]]:
+    """``--prompt-ids``' ids: whole numbers >= 0, comma- or space-separated, at least one
+    (their range is the vocabulary's, checked by the model). None where not given.
+
+    Raises:
+        FlagError: empty, or an entry that is not a whole number >= 0 (naming it).
+    """
+    if given is None:
+        return None
+    parts = given.replace(",", " ").split()
+    if not parts:
+        raise FlagError("--prompt-ids is empty; give one id or more, as \"1,2,3\"")
+    for part in parts:
+        if not part.isdigit():
+            raise FlagError(f"--prompt-ids: {part!r} is not a token id (a whole number >= 0); "
+                            "give them as \"1,2,3\" or \"1 2 3\"")
+    return [int(p) for p in parts]
 
 
 def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional[str]:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import typer
 
-from iron_spec.runtime.checkpoint import Checkpoint, Placement, TensorInfo, place, renamed
+from iron_spec.runtime.checkpoint import FLOATS, Checkpoint, Placement, TensorInfo, place, renamed
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
 
@@ -121,6 +121,9 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         unused = spec.get("checkpoint", "unused", default=[]) or []
         view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,
                                unused)
+        if not gguf_files.is_gguf(directory):  # a GGUF's quantized types are dequantized
+            view.placement.not_float = [s for s in view.placement.sources.values()
+                                        if view.tensors[s].dtype not in FLOATS]
     return view
 
 
@@ -257,7 +260,8 @@ def _summary(view: View) -> list[str]:
     out = [f"checkpoint: {len(p.sources)} of {n} tensors placed, "
            f"{len(p.ignored)} ignored (tied), {len(p.unused)} unused (checkpoint.unused), "
            f"{len(p.unplaced)} left over; {len(p.unfilled)} parameters unfilled, "
-           f"{len(p.misshaped)} mis-shaped"]
+           f"{len(p.misshaped)} mis-shaped" +
+           (f", {len(p.not_float)} not float" if p.not_float else "")]
     for name, first in p.tied.items():
         state = "its tensor ignored" if any(renamed(s, view.spec.get("checkpoint", "renames",
                 default={}) or {}) == name for s in p.ignored) else "no tensor of its own"
@@ -265,6 +269,8 @@ def _summary(view: View) -> list[str]:
     out += [f"  unused: {s}" for s in p.unused]
     out += [f"  left over: {s}" + (f" (renamed {t})" if t != s else "") for s, t in p.unplaced]
     out += [f"  unfilled: {name}" for name in p.unfilled]
+    out += [f"  not float: checkpoint tensor {s} is {view.tensors[s].dtype}; weights are "
+            f"{', '.join(FLOATS)}" for s in p.not_float]
     values = {n: f["value"] for n, f in view.config.items()}
     for s, t in p.misshaped:
         stored = p.params[t].stored_shape
@@ -296,7 +302,8 @@ def render_json(view: View) -> str:
             "path": view.checkpoint, "tensors": len(view.tensors), "placed": len(p.sources),
             "tied": p.tied, "ignored": p.ignored, "unused": p.unused,
             "unplaced": [s for s, _ in p.unplaced], "unfilled": p.unfilled,
-            "misshaped": [s for s, _ in p.misshaped], "fits": p.fits}
+            "misshaped": [s for s, _ in p.misshaped], "not_float": p.not_float,
+            "fits": p.fits}
     return json.dumps(data, indent=2, default=str)
 
 

@@ -257,7 +257,9 @@ class Placement:
     ``sources`` maps a filled param to its tensor; ``tied`` a param name to the param it
     shares; ``ignored`` lists tensors of tied names; ``unused`` tensors declared unused;
     ``unplaced`` (tensor, renamed name) pairs no param takes; ``unfilled`` params no tensor
-    fills; ``misshaped`` (tensor, param) pairs whose shapes differ.
+    fills; ``misshaped`` (tensor, param) pairs whose shapes differ; ``not_float`` placed
+    tensors stored as integers or booleans (``FLOATS``: no weight; ``load`` refuses them),
+    where the caller knows the dtypes (``place`` sees shapes alone).
     """
 
     params: dict[str, Param] = field(default_factory=dict)
@@ -268,10 +270,11 @@ class Placement:
     unplaced: list[tuple[str, str]] = field(default_factory=list)
     unfilled: list[str] = field(default_factory=list)
     misshaped: list[tuple[str, str]] = field(default_factory=list)
+    not_float: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
-        return not (self.unplaced or self.unfilled or self.misshaped)
+        return not (self.unplaced or self.unfilled or self.misshaped or self.not_float)
 
     def report(self) -> LoadReport:
         return LoadReport(dict(self.sources), dict(self.tied), sorted(self.ignored + self.unused))

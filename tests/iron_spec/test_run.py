@@ -68,7 +68,30 @@ def test_json_gives_ids_and_transformers_log_probabilities():
     assert record["prompt_tokens"] == n
 
 
+def test_prompt_ids_continue_as_transformers_does(tmp_path):
+    # The golden's prompt ids given by hand: transformers' greedy tokens after them.
+    n = int(GOLDEN["prompt_len"])
+    ids = ",".join(str(i) for i in GOLDEN["tokens"][:n])
+    result = run("llama3", *TOY, "--prompt-ids", ids, "--num-tokens", "8", "--temperature",
+                 "0", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["token_ids"] == GOLDEN["tokens"][n:n + 8].tolist()
+    # and a checkpoint with no tokenizer.json (a save_pretrained toy's) runs on them too
+    from iron_spec.loader import load_spec
+    (tmp_path / "config.json").write_text(json.dumps(load_spec(ROOT / "specs" / "llama3.yaml")
+                                                     .get("toy", "config")))
+    result = run("llama3", "--checkpoint", str(tmp_path), "--random-weights", "0",
+                 "--prompt-ids", "5 6 7", "--num-tokens", "3")
+    assert result.exit_code == 0, result.output
+    assert "prompt ids: 5 6 7" in result.output
+
+
 @pytest.mark.parametrize("args,says", [
+    (["--prompt-ids", "1,x"], "--prompt-ids: 'x' is not a token id"),
+    (["--prompt-ids", " , "], "--prompt-ids is empty"),
+    (["--prompt-ids", "1", "--chat"], "--prompt-ids is the prompt"),
+    (["--prompt-ids", "1,2", "--num-tokens", "100000"],
+     "the 2 --prompt-ids and --num-tokens 100000 do not fit"),
     (["--system", "be brief"], "--system is the system message of a --chat"),
     (["--prompt", "x", "--prompt-file", "f"], "not both"),
     (["--stop", ""], "would stop before anything"),

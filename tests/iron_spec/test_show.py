@@ -61,6 +61,26 @@ def test_a_checkpoint_that_does_not_fit_shows_what_is_left(tmp_path):
     assert c["tensors"] == 21 and c["placed"] == 19 and c["fits"] is False
 
 
+def test_an_integer_tensor_where_a_weight_belongs_does_not_fit(tmp_path):
+    # run and load refuse it ("hold integers"); show says so too, and exits 1.
+    config = json.loads(show(LLAMA, "--format", "json").stdout)
+    toy = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(toy))
+    tensors = {p["name"]: np.zeros(p["shape"], np.float32) for p in config["params"]}
+    tensors["model.norm.weight"] = np.zeros(64, np.int32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    result = show(LLAMA, "--checkpoint", str(tmp_path))
+    assert result.exit_code == 1, result.output
+    assert "1 not float" in result.stdout
+    assert "not float: checkpoint tensor model.norm.weight is I32; weights are F64, F32" in \
+        result.stdout
+    data = json.loads(show(LLAMA, "--checkpoint", str(tmp_path), "--format", "json").stdout)
+    assert data["checkpoint"]["not_float"] == ["model.norm.weight"]
+    assert data["checkpoint"]["fits"] is False
+
+
 def test_could_not_run(tmp_path):
     assert show(str(tmp_path / "none.yaml")).exit_code == 1  # refused input
     assert show(LLAMA, "--toy", "--checkpoint", str(tmp_path)).exit_code == 2
