@@ -133,9 +133,13 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
         raise ExprError(f"expression {text!r}: no field {unknown[0]!r} (fields: "
                         f"{', '.join(sorted(fields))})")
 
-    def number(v: Any) -> Any:
+    def number(v: Any, node: ast.AST | None = None) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ExprError(f"expression {text!r}: {_show(v)} is not a number")
+            # a field's own value names the field: the config key to look at
+            field = f"{node.id} is " if isinstance(node, ast.Name) and \
+                node.id not in LITERALS else ""
+            raise ExprError(f"expression {text!r}: {field}{_show(v)}, not a number" if field
+                            else f"expression {text!r}: {_show(v)} is not a number")
         return v
 
     def boolean(v: Any, what: str) -> bool:
@@ -144,9 +148,9 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
                             "(compare it: x != null, x > 0)")
         return v
 
-    def compare(op: ast.cmpop, a: Any, b: Any) -> bool:
+    def compare(op: ast.cmpop, a: Any, b: Any, an: ast.AST, bn: ast.AST) -> bool:
         if isinstance(op, _ORDER):
-            return _COMPARE[type(op)](number(a), number(b))
+            return _COMPARE[type(op)](number(a, an), number(b, bn))
         if a is not None and b is not None and isinstance(a, bool) != isinstance(b, bool):
             raise ExprError(f"expression {text!r}: compares {_show(a)} with {_show(b)}: a "
                             "boolean equals only a boolean or null")
@@ -172,19 +176,19 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
                     return stop
             return not stop
         if isinstance(node, ast.Compare):
-            left = walk(node.left)
+            left, left_node = walk(node.left), node.left
             for op, right_node in zip(node.ops, node.comparators):
                 right = walk(right_node)
-                if not compare(op, left, right):
+                if not compare(op, left, right, left_node, right_node):
                     return False
-                left = right
+                left, left_node = right, right_node
             return True
         if isinstance(node, ast.UnaryOp):
             if isinstance(node.op, ast.Not):
                 return not boolean(walk(node.operand), "the operand of not")
-            return _UNARY[type(node.op)](number(walk(node.operand)))
+            return _UNARY[type(node.op)](number(walk(node.operand), node.operand))
         if isinstance(node, ast.BinOp):
-            a, b = number(walk(node.left)), number(walk(node.right))
+            a, b = number(walk(node.left), node.left), number(walk(node.right), node.right)
             if isinstance(node.op, ast.Pow) and (abs(b) > MAX_EXPONENT or (
                     isinstance(a, int) and isinstance(b, int) and a.bit_length() * b > MAX_BITS)):
                 raise ExprError(f"expression {text!r}: a power to {b} is too large")

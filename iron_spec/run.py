@@ -88,7 +88,7 @@ def command(
             if system is not None:
                 utf8_text(system, "--system")
             if (not chat and text is None and ids is None and checkpoint is not None
-                    and random_weights is None):
+                    and random_weights is None and not toy):  # --toy's own refusal first
                 raise FlagError("give --prompt TEXT (or --prompt-file F), --prompt-ids IDS "
                                 "(no tokenizer needed), or --chat")
             if spec is not None:  # a missing or broken spec, said before anything loads
@@ -252,7 +252,7 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
             if prompt_file.is_dir():
                 raise FlagError(f"--prompt-file {prompt_file} is a directory; give the file "
                                 "holding the prompt (or - for stdin)")
-            if not prompt_file.is_file():
+            if not prompt_file.exists():  # a device or a pipe (<(...)) is read as a file
                 raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file")
             text = prompt_file.read_bytes().decode("utf-8", "surrogateescape")
             what = f"--prompt-file {prompt_file}"

@@ -105,9 +105,10 @@ def _unboxed(output: str) -> str:
     return " ".join(output.replace("│", " ").split())
 
 
-def test_toy_with_a_checkpoint_is_refused(tmp_path):
-    result = runner.invoke(app, ["run", LLAMA, "--toy", "--random-weights", "0",
-                                 "--checkpoint", str(tmp_path)])
+@pytest.mark.parametrize("flags", [["--random-weights", "0"], ["--prompt-len", "10"]])
+def test_toy_with_a_checkpoint_is_refused(tmp_path, flags):
+    # with or without drawn weights: the toy's refusal, not a call for a prompt
+    result = runner.invoke(app, ["run", LLAMA, "--toy", *flags, "--checkpoint", str(tmp_path)])
     assert result.exit_code == 2 and "--toy draws a tiny shape" in result.output  # usage
 
 
@@ -318,3 +319,11 @@ def test_a_golden_or_checkpoint_that_cannot_be_is_refused_before_anything_loads(
     result = runner.invoke(app, ["run", LLAMA, "--checkpoint", SPECS_FILE, "--prompt", "hi"])
     assert result.exit_code == 1, result.output
     assert "not a checkpoint directory" in result.output and "loading" not in result.output
+
+
+def test_a_prompt_file_that_is_a_device_is_read_not_called_missing():
+    # /dev/null exists (a character device): read, it is an empty prompt, not "no such file"
+    result = runner.invoke(app, ["run", LLAMA, "--toy", "--random-weights", "0",
+                                 "--prompt-file", "/dev/null"])
+    assert result.exit_code == 2, result.output
+    assert "--prompt-file /dev/null is empty" in _unboxed(result.output)

@@ -131,8 +131,11 @@ def test_cannot_be_computed(text, message):
 
 def test_a_bare_field_gives_its_value_whatever_its_type():
     assert evaluate("act", {"act": "silu"}) == "silu"
-    with pytest.raises(ExprError, match="'silu' is not a number"):
+    # a field's own value that is no number names the field (the config key to look at)
+    with pytest.raises(ExprError, match="act is 'silu', not a number"):
         evaluate("act * 2", {"act": "silu"})
+    with pytest.raises(ExprError, match="hidden_size is '64', not a number"):
+        evaluate("hidden_size // heads", {"hidden_size": "64", "heads": 4})
 
 
 # Logic: each value below is what Python's own operators give on these operands, by hand.
@@ -168,9 +171,10 @@ def test_logic_gives_what_python_gives(text, expected):
     ("not a", "the operand of not is 3"),
     ("t == 1", "compares true with 1: a boolean equals only a boolean or null"),
     ("0 != f", "compares 0 with false"), ("t == act", "compares true with 'silu'"),
-    ("n < 1", "null is not a number"), ("t > f", "true is not a number"),
-    ("act < a", "'silu' is not a number"), ("t + 1", "true is not a number"),
-    ("-f", "false is not a number"), ("n * 2", "null is not a number"),
+    ("n < 1", "n is null, not a number"), ("t > f", "t is true, not a number"),
+    ("act < a", "act is 'silu', not a number"), ("t + 1", "t is true, not a number"),
+    ("-f", "f is false, not a number"), ("n * 2", "n is null, not a number"),
+    ("null < 1", "null is not a number"),
     ("max(t, 1)", "true is not a number"),
     ("1 if t else z", "no field 'z'"), ("1 if z else 2", "no field 'z'"),
 ])
