@@ -18,7 +18,7 @@ SHOWN = 3  # the fields named for one dimension at most
 
 
 def fields_of(shape: tuple[int, ...], values: Mapping[str, Any]) -> str:
-    """The config fields each dimension of ``shape`` equals (a field, then the products of
+    """The config fields each dimension of ``shape`` equals (a field, else a product of
     two), as ``" from hidden_size=576, intermediate_size=1536"``; "" where none does.
 
     ``values``: the spec's resolved config fields (``config.Resolved.values``). A dimension
@@ -29,10 +29,10 @@ def fields_of(shape: tuple[int, ...], values: Mapping[str, Any]) -> str:
             if isinstance(v, int) and not isinstance(v, bool) and v > 1}
     said = []
     for d in shape:
-        # the products too where a field equals it: a k_proj of 64 rows is
-        # num_key_value_heads*head_dim, whatever hidden_size happens to be
-        names = [k for k, v in ints.items() if v == d] + [
-            f"{a}*{b}" for a, b in combinations(sorted(ints), 2) if ints[a] * ints[b] == d]
+        names = [k for k, v in ints.items() if v == d]
+        if not names:
+            names = [f"{a}*{b}" for a, b in combinations(sorted(ints), 2)
+                     if ints[a] * ints[b] == d]
         if names:
             shown = " or ".join(names[:SHOWN]) + (" or ..." if len(names) > SHOWN else "")
             said.append(f"{d} = {shown}" if len(names) > 1 else f"{names[0]}={d}")
