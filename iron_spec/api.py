@@ -113,6 +113,10 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
         checkpoint = Path(checkpoint).expanduser()
+    if spec is None and checkpoint is None:  # the library's words, not the CLI's
+        raise TypeError("load() needs a spec (a name, as `iron-spec list` shows, or a YAML "
+                        "path) or a checkpoint whose config.json names its architecture: "
+                        "load('llama3', 'path/to/checkpoint')")
     path = find(spec, checkpoint)
     parsed = load_spec(path)
     if parsed.get("model") == "encoder":
@@ -237,8 +241,8 @@ class Model:
             ids = None
         if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu" or (
                 isinstance(prompt, (list, tuple)) and any(isinstance(t, bool) for t in prompt)):
-            held = type(prompt).__name__ if ids is None or ids.ndim != 1 or not len(prompt) \
-                else f"{type(prompt).__name__} of {', '.join(sorted({type(t).__name__ for t in prompt}))}"
+            held = f"{type(prompt).__name__} of {', '.join(sorted({type(t).__name__ for t in prompt}))}" \
+                if isinstance(prompt, (list, tuple)) and len(prompt) else type(prompt).__name__
             raise TypeError("a prompt is text, a list of {role, content} messages, or a "
                             f"sequence of integer token ids (not booleans); not {held}")
         if ids.size == 0:

@@ -122,3 +122,14 @@ def test_a_name_two_specs_share_is_refused_and_a_file_name_still_serves(tmp_path
                                          "b_flip.yaml.; name one by its file"):
         find("llama3", folder=tmp_path)
     assert find("b_flip", folder=tmp_path) == tmp_path / "b_flip.yaml"
+
+
+def test_load_with_nothing_to_load_says_so_in_the_librarys_words():
+    with pytest.raises(TypeError, match=r"load\(\) needs a spec .* or a checkpoint"):
+        iron_spec.load()
+
+
+def test_a_nested_list_prompt_says_what_it_held():
+    model = iron_spec.load("llama3", random_weights=0, toy=True)
+    with pytest.raises(TypeError, match="sequence of integer token ids .*; not list of list"):
+        model.complete([[1, 2]])
