@@ -116,7 +116,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     if spec is None and checkpoint is None:  # the library's words, not the CLI's
         raise TypeError("load() needs a spec (a name, as `iron-spec list` shows, or a YAML "
                         "path) or a checkpoint whose config.json names its architecture: "
-                        "load('llama3', 'path/to/checkpoint')")
+                        "load('NAME', 'path/to/checkpoint')")
     path = find(spec, checkpoint)
     parsed = load_spec(path)
     if parsed.get("model") == "encoder":
