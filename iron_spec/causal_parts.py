@@ -15,7 +15,7 @@ from typing import Any
 
 from iron_spec.runtime.values import MAX_INT
 
-from .config import Resolved, evaluate_option
+from .config import Resolved, evaluate_option, whole_option
 from .loader import Spec
 
 
@@ -37,14 +37,7 @@ def _value(spec: Spec, r: Resolved, path: tuple, default: Any) -> Any:
 
 
 def _count(spec: Spec, r: Resolved, path: tuple, default: Any, least: int = 0) -> int:
-    """A whole number within ``least..MAX_INT`` (an integral float counts)."""
-    v = _value(spec, r, path, default)
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or not least <= v <= MAX_INT:
-        raise spec.error(path, f"{'.'.join(map(str, path))} is {v!r}, not a whole number "
-                               f"within {least}..{MAX_INT}")
-    return v
+    return whole_option(spec, r, path, spec.get(*path, default=default), least, MAX_INT)
 
 
 def _bool(spec: Spec, r: Resolved, path: tuple, default: bool) -> bool:

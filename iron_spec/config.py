@@ -471,3 +471,21 @@ def evaluate_option(spec: Spec, path: tuple, raw: Any, resolved: Resolved,
         return expr.evaluate(raw, resolved.values)
     except expr.ExprError as e:
         raise spec.error(path, str(e)) from None
+
+
+def whole_option(spec: Spec, r: Resolved, path: tuple, raw: Any, lo: int, hi: int) -> int:
+    """A layer option that is a whole number within ``lo..hi``: ``raw`` a literal or an
+    expression over ``r``'s fields (``evaluate_option``); an integral float counts.
+
+    Raises:
+        SpecError: at ``path``, a value that is no whole number or out of the range, naming
+            the option and the expression that gave it.
+    """
+    value = evaluate_option(spec, path, raw, r, "a whole number")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        given = f" (from {raw!r})" if isinstance(raw, str) else ""
+        raise spec.error(path, f"{'.'.join(map(str, path))} is {value!r}{given}, not a whole "
+                               f"number within {lo}..{hi}")
+    return value

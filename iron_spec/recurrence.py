@@ -10,7 +10,7 @@ from typing import Any
 
 from iron_spec.runtime.recurrence import DEFAULT_STACK, INITS, RecurrenceOptions, Run
 
-from .config import Resolved, evaluate_option
+from .config import Resolved, evaluate_option, whole_option
 from .loader import Spec
 
 MAX_RUNS = 4096  # steps an unrolled schedule may hold: each repeated layer is a module tree
@@ -65,16 +65,6 @@ def _name(spec: Spec, at: tuple, name: Any) -> None:
         raise spec.error(at, f"{name!r} is not a name (letters, digits and _)")
 
 
-def _whole(spec: Spec, r: Resolved, at: tuple, raw: Any, lo: int, hi: int) -> int:
-    value = evaluate_option(spec, at, raw, r, "a whole number")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise spec.error(at, f"{at[-1]} is {value!r} (from {raw!r}), not a whole number within "
-                             f"{lo}..{hi}")
-    return value
-
-
 def _steps(spec: Spec, r: Resolved, at: tuple, stacks: dict, layers: int, written: set,
            runs: list[Run]) -> None:
     """Unroll the steps at ``at`` onto ``runs``."""
@@ -84,7 +74,7 @@ def _steps(spec: Spec, r: Resolved, at: tuple, stacks: dict, layers: int, writte
     for k, step in enumerate(steps):
         here = at + (k,)
         if "repeat" in step:
-            times = _whole(spec, r, here + ("repeat",), step["repeat"], 0, MAX_RUNS)
+            times = whole_option(spec, r, here + ("repeat",), step["repeat"], 0, MAX_RUNS)
             for _ in range(times):
                 _steps(spec, r, here + ("steps",), stacks, layers, written, runs)
             continue
@@ -104,8 +94,8 @@ def _steps(spec: Spec, r: Resolved, at: tuple, stacks: dict, layers: int, writte
             if stack not in stacks:
                 raise spec.error(here + ("stack",), f"stack {stack!r} is not under "
                                  f"recurrence/stacks ({', '.join(stacks)})")
-            begin = _whole(spec, r, here + ("begin",), step.get("begin", 0), 0, layers)
-            end = _whole(spec, r, here + ("end",), step.get("end", layers), begin, layers)
+            begin = whole_option(spec, r, here + ("begin",), step.get("begin", 0), 0, layers)
+            end = whole_option(spec, r, here + ("end",), step.get("end", layers), begin, layers)
         elif "begin" in step or "end" in step:
             raise spec.error(here, "begin and end bound a run's layers: only with stack")
         _name(spec, here + ("into",), step.get("into"))
@@ -152,7 +142,7 @@ def _outline(spec: Spec, r: Resolved, at: tuple, layers: int, depth: int,
         here = at + (k,)
         if "repeat" in step:
             raw = step["repeat"]
-            times = _whole(spec, r, here + ("repeat",), raw, 0, MAX_RUNS)
+            times = whole_option(spec, r, here + ("repeat",), raw, 0, MAX_RUNS)
             lines.append(f"{pad}repeat {times}" + (f" ({raw})" if isinstance(raw, str) else "")
                          + ":")
             _outline(spec, r, here + ("steps",), layers, depth + 1, lines)
@@ -164,7 +154,7 @@ def _outline(spec: Spec, r: Resolved, at: tuple, layers: int, depth: int,
         if stack is None:
             lines.append(f"{pad}{step['into']} <- {summed}")
             continue
-        begin = _whole(spec, r, here + ("begin",), step.get("begin", 0), 0, layers)
-        end = _whole(spec, r, here + ("end",), step.get("end", layers), begin, layers)
+        begin = whole_option(spec, r, here + ("begin",), step.get("begin", 0), 0, layers)
+        end = whole_option(spec, r, here + ("end",), step.get("end", layers), begin, layers)
         span = "" if (begin, end) == (0, layers) else f"[{begin}:{end}]"
         lines.append(f"{pad}{step['into']} <- {stack}{span}({summed})")

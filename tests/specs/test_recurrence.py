@@ -65,7 +65,7 @@ def test_every_run_of_a_layer_holds_its_own_cache():
     ("- repeat: H_cycles", "- repeat: initializer_range",
      "repeat is 0.4 .from 'initializer_range'., not a whole number"),
     ("{stack: L_module, inputs", "{stack: L_module, end: 3, inputs",
-     "end is 3 .from 3., not a whole number within 0..2"),
+     "end is 3, not a whole number within 0..2"),
 ], ids=["unwritten-state", "unknown-stack", "unwritten-output", "unknown-init",
         "fractional-repeat", "layers-past-the-stack"])
 def test_a_schedule_that_cannot_run_is_refused(tmp_path, old, new, message):
