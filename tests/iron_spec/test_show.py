@@ -40,13 +40,19 @@ def test_toy_json_lists_every_param():
     assert data["checkpoint"] is None
 
 
-def test_a_checkpoint_that_does_not_fit_shows_what_is_left(tmp_path):
+def _toy_tensors(directory, tied: bool) -> dict:
+    """The toy's config.json (tied or not) written into ``directory``, and a zero tensor for
+    each of the toy's params, by name, for the caller to edit and save."""
     config = json.loads(show(LLAMA, "--format", "json").stdout)
     toy = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": True}
-    (tmp_path / "config.json").write_text(json.dumps(toy))
-    tensors = {p["name"]: np.zeros(p["shape"], np.float32) for p in config["params"]}
+           "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": tied}
+    (directory / "config.json").write_text(json.dumps(toy))
+    return {p["name"]: np.zeros(p["shape"], np.float32) for p in config["params"]}
+
+
+def test_a_checkpoint_that_does_not_fit_shows_what_is_left(tmp_path):
+    tensors = _toy_tensors(tmp_path, tied=True)
     del tensors["model.norm.weight"]
     tensors["model.extra.weight"] = np.zeros(3, np.float32)
     save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -63,12 +69,7 @@ def test_a_checkpoint_that_does_not_fit_shows_what_is_left(tmp_path):
 
 def test_an_integer_tensor_where_a_weight_belongs_does_not_fit(tmp_path):
     # run and load refuse it ("hold integers"); show says so too, and exits 1.
-    config = json.loads(show(LLAMA, "--format", "json").stdout)
-    toy = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": False}
-    (tmp_path / "config.json").write_text(json.dumps(toy))
-    tensors = {p["name"]: np.zeros(p["shape"], np.float32) for p in config["params"]}
+    tensors = _toy_tensors(tmp_path, tied=False)
     tensors["model.norm.weight"] = np.zeros(64, np.int32)
     save_file(tensors, str(tmp_path / "model.safetensors"))
     result = show(LLAMA, "--checkpoint", str(tmp_path))
