@@ -1,7 +1,8 @@
 """Where a prompt and a decode step spend their time, by the compiled steps' codes.
 
     python bench/profile.py specs/llama3.yaml --checkpoint DIR [--decode-weights int8]
-        [--prefill-weights bfloat16] [--prompt 512] [--at 128] [--tokens 64]
+        [--prefill-weights bfloat16] [--kv-cache bfloat16] [--prompt 512] [--at 128]
+        [--tokens 64]
 
 Runs one prompt of ``--prompt`` ids (bench's text), then ``--tokens`` greedy decode steps
 from ``--at`` ids, each inside ``operators.native.profile``, and prints each code's share of
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--decode-weights", default="float32")
     ap.add_argument("--prefill-weights", default="float32")
+    ap.add_argument("--kv-cache", default="float32")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--at", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
@@ -46,7 +48,7 @@ def main() -> None:
     loaded = load_model(args.spec, checkpoint=args.checkpoint,
                         max_seq_len=max(args.prompt, args.at + args.tokens + 1),
                         decode_weights=args.decode_weights,
-                        prefill_weights=args.prefill_weights)
+                        prefill_weights=args.prefill_weights, kv_cache=args.kv_cache)
     lm, ids = loaded.lm, bench_prompt(loaded)
     if len(ids) < max(args.prompt, args.at):
         raise SystemExit(f"bench's prompt has {len(ids)} ids: --prompt and --at at most that")

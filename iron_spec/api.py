@@ -31,7 +31,7 @@ from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Session
 
 from . import arguments
-from .build import DECODE_WEIGHTS, PREFILL_WEIGHTS, Loaded, load_model
+from .build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, Loaded, load_model
 from .generation import Completion, Stream, read_generation_config, sampler_for, setting
 from .loader import load_spec
 from .registry import find
@@ -49,7 +49,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
          allow_unread_config: bool = False, random_weights: int | None = None,
          toy: bool = False, prefill_chunk: int | None = None, decode_weights: str = "float32",
          prefill_weights: str = "float32", max_tokens: int | None = None,
-         progress: Callable[[int, int], None] | None = None) -> "Model | EncoderModel":
+         progress: Callable[[int, int], None] | None = None,
+         kv_cache: str = "float32") -> "Model | EncoderModel":
     """A model of ``spec`` on ``checkpoint``'s config and weights (or drawn ones).
 
     Args:
@@ -71,6 +72,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             their inputs rounded to bfloat16 too: build.PREFILL_WEIGHTS).
         max_tokens: an encoder's ids per text (default: the spec's).
         progress: called with (tensors loaded, tensors) as weights load.
+        kv_cache: ``"float32"`` or ``"bfloat16"`` (what the KV caches hold, each key and
+            value rounded to nearest as written: build.KV_CACHES).
 
     Returns:
         ``Model`` for a ``model: causal`` spec, ``EncoderModel`` for ``model: encoder``.
@@ -83,11 +86,12 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         TypeError: an argument of the wrong type (a bool or float for a count or a seed,
             a str for a flag), or one the spec's kind of model has no use for
             (``max_tokens`` for a causal model; ``max_seq_len``, ``prefill_chunk``,
-            ``decode_weights``, ``prefill_weights`` for an encoder); each named, before
-            anything loads.
+            ``decode_weights``, ``prefill_weights``, ``kv_cache`` for an encoder); each
+            named, before anything loads.
         ValueError: an argument out of its range (a seed < 0, a count < 1, ``max_tokens`` <
             2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``, ``prefill_weights`` none
-            of ``build.PREFILL_WEIGHTS``), ``max_seq_len``
+            of ``build.PREFILL_WEIGHTS``, ``kv_cache`` none of ``build.KV_CACHES``),
+            ``max_seq_len``
             past the model's own context, or a generation_config.json id that is no token
             (a file that cannot be read is a warning: nothing comes from it).
     """
@@ -106,7 +110,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     allow_unread_config = arguments.flag(allow_unread_config, "allow_unread_config")
     arguments.callable_or_none(progress, "progress", "(tensors loaded, tensors)")
     for name, value, choices in (("decode_weights", decode_weights, DECODE_WEIGHTS),
-                                 ("prefill_weights", prefill_weights, PREFILL_WEIGHTS)):
+                                 ("prefill_weights", prefill_weights, PREFILL_WEIGHTS),
+                                 ("kv_cache", kv_cache, KV_CACHES)):
         if not isinstance(value, str):
             raise TypeError(f"{name} is {value!r}; it is one of {', '.join(map(repr, choices))}")
         if value not in choices:
@@ -126,7 +131,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
                             "ids per text are max_tokens)"),
             "prefill_chunk": (prefill_chunk, None, "a causal model's prompt calls"),
             "decode_weights": (decode_weights, "float32", "a causal model's decode step"),
-            "prefill_weights": (prefill_weights, "float32", "a causal model's prompt chunk")},
+            "prefill_weights": (prefill_weights, "float32", "a causal model's prompt chunk"),
+            "kv_cache": (kv_cache, "float32", "a causal model's KV caches")},
             str(path))
         with _threads(threads):
             return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
@@ -140,7 +146,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights,
                             toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
                             progress=progress, decode_weights=decode_weights,
-                            prefill_weights=prefill_weights, allow_unread_config=allow_unread_config)
+                            prefill_weights=prefill_weights, allow_unread_config=allow_unread_config,
+                            kv_cache=kv_cache)
         return Model(loaded, path)
 
 

@@ -25,8 +25,9 @@ from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.session import Session
 
-from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
-                    Loaded, use_decode_weights, use_prefill_weights)
+from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
+                    PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, use_decode_weights,
+                    use_prefill_weights)
 from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import NoWeights
@@ -64,17 +65,28 @@ def figures(prefill: Callable[[int], float], decode: Callable[[int], float]) -> 
     return out
 
 
-def ours(loaded: Loaded, weights: str | None = None, prefill_weights: str | None = None
-         ) -> Figures:
+def ours(loaded: Loaded, weights: str | None = None, prefill_weights: str | None = None,
+         kv_cache: str | None = None) -> Figures:
     """Our figures; with ``weights``, only the decode figures, run on a decode step of those
     weights; with ``prefill_weights``, only the prefill figures, run on a prompt chunk of
-    those."""
+    those; each on ``kv_cache``'s KV caches (default: the model's as it is now)."""
     lm, prompt = loaded.lm, bench_prompt(loaded)
     own = lm.decode_weights if weights is None else weights
     own_prefill = lm.prefill_weights if prefill_weights is None else prefill_weights
+    own_kv = lm.kv_cache if kv_cache is None else kv_cache
+
+    def caches() -> None:
+        # Another side's caches: ours again, both versions compiled before anything is timed
+        # (use_kv_cache drops them; the weights' packed forms stay).
+        if lm.kv_cache != own_kv:
+            lm.use_kv_cache(own_kv)
+            lm.version(False)
+            lm.version(True)
 
     def prefill(n: int) -> float:
         lm.prefill_weights = own_prefill  # each compiled once (CausalLM.version)
+        caches()
+        lm.version(True)
         s = Session(lm)
         start = time.perf_counter()
         s.logits(prompt[:n])
@@ -84,6 +96,8 @@ def ours(loaded: Loaded, weights: str | None = None, prefill_weights: str | None
         # generate's own loop (greedy), timed from the first token drawn to the last, as
         # the peer's: the prompt's prefill is not in it.
         lm.decode_weights = own  # each weights' decode step compiled once (CausalLM.version)
+        caches()
+        lm.version(False)
         s = Session(lm)
         for _ in s.generate(prompt[:at], DECODE + 1):
             pass
@@ -268,21 +282,24 @@ BYTES_PER_FLOAT32_BYTE = {"float32": 1.0, "bfloat16": 0.5, "bfloat16-rounded": 0
 
 def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
             also: tuple[str, ...] = (), stage: Callable[[str], object] = lambda what: None,
-            also_prefill: tuple[str, ...] = ()) -> dict:
+            also_prefill: tuple[str, ...] = (), also_kv: tuple[str, ...] = ()) -> dict:
     """Every figure of ours, the floor's and (where installed) transformers' and llama.cpp's
     (on each of ``gguf``, GGUF files: a Path or several), measured in turn within each of
     ``runs`` runs after a warm-up run; ``also``:
     more decode weights whose decode figures are measured beside the model's own;
-    ``also_prefill``: more prefill weights whose prefill figures are, likewise. A
+    ``also_prefill``: more prefill weights whose prefill figures are, likewise;
+    ``also_kv``: more KV caches, each decode weights' decode figures measured on each. A
     machine's speed drifts by 20% over a minute; a ratio is the median of its runs' ratios,
     each from figures taken seconds apart, and a figure the median of its runs. ``stage`` is
     told each step as it begins (a progress display: a SmolLM2 run takes about a minute)."""
     n_threads = threads()
     own, own_prefill = loaded.lm.decode_weights, loaded.lm.prefill_weights
+    own_kv = loaded.lm.kv_cache
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
               "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe(),
               "decode_weights": own, "also_decode_weights": list(also),
-              "prefill_weights": own_prefill, "also_prefill_weights": list(also_prefill)}
+              "prefill_weights": own_prefill, "also_prefill_weights": list(also_prefill),
+              "kv_cache": own_kv, "also_kv_caches": list(also_kv)}
     sides: dict[str, Figures] = {"ours": ours(loaded)}
     shown = {"ours": "iron-spec"}  # each of our sides as a progress stage names it
     for w in also:
@@ -291,11 +308,15 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     for w in also_prefill:
         sides[f"ours prefill {w}"] = ours(loaded, prefill_weights=w)
         shown[f"ours prefill {w}"] = f"iron-spec ({w} prefill weights)"
+    for kv in also_kv:
+        for w in (own, *also):
+            sides[kv_side(w, kv)] = ours(loaded, w, kv_cache=kv)
+            shown[kv_side(w, kv)] = f"iron-spec ({w} decode weights, {kv} KV cache)"
     for name in list(sides):
         stage(f"warm-up: {shown[name]}")
         for fn in sides[name].values():
             fn()  # warm-up (and each version compiled, its weights packed)
-    loaded.lm.decode_weights, loaded.lm.prefill_weights = own, own_prefill
+    _back(loaded.lm, own, own_prefill, own_kv)
     peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peers' models
     sides["floor"], floor_static = floor(loaded)
     if peer:
@@ -331,7 +352,7 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
         for side, figs in sides.items():
             for name, fn in figs.items():
                 samples[side][name].append(fn())
-    loaded.lm.decode_weights, loaded.lm.prefill_weights = own, own_prefill
+    _back(loaded.lm, own, own_prefill, own_kv)
     for side, figs in samples.items():
         result[side] = {name: statistics.median(v) for name, v in figs.items()}
     for side in ("ours", "transformers", *engines, *(f"ours prefill {w}" for w in also_prefill)):
@@ -386,6 +407,16 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
                 key = own if peer_side == "ours" else peer_side.replace(".", "_")
                 result["ratios"][f"{w}_decode_vs_{key}"] = ratio((side, SHORT_DECODE),
                                                                 (peer_side, SHORT_DECODE))
+    # Each more KV cache's deep decode against its own short one and against the model's
+    # cache's deep decode, at each decode weights.
+    for kv in also_kv:
+        for w in (own, *also):
+            side, base = kv_side(w, kv), "ours" if w == own else f"ours {w}"
+            deep = "decode_deep_tokens_per_s"
+            result["ratios"][f"{w}_{kv}_cache_deep_vs_short_decode"] = ratio(
+                (side, deep), (side, SHORT_DECODE))
+            result["ratios"][f"{w}_{kv}_cache_deep_vs_{own_kv}_cache"] = ratio(
+                (side, deep), (base, deep))
     # Each more prefill weights against transformers', our own and llama.cpp's of its bits.
     for w in also_prefill:
         side = f"ours prefill {w}"
@@ -401,13 +432,26 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     return result
 
 
+def kv_side(weights: str, kv_cache: str) -> str:
+    """The side of our decode on ``weights`` over a ``kv_cache`` KV cache (bench --kv-cache's
+    more caches)."""
+    return f"ours {weights} {kv_cache} cache"
+
+
+def _back(lm, decode_weights: str, prefill_weights: str, kv_cache: str) -> None:
+    """``lm`` on the model's own weights and KV cache again, after the sides' switching."""
+    lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
+    if lm.kv_cache != kv_cache:
+        lm.use_kv_cache(kv_cache)
+
+
 def report(r: dict) -> str:
     o, f, t, q = r["ours"], r["floor"], r["transformers"], r["ratios"]
     lines = [f"threads {r['threads']}, median of {r['runs']} run{'s' * (r['runs'] != 1)} after "
              "a warm-up, "
              f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}; decode "
              f"kernels: {r['decode_kernels']}; {r['decode_weights']} decode weights, "
-             f"{r['prefill_weights']} prefill weights",
+             f"{r['prefill_weights']} prefill weights, {r['kv_cache']} KV cache",
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
 
     def row(label, key, rkey=None, unit="tok/s"):
@@ -426,6 +470,12 @@ def report(r: dict) -> str:
                      f"{'':>14}{'':>8}  tok/s")
         lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
                      f"{'':>14}{'':>8}  tok/s")
+    for kv in r.get("also_kv_caches", ()):
+        for w in (r["decode_weights"], *r["also_decode_weights"]):
+            mine = r[kv_side(w, kv)]
+            for at, key in ((SHORT, SHORT_DECODE), (DEEP, "decode_deep_tokens_per_s")):
+                lines.append(f"{f'decode at {at}, {w}, {kv} KV':28}{mine[key]:12.1f}"
+                             f"{'':>14}{'':>8}  tok/s")
     for w in r.get("also_prefill_weights", ()):
         mine = r[f"ours prefill {w}"]
         for n in PROMPTS:
@@ -471,6 +521,7 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS, several=True), help=PREFILL_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, the others' prefill measured beside it in the same run"),
+    kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES, several=True), help=KV_CACHE_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, each decode weights' decode measured on the others beside it in the same run"),
     gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
@@ -478,6 +529,7 @@ def command(
     (with --gguf) and the floor."""
     first, *also = [w.strip() for w in decode_weights.split(",")]
     first_prefill, *also_prefill = [w.strip() for w in prefill_weights.split(",")]
+    first_kv, *also_kv = [w.strip() for w in kv_cache.split(",")]
     from .registry import find
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
@@ -488,7 +540,8 @@ def command(
                                        context_at_most=CONTEXT,
                                        decode_weights=first,
                                        prefill_weights=first_prefill,
-                                       allow_unread_config=allow_unread_config)
+                                       allow_unread_config=allow_unread_config,
+                                       kv_cache=first_kv)
             except NoWeights:  # no checkpoint, and the spec names no example
                 # A toy's context is too short for the deep decode, and its speed says nothing.
                 raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or "
@@ -505,7 +558,7 @@ def command(
                 raise ValueError(f"max_seq_len {loaded.lm.config.max_seq_len} is shorter than "
                                  f"the {DEEP + DECODE + 1} positions the deep decode needs")
             result = measure(loaded, runs, peer, tuple(gguf or ()), tuple(also), s.stage,
-                             tuple(also_prefill))
+                             tuple(also_prefill), tuple(also_kv))
     except EXPECTED as e:
         refuse(e)
     typer.echo(json.dumps(result, indent=2) if as_json else report(result))

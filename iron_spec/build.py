@@ -111,12 +111,14 @@ def read_config(directory: Path) -> dict:
 
 
 def _footprint(o: CausalOptions, decode_weights: str = "float32",
-               prefill_weights: str = "float32") -> tuple[int, int]:
+               prefill_weights: str = "float32", kv_cache: str = "float32") -> tuple[int, int]:
     """Bytes the model holds whatever its context, and bytes per position of context; with
-    reduced decode or prefill weights, the half-size copies of the projections too."""
+    reduced decode or prefill weights, the half-size copies of the projections too; the KV
+    caches at ``kv_cache``'s bytes a value (a differential layer's float32 whatever it is)."""
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
+    cache_fixed = cache_per_position = 0  # bytes
     loops = o.recurrence
     # A recurrent schedule: each stack holds every layer's weights, each run of a layer a
     # cache of its own (runtime.recurrence).
@@ -128,15 +130,17 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32",
         held = a.kv_from is None  # a layer reading another's cache holds no k/v
         own = held * runs[i]
         weights = E * (a.heads + 2 * held * a.kv_heads) * a.head_dim + a.heads * a.head_dim * E
+        value = 4 if a.differential is not None else KV_CACHE_BYTES[kv_cache]
         fixed += (weights + 3 * E * M + 2 * E) * max(1, len(stacks))
         # The layer's keys and values: a sliding window's ring of window + chunk - 1
         # positions at most (runtime.causal), unless a layer seeing further reads them.
         readers = [r.attention.window for r in o.layers if r.attention.kv_from == i]
         ring = a.window is not None and all(w is not None and w <= a.window for w in readers)
         if ring:
-            fixed += 2 * own * a.kv_heads * a.head_dim * (a.window + o.prefill_chunk - 1)
+            cache_fixed += value * 2 * own * a.kv_heads * a.head_dim * (
+                a.window + o.prefill_chunk - 1)
         else:
-            per_position += 2 * own * a.kv_heads * a.head_dim
+            cache_per_position += value * 2 * own * a.kv_heads * a.head_dim
     if o.per_layer_input is not None:
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
@@ -156,7 +160,8 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32",
     fixed += 12 * o.prefill_chunk * widest + V
     # The module tree, both recordings and plans: Python objects, ~165 KB a layer measured
     # on a 2000-layer toy (557 MB loaded, 703 MB compiled, 282 MB of it weights).
-    return 4 * fixed + LAYER_OVERHEAD * len(o.layers), 4 * per_position
+    return (4 * fixed + cache_fixed + LAYER_OVERHEAD * len(o.layers),
+            4 * per_position + cache_per_position)
 
 
 LAYER_OVERHEAD = 200 * 1024  # bytes
@@ -176,6 +181,11 @@ DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 
                        "int8 (Q8_0 blocks, as GGUF's: a float16 scale per 32 weights, "
                        "quantized at load). The prompt chunk keeps float32; check reports "
                        "the KL the rounding costs")
+KV_CACHES = ("float32", "bfloat16")
+KV_CACHE_BYTES = {"float32": 4, "bfloat16": 2}
+KV_CACHE_HELP = ("what the KV caches hold: float32; bfloat16 (each key and value rounded to "
+                 "nearest as written, half the bytes a deep decode step reads, as llama.cpp's "
+                 "-ctk bf16 -ctv bf16). check reports the KL the rounding costs")
 PREFILL_WEIGHTS = ("float32", "bfloat16")
 PREFILL_WEIGHTS_HELP = ("the prompt chunk's projection weights: float32; bfloat16 (rounded to "
                         "nearest, a bfloat16 checkpoint's as they are, and each projection's "
@@ -339,7 +349,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
                progress: Progress | None = None, decode_weights: str = "float32",
                prefill_weights: str = "float32", allow_unread_config: bool = False,
-               context_at_most: int | None = None) -> Loaded:
+               context_at_most: int | None = None, kv_cache: str = "float32") -> Loaded:
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
@@ -363,6 +373,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             ``operators/_cpu_tiles.h``); the head, on one row, stays float32.
         allow_unread_config: load although config.json holds keys the spec neither reads
             nor ignores (refused otherwise, every such key named).
+        kv_cache: ``float32``; ``bfloat16``: every attention layer's keys and values are
+            held rounded to the nearest bfloat16 (``CausalLM.use_kv_cache``), half the
+            bytes a deep decode step reads, and half the cache's memory.
 
     Raises:
         FileNotFoundError: the spec, checkpoint, config.json or tokenizer is missing.
@@ -372,10 +385,13 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         FlagError: (a ValueError) no weights source, ``max_seq_len`` past the model's own
             context, a ``prefill_chunk`` past the context (a usage error in the CLI).
         ValueError: reduced decode weights without the decode pool, bfloat16 that would
-            round a weight, int8 on rows not a multiple of 32 long.
+            round a weight, int8 on rows not a multiple of 32 long, a ``kv_cache`` none of
+            ``KV_CACHES``.
     """
     _refuse_decode_weights(decode_weights)
     _refuse_prefill_weights(prefill_weights)
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"{said('kv_cache', kv_cache)} is not one of {', '.join(KV_CACHES)}")
     spec = load_spec(spec_path)
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
@@ -409,14 +425,16 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             raise FlagError(f"{said('max_seq_len', max_seq_len)} is not within "
                             f"1..{native}, the model's own context")
         L = max_seq_len
-        fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights)
+        fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights,
+                                         kv_cache)
         need, budget = fixed + per_position * L, host_budget()
         if need > budget:  # numpy maps zeros lazily: refused here, not by the OOM killer
             raise ValueError(f"the model on {source} with max_seq_len {L} would hold "
                              f"{need / 2**30:.1f} GiB, past this host's {budget / 2**30:.1f} "
                              "GiB budget")
     else:
-        fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights)
+        fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights,
+                                         kv_cache)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if asked is not None and asked > L:
         raise FlagError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
@@ -428,10 +446,12 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     # A GGUF file holds a head exactly where it is not tied (runtime.gguf.config).
     if random_weights is None and expanded.options.tied and not gguf_files.is_gguf(directory):
         expanded, lm = _untie(spec, expanded, lm, directory, source)
+    lm.use_kv_cache(kv_cache)
     now, most = lm.cache_bytes()
     rings = sum(s.ring is not None for _, s in lm.named_states()) // 2
-    log.info("KV cache %s reserved now (%d positions); it grows with the sequence, %d "
-             "positions at a time, to at most %s at max_seq_len %d%s", _size(now), lm.reserved,
+    log.info("KV cache (%s) %s reserved now (%d positions); it grows with the sequence, %d "
+             "positions at a time, to at most %s at max_seq_len %d%s", kv_cache, _size(now),
+             lm.reserved,
              lm.block, _size(most), L, f" ({rings} sliding-window layers hold a ring of their "
              "window)" if rings else "")
     mark_transposed(lm, expanded.transposed)

@@ -25,8 +25,8 @@ from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest,
 from iron_spec.runtime.host import fit
 
 from . import config_defaults, gates, goldens
-from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
-                    Loaded, _footprint, model_inputs)
+from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
+                    PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, _footprint, model_inputs)
 from .command import EXPECTED, UsageError, choice, load_compiled, refuse, stages, whole
 from .errors import FlagError, SpecError
 from .gates import ENCODER_ATOL, float64_gate, kl_gate
@@ -157,7 +157,7 @@ def require_length(L: int, prompt: int, steps: int, why: str, kl_steps: int | No
 def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | None,
               prefill_chunk: int | None, steps: int, decode_weights: str,
               allow_unread_config: bool = False,
-              prefill_weights: str = "float32") -> tuple[int, int, str]:
+              prefill_weights: str = "float32", kv_cache: str = "float32") -> tuple[int, int, str]:
     """The context and prompt chunk check runs at, and a line saying where they came from.
 
     The context is ``max_seq_len`` as given, else the model's own, at most ``CHECK_CONTEXT``
@@ -183,7 +183,7 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
                             "model's own context")
         L, where = max_seq_len, f"context {max_seq_len} (--max-seq-len)"
     else:
-        fixed, per_position = _footprint(options, decode_weights, prefill_weights)
+        fixed, per_position = _footprint(options, decode_weights, prefill_weights, kv_cache)
         L = fit(min(native, CHECK_CONTEXT), min(C, native), fixed, per_position)
         where = f"context {L} (the model's own {native}" + \
             (f", at most {CHECK_CONTEXT} in check)" if L < native else ")")
@@ -257,8 +257,7 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
         ("compiled = reference", lambda: checks.greedy_match(lm, prompt, greedy, reference)),
         ("KL vs " + ("golden" if golden is not None else "reference"),
          lambda: gates.said(checks.kl_against(lm, bounds, golden, prompt, steps, reference),
-                            None if lm.decode_weights in gates.REDUCED_KL
-                            or lm.prefill_weights != "float32" else
+                            None if gates.reduced(lm) else
                             gates.loosened(spec, "kl"))),
         # Whatever the decode and prefill weights: the float64 reference reads the weights
         # as loaded (reduced forms are the compiled kernels' alone), so this judges the
@@ -301,6 +300,7 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="one JSON object for machines"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
+    kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES), help=KV_CACHE_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
@@ -336,6 +336,8 @@ def command(
             if prefill_weights != "float32":
                 raise FlagError(f"--prefill-weights {prefill_weights}: an encoder has no "
                                 "prompt chunk (its projections are float32)")
+            if kv_cache != "float32":
+                raise FlagError(f"--kv-cache {kv_cache}: an encoder has no KV cache")
             if steps is not None:
                 raise FlagError(f"--steps {steps}: an encoder's check draws no tokens (its "
                                 "golden holds embeddings of fixed probes)")
@@ -343,13 +345,13 @@ def command(
                            self_only, allow_unread_config, overwrite_golden, linted)
         L, C, shape = fit_shape(parsed, checkpoint, random_weights, toy, max_seq_len,
                                 prefill_chunk, steps or STEPS, decode_weights,
-                                allow_unread_config, prefill_weights)
+                                allow_unread_config, prefill_weights, kv_cache)
         with stages() as s:
             loaded = load_compiled(s, spec, checkpoint=checkpoint, random_weights=random_weights,
                                    toy=toy, max_seq_len=L, prefill_chunk=C,
                                    decode_weights=decode_weights,
                                    prefill_weights=prefill_weights,
-                                   allow_unread_config=allow_unread_config)
+                                   allow_unread_config=allow_unread_config, kv_cache=kv_cache)
             if record_golden:
                 path = golden or golden_path(loaded)
                 s.stage("recording the golden from transformers")
@@ -358,8 +360,10 @@ def command(
                 typer.echo(f"recorded {path}; {said}", err=True)
             found, note = (None, "self-consistency only") if self_only else \
                 find_golden(loaded, golden, steps)
-            reduced = [f"{what} weights {w}" for what, w in
-                       (("decode", loaded.lm.decode_weights), ("prefill", loaded.lm.prefill_weights))
+            reduced = [f"{what} {w}" for what, w in
+                       (("decode weights", loaded.lm.decode_weights),
+                        ("prefill weights", loaded.lm.prefill_weights),
+                        ("KV cache", loaded.lm.kv_cache))
                        if w != "float32"]
             if reduced:
                 shape += (f"; {', '.join(reduced)}, KL gate " +

@@ -33,6 +33,9 @@ REDUCED_KL = {
 # gates. On the real goldens (float32 decode): SmolLM2 KL mean 1.5e-5, max 2.0e-4; Gemma 3
 # 270M 8.9e-6, 3.2e-4; no top-1 mismatch (docs/DESIGN-native.md).
 PREFILL_KL = REDUCED_KL["bfloat16-rounded"]
+# A bfloat16 KV cache rounds every key and value (relative error up to 2^-9): the same
+# gates. docs/DESIGN-native.md gives what it costs on SmolLM2 and Gemma 3.
+KV_CACHE_KL = REDUCED_KL["bfloat16-rounded"]
 # float32 against transformers' float32 gives KL mean 1e-10 .. 2e-8 on every shipped spec's
 # toy and on SmolLM2 and Gemma 3; a wrong option usually 1e-2 or more: about 50x over the
 # worst right spec (docs/writing-a-spec.md, step 8).
@@ -84,15 +87,24 @@ def float64_gate(golden: Golden, steps: int | None = None, spec=None) -> dict[st
             for k, b in gate.items()}
 
 
+def reduced(lm) -> bool:
+    """Whether ``lm`` (a CausalLM) computes in reduced precision somewhere check judges by a
+    reduced gate: decode weights that round, a bfloat16 prompt chunk, a bfloat16 KV cache."""
+    return lm.decode_weights in REDUCED_KL or lm.prefill_weights != "float32" or \
+        lm.kv_cache != "float32"
+
+
 def kl_gate(loaded: Loaded) -> dict[str, float]:
     """The KL bounds (mean, p90, max; top1_mismatches where some are allowed) check judges
     by: the reduced decode weights' own (``REDUCED_KL``), else a bfloat16 prompt chunk's
-    (``PREFILL_KL``), else the spec's ``validation.kl`` bound by bound over float32's
-    default (``DEFAULT_KL``)."""
+    (``PREFILL_KL``), else a bfloat16 KV cache's (``KV_CACHE_KL``), else the spec's
+    ``validation.kl`` bound by bound over float32's default (``DEFAULT_KL``)."""
     if loaded.lm.decode_weights in REDUCED_KL:
         return dict(REDUCED_KL[loaded.lm.decode_weights])
     if loaded.lm.prefill_weights != "float32":
         return dict(PREFILL_KL)
+    if loaded.lm.kv_cache != "float32":
+        return dict(KV_CACHE_KL)
     given = loaded.expanded.spec.get("validation", "kl", default={}) or {}
     return {**DEFAULT_KL, **{k: float(v) for k, v in given.items() if k in DEFAULT_KL}}
 

@@ -23,8 +23,8 @@ from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.tokenizer import utf8_text
 
 from .api import Model, load
-from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP,
-                    model_inputs, weights_source)
+from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
+                    PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, model_inputs, weights_source)
 from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from .errors import FlagError, message
@@ -61,6 +61,7 @@ def command(
     prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", metavar="IDS", help="the token ids to continue, comma- or space-separated (\"1,2,3\"): no tokenizer needed (a checkpoint saved without tokenizer.json); the text drawn is shown as ids where there is no tokenizer"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
+    kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES), help=KV_CACHE_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
@@ -104,7 +105,7 @@ def command(
                             allow_unread_config, "the {} --prompt-ids" if ids is not None else
                             "--prompt-len {}")
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-                          decode_weights, prefill_weights, allow_unread_config, threads)
+                          decode_weights, prefill_weights, allow_unread_config, threads, kv_cache)
             gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
                        logprobs=json_output)
             model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
@@ -277,7 +278,7 @@ def _read_stdin() -> str:
 
 
 def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, decode_weights,
-          prefill_weights, allow_unread_config, threads) -> Model:
+          prefill_weights, allow_unread_config, threads, kv_cache) -> Model:
     """The model through ``iron_spec.load``, both versions compiled, each stage shown
     (``command.stages``: a bar on a terminal, a line each when piped)."""
     with stages() as shown:
@@ -286,7 +287,7 @@ def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, dec
                      max_seq_len=max_seq_len, prefill_chunk=prefill_chunk, progress=advance,
                      decode_weights=decode_weights, prefill_weights=prefill_weights,
                      allow_unread_config=allow_unread_config,
-                     threads=threads)
+                     threads=threads, kv_cache=kv_cache)
         if not isinstance(model, Model):
             raise ValueError(f"{model.spec} is an encoder spec (model: encoder): it gives "
                              "embeddings (iron-spec embed), it does not generate")

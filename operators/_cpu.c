@@ -69,6 +69,16 @@ static int simd = SIMD_PORTABLE, simd_best = SIMD_PORTABLE;
  * prefetchnta instead lost float32 and bfloat16 40% and 20%). _cpu.prefetch() sets them. */
 enum { AHEAD_F32, AHEAD_BF16, AHEAD_Q8 };
 static Py_ssize_t gemv_ahead[3] = {4096, 4096, 4096};
+/* A decode step's attention asks for the cache rows it walks as far ahead (bytes; 0: not
+ * at all), for the same reason: the fourth distance _cpu.prefetch() sets. */
+static Py_ssize_t attend_ahead = 4096;
+
+/* Every cache line of the n bytes from p, attend_ahead bytes on. */
+static inline __attribute__((always_inline)) void ask_ahead(const char *p, Py_ssize_t n) {
+    if (attend_ahead)
+        for (Py_ssize_t b = 0; b < n; b += 64)
+            __builtin_prefetch(p + attend_ahead + b, 0, 3);
+}
 
 static inline void relax(void) {
 #ifdef HAVE_X86
@@ -212,6 +222,23 @@ static inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
+/* float32 as bfloat16, as operators/formats.py's to_bfloat16 (what a bfloat16 KV cache
+ * holds): to nearest, ties to even, past the largest finite infinity, NaN a quiet NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Element i of a KV cache row: float32, or (bf16) bfloat16 bits; bf16 a constant where
+ * inlined, so each caller compiles one loop per form. */
+static inline __attribute__((always_inline)) float kv_at(const void *row, Py_ssize_t i,
+                                                         const int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
 /* A little-endian IEEE float16 (finite) as float32, exactly: its exponent and mantissa
  * shifted into a float32's place and rescaled by 2^112 (the bias difference), which also
  * carries a float16 subnormal to its float32 value. */
@@ -247,12 +274,14 @@ typedef struct {
 } gemm_args;
 
 /* A prompt chunk's attention (_cpu_chunk.h): q (n, H, D) with rows qstride floats apart,
- * caches (G, L, D), position p at row p % rows; out (n, H * D). */
+ * caches (G, L, D) of float32 or (kv16) bfloat16 bits, position p at row p % rows; out
+ * (n, H * D). */
 typedef struct {
-    const float *q, *keys, *values;
+    const float *q;
+    const void *keys, *values;
     float *out, *scratch;  /* scratch: per part, (D + span) * 2W floats */
     Py_ssize_t n, start, L, rows, window, qstride, span;
-    int H, G, D;
+    int H, G, D, kv16;
     float scale, softcap;  /* softcap 0: none */
     const float *alibi;    /* (H,) slopes: head h's score of key j from query i gains
                             * alibi[h] * (j - i) after the softcap; NULL: none */
@@ -433,19 +462,21 @@ static void *gemm_buffer(Py_ssize_t bytes) {
 /* ---- attention of one query over a KV cache (a decode step) ----------------------------- */
 
 typedef struct {
-    const float *q, *keys, *values;  /* q (H, D) already scaled; caches (G, L, D) */
+    const float *q;                  /* (H, D) already scaled */
+    const void *keys, *values;       /* caches (G, L, D): float32, or (kv16) bfloat16 bits */
     float *scores, *partial;         /* (T, R, span) and (T, H, D + 2) */
-    int H, G, D;
+    int H, G, D, kv16;
     Py_ssize_t L, lo, t, span;
     Py_ssize_t rows;                 /* position p at row p % rows: a ring's, else L */
     float softcap;                   /* 0: none */
     const float *alibi;              /* (H,) slopes as chunk_args'; NULL: none */
 } attend_args;
 
-/* Positions are walked by a row pointer that wraps at the cache's end, in the same code
- * with or without a ring, so a ring's results are bit for bit a whole cache's. */
-#define ROW_AT(base, j) ((base) + ((j) % a->rows) * D)
-#define NEXT_ROW(ptr, base) ((ptr) += D, (ptr) = (ptr) == (base) + a->rows * D ? (base) : (ptr))
+/* Positions are walked by a row pointer (bytes: pitch a row) that wraps at the cache's
+ * end, in the same code with or without a ring, so a ring's results are bit for bit a
+ * whole cache's. */
+#define ROW_AT(base, j) ((base) + ((j) % a->rows) * pitch)
+#define NEXT_ROW(ptr, base) ((ptr) += pitch, (ptr) = (ptr) == (base) + a->rows * pitch ? (base) : (ptr))
 
 #ifdef HAVE_X86
 __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
@@ -477,6 +508,15 @@ __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(under, y);
 }
 
+/* Eight values of a cache row from element d: float32, or (bf16) bfloat16 bits widened. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
+kv_load8(const char *row, int d, const int bf16) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (Py_ssize_t)d))), 16));
+    return _mm256_loadu_ps((const float *)row + d);
+}
+
 /* Up to ATTEND_HEADS query heads of one kv head per sweep over its rows: each key and value
  * row read from memory once for all of them (a GQA group shares its kv head's rows). */
 #define ATTEND_HEADS 8
@@ -504,27 +544,56 @@ sum8x8(const __m256 *u) {
  * key; values 16 columns over every row): 1.3-1.4x at 2000 positions, cold caches.
  * Into s (head r's numerators at s + r * n) and partial (head r's D sums, then its max
  * and denominator). */
-__attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend_args *a, int g,
-                                                                   Py_ssize_t j0, Py_ssize_t j1,
-                                                                   float *s, float *partial) {
+/* head_dim up to which attend_blocked_of widens a bfloat16 block's rows once (stack: 8 + 64
+ * rows of it, 72 KB at 256); past it each read widens its own. */
+#define ATTEND_STAGE_D 256
+
+/* Rows rows[0 .. n) of bfloat16 bits (D values each, D a multiple of 8) widened into out
+ * (n, D) float32, and rows[i] pointed at its copy. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+widen_rows(const char **rows, int n, int D, float *out) {
+    for (int i = 0; i < n; i++) {
+        float *o = out + (Py_ssize_t)i * D;
+        for (int d = 0; d < D; d += 8)
+            _mm256_storeu_ps(o + d, kv_load8(rows[i], d, 1));
+        rows[i] = (const char *)o;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+attend_blocked_of(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, float *s,
+                  float *partial, const int bf16) {
     const int R = a->H / a->G, D = a->D;
-    const Py_ssize_t n = j1 - j0;
-    const float *K = a->keys + (Py_ssize_t)g * a->L * D, *V = a->values + (Py_ssize_t)g * a->L * D;
+    const Py_ssize_t n = j1 - j0, pitch = (Py_ssize_t)D * (bf16 ? 2 : 4);
+    const char *K = (const char *)a->keys + (Py_ssize_t)g * a->L * pitch;
+    const char *V = (const char *)a->values + (Py_ssize_t)g * a->L * pitch;
     const float *qg = a->q + (Py_ssize_t)g * R * D;
-    const float *rows[ATTEND_BLOCK];
+    const char *rows[ATTEND_BLOCK];
+    /* bfloat16 rows widened once into float32 (L1, L2) where D allows, not once per query
+     * head of the group: each is read R times (measured 1.3x faster on SmolLM2's 3 heads a
+     * group than widening at every read). Then the loops below read float32. */
+    const int stage = bf16 && D <= ATTEND_STAGE_D, wide = bf16 && !stage;
+    float kw[stage ? 8 * D : 1], vw[stage ? ATTEND_BLOCK * D : 1];
     __m256 mx[ATTEND_HEADS];
     float m[ATTEND_HEADS], l[ATTEND_HEADS];
     for (int r0 = 0; r0 < R; r0 += ATTEND_HEADS) {
         const int rb = R - r0 < ATTEND_HEADS ? R - r0 : ATTEND_HEADS;
         for (int r = 0; r < rb; r++)
             mx[r] = _mm256_set1_ps(-FLT_MAX);
-        const float *k = ROW_AT(K, j0);
+        const char *k = ROW_AT(K, j0);
         for (Py_ssize_t jb = j0; jb < j1; jb += 8) {
             const int nb = j1 - jb < 8 ? (int)(j1 - jb) : 8;
             for (int i = 0; i < 8; i++) {
                 rows[i] = i < nb ? k : rows[0];  /* past the end: row 0 again, discarded */
-                if (i < nb)
+                if (i < nb) {
+                    ask_ahead(k, pitch);
                     NEXT_ROW(k, K);
+                }
+            }
+            if (stage) {
+                widen_rows(rows, nb, D, kw);
+                for (int i = nb; i < 8; i++)
+                    rows[i] = rows[0];
             }
             for (int r = 0; r < rb; r++) {
                 const float *q = qg + (Py_ssize_t)(r0 + r) * D;
@@ -534,7 +603,7 @@ __attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend
                 for (int d = 0; d < D; d += 8) {
                     __m256 qv = _mm256_loadu_ps(q + d);
                     for (int i = 0; i < 8; i++)
-                        u[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[i] + d), u[i]);
+                        u[i] = _mm256_fmadd_ps(qv, kv_load8(rows[i], d, wide), u[i]);
                 }
                 __m256 x = sum8x8(u);
                 float *out = s + (Py_ssize_t)(r0 + r) * n + (jb - j0);
@@ -580,13 +649,16 @@ __attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend
             float *o = partial + ((Py_ssize_t)g * R + r0 + r) * (D + 2);
             memset(o, 0, sizeof(float) * D);
         }
-        const float *v = ROW_AT(V, j0);
+        const char *v = ROW_AT(V, j0);
         for (Py_ssize_t jb = j0; jb < j1; jb += ATTEND_BLOCK) {
             const int nb = j1 - jb < ATTEND_BLOCK ? (int)(j1 - jb) : ATTEND_BLOCK;
             for (int i = 0; i < nb; i++) {
                 rows[i] = v;
+                ask_ahead(v, pitch);
                 NEXT_ROW(v, V);
             }
+            if (stage)
+                widen_rows(rows, nb, D, vw);
             for (int r = 0; r < rb; r++) {
                 const float *p = s + (Py_ssize_t)(r0 + r) * n + (jb - j0);
                 float *o = partial + ((Py_ssize_t)g * R + r0 + r) * (D + 2);
@@ -599,14 +671,14 @@ __attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend
                         for (int i = 0; i < nb; i++) {
                             __m256 pv = _mm256_set1_ps(p[i]);
                             for (int c = 0; c < 8; c++)
-                                acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(rows[i] + d0 + 8 * c),
+                                acc[c] = _mm256_fmadd_ps(pv, kv_load8(rows[i], d0 + 8 * c, wide),
                                                          acc[c]);
                         }
                     } else {
                         for (int i = 0; i < nb; i++) {
                             __m256 pv = _mm256_set1_ps(p[i]);
                             for (int c = 0; c < nv; c++)
-                                acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(rows[i] + d0 + 8 * c),
+                                acc[c] = _mm256_fmadd_ps(pv, kv_load8(rows[i], d0 + 8 * c, wide),
                                                          acc[c]);
                         }
                     }
@@ -623,22 +695,35 @@ __attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend
     }
 }
 
+/* The blocked kernel, one copy per cache form. */
+__attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend_args *a, int g,
+                                                                   Py_ssize_t j0, Py_ssize_t j1,
+                                                                   float *s, float *partial) {
+    if (a->kv16)
+        attend_blocked_of(a, g, j0, j1, s, partial, 1);
+    else
+        attend_blocked_of(a, g, j0, j1, s, partial, 0);
+}
+
 #endif
 
-static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, float *s,
-                         float *partial) {
+static inline __attribute__((always_inline)) void attend_plain_of(const attend_args *a, int g,
+                                                                Py_ssize_t j0, Py_ssize_t j1,
+                                                                float *s, float *partial,
+                                                                const int bf16) {
     const int R = a->H / a->G, D = a->D;
-    const Py_ssize_t n = j1 - j0;
-    const float *K = a->keys + (Py_ssize_t)g * a->L * D, *V = a->values + (Py_ssize_t)g * a->L * D;
+    const Py_ssize_t n = j1 - j0, pitch = (Py_ssize_t)D * (bf16 ? 2 : 4);
+    const char *K = (const char *)a->keys + (Py_ssize_t)g * a->L * pitch;
+    const char *V = (const char *)a->values + (Py_ssize_t)g * a->L * pitch;
     for (int r = 0; r < R; r++) {
         const float *q = a->q + ((Py_ssize_t)g * R + r) * D;
         float *sr = s + (Py_ssize_t)r * n;
         float m = -FLT_MAX, l = 0.0f;
-        const float *k = ROW_AT(K, j0);
+        const char *k = ROW_AT(K, j0);
         for (Py_ssize_t j = j0; j < j1; j++, NEXT_ROW(k, K)) {
             float x = 0.0f;
             for (int d = 0; d < D; d++)
-                x += q[d] * k[d];
+                x += q[d] * kv_at(k, d, bf16);
             if (a->softcap > 0.0f)
                 x = tanhf(x / a->softcap) * a->softcap;
             if (a->alibi)
@@ -653,13 +738,21 @@ static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t 
         float *o = partial + ((Py_ssize_t)g * R + r) * (D + 2);
         for (int d = 0; d < D; d++)
             o[d] = 0.0f;
-        const float *row = ROW_AT(V, j0);
+        const char *row = ROW_AT(V, j0);
         for (Py_ssize_t j = 0; j < n; j++, NEXT_ROW(row, V))
             for (int d = 0; d < D; d++)
-                o[d] += sr[j] * row[d];
+                o[d] += sr[j] * kv_at(row, d, bf16);
         o[D] = m;
         o[D + 1] = l;
     }
+}
+
+static void attend_plain(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, float *s,
+                         float *partial) {
+    if (a->kv16)
+        attend_plain_of(a, g, j0, j1, s, partial, 1);
+    else
+        attend_plain_of(a, g, j0, j1, s, partial, 0);
 }
 
 static void attend_part(const void *args, int part, int parts) {
@@ -700,10 +793,10 @@ static Py_ssize_t attend_need(int H, int G, int D, Py_ssize_t start, Py_ssize_t 
 /* One query (H, D) at ``start`` over caches (G, L, D) into out (H, D): q scaled into the
  * scratch (attend_need floats), the positions shared by the pool's threads, their softmax
  * numerators merged. Called with the GIL released; shapes checked by the caller. */
-static void attend_run(float *out, const float *q, const float *keys, const float *values,
-                       float *scratch, int H, int G, int D, Py_ssize_t L, Py_ssize_t start,
-                       Py_ssize_t window, float scale, float softcap, Py_ssize_t ring,
-                       const float *alibi) {
+static void attend_run(float *out, const float *q, const void *keys, const void *values,
+                       int kv16, float *scratch, int H, int G, int D, Py_ssize_t L,
+                       Py_ssize_t start, Py_ssize_t window, float scale, float softcap,
+                       Py_ssize_t ring, const float *alibi) {
     int T = pool.threads ? pool.threads : 1;
     Py_ssize_t HD = (Py_ssize_t)H * D;
     Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
@@ -712,7 +805,8 @@ static void attend_run(float *out, const float *q, const float *keys, const floa
     for (Py_ssize_t i = 0; i < HD; i++)
         qs[i] = q[i] * scale;
     attend_args a = {qs, keys, values, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
-                     H, G, D, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap, alibi};
+                     H, G, D, kv16, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap,
+                     alibi};
     pool_run(attend_part, &a);
     /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
     float *o = out;
@@ -1016,6 +1110,22 @@ static void attend_free(attend_call *c) {
     PyBuffer_Release(&c->out);
 }
 
+/* A KV cache: C-contiguous float32, or bfloat16 bits (uint16). */
+static int get_cache(PyObject *obj, Py_buffer *view, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous float32 or uint16 (bfloat16 "
+                     "bits) array", name);
+        return -1;
+    }
+    if (!view->format || !((view->itemsize == 4 && strcmp(view->format, "f") == 0) ||
+                           (view->itemsize == 2 && strcmp(view->format, "H") == 0))) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be float32 or uint16 (bfloat16 bits)", name);
+        return -1;
+    }
+    return 0;
+}
+
 static int attend_parse(PyObject *const *args, Py_ssize_t nargs, const char *name,
                         attend_call *c) {
     if (nargs != 11 && nargs != 12) {
@@ -1044,10 +1154,14 @@ static int attend_parse(PyObject *const *args, Py_ssize_t nargs, const char *nam
         PyErr_SetString(PyExc_ValueError, "q must be float32");
         goto a1;
     }
-    if (get_floats(args[2], &c->k, 0, "keys") < 0)
+    if (get_cache(args[2], &c->k, "keys") < 0)
         goto a1;
-    if (get_floats(args[3], &c->v, 0, "values") < 0)
+    if (get_cache(args[3], &c->v, "values") < 0)
         goto a2;
+    if (c->v.itemsize != c->k.itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: keys and values must be of one dtype", name);
+        goto a3;
+    }
     if (get_floats(args[4], &c->scratch, 1, "scratch") < 0)
         goto a3;
     if (nargs == 12 && args[11] != Py_None && get_floats(args[11], &c->alibi, 0, "alibi") < 0)
@@ -1081,7 +1195,8 @@ static PyObject *attend_call_run(attend_call *c, const char *name, int ok, int H
     const char *why = ok ? NULL : shapes;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        why = attend_any(c->out.buf, c->q.buf, qstride, c->k.buf, c->v.buf, c->scratch.buf,
+        why = attend_any(c->out.buf, c->q.buf, qstride, c->k.buf, c->v.buf, c->k.itemsize == 2,
+                         c->scratch.buf,
                          c->scratch.len / 4, H, c->G, D, c->k.shape[1], n, c->start,
                          c->window, c->scale, c->softcap, c->ring, c->alibi.buf);
         Py_END_ALLOW_THREADS
@@ -1316,17 +1431,20 @@ static PyObject *py_use(PyObject *self, PyObject *arg) {
 }
 
 static PyObject *py_prefetch(PyObject *self, PyObject *args) {
-    Py_ssize_t f = gemv_ahead[0], b = gemv_ahead[1], q = gemv_ahead[2];
-    if (!PyArg_ParseTuple(args, "|nnn", &f, &b, &q))
+    Py_ssize_t f = gemv_ahead[0], b = gemv_ahead[1], q = gemv_ahead[2], at = attend_ahead;
+    if (!PyArg_ParseTuple(args, "|nnnn", &f, &b, &q, &at))
         return NULL;
-    if (f < 0 || b < 0 || q < 0 || f > 65536 || b > 65536 || q > 65536) {
+    if (f < 0 || b < 0 || q < 0 || at < 0 || f > 65536 || b > 65536 || q > 65536 ||
+        at > 65536) {
         PyErr_SetString(PyExc_ValueError, "prefetch distances are bytes from 0 to 65536");
         return NULL;
     }
-    PyObject *was = Py_BuildValue("(nnn)", gemv_ahead[0], gemv_ahead[1], gemv_ahead[2]);
+    PyObject *was = Py_BuildValue("(nnnn)", gemv_ahead[0], gemv_ahead[1], gemv_ahead[2],
+                                  attend_ahead);
     gemv_ahead[0] = f; /* between calls: the pool is idle */
     gemv_ahead[1] = b;
     gemv_ahead[2] = q;
+    attend_ahead = at;
     return was;
 }
 
@@ -1370,8 +1488,9 @@ static PyMethodDef methods[] = {
      "row-major, or bfloat16 tiles (formats.tile_bfloat16) with x rounded to bfloat16; b "
      "None or (n,)"},
     {"prefetch", py_prefetch, METH_VARARGS,
-     "prefetch([float32, bfloat16, int8]): how far ahead (bytes, 0: off) a GEMV asks for its "
-     "weights, per form; returns the distances before"},
+     "prefetch([float32, bfloat16, int8, attend]): how far ahead (bytes, 0: off) a GEMV asks "
+     "for its weights, per form, and a decode step's attention for its cache rows; returns "
+     "the distances before"},
     {"profile", py_profile, METH_O,
      "profile(on): count each program step's calls and ns by its code from now (True) or "
      "stop (False); returns {code: (calls, ns)} since the last call, and clears it"},

@@ -73,17 +73,19 @@ static inline __attribute__((always_inline)) FV CH_FN(vexp)(FV x) {
     return (FV)((IV)(p * (FV)e) & ~under);
 }
 
-/* MR keys' scores (rows kr[0..MR)) against the packed queries qp (D, 2W), into st. */
+/* MR keys' scores (rows kr[0..MR), float32 or bf16's bfloat16 bits) against the packed
+ * queries qp (D, 2W), into st. */
 static inline __attribute__((always_inline)) void CH_FN(scores)(const float *qp, int D,
-                                                               const float *const *kr,
-                                                               float *st, const int MR) {
+                                                               const void *const *kr,
+                                                               float *st, const int MR,
+                                                               const int bf16) {
     FV c[6][2];
     for (int r = 0; r < MR; r++)
         c[r][0] = c[r][1] = (FV){0};
     for (int p = 0; p < D; p++) {
         FV x0 = CH_FN(xload)(qp + p * 2 * W), x1 = CH_FN(xload)(qp + p * 2 * W + W);
         for (int r = 0; r < MR; r++) {
-            float k = kr[r][p];
+            float k = kv_at(kr[r], p, bf16);
             c[r][0] += x0 * k;
             c[r][1] += x1 * k;
         }
@@ -96,53 +98,59 @@ static inline __attribute__((always_inline)) void CH_FN(scores)(const float *qp,
 
 /* Value columns [d0, d0 + MR) of the unit's 2W rows: sum over keys j of st[j] v_j[d]. */
 static inline __attribute__((always_inline)) void CH_FN(sums)(const chunk_args *a,
-                                                             const float *V, Py_ssize_t lo,
+                                                             const char *V, Py_ssize_t lo,
                                                              Py_ssize_t hi, const float *st,
-                                                             int d0, FV *o, const int MR) {
-    const int D = a->D;
+                                                             int d0, FV *o, const int MR,
+                                                             const int bf16) {
+    const Py_ssize_t pitch = (Py_ssize_t)a->D * (bf16 ? 2 : 4);  /* bytes a row */
     FV c[6][2];
     for (int r = 0; r < MR; r++)
         c[r][0] = c[r][1] = (FV){0};
-    const float *row = V + (lo % a->rows) * D;
+    const char *row = V + (lo % a->rows) * pitch;
     for (Py_ssize_t j = lo; j < hi; j++) {
         FV p0 = CH_FN(xload)(st + (j - lo) * 2 * W), p1 = CH_FN(xload)(st + (j - lo) * 2 * W + W);
         for (int r = 0; r < MR; r++) {
-            float v = row[d0 + r];
+            float v = kv_at(row, d0 + r, bf16);
             c[r][0] += p0 * v;
             c[r][1] += p1 * v;
         }
-        row += D;
-        if (row == V + a->rows * D)
+        row += pitch;
+        if (row == V + a->rows * pitch)
             row = V;
     }
     for (int r = 0; r < MR; r++)
         o[2 * r] = c[r][0], o[2 * r + 1] = c[r][1];
 }
 
-/* One unit: head h, query rows [i0, i0 + 2W) of the chunk (fewer at its end). */
-static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *qp, float *st) {
+/* One unit: head h, query rows [i0, i0 + 2W) of the chunk (fewer at its end); the caches
+ * float32, or (bf16) bfloat16 bits. */
+static inline __attribute__((always_inline)) void CH_FN(chunk_unit_of)(const chunk_args *a,
+                                                                      int h, Py_ssize_t i0,
+                                                                      float *qp, float *st,
+                                                                      const int bf16) {
     const int D = a->D, G = a->G, R = a->H / G, HD = a->H * D;
     const int P = 2 * W;
+    const Py_ssize_t pitch = (Py_ssize_t)D * (bf16 ? 2 : 4);  /* bytes a cache row */
     const Py_ssize_t i1 = i0 + P < a->n ? i0 + P : a->n, nb = i1 - i0;
     const Py_ssize_t hi = a->start + i1;
     const Py_ssize_t lo = a->window > 0 && a->start + i0 - a->window + 1 > 0
                               ? a->start + i0 - a->window + 1 : 0;
-    const float *K = a->keys + (Py_ssize_t)(h / R) * a->L * D;
-    const float *V = a->values + (Py_ssize_t)(h / R) * a->L * D;
+    const char *K = (const char *)a->keys + (Py_ssize_t)(h / R) * a->L * pitch;
+    const char *V = (const char *)a->values + (Py_ssize_t)(h / R) * a->L * pitch;
     for (int p = 0; p < D; p++)
         for (int i = 0; i < P; i++)
             qp[p * P + i] = i < nb ? a->q[(i0 + i) * a->qstride + h * D + p] * a->scale : 0.0f;
     /* Scores, six keys at a time; keys are rows p % rows (a ring's wrap) */
     Py_ssize_t j = lo;
     for (; j + 6 <= hi; j += 6) {
-        const float *kr[6];
+        const void *kr[6];
         for (int r = 0; r < 6; r++)
-            kr[r] = K + ((j + r) % a->rows) * D;
-        CH_FN(scores)(qp, D, kr, st + (j - lo) * P, 6);
+            kr[r] = K + ((j + r) % a->rows) * pitch;
+        CH_FN(scores)(qp, D, kr, st + (j - lo) * P, 6, bf16);
     }
     for (; j < hi; j++) {
-        const float *kr[1] = {K + (j % a->rows) * D};
-        CH_FN(scores)(qp, D, kr, st + (j - lo) * P, 1);
+        const void *kr[1] = {K + (j % a->rows) * pitch};
+        CH_FN(scores)(qp, D, kr, st + (j - lo) * P, 1, bf16);
     }
     /* Each lane's query position (padding lanes: the last row's, so never all masked). */
     IV qpos[2];
@@ -185,7 +193,7 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
     FV o[12];
     int d = 0;
     for (; d + 6 <= D; d += 6) {
-        CH_FN(sums)(a, V, lo, hi, st, d, o, 6);
+        CH_FN(sums)(a, V, lo, hi, st, d, o, 6, bf16);
         for (int r = 0; r < 6; r++)
             for (int v = 0; v < 2; v++) {
                 FV y = o[2 * r + v] / l[v];
@@ -196,11 +204,11 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
     if (d < D) {  /* the last D % 6 columns in one sweep of the keys, not one sweep each */
         const int rest = D - d;
         switch (rest) {
-        case 1: CH_FN(sums)(a, V, lo, hi, st, d, o, 1); break;
-        case 2: CH_FN(sums)(a, V, lo, hi, st, d, o, 2); break;
-        case 3: CH_FN(sums)(a, V, lo, hi, st, d, o, 3); break;
-        case 4: CH_FN(sums)(a, V, lo, hi, st, d, o, 4); break;
-        default: CH_FN(sums)(a, V, lo, hi, st, d, o, 5); break;
+        case 1: CH_FN(sums)(a, V, lo, hi, st, d, o, 1, bf16); break;
+        case 2: CH_FN(sums)(a, V, lo, hi, st, d, o, 2, bf16); break;
+        case 3: CH_FN(sums)(a, V, lo, hi, st, d, o, 3, bf16); break;
+        case 4: CH_FN(sums)(a, V, lo, hi, st, d, o, 4, bf16); break;
+        default: CH_FN(sums)(a, V, lo, hi, st, d, o, 5, bf16); break;
         }
         for (int r = 0; r < rest; r++)
             for (int v = 0; v < 2; v++) {
@@ -209,6 +217,13 @@ static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *
                     out[(v * W + i) * HD + d + r] = y[i];
             }
     }
+}
+
+static void CH_FN(chunk_unit)(const chunk_args *a, int h, Py_ssize_t i0, float *qp, float *st) {
+    if (a->kv16)
+        CH_FN(chunk_unit_of)(a, h, i0, qp, st, 1);
+    else
+        CH_FN(chunk_unit_of)(a, h, i0, qp, st, 0);
 }
 
 /* Units [u0, u1) of (head, block) pairs, head-major. */

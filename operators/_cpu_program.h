@@ -39,7 +39,8 @@ enum {
                    * n); (scale, softcap): n queries q (n, H, D) (rows apart) at start ..
                    * start + n into out (n, H * D): attend at one, attend_chunk at more (a
                    * ring of ring rows where L has grown to it, else position p at row p);
-                   * alibi (H,) ALiBi slopes, as attend's */
+                   * alibi (H,) ALiBi slopes, as attend's; caches float32, or both
+                   * bfloat16 bits (uint16), widened as read */
     OP_RMS_NORM,  /* (out, x, w); (rows, d, weight rows, inner); (eps): x * (1 / sqrt(mean(
                    * x^2) + eps)) * w per row of d, x and out (rows / inner, inner, d) rows
                    * apart, row r scaled by weight row r % inner (weight rows: 1 or inner) */
@@ -51,7 +52,9 @@ enum {
                    * rows of x (n, heads, D) (rows apart), row r at table row start + r, the
                    * first R columns of each head turned */
     OP_KV_WRITE,  /* (cache, x); (G, capacity, D, ring, n); (): x (n, G, D) (rows apart)
-                   * into rows start .. start + n (each % ring), which the capacity holds */
+                   * into rows start .. start + n (each % ring), which the capacity holds;
+                   * a cache of bfloat16 bits (uint16) holds each value rounded
+                   * (float_to_bf16) */
     OP_EMBEDDING, /* (out, ids, table); (vocab, hidden, n); (scale): table[ids[r]] (*
                    * scale) for r < n, each id checked */
     OP_LAYER_NORM,/* (out, x, w, b|None); (rows, d, weight rows, inner); (eps): (x - mean)
@@ -99,7 +102,8 @@ typedef struct {
     Py_ssize_t i[INTS];
     float f[FLOATS];
     int kind;                /* OP_GEMV: WEIGHTS_F32, WEIGHTS_BF16 or 2 (Q8_0); OP_GEMM:
-                              * WEIGHTS_F32 or WEIGHTS_BF16 (tiles, _cpu_tiles.h) */
+                              * WEIGHTS_F32 or WEIGHTS_BF16 (tiles, _cpu_tiles.h);
+                              * OP_ATTEND, OP_KV_WRITE: the cache's, the same two */
 } step_t;
 
 typedef struct {
@@ -167,7 +171,8 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
             i[5] < 0 || (i[5] > 0 && (i[4] == 0 || i[4] > i[5])) || i[6] < 1)
             break;
         want[0] = want[1] = 4 * i[6] * i[0] * i[2];
-        want[2] = want[3] = 4 * i[1] * i[3] * i[2];
+        want[2] = want[3] = (s->kind == WEIGHTS_BF16 ? 2 : 4) * i[1] * i[3] * i[2];
+        fmt[2] = fmt[3] = s->kind == WEIGHTS_BF16 ? 'H' : 'f';
         want[4] = -1;  /* the scratch: checked at each run, by the position */
         want[5] = s->a[5] ? 4 * i[0] : 0;
         return 0;
@@ -204,7 +209,8 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
     case OP_KV_WRITE:
         if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[3] < 0 || i[4] < 1)
             break;
-        want[0] = 4 * i[0] * i[1] * i[2];
+        want[0] = (s->kind == WEIGHTS_BF16 ? 2 : 4) * i[0] * i[1] * i[2];
+        fmt[0] = s->kind == WEIGHTS_BF16 ? 'H' : 'f';
         want[1] = 4 * i[4] * i[0] * i[2];
         return 0;
     case OP_EMBEDDING:
@@ -360,6 +366,10 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
             s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : formats[2] == 'B' ? 2 : WEIGHTS_F32;
         if (s->op == OP_GEMM)
             s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : WEIGHTS_F32;
+        if (s->op == OP_ATTEND)  /* the caches' form: both as the keys */
+            s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : WEIGHTS_F32;
+        if (s->op == OP_KV_WRITE)
+            s->kind = formats[0] == 'H' ? WEIGHTS_BF16 : WEIGHTS_F32;
         Py_ssize_t want[ARRAYS];
         char fmt[ARRAYS];
         if (step_sizes(s, want, fmt) < 0)
@@ -435,8 +445,9 @@ static void rows_run(task_fn fn, const void *args, Py_ssize_t rows) {
 
 /* n queries at start: checks, then attend's kernel at one, attend_chunk's at more; 0 or why
  * not (a position past the cache, a scratch short of it). q (n, H, D) rows qstride apart. */
-static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, const float *keys,
-                              const float *values, float *scratch, Py_ssize_t scratch_floats,
+static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, const void *keys,
+                              const void *values, int kv16, float *scratch,
+                              Py_ssize_t scratch_floats,
                               int H, int G, int D, Py_ssize_t L, Py_ssize_t n, Py_ssize_t start,
                               Py_ssize_t window, float scale, float softcap, Py_ssize_t ring,
                               const float *alibi) {
@@ -446,8 +457,8 @@ static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, co
             return "the query's position is past the cache";
         if (scratch_floats < attend_need(H, G, D, start, window))
             return "the scratch is short for this position";
-        attend_run(out, q, keys, values, scratch, H, G, D, L, start, window, scale, softcap,
-                   ring, alibi);
+        attend_run(out, q, keys, values, kv16, scratch, H, G, D, L, start, window, scale,
+                   softcap, ring, alibi);
         return NULL;
     }
     const Py_ssize_t P = 2 * simd_lanes();
@@ -462,8 +473,8 @@ static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, co
     if (scratch_floats < (Py_ssize_t)T * P * (D + span))
         return "the scratch is short for these positions";
     chunk_args a = {q, keys, values, out, scratch, n, start, L,
-                    ring > 0 && ring <= L ? ring : L, window, qstride, span, H, G, D, scale,
-                    softcap, alibi};
+                    ring > 0 && ring <= L ? ring : L, window, qstride, span, H, G, D, kv16,
+                    scale, softcap, alibi};
     pool_run(chunk_part, &a);
     return NULL;
 }
@@ -498,9 +509,10 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
             return "gemm: no memory for x's panels";
         return NULL;
     case OP_ATTEND: {
-        const char *why = attend_any(out, s->a[1], s->rs[1], s->a[2], s->a[3], s->a[4],
-                                     s->len[4] / 4, (int)i[0], (int)i[1], (int)i[2], i[3], i[6],
-                                     start, i[4], s->f[0], s->f[1], i[5], s->a[5]);
+        const char *why = attend_any(out, s->a[1], s->rs[1], s->a[2], s->a[3],
+                                     s->kind == WEIGHTS_BF16, s->a[4], s->len[4] / 4,
+                                     (int)i[0], (int)i[1], (int)i[2], i[3], i[6], start, i[4],
+                                     s->f[0], s->f[1], i[5], s->a[5]);
         if (why)
             snprintf(msg, size, "attention: %s", why);
         return why ? msg : NULL;
@@ -568,8 +580,16 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         const float *x = s->a[1];
         for (Py_ssize_t r = 0; r < n; r++) {
             const Py_ssize_t row = ring ? (start + r) % ring : start + r;
-            for (Py_ssize_t g = 0; g < G; g++)
-                memcpy(out + (g * L + row) * D, x + r * s->rs[1] + g * D, sizeof(float) * D);
+            for (Py_ssize_t g = 0; g < G; g++) {
+                const float *from = x + r * s->rs[1] + g * D;
+                if (s->kind == WEIGHTS_BF16) {  /* a bfloat16 cache: each value rounded */
+                    uint16_t *to = (uint16_t *)s->a[0] + (g * L + row) * D;
+                    for (Py_ssize_t d = 0; d < D; d++)
+                        to[d] = float_to_bf16(from[d]);
+                } else {
+                    memcpy(out + (g * L + row) * D, from, sizeof(float) * D);
+                }
+            }
         }
         return NULL;
     }

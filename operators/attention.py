@@ -17,6 +17,7 @@ import numpy as np
 
 from . import native
 from .base import EPS32, Operator, Tolerance, as64
+from .formats import to_bfloat16, widen_bfloat16
 from .relative import position_bias
 
 
@@ -39,7 +40,10 @@ def _runs(start: int, n: int, ring: int | None) -> list[tuple[int, int, int]]:
 class KVWrite(Operator):
     """Write ``x`` ``(n, kv_heads, head_dim)`` into ``cache`` ``(kv_heads, capacity,
     head_dim)`` at positions ``start .. start + n`` (rows ``p % ring`` with ``ring``); the
-    cache, written in place, is the output.
+    cache, written in place, is the output. A bfloat16 cache (uint16 bits,
+    ``runtime.module.State``) holds each value rounded as ``formats.to_bfloat16``; the
+    reference writes it exactly (the plan's check rounds what it expects, as the cache
+    holds it).
     """
 
     name = "kv_write"
@@ -61,7 +65,8 @@ class KVWrite(Operator):
 
     def kernel(self, out, x, cache, scratch=None, start=0, ring=None):
         for at, row, n in _runs(start, x.shape[0], ring):
-            cache[:, row:row + n] = x[at:at + n].transpose(1, 0, 2)
+            rows = x[at:at + n].transpose(1, 0, 2)
+            cache[:, row:row + n] = to_bfloat16(rows) if cache.dtype == np.uint16 else rows
 
     def lower(self, out, x, cache, scratch=None, ring=None):
         # Each position's kv heads' rows copied into their places, as kernel (x may be the
@@ -117,6 +122,16 @@ def _span(cache: np.ndarray, lo: int, hi: int, ring: int | None, buf: np.ndarray
     out = buf[: G * (hi - lo) * D].reshape(G, hi - lo, D)
     for at, row, n in runs:
         out[:, at:at + n] = cache[:, row:row + n]
+    return out
+
+
+def widened(cache: np.ndarray, t: int, ring: int | None) -> np.ndarray:
+    """A bfloat16 cache's (uint16 bits ``(G, capacity, D)``) rows a call ending at position
+    ``t`` may read, as float32 of the same shape (rows past them zeros): every row of a
+    ring, else the first ``t``."""
+    out = np.zeros(cache.shape, np.float32)
+    held = cache.shape[1] if ring is not None else min(t, cache.shape[1])
+    out[:, :held] = widen_bfloat16(cache[:, :held])
     return out
 
 
@@ -346,6 +361,10 @@ class Attention(Operator):
             lib.attend_chunk(out, q, keys, values, scratch, G, start, window or 0,
                              float(scale), float(softcap or 0.0), ring or 0, slopes)
             return
+        if keys.dtype == np.uint16:
+            # A bfloat16 cache, widened exactly (the C kernels read its bits as they are):
+            # the rows this call may read, a copy.
+            keys, values = widened(keys, start + n, ring), widened(values, start + n, ring)
         # The queries times the scale, not the scores: n * H * D products, not n * H * w
         # (exact where the scale is a power of two, head_dim ** -0.5 for head_dim 64).
         # Queries are grouped by kv head, then row, (G, n, R, D): a block of rows is one

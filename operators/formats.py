@@ -89,6 +89,20 @@ def round_bfloat16(array: np.ndarray) -> np.ndarray:
     return out.reshape(a.shape)
 
 
+def to_bfloat16(array: np.ndarray) -> np.ndarray:
+    """``array`` (float32, any values) as the bfloat16 torch's ``.to(torch.bfloat16)`` gives:
+    to nearest, ties to even; past bfloat16's largest finite value, infinity; NaN a quiet
+    NaN of its sign. Bits, uint16, same shape. What a bfloat16 KV cache holds of what is
+    written to it (``runtime.module.State``; the C kernels' ``to_bf16``)."""
+    bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+               >> np.uint32(16)).astype(np.uint16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return rounded
+
+
 def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) as float32, exactly."""
     return (bits.astype(np.uint32) << 16).view(np.float32)

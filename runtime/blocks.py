@@ -554,8 +554,10 @@ class Attention(Module):
         self.options = o
         if own:
             # Positions along axis 1, grown as the sequence does (CausalLM.reserve).
-            self.keys = State(G, max_seq_len, D, axis=1, initial=0)
-            self.values = State(G, max_seq_len, D, axis=1, initial=0)
+            # Differential attention's kernels read float32 caches only.
+            kv = o.differential is None
+            self.keys = State(G, max_seq_len, D, axis=1, initial=0, kv=kv)
+            self.values = State(G, max_seq_len, D, axis=1, initial=0, kv=kv)
         if o.dynamic_mask:
             self.key_bias = State(G, max_seq_len, 1, axis=1, initial=0)
         else:

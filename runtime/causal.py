@@ -22,7 +22,7 @@ from .blocks import (QUERIES, RELATIVE_TABLE, ActivationParams, AltUpOptions, Em
                      rope_switch, rope_table)
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer
-from .module import Module, Param, State
+from .module import STATE_DTYPES, Module, Param, State
 from .plan import Plan
 from .recurrence import DEFAULT_STACK, RecurrenceOptions, Schedule, Stack, run_schedule
 from .reference import Reference
@@ -254,8 +254,8 @@ class Decoder(Module):
                                       for r in readers):
             return
         G, D = o.kv_heads, o.head_dim
-        attn.keys = State(G, ring, D, axis=1, initial=0, ring=ring)
-        attn.values = State(G, ring, D, axis=1, initial=0, ring=ring)
+        attn.keys = State(G, ring, D, axis=1, initial=0, ring=ring, kv=attn.keys.kv)
+        attn.values = State(G, ring, D, axis=1, initial=0, ring=ring, kv=attn.values.kv)
         if o.dynamic_mask:
             attn.key_bias = State(G, ring, 1, axis=1, initial=0, ring=ring)
 
@@ -332,7 +332,29 @@ class CausalLM(Module):
         # The prompt chunk's projection weights: float32, or bfloat16 tiles (x rounded to
         # bfloat16 too: operators/_cpu_tiles.h); a prompt chunk of its own each.
         self.prefill_weights = "float32"
+        self.kv_cache = "float32"  # what the KV caches hold (use_kv_cache)
         self.reserve(1)
+
+    def use_kv_cache(self, dtype: str) -> None:
+        """Hold every attention layer's keys and values as ``dtype`` from now on:
+        ``float32``, or ``bfloat16``, each value rounded to the nearest bfloat16 as it is
+        written (ties to even, as torch's ``.to(torch.bfloat16)`` and llama.cpp's ``-ctk
+        bf16``) and read back exactly, half the bytes a deep decode step reads. Layers whose
+        kernels read float32 only (differential attention) keep float32. The caches then
+        hold nothing (no session's tokens), and every compiled version is compiled afresh
+        at its next call, on the new caches; the float64 ``reference()`` keeps its own.
+
+        Raises:
+            ValueError: ``dtype`` is neither.
+        """
+        if dtype not in STATE_DTYPES:
+            raise ValueError(f"a KV cache of {dtype!r}: one of {', '.join(STATE_DTYPES)}")
+        for _, s in self.named_states():
+            if s.kv:
+                s.use(dtype)
+        self.kv_cache = dtype
+        self._versions.clear()
+        self.holder = None
 
     def reserve(self, positions: int) -> None:
         """Make every KV cache hold at least ``positions`` positions (a ring at most its

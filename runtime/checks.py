@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from iron_spec.operators.attention import rows_of
+from iron_spec.operators.formats import widen_bfloat16
 
 from .causal import CausalLM
 from .golden import Golden, kl_stats, log_softmax, teacher_forced
@@ -276,7 +277,7 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) ->
             # The reference's cache holds the very same rows: no float64 prompt run to fill
             # it first (every row of it would be overwritten here).
             mirror = lm.reference_states.setdefault(id(state), np.zeros(state.shape, np.float64))
-            mirror[:, rows] = filled
+            mirror[:, rows] = widen_bfloat16(filled) if filled.dtype == np.uint16 else filled
         lm.holder = None
         got, _ = lm.decode_step(token=token, position=position)
         got = np.array(got)

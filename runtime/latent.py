@@ -103,8 +103,8 @@ class LatentAttention(Attention):
         self.kv_b_proj.weight.rows = keys_then_values(H, Dn, Dv)
         self.o_proj = Linear(H * Dv, hidden_size, o.o_bias)
         self.options = o
-        self.keys = State(H, max_seq_len, D, axis=1, initial=0)
-        self.values = State(H, max_seq_len, Dv, axis=1, initial=0)
+        self.keys = State(H, max_seq_len, D, axis=1, initial=0, kv=True)
+        self.values = State(H, max_seq_len, Dv, axis=1, initial=0, kv=True)
 
     def packs(self):
         return []

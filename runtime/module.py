@@ -72,8 +72,14 @@ class Param:
         return f"Param{self.shape}"
 
 
+#: What a State may hold, by name: a bfloat16 cache as its values' upper 16 bits.
+STATE_DTYPES = {"float32": np.float32, "bfloat16": np.uint16}
+
+
 class State:
-    """Memory a module keeps from call to call, float32 zeros of ``shape`` (a KV cache).
+    """Memory a module keeps from call to call, zeros of ``shape`` (a KV cache): float32,
+    or where ``kv`` (an attention layer's keys or values, which any kernel reading them
+    reads in either form) ``use``'s bfloat16, as bits (uint16: ``operators.formats``).
 
     ``shape`` is the most it holds. With ``axis`` (a cache's positions), ``array`` holds
     only ``capacity`` of them along that axis, starting at ``initial``, and ``grow`` makes
@@ -84,14 +90,26 @@ class State:
     """
 
     def __init__(self, *shape: int, axis: int | None = None, initial: int | None = None,
-                 ring: int | None = None):
+                 ring: int | None = None, kv: bool = False):
         self.shape = tuple(int(s) for s in shape)
-        self.axis, self.ring = axis, ring
+        self.axis, self.ring, self.kv = axis, ring, kv
         held = list(self.shape)
         if axis is not None:
             held[axis] = self.shape[axis] if initial is None else min(initial, self.shape[axis])
         # np.zeros maps pages lazily: only what is written costs memory.
         self.array = np.zeros(tuple(held), np.float32)
+
+    def use(self, dtype: str) -> None:
+        """Hold ``dtype`` (``float32`` or, where ``kv``, ``bfloat16``) from now on, the held
+        values zeros again (a model's KV caches are chosen before any token is run).
+
+        Raises:
+            ValueError: ``dtype`` is neither, or bfloat16 on a state not ``kv``.
+        """
+        if dtype not in STATE_DTYPES or (dtype != "float32" and not self.kv):
+            raise ValueError(f"a state holds float32{', or bfloat16 (a KV cache)' if self.kv else ''}, "
+                             f"not {dtype!r}")
+        self.array = np.zeros(self.array.shape, STATE_DTYPES[dtype])
 
     @property
     def capacity(self) -> int:
@@ -108,7 +126,7 @@ class State:
             return False
         held = list(self.array.shape)
         held[self.axis] = capacity
-        array = np.zeros(tuple(held), np.float32)
+        array = np.zeros(tuple(held), self.array.dtype)
         array[(slice(None),) * self.axis + (slice(0, self.capacity),)] = self.array
         self.array = array
         return True
@@ -121,7 +139,7 @@ class State:
     @property
     def most_bytes(self) -> int:
         """Bytes it holds at its full ``shape``."""
-        return int(np.prod(self.shape)) * 4
+        return int(np.prod(self.shape)) * self.array.itemsize
 
 
 class Module:

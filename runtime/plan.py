@@ -21,6 +21,7 @@ import numpy as np
 
 from iron_spec.operators import native
 from iron_spec.operators.base import PerCall, resolve
+from iron_spec.operators.formats import to_bfloat16, widen_bfloat16
 
 from .arena import Span, aligned, place
 from .graph import Handle, Recorder, Step
@@ -364,6 +365,13 @@ class Plan:
             return None
         return self._out[:rows] if self.output.bounded else self._out
 
+    def _is_bfloat16_state(self, h: Handle | None) -> bool:
+        """Whether ``h`` is (a view of) a state holding bfloat16 (``State.use``)."""
+        if h is None:
+            return False
+        owner = self._root(h).owner
+        return owner is not None and owner.array.dtype == np.uint16
+
     def _check(self, r: _Run, out, ins, attrs, lowered=None) -> None:
         """Run step ``r`` (its kernel, or ``lowered``: its native step) and compare what it
         wrote with its operator's reference on the same inputs."""
@@ -377,9 +385,11 @@ class Plan:
                      step.op.widen_reduced(k, x, o.shape) for k, (o, x) in enumerate(zip(originals, ins))]
         # Copies taken before the kernel runs: a writing step changes its state in place.
         # A weight is read as stored, never copied (the reference widens what it needs).
+        # A bfloat16 state (a KV cache's uint16 bits) is read as the values it holds.
         before = [None if x is None or o is not None else
+                  _held(x) if self._is_bfloat16_state(step.inputs[k]) else
                   np.array(x, np.float64 if x.dtype.kind == "f" else x.dtype)
-                  for x, o in zip(ins, originals)]
+                  for k, (x, o) in enumerate(zip(ins, originals))]
         if lowered is None:
             r.kernel(out, *ins, scratch=r.scratch, **attrs)
         else:
@@ -387,7 +397,13 @@ class Plan:
         ref_ins = step.op.reference_inputs(
             [o if o is not None else b for o, b in zip(originals, before)], ins)
         expected = step.op.reference(*ref_ins, **attrs)
-        got = np.asarray(ins[writes] if writes is not None else out, np.float64)
+        if writes is not None and self._is_bfloat16_state(step.inputs[writes]):
+            # What the state can hold of what the reference wrote: each value as the kernel
+            # rounds it (formats.to_bfloat16 of its float32); judged exactly, as float32's.
+            expected = _held(to_bfloat16(expected.astype(np.float32)))
+            got = _held(ins[writes])
+        else:
+            got = np.asarray(ins[writes] if writes is not None else out, np.float64)
         tol = step.op.tolerance(*[None if x is None else x.shape for x in ins], **attrs)
         bound = tol.bound(step.op.scale(expected, *ref_ins, **attrs))
         err = np.abs(got - expected)
@@ -401,6 +417,11 @@ class Plan:
                 f"(atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) at "
                 f"{tuple(int(i) for i in np.unravel_index(at, err.shape))}")
         self.checked.append(step.where)
+
+
+def _held(bits: np.ndarray) -> np.ndarray:
+    """A bfloat16 state's bits (uint16) as the float64 values they hold."""
+    return widen_bfloat16(bits).astype(np.float64)
 
 
 def _continues(group: list[Step], step: Step) -> bool:

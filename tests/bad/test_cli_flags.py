@@ -122,6 +122,8 @@ def test_toy_with_a_checkpoint_is_refused(tmp_path, flags):
      "--decode-weights bfloat16: an encoder has no decode step"),
     (["check", "bert", "--random-weights", "0", "--toy", "--prefill-weights", "bfloat16"],
      "--prefill-weights bfloat16: an encoder has no prompt chunk"),
+    (["check", "bert", "--random-weights", "0", "--toy", "--kv-cache", "bfloat16"],
+     "--kv-cache bfloat16: an encoder has no KV cache"),
     (["check", LLAMA, "--random-weights", "0", "--toy", "--overwrite-golden"],
      "--overwrite-golden is for --record-golden alone"),
     (["check", LLAMA, "--random-weights", "0", "--toy", "--self-only", "--record-golden"],
@@ -228,7 +230,10 @@ def test_a_bad_expression_shadowed_by_a_config_key_is_refused_by_run_as_lint_doe
     ("bench", "--decode-weights", "float32,fp8", "'fp8' is not one of float32, bfloat16, bfloat16-rounded, int8"),
     ("run", "--prefill-weights", "int8", "'int8' is not one of float32, bfloat16"),
     ("check", "--prefill-weights", "int8", "'int8' is not one of float32, bfloat16"),
-    ("bench", "--prefill-weights", "float32,int8", "'int8' is not one of float32, bfloat16")])
+    ("bench", "--prefill-weights", "float32,int8", "'int8' is not one of float32, bfloat16"),
+    ("run", "--kv-cache", "float16", "'float16' is not one of float32, bfloat16"),
+    ("check", "--kv-cache", "int8", "'int8' is not one of float32, bfloat16"),
+    ("bench", "--kv-cache", "float32,q8", "'q8' is not one of float32, bfloat16")])
 def test_an_unknown_weights_choice_is_a_usage_error_before_loading(command, flag, value, says):
     result = runner.invoke(app, [command, LLAMA, "--checkpoint", "/nowhere", flag, value])
     assert result.exit_code == 2, result.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 
 from iron_spec import bench
@@ -37,6 +38,26 @@ def test_each_decode_weights_is_measured_beside_the_first(short):
     assert loaded.lm.decode_weights == "float32"
     text = bench.report(r)
     assert "decode at 8, int8" in text and "llama.cpp" not in text.split("ratios:")[0]
+
+
+@pytest.mark.skipif(native.LIB is None, reason="reduced decode weights need the decode pool")
+def test_each_kv_cache_is_measured_at_each_decode_weights(short):
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    use_decode_weights(loaded, "int8")
+    r = bench.measure(loaded, runs=1, peer=False, also=("int8",), also_kv=("bfloat16",))
+    assert r["kv_cache"] == "float32" and r["also_kv_caches"] == ["bfloat16"]
+    q, deep = r["ratios"], "decode_deep_tokens_per_s"
+    for w in ("float32", "int8"):
+        mine = r[bench.kv_side(w, "bfloat16")]
+        base = r["ours" if w == "float32" else "ours int8"]
+        assert q[f"{w}_bfloat16_cache_deep_vs_float32_cache"] == pytest.approx(
+            mine[deep] / base[deep])
+        assert q[f"{w}_bfloat16_cache_deep_vs_short_decode"] == pytest.approx(
+            mine[deep] / mine["decode_short_tokens_per_s"])
+    # The model is left as it was: its own cache, decode weights, compiled versions.
+    assert loaded.lm.kv_cache == "float32" and loaded.lm.decode_weights == "float32"
+    assert all(s.array.dtype == np.float32 for _, s in loaded.lm.named_states())
+    assert "decode at 40, int8, bfloat16 KV" in bench.report(r)
 
 
 def test_no_llama_cpp_installed_is_no_peer(monkeypatch, tmp_path):

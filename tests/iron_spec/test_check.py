@@ -215,6 +215,24 @@ def test_bfloat16_prefill_weights_pass_their_own_kl_gate_against_transformers():
     assert "prefill weights bfloat16, KL gate mean 0.001" in result.stderr
 
 
+@pytest.mark.parametrize("spec", ["llama3", "gemma3"])  # gemma3: a sliding window's ring
+def test_a_bfloat16_kv_cache_passes_its_own_kl_gate_against_transformers(spec):
+    # Every key and value rounded to bfloat16 as written, judged by transformers' float32
+    # golden within the reduced gate, the float64 gate on the model as it is (the float64
+    # reference keeps float64 caches), every kernel equal to its reference on what the
+    # cache holds (the cache write exactly as formats.to_bfloat16 rounds).
+    result = check(SPECS / f"{spec}.yaml", "--random-weights", 0, "--toy", "--kv-cache",
+                   "bfloat16", "--json")
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert verdict["verified"]
+    names = [c["name"] for c in verdict["checks"]]
+    assert "float64 KL vs golden" in names and "per-step check" in names
+    kl = next(c for c in verdict["checks"] if c["name"] == "KL vs golden")["numbers"]
+    assert 0 < kl["mean"] <= 1e-3  # the rounding costs something, within the gate
+    assert "KV cache bfloat16, KL gate mean 0.001" in result.stderr
+
+
 def test_exact_bfloat16_of_float32_weights_is_refused_naming_the_rounded_choice():
     result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--decode-weights",
                    "bfloat16")

@@ -1,0 +1,106 @@
+"""``CausalLM.use_kv_cache('bfloat16')`` on whole models: which caches it rounds, every
+compiled step (the cache writes and attention reading them, on the native program) against
+its operator's reference on what the caches hold, the prompt chunk against one token at a
+time, and what it costs against the float32 caches."""
+
+import numpy as np
+import pytest
+
+from iron_spec.build import KV_CACHE_BYTES, _footprint, load_model
+from iron_spec.runtime import checks
+from iron_spec.runtime.checks import divergence
+from iron_spec.runtime.module import State
+from iron_spec.runtime.session import Session
+from tests.conftest import SPECS
+
+# llama3: plain GQA; gemma3: sliding-window rings and softcap-free local/global; bloom:
+# ALiBi; minicpm3: latent attention's values of their own width (numpy's kernels);
+# gemma3n_text: layers reading another's cache (kv_from); diffllama: differential attention,
+# whose kernels read float32 only (it keeps float32).
+SPECS_TRIED = ["llama3", "gemma3", "bloom", "minicpm3", "gemma3n_text", "diffllama"]
+
+
+def _ids(lm, n, seed=0):
+    return [int(i) for i in np.random.default_rng(seed).integers(1, lm.config.vocab_size, n)]
+
+
+@pytest.mark.parametrize("spec", SPECS_TRIED)
+def test_every_step_meets_its_reference_over_bfloat16_caches(spec):
+    lm = load_model(SPECS / f"{spec}.yaml", random_weights=0, toy=True).lm
+    ids = _ids(lm, lm.config.prefill_chunk + 5)
+    want = Session(lm).logits(ids)
+    lm.use_kv_cache("bfloat16")
+    held = {n: s.array.dtype for n, s in lm.named_states()}
+    reduced = [n for n, d in held.items() if d == np.uint16]
+    if spec == "diffllama":
+        assert not reduced  # its kernels read float32: its caches stay
+    else:
+        assert reduced and all(n.endswith((".keys", ".values")) for n in reduced)
+    result = checks.per_step(lm, ids)
+    assert result.passed, result.figure
+    got = Session(lm).logits(ids)
+    kl, top1 = divergence(want, got)
+    if reduced:
+        assert 0 < kl < 1e-3  # rounded, and within the reduced gate's mean
+    else:
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("spec", ["llama3", "gemma3"])
+def test_a_prompt_chunk_is_one_token_at_a_time_over_bfloat16_caches(spec):
+    lm = load_model(SPECS / f"{spec}.yaml", random_weights=0, toy=True).lm
+    lm.use_kv_cache("bfloat16")
+    ids = _ids(lm, 2 * lm.config.prefill_chunk + 3, seed=1)
+    result = checks.chunked_vs_decode(lm, ids, 3e-2)
+    assert result.passed, result.figure
+
+
+def test_switching_back_to_float32_is_the_float32_model_bit_for_bit():
+    lm = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True).lm
+    ids = _ids(lm, 20)
+    session = Session(lm)
+    want = session.logits(ids)
+    lm.use_kv_cache("bfloat16")
+    assert lm.holder is None  # the caches hold no one's tokens now
+    rounded = Session(lm).logits(ids)
+    lm.use_kv_cache("float32")
+    assert np.array_equal(session.logits(ids), want)  # recomputed, not read from stale caches
+    assert not np.array_equal(rounded, want)
+
+
+def test_a_kv_cache_of_another_dtype_is_refused():
+    lm = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True).lm
+    with pytest.raises(ValueError, match="one of float32, bfloat16"):
+        lm.use_kv_cache("int4")
+    assert lm.kv_cache == "float32"
+    with pytest.raises(ValueError, match="holds float32, not 'bfloat16'"):
+        State(2, 3).use("bfloat16")  # a state no kernel reads as bfloat16
+
+
+def test_the_footprint_counts_two_bytes_a_cached_value():
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    o = loaded.lm.config
+    fixed32, per32 = _footprint(o)
+    fixed16, per16 = _footprint(o, kv_cache="bfloat16")
+    values = sum(2 * lo.attention.kv_heads * lo.attention.head_dim for lo in o.layers)
+    assert fixed16 == fixed32
+    assert per32 - per16 == values * (KV_CACHE_BYTES["float32"] - KV_CACHE_BYTES["bfloat16"])
+    lm = loaded.lm
+    now, most = lm.cache_bytes()
+    lm.use_kv_cache("bfloat16")
+    assert lm.cache_bytes() == (now // 2, most // 2)
+
+
+def test_the_library_and_run_take_a_bfloat16_cache():
+    import iron_spec
+    from typer.testing import CliRunner
+
+    from iron_spec.cli import app
+
+    model = iron_spec.load(str(SPECS / "llama3.yaml"), random_weights=0, toy=True,
+                           kv_cache="bfloat16")
+    assert model.loaded.lm.kv_cache == "bfloat16"
+    result = CliRunner().invoke(app, ["run", str(SPECS / "llama3.yaml"), "--random-weights",
+                                      "0", "--toy", "--kv-cache", "bfloat16", "--num-tokens",
+                                      "3", "--json"])
+    assert result.exit_code == 0, result.output
