@@ -695,6 +695,211 @@ attend_blocked_of(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, flo
     }
 }
 
+/* ---- the same on AVX-512: a group's query heads three at a time ------------------------
+ *
+ * Why: the AVX2 kernel scores one query head at a time over eight keys, and its time grows
+ * with the heads a kv head serves (measured on SmolLM2's shape, 2000 positions in cache,
+ * 2 threads: 34 / 89 / 156 us at 1 / 3 / 8 heads a group, 25-50 GF/s). Here eight keys are
+ * scored against up to three heads at once, 24 accumulators of 16 lanes, each key's
+ * 16-value piece loaded once for the three; the values are weighted for the same heads from
+ * one load of each row. Same semantics (each score's sum in another order: within the
+ * reference's tolerance, not the AVX2 kernel's bits). */
+
+#define AT3_HEADS 3  /* query heads a pass holds (24 + 1 of the 32 registers) */
+
+/* Eight zmm's lanes summed across, zmm i into lane i of a ymm. */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) __m256 sum8x16(const __m512 *u) {
+    __m256 h[8];
+    for (int i = 0; i < 8; i++)
+        h[i] = _mm256_add_ps(_mm512_castps512_ps256(u[i]), _mm512_extractf32x8_ps(u[i], 1));
+    return sum8x8(h);
+}
+
+/* Eight keys' scores (rows k[0..8), float32, D a multiple of 16) against rb (<= 3) heads'
+ * queries q + r * D, summed across into x[r] (key i in lane i). */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) void scores8x3(const float *const *k, const float *q, int D,
+                                             __m256 *x, const int rb) {
+    __m512 u[AT3_HEADS][8];
+    for (int r = 0; r < rb; r++)
+        for (int i = 0; i < 8; i++)
+            u[r][i] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16)
+        for (int i = 0; i < 8; i++) {
+            __m512 kv = _mm512_loadu_ps(k[i] + d);
+            for (int r = 0; r < rb; r++)
+                u[r][i] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + (Py_ssize_t)r * D + d), u[r][i]);
+        }
+    for (int r = 0; r < rb; r++)
+        x[r] = sum8x16(u[r]);
+}
+
+/* Columns [d0, d0 + 64) (c16 pieces of 16) of rb heads' value sums over rows v[0..nb), row
+ * i weighted by p[r * n + i]: acc (rb, 4) in and out. */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) void values3(const float *const *v, int nb, const float *p,
+                                           Py_ssize_t n, int d0, int c16, __m512 acc[][4],
+                                           const int rb) {
+    for (int i = 0; i < nb; i++) {
+        __m512 row[4];
+        for (int c = 0; c < c16; c++)
+            row[c] = _mm512_loadu_ps(v[i] + d0 + 16 * c);
+        for (int r = 0; r < rb; r++) {
+            __m512 pv = _mm512_set1_ps(p[r * n + i]);
+            for (int c = 0; c < c16; c++)
+                acc[r][c] = _mm512_fmadd_ps(pv, row[c], acc[r][c]);
+        }
+    }
+}
+
+/* scores8x3 or values3 for rb heads, rb of 1 .. 3 a constant in each. */
+#define AT3_BY_HEADS(rb, call1, call2, call3)                                                \
+    do {                                                                                     \
+        if ((rb) == 1) { call1; } else if ((rb) == 2) { call2; } else { call3; }             \
+    } while (0)
+
+/* attend_blocked_of's work (kv head g, rows j0 .. j1, into s and partial) on AVX-512,
+ * ATTEND_HEADS heads a sweep as it, three at a time within each block of rows (so each row
+ * comes from memory once a sweep); the caches float32 or (bf16) bfloat16 bits, widened a
+ * block at a time (D at most ATTEND_STAGE_D then). */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g, Py_ssize_t j0,
+                                                     Py_ssize_t j1, float *s, float *partial,
+                                                     const int bf16) {
+    const int R = a->H / a->G, D = a->D;
+    const Py_ssize_t n = j1 - j0, pitch = (Py_ssize_t)D * (bf16 ? 2 : 4);
+    const char *K = (const char *)a->keys + (Py_ssize_t)g * a->L * pitch;
+    const char *V = (const char *)a->values + (Py_ssize_t)g * a->L * pitch;
+    float kw[bf16 ? 8 * D : 1], vw[bf16 ? ATTEND_BLOCK * D : 1];
+    const char *rows[ATTEND_BLOCK];
+    __m256 mx[ATTEND_HEADS];
+    float m[ATTEND_HEADS], l[ATTEND_HEADS];
+    for (int r0 = 0; r0 < R; r0 += ATTEND_HEADS) {
+        const int rb = R - r0 < ATTEND_HEADS ? R - r0 : ATTEND_HEADS;
+        const float *qh = a->q + ((Py_ssize_t)g * R + r0) * D;
+        for (int r = 0; r < rb; r++)
+            mx[r] = _mm256_set1_ps(-FLT_MAX);
+        const char *k = ROW_AT(K, j0);
+        for (Py_ssize_t jb = j0; jb < j1; jb += 8) {
+            const int nb = j1 - jb < 8 ? (int)(j1 - jb) : 8;
+            for (int i = 0; i < 8; i++) {
+                rows[i] = i < nb ? k : rows[0];  /* past the end: row 0 again, discarded */
+                if (i < nb) {
+                    ask_ahead(k, pitch);
+                    NEXT_ROW(k, K);
+                }
+            }
+            if (bf16) {
+                widen_rows(rows, nb, D, kw);
+                for (int i = nb; i < 8; i++)
+                    rows[i] = rows[0];
+            }
+            __m256 x[ATTEND_HEADS];
+            for (int h = 0; h < rb; h += AT3_HEADS) {
+                const float *const *kr = (const float *const *)rows;
+                const float *qr = qh + (Py_ssize_t)h * D;
+                AT3_BY_HEADS(rb - h, scores8x3(kr, qr, D, x + h, 1),
+                             scores8x3(kr, qr, D, x + h, 2), scores8x3(kr, qr, D, x + h, 3));
+            }
+            for (int r = 0; r < rb; r++) {
+                float *out = s + (Py_ssize_t)(r0 + r) * n + (jb - j0);
+                if (a->softcap > 0.0f || a->alibi || nb < 8) {
+                    float t[8];
+                    _mm256_storeu_ps(t, x[r]);
+                    const float slope = a->alibi ? a->alibi[g * R + r0 + r] : 0.0f;
+                    for (int i = 0; i < nb; i++) {
+                        if (a->softcap > 0.0f)
+                            t[i] = tanhf(t[i] / a->softcap) * a->softcap;
+                        if (a->alibi)  /* the query is at t - 1 */
+                            t[i] += slope * (float)(jb + i - (a->t - 1));
+                        out[i] = t[i];
+                    }
+                    for (int i = nb; i < 8; i++)
+                        t[i] = -FLT_MAX;
+                    x[r] = _mm256_loadu_ps(t);
+                } else {
+                    _mm256_storeu_ps(out, x[r]);
+                }
+                mx[r] = _mm256_max_ps(mx[r], x[r]);
+            }
+        }
+        for (int r = 0; r < rb; r++) {
+            float t[8];
+            _mm256_storeu_ps(t, mx[r]);
+            m[r] = t[0];
+            for (int i = 1; i < 8; i++)
+                m[r] = t[i] > m[r] ? t[i] : m[r];
+            float *x = s + (Py_ssize_t)(r0 + r) * n;
+            __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m[r]);
+            Py_ssize_t j = 0;
+            for (; j + 8 <= n; j += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+                _mm256_storeu_ps(x + j, e);
+                total = _mm256_add_ps(total, e);
+            }
+            l[r] = hsum8(total);
+            for (; j < n; j++) {
+                x[j] = expf(x[j] - m[r]);
+                l[r] += x[j];
+            }
+            memset(partial + ((Py_ssize_t)g * R + r0 + r) * (D + 2), 0, sizeof(float) * D);
+        }
+        const char *v = ROW_AT(V, j0);
+        for (Py_ssize_t jb = j0; jb < j1; jb += ATTEND_BLOCK) {
+            const int nb = j1 - jb < ATTEND_BLOCK ? (int)(j1 - jb) : ATTEND_BLOCK;
+            for (int i = 0; i < nb; i++) {
+                rows[i] = v;
+                ask_ahead(v, pitch);
+                NEXT_ROW(v, V);
+            }
+            if (bf16)
+                widen_rows(rows, nb, D, vw);
+            const float *const *vr = (const float *const *)rows;
+            for (int h = 0; h < rb; h += AT3_HEADS) {
+                const int hb = rb - h < AT3_HEADS ? rb - h : AT3_HEADS;
+                const float *p = s + (Py_ssize_t)(r0 + h) * n + (jb - j0);
+                for (int d0 = 0; d0 < D; d0 += 64) {
+                    const int c16 = D - d0 < 64 ? (D - d0) / 16 : 4;
+                    __m512 acc[AT3_HEADS][4];
+                    for (int r = 0; r < hb; r++) {
+                        const float *o = partial + ((Py_ssize_t)g * R + r0 + h + r) * (D + 2) + d0;
+                        for (int c = 0; c < c16; c++)
+                            acc[r][c] = _mm512_loadu_ps(o + 16 * c);
+                    }
+                    if (c16 == 4)  /* a constant count: the loops unroll into registers */
+                        AT3_BY_HEADS(hb, values3(vr, nb, p, n, d0, 4, acc, 1),
+                                     values3(vr, nb, p, n, d0, 4, acc, 2),
+                                     values3(vr, nb, p, n, d0, 4, acc, 3));
+                    else
+                        AT3_BY_HEADS(hb, values3(vr, nb, p, n, d0, c16, acc, 1),
+                                     values3(vr, nb, p, n, d0, c16, acc, 2),
+                                     values3(vr, nb, p, n, d0, c16, acc, 3));
+                    for (int r = 0; r < hb; r++) {
+                        float *o = partial + ((Py_ssize_t)g * R + r0 + h + r) * (D + 2) + d0;
+                        for (int c = 0; c < c16; c++)
+                            _mm512_storeu_ps(o + 16 * c, acc[r][c]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < rb; r++) {
+            float *o = partial + ((Py_ssize_t)g * R + r0 + r) * (D + 2);
+            o[D] = m[r];
+            o[D + 1] = l[r];
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static void
+attend_avx512(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, float *s,
+              float *partial) {
+    if (a->kv16)
+        attend_avx512_of(a, g, j0, j1, s, partial, 1);
+    else
+        attend_avx512_of(a, g, j0, j1, s, partial, 0);
+}
+
 /* The blocked kernel, one copy per cache form. */
 __attribute__((target("avx2,fma"))) static void attend_blocked_avx2(const attend_args *a, int g,
                                                                    Py_ssize_t j0, Py_ssize_t j1,
@@ -773,6 +978,10 @@ static void attend_part(const void *args, int part, int parts) {
             continue;
         }
 #ifdef HAVE_X86
+        if (simd >= SIMD_AVX512 && a->D % 16 == 0 && (!a->kv16 || a->D <= ATTEND_STAGE_D)) {
+            attend_avx512(a, g, j0, j1, s, partial);
+            continue;
+        }
         if (simd >= SIMD_AVX2 && a->D % 8 == 0) {
             attend_blocked_avx2(a, g, j0, j1, s, partial);
             continue;
