@@ -184,8 +184,8 @@ DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 
 KV_CACHES = ("float32", "bfloat16")
 KV_CACHE_BYTES = {"float32": 4, "bfloat16": 2}
 KV_CACHE_HELP = ("what the KV caches hold: float32; bfloat16 (each key and value rounded to "
-                 "nearest as written, half the bytes a deep decode step reads, as llama.cpp's "
-                 "-ctk bf16 -ctv bf16). check reports the KL the rounding costs")
+                 "nearest as written: half the cache's memory, and of the bytes a deep "
+                 "decode step reads). check reports the KL the rounding costs")
 PREFILL_WEIGHTS = ("float32", "bfloat16")
 PREFILL_WEIGHTS_HELP = ("the prompt chunk's projection weights: float32; bfloat16 (rounded to "
                         "nearest, a bfloat16 checkpoint's as they are, and each projection's "
