@@ -14,7 +14,7 @@ from iron_spec.runtime.encoder_options import BottleneckOptions, DisentangledOpt
     LandmarkOptions, PointwiseGroups, RelativeBiasOptions
 from iron_spec.runtime.values import MAX_INT
 
-from .config import Resolved
+from .config import Resolved, whole_option
 from .interpreter import _flag_option, _option
 from .loader import Spec
 
@@ -27,11 +27,9 @@ def _number(spec: Spec, r: Resolved, path: tuple, default: Any) -> float:
 
 
 def _whole(spec: Spec, r: Resolved, path: tuple, default: Any) -> int:
-    v = _option(spec, r, path, default)
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT:
-        raise spec.error(path, f"{'.'.join(map(str, path))} is {v!r}, not a whole number "
-                               f"within 0..{MAX_INT}")
-    return v
+    """The option at ``path`` (``default`` where absent), a whole number within 0..MAX_INT
+    (``config.whole_option``, as the causal parts read theirs)."""
+    return whole_option(spec, r, path, spec.get(*path, default=default), 0, MAX_INT)
 
 
 def _bottleneck(spec: Spec, r: Resolved) -> BottleneckOptions | None:
