@@ -115,6 +115,13 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         lines = text.splitlines()
         if line - 1 < len(lines) and "\t" in lines[line - 1][:col]:
             problem += " (a tab: YAML indents with spaces only)"
+        start = e.context_mark
+        if e.problem_mark is not None and start is not None and e.context and \
+                start.line != e.problem_mark.line:
+            # An unclosed bracket is found where the text stops making sense, lines after
+            # it: say where it opened (PyYAML's context, "while parsing a flow mapping").
+            problem += (f" ({e.context.removeprefix('while parsing ')} opened at line "
+                        f"{start.line + 1}, column {start.column + 1})")
         raise SpecError(file, line, col, f"not valid YAML: {problem}") from None
     except yaml.YAMLError as e:
         raise SpecError(file, 1, 1, f"not valid YAML: {e}") from None

@@ -64,6 +64,10 @@ def test_merge_keys_are_plain_data():
     ("- 1\n", (1, 1), "not a list"),
     ("just text\n", (1, 1), "not text"),
     ("a: [1\n", (2, 1), "not valid YAML"),
+    # Found by a new user's trial: an unclosed brace was reported a line past it, alone.
+    ("model: causal\nlayer: {kind: decoder\nnorm: x\n", (3, 5),
+     "did not find expected ',' or '}' (a flow mapping opened at line 2, column 8)"),
+    ("a:\n  b: [1, 2\n  c: 3\n", (3, 4), "(a flow sequence opened at line 2, column 6)"),
 ])
 def test_refused(text, where, message):
     e = refused(text)
