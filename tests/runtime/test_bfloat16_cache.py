@@ -104,3 +104,29 @@ def test_the_library_and_run_take_a_bfloat16_cache():
                                       "0", "--toy", "--kv-cache", "bfloat16", "--num-tokens",
                                       "3", "--json"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_tie_gap_is_the_second_choices_distance_by_hand():
+    logits = np.array([2.0, 1.99, -3.0])
+    assert checks.tie_gap(logits, 1) == pytest.approx(0.01)  # log-softmax keeps differences
+    assert checks.tie_gap(logits, 2) is None  # the third choice is no tie
+    assert checks.tie_gap(logits, 0) is None  # the first is no second
+
+
+@pytest.mark.parametrize("spec, flags", [
+    ("gpt_neo", ["--kv-cache", "bfloat16"]),
+    ("ernie4_5", ["--kv-cache", "bfloat16", "--prefill-weights", "bfloat16"]),
+    ("gemma3", ["--kv-cache", "bfloat16", "--decode-weights", "int8"])])
+def test_reduced_precision_passes_check_where_it_breaks_a_near_tie(spec, flags):
+    # Found by a new user's trial: these toys failed "compiled = reference" (and ernie4_5
+    # "chunked = decode") where the rounding swapped the reference's first two choices,
+    # 0.007-0.045 nats apart. A swap within gates.REDUCED_TIE passes, saying so; the KL and
+    # float64 gates still judge the spec (test_float64_gate's reduced-weights test).
+    from typer.testing import CliRunner
+
+    from iron_spec.cli import app
+
+    result = CliRunner().invoke(app, ["check", str(SPECS / f"{spec}.yaml"), "--toy",
+                                      "--random-weights", "0", *flags])
+    assert result.exit_code == 0, result.output
+    assert "FAIL" not in result.output
