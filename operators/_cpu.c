@@ -535,6 +535,53 @@ sum8x8(const __m256 *u) {
  * (a ring wraps inside a block too), the block's 64 x D floats then read from L1 per head. */
 #define ATTEND_BLOCK 64
 
+/* Eight keys' scores x (from rows jb .., nb of them) of head h of kv head g: the softcap
+ * and ALiBi applied, stored at out; returned with the lanes past nb at -FLT_MAX, for the
+ * running max. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
+scores_out(const attend_args *a, int g, int h, Py_ssize_t jb, int nb, float *out, __m256 x) {
+    if (a->softcap > 0.0f || a->alibi || nb < 8) {
+        float t[8];
+        _mm256_storeu_ps(t, x);
+        const float slope = a->alibi ? a->alibi[g * (a->H / a->G) + h] : 0.0f;
+        for (int i = 0; i < nb; i++) {
+            if (a->softcap > 0.0f)
+                t[i] = tanhf(t[i] / a->softcap) * a->softcap;
+            if (a->alibi)  /* the query is at t - 1 */
+                t[i] += slope * (float)(jb + i - (a->t - 1));
+            out[i] = t[i];
+        }
+        for (int i = nb; i < 8; i++)
+            t[i] = -FLT_MAX;
+        return _mm256_loadu_ps(t);
+    }
+    _mm256_storeu_ps(out, x);
+    return x;
+}
+
+/* A head's n scores x in place as exp(x - m), m the max of the running max mx: m into *m,
+ * the sum into *l. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+softmax_numerators(float *x, Py_ssize_t n, __m256 mx, float *m, float *l) {
+    float t[8];
+    _mm256_storeu_ps(t, mx);
+    *m = t[0];
+    for (int i = 1; i < 8; i++)
+        *m = t[i] > *m ? t[i] : *m;
+    __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(*m);
+    Py_ssize_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+        _mm256_storeu_ps(x + j, e);
+        total = _mm256_add_ps(total, e);
+    }
+    *l = hsum8(total);
+    for (; j < n; j++) {
+        x[j] = expf(x[j] - *m);
+        *l += x[j];
+    }
+}
+
 /* Scores and values of the heads of kv head g against rows j0 .. j1 (D a multiple of 8).
  * Scores eight keys at a time, per head in 8 independent accumulators (one chain per key,
  * so the FMAs never wait on each other) summed across by sum8x8; the eight rows are read
@@ -605,47 +652,13 @@ attend_blocked_of(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, flo
                     for (int i = 0; i < 8; i++)
                         u[i] = _mm256_fmadd_ps(qv, kv_load8(rows[i], d, wide), u[i]);
                 }
-                __m256 x = sum8x8(u);
-                float *out = s + (Py_ssize_t)(r0 + r) * n + (jb - j0);
-                if (a->softcap > 0.0f || a->alibi || nb < 8) {
-                    float t[8];
-                    _mm256_storeu_ps(t, x);
-                    const float slope = a->alibi ? a->alibi[g * R + r0 + r] : 0.0f;
-                    for (int i = 0; i < nb; i++) {
-                        if (a->softcap > 0.0f)
-                            t[i] = tanhf(t[i] / a->softcap) * a->softcap;
-                        if (a->alibi)  /* the query is at t - 1 */
-                            t[i] += slope * (float)(jb + i - (a->t - 1));
-                        out[i] = t[i];
-                    }
-                    for (int i = nb; i < 8; i++)
-                        t[i] = -FLT_MAX;
-                    x = _mm256_loadu_ps(t);
-                } else {
-                    _mm256_storeu_ps(out, x);
-                }
+                __m256 x = scores_out(a, g, r0 + r, jb, nb,
+                                      s + (Py_ssize_t)(r0 + r) * n + (jb - j0), sum8x8(u));
                 mx[r] = _mm256_max_ps(mx[r], x);
             }
         }
         for (int r = 0; r < rb; r++) {
-            float t[8];
-            _mm256_storeu_ps(t, mx[r]);
-            m[r] = t[0];
-            for (int i = 1; i < 8; i++)
-                m[r] = t[i] > m[r] ? t[i] : m[r];
-            float *x = s + (Py_ssize_t)(r0 + r) * n;
-            __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m[r]);
-            Py_ssize_t j = 0;
-            for (; j + 8 <= n; j += 8) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
-                _mm256_storeu_ps(x + j, e);
-                total = _mm256_add_ps(total, e);
-            }
-            l[r] = hsum8(total);
-            for (; j < n; j++) {
-                x[j] = expf(x[j] - m[r]);
-                l[r] += x[j];
-            }
+            softmax_numerators(s + (Py_ssize_t)(r0 + r) * n, n, mx[r], &m[r], &l[r]);
             float *o = partial + ((Py_ssize_t)g * R + r0 + r) * (D + 2);
             memset(o, 0, sizeof(float) * D);
         }
@@ -802,47 +815,12 @@ __attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g
                 AT3_BY_HEADS(rb - h, scores8x3(kr, qr, D, x + h, 1),
                              scores8x3(kr, qr, D, x + h, 2), scores8x3(kr, qr, D, x + h, 3));
             }
-            for (int r = 0; r < rb; r++) {
-                float *out = s + (Py_ssize_t)(r0 + r) * n + (jb - j0);
-                if (a->softcap > 0.0f || a->alibi || nb < 8) {
-                    float t[8];
-                    _mm256_storeu_ps(t, x[r]);
-                    const float slope = a->alibi ? a->alibi[g * R + r0 + r] : 0.0f;
-                    for (int i = 0; i < nb; i++) {
-                        if (a->softcap > 0.0f)
-                            t[i] = tanhf(t[i] / a->softcap) * a->softcap;
-                        if (a->alibi)  /* the query is at t - 1 */
-                            t[i] += slope * (float)(jb + i - (a->t - 1));
-                        out[i] = t[i];
-                    }
-                    for (int i = nb; i < 8; i++)
-                        t[i] = -FLT_MAX;
-                    x[r] = _mm256_loadu_ps(t);
-                } else {
-                    _mm256_storeu_ps(out, x[r]);
-                }
-                mx[r] = _mm256_max_ps(mx[r], x[r]);
-            }
+            for (int r = 0; r < rb; r++)
+                mx[r] = _mm256_max_ps(mx[r], scores_out(a, g, r0 + r, jb, nb, s + (Py_ssize_t)(
+                                                        r0 + r) * n + (jb - j0), x[r]));
         }
         for (int r = 0; r < rb; r++) {
-            float t[8];
-            _mm256_storeu_ps(t, mx[r]);
-            m[r] = t[0];
-            for (int i = 1; i < 8; i++)
-                m[r] = t[i] > m[r] ? t[i] : m[r];
-            float *x = s + (Py_ssize_t)(r0 + r) * n;
-            __m256 total = _mm256_setzero_ps(), mv = _mm256_set1_ps(m[r]);
-            Py_ssize_t j = 0;
-            for (; j + 8 <= n; j += 8) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
-                _mm256_storeu_ps(x + j, e);
-                total = _mm256_add_ps(total, e);
-            }
-            l[r] = hsum8(total);
-            for (; j < n; j++) {
-                x[j] = expf(x[j] - m[r]);
-                l[r] += x[j];
-            }
+            softmax_numerators(s + (Py_ssize_t)(r0 + r) * n, n, mx[r], &m[r], &l[r]);
             memset(partial + ((Py_ssize_t)g * R + r0 + r) * (D + 2), 0, sizeof(float) * D);
         }
         const char *v = ROW_AT(V, j0);
