@@ -204,11 +204,13 @@ def choice(valid: tuple[str, ...], several: bool = False) -> Callable:
     def check(value):
         if value is None:
             return value
-        for v in (value.split(",") if several else [value]):
-            if v.strip() not in valid:
-                raise typer.BadParameter(f"{v.strip()!r} is not one of {', '.join(valid)}"
+        values = [v.strip() for v in (value.split(",") if several else [value])]
+        for v in values:
+            if v not in valid:
+                raise typer.BadParameter(f"{v!r} is not one of {', '.join(valid)}"
                                          + (" (several: comma-separated)" if several else ""))
-        return value
+        # As checked: " int8" is int8 (it reached the loader unstripped, a KeyError).
+        return ",".join(values)
     return check
 
 
