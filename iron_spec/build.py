@@ -447,10 +447,16 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if random_weights is None and expanded.options.tied and not gguf_files.is_gguf(directory):
         expanded, lm = _untie(spec, expanded, lm, directory, source)
     lm.use_kv_cache(kv_cache)
+    if lm.kv_cache != kv_cache:
+        # Found by a new user's trial: diffllama was said to hold a bfloat16 cache and judged
+        # by its loose gate, though every layer kept float32.
+        log.warning("KV cache %s asked for, and no layer of this model can hold one (%s): it "
+                    "holds %s", kv_cache, "differential attention's kernels read float32",
+                    lm.kv_cache)
     now, most = lm.cache_bytes()
     rings = sum(s.ring is not None for _, s in lm.named_states()) // 2
     log.info("KV cache (%s) %s reserved now (%d positions); it grows with the sequence, %d "
-             "positions at a time, to at most %s at max_seq_len %d%s", kv_cache, _size(now),
+             "positions at a time, to at most %s at max_seq_len %d%s", lm.kv_cache, _size(now),
              lm.reserved,
              lm.block, _size(most), L, f" ({rings} sliding-window layers hold a ring of their "
              "window)" if rings else "")

@@ -340,7 +340,9 @@ class CausalLM(Module):
         ``float32``, or ``bfloat16``, each value rounded to the nearest bfloat16 as it is
         written (ties to even, as torch's ``.to(torch.bfloat16)`` and llama.cpp's ``-ctk
         bf16``) and read back exactly, half the bytes a deep decode step reads. Layers whose
-        kernels read float32 only (differential attention) keep float32. The caches then
+        kernels read float32 only (differential attention) keep float32, and where no layer
+        can hold ``dtype``, ``kv_cache`` stays ``float32`` (what the caches hold: check
+        judges by its gate, bench names its side by it). The caches then
         hold nothing (no session's tokens), and every compiled version is compiled afresh
         at its next call, on the new caches; the float64 ``reference()`` keeps its own.
 
@@ -349,10 +351,10 @@ class CausalLM(Module):
         """
         if dtype not in STATE_DTYPES:
             raise ValueError(f"a KV cache of {dtype!r}: one of {', '.join(STATE_DTYPES)}")
-        for _, s in self.named_states():
-            if s.kv:
-                s.use(dtype)
-        self.kv_cache = dtype
+        held = [s for _, s in self.named_states() if s.kv]
+        for s in held:
+            s.use(dtype)
+        self.kv_cache = dtype if held else "float32"
         self._versions.clear()
         self.holder = None
 

@@ -44,14 +44,25 @@ def divergence(reference: np.ndarray, logits: np.ndarray) -> tuple[float, bool]:
     return max(float(np.sum(np.exp(r) * (r - o))), 0.0), int(np.argmax(r)) == int(np.argmax(o))
 
 
-def tie_gap(reference: np.ndarray, ours: int) -> float | None:
+def tie_gap(reference: np.ndarray, ours: int) -> float:
     """How far (nats) the reference's log-probability of token ``ours`` lies below its own
-    first choice, where ``ours`` is its second choice; None where it ranks it lower. Under
-    reduced precision two tokens this close may swap (the rounding moves log-probabilities
-    by more), which is no error of the kernels or the spec."""
+    first choice: 0.0 where ``ours`` is that choice. Under reduced precision two tokens this
+    close may swap (the rounding moves log-probabilities by more), which is no error of the
+    kernels or the spec; the gap says so whatever rank the reference gives ``ours``."""
     lp = log_softmax(reference)
-    order = np.argsort(lp)[::-1]
-    return float(lp[order[0]] - lp[ours]) if len(order) > 1 and order[1] == ours else None
+    return float(lp.max() - lp[ours])
+
+
+def _top1_said(reference: np.ndarray, logits: np.ndarray, top1: bool, tie: float
+               ) -> tuple[bool, str, float]:
+    """Whether ``logits``' first choice passes against ``reference``'s (the same, or within
+    ``tie`` nats of it: ``tie_gap``), the words for it, and the gap (0.0 where the same)."""
+    if top1:
+        return True, "same", 0.0
+    gap = tie_gap(reference, int(np.argmax(logits)))
+    if tie > 0 and gap <= tie:
+        return True, f"a tie ({gap:.3g} nats apart, at most {tie:g})", gap
+    return False, f"DIFFERS ({gap:.3g} nats below the reference's first)", gap
 
 
 def _timed(fn: Callable[[], Result]) -> Result:
@@ -113,8 +124,8 @@ def greedy_match(lm: CausalLM, prompt: list[int], steps: int,
                  reference: Trajectory | None = None, tie: float = 0.0) -> Result:
     """Compiled against ``reference()``: the greedy tokens over ``steps`` draws are
     identical (``reference``: its run, if one is shared with other checks); with ``tie``
-    (nats, reduced precision's), the first that differs may be the reference's second
-    choice within ``tie`` of its first (``tie_gap``): a tie the rounding broke."""
+    (nats, reduced precision's), the first that differs may be any token within ``tie`` of
+    the reference's first (``tie_gap``): a tie the rounding broke."""
     def run() -> Result:
         ours = list(Session(lm).generate(prompt, steps))
         shared = reference or Trajectory(lm, prompt, steps)
@@ -123,40 +134,54 @@ def greedy_match(lm: CausalLM, prompt: list[int], steps: int,
         if same is None:
             return Result("compiled = reference (greedy)", True,
                           f"{steps} tokens identical", {"steps": steps})
-        numbers = {"steps": steps, "first_difference": same}
-        gap = tie_gap(shared.logits[same], ours[same]) if tie > 0 else None
-        if gap is not None and gap <= tie:
-            return Result("compiled = reference (greedy)", True,
-                          f"first differs at step {same}: {ours[same]} vs {ref[same]}, the "
-                          f"reference's second choice {gap:.3g} nats below its first (a tie "
-                          f"under reduced precision, at most {tie:g})", {**numbers, "gap": gap})
-        return Result("compiled = reference (greedy)", False,
-                      f"first differs at step {same}: {ours[same]} vs {ref[same]}"
-                      + (f" (the reference's second choice, {gap:.3g} nats below its first: "
-                         f"more than {tie:g})" if gap is not None else ""), numbers)
+        gap = tie_gap(shared.logits[same], ours[same])
+        numbers = {"steps": steps, "first_difference": same, "gap": gap}
+        tied = tie > 0 and gap <= tie
+        figure = (f"first differs at step {same}: {ours[same]} vs {ref[same]}, {gap:.3g} nats "
+                  "below it in the reference")
+        if tied:
+            figure += f" (a tie under reduced precision, at most {tie:g})"
+        elif tie > 0:
+            figure += f" (more than the {tie:g} a tie under reduced precision may be)"
+        return Result("compiled = reference (greedy)", tied, figure, numbers)
     return _timed(run)
 
 
 def kl_against(lm: CausalLM, bounds: dict[str, float], golden: Golden | None,
-               prompt: list[int], steps: int, reference: Trajectory | None = None) -> Result:
+               prompt: list[int], steps: int, reference: Trajectory | None = None,
+               tie: float = 0.0) -> Result:
     """KL(reference || ours), teacher-forced on the reference's greedy tokens: the golden's
     where there is one, else ``reference()``'s (``reference``: its run, if one is shared,
     of at least ``steps`` draws). Within ``bounds`` (mean, p90, max) and no top-1
-    mismatch (or at most ``bounds["top1_mismatches"]``, where given)."""
+    mismatch (or at most ``bounds["top1_mismatches"]``, where given); with ``tie`` (nats,
+    reduced precision's), a step whose first choice lies within ``tie`` of the reference's
+    is a tie, counted in ``top1_ties`` and not as a mismatch (``tie_gap``; with a golden,
+    ``Golden.gap``, and where our first is not among its top ids, a mismatch)."""
     def run() -> Result:
-        ours = Session(lm)
+        ours, gaps = Session(lm), []
         if golden is not None:
-            results, source = teacher_forced(golden, ours.logits), "golden"
+            def logits(history):
+                row = ours.logits(history)
+                gaps.append(golden.gap(len(history) - golden.prompt_len, row))
+                return row
+            results, source = teacher_forced(golden, logits), "golden"
         else:
             # The reference's whole run first, then ours: alternating the two on one model
             # re-ran both from the first token at every step (each session's caches held
             # the other's tokens), 9 minutes on SmolLM2.
             ref = reference or Trajectory(lm, prompt, steps)
             rows, n = ref.logits, len(prompt)
-            results = [divergence(rows[i], ours.logits(ref.tokens[: n + i]))
-                       for i in range(steps)]
+            results = []
+            for i in range(steps):
+                row = ours.logits(ref.tokens[: n + i])
+                results.append(divergence(rows[i], row))
+                gaps.append(tie_gap(rows[i], int(np.argmax(row))))
             source = "reference()"
         stats = kl_stats(results)
+        ties = [g for (_, top1), g in zip(results, gaps)
+                if not top1 and tie > 0 and g is not None and g <= tie]
+        stats["top1_mismatches"] -= len(ties)
+        stats["top1_ties"] = len(ties)
         over = [f"{k} {stats[k]:.3g} > {b:.3g}" for k, b in bounds.items()
                 if not stats[k] <= b]  # NaN fails too
         if stats["top1_mismatches"] and "top1_mismatches" not in bounds:  # else bounded above
@@ -164,6 +189,10 @@ def kl_against(lm: CausalLM, bounds: dict[str, float], golden: Golden | None,
         figure = (f"vs {source}, {len(results)} steps: mean {stats['mean']:.3g}, p90 "
                   f"{stats['p90']:.3g}, max {stats['max']:.3g}, top-1 mismatches "
                   f"{stats['top1_mismatches']}")
+        if ties:
+            figure += (f" (and {len(ties)} tie{'s' if len(ties) > 1 else ''}: our first within "
+                       f"{max(ties):.3g} nats of the reference's, at most {tie:g} under "
+                       "reduced precision)")
         if over:
             figure += " — " + "; ".join(over)
         return Result(f"KL vs {source}", not over, figure, {**stats, "source": source})
@@ -261,8 +290,8 @@ def chunked_vs_decode(lm: CausalLM, tokens: list[int], bound: float, tie: float 
                       ) -> Result:
     """The prompt chunk against one token at a time (decode steps) on the same tokens: the
     last logits within KL ``bound``, the same token first (with ``tie``, as
-    ``greedy_match``'s: or one within ``tie`` nats of the chunk's first, its second choice:
-    the two run at other precisions where the prefill and decode weights differ). Not run
+    ``greedy_match``'s: or one within ``tie`` nats of the chunk's first: the two run at
+    other precisions where the prefill and decode weights differ). Not run
     where a layer's rows see their whole call
     (``attention.sees`` call): one token at a time is then another computation, in
     transformers too, and the golden judges the calls a session makes."""
@@ -277,19 +306,19 @@ def chunked_vs_decode(lm: CausalLM, tokens: list[int], bound: float, tie: float 
         for n in range(1, len(tokens) + 1):
             logits = one.logits(tokens[:n])
         kl, top1 = divergence(chunked, logits)
-        gap = None if top1 or tie <= 0 else tie_gap(chunked, int(np.argmax(logits)))
-        tied = gap is not None and gap <= tie
-        said = "same" if top1 else f"a tie ({gap:.3g} nats apart, at most {tie:g})" if tied \
-            else "DIFFERS"
-        return Result("chunked = decode", bool(kl <= bound) and (top1 or tied),
+        ok, said, gap = _top1_said(chunked, logits, top1, tie)
+        return Result("chunked = decode", bool(kl <= bound) and ok,
                       f"KL {kl:.3g} (bound {bound:.3g}), top-1 {said}",
-                      {"kl": kl, "top1": top1})
+                      {"kl": kl, "top1": top1, "gap": gap})
     return _timed(run)
 
 
-def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) -> Result:
+def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float,
+                tie: float = 0.0) -> Result:
     """A decode step at ``position`` (near ``max_seq_len``) against ``reference()``, every
-    earlier cache row filled by repeating the compiled prompt's keys and values in both."""
+    earlier cache row filled by repeating the compiled prompt's keys and values in both;
+    within KL ``bound``, the same first token (or, with ``tie``, one within ``tie`` nats
+    of the reference's, as ``greedy_match``'s)."""
     def run() -> Result:
         session = Session(lm)
         token = int(np.argmax(session.logits(prompt)))
@@ -312,9 +341,10 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float) ->
         got = np.array(got)
         want, _ = lm.decode_step.reference(token=token, position=position)
         kl, top1 = divergence(want, got)
-        return Result(f"deep decode at {position}", kl <= bound and top1,
-                      f"KL {kl:.3g} (bound {bound:.3g}), top-1 {'same' if top1 else 'DIFFERS'}",
-                      {"kl": kl, "top1": top1, "position": position})
+        ok, said, gap = _top1_said(want, got, top1, tie)
+        return Result(f"deep decode at {position}", bool(kl <= bound) and ok,
+                      f"KL {kl:.3g} (bound {bound:.3g}), top-1 {said}",
+                      {"kl": kl, "top1": top1, "gap": gap, "position": position})
     return _timed(run)
 
 

@@ -268,6 +268,17 @@ class Golden:
         whether both rank the same token first."""
         return _divergence(self.top_ids[step], self.top_logprobs[step], self.tail[step], logits)
 
+    def gap(self, step: int, logits: np.ndarray) -> float | None:
+        """How far (nats) the golden's log-probability of ``logits``' first choice lies below
+        its own first at ``step`` (0.0 where they agree); None where that token is not among
+        the golden's top ids (it then lies below all of them)."""
+        ours = int(np.argmax(logits))
+        hit = np.flatnonzero(self.top_ids[step] == ours)
+        if not hit.size:
+            return None
+        lp = np.asarray(self.top_logprobs[step], np.float64)
+        return float(lp[0] - lp[hit[0]])
+
     def divergence64(self, step: int, logits: np.ndarray) -> tuple[float, float]:
         """KL(transformers' float64 || ours) at ``step`` over the top tokens and the tail
         bucket, and the largest |log-probability difference| over the top tokens; for

@@ -205,8 +205,12 @@ def _chat_with(toy_dir, template: str):
 TEMPLATES = [
     ("loop_ten_billion", "{% for i in range(100000) %}{% for j in range(100000) %}"
                          "{% endfor %}{% endfor %}", f"ran past {RENDER_SECONDS:g} s"),
+    # The memory bound counts what the render grows the process by: after earlier tests
+    # freed gigabytes to the allocator, the string reuses them and the time bound trips
+    # first (seen in the full suite under load). Either refuses it within seconds.
     ("string_doubled", "{% set ns = namespace(s='abcdefgh') %}{% for i in range(40) %}"
-                       "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}", "MiB"),
+                       "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+     ("MiB", f"ran past {RENDER_SECONDS:g} s")),
     ("string_repeated", "{{ 'x' * 3000000000 }}", "repeats"),
     ("huge_power", "{{ 7 ** 100000000 }}", "to the power"),
     ("output_flood", "{% for i in range(100000) %}{% for j in range(100000) %}"
@@ -221,7 +225,8 @@ def test_a_template_past_its_bounds_is_refused_within_seconds(toy_dir, case, tem
     with pytest.raises(TemplateBoundError) as e:
         tok.chat(HI)
     assert time.monotonic() - begin < RENDER_SECONDS + 5
-    assert says in str(e.value), e.value
+    assert any(said in str(e.value) for said in ((says,) if isinstance(says, str) else says)), \
+        e.value
 
 
 @pytest.mark.parametrize("case, template, says", [

@@ -1,4 +1,5 @@
-"""Failing tests from a trial of ``--kv-cache bfloat16`` (each a bug found, not yet fixed)."""
+"""Tests from new users' trials of check under reduced precision (``--kv-cache bfloat16``,
+``--decode-weights int8``): each a bug found there, and fixed."""
 
 from __future__ import annotations
 
@@ -60,3 +61,34 @@ def test_a_wrong_spec_is_not_verified_by_the_loose_kv_cache_gate(tmp_path):
     assert runner.invoke(app, args).exit_code == 1  # the float32 cache: KL vs golden fails
     result = runner.invoke(app, [*args, "--kv-cache", "bfloat16"])
     assert result.exit_code != 0, result.output
+
+
+def test_json_says_what_ran_in_which_precision_and_the_gate():
+    # Found by a new user's trial: --json held no word of the KV cache, weights or gate.
+    result = runner.invoke(app, ["check", str(SPECS / "llama3.yaml"), "--toy", "--random-weights",
+                                 "0", "--kv-cache", "bfloat16", "--json"])
+    precision = json.loads(result.stdout)["precision"]
+    assert (precision["decode_weights"], precision["prefill_weights"], precision["kv_cache"]) \
+        == ("float32", "float32", "bfloat16")
+    assert precision["kl_gate"]["mean"] == 1e-3 and precision["reduced"] == ["KV cache bfloat16"]
+
+
+def test_a_failure_of_the_rounding_alone_is_said_so_and_a_wrong_spec_is_not(tmp_path):
+    # gemma4_unified_text's toy at int8: its KL mean is 1.5e-3 over the int8 gate's 1e-3 (the
+    # random toy's weights round worse than a trained model's), while its float64 reference
+    # matches transformers'. The summary says the rounding cost it, not the spec.
+    args = ["--toy", "--random-weights", "0", "--decode-weights", "int8"]
+    result = runner.invoke(app, ["check", str(SPECS / "gemma4_unified_text.yaml"), *args])
+    assert result.exit_code == 1, result.output
+    assert "FAILED (KL vs golden): decode weights int8 cost more" in result.output
+    assert "the spec itself passed the float64 check" in result.output
+    # A wrong RMSNorm epsilon under the same weights fails the float64 line: no such words.
+    text = (SPECS / "gemma3.yaml").read_text()
+    spec = tmp_path / "gemma3.yaml"
+    spec.write_text(text.replace("eps: rms_norm_eps", 'eps: "rms_norm_eps * 100"'))
+    assert spec.read_text() != text
+    golden = SPECS.parent / "tests" / "goldens" / "gemma3" / "toy-seed0.npz"
+    result = runner.invoke(app, ["check", str(spec), *args, "--golden", str(golden)])
+    assert result.exit_code == 1, result.output
+    assert "float64 KL vs golden" in result.output.split("FAILED")[-1]
+    assert "the spec itself passed" not in result.output
