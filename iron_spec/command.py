@@ -200,7 +200,7 @@ def whole(low: int, high: int, what: str) -> Callable:
 def choice(valid: tuple[str, ...], several: bool = False) -> Callable:
     """A typer option callback refusing, as a usage error (exit 2) before anything loads, a
     value that is none of ``valid`` (each valid one named); with ``several``, a
-    comma-separated list of them."""
+    comma-separated list of them, each at most once."""
     def check(value):
         if value is None:
             return value
@@ -209,6 +209,10 @@ def choice(valid: tuple[str, ...], several: bool = False) -> Callable:
             if v not in valid:
                 raise typer.BadParameter(f"{v!r} is not one of {', '.join(valid)}"
                                          + (" (several: comma-separated)" if several else ""))
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:  # measured twice in one run, the second side would overwrite the first
+            raise typer.BadParameter(f"{', '.join(map(repr, twice))} given twice; each of "
+                                     f"{', '.join(valid)} at most once")
         # As checked: " int8" is int8 (it reached the loader unstripped, a KeyError).
         return ",".join(values)
     return check

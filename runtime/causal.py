@@ -347,8 +347,12 @@ class CausalLM(Module):
         at its next call, on the new caches; the float64 ``reference()`` keeps its own.
 
         Raises:
+            TypeError: ``dtype`` is not a str (None, say), named as ``kv_cache``.
             ValueError: ``dtype`` is neither.
         """
+        if not isinstance(dtype, str):
+            raise TypeError(f"kv_cache is {dtype!r}; it is one of "
+                            f"{', '.join(map(repr, STATE_DTYPES))}")
         if dtype not in STATE_DTYPES:
             raise ValueError(f"a KV cache of {dtype!r}: one of {', '.join(STATE_DTYPES)}")
         held = [s for _, s in self.named_states() if s.kv]

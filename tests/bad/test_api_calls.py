@@ -263,8 +263,24 @@ def test_an_encoder_refuses_a_causal_models_argument(name, value):
     import iron_spec
     from tests.conftest import SPECS
 
-    with pytest.raises(TypeError, match=f"{name} is for a causal model's.*model: encoder"):
+    with pytest.raises(TypeError, match=f"{name} is for a causal model's.*bert.yaml is an encoder "
+                                        "model \\(model: encoder\\)"):
         iron_spec.load(str(SPECS / "bert.yaml"), random_weights=0, toy=True, **{name: value})
+
+
+# Found by a new user's trial: use_kv_cache(None) said "a KV cache of None" as a ValueError,
+# where load(kv_cache=None) is a TypeError naming the argument; refused, the caches stay.
+@pytest.mark.parametrize("value, error, says", [
+    (None, TypeError, "^kv_cache is None; it is one of 'float32', 'bfloat16'"),
+    (16, TypeError, "^kv_cache is 16; it is one of 'float32', 'bfloat16'"),
+    ("int8", ValueError, "'int8': one of float32, bfloat16")])
+def test_switching_the_kv_cache_refuses_a_bad_dtype_and_keeps_the_caches(warm, value, error,
+                                                                          says):
+    lm = load_model(LLAMA, random_weights=0, toy=True).lm
+    lm.use_kv_cache("bfloat16")
+    with pytest.raises(error, match=says):
+        lm.use_kv_cache(value)
+    assert lm.kv_cache == "bfloat16"
 
 
 # Found by trying: logprobs="yes" was taken, session=5 an AttributeError from inside,

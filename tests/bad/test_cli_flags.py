@@ -233,7 +233,10 @@ def test_a_bad_expression_shadowed_by_a_config_key_is_refused_by_run_as_lint_doe
     ("bench", "--prefill-weights", "float32,int8", "'int8' is not one of float32, bfloat16"),
     ("run", "--kv-cache", "float16", "'float16' is not one of float32, bfloat16"),
     ("check", "--kv-cache", "int8", "'int8' is not one of float32, bfloat16"),
-    ("bench", "--kv-cache", "float32,q8", "'q8' is not one of float32, bfloat16")])
+    ("bench", "--kv-cache", "float32,q8", "'q8' is not one of float32, bfloat16"),
+    # Found by a new user's trial: a side named twice was measured twice, one overwriting.
+    ("bench", "--kv-cache", "bfloat16,bfloat16", "'bfloat16' given twice; each of float32, bfloat16 at most once"),
+    ("bench", "--decode-weights", "int8, float32,int8", "'int8' given twice")])
 def test_an_unknown_weights_choice_is_a_usage_error_before_loading(command, flag, value, says):
     result = runner.invoke(app, [command, LLAMA, "--checkpoint", "/nowhere", flag, value])
     assert result.exit_code == 2, result.output
