@@ -431,6 +431,8 @@ class CausalLM(Module):
                 np.copyto(t.array, new)
                 changed.append(t.array)
         self.rope_length = length
+        if not changed:  # every decode step asks: the packed forms walked only on a switch
+            return False
         ids = {id(a): a for a in changed}
         for key, packed in self.packed.items():
             if key[0] in ids:  # (id(array), operator, input index, ...): runtime.plan
