@@ -720,44 +720,99 @@ attend_blocked_of(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, flo
 
 #define AT3_HEADS 3  /* query heads a pass holds (24 + 1 of the 32 registers) */
 
-/* Eight zmm's lanes summed across, zmm i into lane i of a ymm. */
+/* The sums across lanes of zmm in[m] (m < 16; of 8 with `half`), folded in four rounds of
+ * pairs, each round halving the lanes a sum still spans (256-bit halves, 128-bit quarters,
+ * pairs, single lanes): in[k + 4j]'s sum lands in lane 4k + j. 45 instructions for 16 sums
+ * (25 for 8, with the last permute), where extracting each zmm's halves and pairing them
+ * by horizontal adds took 37 for 8: the scores' sums are half of a decode step's attention
+ * time at head_dim 64 (one thread, caches in L3: 105 us a layer, 150 us at head_dim 128). */
 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
-__attribute__((always_inline)) __m256 sum8x16(const __m512 *u) {
-    __m256 h[8];
-    for (int i = 0; i < 8; i++)
-        h[i] = _mm256_add_ps(_mm512_castps512_ps256(u[i]), _mm512_extractf32x8_ps(u[i], 1));
-    return sum8x8(h);
+__attribute__((always_inline)) __m512 fold16(const __m512 *in, const int half) {
+    const int n = half ? 8 : 16;
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < n / 2; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(in[2 * i], in[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(in[2 * i], in[2 * i + 1], 0xEE));
+    for (int i = 0; i < n / 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int i = 0; i < n / 8; i++)
+        /* pairs of lanes moved as doubles, added as floats */
+        y[i] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]),
+                                                _mm512_castps_pd(x[2 * i + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]),
+                                                _mm512_castps_pd(x[2 * i + 1]))));
+    const __m512 b = half ? y[0] : y[1];
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], b, 0x88), _mm512_shuffle_ps(y[0], b, 0xDD));
 }
 
-/* Eight keys' scores (rows k[0..8), float32, D a multiple of 16) against rb (<= 3) heads'
- * queries q + r * D, summed across into x[r] (key i in lane i). */
+/* Sixteen zmm's lanes summed across, a[i]'s into lane i and b[i]'s into lane 8 + i
+ * (fold16's order undone by feeding it u[4 (m % 4) + m / 4] as its in[m]). */
 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
-__attribute__((always_inline)) void scores8x3(const float *const *k, const float *q, int D,
-                                             __m256 *x, const int rb) {
+__attribute__((always_inline)) __m512 sum16x16(const __m512 *a, const __m512 *b) {
+    __m512 in[16];
+    for (int m = 0; m < 16; m++) {
+        const int i = 4 * (m % 4) + m / 4;
+        in[m] = i < 8 ? a[i] : b[i - 8];
+    }
+    return fold16(in, 0);
+}
+
+/* Eight zmm's lanes summed across, u[i]'s into lane i of a ymm: fold16 of eight puts
+ * in[k + 4j] (j < 2) in lane 4k + j, gathered back by one permute. */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) __m256 sum8x16(const __m512 *u) {
+    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(back, fold16(u, 1)));
+}
+
+/* Sixteen values of a cache row from element d: float32, or (bf16) bfloat16 bits widened
+ * in the register, once for every head that reads them (no copy of the row staged). */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) __m512 kv_load16(const char *row, int d, const int bf16) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * (Py_ssize_t)d))),
+            16));
+    return _mm512_loadu_ps((const float *)row + d);
+}
+
+/* Eight keys' scores (rows k[0..8), float32 or (bf16) bfloat16 bits, D a multiple of 16)
+ * against rb (<= 3) heads' queries q + r * D, summed across into x[r] (key i in lane i). */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
+__attribute__((always_inline)) void scores8x3(const char *const *k, const float *q, int D,
+                                             __m256 *x, const int rb, const int bf16) {
     __m512 u[AT3_HEADS][8];
     for (int r = 0; r < rb; r++)
         for (int i = 0; i < 8; i++)
             u[r][i] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16)
         for (int i = 0; i < 8; i++) {
-            __m512 kv = _mm512_loadu_ps(k[i] + d);
+            __m512 kv = kv_load16(k[i], d, bf16);
             for (int r = 0; r < rb; r++)
                 u[r][i] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + (Py_ssize_t)r * D + d), u[r][i]);
         }
-    for (int r = 0; r < rb; r++)
+    if (rb >= 2) {  /* heads 0 and 1 in one fold: head 0's keys in lanes 0-7, head 1's 8-15 */
+        const __m512 both = sum16x16(u[0], u[1]);
+        x[0] = _mm512_castps512_ps256(both);
+        x[1] = _mm512_extractf32x8_ps(both, 1);
+    }
+    for (int r = rb >= 2 ? 2 : 0; r < rb; r++)
         x[r] = sum8x16(u[r]);
 }
 
-/* Columns [d0, d0 + 64) (c16 pieces of 16) of rb heads' value sums over rows v[0..nb), row
- * i weighted by p[r * n + i]: acc (rb, 4) in and out. */
+/* Columns [d0, d0 + 64) (c16 pieces of 16) of rb heads' value sums over rows v[0..nb)
+ * (float32 or bfloat16 bits, as scores8x3's), row i weighted by p[r * n + i]: acc (rb, 4)
+ * in and out. */
 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
-__attribute__((always_inline)) void values3(const float *const *v, int nb, const float *p,
+__attribute__((always_inline)) void values3(const char *const *v, int nb, const float *p,
                                            Py_ssize_t n, int d0, int c16, __m512 acc[][4],
-                                           const int rb) {
+                                           const int rb, const int bf16) {
     for (int i = 0; i < nb; i++) {
         __m512 row[4];
         for (int c = 0; c < c16; c++)
-            row[c] = _mm512_loadu_ps(v[i] + d0 + 16 * c);
+            row[c] = kv_load16(v[i], d0 + 16 * c, bf16);
         for (int r = 0; r < rb; r++) {
             __m512 pv = _mm512_set1_ps(p[r * n + i]);
             for (int c = 0; c < c16; c++)
@@ -774,8 +829,11 @@ __attribute__((always_inline)) void values3(const float *const *v, int nb, const
 
 /* attend_blocked_of's work (kv head g, rows j0 .. j1, into s and partial) on AVX-512,
  * ATTEND_HEADS heads a sweep as it, three at a time within each block of rows (so each row
- * comes from memory once a sweep); the caches float32 or (bf16) bfloat16 bits, widened a
- * block at a time (D at most ATTEND_STAGE_D then). */
+ * comes from memory once a sweep); the caches float32 or (bf16) bfloat16 bits, widened in
+ * the registers as they are read (kv_load16). Staged instead into float32 copies a block at
+ * a time, as the AVX2 kernel does, a bfloat16 cache ran 1.3x slower than a float32 one with
+ * its rows in L3 (one thread, SmolLM2's shape at 2000 positions: 125 us against 94), the
+ * copies' stores and loads costing more than the bytes saved. */
 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
 __attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g, Py_ssize_t j0,
                                                      Py_ssize_t j1, float *s, float *partial,
@@ -784,7 +842,6 @@ __attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g
     const Py_ssize_t n = j1 - j0, pitch = (Py_ssize_t)D * (bf16 ? 2 : 4);
     const char *K = (const char *)a->keys + (Py_ssize_t)g * a->L * pitch;
     const char *V = (const char *)a->values + (Py_ssize_t)g * a->L * pitch;
-    float kw[bf16 ? 8 * D : 1], vw[bf16 ? ATTEND_BLOCK * D : 1];
     const char *rows[ATTEND_BLOCK];
     __m256 mx[ATTEND_HEADS];
     float m[ATTEND_HEADS], l[ATTEND_HEADS];
@@ -803,17 +860,12 @@ __attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g
                     NEXT_ROW(k, K);
                 }
             }
-            if (bf16) {
-                widen_rows(rows, nb, D, kw);
-                for (int i = nb; i < 8; i++)
-                    rows[i] = rows[0];
-            }
             __m256 x[ATTEND_HEADS];
             for (int h = 0; h < rb; h += AT3_HEADS) {
-                const float *const *kr = (const float *const *)rows;
                 const float *qr = qh + (Py_ssize_t)h * D;
-                AT3_BY_HEADS(rb - h, scores8x3(kr, qr, D, x + h, 1),
-                             scores8x3(kr, qr, D, x + h, 2), scores8x3(kr, qr, D, x + h, 3));
+                AT3_BY_HEADS(rb - h, scores8x3(rows, qr, D, x + h, 1, bf16),
+                             scores8x3(rows, qr, D, x + h, 2, bf16),
+                             scores8x3(rows, qr, D, x + h, 3, bf16));
             }
             for (int r = 0; r < rb; r++)
                 mx[r] = _mm256_max_ps(mx[r], scores_out(a, g, r0 + r, jb, nb, s + (Py_ssize_t)(
@@ -831,9 +883,7 @@ __attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g
                 ask_ahead(v, pitch);
                 NEXT_ROW(v, V);
             }
-            if (bf16)
-                widen_rows(rows, nb, D, vw);
-            const float *const *vr = (const float *const *)rows;
+            const char *const *vr = rows;
             for (int h = 0; h < rb; h += AT3_HEADS) {
                 const int hb = rb - h < AT3_HEADS ? rb - h : AT3_HEADS;
                 const float *p = s + (Py_ssize_t)(r0 + h) * n + (jb - j0);
@@ -846,13 +896,13 @@ __attribute__((always_inline)) void attend_avx512_of(const attend_args *a, int g
                             acc[r][c] = _mm512_loadu_ps(o + 16 * c);
                     }
                     if (c16 == 4)  /* a constant count: the loops unroll into registers */
-                        AT3_BY_HEADS(hb, values3(vr, nb, p, n, d0, 4, acc, 1),
-                                     values3(vr, nb, p, n, d0, 4, acc, 2),
-                                     values3(vr, nb, p, n, d0, 4, acc, 3));
+                        AT3_BY_HEADS(hb, values3(vr, nb, p, n, d0, 4, acc, 1, bf16),
+                                     values3(vr, nb, p, n, d0, 4, acc, 2, bf16),
+                                     values3(vr, nb, p, n, d0, 4, acc, 3, bf16));
                     else
-                        AT3_BY_HEADS(hb, values3(vr, nb, p, n, d0, c16, acc, 1),
-                                     values3(vr, nb, p, n, d0, c16, acc, 2),
-                                     values3(vr, nb, p, n, d0, c16, acc, 3));
+                        AT3_BY_HEADS(hb, values3(vr, nb, p, n, d0, c16, acc, 1, bf16),
+                                     values3(vr, nb, p, n, d0, c16, acc, 2, bf16),
+                                     values3(vr, nb, p, n, d0, c16, acc, 3, bf16));
                     for (int r = 0; r < hb; r++) {
                         float *o = partial + ((Py_ssize_t)g * R + r0 + h + r) * (D + 2) + d0;
                         for (int c = 0; c < c16; c++)
@@ -956,7 +1006,7 @@ static void attend_part(const void *args, int part, int parts) {
             continue;
         }
 #ifdef HAVE_X86
-        if (simd >= SIMD_AVX512 && a->D % 16 == 0 && (!a->kv16 || a->D <= ATTEND_STAGE_D)) {
+        if (simd >= SIMD_AVX512 && a->D % 16 == 0) {
             attend_avx512(a, g, j0, j1, s, partial);
             continue;
         }
