@@ -321,7 +321,7 @@ typedef struct {
 #pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 #define SUFFIX _avx2
 #define W 8
@@ -340,7 +340,7 @@ typedef struct {
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 #define SUFFIX _avx512
 #define W 16
@@ -1771,7 +1771,8 @@ PyMODINIT_FUNC PyInit__cpu(void) {
 #ifdef HAVE_X86
     __builtin_cpu_init();
     /* libgcc's cpuid also asks the OS (xgetbv) whether it saves the wider registers. */
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
         simd_best = SIMD_AVX2;
     if (simd_best == SIMD_AVX2 && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

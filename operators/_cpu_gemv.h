@@ -250,6 +250,17 @@ static inline __attribute__((always_inline)) f4v GEMV_FN(madd4)(f4v m, f4v d, f4
 #endif
 }
 
+/* A block's R float16 scales as float32: one F16C conversion of the four where the group is
+ * whole (the same values as halves4 for every finite scale, which quantizing gives), else
+ * halves4 (lanes past R zero). */
+static inline __attribute__((always_inline)) f4v GEMV_FN(scales4)(const uint8_t *p, const int R) {
+#if W == 16 || W == 8
+    if (R == 4)
+        return (f4v)_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+#endif
+    return halves4(p, R);
+}
+
 /* A Q8_0 group: per 32-weight block, the R rows' float16 scales d, then their R x 32 int8
  * values q. Each row's block is one exact integer, sum q * xq, then times d * dx into its
  * row's lane: one rounding of the integer, one of d * dx, one fused multiply-add. */
@@ -270,7 +281,7 @@ static inline __attribute__((always_inline)) void GEMV_FN(q8_group)(const gemv_a
         GEMV_FN(iv) m[GEMV_GROUP];
         for (int i = 0; i < GEMV_GROUP; i++)  /* rows past R: row 0 again, scaled by 0 */
             m[i] = GEMV_FN(q8dot)(q + (i < R ? i : 0) * Q8_BLOCK, xq);
-        f4v d = halves4(p, R) * DX[b];
+        f4v d = GEMV_FN(scales4)(p, R) * DX[b];
         s = GEMV_FN(madd4)(__builtin_convertvector(GEMV_FN(sum4)(m[0], m[1], m[2], m[3]), f4v), d,
                            s);
     }
