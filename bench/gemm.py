@@ -60,14 +60,24 @@ def _side(side: str, rows: int, runs: int) -> dict[str, float]:
     return seen
 
 
+def _whole(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--side", choices=SIDES)
-    ap.add_argument("--rows", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--rows", type=_whole, default=512)
+    ap.add_argument("--threads", type=_whole, default=2)
+    ap.add_argument("--runs", type=_whole, default=5)
     args = ap.parse_args()
     if args.side:
+        # Our pool and OpenBLAS take their count from these at their first use (found by a
+        # new user's trial: --side ours --threads 1 ran on every core).
+        os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
         if args.side == "torch":
             import torch
             torch.set_num_threads(args.threads)
@@ -85,7 +95,7 @@ def main() -> None:
             print(f"{side}: not measured ({done.stderr.strip().splitlines()[-1:]})")
             continue
         table[side] = json.loads(done.stdout)
-    print(f"GF/s, {args.rows} rows, {args.threads} threads")
+    print(f"GF/s, {args.rows} rows, {args.threads} thread{'s' * (args.threads != 1)}")
     print(f"{'shape':16}" + "".join(f"{s:>9}" for s in table)
           + ("   ours/torch" if {"ours", "torch"} <= table.keys() else ""))
     for name in SHAPES:

@@ -17,7 +17,7 @@ import argparse
 import time
 
 from iron_spec.bench import bench_prompt
-from iron_spec.build import load_model
+from iron_spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, load_model
 from iron_spec.operators import native
 from iron_spec.runtime.session import Session
 
@@ -26,8 +26,9 @@ def table(title: str, prof: native.Profile, wall: float, per: int, unit: str) ->
     rows = [f"{title}: {wall * 1e3:.1f} ms wall, of it in native steps "
             f"{sum(s for _, s in prof.values()) * 1e3:.1f} ms"]
     for code, (calls, seconds) in sorted(prof.items(), key=lambda kv: -kv[1][1]):
+        n = calls // per
         rows.append(f"  {code:11s} {seconds / wall:6.1%}  {seconds * 1e3 / per:8.2f} ms/{unit}"
-                    f"  {calls // per:6d} calls/{unit}")
+                    f"  {n:6d} call{'s' * (n != 1)}/{unit}")
     return "\n".join(rows)
 
 
@@ -35,9 +36,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("spec")
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--decode-weights", default="float32")
-    ap.add_argument("--prefill-weights", default="float32")
-    ap.add_argument("--kv-cache", default="float32")
+    ap.add_argument("--decode-weights", default="float32", choices=DECODE_WEIGHTS)
+    ap.add_argument("--prefill-weights", default="float32", choices=PREFILL_WEIGHTS)
+    ap.add_argument("--kv-cache", default="float32", choices=KV_CACHES)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--at", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
@@ -45,10 +46,17 @@ def main() -> None:
     if not native.PROGRAM:
         raise SystemExit("no native program here (operators._cpu not built, or "
                          "IRON_SPEC_PROGRAM=0): nothing to count")
-    loaded = load_model(args.spec, checkpoint=args.checkpoint,
-                        max_seq_len=max(args.prompt, args.at + args.tokens + 1),
-                        decode_weights=args.decode_weights,
-                        prefill_weights=args.prefill_weights, kv_cache=args.kv_cache)
+    for name in ("prompt", "at", "tokens"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} {getattr(args, name)}: give a whole number >= 1")
+    try:
+        loaded = load_model(args.spec, checkpoint=args.checkpoint,
+                            max_seq_len=max(args.prompt, args.at + args.tokens + 1),
+                            decode_weights=args.decode_weights,
+                            prefill_weights=args.prefill_weights, kv_cache=args.kv_cache)
+    except ValueError as e:  # the context asked for is this script's --prompt, --at, --tokens
+        raise SystemExit(f"--prompt {args.prompt}, --at {args.at} and --tokens {args.tokens} "
+                         f"need {max(args.prompt, args.at + args.tokens + 1)} positions: {e}")
     lm, ids = loaded.lm, bench_prompt(loaded)
     if len(ids) < max(args.prompt, args.at):
         raise SystemExit(f"bench's prompt has {len(ids)} ids: --prompt and --at at most that")

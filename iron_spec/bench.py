@@ -30,7 +30,7 @@ from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHE
                     use_prefill_weights)
 from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
 from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import NoWeights
+from .errors import FlagError, NoWeights
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
@@ -322,15 +322,22 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     if peer:
         stage("loading transformers' model")
     peer_figures = transformers_peer(loaded, n_threads) if peer else None
+    not_measured = result["not_measured"] = {}
     if peer_figures is not None:
         sides["transformers"] = peer_figures
+    elif peer:
+        not_measured["transformers"] = ("torch and transformers are not installed (pip "
+                                         "install -e '.[golden]')")
     files = [gguf] if isinstance(gguf, (str, Path)) else list(gguf or ())
     engines = {}  # side -> what it ran
     for file in files if peer else ():
         stage(f"loading {ENGINE} on {Path(file).name}")
         engine = gguf_peer(loaded, Path(file), n_threads)
-        if engine is None:
-            break  # not installed: no file is measured
+        if engine is None:  # not installed: no file is measured
+            not_measured[ENGINE] = (f"{ENGINE_PACKAGE} is not installed (pip install -e "
+                                    f"'.[peer]'; it builds from source, minutes), so "
+                                    f"{', '.join(Path(f).name for f in files)} went unread")
+            break
         side = engine_side(engine[1]["type"])
         if side in engines:
             raise ValueError(f"--gguf {file}: a second {engine[1]['type']} file; give one "
@@ -372,9 +379,13 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
         f["read_floor_tokens_per_s"] = f["read_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
     # The weights as loaded (float32), and the decode step's and the prompt chunk's reduced
     # copies where they have them.
-    reduced = sum(a.nbytes for a in loaded.lm.packed.values() if a.dtype != np.float32)
+    # The prompt chunk's bfloat16 tiles are 4-dimensional (formats.tile_bfloat16); the decode
+    # step's row groups 2-dimensional.
+    copies = [a for a in loaded.lm.packed.values() if a.dtype != np.float32]
+    reduced = sum(a.nbytes for a in copies)
     weights = sum(w.nbytes for w in loaded.weights().values()) + reduced
-    result["reduced_decode_weights_bytes"] = reduced
+    result["reduced_prefill_weights_bytes"] = sum(a.nbytes for a in copies if a.ndim == 4)
+    result["reduced_decode_weights_bytes"] = reduced - result["reduced_prefill_weights_bytes"]
     kv = sum(s.array.nbytes for _, s in loaded.lm.named_states())
     result["weights_bytes"], result["kv_cache_bytes"] = weights, kv
 
@@ -496,15 +507,43 @@ def report(r: dict) -> str:
                  f"{f['bandwidth_floor_tokens_per_s']:.1f} tok/s"
                  + (f"; read on the pool {f['read_gb_per_s']:.1f} GB/s, floor "
                     f"{f['read_floor_tokens_per_s']:.1f} tok/s" if "read_gb_per_s" in f else ""))
-    extra = r["reduced_decode_weights_bytes"]
+    decode, prefill = r["reduced_decode_weights_bytes"], r.get("reduced_prefill_weights_bytes", 0)
+    parts = []
+    if decode:
+        names = [w for w in [r['decode_weights'], *r['also_decode_weights']] if w != 'float32']
+        parts.append(f"{decode / 2**20:.0f} MiB the decode steps' reduced copies"
+                     + (f": {', '.join(names)}" if names else ""))
+    if prefill:
+        parts.append(f"{prefill / 2**20:.0f} MiB the prompt chunk's bfloat16 tiles")
     lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB; weights "
                  f"{r['weights_bytes'] / 2**20:.0f} MiB"
-                 + (f" (of it {extra / 2**20:.0f} MiB the decode steps' reduced copies: "
-                    f"{', '.join(w for w in [r['decode_weights'], *r['also_decode_weights']] if w != 'float32')})"
-                    if extra else "") + f" + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
+                 + (f" (of it {'; '.join(parts)})" if parts else "")
+                 + f" + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
+    for side, why in r.get("not_measured", {}).items():
+        lines.append(f"{side}: not measured: {why}")
     lines.append("ratios: " + ", ".join(f"{k} {'n/a' if v is None else format(v, '.2f')}"
                                         for k, v in q.items()))
     return "\n".join(lines)
+
+
+def _gguf_files(files: Optional[List[Path]]) -> Optional[List[Path]]:
+    """A typer callback: each --gguf a GGUF file (its magic read), none given twice; refused
+    as a usage error (exit 2) before anything loads, where it was measured as missing after
+    minutes of our own figures."""
+    from iron_spec.runtime.gguf import is_gguf
+    seen: dict[Path, Path] = {}
+    for file in files or ():
+        if not file.exists():
+            raise typer.BadParameter(f"{file}: no such file")
+        if not file.is_file() or not is_gguf(file):
+            raise typer.BadParameter(f"{file}: not a GGUF file (its first bytes are not "
+                                     "'GGUF')")
+        key = file.resolve()
+        if key in seen:
+            raise typer.BadParameter(f"{file}: given twice (as {seen[key]}); one file of "
+                                     "each tensor type")
+        seen[key] = file
+    return files
 
 
 def command(
@@ -522,7 +561,7 @@ def command(
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS, several=True), help=PREFILL_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, the others' prefill measured beside it in the same run"),
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES, several=True), help=KV_CACHE_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, each decode weights' decode measured on the others beside it in the same run"),
-    gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
+    gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", callback=_gguf_files, help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp
@@ -530,9 +569,14 @@ def command(
     first, *also = [w.strip() for w in decode_weights.split(",")]
     first_prefill, *also_prefill = [w.strip() for w in prefill_weights.split(",")]
     first_kv, *also_kv = [w.strip() for w in kv_cache.split(",")]
+    from .loader import load_spec
     from .registry import find
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
+        if load_spec(spec).get("model") == "encoder":  # said before any weight is read
+            raise FlagError(f"{spec} is an encoder spec (model: encoder): bench measures a "
+                            "causal model's prefill and decode; an encoder has no decode "
+                            "step, KV cache or prompt chunk")
         with stages() as s:  # compiled before anything is timed
             try:
                 loaded = load_compiled(s, spec, checkpoint=checkpoint,

@@ -146,7 +146,7 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32",
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
     weights = fixed
     if decode_weights != "float32":  # every weight so far again, in its reduced form (a
-        fixed += weights * REDUCED_BYTES[decode_weights] // 4  # bound: norms stay float32)
+        fixed += int(weights * REDUCED_BYTES[decode_weights] / 4)  # bound: norms stay float32)
     if prefill_weights != "float32":  # and the prompt chunk's bfloat16 tiles
         fixed += weights * 2 // 4
     heads = max((lo.attention.heads for lo in o.layers), default=0)
@@ -174,7 +174,9 @@ def _size(n: int) -> str:
 
 DECODE_WEIGHTS = ("float32", "bfloat16", "bfloat16-rounded", "int8")
 # Bytes a weight takes in each reduced form, rounded up (int8: Q8_0's 34 bytes per 32).
-REDUCED_BYTES = {"bfloat16": 2, "bfloat16-rounded": 2, "int8": 2}
+# Bytes a weight takes in each reduced decode form: Q8_0 blocks hold 32 in 34 bytes (a
+# bfloat16 count here put int8's copy at 1.9x its size, found by a new user's trial).
+REDUCED_BYTES = {"bfloat16": 2, "bfloat16-rounded": 2, "int8": 34 / 32}
 DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 (half the "
                        "bytes; only where every value holds exactly, as a bfloat16 "
                        "checkpoint's); bfloat16-rounded (any weights, rounded to nearest); "

@@ -382,7 +382,8 @@ def command(
             precision = _precision(loaded)
             if precision["reduced"]:
                 shape += (f"; {', '.join(precision['reduced'])}, KL gate " +
-                          ", ".join(f"{k} {v:g}" for k, v in precision["kl_gate"].items()))
+                          ", ".join(f"at most {v:g} top-1 mismatches" if k == "top1_mismatches"
+                                    else f"{k} {v:g}" for k, v in precision["kl_gate"].items()))
             _header(spec, shape, note, as_json)
             _line(linted, as_json)
             results = [linted] + run_checks(loaded, found, found.steps if found else steps or STEPS,

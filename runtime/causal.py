@@ -354,7 +354,7 @@ class CausalLM(Module):
             raise TypeError(f"kv_cache is {dtype!r}; it is one of "
                             f"{', '.join(map(repr, STATE_DTYPES))}")
         if dtype not in STATE_DTYPES:
-            raise ValueError(f"a KV cache of {dtype!r}: one of {', '.join(STATE_DTYPES)}")
+            raise ValueError(f"kv_cache={dtype!r} is not one of {', '.join(STATE_DTYPES)}")
         held = [s for _, s in self.named_states() if s.kv]
         for s in held:
             s.use(dtype)

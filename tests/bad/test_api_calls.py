@@ -273,7 +273,7 @@ def test_an_encoder_refuses_a_causal_models_argument(name, value):
 @pytest.mark.parametrize("value, error, says", [
     (None, TypeError, "^kv_cache is None; it is one of 'float32', 'bfloat16'"),
     (16, TypeError, "^kv_cache is 16; it is one of 'float32', 'bfloat16'"),
-    ("int8", ValueError, "'int8': one of float32, bfloat16")])
+    ("int8", ValueError, "^kv_cache='int8' is not one of float32, bfloat16$")])
 def test_switching_the_kv_cache_refuses_a_bad_dtype_and_keeps_the_caches(warm, value, error,
                                                                           says):
     lm = load_model(LLAMA, random_weights=0, toy=True).lm

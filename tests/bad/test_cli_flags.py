@@ -335,3 +335,38 @@ def test_a_prompt_file_that_is_a_device_is_read_not_called_missing():
                                  "--prompt-file", "/dev/null"])
     assert result.exit_code == 2, result.output
     assert "--prompt-file /dev/null is empty" in _unboxed(result.output)
+
+
+# Found by a new user's trial: bench --gguf took a missing path, a text file, a folder and the
+# same file twice, ran for minutes and measured nothing; bench on an encoder exited 1 after
+# "[loading weights]". Each is a usage error before anything loads.
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: tmp / "none.gguf", "none.gguf: no such file"),
+    (lambda tmp: tmp, "not a GGUF file"),
+    (lambda tmp: (tmp / "t.gguf").write_text("not gguf") and tmp / "t.gguf", "not a GGUF file (its first bytes are not 'GGUF')"),
+])
+def test_bench_refuses_a_gguf_that_is_not_one(tmp_path, make, says):
+    result = runner.invoke(app, ["bench", LLAMA, "--checkpoint", "/nowhere", "--gguf",
+                                 str(make(tmp_path))])
+    assert result.exit_code == 2, result.output
+    assert says in _unboxed(result.output) and "loading" not in result.output
+
+
+def test_bench_refuses_the_same_gguf_twice(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + bytes(20))
+    result = runner.invoke(app, ["bench", LLAMA, "--checkpoint", "/nowhere", "--gguf", str(f),
+                                 "--gguf", str(tmp_path / "." / "m.gguf")])
+    assert result.exit_code == 2, result.output
+    assert "given twice" in _unboxed(result.output) and "loading" not in result.output
+
+
+@pytest.mark.parametrize("flag", [["--decode-weights", "int8"], ["--kv-cache", "bfloat16"], []])
+def test_bench_refuses_an_encoder_before_loading(flag):
+    from tests.conftest import SPECS
+    result = runner.invoke(app, ["bench", str(SPECS / "bert.yaml"), "--random-weights", "0",
+                                 *flag])
+    assert result.exit_code == 2, result.output
+    assert "is an encoder spec (model: encoder): bench measures a causal model's prefill and " \
+        "decode" in _unboxed(result.output)
+    assert "loading" not in result.output

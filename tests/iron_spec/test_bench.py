@@ -136,3 +136,38 @@ def test_a_context_at_most_gives_way_to_a_shorter_model():
     # a max_seq_len asked for is the user's: the cap does not touch it
     assert load_model(SPECS / "llama3.yaml", context_at_most=300, max_seq_len=400,
                       **toy).lm.config.max_seq_len == 400
+
+
+# Found by a new user's trial: with llama-cpp-python (or torch) absent, --gguf FILE ran for
+# minutes and the report said nothing of the peer it could not measure.
+@pytest.mark.skipif(native.LIB is None, reason="reduced decode weights need the decode pool")
+def test_a_peer_not_installed_is_said_not_measured(short, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
+    monkeypatch.setattr(bench, "transformers_peer", lambda loaded, n: None)
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    r = bench.measure(loaded, runs=1, peer=True, gguf=[tmp_path / "m.q8_0.gguf"])
+    text = bench.report(r)
+    assert ("llama.cpp: not measured: llama-cpp-python is not installed (pip install -e "
+            "'.[peer]'; it builds from source, minutes), so m.q8_0.gguf went unread") in text
+    assert "transformers: not measured: torch and transformers are not installed" in text
+    assert r["not_measured"].keys() == {"llama.cpp", "transformers"}
+    # --no-peer asks for none: nothing said missing
+    assert bench.measure(loaded, runs=1, peer=False)["not_measured"] == {}
+
+
+@pytest.mark.skipif(native.LIB is None, reason="reduced decode weights need the decode pool")
+def test_the_memory_line_tells_decode_copies_from_prefill_tiles(short):
+    # Found by a new user's trial: the prompt chunk's bfloat16 tiles were counted among the
+    # decode steps' reduced copies.
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    use_decode_weights(loaded, "int8")
+    use_prefill_weights(loaded, "bfloat16")
+    r = bench.measure(loaded, runs=1, peer=False, also=("int8",), also_prefill=("bfloat16",))
+    tiles = sum(a.nbytes for a in loaded.lm.packed.values() if a.dtype == np.uint16 and a.ndim == 4)
+    q8 = sum(a.nbytes for a in loaded.lm.packed.values() if a.dtype == np.uint8)
+    assert tiles > 0 and q8 > 0
+    assert r["reduced_prefill_weights_bytes"] == tiles
+    assert r["reduced_decode_weights_bytes"] == q8
+    text = bench.report(r)
+    assert "MiB the decode steps' reduced copies: int8; " in text
+    assert "MiB the prompt chunk's bfloat16 tiles)" in text

@@ -174,3 +174,14 @@ def test_reduced_precision_passes_check_where_it_breaks_a_near_tie(spec, flags):
                                       "--random-weights", "0", *flags])
     assert result.exit_code == 0, result.output
     assert "FAIL" not in result.output
+
+
+def test_the_footprint_counts_q8_0s_34_bytes_per_32_weights():
+    # Found by a new user's trial: int8's copy was counted at bfloat16's 2 bytes a weight.
+    o = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True).lm.config
+    base, _ = _footprint(o)
+    bf16, _ = _footprint(o, decode_weights="bfloat16")
+    int8, _ = _footprint(o, decode_weights="int8")
+    # each copy is the same weights at its bytes a weight: 34 / 32 against 2
+    assert bf16 > base
+    assert (int8 - base) / (bf16 - base) == pytest.approx(34 / 32 / 2, rel=1e-6)
