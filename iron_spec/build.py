@@ -468,6 +468,11 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                                       expanded.renames, expanded.unused, progress, spec,
                                       config_json, expanded.resolved.values)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
+    if decode_weights != "float32" or prefill_weights != "float32":
+        # Said beside the KV cache's line (found by a new user's trial: run named the
+        # cache's form alone).
+        log.info("weights: the decode step's %s, the prompt chunk's %s", decode_weights,
+                 prefill_weights)
     if decode_weights != "float32":
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,

@@ -185,3 +185,15 @@ def test_the_footprint_counts_q8_0s_34_bytes_per_32_weights():
     # each copy is the same weights at its bytes a weight: 34 / 32 against 2
     assert bf16 > base
     assert (int8 - base) / (bf16 - base) == pytest.approx(34 / 32 / 2, rel=1e-6)
+
+
+def test_load_says_which_weights_each_version_runs_on(caplog):
+    # Found by a new user's trial: run named the KV cache's form and neither weights'.
+    import logging
+    with caplog.at_level(logging.INFO, logger="iron_spec"):
+        load_model(SPECS / "llama3.yaml", random_weights=0, toy=True, decode_weights="int8")
+    assert "weights: the decode step's int8, the prompt chunk's float32" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="iron_spec"):
+        load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    assert "weights:" not in caplog.text  # float32 both: nothing to say
