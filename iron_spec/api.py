@@ -502,7 +502,7 @@ def _other_kind(model, name: str, other: str, theirs: tuple, ours: tuple) -> Att
     if name in theirs:
         spec_kind = "encoder" if other == "EncoderModel" else "causal"
         return AttributeError(
-            f"{kind}.{name}: {name}() is {'an' if other == 'EncoderModel' else 'a'} {other}'s, loaded from a model: {spec_kind} spec; "
+            f"{kind}.{name}: {name}() is {arguments.article(other)} {other}'s, loaded from a model: {spec_kind} spec; "
             f"{model.__dict__.get('spec')} is a model: "
             f"{'causal' if spec_kind == 'encoder' else 'encoder'} spec, whose {kind} offers "
             f"{', '.join(m + '()' for m in ours)}")

@@ -68,11 +68,11 @@ def only_for(kind: str, given: dict[str, Any], spec: str) -> None:
     set_ = [name for name, (value, default, _) in given.items() if value != default]
     if set_:
         name = set_[0]
-        raise TypeError(f"{name} is for {given[name][2]}; {spec} is {_a(kind)} {kind} model "
+        raise TypeError(f"{name} is for {given[name][2]}; {spec} is {article(kind)} {kind} model "
                         f"(model: {kind}), which takes no {', '.join(set_)}")
 
 
-def _a(word: str) -> str:
+def article(word: str) -> str:
     """The indefinite article before ``word`` ("an encoder", "a causal")."""
     return "an" if word[:1].lower() in "aeiou" else "a"
 

@@ -22,7 +22,8 @@ import typer
 
 from iron_spec.operators import native
 from iron_spec.operators.native import describe, threads
-from iron_spec.runtime.causal import drawn_ids
+from iron_spec.runtime.causal import PROMPT_FORMS, drawn_ids
+from iron_spec.runtime.gguf import is_gguf
 from iron_spec.runtime.session import Session
 
 from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
@@ -379,12 +380,14 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
         f["read_floor_tokens_per_s"] = f["read_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
     # The weights as loaded (float32), and the decode step's and the prompt chunk's reduced
     # copies where they have them.
-    # The prompt chunk's bfloat16 tiles are 4-dimensional (formats.tile_bfloat16); the decode
-    # step's row groups 2-dimensional.
-    copies = [a for a in loaded.lm.packed.values() if a.dtype != np.float32]
-    reduced = sum(a.nbytes for a in copies)
+    # A packed form's key ends with the weights its plan was compiled for (runtime.plan):
+    # the prompt chunk's reduced form is PROMPT_FORMS', the decode step's its own name.
+    copies = {key: a for key, a in loaded.lm.packed.items() if a.dtype != np.float32}
+    reduced = sum(a.nbytes for a in copies.values())
     weights = sum(w.nbytes for w in loaded.weights().values()) + reduced
-    result["reduced_prefill_weights_bytes"] = sum(a.nbytes for a in copies if a.ndim == 4)
+    tiles = set(PROMPT_FORMS.values()) - {"float32"}
+    result["reduced_prefill_weights_bytes"] = sum(a.nbytes for key, a in copies.items()
+                                                  if key[-1] in tiles)
     result["reduced_decode_weights_bytes"] = reduced - result["reduced_prefill_weights_bytes"]
     kv = sum(s.array.nbytes for _, s in loaded.lm.named_states())
     result["weights_bytes"], result["kv_cache_bytes"] = weights, kv
@@ -530,7 +533,6 @@ def _gguf_files(files: Optional[List[Path]]) -> Optional[List[Path]]:
     """A typer callback: each --gguf a GGUF file (its magic read), none given twice; refused
     as a usage error (exit 2) before anything loads, where it was measured as missing after
     minutes of our own figures."""
-    from iron_spec.runtime.gguf import is_gguf
     seen: dict[Path, Path] = {}
     for file in files or ():
         if not file.exists():

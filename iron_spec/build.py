@@ -173,7 +173,6 @@ def _size(n: int) -> str:
 
 
 DECODE_WEIGHTS = ("float32", "bfloat16", "bfloat16-rounded", "int8")
-# Bytes a weight takes in each reduced form, rounded up (int8: Q8_0's 34 bytes per 32).
 # Bytes a weight takes in each reduced decode form: Q8_0 blocks hold 32 in 34 bytes (a
 # bfloat16 count here put int8's copy at 1.9x its size, found by a new user's trial).
 REDUCED_BYTES = {"bfloat16": 2, "bfloat16-rounded": 2, "int8": 34 / 32}

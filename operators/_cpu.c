@@ -318,7 +318,7 @@ typedef struct {
 
 #ifdef HAVE_X86
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -337,7 +337,7 @@ typedef struct {
 #endif
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
@@ -724,8 +724,9 @@ attend_blocked_of(const attend_args *a, int g, Py_ssize_t j0, Py_ssize_t j1, flo
  * pairs, each round halving the lanes a sum still spans (256-bit halves, 128-bit quarters,
  * pairs, single lanes): in[k + 4j]'s sum lands in lane 4k + j. 45 instructions for 16 sums
  * (25 for 8, with the last permute), where extracting each zmm's halves and pairing them
- * by horizontal adds took 37 for 8: the scores' sums are half of a decode step's attention
- * time at head_dim 64 (one thread, caches in L3: 105 us a layer, 150 us at head_dim 128). */
+ * by horizontal adds took 37 for 8. Why it matters: per-key work (these sums, the softmax)
+ * was about half of a decode step's attention at head_dim 64 (one thread, caches in L3:
+ * 105 us a layer against 150 at head_dim 128, twice the FMAs). */
 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) static inline
 __attribute__((always_inline)) __m512 fold16(const __m512 *in, const int half) {
     const int n = half ? 8 : 16;
