@@ -5,7 +5,7 @@
 Run it from the golden venv (torch + transformers installed) to measure the peer side by side.
 """
 
-from iron_spec.bench import command
+from iron_spec.cli.bench import command
 import typer
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from iron_spec.bench import bench_prompt
-from iron_spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, load_model
+from iron_spec.cli.bench import bench_prompt
+from iron_spec.spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, load_model
 from iron_spec.operators import native
 from iron_spec.runtime.session import Session
 

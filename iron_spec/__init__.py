@@ -1,6 +1,6 @@
 """The declarative layer: specs, their schema and lint, the interpreter, the library and the CLI.
 
-``iron_spec.load(spec, checkpoint)`` gives a model to drive from Python (``iron_spec.api``);
+``iron_spec.load(spec, checkpoint)`` gives a model to drive from Python (``iron_spec.library.api``);
 its names load on first use, so ``import iron_spec.operators`` pulls in nothing else.
 """
 
@@ -13,9 +13,9 @@ __all__ = [*_API, *_GENERATION]
 
 def __getattr__(name: str):
     if name in _API:
-        from . import api
+        from .library import api
         return getattr(api, name)
     if name in _GENERATION:
-        from . import generation
+        from .runtime import generation
         return getattr(generation, name)
     raise AttributeError(f"module 'iron_spec' has no attribute {name!r}")

@@ -343,7 +343,7 @@ def bind(module: Module, shapes: Mapping[str, tuple[int, ...]], renames: Mapping
     """``place``, strictly: raises CheckpointError listing every missing, unexpected and
     mis-shaped tensor together, by name. A mis-shaped one names both sides: the checkpoint's
     tensor (``origin(tensor)``: the file holding it, where given) and the spec's parameter
-    (``expects(param)``: where its shape comes from, ``iron_spec.shapes``)."""
+    (``expects(param)``: where its shape comes from, ``iron_spec.spec.shapes``)."""
     found = place(module, shapes, renames, unused, stored)
     if found.fits:
         return found

@@ -15,7 +15,7 @@ Any layout may also hold transformers' encoder run in float64 on the same probes
 whose attention reads global tokens, each probe's ``global_attention_mask`` ``global{i}``
 ``(rows,)`` int32 (LongformerModel's), fed to both sides.
 
-Not for: causal models (``runtime.golden``), recording (``iron_spec.golden_record``).
+Not for: causal models (``runtime.golden``), recording (``iron_spec.library.golden_record``).
 """
 
 from __future__ import annotations

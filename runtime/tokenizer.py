@@ -140,7 +140,7 @@ class Tokenizer:
                 if name == "config.json":
                     raise
                 # As transformers, which goes on without a GenerationConfig it cannot load;
-                # the loader warns (iron_spec.generation.read_generation_config).
+                # the loader warns (iron_spec.runtime.generation.read_generation_config).
                 data = {}
             for key in values.TOKEN_KEYS:
                 ids = values.token_ids(data.get(key), f"{path}: {key}", V)

@@ -61,8 +61,8 @@ def golden_stores(tmp_path_factory, monkeypatch) -> Path:
 def encoder_toy(name: str):
     """Spec ``name``'s encoder on its toy (weights drawn at seed 0) and the committed golden
     transformers recorded for it."""
-    from iron_spec.check import golden_path
-    from iron_spec.encoder import load_encoder
+    from iron_spec.cli.check import golden_path
+    from iron_spec.spec.encoder import load_encoder
     from iron_spec.runtime.encoder_golden import EncoderGolden
     loaded = load_encoder(SPECS / f"{name}.yaml", random_weights=0, toy=True)
     return loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
@@ -85,7 +85,7 @@ def hidden_errors(model, golden, float64: bool = False) -> list[float]:
 def toy_config(tmp_path: Path, name: str, **changes) -> Path:
     """A folder holding spec ``name``'s toy config.json with ``changes`` made to it."""
     import json
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     config = dict(load_spec(SPECS / f"{name}.yaml").get("toy", "config"), **changes)
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path

@@ -28,7 +28,7 @@ def test_no_source_imports_a_top_level_folder():
 
 def test_the_extension_and_specs_load_under_the_namespace():
     from iron_spec.operators import native
-    from iron_spec.registry import SPECS
+    from iron_spec.spec.registry import SPECS
 
     assert native.__name__ == "iron_spec.operators.native"
     assert (SPECS / "llama3.yaml").is_file()

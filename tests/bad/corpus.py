@@ -25,7 +25,7 @@ VOCAB = 258  # the tiny tokenizer's 256 bytes, <s> and </s>
 
 def toy_config() -> dict:
     """The llama3 spec's toy config.json, its vocabulary the tiny tokenizer's."""
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     config = copy.deepcopy(load_spec(LLAMA).get("toy", "config"))
     config.update(vocab_size=VOCAB, bos_token_id=256, eos_token_id=257)
     return config
@@ -37,7 +37,7 @@ _BUILT: dict[str, Path] = {}
 def pristine(root: Path) -> Path:
     """A whole toy checkpoint under ``root`` (built once per session, then copied)."""
     if "dir" not in _BUILT:
-        from iron_spec.build import load_model
+        from iron_spec.spec.build import load_model
         base = root / "pristine"
         base.mkdir(parents=True)
         (base / "config.json").write_text(json.dumps(toy_config()))

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.operators import Sampler
 from iron_spec.runtime.session import Session
 from tests.bad.corpus import LLAMA

@@ -9,7 +9,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from tests.bad.corpus import LLAMA
 
 SPECS_FILE = LLAMA  # a file that is neither a golden nor a checkpoint
@@ -76,7 +76,7 @@ def test_a_check_flag_out_of_range_is_a_usage_error_naming_it(case, flags, says)
 
 def test_a_bench_context_past_the_model_is_a_usage_error_naming_it(tmp_path):
     import json
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     (tmp_path / "config.json").write_text(json.dumps(load_spec(LLAMA).get("toy", "config")))
     result = runner.invoke(app, ["bench", LLAMA, "--checkpoint", str(tmp_path),
                                  "--random-weights", "0", "--max-seq-len", str(10**9),
@@ -90,7 +90,7 @@ def test_bench_sizes_its_context_to_a_shorter_model_not_past_it(tmp_path):
     # The toy's own context is 512: bench's default (4096) gives way to it, so the refusal
     # names the deep decode's need, not a --max-seq-len the user never gave.
     import json
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     (tmp_path / "config.json").write_text(json.dumps(load_spec(LLAMA).get("toy", "config")))
     result = runner.invoke(app, ["bench", LLAMA, "--checkpoint", str(tmp_path),
                                  "--random-weights", "0", "--no-peer"])
@@ -196,11 +196,11 @@ def test_runtime_prefill_chunk_past_the_bound_is_refused_not_cut(tmp_path):
                     .replace("\n  prefill_chunk: 256", ""))
     result = runner.invoke(app, ["run", str(path), "--random-weights", "0", "--toy"])
     # the toy's own chunk wins under --toy; the spec's own is checked on every other load
-    from iron_spec.build import load_model
-    from iron_spec.errors import SpecError
+    from iron_spec.spec.build import load_model
+    from iron_spec.spec.errors import SpecError
     (tmp_path / "ck").mkdir()
     import json
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     (tmp_path / "ck" / "config.json").write_text(json.dumps(load_spec(path).get("toy", "config")))
     with pytest.raises(SpecError) as e:
         load_model(path, checkpoint=tmp_path / "ck", random_weights=0)
@@ -283,7 +283,7 @@ def test_the_most_tokens_the_context_holds_run():
 def test_a_text_prompt_s_tokens_to_draw_past_the_model_s_context_are_refused_before_loading(
         tmp_path):
     import json
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     (tmp_path / "config.json").write_text(json.dumps(load_spec(LLAMA).get("toy", "config")))
     (tmp_path / "tokenizer.json").write_text("{}")  # never read: refused first
     result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(tmp_path), "--prompt", "hi",

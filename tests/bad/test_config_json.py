@@ -13,8 +13,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.errors import SpecError
+from iron_spec.spec.build import load_model
+from iron_spec.spec.errors import SpecError
 from iron_spec.runtime.checkpoint import CheckpointError
 from tests.bad.corpus import LLAMA, dump, toy_config
 from tests.conftest import SPECS
@@ -153,7 +153,7 @@ MISTRAL = str(SPECS / "mistral.yaml")
 
 @pytest.mark.parametrize("window", [10**30, 2**31, 0, -4, 2.5, "64"])
 def test_a_sliding_window_past_any_int_or_not_whole_is_refused(tmp_path, window):
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     config = dict(load_spec(MISTRAL).get("toy", "config"), sliding_window=window)
     dump(tmp_path / "config.json", config)
     with pytest.raises(SpecError) as e:
@@ -205,8 +205,8 @@ ENCODER = [
 @pytest.mark.parametrize("case, name, value, says", ENCODER, ids=[e[0] for e in ENCODER])
 def test_a_bad_encoder_config_is_refused_before_anything_is_allocated(tmp_path, case, name,
                                                                       value, says):
-    from iron_spec.encoder import load_encoder
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.encoder import load_encoder
+    from iron_spec.spec.loader import load_spec
     config = dict(load_spec(BERT).get("toy", "config"), **{name: value})
     dump(tmp_path / "config.json", json.dumps(config))
     with pytest.raises(EXPECTED) as e:

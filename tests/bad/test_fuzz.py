@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from iron_spec.build import load_model
-from iron_spec.errors import SpecError
-from iron_spec.interpreter import expand
-from iron_spec.lint import lint_spec
-from iron_spec.loader import load_spec, parse_spec
+from iron_spec.spec.build import load_model
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.interpreter import expand
+from iron_spec.spec.lint import lint_spec
+from iron_spec.spec.loader import load_spec, parse_spec
 from iron_spec.operators.rope import rope_inv_freq
 from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError, load
 from tests.bad.corpus import LLAMA, pristine

@@ -11,10 +11,10 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
-from iron_spec.errors import SpecError
-from iron_spec.lint import lint_paths
-from iron_spec.loader import MAX_BYTES, load_spec
+from iron_spec.cli.app import app
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.lint import lint_paths
+from iron_spec.spec.loader import MAX_BYTES, load_spec
 from tests.bad.corpus import LLAMA
 
 runner = CliRunner()
@@ -90,7 +90,7 @@ def test_a_mebibyte_spec_is_refused_at_once_and_says_why(tmp_path):
 
 
 def test_many_nodes_without_aliases_are_not_called_an_alias_bomb():
-    from iron_spec.loader import MAX_NODES, parse_spec
+    from iron_spec.spec.loader import MAX_NODES, parse_spec
     text = "a: [" + ",".join(["1"] * (MAX_NODES + 1)) + "]\n"  # 2 bytes a node
     with pytest.raises(SpecError) as e:
         parse_spec(text, "f.yaml")

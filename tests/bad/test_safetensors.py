@@ -14,7 +14,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError
 from tests.bad.corpus import LLAMA
 

@@ -14,9 +14,9 @@ import jinja2
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.build import load_model
-from iron_spec.cli import app
-from iron_spec.errors import SpecError
+from iron_spec.spec.build import load_model
+from iron_spec.cli.app import app
+from iron_spec.spec.errors import SpecError
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.tokenizer import RENDER_SECONDS, TemplateBoundError, Tokenizer
 from tests.bad.corpus import LLAMA, dump

@@ -5,7 +5,7 @@ array as it is (needs transformers; never run by the tests):
 
 A golden's meta names the transformers class it was recorded through (``model``); its
 ``config_class``'s defaults are recorded as ``--record-golden`` records them
-(``iron_spec.config_defaults.of``: ``type(config)()`` saved in full), with the class's
+(``iron_spec.library.config_defaults.of``: ``type(config)()`` saved in full), with the class's
 ``model_type`` and the spec the golden's folder is named after where the meta lacks them.
 No model runs. Afterwards every array the file held but meta is compared with the old
 file's, byte for byte; a difference is an error.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import transformers
 
-from iron_spec.config_defaults import of
+from iron_spec.library.config_defaults import of
 from iron_spec.runtime.golden import add_arrays, load_arrays
 from tests.goldens.add_float64 import HERE, same_but_added
 

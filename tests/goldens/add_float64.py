@@ -9,7 +9,7 @@ on weights drawn at seed 0; ``<spec>/<case>-seed0.npz`` a divergence case
 (tests/specs/divergences); ``<spec>/<checkpoint>.npz`` the real checkpoint of that name under
 ``~/.cache/iron-spec/checkpoints``. Their fingerprint must be the golden's. transformers' model
 in float64 then runs teacher-forced on the golden's own tokens (causal) or probes (encoder)
-(``iron_spec.golden_record.add_float64``), and the file is rewritten with those arrays added
+(``iron_spec.library.golden_record.add_float64``), and the file is rewritten with those arrays added
 (``runtime.golden.add_arrays``). Afterwards every array the file held is compared with the
 old file's, byte for byte; a difference is an error.
 """
@@ -24,8 +24,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from iron_spec.golden_record import add_encoder_float64, add_float64, float64_arrays
-from iron_spec.loader import load_spec
+from iron_spec.library.golden_record import add_encoder_float64, add_float64, float64_arrays
+from iron_spec.spec.loader import load_spec
 from iron_spec.runtime.checkpoint import Checkpoint
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden, add_arrays, fingerprint
@@ -34,7 +34,7 @@ from tests.specs.divergences import cases
 ROOT = Path(__file__).resolve().parents[2]
 # A family whose transformers model, loaded in float64, still computes in float32 somewhere
 # (a float32 island) has its float64 gate in its spec (validation.float64: gate and why),
-# which check and the golden tests read (``iron_spec.gates``); nothing of it is written here.
+# which check and the golden tests read (``iron_spec.spec.gates``); nothing of it is written here.
 HERE = ROOT / "tests" / "goldens"
 CHECKPOINTS = Path.home() / ".cache" / "iron-spec" / "checkpoints"
 
@@ -61,10 +61,10 @@ def add(path: Path, tmp: Path) -> str:
     with tempfile.TemporaryDirectory(dir=tmp) as d:
         if stem == "toy-seed0":
             if encoder:
-                from iron_spec.encoder import load_encoder
+                from iron_spec.spec.encoder import load_encoder
                 loaded = load_encoder(spec_file, random_weights=0, toy=True)
             else:
-                from iron_spec.build import load_model
+                from iron_spec.spec.build import load_model
                 loaded = load_model(spec_file, random_weights=0, toy=True)
             fp = loaded.fingerprint()
         elif stem.endswith("-seed0") and stem[:-6] in cases.names():
@@ -76,11 +76,11 @@ def add(path: Path, tmp: Path) -> str:
         else:
             directory = CHECKPOINTS / stem
             if encoder:
-                from iron_spec.encoder import load_encoder
+                from iron_spec.spec.encoder import load_encoder
                 loaded = load_encoder(spec_file, checkpoint=directory)
                 fp = loaded.fingerprint()
             else:
-                from iron_spec.build import load_model
+                from iron_spec.spec.build import load_model
                 fp = load_model(spec_file, checkpoint=directory, max_seq_len=2048).fingerprint()
                 loaded = SimpleNamespace(directory=directory, random_weights=None,
                                          fingerprint=lambda: fp)

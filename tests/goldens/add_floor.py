@@ -6,7 +6,7 @@
 The floor is what the spec serving the golden (``specs/<folder>.yaml``, verified against
 it) measures: our float64 ``reference()`` against the golden's float64 rows, KL mean and
 max over its steps (causal), or the larger max |error| of hidden states and pooled
-embeddings (encoder). ``iron_spec.gates.float64_gate`` then judges the golden by
+embeddings (encoder). ``iron_spec.spec.gates.float64_gate`` then judges the golden by
 ``FLOOR_MARGIN`` x that floor, so a later edit too small for the shared gate (an epsilon
 halved) fails. A golden whose spec does not pass its present gate gets no floor (an error).
 """
@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from iron_spec import gates
-from iron_spec.loader import load_spec
+from iron_spec.spec import gates
+from iron_spec.spec.loader import load_spec
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden, add_arrays
 from tests.goldens.add_float64 import CHECKPOINTS, HERE, ROOT, _arrays, same_but_added
@@ -36,17 +36,17 @@ def _inputs(spec_file: Path, stem: str, tmp: Path) -> dict:
 
 
 def floor(path: Path, tmp: Path) -> object:
-    """The floor of the golden at ``path``, measured by its spec (``iron_spec.gates.floor``,
+    """The floor of the golden at ``path``, measured by its spec (``iron_spec.spec.gates.floor``,
     as ``check --record-golden`` measures one); raises SystemExit where the spec does not
     pass the golden's present float64 gate."""
     spec_file = ROOT / "specs" / f"{path.parent.name}.yaml"
     args = _inputs(spec_file, path.stem, tmp)
     if load_spec(spec_file).get("model") == "encoder":
-        from iron_spec.encoder import load_encoder
+        from iron_spec.spec.encoder import load_encoder
         loaded = load_encoder(spec_file, **args)
         golden = EncoderGolden.read(path, loaded.fingerprint())
     else:
-        from iron_spec.build import load_model
+        from iron_spec.spec.build import load_model
         # A real checkpoint's context cut to 2048 (its cache's memory), as add_float64.
         real = str(args.get("checkpoint", "")).startswith(str(CHECKPOINTS))
         size = {"max_seq_len": 2048} if real else {}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import iron_spec
-from iron_spec.registry import find
+from iron_spec.spec.registry import find
 from tests.conftest import ROOT, SPECS
 
 GOLDEN = np.load(ROOT / "tests" / "goldens" / "llama3" / "toy-seed0.npz")

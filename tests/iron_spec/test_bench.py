@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from iron_spec import bench
-from iron_spec.build import load_model, use_decode_weights, use_prefill_weights
+from iron_spec.cli import bench
+from iron_spec.spec.build import load_model, use_decode_weights, use_prefill_weights
 from iron_spec.operators import native
 from tests.conftest import SPECS
 

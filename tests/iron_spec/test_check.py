@@ -12,9 +12,9 @@ import pytest
 from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
-from iron_spec import goldens
-from iron_spec.build import load_model
-from iron_spec.cli import app
+from iron_spec.library import goldens
+from iron_spec.spec.build import load_model
+from iron_spec.cli.app import app
 from tests.conftest import SPECS
 
 LLAMA = (SPECS / "llama3.yaml").read_text()
@@ -157,8 +157,8 @@ def test_prefill_chunk_is_taken(tmp_path):
 def test_a_config_transformers_refuses_is_one_line_naming_it(monkeypatch):
     import importlib.util
 
-    import iron_spec.check as check_module
-    from iron_spec import golden_record
+    import iron_spec.cli.check as check_module
+    from iron_spec.library import golden_record
     real = importlib.util.find_spec
     monkeypatch.setattr(check_module.importlib.util, "find_spec",
                         lambda name, *a: object() if name in ("torch", "transformers") else

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec import goldens
-from iron_spec.cli import app
-from iron_spec.config_defaults import of
-from iron_spec.lint import lint_paths
-from iron_spec.loader import load_spec
-from iron_spec.config_defaults import compare
+from iron_spec.library import goldens
+from iron_spec.cli.app import app
+from iron_spec.library.config_defaults import of
+from iron_spec.spec.lint import lint_paths
+from iron_spec.spec.loader import load_spec
+from iron_spec.library.config_defaults import compare
 from iron_spec.runtime.golden import NOT_A_GOLDEN, load_arrays
 from tests.conftest import SPECS, golden_extra
 

@@ -12,9 +12,9 @@ import pytest
 from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
-from iron_spec.build import load_model
-from iron_spec.cli import app
-from iron_spec.generation import read_generation_config, sampler_for
+from iron_spec.spec.build import load_model
+from iron_spec.cli.app import app
+from iron_spec.runtime.generation import read_generation_config, sampler_for
 from tests.conftest import SPECS
 
 LLAMA = str(SPECS / "llama3.yaml")

@@ -1,4 +1,4 @@
-"""The conventions every command follows (iron_spec.command): help as click tools print it,
+"""The conventions every command follows (iron_spec.cli.command): help as click tools print it,
 -h, --version, and one rule of exit statuses (README "Exit status")."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from importlib.metadata import version
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from tests.conftest import SPECS
 
 LLAMA = str(SPECS / "llama3.yaml")
@@ -136,7 +136,7 @@ def test_no_checkpoint_and_no_example_is_a_usage_error(no_examples):
 
 def cli(*args, env):
     """The command in a fresh process (huggingface_hub reads HF_HUB_OFFLINE when imported)."""
-    return subprocess.run([sys.executable, "-c", "from iron_spec.cli import app; app()", *args],
+    return subprocess.run([sys.executable, "-c", "from iron_spec.cli.app import app; app()", *args],
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
 
 
@@ -212,7 +212,7 @@ def test_a_terminal_gets_a_bar_not_lines():
     # stderr a pseudo-terminal, as a user's: rich draws its bar there and no stage line.
     import pty
     main, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", "from iron_spec.cli import app; app()",
+    proc = subprocess.Popen([sys.executable, "-c", "from iron_spec.cli.app import app; app()",
                              "check", LLAMA, "--random-weights", "0", "--toy"],
                             stdout=subprocess.PIPE, stderr=child, stdin=subprocess.DEVNULL,
                             env={**os.environ, "COLUMNS": "120"})
@@ -243,16 +243,16 @@ def test_spec_names_serve_show_and_check_from_any_folder(tmp_path, monkeypatch, 
 
 
 def test_the_commands_take_the_shared_conventions_from_command_not_cli():
-    """cli registers the commands, so a command importing from cli is a cycle (run dodged it
+    """cli.app registers the commands, so a command importing from it is a cycle (run dodged it
     with an import inside its function): EXPECTED and the stderr log live in command."""
     import ast
     from pathlib import Path
 
-    import iron_spec
-    from iron_spec.command import EXPECTED, log_to_stderr  # noqa: F401
-    folder = Path(iron_spec.__file__).parent
-    for path in sorted(set(folder.glob("*.py")) - {folder / "cli.py"}):
+    from iron_spec import cli
+    from iron_spec.cli.command import EXPECTED, log_to_stderr  # noqa: F401
+    folder = Path(cli.__file__).parent
+    for path in sorted(set(folder.glob("*.py")) - {folder / "app.py"}):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                assert node.module not in ("cli", "iron_spec.cli"), \
-                    f"{path.name}:{node.lineno} imports from cli"
+                assert node.module not in ("app", "iron_spec.cli.app"), \
+                    f"{path.name}:{node.lineno} imports from cli.app"

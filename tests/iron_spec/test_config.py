@@ -1,5 +1,5 @@
 """config.json accounting at every load: every key read by a field, ignored on purpose, or
-the load refused (``iron_spec.config.account``), as ``lint --config`` reports it."""
+the load refused (``iron_spec.spec.config.account``), as ``lint --config`` reports it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from iron_spec.build import load_model
-from iron_spec.cli import app
-from iron_spec.encoder import load_encoder
-from iron_spec.errors import SpecError
-from iron_spec.loader import load_spec
-from iron_spec.show import gather
+from iron_spec.spec.build import load_model
+from iron_spec.cli.app import app
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.loader import load_spec
+from iron_spec.cli.show import gather
 from tests.conftest import ROOT, SPECS
 
 LLAMA = SPECS / "llama3.yaml"
@@ -147,7 +147,7 @@ def test_a_refusal_by_condition(tmp_path):
 
 
 def lint_variant(tmp_path, old: str, new: str) -> list[str]:
-    from iron_spec.lint import lint_paths
+    from iron_spec.spec.lint import lint_paths
     text = LLAMA.read_text()
     assert old in text
     path = tmp_path / "llama3.yaml"
@@ -184,7 +184,7 @@ def test_gemma4_refuses_bidirectional_and_moe_and_serves_the_rest(tmp_path):
 
 
 def test_a_whole_number_part_indexes_a_list():
-    from iron_spec.config import MISSING, lookup
+    from iron_spec.spec.config import MISSING, lookup
     data = {"layer_rope_theta": [10000.0, 0, None], "a": {"b": [1, {"c": 2}]}}
     assert lookup(data, "layer_rope_theta.1") == 0
     assert lookup(data, "layer_rope_theta.2") is None  # a null entry
@@ -217,7 +217,7 @@ def test_a_config_outside_what_the_spec_serves_is_refused(tmp_path, name, key, v
 def test_floor_division_by_one_truncates_as_int_does(tmp_path):
     # The way docs/writing-a-spec.md gives for a config class's int(head_dim * factor): the
     # bad corpus's rotary_dim 4.8, written "(head_dim * 0.3) // 1", is int(16 * 0.3) = 4.
-    from iron_spec.interpreter import expand
+    from iron_spec.spec.interpreter import expand
 
     text = (ROOT / "tests" / "specs" / "bad" / "rotary_fraction.yaml").read_text()
     path = tmp_path / "truncated.yaml"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
-from iron_spec.embed import cosine, embed_texts
-from iron_spec.encoder import load_encoder
-from iron_spec.registry import entries, for_architectures
+from iron_spec.cli.app import app
+from iron_spec.cli.embed import cosine, embed_texts
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.registry import entries, for_architectures
 from tests.conftest import ROOT, SPECS, checkpoint
 
 GOLDEN = ROOT / "tests" / "goldens" / "bert" / "all-minilm-l6-v2.npz"
@@ -178,7 +178,7 @@ def _toy_encoder_dir(tmp_path):
 
     from safetensors.numpy import save_file
 
-    from iron_spec.encoder import load_encoder
+    from iron_spec.spec.encoder import load_encoder
 
     loaded = load_encoder(SPECS / "bert.yaml", random_weights=0, toy=True)
     (tmp_path / "config.json").write_text(json.dumps(loaded.config_json))

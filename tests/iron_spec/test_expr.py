@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from iron_spec.expr import ExprError, evaluate, names, parse
+from iron_spec.spec.expr import ExprError, evaluate, names, parse
 
 FIELDS = {"a": 3, "b": 7, "c": 2.5, "d": -4}
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -41,7 +41,7 @@ def combine(children: st.SearchStrategy) -> st.SearchStrategy:
 
 
 def value(tree):
-    """The tree's value by Python's operators, independently of iron_spec.expr."""
+    """The tree's value by Python's operators, independently of iron_spec.spec.expr."""
     if not isinstance(tree, tuple):
         return tree
     kind = tree[0]
@@ -204,8 +204,8 @@ def _llama(tmp_path, kv_heads: str, field: str = "  multi_query: {json: multi_qu
 
 
 def test_a_conditional_option_selects_one_kv_head(tmp_path):
-    from iron_spec.interpreter import expand
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.interpreter import expand
+    from iron_spec.spec.loader import load_spec
     path, _ = _llama(tmp_path, "1 if multi_query else num_key_value_heads")
     spec = load_spec(path)
     toy = dict(spec.get("toy", "config"))
@@ -215,9 +215,9 @@ def test_a_conditional_option_selects_one_kv_head(tmp_path):
 
 
 def test_a_refused_condition_names_the_options_line_and_column(tmp_path):
-    from iron_spec.errors import SpecError
-    from iron_spec.interpreter import expand
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.errors import SpecError
+    from iron_spec.spec.interpreter import expand
+    from iron_spec.spec.loader import load_spec
     path, text = _llama(tmp_path, "1 if num_attention_heads else num_key_value_heads")
     spec = load_spec(path)
     with pytest.raises(SpecError) as e:
@@ -229,9 +229,9 @@ def test_a_refused_condition_names_the_options_line_and_column(tmp_path):
 
 
 def test_a_config_field_expression_is_refused_at_its_own_line(tmp_path):
-    from iron_spec.errors import SpecError
-    from iron_spec.interpreter import expand
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.errors import SpecError
+    from iron_spec.spec.interpreter import expand
+    from iron_spec.spec.loader import load_spec
     path, text = _llama(tmp_path, "num_key_value_heads",
                         "  multi_query: {expr: 'hidden_size > 0 and vocab_size'}")
     spec = load_spec(path)

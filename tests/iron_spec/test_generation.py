@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iron_spec.generation import StopText, sampler_for
+from iron_spec.runtime.generation import StopText, sampler_for
 from iron_spec.runtime.tokenizer import TextStream, Tokenizer
 
 STOPS = np.load(Path(__file__).parents[1] / "operators" / "sampling_golden" / "stop_strings.npz")

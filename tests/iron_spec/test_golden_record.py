@@ -4,7 +4,7 @@ unread by the spec, was reported as "transformers' model lacks" it, the wrong si
 
 from __future__ import annotations
 
-from iron_spec.golden_record import misfit
+from iron_spec.library.golden_record import misfit
 
 
 def test_a_tensor_transformers_holds_and_the_spec_lacks_names_each_side():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from tests.conftest import SPECS
 
 runner = CliRunner()

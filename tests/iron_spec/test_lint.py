@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec import kinds, rules
-from iron_spec.cli import app
-from iron_spec.interpreter import expand
-from iron_spec.lint import ConfigFile, lint_paths, lint_spec
-from iron_spec.loader import parse_spec
-from iron_spec.schema import at, known_keys
+from iron_spec.spec import kinds
+from iron_spec.spec import rules
+from iron_spec.cli.app import app
+from iron_spec.spec.interpreter import expand
+from iron_spec.spec.lint import ConfigFile, lint_paths, lint_spec
+from iron_spec.spec.loader import parse_spec
+from iron_spec.spec.schema import at, known_keys
 from tests.conftest import ROOT, SPECS
 
 BAD = ROOT / "tests" / "specs" / "bad"
@@ -75,7 +76,7 @@ def test_specs_are_clean():
 def test_every_spec_names_its_schema_and_version():
     for path in SPECS.glob("*.yaml"):
         first = path.read_text().splitlines()[0]
-        assert first == "# yaml-language-server: $schema=../iron_spec/spec.schema.json", path
+        assert first == "# yaml-language-server: $schema=../iron_spec/spec/spec.schema.json", path
         assert parse_spec(path.read_text()).data["spec"] == 1
 
 

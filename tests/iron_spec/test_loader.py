@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from iron_spec.errors import SpecError
-from iron_spec.loader import MAX_BYTES, load_spec, parse_spec
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.loader import MAX_BYTES, load_spec, parse_spec
 
 
 def refused(text: str) -> SpecError:

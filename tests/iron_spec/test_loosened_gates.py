@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
-from iron_spec.lint import lint_paths
+from iron_spec.cli.app import app
+from iron_spec.spec.lint import lint_paths
 from iron_spec.runtime.golden import load_arrays
 from tests.conftest import SPECS, golden_extra
 

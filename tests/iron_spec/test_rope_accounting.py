@@ -10,9 +10,9 @@ import copy
 
 import pytest
 
-from iron_spec.config import account
-from iron_spec.errors import SpecError
-from iron_spec.loader import load_spec
+from iron_spec.spec.config import account
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.loader import load_spec
 from tests.conftest import SPECS
 
 

@@ -17,7 +17,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from typer.testing import CliRunner
 
 import iron_spec
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from iron_spec.operators import threads
 from tests.conftest import ROOT
 
@@ -77,7 +77,7 @@ def test_prompt_ids_continue_as_transformers_does(tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["token_ids"] == GOLDEN["tokens"][n:n + 8].tolist()
     # and a checkpoint with no tokenizer.json (a save_pretrained toy's) runs on them too
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.loader import load_spec
     (tmp_path / "config.json").write_text(json.dumps(load_spec(ROOT / "specs" / "llama3.yaml")
                                                      .get("toy", "config")))
     result = run("llama3", "--checkpoint", str(tmp_path), "--random-weights", "0",
@@ -308,7 +308,7 @@ def test_a_reply_interrupted_is_dropped_and_the_chat_goes_on(worded, monkeypatch
     assert stream.result.finish_reason == "interrupted" and chat.messages == []
     chat.send("t3", max_new_tokens=2, temperature=0)
     assert [m["role"] for m in chat.messages] == ["user", "assistant"]
-    from iron_spec import run as run_module
+    from iron_spec.cli import run as run_module
 
     show, seen = run_module._Output.show, []
 

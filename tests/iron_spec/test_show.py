@@ -8,7 +8,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from tests.conftest import SPECS, edited_spec
 
 LLAMA = str(SPECS / "llama3.yaml")

@@ -115,7 +115,7 @@ def test_linear_kernel_without_the_extension_gives_the_same_product(monkeypatch)
 
 @pytest.mark.skipif(not native.PROGRAM, reason="no native program here")
 def test_a_bfloat16_prompt_chunk_is_one_native_call_with_a_float32_head():
-    from iron_spec.build import load_model
+    from iron_spec.spec.build import load_model
     from tests.conftest import SPECS
     loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True,
                         prefill_weights="bfloat16")

@@ -6,7 +6,7 @@ time, and what it costs against the float32 caches."""
 import numpy as np
 import pytest
 
-from iron_spec.build import KV_CACHE_BYTES, _footprint, load_model
+from iron_spec.spec.build import KV_CACHE_BYTES, _footprint, load_model
 from iron_spec.runtime import checks
 from iron_spec.runtime.checks import divergence
 from iron_spec.runtime.module import State
@@ -96,7 +96,7 @@ def test_the_library_and_run_take_a_bfloat16_cache():
     import iron_spec
     from typer.testing import CliRunner
 
-    from iron_spec.cli import app
+    from iron_spec.cli.app import app
 
     model = iron_spec.load(str(SPECS / "llama3.yaml"), random_weights=0, toy=True,
                            kv_cache="bfloat16")
@@ -168,7 +168,7 @@ def test_reduced_precision_passes_check_where_it_breaks_a_near_tie(spec, flags):
     # float64 gates still judge the spec (test_float64_gate's reduced-weights test).
     from typer.testing import CliRunner
 
-    from iron_spec.cli import app
+    from iron_spec.cli.app import app
 
     result = CliRunner().invoke(app, ["check", str(SPECS / f"{spec}.yaml"), "--toy",
                                       "--random-weights", "0", *flags])

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, RopeOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions, Decoder
 from iron_spec.runtime.checkpoint import fill

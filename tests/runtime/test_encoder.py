@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from iron_spec.encoder import load_encoder
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.runtime.blocks import NormOptions
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions
@@ -187,9 +187,9 @@ def test_an_offset_shortens_what_a_call_holds():
 
 
 def test_a_spec_offset_gives_max_tokens_and_its_errors_their_lines(tmp_path):
-    from iron_spec.encoder import expand_encoder
-    from iron_spec.errors import SpecError
-    from iron_spec.loader import load_spec, parse_spec
+    from iron_spec.spec.encoder import expand_encoder
+    from iron_spec.spec.errors import SpecError
+    from iron_spec.spec.loader import load_spec, parse_spec
     spec = load_spec(SPECS / "roberta.yaml")
     o = expand_encoder(spec, spec.get("toy", "config")).options
     assert (o.positions, o.position_offset, o.position_padding, o.max_tokens) == (26, 2, 1, 24)

@@ -15,9 +15,9 @@ import gguf
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.errors import SpecError
-from iron_spec.registry import for_checkpoint
+from iron_spec.spec.build import load_model
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.registry import for_checkpoint
 from iron_spec.runtime.gguf import GGUFError, GGUFFile, unpermute
 from iron_spec.runtime.quants import dequantize
 from iron_spec.runtime.weights import draw_weights

@@ -12,13 +12,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.checkpoint import Checkpoint
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS, checkpoint, download
 
 LLAMA = SPECS / "llama3.yaml"
-PROMPT = (SPECS.parent / "iron_spec" / "prompt.txt").read_text()
+PROMPT = (SPECS.parent / "iron_spec" / "cli" / "prompt.txt").read_text()
 TEXTS = ["The capital of France is", "Hello, world! 12345 tokens   spaced\n\nnew line",
          "<|im_start|>user\nWhat is 2+2?<|im_end|>", "naïve café — 日本語 😀", "  leading"]
 

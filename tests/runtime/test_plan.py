@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.graph import CallSpec, Recorder
 from iron_spec.runtime.plan import Plan
 from iron_spec.operators import PerCall

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iron_spec.encoder import load_encoder
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.operators import native, sinusoidal_table
 from iron_spec.operators.attention import alibi_slopes
 from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions

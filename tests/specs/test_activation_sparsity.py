@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from iron_spec.errors import SpecError
-from iron_spec.interpreter import expand
-from iron_spec.loader import load_spec
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.interpreter import expand
+from iron_spec.spec.loader import load_spec
 from tests.conftest import SPECS
 
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.errors import SpecError
+from iron_spec.spec.build import load_model
+from iron_spec.spec.errors import SpecError
 from tests.specs.test_attention_flips import _judged_on_the_right_weights
 from tests.specs.test_position_flips import flipped_kl
 from tests.conftest import SPECS, edited_spec

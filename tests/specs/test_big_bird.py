@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL
-from iron_spec.encoder import load_encoder
-from iron_spec.errors import SpecError
+from iron_spec.cli.check import ENCODER_ATOL
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.errors import SpecError
 from tests.conftest import SPECS, encoder_toy, hidden_errors, toy_config
 from tests.specs.test_encoder_goldens import _fails_edited
 

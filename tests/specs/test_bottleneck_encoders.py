@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL
-from iron_spec.encoder import load_encoder
+from iron_spec.cli.check import ENCODER_ATOL
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.operators.trigram import Trigram
 from tests.conftest import SPECS, golden_extra, encoder_toy, hidden_errors
 from tests.specs.test_encoder_goldens import _copy, _fails_edited

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from tests.conftest import SPECS
 
 BERT = (SPECS / "bert.yaml").read_text()

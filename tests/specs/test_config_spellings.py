@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.config import resolve, standard
-from iron_spec.errors import SpecError
-from iron_spec.interpreter import expand
-from iron_spec.loader import load_spec
+from iron_spec.spec.build import load_model
+from iron_spec.spec.config import resolve, standard
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.interpreter import expand
+from iron_spec.spec.loader import load_spec
 from iron_spec.runtime.golden import Golden
 from tests.conftest import SPECS
 from tests.specs.test_goldens import judge
@@ -79,7 +79,7 @@ def test_olmo3_transformers_4_theta_is_the_full_layers_only():
 
 
 def test_a_field_reading_a_moved_key_is_a_lint_error(tmp_path):
-    from iron_spec.lint import lint_paths
+    from iron_spec.spec.lint import lint_paths
     text = (SPECS / "llama3.yaml").read_text().replace(
         "  rope_theta: {json: rope_parameters.rope_theta, default: 10000.0}",
         "  rope_theta: {json: rope_theta, default: 10000.0}")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from iron_spec.config import unread
-from iron_spec.loader import load_spec
+from iron_spec.spec.config import unread
+from iron_spec.spec.loader import load_spec
 from tests.conftest import ROOT, SPECS
 
 DEFAULTS = Path(__file__).with_name("configs") / "defaults"

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from iron_spec.check import ENCODER_ATOL
-from iron_spec.encoder import load_encoder
+from iron_spec.cli.check import ENCODER_ATOL
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.operators import disentangled
 from iron_spec.runtime.encoder import Encoder
 from tests.conftest import SPECS, encoder_toy, hidden_errors

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.golden import Golden
 from tests.specs.divergences import cases
 from tests.specs.test_goldens import judge

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.check import ENCODER_ATOL, golden_path
-from iron_spec.gates import encoder_float64_gate
-from iron_spec.cli import app
-from iron_spec.encoder import load_encoder
-from iron_spec.loader import load_spec
+from iron_spec.cli.check import ENCODER_ATOL, golden_path
+from iron_spec.spec.gates import encoder_float64_gate
+from iron_spec.cli.app import app
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.loader import load_spec
 from iron_spec.runtime import checks
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from tests.conftest import SPECS, golden_extra

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.errors import SpecError
-from iron_spec.interpreter import expand
-from iron_spec.loader import load_spec, parse_spec
+from iron_spec.spec.build import load_model
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.interpreter import expand
+from iron_spec.spec.loader import load_spec, parse_spec
 from iron_spec.runtime.blocks import NormOptions
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
-from iron_spec.gates import FLOAT64_KL, float64_gate
-from iron_spec.cli import app
+from iron_spec.spec.build import load_model
+from iron_spec.cli.check import golden_path
+from iron_spec.spec.gates import FLOAT64_KL, float64_gate
+from iron_spec.cli.app import app
 from iron_spec.runtime import checks
 from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session

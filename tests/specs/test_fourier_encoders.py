@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL
-from iron_spec.encoder import load_encoder
-from iron_spec.errors import SpecError
-from iron_spec.loader import load_spec
-from iron_spec.encoder import expand_encoder
+from iron_spec.cli.check import ENCODER_ATOL
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.loader import load_spec
+from iron_spec.spec.encoder import expand_encoder
 from iron_spec.operators.fourier import FourierMix
 from tests.conftest import SPECS, encoder_toy, hidden_errors
 

@@ -4,7 +4,7 @@ The goldens (tests/goldens/<spec>/) were recorded from transformers' model in fl
 (``iron-spec check ... --record-golden``), and the same model in float64 teacher-forced on
 those tokens (``tests/goldens/add_float64.py``); reading them needs neither torch nor
 transformers. The compiled float32 model is judged by the spec's float32 KL gate, our
-float64 ``reference()`` by the float64 gate (``iron_spec.gates.float64_gate``).
+float64 ``reference()`` by the float64 gate (``iron_spec.spec.gates.float64_gate``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
-from iron_spec.gates import float64_gate, kl_gate
-from iron_spec.loader import load_spec
+from iron_spec.spec.build import load_model
+from iron_spec.cli.check import golden_path
+from iron_spec.spec.gates import float64_gate, kl_gate
+from iron_spec.spec.loader import load_spec
 from iron_spec.operators import native
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 from iron_spec.runtime import checks
@@ -121,7 +121,7 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
 def test_bfloat16_prefill_on_a_real_checkpoint_is_within_its_gate(spec: str, name: str):
     # The prompt chunk on bfloat16 tiles (weights and inputs rounded): transformers' float32
     # golden judges the rounding by the reduced gate (gates.PREFILL_KL), with no top-1 miss.
-    from iron_spec.gates import PREFILL_KL
+    from iron_spec.spec.gates import PREFILL_KL
     loaded = load_model(SPECS / f"{spec}.yaml", checkpoint=checkpoint(name), max_seq_len=2048,
                         prefill_weights="bfloat16")
     golden = Golden.read(golden_path(loaded), loaded.fingerprint())

@@ -11,9 +11,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL
-from iron_spec.encoder import load_encoder
-from iron_spec.errors import SpecError
+from iron_spec.cli.check import ENCODER_ATOL
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.errors import SpecError
 from iron_spec.operators import landmark, span_conv
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from tests.conftest import SPECS, edited_spec, encoder_toy, hidden_errors, toy_config

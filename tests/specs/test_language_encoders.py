@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from iron_spec.check import ENCODER_ATOL, golden_path
-from iron_spec.encoder import load_encoder
+from iron_spec.cli.check import ENCODER_ATOL, golden_path
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from tests.conftest import SPECS
 from tests.specs.test_encoder_goldens import _fails_edited
@@ -100,8 +100,8 @@ def test_flaubert_with_another_option_fails_against_the_golden(tmp_path, old, ne
 def test_flaubert_pre_norm_is_refused_naming_why(tmp_path):
     import json
 
-    from iron_spec.errors import SpecError
-    from iron_spec.loader import load_spec
+    from iron_spec.spec.errors import SpecError
+    from iron_spec.spec.loader import load_spec
     spec = load_spec(SPECS / "flaubert.yaml")
     config = dict(spec.get("toy", "config"), pre_norm=True)
     (tmp_path / "config.json").write_text(json.dumps(config))

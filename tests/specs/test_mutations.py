@@ -11,9 +11,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
-from iron_spec.cli import app
+from iron_spec.spec.build import load_model
+from iron_spec.cli.check import golden_path
+from iron_spec.cli.app import app
 from iron_spec.runtime import checks
 from iron_spec.runtime.golden import Golden
 from tests.conftest import SPECS

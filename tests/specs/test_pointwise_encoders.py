@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iron_spec.check import ENCODER_ATOL
-from iron_spec.encoder import load_encoder
+from iron_spec.cli.check import ENCODER_ATOL
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.operators.grouped import GroupedLinear
 from tests.conftest import SPECS, encoder_toy, hidden_errors
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
+from iron_spec.spec.build import load_model
+from iron_spec.cli.check import golden_path
 from iron_spec.runtime.golden import Golden, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS

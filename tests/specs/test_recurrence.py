@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.errors import SpecError
+from iron_spec.spec.build import load_model
+from iron_spec.spec.errors import SpecError
 from tests.conftest import SPECS
 from tests.specs.test_attention_flips import _judged_on_the_right_weights
 from tests.specs.test_position_flips import flipped_kl

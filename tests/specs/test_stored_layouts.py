@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
-from iron_spec.errors import SpecError
+from iron_spec.spec.build import load_model
+from iron_spec.cli.check import golden_path
+from iron_spec.spec.errors import SpecError
 from iron_spec.runtime.golden import Golden
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS

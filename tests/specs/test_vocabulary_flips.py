@@ -14,11 +14,11 @@ import json
 import numpy as np
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
-from iron_spec.errors import SpecError
-from iron_spec.interpreter import expand
-from iron_spec.loader import load_spec
+from iron_spec.spec.build import load_model
+from iron_spec.cli.check import golden_path
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.interpreter import expand
+from iron_spec.spec.loader import load_spec
 from iron_spec.runtime.golden import Golden, GoldenError, kl_stats, teacher_forced
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS

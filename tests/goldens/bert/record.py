@@ -25,7 +25,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from iron_spec.encoder import load_encoder
+from iron_spec.spec.encoder import load_encoder
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE.parents[2] / "specs" / "bert.yaml"

@@ -4,7 +4,7 @@ the tests): ``python -m tests.specs.divergences.record NAME [--list-tensors]``.
 ``--list-tensors`` first writes into the case the tensors transformers' ``save_pretrained``
 writes for its config, plus the case's ``extra_tensors`` (a distinct ``lm_head.weight`` beside a
 tied head, say) and less its ``drop_tensors``. The golden is then transformers' ``AutoModelForCausalLM`` on the drawn
-checkpoint, through ``iron_spec.golden_record.record``, keyed by the checkpoint's fingerprint;
+checkpoint, through ``iron_spec.library.golden_record.record``, keyed by the checkpoint's fingerprint;
 no code of ours runs the model.
 """
 
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from iron_spec.golden_record import record
+from iron_spec.library.golden_record import record
 from iron_spec.runtime.checkpoint import Checkpoint
 from iron_spec.runtime.golden import fingerprint
 

@@ -20,7 +20,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from iron_spec.runtime.checkpoint import CheckpointError
 
-from .errors import FlagError, SpecError, message
+from iron_spec.spec.errors import FlagError, SpecError, message
 
 # Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
 DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
@@ -249,7 +249,7 @@ def load_compiled(stages: Stages, spec, **kwargs):
     Raises:
         what ``load_model`` raises.
     """
-    from .build import load_model
+    from iron_spec.spec.build import load_model
     loaded = load_model(spec, progress=stages.stage("loading weights"), **kwargs)
     for prompt, what in ((False, "compiling the decode step"), (True, "compiling the prompt chunk")):
         stages.stage(what)

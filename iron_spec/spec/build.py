@@ -31,7 +31,7 @@ from . import gguf_files
 from .config import account
 from .arguments import said
 from .errors import FlagError, NoWeights
-from .generation import read_generation_config
+from iron_spec.runtime.generation import read_generation_config
 from .interpreter import expand
 from .shapes import explainer
 from .loader import load_spec

@@ -18,13 +18,13 @@ import typer
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.tokenizer import utf8_text
 
-from .api import load
-from .build import Loaded
+from iron_spec.library.api import load
+from iron_spec.spec.build import Loaded
 from .command import log, log_to_stderr, refuse
-from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import FlagError, SpecError
-from .loader import load_spec
-from .registry import entries, find
+from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
+from iron_spec.spec.errors import FlagError, SpecError
+from iron_spec.spec.loader import load_spec
+from iron_spec.spec.registry import entries, find
 
 
 def embed_texts(loaded: Loaded, texts: list[str], lang: int | None = None) -> np.ndarray:

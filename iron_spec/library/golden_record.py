@@ -25,7 +25,7 @@ from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden, config_digest
 from iron_spec.runtime.renames import matching
 
-from .build import Loaded
+from iron_spec.spec.build import Loaded
 
 GOLDEN_STEPS = 40
 # Texts an encoder golden of a real checkpoint is recorded on (its tokenizer's ids).

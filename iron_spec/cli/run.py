@@ -1,4 +1,4 @@
-"""``iron-spec run``: generate from a spec, on the library (``iron_spec.api``) and nothing else.
+"""``iron-spec run``: generate from a spec, on the library (``iron_spec.library.api``) and nothing else.
 
 The text streams to stdout as drawn (or, with ``--json``, one JSON object per generation);
 stderr gets the seed of a sampled run, why the text ended where that is not plain (an
@@ -22,17 +22,17 @@ from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.tokenizer import utf8_text
 
-from .api import Model, load
-from .build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
+from iron_spec.library.api import Model, load
+from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
                     PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, model_inputs, weights_source)
 from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
-from .config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
-from .errors import FlagError, message
-from .generation import Completion, Stream, read_generation_config, sampler_for, setting
-from .interpreter import MAX_PREFILL_CHUNK, expand
-from .gguf_files import is_gguf
-from .loader import load_spec
-from .registry import find
+from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
+from iron_spec.spec.errors import FlagError, message
+from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
+from iron_spec.spec.interpreter import MAX_PREFILL_CHUNK, expand
+from iron_spec.spec.gguf_files import is_gguf
+from iron_spec.spec.loader import load_spec
+from iron_spec.spec.registry import find
 
 
 def command(

@@ -29,8 +29,8 @@ from typing import Any, Mapping
 
 from iron_spec.runtime.checks import Result
 
-from .config import LAYER, MISSING, entry, lookup, same, shown, standard
-from .loader import Spec
+from iron_spec.spec.config import LAYER, MISSING, entry, lookup, same, shown, standard
+from iron_spec.spec.loader import Spec
 
 NAME = "config defaults vs transformers"
 SCALARS = (bool, int, float, str, type(None))

@@ -20,7 +20,7 @@ from .loader import load_spec
 def _shipped() -> Path:
     """The specs folder: ``iron_spec/specs`` in an install, ``specs/`` beside ``iron_spec/``
     in a checkout (an editable install maps the one onto the other)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # iron_spec/, this module's package's
     installed = here / "specs"
     return installed if installed.is_dir() else here.parent / "specs"
 

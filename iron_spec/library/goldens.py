@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 ENV = "IRON_SPEC_GOLDENS"
-INSTALLED = Path(__file__).resolve().parent.parent / "tests" / "goldens"
+INSTALLED = Path(__file__).resolve().parents[2] / "tests" / "goldens"
 
 
 def user_store() -> Path:
