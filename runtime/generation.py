@@ -2,7 +2,8 @@
 where the caller gives none, the draw loop over a session, text pieces as drawn with stop
 strings held back, and what a generation returns.
 
-Not for: the sampling rules themselves (``operators.sampling``), the cache (``runtime``).
+Not for: the sampling rules themselves (``operators.sampling``), the cache (``session``), the
+library's calls that drive it (``iron_spec.library.api``).
 """
 
 from __future__ import annotations

@@ -18,6 +18,17 @@ def test_pyproject_installs_one_namespace():
                                    "iron_spec.specs": "specs"}
 
 
+def test_every_package_folder_installs():
+    # A sub-package missing from the list installs nowhere: an editable install still finds
+    # it, a plain one does not (tests/test_layering.py names the layers they form).
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"iron_spec": "iron_spec", **{v: k for k, v in tool["package-dir"].items()}}
+    found = {".".join([folders[top], *init.parent.relative_to(ROOT / top).parts])
+             for top in folders for init in (ROOT / top).rglob("__init__.py")}
+    assert found - {"iron_spec.specs"} <= set(tool["packages"]), \
+        f"not in pyproject's packages: {sorted(found - set(tool['packages']))}"
+
+
 def test_no_source_imports_a_top_level_folder():
     offenders = [f"{path.relative_to(ROOT)}:{src[:m.start()].count(chr(10)) + 1}"
                  for folder in ("iron_spec", "runtime", "operators", "tests", "bench")

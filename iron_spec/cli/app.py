@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from .command import HELP_OPTIONS, Command, Group, version
 from iron_spec.spec.schema import SCHEMA_PATH
+
+from .command import HELP_OPTIONS, Command, Group, version
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
                   rich_markup_mode="rich", context_settings={"help_option_names": HELP_OPTIONS},
@@ -31,7 +32,7 @@ def schema() -> None:
 
 
 # Commands that live in their own modules, registered here (one line each).
-from iron_spec.spec import lint as _lint  # noqa: E402  (after app: the modules import nothing from here)
+from . import lint as _lint  # noqa: E402  (after app: the modules import nothing from here)
 
 app.command("lint", cls=Command)(_lint.command)
 from . import show as _show  # noqa: E402
@@ -45,6 +46,6 @@ app.command("bench", cls=Command)(_bench.command)
 from . import embed as _embed  # noqa: E402
 
 app.command("embed", cls=Command)(_embed.command)
-from iron_spec.spec import registry as _registry  # noqa: E402
+from . import list as _list  # noqa: E402
 
-app.command("list", cls=Command)(_registry.command)
+app.command("list", cls=Command)(_list.command)

@@ -27,11 +27,14 @@ from iron_spec.runtime.gguf import is_gguf
 from iron_spec.runtime.session import Session
 
 from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
-                    PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, use_decode_weights,
-                    use_prefill_weights)
-from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
+                                  PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, use_decode_weights,
+                                  use_prefill_weights)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.errors import FlagError, NoWeights
+from iron_spec.spec.loader import load_spec
+from iron_spec.spec.registry import find
+
+from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
@@ -571,8 +574,6 @@ def command(
     first, *also = [w.strip() for w in decode_weights.split(",")]
     first_prefill, *also_prefill = [w.strip() for w in prefill_weights.split(",")]
     first_kv, *also_kv = [w.strip() for w in kv_cache.split(",")]
-    from iron_spec.spec.loader import load_spec
-    from iron_spec.spec.registry import find
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         if load_spec(spec).get("model") == "encoder":  # said before any weight is read

@@ -23,16 +23,22 @@ from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest, load_arrays
 
 from iron_spec.runtime.host import fit
-
-from iron_spec.library import config_defaults, goldens
+from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.spec import gates
 from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
-                    PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, _footprint, model_inputs)
-from .command import EXPECTED, UsageError, choice, load_compiled, refuse, stages, whole
+                                  PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, _footprint,
+                                  model_inputs)
+from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.errors import FlagError, SpecError
 from iron_spec.spec.gates import ENCODER_ATOL, float64_gate, kl_gate
-from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.interpreter import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK, expand
+from iron_spec.spec.lint import as_check
+from iron_spec.spec.loader import load_spec
+from iron_spec.spec.registry import find
+from iron_spec.library import config_defaults, goldens
+
+from .command import EXPECTED, UsageError, choice, load_compiled, refuse, stages, whole
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
@@ -326,9 +332,6 @@ def command(
     """Check SPEC: per-step, compiled = reference, KL vs golden, determinism, chat turn,
     chunked = decode, deep decode; one line per check as it finishes. Verified against
     transformers only where a golden of these inputs judged it."""
-    from iron_spec.spec.lint import as_check
-    from iron_spec.spec.loader import load_spec
-    from iron_spec.spec.registry import find
     if self_only and (golden is not None or record_golden):
         raise UsageError("--self-only judges by no golden; it takes no --golden or "
                          "--record-golden")
@@ -572,8 +575,6 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     ``record_golden`` records one first through transformers' own ``AutoModel``
     (``golden_record.record_encoder``). ``linted``: lint's verdict on the spec, the first
     result; then the config defaults against the golden's record where one judges."""
-    from iron_spec.runtime.encoder_golden import EncoderGolden
-    from iron_spec.spec.encoder import load_encoder
     with stages() as s:
         loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights,
                               toy=toy, allow_unread_config=allow_unread_config,

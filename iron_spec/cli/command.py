@@ -19,6 +19,7 @@ from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from iron_spec.runtime.checkpoint import CheckpointError
+from iron_spec.spec.build import load_model
 
 from iron_spec.spec.errors import FlagError, SpecError, message
 
@@ -249,7 +250,6 @@ def load_compiled(stages: Stages, spec, **kwargs):
     Raises:
         what ``load_model`` raises.
     """
-    from iron_spec.spec.build import load_model
     loaded = load_model(spec, progress=stages.stage("loading weights"), **kwargs)
     for prompt, what in ((False, "compiling the decode step"), (True, "compiling the prompt chunk")):
         stages.stage(what)

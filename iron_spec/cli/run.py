@@ -19,20 +19,20 @@ import typer
 
 from iron_spec.operators import Sampler
 from iron_spec.runtime.causal import drawn_ids
+from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.tokenizer import utf8_text
-
-from iron_spec.library.api import Model, load
 from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
-                    PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, model_inputs, weights_source)
-from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
+                                  PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, model_inputs, weights_source)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.errors import FlagError, message
-from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
-from iron_spec.spec.interpreter import MAX_PREFILL_CHUNK, expand
 from iron_spec.spec.gguf_files import is_gguf
+from iron_spec.spec.interpreter import MAX_PREFILL_CHUNK, expand
 from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
+from iron_spec.library.api import Model, load
+
+from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
 
 
 def command(

@@ -28,13 +28,16 @@ from iron_spec.runtime.module import Module, Param
 
 from iron_spec.spec import gguf_files
 from iron_spec.spec.arguments import said
-from iron_spec.spec.build import (build_tree, checkpoint_names, read_config, refuse_other_architecture,
-                    weights_source)
-from .command import EXPECTED, UsageError, refuse
+from iron_spec.spec.build import (checkpoint_names, read_config, refuse_other_architecture,
+                                  weights_source)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from iron_spec.spec.loader import Spec, load_spec
 from iron_spec.spec.recurrence import outline
+from iron_spec.spec.registry import find
 from iron_spec.spec.shapes import fields_of
+from iron_spec.spec.tree import build_tree
+
+from .command import EXPECTED, UsageError, refuse
 
 FORMATS = ("text", "json")
 PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
@@ -337,7 +340,6 @@ def command(
                                  param_hint="--format")
     if toy and checkpoint is not None:
         raise UsageError("--toy shows the spec's toy config; it takes no --checkpoint")
-    from iron_spec.spec.registry import find
     try:
         spec = find(spec)  # a name (iron-spec list) or a path, from any folder
         view = gather(spec, checkpoint, allow_unread_config)

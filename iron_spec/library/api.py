@@ -30,11 +30,14 @@ from iron_spec.operators.native import threads as native_threads
 from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Session
 
+from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
 from iron_spec.spec import arguments
 from iron_spec.spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, Loaded, load_model
-from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
+from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
+
+from .embedding import embed_texts
 
 log = logging.getLogger("iron_spec")
 
@@ -125,7 +128,6 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     path = find(spec, checkpoint)
     parsed = load_spec(path)
     if parsed.get("model") == "encoder":
-        from iron_spec.spec.encoder import load_encoder
         arguments.only_for("encoder", {
             "max_seq_len": (max_seq_len, None, "a causal model's context (an encoder's "
                             "ids per text are max_tokens)"),
@@ -477,7 +479,6 @@ class EncoderModel:
                 one).
             TypeError: a text that is not a str.
         """
-        from iron_spec.cli.embed import embed_texts
         if not isinstance(texts, str) and not isinstance(texts, Iterable):
             raise TypeError(f"embed takes a str or an iterable of str, not "
                             f"{type(texts).__name__}")

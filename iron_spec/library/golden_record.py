@@ -27,6 +27,8 @@ from iron_spec.runtime.renames import matching
 
 from iron_spec.spec.build import Loaded
 
+from . import config_defaults
+
 GOLDEN_STEPS = 40
 # Texts an encoder golden of a real checkpoint is recorded on (its tokenizer's ids).
 TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
@@ -106,7 +108,6 @@ def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
     import torch
     import transformers
 
-    from . import config_defaults
     return {"transformers": transformers.__version__, "torch": torch.__version__,
             "model": type(model).__name__, "model_type": loaded.config_json.get("model_type"),
             "spec": loaded.expanded.spec.get("name"), "config": config_digest(loaded.config_json),

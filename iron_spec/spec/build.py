@@ -24,6 +24,7 @@ from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
 from iron_spec.runtime.module import pack_tree
 from iron_spec.runtime.tokenizer import Tokenizer
 from iron_spec.runtime.files import read_object
+from iron_spec.runtime.generation import read_generation_config
 from iron_spec.runtime.values import TOKEN_KEYS, architectures, token_ids
 from iron_spec.runtime.weights import draw_weights
 
@@ -31,7 +32,6 @@ from . import gguf_files
 from .config import account
 from .arguments import said
 from .errors import FlagError, NoWeights
-from iron_spec.runtime.generation import read_generation_config
 from .interpreter import expand
 from .shapes import explainer
 from .loader import load_spec
@@ -548,32 +548,6 @@ def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str):
                 ", ".join(f"{a} is tied to {b}" for a, b in distinct))
     expanded = replace(expanded, options=replace(expanded.options, tied=False))
     return expanded, _tree(spec, lambda: CausalLM(expanded.options), source)
-
-
-def build_tree(spec, config_json: dict, source: str):
-    """The module tree ``spec`` expands to on ``config_json``, at a small size (what lint
-    builds to check a spec): a CausalLM, or an Encoder for ``model: encoder``.
-
-    Raises:
-        SpecError: the spec does not expand on the config.
-        ValueError: the expanded options do not build.
-    """
-    if spec.get("model") == "encoder":
-        from iron_spec.runtime.encoder import Encoder
-
-        from .encoder import expand_encoder
-        expanded = expand_encoder(spec, config_json, source=source)
-        tree = Encoder(expanded.options)
-    else:
-        expanded = expand(spec, config_json, max_seq_len=16, prefill_chunk=16, source=source)
-        fixed, _ = _footprint(expanded.options)
-        if fixed > host_budget():
-            raise spec.error(("config",), f"the model on {source} would hold "
-                             f"{fixed / 2**30:.1f} GiB, past this host's "
-                             f"{host_budget() / 2**30:.1f} GiB budget")
-        tree = CausalLM(expanded.options)
-    mark_transposed(tree, expanded.transposed)
-    return tree
 
 
 def _tree(spec, build: Callable[[], Any], source: str):

@@ -1,4 +1,4 @@
-"""``iron-spec lint``: every problem of every spec, each at its line and column.
+"""Linting specs: every problem of every spec, each at its line and column.
 
 A spec is checked in three passes, every problem of each kept: the schema (``schema``); the
 rules the schema cannot see (``rules``: expressions naming no field, config fields that
@@ -6,29 +6,24 @@ cannot resolve, options a kind does not take, duplicate architectures, and with 
 the keys of a config.json nothing maps); then the spec expanded and its model built on its
 toy config (and on ``--config``'s), which checks option values and renames.
 
-Not for: the rules themselves (``rules``), showing a model (``show``).
+Not for: the rules themselves (``rules``), the command and its output formats
+(``iron_spec.cli.lint``), showing a model (``iron_spec.cli.show``).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional
-
-import typer
+from typing import Iterable
 
 from iron_spec.runtime.checks import Result
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.values import architectures
 
 from . import rules
-from .errors import SpecError, message
+from .errors import SpecError
 from .loader import Spec, load_spec
 from .schema import validate
-
-FORMATS = ("text", "json", "github")
-
 
 @dataclass
 class ConfigFile:
@@ -158,52 +153,3 @@ def lint_paths(paths: Iterable[Path], config: ConfigFile | None = None
     order = {str(f): i for i, f in enumerate(files)}
     problems.sort(key=lambda p: (order.get(p.file, len(order)), p.line, p.col))
     return problems, files
-
-
-def render(problems: list[SpecError], format: str) -> str:
-    """``problems`` as ``text`` (``FILE:LINE:COL: error: MESSAGE``), ``json`` or ``github``
-    (workflow annotations)."""
-    if format == "json":
-        return json.dumps([{"file": p.file, "line": p.line, "col": p.col, "message": p.message}
-                           for p in problems], indent=2)
-    if format == "github":
-        # A workflow command's message ends at a newline, and `%` starts an escape.
-        def esc(s: str) -> str:
-            return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-        return "\n".join(f"::error file={esc(p.file)},line={p.line},col={p.col}::{esc(p.message)}"
-                         for p in problems)
-    return "\n".join(map(str, problems))
-
-
-def command(
-    paths: List[str] = typer.Argument(..., help="spec files or folders of them, or specs' names (iron-spec list)"),
-    format: str = typer.Option("text", "--format", help="text | json | github"),
-    config: Optional[Path] = typer.Option(None, "--config", help="a checkpoint's config.json: "
-                                          "also report every key of it the spec neither maps "
-                                          "nor ignores"),
-) -> None:
-    """Check specs: schema, then what the schema cannot see. Exit 0 clean, 1 problems found
-    or a path or --config refused."""
-    if format not in FORMATS:
-        raise typer.BadParameter(f"{format!r} is not one of {', '.join(FORMATS)}",
-                                 param_hint="--format")
-    from .registry import find
-    if "" in paths:  # Path("") is the working folder: never what an empty $VAR meant
-        raise typer.BadParameter("'' is no spec file, folder or name", param_hint="PATHS")
-    paths = [Path(p) for p in paths]
-    try:
-        # A spec's name (llama3), as every other command takes it, from any folder: a bare
-        # word that is no file here (a path keeps lint's "no such file or folder").
-        paths = [find(str(p)) if len(p.parts) == 1 and not p.suffix and not p.exists()
-                 and not p.is_symlink() else p for p in paths]
-        problems, files = lint_paths(paths, None if config is None else ConfigFile.read(config))
-    except (FileNotFoundError, ValueError, OSError) as e:
-        typer.echo(message(e), err=True)
-        raise typer.Exit(1)
-    out = render(problems, format)
-    if out:
-        typer.echo(out)
-    if format == "text":
-        typer.echo(f"{len(files)} spec{'s' * (len(files) != 1)}, {len(problems)} "
-                   f"problem{'s' * (len(problems) != 1)}", err=True)
-    raise typer.Exit(1 if problems else 0)

@@ -1,5 +1,5 @@
-"""The specs this project ships, and which serves a checkpoint: ``iron-spec list``, and a
-spec picked from a config.json's ``architectures`` when none is named.
+"""The specs this project ships, and which serves a checkpoint: the entries ``iron-spec list``
+prints, and a spec picked from a config.json's ``architectures`` when none is named.
 
 Not for: reading what a spec means (``interpreter``, ``encoder``).
 """
@@ -10,11 +10,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
+from iron_spec.runtime.host import checkpoint_directory
 
 from . import gguf_files
 from .arguments import said
-from .errors import FlagError, SpecError, message
+from .build import read_config
+from .errors import FlagError
 from .loader import load_spec
 
 def _shipped() -> Path:
@@ -100,10 +101,6 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
         FileNotFoundError: no checkpoint or config.json there.
         ValueError: as ``for_architectures``.
     """
-    from iron_spec.runtime.host import checkpoint_directory
-
-    from .build import read_config
-
     directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint)))
     if gguf_files.is_gguf(directory):
         return for_gguf(directory, folder)
@@ -185,15 +182,3 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
                                 f"{folder}{hint} (the specs: {', '.join(names) or 'none'}; "
                                 "IRON_SPEC_SPECS names another folder)")
     raise FileNotFoundError(f"{spec}: no such spec file")
-
-
-def command() -> None:
-    """List the specs: name, model kind, the config.json architectures each serves, file."""
-    try:
-        found = entries()
-    except (FileNotFoundError, SpecError) as e:
-        typer.echo(message(e), err=True)
-        raise typer.Exit(1)
-    width = max([len(e.name) for e in found] + [4])
-    for e in found:
-        typer.echo(f"{e.name:<{width}}  {e.model:<8}  {', '.join(e.architectures):<32}  {e.path}")

@@ -14,13 +14,17 @@ from iron_spec.runtime.renames import Pattern, RenameError, compile_table, sourc
 from iron_spec.runtime.module import Module
 
 from . import expr
-from .build import build_tree, other_architecture
+from .build import other_architecture
 from .config import (MISSING, entry, ignored_keys, lookup, mapped, refusals, rope_moves, standard,
                      unread, unread_message)
+from .encoder import REQUIRED as ENCODER, expand_encoder
 from .errors import SpecError
+from .gates import DEFAULT_KL
+from .interpreter import REQUIRED, expand
 from .kinds import KINDS
 from .loader import Spec
 from .schema import at, slots, where
+from .tree import build_tree
 
 EXPRESSION = "#/$defs/value"  # the schema's option value: a literal, or text as an expression
 ORDER = ("json", "value", "expr", "default")  # config.resolve tries a field's sources so
@@ -148,9 +152,6 @@ def unread_fields(spec: Spec) -> list[SpecError]:
     for an option left out, as evaluated on the toy config), no other field's expression,
     no ``refuse`` condition, and no field the model needs (``interpreter.REQUIRED``). A
     config.json key mapped into such a field changes nothing: silently wrong."""
-    from .encoder import REQUIRED as ENCODER, expand_encoder
-    from .interpreter import REQUIRED, expand
-
     fields = _fields(spec)
     encoder = spec.get("model") == "encoder"
     read = set(ENCODER + ("num_key_value_heads",) if encoder else REQUIRED)
@@ -205,8 +206,6 @@ def pattern_options(spec: Spec) -> list[SpecError]:
     built once for every layer (``attention.latent``, ``attention.differential``) set
     under a pattern is ignored, silently wrong. An encoder's pattern is held to its two
     options where it expands."""
-    from .interpreter import expand
-
     entries = spec.get("layer", "pattern", "options")
     toy = spec.get("toy", "config")
     if spec.get("model") == "encoder" or not isinstance(entries, dict) or \
@@ -236,7 +235,6 @@ def validation(spec: Spec) -> list[SpecError]:
     ``why`` (a gate loosened for no reason hides the errors it lets through), and an
     encoder's ``validation.float64.gate`` giving ``mean`` (an encoder's float64 gate is one
     max |error|)."""
-    from .gates import DEFAULT_KL
     out = []
     kl = spec.get("validation", "kl")
     if isinstance(kl, dict) and not kl.get("why"):
@@ -322,7 +320,7 @@ def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> lis
 
 def build(spec: Spec, config_json: Mapping[str, Any], source: str, place: tuple = ("config",)
           ) -> tuple[Module | None, list[SpecError]]:
-    """The module tree ``spec`` expands to on ``config_json`` (``build.build_tree``: a short
+    """The module tree ``spec`` expands to on ``config_json`` (``tree.build_tree``: a short
     context, so cheap), or the problem that stops it (a tree that does not build: at
     ``place``)."""
     try:

@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from iron_spec.cli.app import app
-from iron_spec.cli.embed import cosine, embed_texts
+from iron_spec.cli.embed import cosine
+from iron_spec.library.embedding import embed_texts
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.registry import entries, for_architectures
 from tests.conftest import ROOT, SPECS, checkpoint

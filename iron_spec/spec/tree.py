@@ -1,0 +1,41 @@
+"""The module tree a spec expands to on a config.json, at a small size and without weights:
+what lint builds to check a spec and ``show`` prints. A causal spec's tree is a
+``runtime.causal.CausalLM``, an encoder's a ``runtime.encoder.Encoder``.
+
+Not for: a model to run, with its context fitted and its weights filled (``build``,
+``encoder.load_encoder``).
+"""
+
+from __future__ import annotations
+
+from iron_spec.runtime.causal import CausalLM
+from iron_spec.runtime.checkpoint import mark_transposed
+from iron_spec.runtime.encoder import Encoder
+from iron_spec.runtime.host import host_budget
+
+from .build import _footprint
+from .encoder import expand_encoder
+from .interpreter import expand
+
+
+def build_tree(spec, config_json: dict, source: str):
+    """The module tree ``spec`` expands to on ``config_json``, at a small size (what lint
+    builds to check a spec): a CausalLM, or an Encoder for ``model: encoder``.
+
+    Raises:
+        SpecError: the spec does not expand on the config.
+        ValueError: the expanded options do not build.
+    """
+    if spec.get("model") == "encoder":
+        expanded = expand_encoder(spec, config_json, source=source)
+        tree = Encoder(expanded.options)
+    else:
+        expanded = expand(spec, config_json, max_seq_len=16, prefill_chunk=16, source=source)
+        fixed, _ = _footprint(expanded.options)
+        if fixed > host_budget():
+            raise spec.error(("config",), f"the model on {source} would hold "
+                             f"{fixed / 2**30:.1f} GiB, past this host's "
+                             f"{host_budget() / 2**30:.1f} GiB budget")
+        tree = CausalLM(expanded.options)
+    mark_transposed(tree, expanded.transposed)
+    return tree
