@@ -10,9 +10,27 @@ Not for: where a layer places its norms and residual adds (``runtime.layers``).
 
 from __future__ import annotations
 
-from .blocks import AltUpOptions, Linear, Norm, NormOptions
+from dataclasses import dataclass
+
+from .blocks.norms import Norm, NormOptions
+from .blocks.projections import Linear
 from .graph import Handle, Recorder
 from .module import Module, Param
+
+
+@dataclass(frozen=True)
+class AltUpOptions:
+    """Alternating updates: ``inputs`` residual streams, the layer running on stream
+    ``active`` and the others predicted before it and corrected after it by per-token
+    coefficients from a router (``AltUp``), as transformers' Gemma3nTextAltUp
+    (``altup_num_inputs``, ``altup_active_idx``); ``correct_scale``: the corrected active
+    stream times ``correct_output_scale`` before it feeds the per-layer input
+    (``altup_correct_scale``)."""
+
+    inputs: int
+    active: int = 0
+    correct_scale: bool = True
+
 
 # Gemma3nTextModel clamps each stream's mean square at 1e-5 before rescaling it to the
 # first stream's root mean square (``new_magnitude.clamp(min=1e-5)``).

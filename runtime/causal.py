@@ -16,12 +16,15 @@ import numpy as np
 from iron_spec.operators import OPERATORS, PerCall
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
-from .altup import merge, spread
-from .blocks import (QUERIES, RELATIVE_TABLE, ActivationParams, AltUpOptions, Embedding, LayerOptions, Linear,
-                     Norm, NormOptions, PerLayerInputOptions, RopeOptions, Sinusoidal,
-                     rope_switch, rope_table)
+from .altup import AltUpOptions, merge, spread
+from .blocks.attention import RELATIVE_TABLE
+from .blocks.embedding import Embedding, Sinusoidal
+from .blocks.mlp import ActivationParams
+from .blocks.norms import Norm, NormOptions
+from .blocks.projections import Linear
+from .blocks.rope import QUERIES, RopeOptions, rope_switch, rope_table
 from .graph import CallSpec, Handle, Recorder
-from .layers import DecoderLayer
+from .layers import DecoderLayer, LayerOptions, PerLayerInputOptions
 from .module import STATE_DTYPES, Module, Param, State
 from .plan import Plan
 from .recurrence import DEFAULT_STACK, RecurrenceOptions, Schedule, Stack, run_schedule

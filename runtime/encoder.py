@@ -20,7 +20,10 @@ import numpy as np
 
 from iron_spec.operators.landmark import landmark_rows
 
-from .blocks import Embedding, Linear, Norm, rope_table
+from .blocks.embedding import Embedding
+from .blocks.norms import Norm
+from .blocks.projections import Linear
+from .blocks.rope import rope_table
 from .encoder_layer import EncoderLayer
 # EncoderLayerOptions: the layer's options, named here for the callers that build an Encoder.
 from .encoder_options import POOLINGS, EncoderLayerOptions, EncoderOptions, \

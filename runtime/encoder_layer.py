@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .blocks import Linear, Norm, NormOptions, fused_qkv
+from .blocks.norms import Norm, NormOptions
+from .blocks.projections import Linear, fused_qkv
 from .encoder_options import MIXINGS, ENCODER_MLP_KINDS, PLACEMENTS, BottleneckOptions, \
     EncoderLayerOptions, PointwiseGroups, RelativeBiasOptions
 from .graph import Handle, Recorder

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .blocks import NormOptions, RopeOptions, Sinusoidal
+from .blocks.embedding import Sinusoidal
+from .blocks.norms import NormOptions
+from .blocks.rope import RopeOptions
 
 PLACEMENTS = ("post", "pre")
 POOLINGS = ("none", "mean", "cls", "pooler")

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import QUERIES, Attention, AttentionOptions, Linear, Norm, NormOptions
+from .blocks.attention import Attention, AttentionOptions
+from .blocks.norms import Norm, NormOptions
+from .blocks.projections import Linear
+from .blocks.rope import QUERIES
 from .graph import Handle, Recorder
 from .module import State
 

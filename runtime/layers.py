@@ -1,19 +1,93 @@
 """The layers a decoder stacks, composed of ``blocks``: attention and MLP, each with its norms
-placed before, after or around it, and its residual add.
+placed before, after or around it, and its residual add; one layer's options
+(``LayerOptions``) and the per-layer inputs it may gate in (``PerLayerInputOptions``).
 
 Not for: the blocks themselves (``blocks``) or the model around the layers (``causal``).
 """
 
 from __future__ import annotations
 
-from .altup import AltUp, Laurel, stream
-from .blocks import MLP, Attention, LayerOptions, Linear, Norm
+from dataclasses import dataclass
+
+from .altup import AltUp, AltUpOptions, Laurel, stream
+from .blocks.attention import Attention, AttentionOptions
+from .blocks.mlp import MLP, MLPOptions
+from .blocks.norms import Norm, NormOptions
+from .blocks.projections import Linear
 from .graph import Handle, Recorder
 from .latent import LatentAttention
 from .module import Module, Param
 
 PLACEMENTS = ("pre", "post", "sandwich", "post_residual")
 KINDS = ("decoder", "sandwich", "ple")
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """One layer. ``kind``: ``decoder`` (norms placed by ``placement``) or ``sandwich``
+    (``placement`` ``sandwich``). ``placement``: ``pre`` (``x + attn(norm(x))``, then
+    ``x + mlp(norm(x))``, LlamaDecoderLayer), ``post`` (``x + norm(attn(x))``, then
+    ``x + norm(mlp(x))``, Olmo2DecoderLayer) or ``sandwich`` (``x + norm(attn(norm(x)))``,
+    then ``x + norm(mlp(norm(x)))``, Gemma2DecoderLayer). ``residual_scale`` multiplies each
+    block's output before its residual add (1.0: none). ``ple``: a ``sandwich`` layer, then
+    a per-layer input gated in (``per_layer_input``; None: none), then the whole output
+    times a learned ``layer_scalar`` (Gemma4TextDecoderLayer).
+
+    ``parallel`` (kind ``decoder``, placement ``pre``): attention and MLP both read the
+    layer's input and one residual add sums them, ``x + (attn(n1(x)) + mlp(n2(x)))``
+    (GPTNeoXLayer with ``use_parallel_residual``, GPTJBlock, PhiDecoderLayer,
+    CohereDecoderLayer, FalconDecoderLayer with ``parallel_attn``); ``shared_norm``: n1 and
+    n2 are one ``input_layernorm`` (GPT-J, Phi, Cohere), else n2 is
+    ``post_attention_layernorm`` (GPT-NeoX's names). ``attention_norm`` false (a ``pre``
+    decoder, not parallel): no ``input_layernorm``, the attention reads the layer's input as
+    it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0).
+    ``residual_weights`` (not parallel): each residual add weighs the stream per channel,
+    ``w * x + block(x)``, by ``input_residual`` (the attention's) and
+    ``post_attention_residual`` (the MLP's), ``(hidden,)`` each (DogeDecoderLayer).
+    ``laurel_rank`` (above 0; not parallel, with an attention norm): a low-rank branch on
+    the attention norm's output ``h``, ``h + post_laurel_norm(linear_right(linear_left(h)))``,
+    added to the attention's residual sum and the whole times ``2 ** -0.5``
+    (``runtime.altup.Laurel``, Gemma3nTextLaurelBlock). ``altup``: the layer runs on one of
+    several residual streams (``AltUpOptions``; None: one stream)."""
+
+    attention: AttentionOptions
+    mlp: MLPOptions
+    norm: NormOptions
+    kind: str = "decoder"
+    residual_scale: float = 1.0
+    placement: str = "pre"
+    per_layer_input: "PerLayerInputOptions | None" = None
+    parallel: bool = False
+    shared_norm: bool = True
+    attention_norm: bool = True
+    residual_weights: bool = False
+    laurel_rank: int = 0
+    altup: "AltUpOptions | None" = None
+
+
+@dataclass(frozen=True)
+class PerLayerInputOptions:
+    """Per-layer inputs: a second input for every layer, ``size`` wide, drawn from the token
+    and the model's embeddings, as transformers' Gemma4TextModel ``get_per_layer_inputs`` and
+    ``project_per_layer_inputs``.
+
+    The model holds ``embed_tokens_per_layer`` ``(vocab_size, layers * size)`` (rows times
+    ``embedding_scale``), ``per_layer_model_projection`` ``(layers * size, hidden)`` (its
+    output times ``projection_scale``, then ``per_layer_projection_norm`` over each layer's
+    ``size``); a layer's input is ``(projection + embedding) * mix_scale``, its slice of the
+    ``layers * size``. A layer gates it in: ``x + norm(per_layer_projection(act(
+    per_layer_input_gate(x)) * input))`` (``act`` a ``hidden_act`` name). ``outside_row``:
+    the row of ``embed_tokens_per_layer`` an id past its ``vocab_size`` reads
+    (Gemma3nTextModel.get_per_layer_inputs reads row 0; None: such an id is refused).
+    """
+
+    size: int
+    vocab_size: int
+    act: str = "gelu_pytorch_tanh"
+    embedding_scale: float = 1.0
+    projection_scale: float = 1.0
+    mix_scale: float = 1.0
+    outside_row: int | None = None
 
 
 class DecoderLayer(Module):

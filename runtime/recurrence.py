@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .blocks import Norm
+from .blocks.norms import Norm
 from .graph import Handle, Recorder
 from .layers import DecoderLayer
 from .module import Module, Param

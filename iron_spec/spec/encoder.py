@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
-from iron_spec.runtime.blocks import QKV_LAYOUTS, RopeOptions, rope_switch
+from iron_spec.runtime.blocks.projections import QKV_LAYOUTS
+from iron_spec.runtime.blocks.rope import RopeOptions, rope_switch
 from iron_spec.runtime.encoder import Encoder
 from iron_spec.runtime.encoder_options import ENCODER_MLP_KINDS, POOLINGS, EncoderLayerOptions, \
     EncoderOptions, PoolingOptions

@@ -16,10 +16,14 @@ import numpy as np
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.operators.attention import alibi_slopes
 from iron_spec.operators.rope import ntk_alpha_theta, rope_inv_freq
-from iron_spec.runtime.blocks import (NORM_KINDS, PER_HEAD_QK_NORMS, AltUpOptions,
-                                      AttentionOptions, DifferentialOptions,
-                                      LayerOptions, MLPOptions, NormOptions,
-                                      PerLayerInputOptions, RopeOptions, Sinusoidal)
+from iron_spec.runtime.altup import AltUpOptions
+from iron_spec.runtime.blocks.attention import (PER_HEAD_QK_NORMS, AttentionOptions,
+                                                DifferentialOptions)
+from iron_spec.runtime.blocks.embedding import Sinusoidal
+from iron_spec.runtime.blocks.mlp import MLPOptions
+from iron_spec.runtime.blocks.norms import NORM_KINDS, NormOptions
+from iron_spec.runtime.blocks.rope import RopeOptions
+from iron_spec.runtime.layers import LayerOptions, PerLayerInputOptions
 from iron_spec.runtime.causal import CausalOptions, HeadTransformOptions
 from iron_spec.runtime.gguf import Layout as GGUFLayout
 from iron_spec.runtime.latent import LatentOptions

@@ -4,7 +4,7 @@ A section's kind is chosen by a discriminator (``layer.kind``, ``layer.norm.kind
 ``model``; absent, the schema's default). A row lists, per kind, the options of the section
 only that kind takes; lint refuses such an option under any other kind. Options no row
 lists are every kind's (the schema alone says which keys exist). A kind-only option is a
-word here beside its entry in spec.schema.json; tests/iron_spec/test_lint.py checks every
+word here beside its entry in spec.schema.json; tests/iron_spec/spec/test_lint.py checks every
 kind and option named here exists there.
 """
 

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import native
-from iron_spec.runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
-                            PerLayerInputOptions, RopeOptions)
+from iron_spec.runtime.blocks.attention import AttentionOptions
+from iron_spec.runtime.blocks.mlp import MLPOptions
+from iron_spec.runtime.blocks.norms import NormOptions
+from iron_spec.runtime.blocks.rope import RopeOptions
+from iron_spec.runtime.layers import LayerOptions, PerLayerInputOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions
 from iron_spec.runtime.checkpoint import fill
 from iron_spec.runtime.session import Session

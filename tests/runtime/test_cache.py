@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 
 from iron_spec.spec.build import load_model
-from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, RopeOptions
+from iron_spec.runtime.blocks.attention import AttentionOptions
+from iron_spec.runtime.blocks.mlp import MLPOptions
+from iron_spec.runtime.blocks.norms import NormOptions
+from iron_spec.runtime.blocks.rope import RopeOptions
+from iron_spec.runtime.layers import LayerOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions, Decoder
 from iron_spec.runtime.checkpoint import fill
 from iron_spec.runtime.session import Session

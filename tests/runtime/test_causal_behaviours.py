@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from iron_spec.operators import OPERATORS
-from iron_spec.runtime.blocks import (AttentionOptions, LayerOptions, MLPOptions, NormOptions,
-                                      RopeOptions, rope_table)
+from iron_spec.runtime.blocks.attention import AttentionOptions
+from iron_spec.runtime.blocks.mlp import MLPOptions
+from iron_spec.runtime.blocks.norms import NormOptions
+from iron_spec.runtime.blocks.rope import RopeOptions, rope_table
+from iron_spec.runtime.layers import LayerOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions
 from iron_spec.runtime.checkpoint import fill
 from iron_spec.runtime.session import Session

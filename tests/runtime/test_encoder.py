@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from iron_spec.spec.encoder import load_encoder
-from iron_spec.runtime.blocks import NormOptions
+from iron_spec.runtime.blocks.norms import NormOptions
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.runtime.encoder import Encoder, EncoderLayerOptions, EncoderOptions, PoolingOptions
 from iron_spec.runtime.checkpoint import fill

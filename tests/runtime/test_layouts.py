@@ -7,7 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions, qkv_rows
+from iron_spec.runtime.blocks.attention import AttentionOptions
+from iron_spec.runtime.blocks.mlp import MLPOptions
+from iron_spec.runtime.blocks.norms import NormOptions
+from iron_spec.runtime.blocks.projections import qkv_rows
+from iron_spec.runtime.layers import LayerOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions
 from iron_spec.runtime.checkpoint import fill
 from iron_spec.runtime.session import Session

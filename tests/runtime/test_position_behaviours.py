@@ -10,7 +10,10 @@ import numpy as np
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.operators import native, sinusoidal_table
 from iron_spec.operators.attention import alibi_slopes
-from iron_spec.runtime.blocks import AttentionOptions, LayerOptions, MLPOptions, NormOptions
+from iron_spec.runtime.blocks.attention import AttentionOptions
+from iron_spec.runtime.blocks.mlp import MLPOptions
+from iron_spec.runtime.blocks.norms import NormOptions
+from iron_spec.runtime.layers import LayerOptions
 from iron_spec.runtime.causal import CausalLM, CausalOptions, Sinusoidal
 from iron_spec.runtime.checkpoint import fill
 from iron_spec.runtime.encoder import PoolingOptions

@@ -13,7 +13,7 @@ from iron_spec.spec.build import load_model
 from iron_spec.spec.errors import SpecError
 from iron_spec.spec.interpreter import expand
 from iron_spec.spec.loader import load_spec, parse_spec
-from iron_spec.runtime.blocks import NormOptions
+from iron_spec.runtime.blocks.norms import NormOptions
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS
 

@@ -177,7 +177,7 @@ def test_a_named_golden_that_is_not_one_is_an_error(tmp_path):
     assert result.exit_code == 1 and "not a golden" in result.output
 
 
-GOLDEN = Path(__file__).parents[1] / "goldens" / "llama3" / "toy-seed0.npz"
+GOLDEN = Path(__file__).parents[2] / "goldens" / "llama3" / "toy-seed0.npz"
 
 
 def _edited_golden(tmp_path, **changes):
