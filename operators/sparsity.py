@@ -6,7 +6,7 @@ cutoff, so that a share ``sparsity`` of a normal row is cut to 0:
 ``relu(x - (mean(x) + std(x) * std_multiplier))``, ``std_multiplier`` the standard normal's
 quantile at ``sparsity``.
 
-Not for: which layers cut, or where the MLP sits (``runtime.blocks.MLP``).
+Not for: which layers cut, or where the MLP sits (``runtime.blocks.mlp.MLP``).
 """
 
 from __future__ import annotations

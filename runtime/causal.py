@@ -308,7 +308,7 @@ class CausalLM(Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.config = o
         # Each table by name; a table scaling its queries also holds the queries' own
-        # (blocks.QUERIES), the keys turning by it unscaled.
+        # (blocks.rope.QUERIES), the keys turning by it unscaled.
         self.tables = {}
         for name, r in o.ropes.items():
             self.tables[name] = replace(r, query_scale=None)

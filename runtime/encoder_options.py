@@ -113,7 +113,7 @@ class EncoderLayerOptions:
     (``norm(x + attn(x))`` then ``norm(x + mlp(x))``, transformers' BertLayer) or ``pre``
     (``x + attn(norm(x))`` then ``x + mlp(norm(x))``, and a final norm after the last layer).
     ``fused_qkv``: one ``attention.self.query_key_value`` projection holds q, k and v, its
-    rows stored as ``qkv_layout`` says (``blocks.qkv_rows``), split into its three column
+    rows stored as ``qkv_layout`` says (``blocks.projections.qkv_rows``), split into its three column
     blocks at each call, as ModernBertAttention's ``Wqkv`` viewed ``(3, heads, head_dim)``.
     ``attention_norm``: under ``pre``, whether the attention reads the normed input; false
     (ModernBertEncoderLayer's ``attn_norm``, an Identity at layer 0) it reads the input as it

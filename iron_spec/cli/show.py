@@ -32,7 +32,7 @@ from iron_spec.spec.build import (checkpoint_names, read_config, refuse_other_ar
                                   weights_source)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
 from iron_spec.spec.loader import Spec, load_spec
-from iron_spec.spec.recurrence import outline
+from iron_spec.spec.options.recurrence import outline
 from iron_spec.spec.registry import find
 from iron_spec.spec.shapes import fields_of
 from iron_spec.spec.tree import build_tree

@@ -28,13 +28,19 @@ from iron_spec.runtime.weights import draw_weights
 
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
-from .encoder_parts import _bottleneck, _disentangled, _feedforwards, _landmarks, _languages, \
+from .errors import SpecError
+from .interpreter import MAX_LAYERS, traced
+from .loader import Spec, load_spec
+from .options.attention import _window
+from .options.checkpoint import checkpoint_layout
+from .options.embedding import _sinusoidal
+from .options.encoder import _bottleneck, _disentangled, _feedforwards, _landmarks, _languages, \
     _lsh_expectation, _no_attention_options, _number, _pointwise, _relative_bias, _span_conv, \
     _value_conv, _whole, _word_transform
-from .errors import SpecError
-from .interpreter import MAX_LAYERS, _ABSENT, _flag_option, _layer_types, _option, _sinusoidal, \
-    _window, checkpoint_layout, norm_options, rope_options, traced
-from .loader import Spec, load_spec
+from .options.layer import _layer_types
+from .options.norms import norm_options
+from .options.reading import _ABSENT, _flag_option, _option
+from .options.rope import rope_options
 from .schema import validate
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -63,12 +69,12 @@ def _typed_layers(spec: Spec, r: Resolved, base: EncoderLayerOptions, n: int, so
                   ) -> tuple[EncoderLayerOptions, ...]:
     """Every layer's options: ``base`` with its attention ``window`` and RoPE table
     (``layer/attention/window`` and ``rope``), each overridden per layer type under
-    ``layer/pattern/options/<type>/attention`` (types as ``interpreter._layer_types``: a
+    ``layer/pattern/options/<type>/attention`` (types as ``options.layer._layer_types``: a
     config's ``layer_types``, or every n-th).
 
     The RoPE table a layer reads: the one ``rope`` names (default ``default`` where the spec
     has a ``rope:`` section; none where it has none), as a causal spec's tables are read
-    (``interpreter.rope_options``).
+    (``options.rope.rope_options``).
 
     Raises:
         SpecError: at the option's line, a pattern entry setting anything but those two, a

@@ -6,7 +6,10 @@ an encoder's ``encoder_float64_gate``), each bound tightened to ``FLOOR_MARGIN``
 golden's own floor where its meta records one. ``floor`` measures that floor, for
 ``check --record-golden`` and ``tests/goldens/add_floor.py`` alike.
 
-Not for: running the other checks (``runtime.checks``, ``check``).
+A spec's ``validation`` section sets these gates, so they sit with the spec's reading: lint
+(``rules``) refuses a ``validation.kl`` looser than ``DEFAULT_KL`` without a reason.
+
+Not for: running the other checks (``runtime.checks``, ``iron_spec.cli.check``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """GGUF files (llama.cpp's checkpoints) as a spec serves them: the spec's ``gguf`` section
-(``interpreter.gguf_layout``) meets ``runtime.gguf``'s reader. ``build`` and ``registry`` call
+(``options.checkpoint.gguf_layout``) meets ``runtime.gguf``'s reader. ``build`` and ``registry`` call
 these where a ``--checkpoint`` is a ``.gguf`` file rather than a directory.
 
 Not for: reading the file (``runtime.gguf``, ``runtime.gguf_vocab``).
@@ -15,8 +15,8 @@ from iron_spec.runtime.gguf import GGUFCheckpoint, GGUFFile, config, is_gguf
 from iron_spec.runtime.gguf_vocab import tokenizer as _tokenizer
 from iron_spec.runtime.tokenizer import Tokenizer
 
-from .interpreter import gguf_layout
 from .loader import Spec
+from .options.checkpoint import gguf_layout
 
 __all__ = ["is_gguf", "open_file", "config_json", "tokenizer", "checkpoint", "architecture"]
 

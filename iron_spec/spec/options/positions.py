@@ -4,8 +4,8 @@ cache's positions, with CPM-Ant's segment pairs), the ids prepended to every seq
 (``embedding.prefix``), the segment table (``embedding.segments``) and the padding id a
 history may not hold (``embedding.padding_id``), each error at the option's own line.
 
-Not for: the layer's other options and the whole expansion (``interpreter``); an encoder's
-relative bias (``encoder_parts``).
+Not for: the layer's other options (``layer``), the whole expansion (``interpreter``); an
+encoder's relative bias (``encoder``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from iron_spec.runtime.values import MAX_INT
 
-from .config import Resolved, evaluate_option, whole_option
-from .loader import Spec
+from ..config import Resolved, evaluate_option, whole_option
+from ..loader import Spec
 
 
 @dataclass(frozen=True)

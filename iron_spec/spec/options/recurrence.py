@@ -10,8 +10,8 @@ from typing import Any
 
 from iron_spec.runtime.recurrence import DEFAULT_STACK, INITS, RecurrenceOptions, Run
 
-from .config import Resolved, evaluate_option, whole_option
-from .loader import Spec
+from ..config import Resolved, evaluate_option, whole_option
+from ..loader import Spec
 
 MAX_RUNS = 4096  # steps an unrolled schedule may hold: each repeated layer is a module tree
 SECTION = ("recurrence",)

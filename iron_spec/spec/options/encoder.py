@@ -3,7 +3,7 @@ bottleneck, feedforwards, pointwise groups and span convolution, its attention's
 disentangled, landmark and relative-position variants, the word transform and the languages, each
 error at the option's own line.
 
-Not for: the whole expansion and loading (``encoder``).
+Not for: the whole expansion and loading (``iron_spec.spec.encoder``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from iron_spec.runtime.encoder_options import BottleneckOptions, DisentangledOpt
     LandmarkOptions, PointwiseGroups, RelativeBiasOptions
 from iron_spec.runtime.values import MAX_INT
 
-from .config import Resolved, whole_option
-from .interpreter import _flag_option, _option
-from .loader import Spec
+from ..config import Resolved, whole_option
+from ..loader import Spec
+from .reading import _flag_option, _option
 
 
 def _number(spec: Spec, r: Resolved, path: tuple, default: Any) -> float:
