@@ -1,7 +1,10 @@
-"""The declarative layer: specs, their schema and lint, the interpreter, the library and the CLI.
+"""The declarative layer over the runtime, in three parts: reading and expanding specs
+(``spec``), the library a Python user drives (``library``), the commands (``cli``); beside
+them ``runtime`` and ``operators`` (tests/test_layering.py holds imports to that order).
 
-``iron_spec.load(spec, checkpoint)`` gives a model to drive from Python (``iron_spec.library.api``);
-its names load on first use, so ``import iron_spec.operators`` pulls in nothing else.
+``iron_spec.load(spec, checkpoint)`` gives a model to drive from Python
+(``iron_spec.library.api``); its names load on first use, so ``import iron_spec.operators``
+pulls in nothing else.
 """
 
 from . import operators  # noqa: F401  (first: sets OpenBLAS's idle spin before numpy loads; operators.blas_env)
