@@ -119,7 +119,8 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         view.checkpoint = str(directory)
         renames = spec.get("checkpoint", "renames", default={}) or {}
         view.tensors = gguf_files.checkpoint(
-            spec, directory, config_json, checkpoint_names(tree, renames)).tensors \
+            spec, directory, config_json, checkpoint_names(tree, renames),
+            checkpoint_names(tree, renames, transposed=True)).tensors \
             if gguf_files.is_gguf(directory) else Checkpoint(directory).tensors
         unused = spec.get("checkpoint", "unused", default=[]) or []
         view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,

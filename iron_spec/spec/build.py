@@ -325,7 +325,8 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
     assert directory is not None, "a checkpoint directory, when nothing is drawn"
     if gguf_files.is_gguf(directory):
         checkpoint = gguf_files.checkpoint(spec, directory, config_json,
-                                           checkpoint_names(model, renames))
+                                           checkpoint_names(model, renames),
+                                           checkpoint_names(model, renames, transposed=True))
     else:
         checkpoint = Checkpoint(directory)
     shapes = {n: p.stored_shape for n, p in model.named_params()}
@@ -333,11 +334,14 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
                 explainer(fields or {}, shapes)), checkpoint
 
 
-def checkpoint_names(model, renames: dict) -> list[str]:
+def checkpoint_names(model, renames: dict, transposed: bool = False) -> list[str]:
     """The checkpoint name of each of ``model``'s params (its renames undone), or its own
-    where the renames lead to it from two (loading then says which)."""
+    where the renames lead to it from two (loading then says which); with ``transposed``,
+    of those stored ``[in, out]`` alone (``checkpoint.transposed``)."""
     out = []
-    for name, _ in model.named_params():
+    for name, p in model.named_params():
+        if transposed and not p.transposed:
+            continue
         try:
             out.append(source(name, renames))
         except RenameError:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from iron_spec.runtime.host import checkpoint_directory
 
-from . import gguf_files
+from iron_spec.runtime.gguf import file_architecture, is_gguf
+
 from .arguments import said
 from .build import read_config
 from .errors import FlagError
@@ -102,7 +103,7 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
         ValueError: as ``for_architectures``.
     """
     directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint)))
-    if gguf_files.is_gguf(directory):
+    if is_gguf(directory):
         return for_gguf(directory, folder)
     config = read_config(directory)
     return for_architectures(config.get("architectures"), str(directory / "config.json"), folder)
@@ -116,7 +117,7 @@ def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
         GGUFError: not a readable GGUF file.
         ValueError: no spec reads that architecture, or two do (naming each).
     """
-    arch = gguf_files.architecture(path)
+    arch = file_architecture(path)
     known = entries(folder)
     serving = [e for e in known if e.gguf == arch]
     if len(serving) > 1:
@@ -125,7 +126,9 @@ def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
     if not serving:
         read = sorted({e.gguf for e in known if e.gguf})
         raise ValueError(f"{path}: no spec reads GGUF files of {arch} (specs read: "
-                         f"{', '.join(read) or 'none'}); add a gguf section to a spec, or name one")
+                         f"{', '.join(read) or 'none'}); its safetensors checkpoint loads with "
+                         "the spec of its architectures, or a spec with a gguf section naming "
+                         f"architecture {arch} reads it")
     return serving[0].path
 
 

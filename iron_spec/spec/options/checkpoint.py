@@ -7,7 +7,10 @@ Not for: placing tensors (``runtime.checkpoint``), reading GGUF files (``runtime
 
 from __future__ import annotations
 
-from iron_spec.runtime.gguf import Layout as GGUFLayout
+from typing import Any
+
+from iron_spec.runtime.gguf import COMPUTED as GGUF_COMPUTED, Layout as GGUFLayout
+from iron_spec.runtime.gguf import Source as GGUFSource
 from iron_spec.runtime.renames import Pattern, RenameError, compile_table
 
 from ..config import Resolved, chosen
@@ -54,13 +57,43 @@ def checkpoint_layout(spec: Spec, r: Resolved | None = None
 
 
 def gguf_layout(spec: Spec) -> GGUFLayout | None:
-    """``gguf``: the GGUF files of this spec's family and what llama.cpp's
-    converter did to their tensors (``runtime.gguf.Layout``), serving the spec's first
-    ``architectures``; None where the spec names none."""
+    """``gguf``: the GGUF files of this spec's family, what llama.cpp's converter did to
+    their tensors and where their metadata holds the config.json keys the spec reads
+    (``runtime.gguf.Layout``), serving the spec's first ``architectures``; None where the
+    spec names none."""
     c = ("gguf",)
     if spec.get(*c) is None:
         return None
     archs = tuple(a for a in spec.get("architectures", default=[]) or [] if isinstance(a, str))
+    qkv = spec.get(*c, "qkv", default=None)
+    if qkv not in (None, "heads", "groups"):
+        raise spec.error(c + ("qkv",), f"gguf.qkv is {qkv!r}, not heads or groups", value=True)
+    config = spec.get(*c, "config", default=None) or {}
+    if not isinstance(config, dict):
+        raise spec.error(c + ("config",), "gguf.config is not a mapping of config.json keys "
+                         "to their GGUF sources")
     return GGUFLayout(str(spec.get(*c, "architecture")), archs,
                       _flag(spec, c + ("rope_permuted",), spec.get(*c, "rope_permuted", default=False)),
-                      float(_number(spec, c + ("norm_offset",), spec.get(*c, "norm_offset", default=0)) or 0))
+                      float(_number(spec, c + ("norm_offset",), spec.get(*c, "norm_offset", default=0)) or 0),
+                      qkv, tuple((str(k), _gguf_source(spec, c + ("config", k), v))
+                                 for k, v in config.items()))
+
+
+def _gguf_source(spec: Spec, path: tuple, value: Any) -> GGUFSource | None:
+    """One ``gguf.config`` entry (the schema's forms): a metadata key, ``{value: ...}``,
+    ``{tensor: name, present: ..., absent: ...}``, ``{computed: name}``, or null (the common
+    key of that name is not given)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return GGUFSource(metadata=value)
+    if isinstance(value, dict) and "value" in value:
+        return GGUFSource(value=value["value"])
+    if isinstance(value, dict) and "tensor" in value:
+        return GGUFSource(tensor=str(value["tensor"]), present=value.get("present", True),
+                          absent=value.get("absent", False))
+    if isinstance(value, dict) and value.get("computed") in GGUF_COMPUTED:
+        return GGUFSource(computed=value["computed"])
+    raise spec.error(path, f"{'.'.join(map(str, path))} is {value!r}: a GGUF metadata key, "
+                     "{value: X}, {tensor: NAME, present: X, absent: Y}, {computed: "
+                     f"{'|'.join(GGUF_COMPUTED)}}} or null", value=True)

@@ -22,31 +22,31 @@ SEED = 0
 STEPS = 40
 
 
-def names() -> list[str]:
-    return sorted(p.stem for p in HERE.glob("*.json"))
+def names(folder: Path = HERE) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.json"))
 
 
-def case(name: str) -> dict:
-    """The case ``name``: ``spec``, ``config``, ``tensors`` (name -> shape), ``prompt_len``,
-    ``prefill_chunk``, ``why``."""
-    return json.loads((HERE / f"{name}.json").read_text())
+def case(name: str, folder: Path = HERE) -> dict:
+    """The case ``name`` (of ``folder``, default this one's): ``spec``, ``config``,
+    ``tensors`` (name -> shape), ``prompt_len``, ``prefill_chunk``, ``why``."""
+    return json.loads((folder / f"{name}.json").read_text())
 
 
-def write_case(name: str, c: dict) -> None:
+def write_case(name: str, c: dict, folder: Path = HERE) -> None:
     """Write case ``name``: one key a line, the config and the tensors one entry a line."""
     def block(d: dict) -> str:
         return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in d.items()) + "\n }"
     body = ",\n".join(f" {json.dumps(k)}: {block(v) if isinstance(v, dict) and v else json.dumps(v)}"
                       for k, v in c.items())
-    (HERE / f"{name}.json").write_text("{\n" + body + "\n}\n")
+    (folder / f"{name}.json").write_text("{\n" + body + "\n}\n")
 
 
-def golden_file(name: str) -> Path:
-    return ROOT / "tests" / "goldens" / case(name)["spec"] / f"{name}-seed{SEED}.npz"
+def golden_file(name: str, folder: Path = HERE) -> Path:
+    return ROOT / "tests" / "goldens" / case(name, folder)["spec"] / f"{name}-seed{SEED}.npz"
 
 
-def spec_file(name: str) -> Path:
-    return ROOT / "specs" / f"{case(name)['spec']}.yaml"
+def spec_file(name: str, folder: Path = HERE) -> Path:
+    return ROOT / "specs" / f"{case(name, folder)['spec']}.yaml"
 
 
 def draw(tensors: dict[str, list[int]], seed: int = SEED) -> dict[str, np.ndarray]:
@@ -68,16 +68,16 @@ def draw(tensors: dict[str, list[int]], seed: int = SEED) -> dict[str, np.ndarra
     return out
 
 
-def materialize(name: str, directory: Path) -> Path:
+def materialize(name: str, directory: Path, folder: Path = HERE) -> Path:
     """Write case ``name``'s checkpoint (config.json, model.safetensors) into ``directory``."""
-    c = case(name)
+    c = case(name, folder)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(c["config"], indent=1))
     save_file(draw(c["tensors"]), str(directory / "model.safetensors"))
     return directory
 
 
-def prompt(name: str) -> list[int]:
-    c = case(name)
+def prompt(name: str, folder: Path = HERE) -> list[int]:
+    c = case(name, folder)
     vocab = c["config"]["vocab_size"]
     return np.random.default_rng(SEED).integers(0, vocab, c.get("prompt_len", 24)).tolist()
