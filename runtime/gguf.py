@@ -705,7 +705,12 @@ def config(file: GGUFFile, layout: Layout) -> dict:
             out[key] = value
     if out.get("sliding_window", None) == 0:  # llama.cpp's "no window" (Phi-3's converter)
         out["sliding_window"] = None
-    vocab_size(file, arch)
+    size = vocab_size(file, arch)
+    for key in ("bos", "eos", "padding", "unknown", "eot", "eom"):
+        i = metadata(file, arch, f"tokenizer.ggml.{key}_token_id", None)
+        if i is not None and i >= size:
+            raise GGUFError(f"{file.path}: metadata key tokenizer.ggml.{key}_token_id is {i}, "
+                            f"not an id of the {size} tokens")
     return out
 
 

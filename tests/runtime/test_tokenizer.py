@@ -290,18 +290,22 @@ def test_a_generation_config_that_is_not_json_gives_no_end_of_text_ids(tiny):
 
 
 def test_a_gguf_template_error_names_its_metadata_key(tmp_path):
+    import gguf
+
     from iron_spec.runtime import gguf_vocab
+    from iron_spec.runtime.gguf import GGUFFile
 
-    class File:  # the metadata gguf_vocab reads, as a GGUFFile's get gives it
-        path = tmp_path / "m.gguf"
-        meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
-                "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"],
-                "tokenizer.chat_template": "{{ raise_exception('no system role') }}"}
-
-        def get(self, key, *default):
-            return self.meta[key] if key in self.meta or not default else default[0]
-
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(["a", "b", "ab"])
+    w.add_token_merges(["a b"])
+    w.add_chat_template("{{ raise_exception('no system role') }}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     with pytest.raises(jinja2.TemplateError) as e:
-        gguf_vocab.tokenizer(File()).chat(HI)
+        gguf_vocab.tokenizer(GGUFFile(tmp_path / "m.gguf")).chat(HI)
     assert str(e.value) == (f"{tmp_path / 'm.gguf'}: tokenizer.chat_template: the chat "
                             "template refuses these messages (raise_exception): no system role")
