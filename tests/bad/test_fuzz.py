@@ -296,3 +296,166 @@ def test_fuzzed_tokenizer_and_generation_configs_load_or_are_refused_cleanly(
         event(f"refused: {type(e).__name__}")
     finally:
         path.write_text(original)
+
+
+# --- GGUF headers -----------------------------------------------------------------------------
+
+GGUF_VALUES = st.one_of(
+    st.sampled_from([0, 1, 2, 3, 4, 7, 16, 32, 48, 64, 255, 256, 2**31, 2**32 - 1]),
+    st.integers(-2**31, 2**31 - 1), st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.text(max_size=6), st.booleans())
+
+
+def _gguf_value(draw, value):
+    """A GGUF (type, value, item) for ``value`` as drawn: the type a value of that kind
+    takes, or another of the same family."""
+    from tests.bad.gguf_corpus import V
+    if isinstance(value, bool):
+        return V.BOOL, value, None
+    if isinstance(value, int):
+        kinds = [k for k, lo, hi in ((V.UINT32, 0, 2**32 - 1), (V.INT32, -2**31, 2**31 - 1),
+                                     (V.UINT64, 0, 2**64 - 1), (V.INT8, -128, 127),
+                                     (V.UINT8, 0, 255)) if lo <= value <= hi]
+        return draw(st.sampled_from(kinds)), value, None
+    if isinstance(value, float):
+        return draw(st.sampled_from([V.FLOAT32, V.FLOAT64])), value, None
+    return V.STRING, value, None
+
+
+def _mutate_gguf(parts, draw):
+    """``parts`` with one to three edits of its metadata, tensor table, counts or data."""
+    from tests.bad.gguf_corpus import V, Entry, TensorEntry
+    for _ in range(draw(st.integers(1, 3))):
+        what = draw(st.sampled_from(
+            ["value", "value", "type", "drop", "twice", "align", "array", "tokens", "merges",
+             "offset", "offset", "dims", "ttype", "tensor_twice", "tensor_drop", "rename",
+             "swap", "counts", "cut", "tail", "version", "endian"]))
+        entries, tensors = parts.entries, parts.tensors
+        if what in ("value", "type", "drop", "twice") and entries:
+            i = draw(st.integers(0, len(entries) - 1))
+            e = entries[i]
+            if what == "value" and e.type != V.ARRAY:
+                entries[i] = Entry(e.key, *_gguf_value(draw, draw(GGUF_VALUES)))
+            elif what == "type" and e.type != V.ARRAY:
+                entries[i] = Entry(e.key, draw(st.sampled_from([V.STRING, V.UINT32, V.FLOAT32,
+                                                                  V.BOOL, V.INT64])),
+                                   e.value if not isinstance(e.value, str) else 3)
+                if entries[i].type == V.STRING:
+                    entries[i].value = str(e.value)
+                elif entries[i].type == V.BOOL:
+                    entries[i].value = bool(e.value)
+                elif entries[i].type == V.FLOAT32:
+                    entries[i].value = float(e.value) if not isinstance(e.value, str) else 1.0
+                else:
+                    try:
+                        entries[i].value = max(0, int(e.value))
+                    except (TypeError, ValueError, OverflowError):
+                        entries[i].value = 1
+            elif what == "drop":
+                del entries[i]
+            elif what == "twice":
+                entries.append(Entry(e.key, e.type, copy.deepcopy(e.value), e.item))
+        elif what == "align":
+            kind, value, _ = _gguf_value(draw, draw(st.sampled_from([0, 1, 3, 16, 32, 48, 64,
+                                                                     100, "32", 32.0])))
+            entries.append(Entry("general.alignment", kind, value))
+        elif what == "array" and entries:
+            e = draw(st.sampled_from([e for e in entries if e.type == V.ARRAY] or entries))
+            if e.type == V.ARRAY and e.value:
+                n = draw(st.integers(0, len(e.value)))
+                e.value = e.value[:n] if draw(st.booleans()) else e.value + e.value[:n]
+        elif what == "tokens":
+            e = next((e for e in entries if e.key == "tokenizer.ggml.tokens"), None)
+            if e is not None and e.value:
+                how = draw(st.sampled_from(["int", "dup", "empty", "short"]))
+                if how == "int":
+                    e.item, e.value = V.INT32, list(range(len(e.value)))
+                elif how == "dup":
+                    e.value[draw(st.integers(0, len(e.value) - 1))] = e.value[0]
+                elif how == "empty":
+                    e.value[draw(st.integers(0, len(e.value) - 1))] = ""
+                else:
+                    e.value = e.value[:draw(st.integers(0, len(e.value)))]
+        elif what == "merges":
+            e = next((e for e in entries if e.key == "tokenizer.ggml.merges"), None)
+            if e is not None:
+                e.value = draw(st.lists(st.sampled_from(["a b", "a", "a b c", "zz q", " ", "",
+                                                         "ab b", "b a"]), max_size=4))
+        elif what in ("offset", "dims", "ttype", "tensor_twice", "tensor_drop", "rename",
+                      "swap") and tensors:
+            i = draw(st.integers(0, len(tensors) - 1))
+            t = tensors[i]
+            if what == "offset":
+                t.offset = max(0, t.offset + draw(st.sampled_from([-64, -32, -4, -1, 1, 4, 32,
+                                                                   64, 10**6])))
+            elif what == "dims":
+                t.dims = draw(st.lists(st.sampled_from([0, 1, 2, 31, 32, 64, 256, 2**40]),
+                                       min_size=0, max_size=5))
+            elif what == "ttype":
+                t.type = draw(st.sampled_from([0, 1, 2, 8, 12, 30, 39, 99, 2**31]))
+            elif what == "tensor_twice":
+                tensors.append(TensorEntry(t.name, list(t.dims), t.type, t.offset))
+            elif what == "tensor_drop":
+                del tensors[i]
+            elif what == "rename":
+                t.name = draw(st.sampled_from([tensors[0].name, "x" * 70, "", "blk.9.attn_q.weight",
+                                               "rope_freqs.weight"]))
+            else:
+                j = draw(st.integers(0, len(tensors) - 1))
+                tensors[i], tensors[j] = tensors[j], tensors[i]
+        elif what == "counts":
+            if draw(st.booleans()):
+                parts.n_kv = len(entries) + draw(st.sampled_from([-1, 1, 2**62]))
+            else:
+                parts.n_tensors = max(0, len(tensors) + draw(st.sampled_from([-1, 1, 2**62])))
+        elif what == "cut":
+            parts.data = parts.data[:-draw(st.integers(1, 4096))]
+        elif what == "tail":
+            parts.data += b"\0" * draw(st.integers(1, 64))
+        elif what == "version":
+            parts.version = draw(st.sampled_from([1, 2, 4, 7, 2**24]))
+        else:
+            parts.big_endian = True
+    return parts
+
+
+def _gguf_accepts(path: Path) -> bool:
+    """Whether gguf's own reader reads the file, every tensor's data included."""
+    import gguf
+    try:
+        r = gguf.GGUFReader(str(path))
+        for t in r.tensors:
+            np.asarray(t.data)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def gguf_base(tmp_path_factory):
+    from tests.bad.gguf_corpus import base
+    return base(tmp_path_factory.getbasetemp() / "gguf-fuzz-base")[0]
+
+
+@settings(FUZZ, max_examples=300 * SCALE)
+@given(data=st.data())
+def test_fuzzed_gguf_headers_are_judged_as_gguf_judges_them(workdir, gguf_base, data):
+    from iron_spec.runtime.gguf import GGUFError, GGUFFile
+    from tests.bad.gguf_corpus import write
+    path = write(_mutate_gguf(gguf_base.copy(), data.draw), workdir / "fuzzed.gguf")
+    try:
+        GGUFFile(path)
+    except GGUFError as e:
+        assert str(e).startswith(f"{path}: "), e
+        event("header refused")
+        return
+    # Never looser than gguf's reader: what we read, it reads.
+    assert _gguf_accepts(path), "read a file gguf's reader refuses"
+    try:
+        loaded = load_model(LLAMA, checkpoint=path, max_seq_len=16)
+    except OURS as e:
+        assert isinstance(e, (SpecError, CheckpointError)) or str(path) in str(e), repr(e)
+        event(f"load refused: {type(e).__name__}")
+        return
+    event("loaded")
+    loaded.tokenizer.encode("ab 12 c")
