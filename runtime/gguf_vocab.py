@@ -52,6 +52,8 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?
            r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
           r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}"
+           r"\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
            r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -66,6 +68,7 @@ _SPLITS = {
     "starcoder": [r"\p{N}", _GPT2],
     "llama3": [_LLAMA3],
     "qwen2": [_QWEN2],
+    "qwen35": [_QWEN35],
     "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"],
     "deepseek-llm": [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
                      r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"],
@@ -95,6 +98,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
                                          "codeshell", "exaone", "minerva-7b", "mellum2")},
     **{n: ("qwen2", False) for n in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2",
                                      "stablelm2", "megrez", "hunyuan", "solar-open")},
+    "qwen35": ("qwen35", False),
     "falcon": ("falcon", False),
     "deepseek-llm": ("deepseek-llm", False),
     "deepseek-coder": ("deepseek-coder", False),
@@ -102,7 +106,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
     **{n: ("bloom", False) for n in ("bloom", "poro-chat", "gpt3-finnish")},
     "viking": ("viking", False),
     "tekken": ("tekken", True),
-    **{n: ("gpt-4o", False) for n in ("gpt-4o", "llama4", "kanana2")},
+    **{n: ("gpt-4o", False) for n in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")},
 }
 # Texts llama.cpp stops generation at beside the EOS id (llama-vocab.cpp's special_eog_ids),
 # where the vocabulary holds them as control tokens.
