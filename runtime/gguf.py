@@ -502,7 +502,8 @@ NUMBERS = ("rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
            "rope.scaling.yarn_ext_factor")
 FLAGS = ("use_parallel_residual", "attention.causal")
 # Metadata this reader cannot give a config.json for, with why (a value that says "none of
-# it" is no refusal).
+# it" is no refusal; a key a spec maps to a config.json key of its own is the spec's to judge:
+# BERT's attention.causal false is its is_decoder false).
 REFUSED = {
     "expert_count": ("mixture-of-experts layers", 0),
     "attention.q_lora_rank": ("low-rank attention projections", 0),
@@ -686,9 +687,10 @@ def config(file: GGUFFile, layout: Layout) -> dict:
     if arch != layout.architecture:
         raise GGUFError(f"{file.path}: general.architecture is {arch}, not {layout.architecture} "
                         f"(the spec's gguf.architecture)")
+    claimed = {s.metadata for _, s in layout.config if s is not None}
     for key, (what, harmless) in REFUSED.items():
         full = _key(arch, key)
-        if full in file.metadata and file.metadata[full] != harmless:
+        if full in file.metadata and file.metadata[full] != harmless and key not in claimed:
             raise GGUFError(f"{file.path}: metadata {full} = {file.metadata[full]!r}: {what}, "
                             "which no spec's GGUF reading serves")
     for name, what in REFUSED_TENSORS.items():

@@ -302,7 +302,9 @@ def _wordpiece(file: GGUFFile, tokens: list[str], unk: int | None) -> _Tokenizer
                                                 strip_accents=None, lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
+    # [CLS] is the BOS id (llama.cpp's cls_token_id is deprecated); [SEP] the separator.
     cls = file.count("tokenizer.ggml.cls_token_id", None, least=0)
+    cls = file.count("tokenizer.ggml.bos_token_id", None, least=0) if cls is None else cls
     sep = file.count("tokenizer.ggml.seperator_token_id", None, least=0)
     if cls is not None and sep is not None and max(cls, sep) < len(tokens):
         tok.post_processor = processors.TemplateProcessing(

@@ -177,6 +177,12 @@ class Tokenizer:
         return self
 
     @property
+    def library(self) -> _Tokenizer:
+        """The ``tokenizers`` library's Tokenizer this one wraps (an encoder's ``TextIds``
+        reads a GGUF file's through it)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from tokenizers import Tokenizer as _Tokenizer
+
 from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks.projections import QKV_LAYOUTS
 from iron_spec.runtime.blocks.rope import RopeOptions, rope_switch
@@ -26,6 +28,7 @@ from iron_spec.runtime.files import read_object
 from iron_spec.runtime.values import MAX_INT, TOKEN_KEYS, token_ids, whole
 from iron_spec.runtime.weights import draw_weights
 
+from . import gguf_files
 from .build import Loaded, fill_weights, model_inputs
 from .config import Resolved, resolve
 from .errors import SpecError
@@ -403,8 +406,9 @@ class TextIds:
         FileNotFoundError: no ``tokenizer.json`` in ``directory``.
     """
 
-    def __init__(self, directory: Path, max_tokens: int):
-        self._tok = read_tokenizer_json(directory)
+    def __init__(self, directory: Path | _Tokenizer, max_tokens: int):
+        # A directory's tokenizer.json, or a tokenizer built elsewhere (a GGUF file's).
+        self._tok = read_tokenizer_json(directory) if isinstance(directory, Path) else directory
         self._tok.no_padding()
         self._tok.enable_truncation(max_tokens)
         self.max_tokens = max_tokens
@@ -494,10 +498,12 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
     model = Encoder(expanded.options)
     mark_transposed(model, expanded.transposed)
     report, ckpt = fill_weights(model, directory, random_weights, draw_weights,
-                                expanded.renames, expanded.unused, progress,
+                                expanded.renames, expanded.unused, progress, spec, config_json,
                                 fields=expanded.resolved.values)
     tokenizer = None
-    if directory is not None and (directory / "tokenizer.json").exists():
+    if directory is not None and gguf_files.is_gguf(directory):
+        tokenizer = TextIds(gguf_files.tokenizer(directory).library, expanded.options.max_tokens)
+    elif directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = TextIds(directory, expanded.options.max_tokens)
     return Loaded(model, tokenizer, expanded, report, directory, config_json,
                   random_weights, ckpt)

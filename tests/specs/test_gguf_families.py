@@ -42,3 +42,67 @@ def test_a_gguf_gives_transformers_greedy_tokens(name: str, written):
     judge(ours, golden)
     # The file alone picks its spec, by general.architecture.
     assert for_checkpoint(path) == cases.spec_file(name)
+
+
+def test_a_bert_gguf_gives_transformers_hidden_states(tmp_path):
+    # BERT's toy (the encoder goldens' seed-0 checkpoint), its pooler dropped as llama.cpp's
+    # converter drops it, against transformers' hidden states on it (tests/goldens/bert/).
+    import dataclasses
+
+    import numpy as np
+
+    from iron_spec.check import ENCODER_ATOL, golden_path
+    from iron_spec.encoder import load_encoder
+    from iron_spec.runtime import checks
+    from iron_spec.runtime.encoder_golden import EncoderGolden
+    from tests.conftest import SPECS
+
+    toy = load_encoder(SPECS / "bert.yaml", random_weights=0, toy=True)
+    golden = EncoderGolden.read(golden_path(toy), toy.fingerprint())
+    path = convert.write(tmp_path / "bert.gguf", "bert", dict(toy.config_json),
+                         {n: np.asarray(t) for n, t in toy.weights().items()})
+    ours = load_encoder(SPECS / "bert.yaml", checkpoint=path)
+    assert ours.config_json["add_pooling_layer"] is False and ours.config_json["is_decoder"] is False
+    states = ours.model.version(dataclasses.replace(ours.model.config.pooling, kind="none",
+                                                    normalize=False))
+    for k, ((ids, types), want) in enumerate(zip(golden.probes, golden.hidden)):
+        got = states(ids, types, **checks.call_keywords(golden.global_masks, k))
+        assert np.abs(got - want).max() <= ENCODER_ATOL
+    # The vocabulary back in WordPiece's form: [CLS] (2), hello (90), world (91), cat (86)
+    # and the continuation ##x (68, stored as "x"), [SEP] (3): convert.wordpieces' ids.
+    assert ours.tokenizer("Hello world catx")[0] == [2, 90, 91, 86, 68, 3]
+
+
+def test_all_minilm_as_a_gguf_embeds_as_transformers(tmp_path):
+    # The real all-MiniLM-L6-v2 written as llama.cpp lays it out (float32, its WordPiece
+    # vocabulary in phantom-space form): transformers' token ids and embeddings
+    # (tests/goldens/bert/all-minilm-l6-v2.npz, recorded by tests/goldens/bert/record.py).
+    import json
+
+    import gguf
+    import numpy as np
+
+    from iron_spec.embed import embed_texts
+    from iron_spec.encoder import load_encoder
+    from iron_spec.runtime.checkpoint import Checkpoint
+    from tests.conftest import ROOT, SPECS, checkpoint
+
+    directory = checkpoint("all-minilm-l6-v2")
+    with np.load(ROOT / "tests" / "goldens" / "bert" / "all-minilm-l6-v2.npz") as f:
+        texts, ids, e = json.loads(str(f["texts"])), json.loads(str(f["ids"])), f["embeddings"]
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    vocab = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
+    special = {t["id"] for t in spec["added_tokens"] if t["special"]}
+    tokens = [t for t, _ in vocab]
+    types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+             for i in range(len(tokens))]
+    ck = Checkpoint(directory)
+    weights = {n: ck.raw(n).astype(np.float32) for n in ck.tensors}
+    config = json.loads((directory / "config.json").read_text())
+    path = convert.write(tmp_path / "all-minilm.gguf", "bert", config, weights,
+                         vocab=(tokens, types))
+    ours = load_encoder(SPECS / "bert.yaml", checkpoint=path)
+    for text, want in zip(texts, ids):
+        assert ours.tokenizer(text)[0] == want, text
+    got = embed_texts(ours, texts)
+    np.testing.assert_allclose(got, e / np.linalg.norm(e, axis=1, keepdims=True), atol=2e-6)

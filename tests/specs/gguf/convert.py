@@ -17,11 +17,13 @@ from llama.cpp's ``conversion/*.py``:
 - gpt-neox: the fused ``query_key_value`` rows reordered from per head (q, k, v) to
   [q; k; v];
 - falcon: the fused rows reordered from per kv group to [q; k; v], the context written as
-  2048 and the MLP width as ``4 * hidden_size``.
+  2048 and the MLP width as ``4 * hidden_size``;
+- bert: the pooler dropped, ``attention.causal`` false, the token type count, the vocabulary
+  as WordPiece in "phantom space" form (``wordpieces``).
 
 Matrices are written as float32 (``qtype`` quantizes them, as ``--outtype q8_0`` would), so a
 file holds the checkpoint's own values. The vocabulary is a byte-level BPE one of the
-checkpoint's ``vocab_size`` tokens.
+checkpoint's ``vocab_size`` tokens (BERT's: WordPiece).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 ARCH = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3", "gemma": "GEMMA",
         "gemma2": "GEMMA2", "gemma3": "GEMMA3", "olmo2": "OLMO2", "granite": "GRANITE",
         "starcoder2": "STARCODER2", "stablelm": "STABLELM", "gpt2": "GPT2",
-        "gpt_neox": "GPTNEOX", "falcon": "FALCON"}
+        "gpt_neox": "GPTNEOX", "falcon": "FALCON", "bert": "BERT"}
 
 
 def tokens(n: int) -> list[str]:
@@ -42,6 +44,27 @@ def tokens(n: int) -> list[str]:
     where ``n`` is at most 256), ``ab`` (merged from ``a b``), then ``<tN>``s."""
     spelled = _byte_spellings()
     return (spelled[:min(n - 1, 256)] + ["ab"] + [f"<t{i}>" for i in range(n)])[:n]
+
+
+def wordpieces(n: int) -> tuple[list[str], list[int]]:
+    """``n`` BERT word pieces in convert_hf_to_gguf.py's "phantom space" form (``BertModel.
+    set_vocab``: a word's first piece as U+2581 + piece, a continuation without its ``##``,
+    control tokens as they are) and their token types: [PAD], [UNK], [CLS], [SEP], [MASK],
+    then letters and digits as words and as continuations, then ``wN`` words."""
+    control = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    plain = [c for c in "abcdefghijklmnopqrstuvwxyz0123456789.,!?"]
+    pieces = (["\u2581" + c for c in plain] + plain
+              + ["\u2581" + w for w in ("the", "cat", "sat", "on", "mat", "hello", "world")]
+              + [f"\u2581w{i}" for i in range(n)])
+    vocab = (control + pieces)[:n]
+    return vocab, [gguf.TokenType.CONTROL if t in control else gguf.TokenType.NORMAL for t in vocab]
+
+
+def phantom(tokens: list[str], types: list[int]) -> tuple[list[str], list[int]]:
+    """BERT's WordPiece tokens as ``BertModel.set_vocab`` stores them: control tokens as they
+    are, ``##piece`` as ``piece``, any other as U+2581 + token."""
+    return ([t if k == gguf.TokenType.CONTROL else t[2:] if t.startswith("##") else "\u2581" + t
+             for t, k in zip(tokens, types)], types)
 
 
 def _byte_spellings() -> list[str]:
@@ -181,6 +204,11 @@ def metadata(family: str, w: gguf.GGUFWriter, c: dict, t: dict[str, np.ndarray])
         w.add_head_count(c["num_attention_heads"])
         w.add_head_count_kv(c.get("num_kv_heads") or 1)
         w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    elif family == "bert":
+        _base(w, c)
+        w.add_causal_attention(False)
+        w.add_pooling_type(gguf.PoolingType.MEAN)
+        w.add_token_type_count(c.get("type_vocab_size", 1))
     else:
         raise ValueError(f"no converter restated for {family}")
 
@@ -203,6 +231,8 @@ def tensors(family: str, c: dict, t: dict[str, np.ndarray]) -> dict[str, np.ndar
         if family in ("gemma", "gemma2") and name == "lm_head.weight":
             continue
         if family == "gpt2" and name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        if family == "bert" and (name.startswith(("pooler.", "cls.")) or name.endswith("position_ids")):
             continue
         if family in ("llama", "granite"):
             if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -235,9 +265,11 @@ def tensors(family: str, c: dict, t: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 
 def write(path: Path, family: str, config: dict, checkpoint: dict[str, np.ndarray],
-          qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> Path:
+          qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+          vocab: tuple[list[str], list[int]] | None = None) -> Path:
     """``checkpoint`` (HF names -> float32 arrays) of ``config`` as llama.cpp's converter
-    writes it for ``family``, at ``path``."""
+    writes it for ``family``, at ``path``; ``vocab``: BERT's tokens (tokenizer.json's, in
+    id order) and their types, written in phantom-space form (``phantom``)."""
     arch = gguf.MODEL_ARCH[ARCH[family]]
     layers = config.get("num_hidden_layers", config.get("n_layer"))
     table = gguf.get_tensor_name_map(arch, layers)
@@ -245,14 +277,25 @@ def write(path: Path, family: str, config: dict, checkpoint: dict[str, np.ndarra
     extra: dict[str, np.ndarray] = {}
     metadata(family, w, config, extra)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    vocab = tokens(config["vocab_size"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(vocab)
-    w.add_token_types([gguf.TokenType.NORMAL] * len(vocab))
-    w.add_token_merges(["a b"])
+    if family == "bert":
+        vocab, types = wordpieces(config["vocab_size"]) if vocab is None else phantom(*vocab)
+        w.add_tokenizer_model("bert")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(vocab)
+        w.add_token_types(types)
+        for add, token in ((w.add_bos_token_id, "[CLS]"), (w.add_sep_token_id, "[SEP]"),
+                           (w.add_unk_token_id, "[UNK]"), (w.add_pad_token_id, "[PAD]"),
+                           (w.add_mask_token_id, "[MASK]")):
+            add(vocab.index(token))
+    else:
+        vocab = tokens(config["vocab_size"])
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(vocab)
+        w.add_token_types([gguf.TokenType.NORMAL] * len(vocab))
+        w.add_token_merges(["a b"])
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
-        if isinstance(config.get(key), int) and 0 <= config[key] < len(vocab):
+        if family != "bert" and isinstance(config.get(key), int) and 0 <= config[key] < len(vocab):
             add(config[key])
     for name, x in list(tensors(family, config, checkpoint).items()) + list(extra.items()):
         gname = name if name in extra else table.get_name(name, try_suffixes=(".weight", ".bias"))
