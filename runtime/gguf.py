@@ -483,8 +483,9 @@ COMPUTED = {
                            "embedding), as transformers' load_gguf_checkpoint",
     "partial_rotary_factor": "rope.dimension_count / the head size, where RoPE turns part of "
                              "each head",
-    "rope_scaling": "RoPE scaling from rope.scaling.* (linear, yarn) or the rope_factors_long "
-                    "and rope_factors_short tensors (longrope)",
+    "rope_scaling": "RoPE scaling from rope.scaling.* (linear, yarn), the rope_factors_long "
+                    "and rope_factors_short tensors (longrope) or rope_freqs (per-frequency "
+                    "factors: llama3's, as a longrope table of them over the whole context)",
 }
 # The type each metadata key llama.cpp reads must have (a key a spec names that is not here
 # may hold any one number, string or bool): counts (the least each may be), positive numbers,
@@ -511,9 +512,12 @@ REFUSED = {
     "attention.causal": ("attention both ways (attention.causal false)", True),
 }
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
-REFUSED_TENSORS = {"rope_freqs.weight": "per-frequency RoPE factors (llama3 RoPE scaling, whose "
-                                        "config.json parameters the converter does not keep)"}
+REFUSED_TENSORS: dict[str, str] = {}
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
+# Per-frequency divisors of RoPE's inverse frequencies (llama.cpp's freq_factors): what
+# convert_hf_to_gguf.py's LlamaModel writes for llama3 RoPE scaling, its parameters gone.
+ROPE_FREQS = "rope_freqs.weight"
+FACTORS = LONGROPE + (ROPE_FREQS,)  # read by config, no tensors of the model
 _ABSENT = object()
 
 
@@ -609,6 +613,17 @@ def _rope_scaling(file: GGUFFile, arch: str) -> Any:
     if kind not in ROPE_SCALINGS:
         raise GGUFError(f"{file.path}: metadata key {_key(arch, 'rope.scaling.type')} is "
                         f"{kind!r}; this reader maps {', '.join(ROPE_SCALINGS)} to a config.json")
+    if ROPE_FREQS in file.tensors:
+        # llama.cpp divides each inverse frequency by its factor at every position: a
+        # longrope table of these factors, short and long alike, over the whole context
+        # (original_max_position_embeddings = max_position_embeddings: no attention factor).
+        if kind != "none" or any(n in file.tensors for n in LONGROPE):
+            raise GGUFError(f"{file.path}: tensor {ROPE_FREQS} holds RoPE factors beside "
+                            f"{_key(arch, 'rope.scaling.type')} {kind!r} or longrope's factors")
+        factors = _factors(file, arch, ROPE_FREQS)
+        return {"rope_type": "longrope", "long_factor": factors, "short_factor": factors,
+                "original_max_position_embeddings":
+                    metadata(file, arch, "context_length", None) or file.get(_key(arch, "context_length"))}
     long = [n for n in LONGROPE if n in file.tensors]
     if long and kind not in ("none", "longrope"):
         raise GGUFError(f"{file.path}: tensor {long[0]} holds longrope factors, and "
@@ -617,18 +632,7 @@ def _rope_scaling(file: GGUFFile, arch: str) -> Any:
         if len(long) != 2:
             raise GGUFError(f"{file.path}: tensor {long[0]} is in the file and "
                             f"{(set(LONGROPE) - set(long)).pop()} is not: longrope takes both")
-        half = int(metadata(file, arch, "rope.dimension_count", None) or _head_dim(file, arch)) // 2
-        factors = []
-        for name in LONGROPE:
-            t = file.tensors[name]
-            if t.shape != (half,):
-                raise GGUFError(f"{file.path}: tensor {name} has shape {list(t.shape)}; longrope "
-                                f"takes one factor per rotated pair ({half})")
-            values = file.read(name)
-            if not np.isfinite(values).all() or (values <= 0).any():
-                raise GGUFError(f"{file.path}: tensor {name} holds factors that are not finite "
-                                "and positive")
-            factors.append([float(v) for v in values])
+        factors = [_factors(file, arch, name) for name in LONGROPE]
         out = {"rope_type": "longrope", "long_factor": factors[0], "short_factor": factors[1]}
         original = metadata(file, arch, "rope.scaling.original_context_length", None)
         if original is not None:
@@ -653,6 +657,20 @@ def _rope_scaling(file: GGUFFile, arch: str) -> Any:
         if value is not None:
             out[name] = value
     return out
+
+
+def _factors(file: GGUFFile, arch: str, name: str) -> list[float]:
+    """Tensor ``name``'s RoPE factors: one per rotated pair, finite and above 0."""
+    half = int(metadata(file, arch, "rope.dimension_count", None) or _head_dim(file, arch)) // 2
+    t = file.tensors[name]
+    if t.shape != (half,):
+        raise GGUFError(f"{file.path}: tensor {name} has shape {list(t.shape)}; RoPE factors "
+                        f"are one per rotated pair ({half})")
+    values = file.read(name)
+    if not np.isfinite(values).all() or (values <= 0).any():
+        raise GGUFError(f"{file.path}: tensor {name} holds factors that are not finite and "
+                        "above 0")
+    return [float(v) for v in values]
 
 
 def sources(layout: Layout) -> dict[str, Source]:
@@ -809,7 +827,7 @@ class GGUFCheckpoint:
                 self._source.setdefault(name, replace(entry, transposed=name in transposed))
         taken = {e.gguf for e in self._source.values()}
         for g in file.tensors:
-            if g not in taken and g not in LONGROPE:
+            if g not in taken and g not in FACTORS:
                 self._source[g] = _Entry(g)
         #: Every tensor by its checkpoint name: ``.shape`` (transformers'), ``.begin``, ``.end``.
         self.tensors = {n: self._info(e) for n, e in self._source.items()}

@@ -106,3 +106,20 @@ def test_all_minilm_as_a_gguf_embeds_as_transformers(tmp_path):
         assert ours.tokenizer(text)[0] == want, text
     got = embed_texts(ours, texts)
     np.testing.assert_allclose(got, e / np.linalg.norm(e, axis=1, keepdims=True), atol=2e-6)
+
+
+def test_llama3_rope_scaling_as_rope_freqs_gives_transformers_tokens(tmp_path):
+    # The llama3 toy (llama3 RoPE scaling: factor 8, original context 64) as llama.cpp writes
+    # it, the scaling as the per-frequency factors rope_freqs; judged by the toy's golden.
+    import numpy as np
+
+    from iron_spec.check import golden_path
+    from tests.conftest import SPECS
+
+    toy = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    golden = Golden.read(golden_path(toy), toy.fingerprint())
+    path = convert.write(tmp_path / "llama3.gguf", "llama", dict(toy.config_json),
+                         {n: np.asarray(t) for n, t in toy.weights().items()})
+    ours = load_model(SPECS / "llama3.yaml", checkpoint=path, prefill_chunk=16)
+    assert ours.config_json["rope_scaling"]["rope_type"] == "longrope"
+    judge(ours, golden)

@@ -5,7 +5,8 @@ GGUF cases: gguf-py's ``GGUFWriter``, llama.cpp's architecture and tensor names
 from llama.cpp's ``conversion/*.py``:
 
 - llama, granite (``LlamaModel``): q and k rows (weights and biases) permuted per head into
-  interleaved RoPE pairs (``LlamaModel.permute``); granite's multipliers as
+  interleaved RoPE pairs (``LlamaModel.permute``), llama3 RoPE scaling as the per-frequency
+  factors ``rope_freqs`` (``llama3_factors``); granite's multipliers as
   ``embedding_scale``, ``attention.scale``, ``residual_scale``, ``logit_scale``;
 - gemma, gemma2, gemma3: every ``*norm.weight`` stored as ``1 + w``; gemma and gemma2 drop
   ``lm_head.weight`` (the head is the embedding);
@@ -130,6 +131,9 @@ def metadata(family: str, w: gguf.GGUFWriter, c: dict, t: dict[str, np.ndarray])
         _base(w, c)
         w.add_vocab_size(c["vocab_size"])
         w.add_rope_dimension_count(c.get("head_dim") or head)
+        rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
+        if rope.get("rope_type") == "llama3":  # LlamaModel.generate_extra_tensors
+            t["rope_freqs.weight"] = llama3_factors(_theta(c), c.get("head_dim") or head, rope)
         if family == "granite":
             w.add_attention_scale(c["attention_multiplier"])
             w.add_embedding_scale(c["embedding_multiplier"])
@@ -211,6 +215,25 @@ def metadata(family: str, w: gguf.GGUFWriter, c: dict, t: dict[str, np.ndarray])
         w.add_token_type_count(c.get("type_vocab_size", 1))
     else:
         raise ValueError(f"no converter restated for {family}")
+
+
+def llama3_factors(base: float, dim: int, rope: dict) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors: llama3 RoPE scaling as one factor per frequency."""
+    import math
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0)
+    high, old = rope.get("high_freq_factor", 4.0), rope.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
 
 
 def permute(x: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
