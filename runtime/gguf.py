@@ -199,7 +199,7 @@ class _Header:
             return self.strings(count, what), item
         raise GGUFError(f"{self.path}: {what} is an array of "
                         f"{'arrays' if item == ARRAY else f'value type {item}'}, not of numbers "
-                        "or strings (what llama.cpp reads)")
+                        "or strings (what ggml's loader reads)")
 
 
 class GGUFFile:
@@ -235,7 +235,7 @@ class GGUFFile:
             raise GGUFError(f"{path}: a big-endian GGUF file (version "
                             f"{int.from_bytes(version.to_bytes(4, 'little'), 'big')} written for "
                             "big-endian hosts, convert_hf_to_gguf.py --bigendian); this reader "
-                            "reads little-endian GGUF files, llama.cpp's default: convert "
+                            "reads little-endian GGUF files, the converter's default: convert "
                             "without --bigendian")
         if version not in VERSIONS:
             raise GGUFError(f"{path}: GGUF version {version}; this reader reads versions "
@@ -256,7 +256,7 @@ class GGUFFile:
                 raise GGUFError(f"{path}: metadata key {i} is empty")
             if key in self.metadata:
                 raise GGUFError(f"{path}: metadata key {key} is given twice (keys {i} and an "
-                                "earlier one): which value holds is not said; llama.cpp and "
+                                "earlier one): which value holds is not said; ggml's loader and "
                                 "gguf's reader refuse the file")
             kind = h.scalar("I", f"metadata key {key}")
             self.metadata[key], item = h.value(kind, f"metadata key {key}")
@@ -278,11 +278,11 @@ class GGUFFile:
         for name, dims, kind, offset in infos:
             if len(name.encode()) >= MAX_NAME:
                 raise GGUFError(f"{path}: tensor name {name[:80]!r} is {len(name.encode())} bytes; "
-                                f"llama.cpp takes names of at most {MAX_NAME - 1}")
+                                f"ggml's loader takes names of at most {MAX_NAME - 1}")
             if name in self.tensors:
                 raise GGUFError(f"{path}: tensor {name} is listed twice in the tensor table: "
-                                "which one holds is not said; llama.cpp and gguf's reader refuse "
-                                "the file")
+                                "which one holds is not said; ggml's loader and gguf's reader "
+                                "refuse the file")
             t = self._tensor(name, dims, kind, start + offset)
             if offset != expected:
                 where = ("is not aligned to the file's alignment of " f"{align} bytes"
@@ -485,7 +485,7 @@ COMPUTED = {
                              "each head",
     "rope_scaling": "RoPE scaling from rope.scaling.* (linear, yarn), the rope_factors_long "
                     "and rope_factors_short tensors (longrope) or rope_freqs (per-frequency "
-                    "factors: llama3's, as a longrope table of them over the whole context)",
+                    "factors, as a longrope table of them over the whole context)",
 }
 # The type each metadata key llama.cpp reads must have (a key a spec names that is not here
 # may hold any one number, string or bool): counts (the least each may be), positive numbers,

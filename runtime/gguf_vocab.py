@@ -47,66 +47,66 @@ SPACE = "\u2581"
 # spells them. Where llama.cpp adapted an expression of the model's tokenizer.json (a
 # case-insensitive group its regex engine lacks), the tokenizer.json form is kept: it is
 # what transformers runs, and the same split.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_DIGITS3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
            r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+_DIGITS1 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
           r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}"
+_DIGITS1_MARKS = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}"
            r"\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+_CASED = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
            r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+_CASED_DIGITS3 = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
           r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
           r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
           r"[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
+_UNTIL_PUNCT = r" ?[^(\s|.,!?…。，、।۔،)]+"
 _SPLITS = {
-    "default": [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
-    "gpt2": [_GPT2],
-    "starcoder": [r"\p{N}", _GPT2],
-    "llama3": [_LLAMA3],
-    "qwen2": [_QWEN2],
-    "qwen35": [_QWEN35],
-    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"],
-    "deepseek-llm": [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", _WORDS, r"\p{N}+", r"[0-9][0-9][0-9]"],
+    "words": [_WORDS],
+    "digit_words": [r"\p{N}", _WORDS],
+    "digits3": [_DIGITS3],
+    "digits1": [_DIGITS1],
+    "digits1_marks": [_DIGITS1_MARKS],
+    "punct_words_digits3": [r"[\p{P}\$\+<=>\^~\|`]+", _WORDS, r"[0-9][0-9][0-9]"],
+    "letters_cjk": [r"[\r\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
                      r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"],
-    "deepseek-coder": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
-    "deepseek-v3": [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+    "letters_punct_cjk": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
+    "digits3_cjk_punct": [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
                     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?"
                     r"[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
-    "bloom": [_BLOOM],
-    "viking": [_BLOOM, r"\p{N}"],
-    "tekken": [_TEKKEN],
-    "gpt-4o": [_GPT4O],
+    "until_punct": [_UNTIL_PUNCT],
+    "until_punct_digits": [_UNTIL_PUNCT, r"\p{N}"],
+    "cased": [_CASED],
+    "cased_digits3": [_CASED_DIGITS3],
 }
 # tokenizer.ggml.pre -> (its splits, whether a word found whole in the vocabulary is taken
 # whole before any merge: llama.cpp's ignore_merges), as llama-vocab.cpp's load().
 PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
     **{n: ("default", False) for n in ("default",)},
-    **{n: ("llama3", True) for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+    **{n: ("digits3", True) for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
                                      "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")},
-    **{n: ("llama3", False) for n in ("dbrx", "smaug-bpe", "chatglm-bpe")},
-    "glm4": ("llama3", True),
-    **{n: ("gpt2", False) for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
+    **{n: ("digits3", False) for n in ("dbrx", "smaug-bpe", "chatglm-bpe")},
+    "glm4": ("digits3", True),
+    **{n: ("words", False) for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
                                     "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
                                     "modern-bert", "mpt", "olmo", "jais", "trillion",
                                     "granite-docling", "exaone4", "jina-v1-en",
                                     "jina-v2-code", "roberta-bpe")},
-    **{n: ("starcoder", False) for n in ("starcoder", "refact", "command-r", "smollm",
+    **{n: ("digit_words", False) for n in ("starcoder", "refact", "command-r", "smollm",
                                          "codeshell", "exaone", "minerva-7b", "mellum2")},
-    **{n: ("qwen2", False) for n in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2",
+    **{n: ("digits1", False) for n in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2",
                                      "stablelm2", "megrez", "hunyuan", "solar-open")},
-    "qwen35": ("qwen35", False),
-    "falcon": ("falcon", False),
-    "deepseek-llm": ("deepseek-llm", False),
-    "deepseek-coder": ("deepseek-coder", False),
-    **{n: ("deepseek-v3", False) for n in ("deepseek-v3", "hunyuan-dense", "joyai-llm")},
-    **{n: ("bloom", False) for n in ("bloom", "poro-chat", "gpt3-finnish")},
-    "viking": ("viking", False),
-    "tekken": ("tekken", True),
-    **{n: ("gpt-4o", False) for n in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")},
+    "qwen35": ("digits1_marks", False),
+    "falcon": ("punct_words_digits3", False),
+    "deepseek-llm": ("letters_cjk", False),
+    "deepseek-coder": ("letters_punct_cjk", False),
+    **{n: ("digits3_cjk_punct", False) for n in ("deepseek-v3", "hunyuan-dense", "joyai-llm")},
+    **{n: ("until_punct", False) for n in ("bloom", "poro-chat", "gpt3-finnish")},
+    "viking": ("until_punct_digits", False),
+    "tekken": ("cased", True),
+    **{n: ("cased_digits3", False) for n in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")},
 }
 # Texts llama.cpp stops generation at beside the EOS id (llama-vocab.cpp's special_eog_ids),
 # where the vocabulary holds them as control tokens.
@@ -217,7 +217,7 @@ def _byte_level(file: GGUFFile, tokens: list[str]) -> _Tokenizer:
     pre = file.text("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise GGUFError(f"{file.path}: tokenizer.ggml.pre is {pre!r}; this reader splits text as "
-                        f"llama.cpp does for {', '.join(sorted(PRE_TOKENIZERS))}")
+                        f"GGUF's loader does for {', '.join(sorted(PRE_TOKENIZERS))}")
     splits, whole = PRE_TOKENIZERS[pre]
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = _Tokenizer(BPE(vocab, _merges(file, vocab), ignore_merges=whole))

@@ -185,7 +185,21 @@ ALLOWED_LITERALS: dict[str, str] = {
     "llama_cpp": "the Python module of that engine (llama-cpp-python), and its ratios' key",
     "llama-cpp-python": "the package of that engine's Python binding (the peer extra)",
     "Llama": "the engine's model class (llama_cpp.Llama), which loads any GGUF",
+    "bert": "a GGUF file's tokenizer.ggml.model value naming a WordPiece vocabulary (llama.cpp's "
+            "word for the tokenizer kind), read by runtime/gguf_vocab.py",
+    "BertNormalizer": "the tokenizers library's WordPiece normalizer class (any WordPiece "
+                      "vocabulary's), which runtime/gguf_vocab.py builds",
+    "BertPreTokenizer": "the tokenizers library's WordPiece pre-tokenizer class",
 }
+# GGUF's tokenizer.ggml.pre values: llama.cpp's names of its text-splitting rules
+# (llama-vocab.cpp), many named after the model that first used the rule, and read whatever
+# the file's family (a llama file may split as "qwen2"). runtime/gguf_vocab.py's table of them
+# is a file format's vocabulary, as the tokenizer.ggml.model values above are.
+from iron_spec.runtime.gguf_vocab import PRE_TOKENIZERS  # noqa: E402
+
+ALLOWED_LITERALS.update({name: "a GGUF file's tokenizer.ggml.pre value (llama.cpp's name of a "
+                               "text-splitting rule), not a family switch"
+                         for name in PRE_TOKENIZERS})
 
 
 def _words(text: str) -> list[str]:

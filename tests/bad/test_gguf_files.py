@@ -193,7 +193,7 @@ def test_token_types_of_another_length(parts, tmp_path):
 def test_an_unknown_pre_tokenizer_says_the_known_ones(parts, tmp_path):
     parts.entry("tokenizer.ggml.pre").value = "no-such-pre"
     e = refused(parts, tmp_path, "tokenizer.ggml.pre is 'no-such-pre'; this reader splits text "
-                                 "as llama.cpp does for")
+                                 "as GGUF's loader does for")
     assert "qwen2" in str(e) and "llama-bpe" in str(e)
 
 
