@@ -1,7 +1,7 @@
 """Record each pre-tokenizer case's ids from an independent reader of the same GGUF file
 (never run by the tests): transformers' own GGUF tokenizer where it splits for that
 ``tokenizer.ggml.pre`` (``GGUF_PRE_TOKENIZER_SPLITS``), else llama.cpp's (llama-cpp-python,
-``vocab_only``), else not recorded. ``python -m tests.runtime.gguf_vocab.record``."""
+``vocab_only``, special tokens parsed as transformers parses them), else not recorded. ``python -m tests.runtime.gguf_vocab.record``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def by_llama_cpp(path: Path) -> list[list[int]] | None:
     except ImportError:
         return None
     model = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-    return [model.tokenize(t.encode(), add_bos=False, special=False) for t in TEXTS]
+    return [model.tokenize(t.encode(), add_bos=False, special=True) for t in TEXTS]
 
 
 def main() -> None:
