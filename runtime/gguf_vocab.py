@@ -164,12 +164,7 @@ def _tokenizer(file: GGUFFile) -> Tokenizer:
     if len(types) != len(tokens):
         raise GGUFError(f"{file.path}: tokenizer.ggml.token_type has {len(types)} entries for "
                         f"{len(tokens)} tokens")
-    seen: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        if t in seen:
-            raise GGUFError(f"{file.path}: tokenizer.ggml.tokens lists {t[:40]!r} twice (ids "
-                            f"{seen[t]} and {i}): an id per token, a token per id")
-        seen[t] = i
+    _distinct(file, tokens, "lists {token} twice")
     ids = {name: file.count(f"tokenizer.ggml.{key}_token_id", None, least=0)
            for name, key in SPECIAL_IDS}
     for name, i in ids.items():
@@ -213,6 +208,17 @@ def _tokenizer(file: GGUFFile) -> Tokenizer:
                               "generation as the GGUF runtime reads it)")
     return Tokenizer.from_parts(tok, file.text("tokenizer.chat_template", None), special, eos,
                                 f"{file.path}: tokenizer.chat_template")
+
+
+def _distinct(file: GGUFFile, tokens: list[str], says: str) -> None:
+    """Refuse a token that is there twice (``says``, with ``{token}``, and both ids): an id
+    per token, a token per id."""
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if t in seen:
+            raise GGUFError(f"{file.path}: tokenizer.ggml.tokens {says.format(token=repr(t[:40]))} "
+                            f"(ids {seen[t]} and {i}): an id per token, a token per id")
+        seen[t] = i
 
 
 def _merges(file: GGUFFile, vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -307,14 +313,8 @@ def _wordpieces(tokens: list[str], types: list[int]) -> list[str]:
 
 
 def _wordpiece(file: GGUFFile, tokens: list[str], unk: int | None) -> _Tokenizer:
+    _distinct(file, tokens, "spells the word piece {token} twice")
     vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        seen: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            if t in seen:
-                raise GGUFError(f"{file.path}: tokenizer.ggml.tokens[{seen[t]}] and [{i}] are "
-                                f"both the word piece {t[:40]!r}")
-            seen[t] = i
     tok = _Tokenizer(WordPiece(vocab, unk_token=tokens[unk] if unk is not None else "[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                                 strip_accents=None, lowercase=True)

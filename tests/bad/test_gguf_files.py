@@ -5,10 +5,8 @@ would run another model than the file says. Each case is one edit of a valid fil
 
 from __future__ import annotations
 
-import struct
 
 import gguf
-import numpy as np
 import pytest
 
 from iron_spec.build import load_model

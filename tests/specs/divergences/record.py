@@ -20,14 +20,14 @@ from iron_spec.library.golden_record import record
 from iron_spec.runtime.checkpoint import Checkpoint
 from iron_spec.runtime.golden import fingerprint
 
-from .cases import STEPS, case, golden_file, materialize, prompt, write_case
+from .cases import HERE, STEPS, case, golden_file, materialize, prompt, write_case
 
 
-def list_tensors(name: str) -> None:
+def list_tensors(name: str, folder: Path = HERE) -> None:
     import torch
     import transformers
 
-    c = case(name)
+    c = case(name, folder)
     # A copy: transformers' config class standardizes the rope mappings given it in place.
     config = transformers.AutoConfig.for_model(**copy.deepcopy(c["config"]))
     torch.manual_seed(0)
@@ -41,7 +41,7 @@ def list_tensors(name: str) -> None:
     for dropped in c.get("drop_tensors", []):
         del tensors[dropped]
     c["tensors"] = dict(sorted(tensors.items()))
-    write_case(name, c)
+    write_case(name, c, folder)
 
 
 def _refuse_partial_load(directory: Path) -> None:

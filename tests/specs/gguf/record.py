@@ -19,13 +19,13 @@ from iron_spec.build import load_model
 from iron_spec.golden_record import record
 
 from tests.specs.divergences.cases import STEPS
-from tests.specs.divergences.record import _refuse_partial_load
-from tests.specs.gguf.cases import HERE, case, golden_file, materialize, prompt, spec_file
+from tests.specs.divergences.record import _refuse_partial_load, list_tensors
+from tests.specs.gguf.cases import HERE, golden_file, materialize, prompt, spec_file
 
 
 def main(name: str, tensors: bool) -> None:
     if tensors:
-        _list_tensors(name)
+        list_tensors(name, HERE)
     with tempfile.TemporaryDirectory() as d:
         directory = materialize(name, Path(d) / name)
         _refuse_partial_load(directory)
@@ -33,27 +33,6 @@ def main(name: str, tensors: bool) -> None:
         golden = record(loaded, prompt(name), STEPS)
     golden.write(golden_file(name))
     print(f"recorded {golden_file(name)} ({golden.fingerprint})")
-
-
-def _list_tensors(name: str) -> None:
-    import copy
-
-    import torch
-    import transformers
-
-    from iron_spec.runtime.checkpoint import Checkpoint
-    from tests.specs.divergences.cases import write_case
-
-    c = case(name)
-    config = transformers.AutoConfig.for_model(**copy.deepcopy(c["config"]))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d)
-        ck = Checkpoint(d)
-        c["tensors"] = dict(sorted((n, list(t.shape)) for n, t in ck.tensors.items()))
-        ck.close()
-    write_case(name, c, HERE)
 
 
 if __name__ == "__main__":
