@@ -135,7 +135,7 @@ _BASE: dict[str, Any] = {}
 def base(root: Path) -> tuple[Parts, Path]:
     """The valid base file (the llama3 toy as llama.cpp lays it out) as parts, and its path."""
     if "parts" not in _BASE:
-        from iron_spec.build import load_model
+        from iron_spec.spec.build import load_model
         from tests.conftest import SPECS
         from tests.specs.gguf import convert
 

@@ -457,7 +457,7 @@ def test_fuzzed_gguf_headers_are_judged_as_gguf_judges_them(workdir, gguf_base, 
         loaded = load_model(LLAMA, checkpoint=path, max_seq_len=16)
     except OURS as e:
         # A context the file says is shorter than the one asked for is the flag's refusal.
-        from iron_spec.errors import FlagError
+        from iron_spec.spec.errors import FlagError
         assert isinstance(e, (SpecError, CheckpointError, FlagError)) or str(path) in str(e), \
             repr(e)
         event(f"load refused: {type(e).__name__}")

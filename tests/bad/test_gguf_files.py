@@ -9,7 +9,7 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.gguf import GGUFError, GGUFFile
 from iron_spec.runtime.gguf_vocab import tokenizer
 from tests.bad.corpus import LLAMA
@@ -211,7 +211,7 @@ def test_the_tokenizers_librarys_own_refusals_are_ours(parts, tmp_path, monkeypa
 # --- refusals say what would work ------------------------------------------------------------
 
 def test_a_spec_with_no_gguf_section_names_the_spec_that_reads_it(parts, tmp_path):
-    from iron_spec.errors import SpecError
+    from iron_spec.spec.errors import SpecError
     from tests.conftest import SPECS
     path = write(parts, tmp_path / "llama.gguf")
     with pytest.raises(SpecError, match="this spec has no gguf section to read one: the spec "
@@ -223,7 +223,7 @@ def test_a_spec_with_no_gguf_section_names_the_spec_that_reads_it(parts, tmp_pat
 
 
 def test_an_architecture_no_spec_reads(parts, tmp_path):
-    from iron_spec.registry import for_checkpoint
+    from iron_spec.spec.registry import for_checkpoint
     parts.entry("general.architecture").value = "mamba"
     path = write(parts, tmp_path / "mamba.gguf")
     with pytest.raises(ValueError, match="no spec reads GGUF files of mamba .*its safetensors "

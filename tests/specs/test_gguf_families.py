@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from iron_spec.build import load_model
-from iron_spec.registry import for_checkpoint
+from iron_spec.spec.build import load_model
+from iron_spec.spec.registry import for_checkpoint
 from iron_spec.runtime.golden import Golden
 from tests.specs.gguf import cases, convert
 from tests.specs.test_goldens import judge
@@ -51,8 +51,9 @@ def test_a_bert_gguf_gives_transformers_hidden_states(tmp_path):
 
     import numpy as np
 
-    from iron_spec.check import ENCODER_ATOL, golden_path
-    from iron_spec.encoder import load_encoder
+    from iron_spec.cli.check import golden_path
+    from iron_spec.spec.gates import ENCODER_ATOL
+    from iron_spec.spec.encoder import load_encoder
     from iron_spec.runtime import checks
     from iron_spec.runtime.encoder_golden import EncoderGolden
     from tests.conftest import SPECS
@@ -82,8 +83,8 @@ def test_all_minilm_as_a_gguf_embeds_as_transformers(tmp_path):
     import gguf
     import numpy as np
 
-    from iron_spec.embed import embed_texts
-    from iron_spec.encoder import load_encoder
+    from iron_spec.library.embedding import embed_texts
+    from iron_spec.spec.encoder import load_encoder
     from iron_spec.runtime.checkpoint import Checkpoint
     from tests.conftest import ROOT, SPECS, checkpoint
 
@@ -113,7 +114,7 @@ def test_llama3_rope_scaling_as_rope_freqs_gives_transformers_tokens(tmp_path):
     # it, the scaling as the per-frequency factors rope_freqs; judged by the toy's golden.
     import numpy as np
 
-    from iron_spec.check import golden_path
+    from iron_spec.cli.check import golden_path
     from tests.conftest import SPECS
 
     toy = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)

@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from iron_spec.build import load_model
-from iron_spec.golden_record import record
+from iron_spec.spec.build import load_model
+from iron_spec.library.golden_record import record
 
 from tests.specs.divergences.cases import STEPS
 from tests.specs.divergences.record import _refuse_partial_load, list_tensors
