@@ -927,13 +927,21 @@ class GGUFCheckpoint:
             raise GGUFError(f"{self.path}: tensor {e.gguf} is stored [out, in], transformers' "
                             f"{name} [in, out]; read it with raw()")
         fmt, rows = self.file.blocks(e.gguf)
+        t = self.file.tensors[e.gguf]
+        vector = len(t.shape) == 1
+        if vector and fmt.block == 1:
+            rows = rows.reshape(-1, fmt.nbytes)  # a value a row, to move values as rows
         if e.row is not None:
-            t = self.file.tensors[e.gguf]
             rows = rows.reshape(t.shape[0], -1)[e.row].reshape(1, -1)
         else:
             rows = self._part(e, rows)
         order = self._order(e, rows.shape[0])
-        return fmt, rows if order is None else np.ascontiguousarray(rows[order])
+        if vector and fmt.block != 1 and (order is not None or e.rows is not None):
+            raise GGUFError(f"{self.path}: tensor {e.gguf} is a {fmt.name} vector whose values "
+                            "move on read; read it with raw()")
+        if order is not None:
+            rows = rows[order]
+        return fmt, np.ascontiguousarray(rows.reshape(1, -1) if vector else rows)
 
     def release(self, name: str) -> None:
         self.file.release(self._source[name].gguf)

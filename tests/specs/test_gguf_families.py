@@ -124,3 +124,32 @@ def test_llama3_rope_scaling_as_rope_freqs_gives_transformers_tokens(tmp_path):
     ours = load_model(SPECS / "llama3.yaml", checkpoint=path, prefill_chunk=16)
     assert ours.config_json["rope_scaling"]["rope_type"] == "longrope"
     judge(ours, golden)
+
+
+@pytest.mark.parametrize("name", ["gguf-llama", "gguf-gpt_neox", "gguf-falcon", "gguf-stablelm",
+                                  "gguf-gpt2", "gguf-gemma"])
+def test_quantized_blocks_in_transformers_row_order_are_the_values_read(name, tmp_path):
+    # A Q8_0 file: every tensor's blocks as a kernel reads them (rows put back in
+    # transformers' order: q/k unpermuted, a fused q/k/v regrouped, a stacked norm's row)
+    # dequantize to the values the model reads; the tensors whose values change on read
+    # (a norm stored as 1 + w, a Conv1D matrix stored [out, in]) are refused by blocks().
+    import gguf
+    import numpy as np
+
+    from iron_spec.runtime.gguf import GGUFError
+    from iron_spec.runtime.quants import dequantize
+
+    c = cases.case(name)
+    path = convert.write(tmp_path / f"{name}.gguf", cases.family(name), c["config"],
+                         cases.draw(c["tensors"]), qtype=gguf.GGMLQuantizationType.Q8_0)
+    ckpt = load_model(cases.spec_file(name), checkpoint=path, prefill_chunk=16).checkpoint
+    refused = 0
+    for n in ckpt.tensors:
+        try:
+            fmt, rows = ckpt.blocks(n)
+        except GGUFError:
+            refused += 1
+            continue
+        got = dequantize(rows, fmt).reshape(ckpt.tensors[n].shape)
+        assert got.tobytes() == ckpt.raw(n).tobytes(), n
+    assert (refused > 0) == (name in ("gguf-gpt2", "gguf-gemma")), refused

@@ -324,7 +324,10 @@ def write(path: Path, family: str, config: dict, checkpoint: dict[str, np.ndarra
         gname = name if name in extra else table.get_name(name, try_suffixes=(".weight", ".bias"))
         if gname is None:
             raise ValueError(f"{family}: llama.cpp names no tensor {name}")
-        if x.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32 and "token_embd" not in gname:
+        # Matrices only, as the converter's quantization: norms (a stacked per-head one is
+        # 2-D) stay float32.
+        if x.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32 and "token_embd" not in gname \
+                and "norm" not in gname:
             w.add_tensor(gname, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, x)
