@@ -169,6 +169,8 @@ class Checkpoint:
             self.tensors = _header(path)
         self._maps: dict[Path, mmap.mmap] = {}
 
+    mapped = True  # raw() gives views of the file's pages (_fill reads large ones in slices)
+
     def _sharded(self, index: Path) -> None:
         try:
             with open_regular(index, "safetensors index") as f:
@@ -439,8 +441,9 @@ def _fill(param, checkpoint: Checkpoint, source: str) -> None:
     file pages and its float32 copy are never resident whole together (Gemma 3's 262144 x
     640 embedding: 335 MB of bfloat16 pages beside its 671 MB)."""
     raw = checkpoint.raw(source)
-    # Only a safetensors file maps its pages (a GGUF tensor is dequantized into a new array).
-    if (not isinstance(checkpoint, Checkpoint) or param.transposed or param.rows is not None
+    # Only a safetensors file maps its pages (a GGUF tensor is dequantized into a new array);
+    # a part of one (runtime.parts) reads the file's.
+    if (not getattr(checkpoint, "mapped", False) or param.transposed or param.rows is not None
             or param.reshaped is not None
             or raw.ndim == 0 or raw.nbytes <= SLICE_BYTES):
         param.fill(param.from_stored(raw))

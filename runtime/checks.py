@@ -451,3 +451,51 @@ def float64_encoder_against(states, pooled, probes: list[tuple[np.ndarray, np.nd
                       {"hidden_max_error": hidden_err, "pooled_max_error": pooled_err,
                        "gate": bound})
     return _timed(run)
+
+
+def _softmax_kl(want: np.ndarray, got: np.ndarray) -> float:
+    """The largest KL(want || got) of the rows' softmax (float64), a row ``(size,)`` alone
+    counting as one."""
+    want, got = np.atleast_2d(want), np.atleast_2d(got)
+    p = want - want.max(axis=1, keepdims=True)
+    p = p - np.log(np.exp(p).sum(axis=1, keepdims=True))
+    q = got - got.max(axis=1, keepdims=True)
+    q = q - np.log(np.exp(q).sum(axis=1, keepdims=True))
+    return float((np.exp(p) * (p - q)).sum(axis=1).max())
+
+
+def head_logits_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
+                        wants: list[np.ndarray], atol: float,
+                        wants64: list[np.ndarray] | None = None, bound64: float | None = None,
+                        masks: list | None = None) -> Result:
+    """An encoder's task-head scores (``version`` compiled with ``head``) on ``probes``
+    against transformers' ``logits`` of its ``*For<Task>`` class (``wants``: ``(rows,
+    size)`` or ``(size,)`` each): the largest absolute error within ``atol``, the largest KL
+    of their softmax over a row (fill-mask's vocabulary, the classes), the rows whose top
+    score differs; and, with ``wants64``, the float64 ``reference()`` against transformers'
+    float64 logits within ``bound64``."""
+    def run() -> Result:
+        error, kl, flips, error64, rows = 0.0, 0.0, 0, 0.0, 0
+        for k, ((ids, types), want) in enumerate(zip(probes, wants)):
+            got = np.asarray(version(ids, types, **call_keywords(masks, k)), np.float64)
+            want = np.asarray(want, np.float64)
+            if got.shape != want.shape:
+                return Result("head logits vs golden", False, f"shape {got.shape}, the "
+                              f"golden's {want.shape}")
+            error = max(error, float(np.abs(got - want).max()))
+            kl = max(kl, _softmax_kl(want, got))
+            flips += int((np.atleast_2d(got).argmax(1) != np.atleast_2d(want).argmax(1)).sum())
+            rows += np.atleast_2d(want).shape[0]
+            if wants64 is not None:
+                ref = np.asarray(version.reference(ids, types, **call_keywords(masks, k)),
+                                 np.float64)
+                error64 = max(error64, float(np.abs(ref - wants64[k]).max()))
+        passed = error <= atol and flips == 0 and (wants64 is None or error64 <= bound64)
+        figure = (f"{len(probes)} texts, {rows} rows: max |error| {error:.3g} (bound "
+                  f"{atol:.3g}), max KL {kl:.3g}, {flips} top-1 mismatches")
+        numbers = {"max_error": error, "max_kl": kl, "top1_mismatches": flips}
+        if wants64 is not None:
+            figure += f"; float64 max |error| {error64:.3g} (gate {bound64:.3g})"
+            numbers["float64_max_error"] = error64
+        return Result("head logits vs golden", passed, figure, numbers)
+    return _timed(run)

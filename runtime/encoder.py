@@ -24,6 +24,7 @@ from .blocks.embedding import Embedding
 from .blocks.norms import Norm
 from .blocks.projections import Linear
 from .blocks.rope import rope_table
+from .encoder_heads import EncoderHead
 from .encoder_layer import EncoderLayer
 # EncoderLayerOptions: the layer's options, named here for the callers that build an Encoder.
 from .encoder_options import POOLINGS, EncoderLayerOptions, EncoderOptions, \
@@ -176,6 +177,19 @@ class Encoder(Module):
         self.embeddings_project = Linear(width, o.hidden_size, True) if project else None
         self.encoder = Stack(o)
         self.pooler = Pooler(o.hidden_size) if o.pooler else None
+        self.head = None
+        if o.head is not None:
+            if o.head.pool == "pooler" and not o.pooler:
+                raise ValueError("a head reading the pooler's output needs the pooler "
+                                 "(pooler.dense)")
+            if o.head.tied and (o.head.size != o.vocab_size or width != o.hidden_size
+                                or o.word_size is not None):
+                raise ValueError(f"a head tied to the word embeddings scores their "
+                                 f"{o.vocab_size} rows of width {o.hidden_size}, not "
+                                 f"{o.head.size} rows of embeddings {width} wide")
+            self.head = EncoderHead(o.hidden_size, o.head, o.norm)
+            if o.head.tied:  # the same Param: a checkpoint's own copy is a tied alias
+                self.head.out.weight = self.embeddings.word_embeddings.weight
         self.config = o
         # cos and sin (max_tokens, rotary_dim // 2) of every RoPE table a layer reads: a
         # call's rows are positions 0 .. rows - 1, so the tables never grow.
@@ -183,12 +197,14 @@ class Encoder(Module):
         self.rope_tables = {repr(lo.rope): rope_table(lo.rope, o.max_tokens)
                             for lo in o.layers if lo.rope is not None}
         self.name_tree()
-        self._versions: dict[tuple[PoolingOptions, bool], EncoderVersion] = {}
+        self._versions: dict[tuple[PoolingOptions, bool, bool], EncoderVersion] = {}
 
-    def body(self, rec: Recorder, pooling: PoolingOptions) -> Handle:
+    def body(self, rec: Recorder, pooling: PoolingOptions, head: bool = False) -> Handle:
         """Record the model over ``rec``'s capacity: ids, positions and token types
         ``(max_tokens,)`` int32, of which a call runs ``rows``, to the pooled ``(1,
-        hidden)`` or, with pooling ``none``, the hidden states ``(rows, hidden)``."""
+        hidden)`` or, with pooling ``none``, the hidden states ``(rows, hidden)``; with
+        ``head``, the head's scores instead (``pooling`` unread): ``(rows, size)`` for a
+        per-row head, ``(1, size)`` for a text's classes."""
         if pooling.kind not in POOLINGS:
             raise ValueError(f"pooling {pooling.kind!r} is not one of {', '.join(POOLINGS)}")
         C = rec.call.capacity
@@ -223,6 +239,8 @@ class Encoder(Module):
             x = layer(rec, x, None if r is None else ropes[repr(r)], bias, rel, marks)
         if self.encoder.LayerNorm is not None:
             x = self.encoder.LayerNorm(rec, x)
+        if head:
+            return self._head(rec, x)
         if pooling.kind == "mean":
             x = rec.step("mean_rows", x, where=self.path)
         elif pooling.kind == "cls":
@@ -236,12 +254,29 @@ class Encoder(Module):
             x = rec.step("l2_normalize", x, where=self.path)
         return x
 
-    def version(self, pooling: PoolingOptions | None = None, check: bool = False
-                ) -> "EncoderVersion":
-        """The version compiled for ``pooling`` (default the options'), compiled once."""
-        key = (pooling or self.config.pooling, check)
+    def _head(self, rec: Recorder, x: Handle) -> Handle:
+        """The head's scores on the final hidden states ``x`` ``(rows, hidden)``: every
+        row's, or the pooled row's (``HeadOptions.pool``)."""
+        if self.head is None:
+            raise ValueError("this model holds no task head (a *ForMaskedLM, "
+                             "*ForSequenceClassification or *ForTokenClassification "
+                             "checkpoint's)")
+        pool = self.head.options.pool
+        if pool == "cls":
+            x = rec.step("take_row", x, where=self.path, index=0)
+        elif pool == "mean":
+            x = rec.step("mean_rows", x, where=self.path)
+        elif pool == "pooler":
+            x = self.pooler(rec, x)
+        return self.head(rec, x)
+
+    def version(self, pooling: PoolingOptions | None = None, check: bool = False,
+                head: bool = False) -> "EncoderVersion":
+        """The version compiled for ``pooling`` (default the options'), or with ``head``
+        the head's scores (``body``), compiled once."""
+        key = (pooling or self.config.pooling, check, head)
         if key not in self._versions:
-            self._versions[key] = EncoderVersion(self, key[0], check)
+            self._versions[key] = EncoderVersion(self, key[0], check, head)
         return self._versions[key]
 
 
@@ -256,7 +291,8 @@ class EncoderVersion:
     layers read global tokens only; None: none global), as LongformerModel's. It
     returns the
     embedding ``(hidden,)`` float32, or the hidden states ``(rows, hidden)`` with pooling
-    ``none``: a view, valid until the next call. ``reference(...)`` runs the same recording
+    ``none``, or where compiled for the head its scores (``(rows, size)``, or ``(size,)``
+    for a text's classes): a view, valid until the next call. ``reference(...)`` runs the same recording
     eagerly in float64.
 
     Raises (both, before any work):
@@ -268,11 +304,15 @@ class EncoderVersion:
             values than 0 and 1, or for a model that reads none.
     """
 
-    def __init__(self, model: Encoder, pooling: PoolingOptions, check: bool):
+    def __init__(self, model: Encoder, pooling: PoolingOptions, check: bool,
+                 head: bool = False):
         o = model.config
         rec = Recorder(CallSpec(True, o.max_tokens))
-        out = model.body(rec, pooling)
+        out = model.body(rec, pooling, head)
         self.pooling, self.max_tokens = pooling, o.max_tokens
+        # Whether a call gives a matrix (a row of each id): the hidden states, or a per-row
+        # head's scores.
+        self.rowwise = o.head.per_row if head else pooling.kind == "none"
         self.plan = Plan(rec, out, check=check)
         self._reference = Reference(rec, out, {})
         self._options, self.call_rows = o, model.call_rows
@@ -354,7 +394,7 @@ class EncoderVersion:
         return (np.cumsum(mask, dtype=np.int32) * mask + np.int32(o.position_offset - 1))
 
     def _out(self, y: np.ndarray) -> np.ndarray:
-        return y.reshape(-1) if self.pooling.kind != "none" else y
+        return y if self.rowwise else y.reshape(-1)
 
     def __call__(self, ids, types=None, langs=None, global_attention_mask=None) -> np.ndarray:
         inputs, call = self._inputs(ids, types, langs, global_attention_mask)

@@ -13,7 +13,10 @@ Any layout may also hold transformers' encoder run in float64 on the same probes
 ``hidden64_{i}`` ``(rows, hidden)`` and ``pooled64_{i}`` ``(hidden,)`` float64 (pooled as
 ``pooled{i}`` is), which our float64 ``reference()`` is judged against; and, for a model
 whose attention reads global tokens, each probe's ``global_attention_mask`` ``global{i}``
-``(rows,)`` int32 (LongformerModel's), fed to both sides.
+``(rows,)`` int32 (LongformerModel's), fed to both sides; and for a checkpoint with a task
+head (``runtime.encoder_heads``), transformers' ``logits`` of its ``*For<Task>`` class:
+``logits{i}`` ``(rows, size)`` (fill-mask, token classification) or ``(size,)`` (a text's
+classes) float32, and ``logits64_{i}`` float64 where its float64 run is held.
 
 Not for: causal models (``runtime.golden``), recording (``iron_spec.library.golden_record``).
 """
@@ -49,6 +52,8 @@ class EncoderGolden:
     hidden64: list[np.ndarray] | None = None
     pooled64: list[np.ndarray] | None = None
     global_masks: list[np.ndarray] | None = None
+    logits: list[np.ndarray] | None = None
+    logits64: list[np.ndarray] | None = None
 
     def float64_arrays(self) -> dict[str, np.ndarray]:
         """The float64 arrays as the file holds them (none where there are none)."""
@@ -58,6 +63,8 @@ class EncoderGolden:
                 out[f"hidden64_{i}"] = np.asarray(self.hidden64[i], np.float64)
             if self.pooled64 is not None:
                 out[f"pooled64_{i}"] = np.asarray(self.pooled64[i], np.float64)
+            if self.logits64 is not None:
+                out[f"logits64_{i}"] = np.asarray(self.logits64[i], np.float64)
         return out
 
     def write(self, path: Path) -> None:
@@ -75,6 +82,8 @@ class EncoderGolden:
                 arrays[f"hidden{i}"] = np.asarray(self.hidden[i], np.float32)
             if self.global_masks is not None:
                 arrays[f"global{i}"] = np.asarray(self.global_masks[i], np.int32)
+            if self.logits is not None:
+                arrays[f"logits{i}"] = np.asarray(self.logits[i], np.float32)
         arrays.update(self.float64_arrays())
         partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
         np.savez_compressed(partial, **arrays)
@@ -100,7 +109,7 @@ class EncoderGolden:
         n = len(json.loads(str(data["ids"]))) if "embeddings" in data else \
             sum(1 for k in data if k.startswith("ids") and k[3:].isdigit())
         float64 = {}
-        for name in ("hidden64", "pooled64"):
+        for name in ("hidden64", "pooled64", "logits64"):
             held = [data[f"{name}_{i}"] for i in range(n) if f"{name}_{i}" in data]
             if held and len(held) != n:
                 raise GoldenError(f"{path}: not an encoder golden ({name}_{{i}} for "
@@ -128,8 +137,12 @@ class EncoderGolden:
         if masks and len(masks) != len(probes):
             raise GoldenError(f"{path}: not an encoder golden (global{{i}} for {len(masks)} "
                               f"of {len(probes)} probes)")
+        logits = [data[f"logits{i}"] for i in range(len(probes)) if f"logits{i}" in data]
+        if logits and len(logits) != len(probes):
+            raise GoldenError(f"{path}: not an encoder golden (logits{{i}} for {len(logits)} "
+                              f"of {len(probes)} probes)")
         return cls(fp, probes, pooled, hidden or None, pooling, meta, **float64,
-                   global_masks=masks or None)
+                   global_masks=masks or None, logits=logits or None)
 
 
 def find_encoder_golden(folder: Path, fp: str) -> tuple[EncoderGolden | None, Path | None]:

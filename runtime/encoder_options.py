@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .blocks.embedding import Sinusoidal
 from .blocks.norms import NormOptions
 from .blocks.rope import RopeOptions
+from .encoder_heads import HeadOptions
 
 PLACEMENTS = ("post", "pre")
 POOLINGS = ("none", "mean", "cls", "pooler")
@@ -268,6 +269,8 @@ class EncoderOptions:
     ``lang_embeddings(langs)`` (``n_langs`` where ``use_lang_emb`` and ``n_langs > 1``);
     ``language``: the language of a call that names none (XLMWithLMHeadModel's generation
     feeds ``lang_id`` so).
+    ``head``: the task head a ``*ForMaskedLM``, ``*ForSequenceClassification`` or
+    ``*ForTokenClassification`` checkpoint holds (``encoder_heads.HeadOptions``; None: none).
     ``word_size``: the word table's own width where it alone differs (None: as the other
     tables), mapped to theirs by ``embeddings.embedding_transformation`` (a Linear with
     bias) before anything is added, as MobileBertEmbeddings; ``trigram``: the
@@ -300,3 +303,4 @@ class EncoderOptions:
     language: int = 0
     word_size: int | None = None
     trigram: bool = False
+    head: HeadOptions | None = None

@@ -11,7 +11,7 @@ from .command import HELP_OPTIONS, Command, Group, version
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
                   rich_markup_mode="rich", context_settings={"help_option_names": HELP_OPTIONS},
                   help="Declarative YAML specs for language models: lint, show, check, run, "
-                       "embed and bench them.")
+                       "embed (fill-mask, classify) and bench them.")
 
 
 @app.callback()
@@ -46,6 +46,10 @@ app.command("bench", cls=Command)(_bench.command)
 from . import embed as _embed  # noqa: E402
 
 app.command("embed", cls=Command)(_embed.command)
+from . import tasks as _tasks  # noqa: E402
+
+app.command("fill-mask", cls=Command)(_tasks.fill_mask_command)
+app.command("classify", cls=Command)(_tasks.classify_command)
 from . import list as _list  # noqa: E402
 
 app.command("list", cls=Command)(_list.command)

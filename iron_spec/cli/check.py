@@ -93,13 +93,14 @@ def inputs(loaded) -> Inputs:
     golden is recorded through a class config.json need not name (``AutoModel``): its
     class is not compared. A causal model's vocabulary is its embedding's rows (the ids it
     takes: a prefix's past config.json's ``vocab_size`` too)."""
-    config = loaded.config_json
+    config = loaded.whole_config
     named = config.get("architectures") or [None]
     causal = loaded.expanded.spec.get("model") != "encoder"
     return Inputs(loaded.fingerprint(), model=named[0] if causal else None,
                   model_type=config.get("model_type"), spec=loaded.expanded.spec.get("name"),
                   config=config_digest(config),
-                  vocab_size=loaded.lm.config.vocab_size if causal else config.get("vocab_size"))
+                  vocab_size=loaded.lm.config.vocab_size if causal else
+                  loaded.config_json.get("vocab_size"))
 
 
 def find_golden(loaded: Loaded, path: Path | None, steps: int | None = None
@@ -616,6 +617,11 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
                                                         ENCODER_ATOL, masks))
     if found is not None and found.hidden64 is not None:
         results.insert(-1, gates.encoder_float64(loaded, found))
+    if found is not None and found.logits is not None and model.head is not None:
+        # The task head's scores (fill-mask, classes) against its *For<Task> class's logits.
+        results.insert(-1, checks.head_logits_against(
+            model.version(head=True), probes, found.logits, ENCODER_ATOL, found.logits64,
+            gates.encoder_float64_gate(found, loaded.expanded.spec), masks))
     for r in results:
         _line(r, as_json)
     _report(spec, note, results, as_json, verified=found is not None, self_only=self_only)

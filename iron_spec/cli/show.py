@@ -25,8 +25,9 @@ import typer
 from iron_spec.runtime.checkpoint import FLOATS, Checkpoint, Placement, TensorInfo, place, renamed
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
+from iron_spec.runtime.parts import subtree
 
-from iron_spec.spec import gguf_files
+from iron_spec.spec import gguf_files, parts
 from iron_spec.spec.arguments import said
 from iron_spec.spec.build import (checkpoint_names, read_config, refuse_other_architecture,
                                   weights_source)
@@ -103,9 +104,14 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         if not isinstance(toy, dict):
             raise spec.error((), "this spec has no toy: section; give --checkpoint DIR")
         config_json, on, source = toy, f"{spec.file} toy.config", "toy.config"
-    refuse_other_architecture(spec, config_json, on)
+    part = parts.find(spec, config_json) if directory is not None else None
+    if part is not None:  # a part of a bigger checkpoint: its config, its tensors
+        config_json, on = parts.config_of(spec, part, config_json, on, allow_unread_config)
+        source = f"{source}: {part.config}" if part.config else source
+    else:
+        refuse_other_architecture(spec, config_json, on)
     account(spec, config_json, on, allow_unread_config)
-    tree = build_tree(spec, config_json, on)
+    tree = build_tree(spec, config_json, on, part)
     resolved = resolve(spec, config_json, source)
     options = getattr(tree, "config", None)
     view = View(spec, on, {n: {"value": v, "source": resolved.sources[n]}
@@ -122,9 +128,22 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
             spec, directory, config_json, checkpoint_names(tree, renames),
             checkpoint_names(tree, renames, transposed=True)).tensors \
             if gguf_files.is_gguf(directory) else Checkpoint(directory).tensors
+        left = []
+        if part is not None:
+            view_part = subtree(Checkpoint(directory), part.tensors, part.unused)
+            view.tensors, left = view_part.tensors, view_part.left
         unused = spec.get("checkpoint", "unused", default=[]) or []
         view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,
                                unused)
+        if part is not None:  # shown by the file's own names
+            own = view_part.source
+            pl = view.placement
+            pl.sources = {k: own(v) for k, v in pl.sources.items()}
+            pl.ignored, pl.unused = [own(n) for n in pl.ignored], [own(n) for n in pl.unused]
+            pl.unplaced = [(own(a), b) for a, b in pl.unplaced]
+            pl.misshaped = [(own(a), b) for a, b in pl.misshaped]
+            view.tensors = {own(n): t for n, t in view.tensors.items()}
+        view.placement.unused += left
         if not gguf_files.is_gguf(directory):  # a GGUF's quantized types are dequantized
             view.placement.not_float = [s for s in view.placement.sources.values()
                                         if view.tensors[s].dtype not in FLOATS]

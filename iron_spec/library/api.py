@@ -37,6 +37,7 @@ from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
 
+from . import tasks
 from .embedding import embed_texts
 
 log = logging.getLogger("iron_spec")
@@ -452,7 +453,9 @@ class Conversation:
 
 
 class EncoderModel:
-    """An encoder, loaded: ``embed(texts)`` gives one vector per text.
+    """An encoder, loaded: ``embed(texts)`` gives one vector per text; where the checkpoint
+    holds a task head (``task``), ``fill_mask``, ``classify`` or ``classify_tokens`` run it
+    as transformers' pipelines do.
 
     Attributes: spec (path), config (config.json as read), tokenizer (``encoder.TextIds``),
     loaded (the ``build.Loaded`` underneath).
@@ -490,9 +493,86 @@ class EncoderModel:
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
         return embed_texts(self.loaded, texts, lang)
 
+    @property
+    def task(self) -> str | None:
+        """The task of the head the checkpoint holds: ``"fill-mask"`` (a ``*ForMaskedLM``),
+        ``"text-classification"`` (``*ForSequenceClassification``),
+        ``"token-classification"`` (``*ForTokenClassification``); None for a bare encoder."""
+        return tasks.task(self.loaded)
+
+    def fill_mask(self, text: str, top_k: int = 5) -> list:
+        """transformers' ``pipeline("fill-mask")`` on ``text``: for its mask token
+        (``[MASK]``, ``<mask>``: the tokenizer's), the ``top_k`` likeliest tokens as dicts
+        ``{"score", "token", "token_str", "sequence"}`` (score: the softmax over the
+        vocabulary, float), likeliest first; a list of such lists for several masks.
+
+        Raises:
+            ValueError: the checkpoint holds no masked-LM head (a *ForMaskedLM's), no
+                tokenizer, a text without a mask token, ``top_k`` below 1.
+            TypeError: ``text`` is not a str, ``top_k`` not an int.
+        """
+        _text(text, "fill_mask")
+        if top_k is None:
+            raise TypeError("top_k is None; it is the tokens given per mask, a whole number")
+        return tasks.fill_mask(self.loaded, text, arguments.whole(top_k, "top_k", what="tokens "
+                                                            "given per mask"))
+
+    def classify(self, texts: str | Iterable[str], top_k: int | None = 1,
+                 function_to_apply: str | None = None) -> list:
+        """transformers' ``pipeline("text-classification")`` on ``texts``: per text, its
+        likeliest class ``{"label", "score"}`` (``top_k`` 1), or its ``top_k`` classes as a
+        list of those, likeliest first (None: all); labels as config.json's ``id2label``,
+        scores through ``function_to_apply`` (``"softmax"``, ``"sigmoid"``, ``"none"``;
+        default the pipeline's by ``problem_type`` and the number of labels).
+
+        Raises:
+            ValueError: the checkpoint holds no sequence-classification head, no tokenizer,
+                no texts, ``top_k`` below 1, an unknown ``function_to_apply``.
+            TypeError: a text that is not a str.
+        """
+        texts = _texts(texts, "classify")
+        if top_k is not None:
+            top_k = arguments.whole(top_k, "top_k", what="classes given per text")
+        return tasks.classify(self.loaded, texts, top_k, function_to_apply)
+
+    def classify_tokens(self, text: str) -> list[dict]:
+        """transformers' ``pipeline("token-classification")`` on ``text`` (no aggregation):
+        each token whose likeliest label is not ``O``, as ``{"entity", "score", "index",
+        "word", "start", "end"}``, in the text's order.
+
+        Raises:
+            ValueError: the checkpoint holds no token-classification head, or no tokenizer.
+            TypeError: ``text`` is not a str.
+        """
+        _text(text, "classify_tokens")
+        return tasks.classify_tokens(self.loaded, text)
+
+
+def _text(text, call: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{call} takes a str, not {type(text).__name__}")
+
+
+def _texts(texts, call: str) -> list[str]:
+    """``texts`` as a list of str (one for a single str).
+
+    Raises:
+        TypeError: neither a str nor an iterable of str.
+        ValueError: no texts.
+    """
+    if not isinstance(texts, str) and not isinstance(texts, Iterable):
+        raise TypeError(f"{call} takes a str or an iterable of str, not {type(texts).__name__}")
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts:
+        raise ValueError("give at least one text")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
+    return texts
+
 
 CAUSAL_METHODS = ("generate", "complete", "stream", "chat", "encode")
-ENCODER_METHODS = ("embed",)
+ENCODER_METHODS = ("embed", "fill_mask", "classify", "classify_tokens")
 
 
 def _other_kind(model, name: str, other: str, theirs: tuple, ours: tuple) -> AttributeError:

@@ -53,11 +53,17 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
     import transformers
     from safetensors.torch import save_file
 
+    if loaded.part is not None:  # a part of a bigger checkpoint: the class config.json names
+        auto = named_class(loaded) or auto
     cls = getattr(transformers, auto)
     dtype = getattr(torch, dtype)
     if loaded.directory is not None and loaded.random_weights is None:
         model = cls.from_pretrained(loaded.directory, dtype=dtype)
         return model.eval()
+    if loaded.part is not None and loaded.part.part.config is not None:
+        raise ValueError(f"drawn weights of {loaded.part.part.config} are not a whole "
+                         f"{auto} (its other parts' tensors are not drawn): record a "
+                         "golden from the checkpoint's own weights")
     with tempfile.TemporaryDirectory() as d:
         Path(d, "config.json").write_text(json.dumps(loaded.config_json))
         # np.array, not ascontiguousarray: a 0-d tensor (a buffer) stays 0-d.
@@ -108,10 +114,15 @@ def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
     import torch
     import transformers
 
+    config = model.config  # the part's config class where the model is a part of the whole
+    key = None if loaded.part is None else loaded.part.part.config
+    if key is not None:
+        config = getattr(config, key)
+    whole = loaded.whole_config
     return {"transformers": transformers.__version__, "torch": torch.__version__,
-            "model": type(model).__name__, "model_type": loaded.config_json.get("model_type"),
-            "spec": loaded.expanded.spec.get("name"), "config": config_digest(loaded.config_json),
-            "config_defaults": config_defaults.of(type(model.config))}
+            "model": type(model).__name__, "model_type": whole.get("model_type"),
+            "spec": loaded.expanded.spec.get("name"), "config": config_digest(whole),
+            "config_defaults": config_defaults.of(type(config))}
 
 
 def sees_call(loaded: Loaded) -> bool:
@@ -286,16 +297,24 @@ def global_masks(loaded: Loaded, probes) -> list[np.ndarray] | None:
     return masks
 
 
-def encoder_class(loaded: Loaded) -> str:
-    """The transformers class an encoder golden is recorded through: the one config.json's
-    ``architectures`` names first, where the spec serves it and transformers has it (a
-    DPRContextEncoder, which ``AutoModel`` builds as a DPRQuestionEncoder under another
-    prefix), else ``AutoModel``."""
+def named_class(loaded: Loaded) -> str | None:
+    """The class config.json's ``architectures`` names first, where the spec serves it (or
+    reads it as a part: ``parts``) and transformers has it; else None."""
     import transformers
 
-    named = (loaded.config_json.get("architectures") or [None])[0]
-    served = loaded.expanded.spec.get("architectures", default=[]) or []
-    return named if named in served and hasattr(transformers, named) else "AutoModel"
+    named = (loaded.whole_config.get("architectures") or [None])[0]
+    served = list(loaded.expanded.spec.get("architectures", default=[]) or [])
+    if loaded.part is not None:
+        served += loaded.part.part.architectures
+    return named if named in served and hasattr(transformers, named) else None
+
+
+def encoder_class(loaded: Loaded) -> str:
+    """The transformers class an encoder golden is recorded through: the one config.json's
+    ``architectures`` names first (``named_class``: a DPRContextEncoder, which ``AutoModel``
+    builds as a DPRQuestionEncoder under another prefix; a ``*ForMaskedLM`` whose head's
+    scores the golden holds too), else ``AutoModel``."""
+    return named_class(loaded) or "AutoModel"
 
 
 def record_encoder(loaded: Loaded) -> EncoderGolden:
@@ -314,13 +333,16 @@ def record_encoder(loaded: Loaded) -> EncoderGolden:
     probes = encoder_probes(loaded)
     lang = _language(loaded)
     masks = global_masks(loaded, probes)
-    hidden, pooled = _encode(model, probes, pooling, np.float32, lang, masks)
+    head = loaded.model.head is not None
+    hidden, pooled, logits = _encode(model, probes, pooling, np.float32, lang, masks, head)
     meta = {**recorded_from(loaded, model), "dtype": "float32",
             "pooling": f"{pooling.kind}{', normalized' if pooling.normalize else ''}"}
+    if head:
+        meta["head"] = loaded.model.head.options.task
     if lang is not None:
         meta["langs"] = lang
     golden = EncoderGolden(loaded.fingerprint(), probes, pooled, hidden, "spec", meta,
-                           global_masks=masks)
+                           global_masks=masks, logits=logits)
     return add_encoder_float64(loaded, golden)
 
 
@@ -342,9 +364,9 @@ def add_encoder_float64(loaded: Loaded, golden: EncoderGolden) -> EncoderGolden:
     probes = golden.probes if loaded.model.config.token_types else \
         [(ids, None) for ids, _ in golden.probes]
     with _default_float64():
-        hidden, pooled = _encode(model, probes, pooling, np.float64, _language(loaded),
-                                 golden.global_masks)
-    return dataclasses.replace(golden, hidden64=hidden, pooled64=pooled, meta={
+        hidden, pooled, logits = _encode(model, probes, pooling, np.float64, _language(loaded),
+                                         golden.global_masks, golden.logits is not None)
+    return dataclasses.replace(golden, hidden64=hidden, pooled64=pooled, logits64=logits, meta={
         **golden.meta, "float64": {"dtype": "float64", "model": type(model).__name__}})
 
 
@@ -356,15 +378,18 @@ def _language(loaded: Loaded) -> int | None:
     return o.language if o.languages else None
 
 
-def _encode(model, probes, pooling, dtype, lang: int | None = None, masks=None
-            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _encode(model, probes, pooling, dtype, lang: int | None = None, masks=None,
+            head: bool = False
+            ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray] | None]:
     """transformers' ``model``'s last hidden states and the spec's ``pooling`` of them on
     each probe, as ``dtype`` arrays (float32 pooling is computed in float64, then rounded);
     every token of a probe in language ``lang`` (XLMModel's ``langs``; None: none given);
-    ``masks``: each probe's ``global_attention_mask`` (None: none given)."""
+    ``masks``: each probe's ``global_attention_mask`` (None: none given); with ``head``, its
+    task head's ``logits`` too (``(rows, size)``, or ``(size,)`` for a text's classes;
+    else None)."""
     import torch
 
-    hidden, pooled = [], []
+    hidden, pooled, logits = [], [], []
     with torch.no_grad():
         for k, (ids, types) in enumerate(probes):
             # As a tokenizer feeds one unpadded text: every id attended (a model that masks
@@ -398,4 +423,6 @@ def _encode(model, probes, pooling, dtype, lang: int | None = None, masks=None
                 p = p / np.linalg.norm(p)
             hidden.append(h)
             pooled.append(h if p is None else p.astype(dtype))
-    return hidden, pooled
+            if head:
+                logits.append(out.logits[0].numpy().astype(dtype))
+    return hidden, pooled, logits if head else None

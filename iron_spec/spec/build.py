@@ -18,6 +18,7 @@ from iron_spec.operators.attention import BLOCK as ATTENTION_BLOCK
 from iron_spec.runtime.causal import CausalLM, CausalOptions
 from iron_spec.runtime.checkpoint import (Checkpoint, LoadReport, distinct_ties, fill, load,
                                 mark_transposed)
+from iron_spec.runtime.parts import subtree
 from iron_spec.runtime.renames import RenameError, source
 from iron_spec.runtime.golden import fingerprint
 from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
@@ -28,13 +29,14 @@ from iron_spec.runtime.generation import read_generation_config
 from iron_spec.runtime.values import TOKEN_KEYS, architectures, token_ids
 from iron_spec.runtime.weights import draw_weights
 
-from . import gguf_files
+from . import gguf_files, parts
 from .config import account
 from .arguments import said
 from .errors import FlagError, NoWeights
 from .interpreter import expand
 from .shapes import explainer
 from .loader import load_spec
+from .parts import PartOf
 
 Progress = Callable[[int, int], None]
 log = logging.getLogger("iron_spec")
@@ -54,6 +56,7 @@ class Loaded:
     config_json: dict
     random_weights: int | None = None
     checkpoint: Checkpoint | None = None
+    part: PartOf | None = None  # the part of a bigger checkpoint the model is (parts)
 
     def checkpoint_tensors(self) -> dict[str, np.ndarray]:
         """The weights as a checkpoint holds them: the files' tensors (their own names and
@@ -66,7 +69,8 @@ class Loaded:
                 checkpoint holds is ambiguous).
         """
         if self.checkpoint is not None and self.random_weights is None:
-            return {name: self.checkpoint.raw(name) for name in self.checkpoint.tensors}
+            whole = getattr(self.checkpoint, "whole", self.checkpoint)  # a part: the file's
+            return {name: whole.raw(name) for name in whole.tensors}
         params, renames = dict(self.model.named_params()), self.expanded.renames
         out = {}
         for name, t in self.weights().items():
@@ -74,8 +78,16 @@ class Loaded:
                 stored = source(name, renames)
             except RenameError as e:
                 raise self.expanded.spec.error(("checkpoint", "renames"), str(e)) from None
+            if self.part is not None:
+                stored = self.part.stored_name(stored)
             out[stored] = params[name].to_stored(t)
         return out
+
+    @property
+    def whole_config(self) -> dict:
+        """The config.json the checkpoint holds: the model's own, or, where the model is a
+        part of a bigger checkpoint, the whole file's (what a golden's inputs are)."""
+        return self.config_json if self.part is None else self.part.whole
 
     @property
     def lm(self) -> CausalLM:
@@ -90,7 +102,7 @@ class Loaded:
     def fingerprint(self) -> str:
         """What a golden is keyed by: the config.json and the checkpoint's tensors, the
         inputs transformers ran on; not the spec, which is what a golden judges."""
-        return fingerprint(self.config_json, self.checkpoint_tensors().items())
+        return fingerprint(self.whole_config, self.checkpoint_tensors().items())
 
 
 def read_config(directory: Path) -> dict:
@@ -220,15 +232,27 @@ def weights_source(checkpoint, random_weights: int | None, toy: bool) -> None:
 
 def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
                  toy: bool, allow_unread_config: bool = False) -> tuple[dict, str, Path | None]:
+    """``inputs``' config.json, its source and the checkpoint directory (the part's, where
+    the checkpoint holds the model as a part of a bigger one)."""
+    config_json, source, directory, _ = inputs(spec, checkpoint, random_weights, toy,
+                                               allow_unread_config)
+    return config_json, source, directory
+
+
+def inputs(spec, checkpoint: str | Path | None, random_weights: int | None, toy: bool,
+           allow_unread_config: bool = False
+           ) -> tuple[dict, str, Path | None, PartOf | None]:
     """The config.json a model is built on (a checkpoint's, or the spec's toy), where it came
     from, and the checkpoint directory (None for a toy); every key of it accounted for by
-    the spec (``config.account``) unless ``allow_unread_config``.
+    the spec (``config.account``) unless ``allow_unread_config``; and, where config.json's
+    ``architectures`` is one of the spec's ``parts``, that part (``parts.PartOf``): the
+    config.json returned is then the part's (``parts.config_of``).
 
     Raises:
         FlagError: no weights source, or ``--toy`` with a checkpoint or without a seed.
         SpecError: ``--toy`` on a spec with no ``toy:`` section, a checkpoint whose
-            ``architectures`` the spec does not serve, or a config.json key the spec neither
-            reads nor ignores (every such key named).
+            ``architectures`` the spec does not serve (itself or as a part), or a config.json
+            key the spec neither reads nor ignores (every such key named).
         FileNotFoundError: the checkpoint or its config.json is missing, or (no checkpoint
             given) the spec's example is neither cached nor reachable (``example``).
     """
@@ -241,16 +265,21 @@ def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None
                              "config.json) for --toy")
         config_json, source = dict(spec.get("toy", "config")), f"{spec.file} toy.config"
         account(spec, config_json, source, allow_unread_config)
-        return config_json, source, None
+        return config_json, source, None, None
     directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint))) \
         if checkpoint is not None else example(spec)
     if gguf_files.is_gguf(directory):  # its config.json is built from its metadata
         config_json, source = gguf_files.config_json(spec, directory), str(directory)
     else:
         config_json, source = read_config(directory), str(directory / "config.json")
-    refuse_other_architecture(spec, config_json, source)
+    part = parts.find(spec, config_json)
+    if part is not None:
+        whole = config_json
+        config_json, source = parts.config_of(spec, part, whole, source, allow_unread_config)
+    else:
+        refuse_other_architecture(spec, config_json, source)
     account(spec, config_json, source, allow_unread_config)
-    return config_json, source, directory
+    return config_json, source, directory, None if part is None else PartOf(part, whole)
 
 
 def other_architecture(spec, config_json: dict, source: str) -> str | None:
@@ -313,8 +342,8 @@ def example(spec) -> Path:
 
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
                  renames: dict, unused, progress: Progress | None, spec=None,
-                 config_json: dict | None = None, fields: dict | None = None
-                 ) -> tuple[LoadReport, Checkpoint | None]:
+                 config_json: dict | None = None, fields: dict | None = None,
+                 part: PartOf | None = None) -> tuple[LoadReport, Checkpoint | None]:
     """Fill ``model``'s params: drawn at ``random_weights`` by ``draw(model, seed)``, else read
     strictly from ``directory``'s checkpoint (``runtime.checkpoint.load``), or from a GGUF
     file's tensors as ``spec`` reads them (``gguf_files.checkpoint``, on its ``config_json``);
@@ -329,9 +358,13 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
                                            checkpoint_names(model, renames, transposed=True))
     else:
         checkpoint = Checkpoint(directory)
+        if part is not None:  # the part's tensors, as the model reads them (runtime.parts)
+            checkpoint = subtree(checkpoint, part.part.tensors, part.part.unused)
     shapes = {n: p.stored_shape for n, p in model.named_params()}
-    return load(model, checkpoint, renames, progress, unused,
-                explainer(fields or {}, shapes)), checkpoint
+    report = load(model, checkpoint, renames, progress, unused, explainer(fields or {}, shapes))
+    if part is not None:
+        report.ignored = sorted(report.ignored + checkpoint.left)
+    return report, checkpoint
 
 
 def checkpoint_names(model, renames: dict, transposed: bool = False) -> list[str]:
@@ -401,7 +434,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if spec.get("model") == "encoder":
         raise ValueError(f"{spec.file} is an encoder spec (model: encoder): it gives embeddings "
                          "(iron-spec embed), it does not generate")
-    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
+    config_json, source, directory, part = inputs(spec, checkpoint, random_weights, toy,
                                                   allow_unread_config)
     asked = prefill_chunk
     if toy:
@@ -450,7 +483,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     lm = _tree(spec, lambda: CausalLM(expanded.options), source)
     # A GGUF file holds a head exactly where it is not tied (runtime.gguf.config).
     if random_weights is None and expanded.options.tied and not gguf_files.is_gguf(directory):
-        expanded, lm = _untie(spec, expanded, lm, directory, source)
+        expanded, lm = _untie(spec, expanded, lm, directory, source, part)
     lm.use_kv_cache(kv_cache)
     if lm.kv_cache != kv_cache:
         # Found by a new user's trial: diffllama was said to hold a bfloat16 cache and judged
@@ -469,7 +502,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, expanded.unused, progress, spec,
-                                      config_json, expanded.resolved.values)
+                                      config_json, expanded.resolved.values, part)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     if decode_weights != "float32" or prefill_weights != "float32":
         # Said beside the KV cache's line (found by a new user's trial: run named the
@@ -479,7 +512,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     if decode_weights != "float32":
         lm.decode_step  # compiled now: a weight bfloat16 would round is refused before a run
     return Loaded(lm, tokenizer, expanded, report, directory, config_json, random_weights,
-                  checkpoint)
+                  checkpoint, part)
 
 
 def _refuse_decode_weights(decode_weights: str) -> None:
@@ -536,11 +569,14 @@ def _compile_beside(lm: CausalLM, attr: str, weights: str, prompt: bool) -> None
         setattr(lm, attr, before)
 
 
-def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str):
+def _untie(spec, expanded, lm: CausalLM, directory: Path, source: str,
+           part: PartOf | None = None):
     """``expanded`` and ``lm`` with an untied head where the checkpoint holds the tied
     names' own tensors with other values (``runtime.checkpoint.distinct_ties``), as
     transformers loads such a checkpoint: each tensor its own param, and a warning."""
     checkpoint = Checkpoint(directory)
+    if part is not None:
+        checkpoint = subtree(checkpoint, part.part.tensors, part.part.unused)
     try:
         distinct = distinct_ties(lm, checkpoint, expanded.renames)
     finally:

@@ -19,17 +19,18 @@ from iron_spec.operators.activation import ACTIVATION_PARAMS, ACTIVATIONS
 from iron_spec.runtime.blocks.projections import QKV_LAYOUTS
 from iron_spec.runtime.blocks.rope import RopeOptions, rope_switch
 from iron_spec.runtime.encoder import Encoder
+from iron_spec.runtime.encoder_heads import HEAD_POOLS, HeadOptions
 from iron_spec.runtime.encoder_options import ENCODER_MLP_KINDS, POOLINGS, EncoderLayerOptions, \
     EncoderOptions, PoolingOptions
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
 from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
 from iron_spec.runtime.files import read_object
-from iron_spec.runtime.values import MAX_INT, TOKEN_KEYS, token_ids, whole
+from iron_spec.runtime.values import MAX_INT, token_ids, whole
 from iron_spec.runtime.weights import draw_weights
 
 from . import gguf_files
-from .build import Loaded, fill_weights, model_inputs
+from .build import Loaded, fill_weights, inputs
 from .config import Resolved, resolve
 from .errors import SpecError
 from .interpreter import MAX_LAYERS, traced
@@ -44,8 +45,14 @@ from .options.layer import _layer_types
 from .options.norms import norm_options
 from .options.reading import _ABSENT, _flag_option, _option
 from .options.rope import rope_options
+from .parts import Part
 from .schema import validate
 
+# The token ids an encoder reads from config.json: its padding id (RoBERTa's positions count
+# around it; transformers' nn.Embedding(padding_idx=...) refuses one outside the table). A
+# bos or eos id is a decoder's: nothing here reads it, so one outside the vocabulary (a
+# multilingual checkpoint's config shared with its decoder) is no reason to refuse the load.
+ENCODER_TOKEN_KEYS = ("pad_token_id",)
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "head_dim")
 # Fields a layer that mixes its rows without attention (layer/mixing) reads nothing from.
@@ -63,6 +70,7 @@ class ExpandedEncoder:
     renames: dict[str, str]
     unused: tuple[str, ...]
     transposed: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # a classification head's, by class index (id2label)
 
 
 ENCODER_PATTERN_OPTIONS = ("window", "rope")
@@ -174,12 +182,72 @@ def _token_dropout(spec: Spec, r: Resolved, vocab: int) -> tuple[int, float] | N
     return mask_id, ratio
 
 
+def _labels(spec: Spec, r: Resolved, at: tuple) -> tuple[str, ...]:
+    """A classification head's class names by index: the field ``labels`` names (config.json's
+    ``id2label``: ``{"0": NAME, ...}``), or transformers' two ``LABEL_0``, ``LABEL_1`` where
+    it is absent or null (PretrainedConfig's ``num_labels`` 2).
+
+    Raises:
+        SpecError: at the option, a mapping whose keys are not the indices 0..n-1 or whose
+            names are not text.
+    """
+    raw = spec.get(*at, default=None)
+    value = None if raw is None else _option(spec, r, at, None)
+    if value is None:
+        return ("LABEL_0", "LABEL_1")
+    ok = isinstance(value, Mapping) and value and all(isinstance(v, str) for v in value.values())
+    keys = sorted(str(k) for k in value) if ok else []
+    if not ok or keys != sorted(str(i) for i in range(len(value))):
+        raise spec.error(at, f"{'.'.join(map(str, at))} is {value!r} (from "
+                             f"{r.sources.get(raw, raw)}), not id2label: class names by the "
+                             "indices 0..n-1")
+    return tuple(str(value[k] if k in value else value[int(k)]) for k in
+                 (str(i) for i in range(len(value))))
+
+
+def head_options(spec: Spec, r: Resolved, part: Part, vocab: int
+                 ) -> tuple[HeadOptions, tuple[str, ...]] | tuple[None, tuple]:
+    """The task head ``part``'s ``head`` says the checkpoint holds
+    (``runtime.encoder_heads.HeadOptions``) and a classification head's class names; (None,
+    ()) where the part holds none.
+
+    Raises:
+        SpecError: at the option's line, a pool that is no field giving cls, mean or pooler,
+            a flag that is no boolean, an activation not built, or labels as
+            ``_labels`` refuses.
+    """
+    if part.head is None:
+        return None, ()
+    h = part.at + ("head",)
+    task = spec.get(*h, "task")
+    labels = () if task == "fill-mask" else _labels(spec, r, h + ("labels",))
+    pool = _option(spec, r, h + ("pool",), None)
+    if pool is not None and pool not in HEAD_POOLS:
+        raise spec.error(h + ("pool",), f"head pool is {pool!r}, not one of "
+                                        f"{', '.join(HEAD_POOLS)} (a field giving one)")
+    act = spec.get(*h, "act", default=None)
+    if act is not None:
+        act = _option(spec, r, h + ("act",), None)
+    try:
+        head = HeadOptions(
+            task=task, size=vocab if task == "fill-mask" else len(labels), pool=pool,
+            dense=_flag_option(spec, r, h + ("dense",), False),
+            dense_bias=_flag_option(spec, r, h + ("dense_bias",), True), act=act,
+            norm=_flag_option(spec, r, h + ("norm",), False),
+            out_bias=_flag_option(spec, r, h + ("out_bias",), True),
+            tied=_flag_option(spec, r, h + ("tied",), False))
+    except ValueError as e:
+        raise spec.error(h, f"parts[{part.index}].head: {e}") from None
+    return head, labels
+
+
 def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
-                   source: str = "config.json") -> ExpandedEncoder:
+                   source: str = "config.json", part: Part | None = None) -> ExpandedEncoder:
     """``_expand_encoder``, its option errors naming the config.json keys their fields read
     (``interpreter.traced``)."""
     try:
-        return _expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
+        return _expand_encoder(spec, config_json, max_tokens=max_tokens, source=source,
+                               part=part)
     except SpecError as e:
         try:
             r = resolve(spec, config_json, source)
@@ -189,8 +257,9 @@ def expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: in
 
 
 def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: int | None = None,
-                    source: str = "config.json") -> ExpandedEncoder:
-    """The encoder ``spec`` describes on ``config_json``'s shape.
+                    source: str = "config.json", part: Part | None = None) -> ExpandedEncoder:
+    """The encoder ``spec`` describes on ``config_json``'s shape; as ``part`` of a bigger
+    checkpoint (``parts``), with that checkpoint's pooler (``pooler``) and task head.
 
     ``max_tokens`` (ids a call holds) defaults to the spec's ``runtime.max_tokens``, else the
     position table's rows.
@@ -357,8 +426,14 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
     if kind not in POOLINGS:
         raise spec.error(p + ("kind",), f"pooling {kind!r} is not one of {', '.join(POOLINGS)}")
     pooler = _flag_option(spec, r, p + ("pooler",), False)
+    if part is not None and part.pooler is not None:
+        pooler = _flag_option(spec, r, part.at + ("pooler",), False)
+        if kind == "pooler" and not pooler:
+            raise spec.error(part.at + ("pooler",), f"parts[{part.index}] holds no pooler, "
+                             "and the spec's pooling reads it (pooling/kind pooler)")
     if kind == "pooler" and not pooler:
         raise spec.error(p + ("kind",), "pooling 'pooler' reads pooler.dense: set pooling/pooler")
+    head, labels = (None, ()) if part is None else head_options(spec, r, part, v["vocab_size"])
     held = _option(spec, r, ("runtime", "max_tokens"), None)
     if held is not None:
         held = _whole(spec, r, ("runtime", "max_tokens"), None)
@@ -392,9 +467,9 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         pooling=PoolingOptions(kind, _flag_option(spec, r, p + ("normalize",), False)),
         max_tokens=int(L), relative_bias=_relative_bias(spec, r, layers),
         sinusoidal=_sinusoidal(spec, r, positions, width or v["hidden_size"]),
-        **_languages(spec, r), **_word_transform(spec, r))
+        **_languages(spec, r), **_word_transform(spec, r), head=head)
     renames, transposed, unused = checkpoint_layout(spec, r)
-    return ExpandedEncoder(spec, r, options, renames, unused, transposed)
+    return ExpandedEncoder(spec, r, options, renames, unused, transposed, labels)
 
 
 class TextIds:
@@ -431,6 +506,23 @@ class TextIds:
         """
         encoded = self._tok.encode(utf8_text(text, what))
         return encoded.ids, encoded.type_ids, bool(encoded.overflowing)
+
+    def encoding(self, text: str, what: str = "the text"):
+        """The tokenizers library's Encoding of ``text`` (ids, type ids, tokens, character
+        offsets, special-tokens mask), truncated at ``max_tokens``.
+
+        Raises:
+            ValueError: ``text`` is not UTF-8 text (``utf8_text``, naming it ``what``).
+        """
+        return self._tok.encode(utf8_text(text, what))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text ``ids`` decode to, as transformers' ``tokenizer.decode``."""
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` in the vocabulary, None where it has none."""
+        return self._tok.token_to_id(token)
 
 
 
@@ -485,25 +577,27 @@ def load_encoder(spec: Spec | str | Path, *, checkpoint: str | Path | None = Non
         ValueError: no weights source, or ``--toy`` with a checkpoint.
     """
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
+    config_json, source, directory, part = inputs(spec, checkpoint, random_weights, toy,
                                                   allow_unread_config)
     if directory is not None and max_tokens is None:
         max_tokens = _sentence_length(directory)
-    expanded = expand_encoder(spec, config_json, source=source)
-    for key in TOKEN_KEYS:
+    within = None if part is None else part.part
+    expanded = expand_encoder(spec, config_json, source=source, part=within)
+    for key in ENCODER_TOKEN_KEYS:
         token_ids(config_json.get(key), f"{source}: {key}", expanded.options.vocab_size)
     if max_tokens is not None and max_tokens < expanded.options.max_tokens:
-        expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source)
+        expanded = expand_encoder(spec, config_json, max_tokens=max_tokens, source=source,
+                                  part=within)
     _fits(spec, expanded.options, source)
     model = Encoder(expanded.options)
     mark_transposed(model, expanded.transposed)
     report, ckpt = fill_weights(model, directory, random_weights, draw_weights,
                                 expanded.renames, expanded.unused, progress, spec, config_json,
-                                fields=expanded.resolved.values)
+                                fields=expanded.resolved.values, part=part)
     tokenizer = None
     if directory is not None and gguf_files.is_gguf(directory):
         tokenizer = TextIds(gguf_files.tokenizer(directory).library, expanded.options.max_tokens)
     elif directory is not None and (directory / "tokenizer.json").exists():
         tokenizer = TextIds(directory, expanded.options.max_tokens)
     return Loaded(model, tokenizer, expanded, report, directory, config_json,
-                  random_weights, ckpt)
+                  random_weights, ckpt, part)

@@ -14,6 +14,7 @@ from iron_spec.runtime.host import checkpoint_directory
 
 from iron_spec.runtime.gguf import file_architecture, is_gguf
 
+from . import parts
 from .arguments import said
 from .build import read_config
 from .errors import FlagError
@@ -38,8 +39,9 @@ def specs_folder() -> Path:
 
 @dataclass(frozen=True)
 class Entry:
-    """One spec file: its ``name``, ``model`` kind, the ``architectures`` it serves and the
-    GGUF ``general.architecture`` it reads (its ``gguf`` section; None: none)."""
+    """One spec file: its ``name``, ``model`` kind, the ``architectures`` it serves (its own,
+    then those its ``parts`` read: a bigger checkpoint holding its model) and the GGUF
+    ``general.architecture`` it reads (its ``gguf`` section; None: none)."""
 
     path: Path
     name: str
@@ -62,17 +64,20 @@ def entries(folder: Path | None = None) -> list[Entry]:
     for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
         spec = load_spec(path)
         archs = spec.get("architectures", default=[])
+        archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
         gguf = spec.get("gguf", "architecture")
         out.append(Entry(path, str(spec.get("name", default=path.stem)),
                          str(spec.get("model", default="?")),
-                         tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
+                         tuple(archs + parts.architectures(spec)),
                          gguf if isinstance(gguf, str) else None))
     return out
 
 
-def for_architectures(architectures, source: str, folder: Path | None = None) -> Path:
+def for_architectures(architectures, source: str, folder: Path | None = None,
+                      config: dict | None = None) -> Path:
     """The spec serving ``architectures`` (a config.json's), the first one a spec serves,
-    as transformers builds ``architectures[0]``.
+    as transformers builds ``architectures[0]``; where several read it as a part of a bigger
+    checkpoint, the one whose part reads ``config`` (by its text model's ``model_type``).
 
     Raises:
         ValueError: ``architectures`` is not a list of names, no spec serves any of them, or
@@ -85,6 +90,9 @@ def for_architectures(architectures, source: str, folder: Path | None = None) ->
     known = entries(folder)
     for arch in architectures:
         serving = [e for e in known if arch in e.architectures]
+        if len(serving) > 1 and config is not None:
+            serving = [e for e in serving if arch not in parts.architectures(load_spec(e.path))
+                       or parts.find(load_spec(e.path), config) is not None] or serving
         if len(serving) > 1:
             raise ValueError(f"{arch} is served by {len(serving)} specs "
                              f"({', '.join(str(e.path) for e in serving)}); name one")
@@ -106,7 +114,8 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
     if is_gguf(directory):
         return for_gguf(directory, folder)
     config = read_config(directory)
-    return for_architectures(config.get("architectures"), str(directory / "config.json"), folder)
+    return for_architectures(config.get("architectures"), str(directory / "config.json"), folder,
+                             config)
 
 
 def for_gguf(path: str | Path, folder: Path | None = None) -> Path:

@@ -18,16 +18,17 @@ from .encoder import expand_encoder
 from .interpreter import expand
 
 
-def build_tree(spec, config_json: dict, source: str):
+def build_tree(spec, config_json: dict, source: str, part=None):
     """The module tree ``spec`` expands to on ``config_json``, at a small size (what lint
-    builds to check a spec): a CausalLM, or an Encoder for ``model: encoder``.
+    builds to check a spec): a CausalLM, or an Encoder for ``model: encoder`` (with the
+    pooler and task head ``part`` says the checkpoint holds, a ``parts.Part``).
 
     Raises:
         SpecError: the spec does not expand on the config.
         ValueError: the expanded options do not build.
     """
     if spec.get("model") == "encoder":
-        expanded = expand_encoder(spec, config_json, source=source)
+        expanded = expand_encoder(spec, config_json, source=source, part=part)
         tree = Encoder(expanded.options)
     else:
         expanded = expand(spec, config_json, max_seq_len=16, prefill_chunk=16, source=source)

@@ -1,0 +1,331 @@
+"""Make the toy checkpoints in this folder: published checkpoints' own config.json, every key
+kept and only the sizes shrunk, built by transformers' own model class on random weights and
+written by its ``save_pretrained`` (its own layout: transformers 5 writes a checkpoint as it
+would load one, its legacy names restored), in the config's dtype.
+
+Run where torch and transformers are installed (the golden extra; not in CI, which reads the
+files):
+
+    python -m tests.checkpoints.make_toys            # every toy, then its golden
+    python -m tests.checkpoints.make_toys NAME ...
+
+Each toy's golden is then recorded by ``iron-spec check SPEC --checkpoint DIR
+--record-golden`` (``iron_spec.golden_record``: transformers' own class, the one config.json
+names), into tests/goldens/<spec>/<toy>.npz.
+
+The configs and where each was read (public copies of the hub's files; the search tool's
+ids where the copy has no other address):
+
+- bert-base-uncased: https://huggingface.co/bert-base-uncased/resolve/main/config.json
+  (quoted whole in public notes, ids 24234169625 and 70148193425).
+- roberta-base: https://huggingface.co/roberta-base/resolve/main/config.json (id 46524548078).
+- xlm-roberta-base: https://huggingface.co/xlm-roberta-base/resolve/main/config.json; its
+  keys as xlm-roberta-large's quoted whole in modelscope's docs (id 59834528463), the base
+  model's sizes.
+- ModernBERT-base: https://huggingface.co/answerdotai/ModernBERT-base/resolve/main/config.json
+  (id 55656872776: the conversion script's target config for ModernBERT-base; ids 46602409351
+  and 61323629527 hold the same keys).
+- nomic-embed-text-v1.5: https://huggingface.co/nomic-ai/nomic-embed-text-v1.5/resolve/main/config.json:
+  the GPT-2-style keys of contrastors' NomicBertConfig (github.com/nomic-ai/contrastors,
+  src/contrastors/models/huggingface/configuration_hf_nomic_bert.py; candle's and TEI's
+  parsers read the same), with the keys the hub's 2026 update added for transformers 5
+  (vllm-project/vllm issue 40130 quotes them: max_position_embeddings, max_trained_positions,
+  rope_parameters; hidden_act). transformers 5.25 reads only its own keys (hidden_size,
+  num_hidden_layers, ...), so the toy holds both spellings at the shrunk sizes.
+- gemma-3-4b-it: https://huggingface.co/google/gemma-3-4b-it/resolve/main/config.json (id
+  70224130757, and google/gemma-3-27b-it's in id 926331895 with the same keys).
+- Mistral-Small-3.1-24B-Instruct-2503: its text_config as transformers' Mistral3Config holds it
+  for its default (configuration_mistral3.py, sub_configs_defaults), the top-level keys as
+  Mistral3Config writes them (no copy of the hub's whole file was found).
+
+The task-head toys (sequence and token classification) are bert-base-uncased's config with
+the architecture and the labels a fine-tuned checkpoint's config.json adds (``id2label``,
+``label2id``, as transformers writes them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BERT_BASE_UNCASED = {
+    "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+    "gradient_checkpointing": False, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+    "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+    "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0",
+    "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522}
+
+ROBERTA_BASE = {
+    "architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+    "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 514, "model_type": "roberta",
+    "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+    "type_vocab_size": 1, "vocab_size": 50265}
+
+XLM_ROBERTA_BASE = {
+    "architectures": ["XLMRobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+    "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 514, "model_type": "xlm-roberta",
+    "num_attention_heads": 12, "num_hidden_layers": 12, "output_past": True,
+    "pad_token_id": 1, "position_embedding_type": "absolute",
+    "transformers_version": "4.17.0.dev0", "type_vocab_size": 1, "use_cache": True,
+    "vocab_size": 250002}
+
+MODERNBERT_BASE = {
+    "_name_or_path": "ModernBERT-base", "architectures": ["ModernBertForMaskedLM"],
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 50281,
+    "classifier_activation": "gelu", "classifier_bias": False, "classifier_dropout": 0.0,
+    "classifier_pooling": "mean", "cls_token_id": 50281, "decoder_bias": True,
+    "deterministic_flash_attn": False, "embedding_dropout": 0.0, "eos_token_id": 50282,
+    "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0,
+    "gradient_checkpointing": False, "hidden_activation": "gelu", "hidden_size": 768,
+    "initializer_cutoff_factor": 2.0, "initializer_range": 0.02, "intermediate_size": 1152,
+    "layer_norm_eps": 1e-05, "local_attention": 128, "local_rope_theta": 10000.0,
+    "max_position_embeddings": 8192, "mlp_bias": False, "mlp_dropout": 0.0,
+    "model_type": "modernbert", "norm_bias": False, "norm_eps": 1e-05,
+    "num_attention_heads": 12, "num_hidden_layers": 22, "pad_token_id": 50283,
+    "position_embedding_type": "absolute", "sep_token_id": 50282, "tie_word_embeddings": True,
+    "torch_dtype": "float32", "transformers_version": "4.48.0", "vocab_size": 50368}
+
+NOMIC_EMBED_TEXT_V15 = {
+    "_name_or_path": "nomic-ai/nomic-bert-2048", "activation_function": "swiglu",
+    "architectures": ["NomicBertModel"], "attn_pdrop": 0.0,
+    "auto_map": {
+        "AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
+        "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel",
+        "AutoModelForMaskedLM": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertForPreTraining"},
+    "bos_token_id": None, "causal": False, "dense_seq_output": True, "embd_pdrop": 0.0,
+    "eos_token_id": None, "fused_bias_fc": True, "fused_dropout_add_ln": True,
+    "hidden_act": "silu", "initializer_range": 0.02, "layer_norm_epsilon": 1e-12,
+    "max_position_embeddings": 2048, "max_trained_positions": 2048, "mlp_fc1_bias": False,
+    "mlp_fc2_bias": False, "model_type": "nomic_bert", "n_embd": 768, "n_head": 12,
+    "n_inner": 3072, "n_layer": 12, "n_positions": 8192, "pad_vocab_size_multiple": 64,
+    "parallel_block": False, "parallel_block_tied_norm": False, "prenorm": False,
+    "qkv_proj_bias": False, "reorder_and_upcast_attn": False, "resid_pdrop": 0.0,
+    "rope_parameters": {"rope_theta": 1000.0, "rope_type": "default"},
+    "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+    "rotary_emb_scale_base": None, "rotary_scaling_factor": None,
+    "scale_attn_by_inverse_layer_idx": False, "scale_attn_weights": True,
+    "summary_activation": None, "summary_first_dropout": 0.0, "summary_proj_to_labels": True,
+    "summary_type": "cls_index", "summary_use_proj": True, "torch_dtype": "float32",
+    "transformers_version": "4.37.2", "type_vocab_size": 2, "use_cache": True,
+    "use_flash_attn": True, "use_rms_norm": False, "use_xentropy": True, "vocab_size": 30528}
+
+GEMMA3_4B_IT = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                    "model_type": "gemma3_text", "num_hidden_layers": 34,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                      "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}}
+
+# Mistral-Small-3.1-24B-Instruct-2503's text_config, as transformers' own Mistral3Config
+# holds it for its default (configuration_mistral3.py, sub_configs_defaults); the composite's
+# top-level keys as Mistral3Config writes them.
+MISTRAL_SMALL_31 = {
+    "architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10,
+    "model_type": "mistral3", "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+    "text_config": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu",
+                    "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 32768,
+                    "max_position_embeddings": 131072, "model_type": "mistral",
+                    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+                    "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": None,
+                    "use_cache": True, "vocab_size": 131072},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"head_dim": 64, "hidden_act": "gelu", "hidden_size": 1024,
+                      "image_size": 1540, "intermediate_size": 4096, "model_type": "pixtral",
+                      "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14,
+                      "rope_theta": 10000.0},
+    "vision_feature_layer": -1}
+
+def gemma4_composite() -> dict:
+    """No Gemma 4 composite config.json was found in a public copy: specs/gemma4.yaml's toy
+    text config inside the config Gemma4Config writes around it (its own top-level keys and
+    defaults, a tiny vision tower, no audio), in bfloat16."""
+    import yaml
+
+    text = yaml.safe_load((HERE.parents[1] / "specs" / "gemma4.yaml").read_text())["toy"]["config"]
+    return {"architectures": ["Gemma4ForConditionalGeneration"], "audio_config": None,
+            "audio_token_id": 258881, "boa_token_id": 256000, "boi_token_id": 255999,
+            "eoa_token_index": 258883, "eoi_token_id": 258882, "image_token_id": 258880,
+            "initializer_range": 0.02, "model_type": "gemma4",
+            "text_config": {k: v for k, v in text.items() if k != "architectures"},
+            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "video_token_id": 258884,
+            "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                              "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8,
+                              "patch_size": 4, "position_embedding_size": 32,
+                              "model_type": "gemma4_vision"}}
+
+
+# A tiny WordPiece vocabulary for the BERT toys' tokenizer (bert-base-uncased's special
+# tokens at their places in order: [PAD] first, as pad_token_id 0 says).
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "is", "of", "and", "to",
+         "in", "man", "woman", "girl", "baby", "food", "bread", "horse", "capital", "city",
+         "paris", "france", "berlin", "germany", "eating", "riding", "carrying", "piece",
+         "good", "bad", "movie", "was", "very", "not", "it", "this", "i", "like", "love",
+         "hate", "##s", "##ing", "##ed", ".", ",", "!", "?"]
+
+SENTENCE_LABELS = {"0": "negative", "1": "neutral", "2": "positive"}
+TOKEN_LABELS = {"0": "O", "1": "B-PER", "2": "I-PER", "3": "B-LOC", "4": "I-LOC"}
+
+
+def shrunk_bert(config: dict, vocab: int) -> dict:
+    return {**config, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "max_position_embeddings": 40, "vocab_size": vocab}
+
+
+def labelled(config: dict, architecture: str, labels: dict) -> dict:
+    return {**config, "architectures": [architecture], "id2label": labels,
+            "label2id": {v: int(k) for k, v in labels.items()}}
+
+
+def toys() -> dict[str, tuple[dict, str | None]]:
+    """Each toy's config.json and its tokenizer's kind (None: none)."""
+    bert = shrunk_bert(BERT_BASE_UNCASED, len(WORDS))
+    roberta = {**ROBERTA_BASE, "hidden_size": 32, "intermediate_size": 64,
+               "num_attention_heads": 4, "num_hidden_layers": 2,
+               "max_position_embeddings": 42, "vocab_size": 96}
+    return {
+        "bert-base-uncased-toy": (bert, "wordpiece"),
+        "bert-sequence-classification-toy": (
+            labelled(bert, "BertForSequenceClassification", SENTENCE_LABELS), "wordpiece"),
+        "bert-token-classification-toy": (
+            labelled(bert, "BertForTokenClassification", TOKEN_LABELS), "wordpiece"),
+        "roberta-base-toy": (roberta, None),
+        "roberta-sequence-classification-toy": (
+            labelled(roberta, "RobertaForSequenceClassification", SENTENCE_LABELS), None),
+        "xlm-roberta-base-toy": ({**XLM_ROBERTA_BASE, "hidden_size": 32,
+                                  "intermediate_size": 64, "num_attention_heads": 4,
+                                  "num_hidden_layers": 2, "max_position_embeddings": 42,
+                                  "vocab_size": 96}, None),
+        "modernbert-base-toy": ({**MODERNBERT_BASE, "hidden_size": 32, "intermediate_size": 48,
+                                 "num_attention_heads": 4, "num_hidden_layers": 4,
+                                 "local_attention": 8, "max_position_embeddings": 64,
+                                 "vocab_size": 96, "bos_token_id": 90, "cls_token_id": 90,
+                                 "eos_token_id": 91, "sep_token_id": 91,
+                                 "pad_token_id": 92}, None),
+        "nomic-embed-text-v1.5-toy": ({**NOMIC_EMBED_TEXT_V15, "n_embd": 32, "hidden_size": 32,
+                                       "n_head": 4, "num_attention_heads": 4, "n_inner": 64,
+                                       "intermediate_size": 64, "n_layer": 2,
+                                       "num_hidden_layers": 2, "vocab_size": 96,
+                                       "max_position_embeddings": 32,
+                                       "max_trained_positions": 32, "n_positions": 128}, None),
+        "mistral-small-3.1-toy": ({**MISTRAL_SMALL_31,
+                                   "text_config": {**MISTRAL_SMALL_31["text_config"],
+                                                   "head_dim": 8, "hidden_size": 32,
+                                                   "intermediate_size": 64,
+                                                   "num_attention_heads": 4,
+                                                   "num_hidden_layers": 2,
+                                                   "num_key_value_heads": 2,
+                                                   "vocab_size": 128},
+                                   "vision_config": {**MISTRAL_SMALL_31["vision_config"],
+                                                     "head_dim": 8, "hidden_size": 16,
+                                                     "image_size": 28, "intermediate_size": 32,
+                                                     "num_attention_heads": 2,
+                                                     "num_hidden_layers": 1}}, None),
+        "gemma4-composite-toy": (gemma4_composite(), None),
+        "gemma-3-4b-it-toy": ({**GEMMA3_4B_IT,
+                               "boi_token_index": 253, "eoi_token_index": 254,
+                               "image_token_index": 255, "eos_token_id": [1, 106],
+                               "mm_tokens_per_image": 4,
+                               "text_config": {**GEMMA3_4B_IT["text_config"], "hidden_size": 32,
+                                               "intermediate_size": 64, "num_hidden_layers": 6,
+                                               "sliding_window": 8, "vocab_size": 256,
+                                               "num_attention_heads": 2,
+                                               "num_key_value_heads": 1, "head_dim": 16},
+                               "vision_config": {**GEMMA3_4B_IT["vision_config"],
+                                                 "hidden_size": 16, "image_size": 28,
+                                                 "intermediate_size": 32,
+                                                 "num_attention_heads": 2,
+                                                 "num_hidden_layers": 1}}, None),
+    }
+
+
+def wordpiece(directory: Path, max_length: int) -> None:
+    """A BERT tokenizer over ``WORDS`` (lower-cased, [CLS] ... [SEP]), written as transformers'
+    fast tokenizers save one (tokenizer.json, tokenizer_config.json)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.decoder = decoders.WordPiece()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                   model_max_length=max_length)
+    fast.save_pretrained(directory)
+
+
+def spread(model) -> None:
+    """Weights of order-one effect, not transformers' initializer (normal, std 0.02), under
+    which every score is near 0 and a wrong head can hide in the noise: a matrix's entries
+    N(0, 1 / fan_in), a norm's weights 1 + N(0, 0.1) (a Gemma norm's, held as w in 1 + w,
+    N(0, 0.1)), every other vector N(0, 0.1)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if p.ndim >= 2:
+                value = noise / p.shape[-1] ** 0.5 if p.ndim == 2 else noise * 0.1
+            elif "norm" in name.lower() and name.endswith("weight") and "gemma" not in \
+                    type(model).__name__.lower():
+                value = 1 + 0.1 * noise
+            else:
+                value = 0.1 * noise
+            p.copy_(value.to(p.dtype))
+
+
+def make(name: str, config: dict, tokenizer: str | None) -> Path:
+    import torch
+    import transformers
+
+    directory = HERE / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    raw = directory / "raw-config.json"
+    raw.write_text(json.dumps(config, indent=2))
+    torch.manual_seed(0)
+    parsed = transformers.AutoConfig.from_pretrained(directory / "raw-config.json")
+    cls = getattr(transformers, config["architectures"][0])
+    dtype = {"bfloat16": torch.bfloat16}.get(config.get("torch_dtype"), torch.float32)
+    model = cls(parsed).eval()
+    spread(model)
+    model = model.to(dtype)
+    model.save_pretrained(directory)
+    raw.unlink()
+    # The published file, every key as it was (save_pretrained rewrites config.json in full).
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer == "wordpiece":
+        wordpiece(directory, config["max_position_embeddings"])
+    return directory
+
+
+def main(names: list[str]) -> None:
+    known = toys()
+    for name in names or list(known):
+        config, tokenizer = known[name]
+        print(make(name, config, tokenizer))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
