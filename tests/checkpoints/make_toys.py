@@ -10,7 +10,7 @@ files):
     python -m tests.checkpoints.make_toys NAME ...
 
 Each toy's golden is then recorded by ``iron-spec check SPEC --checkpoint DIR
---record-golden`` (``iron_spec.golden_record``: transformers' own class, the one config.json
+--record-golden`` (``iron_spec.library.golden_record``: transformers' own class, the one config.json
 names), into tests/goldens/<spec>/<toy>.npz.
 
 The configs and where each was read (public copies of the hub's files; the search tool's

@@ -17,13 +17,13 @@ from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 from iron_spec import load
-from iron_spec.build import load_model
-from iron_spec.check import golden_path
-from iron_spec.cli import app
-from iron_spec.encoder import load_encoder
-from iron_spec.errors import SpecError
-from iron_spec.gates import ENCODER_ATOL
-from iron_spec.registry import find
+from iron_spec.cli.app import app
+from iron_spec.cli.check import golden_path
+from iron_spec.spec.build import load_model
+from iron_spec.spec.encoder import load_encoder
+from iron_spec.spec.errors import SpecError
+from iron_spec.spec.gates import ENCODER_ATOL
+from iron_spec.spec.registry import find
 from iron_spec.runtime.checkpoint import Checkpoint, CheckpointError
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden
