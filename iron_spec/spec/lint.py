@@ -20,7 +20,7 @@ from iron_spec.runtime.checks import Result
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.values import architectures
 
-from . import rules
+from . import parts, rules
 from .errors import SpecError
 from .loader import Spec, load_spec
 from .schema import validate
@@ -84,11 +84,21 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
     elif "toy" not in spec.data:
         problems.append(spec.error((), "no toy: section: lint expands a spec on its toy config "
                                        "(and --toy runs it); give a tiny config.json there"))
+    part = None
     if config is not None:
-        configs.append((config.data, config.path, ("config",)))
-        problems += rules.unmapped(spec, config.data, config.path)
-        problems += rules.refused(spec, config.data, config.path)
-        problems += rules.architecture(spec, config.data, config.path)
+        data, path = config.data, config.path
+        part = parts.find(spec, data)  # a part of a bigger checkpoint: its own config
+        if part is not None:
+            try:
+                data, path = parts.config_of(spec, part, data, path)
+            except SpecError as e:
+                problems.append(e)
+                data, path = parts.config_of(spec, part, data, path, allow_unread=True)
+        configs.append((data, path, ("config",)))
+        problems += rules.unmapped(spec, data, path)
+        problems += rules.refused(spec, data, path)
+        if part is None:
+            problems += rules.architecture(spec, data, path)
     names: set[str] = set()
     matrices: set[str] = set()
     for data, source, place in configs:
@@ -97,7 +107,8 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
         if found:
             continue
         model, stopped = rules.build(spec, data, f"{spec.file} {source}" if source ==
-                                     "toy.config" else source, place)
+                                     "toy.config" else source, place,
+                                     None if place == ("toy", "config") else part)
         _merge(problems, stopped)
         if model is not None:
             names |= {name for name, _ in model.named_params()}

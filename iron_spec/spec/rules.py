@@ -318,13 +318,13 @@ def architecture(spec: Spec, config_json: Mapping[str, Any], source: str) -> lis
     return [] if said is None else [spec.error(("architectures",), said)]
 
 
-def build(spec: Spec, config_json: Mapping[str, Any], source: str, place: tuple = ("config",)
-          ) -> tuple[Module | None, list[SpecError]]:
+def build(spec: Spec, config_json: Mapping[str, Any], source: str, place: tuple = ("config",),
+          part=None) -> tuple[Module | None, list[SpecError]]:
     """The module tree ``spec`` expands to on ``config_json`` (``tree.build_tree``: a short
-    context, so cheap), or the problem that stops it (a tree that does not build: at
-    ``place``)."""
+    context, so cheap; as ``part`` of a bigger checkpoint, ``parts.Part``, where given), or
+    the problem that stops it (a tree that does not build: at ``place``)."""
     try:
-        return build_tree(spec, config_json, source), []
+        return build_tree(spec, config_json, source, part), []
     except SpecError as e:
         return None, [e]
     except ValueError as e:

@@ -292,3 +292,18 @@ def test_show_places_a_parts_tensors_by_the_files_names():
     assert out.exit_code == 0, out.output
     assert "<- language_model.model.embed_tokens.weight" in out.stdout
     assert "unused: vision_tower.post_layernorm.weight" in out.stdout
+
+
+def test_lint_config_reads_a_part(tmp_path):
+    # lint --config on a composite or task checkpoint's config.json judges the part's keys,
+    # and the whole file's keys around it.
+    for spec, name in (("gemma3", "gemma-3-4b-it-toy"), ("bert", "bert-base-uncased-toy"),
+                       ("nomic_bert", "nomic-embed-text-v1.5-toy")):
+        out = CliRunner().invoke(app, ["lint", str(SPECS / f"{spec}.yaml"), "--config",
+                                       str(TOYS / name / "config.json")])
+        assert out.exit_code == 0, out.output
+    config = json.loads((TOYS / "gemma-3-4b-it-toy" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "extra_top": 1}))
+    out = CliRunner().invoke(app, ["lint", str(SPECS / "gemma3.yaml"), "--config",
+                                   str(tmp_path / "config.json")])
+    assert out.exit_code == 1 and "extra_top" in out.output
