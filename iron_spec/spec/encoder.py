@@ -550,7 +550,8 @@ def _fits(spec: Spec, o: EncoderOptions, source: str) -> None:
     layers = sum(E * lo.head_dim * (lo.heads + 2 * (lo.kv_heads or lo.heads)) + lo.heads *
                  lo.head_dim * E + (3 if lo.mlp_kind == "gated" else 2) * E *
                  lo.intermediate_size for lo in o.layers)
-    need = 4 * (tables + layers)
+    head = 0 if o.head is None else E * (E * o.head.dense + o.head.size * (not o.head.tied))
+    need = 4 * (tables + layers + head)
     if need > host_budget():
         raise spec.error(("config",), f"the encoder on {source} would hold {need / 2**30:.1f} "
                                       f"GiB of weights, past this host's "
