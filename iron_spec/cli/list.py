@@ -13,7 +13,8 @@ from iron_spec.spec.registry import entries
 
 
 def command() -> None:
-    """List the specs: name, model kind, the config.json architectures each serves, file."""
+    """List the specs: name, model kind, the config.json architectures each serves, file,
+    and the architectures of the bigger checkpoints it reads its model from (parts)."""
     try:
         found = entries()
     except (FileNotFoundError, SpecError) as e:
@@ -21,4 +22,6 @@ def command() -> None:
         raise typer.Exit(1)
     width = max([len(e.name) for e in found] + [4])
     for e in found:
-        typer.echo(f"{e.name:<{width}}  {e.model:<8}  {', '.join(e.architectures):<32}  {e.path}")
+        own = [a for a in e.architectures if a not in e.parts]
+        typer.echo(f"{e.name:<{width}}  {e.model:<8}  {', '.join(own):<32}  {e.path}"
+                   + (f"  (as a part of: {', '.join(e.parts)})" if e.parts else ""))

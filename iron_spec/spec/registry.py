@@ -40,14 +40,16 @@ def specs_folder() -> Path:
 @dataclass(frozen=True)
 class Entry:
     """One spec file: its ``name``, ``model`` kind, the ``architectures`` it serves (its own,
-    then those its ``parts`` read: a bigger checkpoint holding its model) and the GGUF
-    ``general.architecture`` it reads (its ``gguf`` section; None: none)."""
+    then those its ``parts`` read: a bigger checkpoint holding its model; ``parts`` those
+    alone), and the GGUF ``general.architecture`` it reads (its ``gguf`` section; None:
+    none)."""
 
     path: Path
     name: str
     model: str
     architectures: tuple[str, ...]
     gguf: str | None = None
+    parts: tuple[str, ...] = ()
 
 
 def entries(folder: Path | None = None) -> list[Entry]:
@@ -69,7 +71,8 @@ def entries(folder: Path | None = None) -> list[Entry]:
         out.append(Entry(path, str(spec.get("name", default=path.stem)),
                          str(spec.get("model", default="?")),
                          tuple(archs + parts.architectures(spec)),
-                         gguf if isinstance(gguf, str) else None))
+                         gguf if isinstance(gguf, str) else None,
+                         tuple(parts.architectures(spec))))
     return out
 
 
