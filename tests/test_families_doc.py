@@ -99,3 +99,25 @@ def test_summary_counts_are_the_rows():
     assert figure("needing at least one") == len(unserved) - len(ready)
     by = {_ticked(c[0])[0]: int(c[1]) for c in _table(summary)}
     assert by == dict(Counter(t for r in unserved for t in r["missing"]))
+
+
+def test_every_served_row_is_picked_by_its_spec():
+    # A config.json of the row's model type naming the row's architectures (the names its
+    # checkpoints carry: ExaoneForCausalLM, InternLM3ForCausalLM) loads with no spec named:
+    # iron-spec picks one the row says serves it (registry.for_architectures, by name, else
+    # by model type).
+    from iron_spec.spec.registry import for_architectures
+
+    wrong = []
+    for r in _rows():
+        if not r["served"]:
+            continue
+        for arch in r["archs"]:
+            try:
+                picked = for_architectures([arch], r["model_type"],
+                                           config={"model_type": r["model_type"]}).stem
+            except ValueError as e:
+                picked = str(e)
+            if picked not in r["served"]:
+                wrong.append(f"{r['model_type']} {arch}: {picked}, not one of {r['served']}")
+    assert not wrong, wrong

@@ -31,7 +31,8 @@ from iron_spec.spec import gguf_files, parts
 from iron_spec.spec.arguments import said
 from iron_spec.spec.build import (checkpoint_names, read_config, refuse_other_architecture,
                                   weights_source)
-from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, account, resolve
+from iron_spec.spec.accounting import account
+from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, resolve
 from iron_spec.spec.loader import Spec, load_spec
 from iron_spec.spec.options.recurrence import outline
 from iron_spec.spec.registry import find
@@ -64,6 +65,11 @@ class View:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     placement: Optional[Placement] = None
     recurrence: list[str] = field(default_factory=list)  # recurrence.outline's lines
+    # config.json keys read by neither the spec nor transformers (accounting.Accounted):
+    # (key, value, why), loaded as they are; and those read by transformers and not the
+    # spec that --allow-unread-config let through (key, value).
+    unread: list[tuple[str, Any, str]] = field(default_factory=list)
+    allowed: list[tuple[str, Any]] = field(default_factory=list)
 
 
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -80,7 +86,7 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
 def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool = False) -> View:
     """The view of ``spec_path`` on ``checkpoint``'s config.json and headers, or on its toy;
     a config.json key the spec neither reads nor ignores is refused unless
-    ``allow_unread_config`` (``config.account``).
+    ``allow_unread_config`` (``accounting.account``).
 
     Raises:
         FileNotFoundError: no spec, checkpoint or config.json there.
@@ -110,14 +116,15 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         source = f"{source}: {part.config}" if part.config else source
     else:
         refuse_other_architecture(spec, config_json, on)
-    account(spec, config_json, on, allow_unread_config)
+    accounted = account(spec, config_json, on, allow_unread_config)
     tree = build_tree(spec, config_json, on, part)
     resolved = resolve(spec, config_json, source)
     options = getattr(tree, "config", None)
     view = View(spec, on, {n: {"value": v, "source": resolved.sources[n]}
                            for n, v in resolved.values.items()}, tree,
                 [_flat(lo) for lo in getattr(options, "layers", ())],
-                {n: dataclasses.asdict(r) for n, r in (getattr(options, "ropes", None) or {}).items()})
+                {n: dataclasses.asdict(r) for n, r in (getattr(options, "ropes", None) or {}).items()},
+                unread=accounted.unread, allowed=accounted.allowed)
     schedule = getattr(options, "recurrence", None)
     if schedule is not None:
         view.recurrence = outline(spec, resolved, schedule, resolved.values["num_hidden_layers"])
@@ -224,6 +231,13 @@ def render_text(view: View) -> str:
     width = max(map(len, view.config), default=0)
     for name, c in view.config.items():
         out.append(f"  {name:<{width}}  {_short(c['value']):<24}  {c['source']}")
+    if view.unread or view.allowed:
+        out += ["", "config.json keys unread"]
+        width = max(len(k) for k, *_ in view.unread + view.allowed)
+        out += [f"  {k:<{width}}  {_short(v):<24}  read by neither the spec nor transformers"
+                for k, v, _ in view.unread]
+        out += [f"  {k:<{width}}  {_short(v):<24}  read by transformers, not the spec "
+                "(--allow-unread-config)" for k, v in view.allowed]
     if view.layers:
         cols = _pattern_columns(view.layers)
         out += ["", f"layers ({len(view.layers)})"]
@@ -318,7 +332,10 @@ def render_json(view: View) -> str:
         rows.append(row)
     data: dict[str, Any] = {
         "spec": view.spec.file, "name": view.spec.get("name"), "model": view.spec.get("model"),
-        "config_from": view.on, "config": view.config, "layers": view.layers,
+        "config_from": view.on, "config": view.config,
+        "unread": [{"key": k, "value": v, "why": why} for k, v, why in view.unread],
+        "allowed_unread": [{"key": k, "value": v} for k, v in view.allowed],
+        "layers": view.layers,
         "ropes": view.ropes, "recurrence": _recurrence_json(view.tree), "params": rows, "parameters": sizes(view), "checkpoint": None}
     if p is not None:
         data["checkpoint"] = {

@@ -109,11 +109,13 @@ def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
     """What a golden's meta says it was recorded from, beside its fingerprint: the versions,
     transformers' class (``model``), config.json's ``model_type``, the spec's name and
     config.json's own digest (``runtime.golden.Inputs``: what tells a golden of another
-    model from a stale one), and transformers' config class defaults
-    (``config_defaults.of``)."""
+    model from a stale one), transformers' config class defaults (``config_defaults.of``)
+    and which config.json keys transformers reads for it (``transformers_keys.record``:
+    ``iron_spec.keys`` gathers them)."""
     import torch
     import transformers
 
+    from . import transformers_keys
     config = model.config  # the part's config class where the model is a part of the whole
     key = None if loaded.part is None else loaded.part.part.config
     if key is not None:
@@ -122,7 +124,8 @@ def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
     return {"transformers": transformers.__version__, "torch": torch.__version__,
             "model": type(model).__name__, "model_type": whole.get("model_type"),
             "spec": loaded.expanded.spec.get("name"), "config": config_digest(whole),
-            "config_defaults": config_defaults.of(type(config))}
+            "config_defaults": config_defaults.of(type(config)),
+            "config_keys": transformers_keys.record(type(config), type(model))}
 
 
 def sees_call(loaded: Loaded) -> bool:

@@ -29,8 +29,8 @@ from iron_spec.runtime.generation import read_generation_config
 from iron_spec.runtime.values import TOKEN_KEYS, architectures, token_ids
 from iron_spec.runtime.weights import draw_weights
 
-from . import gguf_files, parts
-from .config import account
+from . import gguf_files, keys, parts
+from .accounting import account
 from .arguments import said
 from .errors import FlagError, NoWeights
 from .interpreter import expand
@@ -244,7 +244,7 @@ def inputs(spec, checkpoint: str | Path | None, random_weights: int | None, toy:
            ) -> tuple[dict, str, Path | None, PartOf | None]:
     """The config.json a model is built on (a checkpoint's, or the spec's toy), where it came
     from, and the checkpoint directory (None for a toy); every key of it accounted for by
-    the spec (``config.account``) unless ``allow_unread_config``; and, where config.json's
+    the spec (``accounting.account``) unless ``allow_unread_config``; and, where config.json's
     ``architectures`` is one of the spec's ``parts``, that part (``parts.PartOf``): the
     config.json returned is then the part's (``parts.config_of``).
 
@@ -278,18 +278,24 @@ def inputs(spec, checkpoint: str | Path | None, random_weights: int | None, toy:
         config_json, source = parts.config_of(spec, part, whole, source, allow_unread_config)
     else:
         refuse_other_architecture(spec, config_json, source)
-    account(spec, config_json, source, allow_unread_config)
+    accounted = account(spec, config_json, source, allow_unread_config)
+    if accounted.unread:  # loaded as they are: transformers reads none of them either
+        log.info("%s: unread, as transformers leaves them (iron-spec show lists them): %s",
+                 source, ", ".join(k for k, _, _ in accounted.unread))
     return config_json, source, directory, None if part is None else PartOf(part, whole)
 
 
 def other_architecture(spec, config_json: dict, source: str) -> str | None:
     """What says ``config_json`` is a model this spec does not serve: its ``architectures``
-    (where it names some) share none with the spec's, each side's named with its
-    ``model_type`` (the spec's from its toy config); None where the spec serves it."""
+    (where it names some) share none with the spec's and its ``model_type`` is none the
+    spec serves (``keys.serves``), each side's named with its ``model_type``
+    (the spec's from its toy config); None where the spec serves it."""
     served, archs = spec.get("architectures", default=[]), config_json.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(served, list) or \
             set(archs) & set(served):
         return None
+    if keys.serves(spec.get("name"), config_json.get("model_type")):
+        return None  # transformers builds it by model type: a name only its checkpoints carry
     theirs, ours = config_json.get("model_type"), spec.get("toy", "config", "model_type")
     return (f"{source} is {', '.join(map(str, archs))}"
             + (f" (model_type {theirs})" if theirs is not None else "")

@@ -27,9 +27,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from iron_spec.runtime.values import ROPE_KEYS, ROPE_TYPES
-
-from . import expr
+from . import expr, keys
 from .loader import Spec
 
 MISSING = object()  # what lookup gives for a key config.json lacks
@@ -105,6 +103,25 @@ def standard(spec: Spec, config_json: Mapping[str, Any]) -> tuple[dict, dict[str
                   for k, place in moves.items()}
 
 
+def aliased(data: Mapping[str, Any]) -> dict:
+    """``data`` (a config.json) with each value under every name transformers reads it by:
+    where the config class of its ``model_type`` maps an alias to a field (its
+    ``attribute_map``, as recorded in ``keys``: ExaoneConfig's ``num_layers`` for
+    ``num_hidden_layers``, InternLM3Config's ``qkv_bias`` for ``attention_bias``), a file
+    holding either holds both; holding both, the alias's value is the field's, as
+    transformers sets it last. ``data`` itself where its model type is not recorded."""
+    reads = keys.recorded(data.get("model_type"))
+    if reads is None or not reads.aliases:
+        return dict(data)
+    out = dict(data)
+    for alias, name in reads.aliases.items():
+        if alias in data:
+            out[name] = data[alias]
+        elif name in data:
+            out[alias] = data[name]
+    return out
+
+
 @dataclass
 class Resolved:
     """Field values and, for each, where it came from (``config.json: KEY``, ``default``,
@@ -167,6 +184,7 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
             raise spec.error(("config",), f"{source}: {key} is {shown(held)}, not a mapping of "
                                           "RoPE parameters or null")
     config_json, moved = standard(spec, config_json)
+    config_json = aliased(config_json)
     out = Resolved()
     busy: list[str] = []
 
@@ -304,7 +322,7 @@ def refusals(spec: Spec, config_json: Mapping[str, Any], source: str
         SpecError: a ``when`` that is refused, names no field or is not a boolean.
     """
     entries = spec.get("refuse")
-    data = standard(spec, config_json)[0]
+    data = aliased(standard(spec, config_json)[0])
     out, resolved = [], None
     for i, e in enumerate(entries if isinstance(entries, list) else []):
         if not isinstance(e, dict):
@@ -328,98 +346,6 @@ def refusals(spec: Spec, config_json: Mapping[str, Any], source: str
                 out.append((i, f"{source}: {e['when']} ({named}), which this spec cannot "
                                f"serve: {why}"))
     return out
-
-
-def unread(spec: Spec, config_json: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The keys of ``config_json`` (with their values) the spec neither maps (the top-level
-    part of a dotted key counts) nor lists in ``ignore:``, in the file's order; read in
-    transformers 5's spelling (``standard``: ``rope_theta`` is read as
-    ``rope_parameters.rope_theta``). Where a field reads ``rope_parameters``, each of its
-    keys is accounted too (``unread_rope``)."""
-    read, ignore = {**mapped(spec), **dict.fromkeys(refused_keys(spec))}, ignored_keys(spec)
-    data, moved = standard(spec, config_json)
-    out = []
-    for k, v in data.items():
-        if k == "rope_parameters" and k in read and k not in ignore:
-            out += unread_rope(spec, v)
-        if k in read or k in ignore:
-            continue
-        if k == "rope_parameters" and moved:  # as the file spells them
-            out += [(m, config_json[m]) for m in moved]
-            v = config_json.get(k, MISSING)
-        if v is not MISSING:
-            out.append((k, v))
-    return out
-
-
-# The keys of a rope_parameters table operators.rope reads, by its rope_type: transformers'
-# _validate_<type>_rope_parameters' required and optional keys (runtime.values' table), less
-# rope_theta and partial_rotary_factor, which a spec's fields read (a spec without partial
-# rotary must not take one silently), save for proportional's own partial_rotary_factor.
-ROPE_TABLE_KEYS = {kind: frozenset({"rope_type", "type"} | {k for k, _, _ in ROPE_KEYS.get(kind, [])})
-                   for kind in ROPE_TYPES}
-
-
-def unread_rope(spec: Spec, params: Any) -> list[tuple[str, Any]]:
-    """The keys of ``rope_parameters`` (transformers 5's spelling, ``standard``) nothing reads,
-    as ``rope_parameters.KEY`` (``rope_parameters.TYPE.KEY`` in a table by layer type, as
-    Gemma 3's ``sliding_attention``), with their values.
-
-    A table is ``params`` itself, or each mapping it holds (one per layer type). A key is
-    read where its table's rope_type reads it (``ROPE_TABLE_KEYS``: ``factor``, yarn's
-    ``beta_fast`` ...), where a config field reads it (``rope_parameters.llama_4_scaling_beta``,
-    ``rope_parameters.rope_theta``), or where ``ignore:`` lists it (``rope_parameters.KEY``
-    for it in any table, or its whole dotted name). A key of an unknown rope_type is left to
-    the RoPE checks (``runtime.values.rope_scaling``), which refuse the type.
-    """
-    if not isinstance(params, Mapping):
-        return []
-    fields = spec.get("config")
-    reads = {str(entry(raw).get("json")) for raw in (fields if isinstance(fields, dict) else {}).values()}
-    ignore = set(ignored_keys(spec))
-    tables = [(f"rope_parameters.{k}", v) for k, v in params.items() if isinstance(v, Mapping)]
-    loose = {k: v for k, v in params.items() if not isinstance(v, Mapping)}
-    out = []
-    for where, table in [("rope_parameters", loose)] * bool(loose or not tables) + tables:
-        kind = table.get("rope_type", table.get("type")) or "default"
-        known = ROPE_TABLE_KEYS.get(kind)
-        if known is None:
-            continue
-        for key, value in table.items():
-            name = f"{where}.{key}"
-            if key in known or name in reads or name in ignore or f"rope_parameters.{key}" in ignore:
-                continue
-            out.append((name, value))
-    return out
-
-
-def unread_message(source: str, key: str, value: Any) -> str:
-    """What lint and every load say of one unread key."""
-    return (f"{source}: key {key!r} (= {shown(value)}) is neither mapped under config: nor "
-            "listed in ignore: (a key read by nothing is a silent default)")
-
-
-def account(spec: Spec, config_json: Mapping[str, Any], source: str,
-            allow_unread: bool = False) -> None:
-    """Refuse a config.json the spec does not account for, as ``lint --config`` checks it:
-    a value the spec says it cannot serve (``refuse:``, whatever ``allow_unread``), or a key
-    neither read by a field or a refusal nor listed in ``ignore:``. ``allow_unread`` lets
-    unread keys pass (the user's word that their defaults are right).
-
-    Raises:
-        SpecError: at the first refusal met, naming each met (key, value, why); else at the
-            spec's ``ignore:`` (else ``config:``), naming ``source`` and every unread key
-            with its value, in one error.
-    """
-    met = refusals(spec, config_json, source)
-    if met:
-        raise spec.error(("refuse", met[0][0]), "\n  ".join(text for _, text in met))
-    keys = [] if allow_unread else unread(spec, config_json)
-    if keys:
-        place = ("ignore",) if "ignore" in spec.data else ("config",)
-        lines = [unread_message(source, k, v) for k, v in keys]
-        raise spec.error(place, "\n  ".join(lines) + f"\n  (map or ignore each in the spec; "
-                         f"{ALLOW_UNREAD} loads it anyway)")
 
 
 CHOICE_KEYS = {"when", "then", "else"}

@@ -3,7 +3,10 @@
 Accepted: numbers, field names, the literals ``true``/``false``/``null`` (and Python's
 ``True``/``False``/``None``), ``+ - * / // % **``, unary minus and plus, parentheses,
 ``min(...)`` and ``max(...)`` (of two or more numbers, or of one: a number, or a list of
-numbers a config key holds, as LongformerConfig's per-layer ``attention_window``), comparisons ``== != < <= > >=`` (chained as in Python),
+numbers a config key holds, as LongformerConfig's per-layer ``attention_window``), ``int(x)``
+(one number truncated toward zero, as Python's ``int`` and so transformers' config classes
+and RoPE functions truncate: ``int(head_dim * partial_rotary_factor)``), comparisons
+``== != < <= > >=`` (chained as in Python),
 ``and``/``or``/``not`` over booleans, and the conditional ``a if c else b``. Everything else
 (attribute access, subscripts, other calls, lambdas, comprehensions, strings, ``is``,
 ``in``, bitwise operators) is refused with an error naming the expression. Expressions are
@@ -30,13 +33,13 @@ _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
             ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-_CALLS = {"min": min, "max": max}
+_CALLS = {"min": min, "max": max, "int": None}  # int: one number, truncated (walk)
 LITERALS = {"true": True, "false": False, "null": None}  # YAML's and JSON's spellings
 MAX_EXPONENT = 64  # a power past this is refused (2 ** 10 ** 10 would never end)
 MAX_BITS = 1024  # an integer result past this many bits is refused, so nesting cannot blow up
 MAX_LENGTH = 500
-_LANGUAGE = ("only numbers, field names, true/false/null, + - * / // % **, parentheses, min "
-             "and max, == != < <= > >=, and/or/not, a if c else b")
+_LANGUAGE = ("only numbers, field names, true/false/null, + - * / // % **, parentheses, min, "
+             "max and int, == != < <= > >=, and/or/not, a if c else b")
 
 
 class ExprError(ValueError):
@@ -98,6 +101,8 @@ def parse(text: str) -> ast.Expression:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
                 and node.func.id in _CALLS and not node.keywords \
                 and not any(isinstance(a, ast.Starred) for a in node.args):
+            if node.func.id == "int" and len(node.args) != 1:
+                raise ExprError(f"expression {text!r}: int() takes one number")
             if not node.args:
                 raise ExprError(f"expression {text!r}: {node.func.id}() takes a list or "
                                 "numbers")
@@ -109,7 +114,7 @@ def parse(text: str) -> ast.Expression:
 
 
 def names(text: str) -> set[str]:
-    """The field names ``text`` reads (``min`` and ``max`` when called, and the literals
+    """The field names ``text`` reads (``min``, ``max`` and ``int`` when called, and the literals
     ``true``/``false``/``null``, are not fields)."""
     tree = parse(text)
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
@@ -203,6 +208,8 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
             if isinstance(value, complex) or (isinstance(value, float) and not math.isfinite(value)):
                 raise ExprError(f"expression {text!r}: gives {value}, not a finite real number")
             return value
+        if isinstance(node, ast.Call) and node.func.id == "int":
+            return int(number(walk(node.args[0])))  # toward zero, as Python's int()
         if isinstance(node, ast.Call):
             values = [walk(a) for a in node.args]
             if len(values) == 1:

@@ -19,7 +19,7 @@ head beside). A spec lists each such kind under ``parts:``, chosen by config.jso
 - for an encoder, ``pooler`` (whether the checkpoint holds ``pooler.dense``) and ``head``,
   the task head it holds (``encoder.head_options``).
 
-Which keys count as read is the spec's concern (``config.account``) once the part's config
+Which keys count as read is the spec's concern (``accounting.account``) once the part's config
 is taken; the whole file's keys are accounted here, so the two meet in one place each.
 
 Not for: reading tensors (``runtime.parts``), evaluating a head (``encoder``).
@@ -167,7 +167,7 @@ def config_of(spec: Spec, part: Part, whole: Mapping[str, Any], source: str,
 def account_outer(spec: Spec, part: Part, whole: Mapping[str, Any], source: str,
                   allow_unread: bool = False) -> None:
     """Refuse a key of the whole config.json that is neither the part's (``config``), taken
-    (``outer``) nor ignored (``ignore``), as ``config.account`` refuses one of the model's
+    (``outer``) nor ignored (``ignore``), as ``accounting.account`` refuses one of the model's
     own; ``allow_unread`` lets it pass.
 
     Raises:

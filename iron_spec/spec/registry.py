@@ -6,6 +6,7 @@ Not for: reading what a spec means (``interpreter``, ``encoder``).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from iron_spec.runtime.host import checkpoint_directory
 
 from iron_spec.runtime.gguf import file_architecture, is_gguf
 
-from . import parts
+from . import keys, parts
 from .arguments import said
 from .build import read_config
 from .errors import FlagError
@@ -62,8 +63,15 @@ def entries(folder: Path | None = None) -> list[Entry]:
     folder = Path(folder or specs_folder())
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no specs folder (IRON_SPEC_SPECS names another)")
+    paths = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    # Read once for the same files: picking a spec for each of many configs parses none again.
+    return list(_entries(tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in paths)))
+
+
+@functools.lru_cache(maxsize=8)
+def _entries(files: tuple) -> tuple[Entry, ...]:
     out = []
-    for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
+    for path, _, _ in files:
         spec = load_spec(path)
         archs = spec.get("architectures", default=[])
         archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
@@ -73,25 +81,30 @@ def entries(folder: Path | None = None) -> list[Entry]:
                          tuple(archs + parts.architectures(spec)),
                          gguf if isinstance(gguf, str) else None,
                          tuple(parts.architectures(spec))))
-    return out
+    return tuple(out)
 
 
 def for_architectures(architectures, source: str, folder: Path | None = None,
                       config: dict | None = None) -> Path:
     """The spec serving ``architectures`` (a config.json's), the first one a spec serves,
     as transformers builds ``architectures[0]``; where several read it as a part of a bigger
-    checkpoint, the one whose part reads ``config`` (by its text model's ``model_type``).
+    checkpoint, the one whose part reads ``config`` (by its text model's ``model_type``);
+    where none serves any (a name only the checkpoints carry, EXAONE's own or a fine-tune's),
+    or the file names none, the one spec serving ``config``'s ``model_type``
+    (``keys.serves``), as transformers builds by model type.
 
     Raises:
-        ValueError: ``architectures`` is not a list of names, no spec serves any of them, or
-            two specs serve the same one (naming what each serves).
+        ValueError: ``architectures`` is neither a list of names nor absent, no spec serves
+            any of them or the model type, or two specs serve the same one (naming what each
+            serves).
     """
-    if not isinstance(architectures, list) or not architectures or \
-            not all(isinstance(a, str) for a in architectures):
+    model_type = (config or {}).get("model_type")
+    if architectures is not None and (not isinstance(architectures, list) or not all(
+            isinstance(a, str) for a in architectures)) or (architectures is None and model_type is None):
         raise ValueError(f"{source}: its architectures is {architectures!r}, not a list of class "
                          "names; name the spec to run")
     known = entries(folder)
-    for arch in architectures:
+    for arch in architectures or []:
         serving = [e for e in known if arch in e.architectures]
         if len(serving) > 1 and config is not None:
             serving = [e for e in serving if arch not in parts.architectures(load_spec(e.path))
@@ -101,9 +114,17 @@ def for_architectures(architectures, source: str, folder: Path | None = None,
                              f"({', '.join(str(e.path) for e in serving)}); name one")
         if serving:
             return serving[0].path
+    by_type = [e for e in known if keys.serves(e.name, model_type)]
+    if len(by_type) == 1:
+        return by_type[0].path
+    if len(by_type) > 1:
+        raise ValueError(f"{source}: model_type {model_type} is served by {len(by_type)} specs "
+                         f"({', '.join(str(e.path) for e in by_type)}); name one")
     served = sorted({a for e in known for a in e.architectures})
-    raise ValueError(f"{source}: no spec serves {', '.join(architectures)} (specs serve: "
-                     f"{', '.join(served) or 'nothing'}); write one, or name a spec")
+    named = ", ".join(architectures or []) or "no architectures"
+    raise ValueError(f"{source}: no spec serves {named}"
+                     + (f" or model_type {model_type}" if model_type is not None else "")
+                     + f" (specs serve: {', '.join(served) or 'nothing'}); write one, or name a spec")
 
 
 def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:

@@ -14,9 +14,10 @@ from iron_spec.runtime.renames import Pattern, RenameError, compile_table, sourc
 from iron_spec.runtime.module import Module
 
 from . import expr
+from .accounting import split, unread_message
 from .build import other_architecture
-from .config import (MISSING, entry, ignored_keys, lookup, mapped, refusals, rope_moves, standard,
-                     unread, unread_message)
+from .config import (MISSING, aliased, entry, ignored_keys, lookup, mapped, refusals,
+                     rope_moves, standard)
 from .encoder import REQUIRED as ENCODER, expand_encoder
 from .errors import SpecError
 from .gates import DEFAULT_KL
@@ -260,7 +261,7 @@ def config_keys(spec: Spec, config_json: Mapping[str, Any], source: str) -> list
         key = e.get("json")
         if not isinstance(key, str) or any(k in e for k in ORDER[1:]):
             continue
-        if lookup(standard(spec, config_json)[0], key) is MISSING:
+        if lookup(aliased(standard(spec, config_json)[0]), key) is MISSING:
             path = ("config", name) if isinstance(raw, str) else ("config", name, "json")
             out.append(spec.error(path, f"config.{name}: {source} has no key {key!r} and the "
                                   "field declares no default, expr or value"
@@ -296,11 +297,12 @@ def ignored(spec: Spec) -> list[SpecError]:
 
 
 def unmapped(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:
-    """Keys of ``config_json`` the spec neither maps (the top-level part of a dotted key
-    counts) nor lists in ``ignore:``."""
+    """Keys of ``config_json`` transformers reads that the spec neither maps (the top-level
+    part of a dotted key counts) nor lists in ``ignore:`` (``accounting.split``: every key
+    the spec does not read, where what transformers reads is not recorded for it)."""
     place = ("ignore",) if "ignore" in spec.data else ("config",)
-    return [spec.error(place, unread_message(source, key, value))
-            for key, value in unread(spec, config_json)]
+    return [spec.error(place, unread_message(source, key, value, why))
+            for key, value, why in split(spec, config_json)[0]]
 
 
 def refused(spec: Spec, config_json: Mapping[str, Any], source: str) -> list[SpecError]:

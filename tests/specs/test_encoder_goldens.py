@@ -30,7 +30,13 @@ ENCODERS = sorted(p for p in SPECS.glob("*.yaml") if load_spec(p).get("model") =
 @pytest.mark.parametrize("spec", ENCODERS, ids=lambda p: p.stem)
 def test_toy_matches_transformers(spec: Path):
     loaded = load_encoder(spec, random_weights=0, toy=True)
-    golden = EncoderGolden.read(golden_path(loaded), loaded.fingerprint())
+    judge_encoder(loaded, EncoderGolden.read(golden_path(loaded), loaded.fingerprint()))
+
+
+def judge_encoder(loaded, golden: EncoderGolden) -> float:
+    """Assert ``loaded``'s pooled embeddings and last hidden states match ``golden``'s within
+    ``ENCODER_ATOL`` on its probes, and our float64 reference its float64 outputs by the
+    float64 gate; returns the hidden states' max absolute error."""
     model = loaded.model
     pooling = model.config.pooling if golden.pooling == "spec" else dataclasses.replace(
         model.config.pooling, kind="mean", normalize=False)
@@ -41,9 +47,11 @@ def test_toy_matches_transformers(spec: Path):
             <= ENCODER_ATOL
     assert golden.hidden is not None, "the golden holds transformers' hidden states"
     states = model.version(dataclasses.replace(pooling, kind="none", normalize=False))
+    worst = 0.0
     for k, ((ids, types), want) in enumerate(zip(golden.probes, golden.hidden)):
-        assert np.abs(states(ids, types, **checks.call_keywords(masks, k)) - want).max() \
-            <= ENCODER_ATOL
+        error = float(np.abs(states(ids, types, **checks.call_keywords(masks, k)) - want).max())
+        assert error <= ENCODER_ATOL
+        worst = max(worst, error)
     # Our float64 reference() against transformers' encoder run in float64.
     assert golden.hidden64 is not None, "the golden holds transformers' float64 outputs"
     float64 = checks.float64_encoder_against(states, pooled, golden.probes, golden.hidden64,
@@ -51,6 +59,7 @@ def test_toy_matches_transformers(spec: Path):
                                              encoder_float64_gate(golden, loaded.expanded.spec),
                                              masks)
     assert float64.passed, float64.figure
+    return worst
 
 
 def _copy(tmp_path: Path, name: str, edit=None) -> Path:

@@ -64,14 +64,14 @@ def _positive(spec: Spec, path: tuple, value: Any) -> float:
 def _whole(spec: Spec, path: tuple, value: Any) -> int | None:
     """A whole number; an integral float (``head_dim * 0.5``) counts. A fraction an
     expression gave is refused naming the expression, and how to truncate it as a config
-    class's ``int()`` does."""
+    class's ``int()`` does (the expression language's own ``int``)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     raw = spec.get(*path, default=None)
     if isinstance(value, float) and math.isfinite(value) and isinstance(raw, str):
         raise spec.error(path, f"{'.'.join(map(str, path))} is {value!r}, not a whole number: "
                                f"the expression {raw!r} gives it; where the config class "
-                               f"truncates (int(...)), say so: \"({raw}) // 1\"")
+                               f"truncates, say so as it does: \"int({raw})\"")
     return _typed(spec, path, value, int, "a whole number")
 
 

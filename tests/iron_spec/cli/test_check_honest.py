@@ -243,7 +243,7 @@ def test_each_check_line_says_how_long_it_took():
     ("llama3", "mlp: {kind: gated, act: hidden_act", "mlp: {kind: gated, act: {value: silu}"),
     ("bert", "  kind: encoder\n", "  kind: encoder\n  atention: {}\n"),
     # the load words it otherwise (its config's source named): the same problem all the same
-    ("llama3", "  prefill_chunk: 16\n  config:\n", "  prefill_chunk: 16\n  config:\n    zzz: 3\n")])
+    ("llama3", "  prefill_chunk: 16\n  config:\n", "  prefill_chunk: 16\n  config:\n    sliding_window: 3\n")])
 def test_a_spec_that_does_not_expand_has_its_error_said_once(tmp_path, spec_name, old, new):
     # Found by a new user's trial: lint's line printed, then the same line again as the
     # refusal of the expansion that failed on it.

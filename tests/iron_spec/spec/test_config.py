@@ -1,5 +1,5 @@
 """config.json accounting at every load: every key read by a field, ignored on purpose, or
-the load refused (``iron_spec.spec.config.account``), as ``lint --config`` reports it."""
+the load refused (``iron_spec.spec.accounting.account``), as ``lint --config`` reports it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 
 import pytest
 import typer
+from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from iron_spec.spec.build import load_model
@@ -15,7 +16,7 @@ from iron_spec.cli.app import app
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.errors import SpecError
 from iron_spec.spec.loader import load_spec
-from iron_spec.cli.show import gather
+from iron_spec.cli.show import gather, render_text
 from tests.conftest import ROOT, SPECS
 
 LLAMA = SPECS / "llama3.yaml"
@@ -30,21 +31,54 @@ def config_dir(tmp_path, spec=LLAMA, **extra):
     return tmp_path
 
 
-def test_every_unread_key_refused_in_one_error_naming_the_file(tmp_path):
-    d = config_dir(tmp_path, use_parallel_residual=True, rope_thetaa=1.0)
+def test_every_key_transformers_reads_refused_in_one_error_naming_the_file(tmp_path):
+    # transformers' cache keeps only the last sliding_window positions of a Llama
+    # (cache_utils), and layer_types picks each layer's attention: read by transformers, not
+    # by the spec, they are refused.
+    d = config_dir(tmp_path, sliding_window=8, layer_types=["full_attention"] * 2)
     with pytest.raises(SpecError) as e:
         load_model(LLAMA, checkpoint=d, random_weights=0)
     text = str(e.value)
     path = re.escape(str(d / "config.json"))
-    assert re.search(rf"{path}: key 'use_parallel_residual' \(= True\) is neither mapped", text)
-    assert re.search(rf"{path}: key 'rope_thetaa' \(= 1.0\) is neither mapped", text)
+    assert re.search(rf"{path}: key 'sliding_window' \(= 8\), read by cache_utils.py, "
+                     "masking_utils.py ..., is neither mapped", text)
+    assert re.search(rf"{path}: key 'layer_types' \(= \['full_attention', 'full_attention'\]\), "
+                     "read by LlamaConfig as it is built, is neither mapped", text)
     # At the spec's ignore: list, where the fix goes.
     line = next(i for i, t in enumerate(LLAMA.read_text().splitlines(), 1) if t.startswith("ignore:"))
     assert (e.value.line, e.value.col) == (line, 1)
 
 
+def test_keys_transformers_never_reads_load_and_show_lists_them(tmp_path):
+    # Metadata, generation settings and legacy names no LlamaConfig field, alias or Llama
+    # code names: transformers stores them and reads none (issue 29's Phi-3, Gemma 3 and
+    # Falcon keys).
+    extra = {"_name_or_path": "x/y", "auto_map": {"AutoConfig": "c.C"},
+             "cache_implementation": "hybrid", "use_parallel_residual": True, "rope_thetaa": 1.0}
+    d = config_dir(tmp_path, **extra)
+    loaded = load_model(LLAMA, checkpoint=d, random_weights=0)
+    assert loaded.lm.config.hidden_size == 64
+    save_file(dict(loaded.checkpoint_tensors()), str(d / "model.safetensors"))
+    view = gather(LLAMA, str(d))
+    assert [k for k, _, _ in view.unread] == list(extra)
+    assert "no field, alias or code of LlamaConfig's reads it" in view.unread[0][2]
+    text = render_text(view)
+    assert "config.json keys unread" in text
+    assert re.search(r"cache_implementation +'hybrid' +read by neither the spec nor "
+                     "transformers", text)
+
+
+def test_without_a_recorded_model_type_every_key_is_read(tmp_path):
+    # No model_type: which keys transformers reads is not known, and the load is as strict
+    # as a spec's own words.
+    d = config_dir(tmp_path, rope_thetaa=1.0, model_type=None)
+    with pytest.raises(SpecError, match=r"(?s)key 'rope_thetaa' \(= 1.0\) is neither mapped.*"
+                       "every key is read here: config.json names no model_type"):
+        load_model(LLAMA, checkpoint=d, random_weights=0)
+
+
 def test_allow_unread_config_loads_anyway(tmp_path):
-    d = config_dir(tmp_path, use_parallel_residual=True)
+    d = config_dir(tmp_path, sliding_window=8)
     lm = load_model(LLAMA, checkpoint=d, random_weights=0, allow_unread_config=True).lm
     assert lm.config.hidden_size == 64
 
@@ -56,11 +90,11 @@ def test_ignored_and_mapped_keys_load(tmp_path):
 
 def test_encoder_and_show_refuse_too(tmp_path):
     bert = SPECS / "bert.yaml"
-    d = config_dir(tmp_path, bert, use_bidirectional_attention=False)
-    with pytest.raises(SpecError, match="key 'use_bidirectional_attention' .* neither mapped"):
+    d = config_dir(tmp_path, bert, chunk_size_feed_forward=4)
+    with pytest.raises(SpecError, match="key 'chunk_size_feed_forward' .* neither mapped"):
         load_encoder(bert, checkpoint=d, random_weights=0)
     assert load_encoder(bert, checkpoint=d, random_weights=0, allow_unread_config=True)
-    with pytest.raises(SpecError, match="key 'use_bidirectional_attention'"):
+    with pytest.raises(SpecError, match="key 'chunk_size_feed_forward'"):
         gather(bert, str(d))
     with pytest.raises(FileNotFoundError, match="no such weights file"):  # past the config
         gather(bert, str(d), allow_unread_config=True)
@@ -86,12 +120,12 @@ def test_an_encoder_config_in_decoder_mode_is_refused(tmp_path, name, key):
 
 @pytest.mark.parametrize("command", ["run", "check", "show", "bench"])
 def test_every_loading_command_refuses_and_takes_the_flag(tmp_path, command):
-    d = config_dir(tmp_path, extra_key=3)
+    d = config_dir(tmp_path, sliding_window=8)
     args = [command, str(LLAMA), "--checkpoint", str(d)]
     if command != "show":
         args += ["--random-weights", "0"]
     refused = runner.invoke(app, args)
-    assert refused.exit_code != 0 and "key 'extra_key' (= 3) is neither mapped" in refused.output
+    assert refused.exit_code != 0 and "key 'sliding_window' (= 8)" in refused.output
 
 
 def flags(command: str) -> set[str]:
@@ -214,17 +248,21 @@ def test_a_config_outside_what_the_spec_serves_is_refused(tmp_path, name, key, v
         load_model(spec, checkpoint=d, random_weights=0)
 
 
-def test_floor_division_by_one_truncates_as_int_does(tmp_path):
-    # The way docs/writing-a-spec.md gives for a config class's int(head_dim * factor): the
-    # bad corpus's rotary_dim 4.8, written "(head_dim * 0.3) // 1", is int(16 * 0.3) = 4.
+def test_int_truncates_a_fractional_rotary_width_as_transformers_does(tmp_path):
+    # transformers' RoPE init: dim = int(head_dim * partial_rotary_factor). The bad corpus's
+    # rotary_dim 4.8, written "int(head_dim * 0.3)", is int(16 * 0.3) = 4; phi-2's factor
+    # 0.4 on a toy's 16-wide heads is 6.
     from iron_spec.spec.interpreter import expand
 
     text = (ROOT / "tests" / "specs" / "bad" / "rotary_fraction.yaml").read_text()
     path = tmp_path / "truncated.yaml"
-    path.write_text(text.replace('"head_dim * 0.3"', '"(head_dim * 0.3) // 1"'))
+    path.write_text(text.replace('"head_dim * 0.3"', '"int(head_dim * 0.3)"'))
     spec = load_spec(path)
     rope = expand(spec, spec.get("toy", "config")).options.ropes["default"]
     assert rope.rotary_dim == int(16 * 0.3) == 4
+    phi = load_spec(SPECS / "phi.yaml")
+    config = {**phi.get("toy", "config"), "partial_rotary_factor": 0.4}
+    assert expand(phi, config).options.ropes["default"].rotary_dim == int(16 * 0.4) == 6
 
 
 def test_heads_that_do_not_group_name_the_fields_the_file_and_the_spec(tmp_path):

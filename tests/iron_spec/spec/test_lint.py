@@ -109,7 +109,7 @@ def test_refused_input_is_status_1_and_usage_2(tmp_path):
     assert "Traceback" not in missing.output
 
 
-def test_config_json_keys_nothing_reads(tmp_path):
+def test_config_json_keys_transformers_reads_and_the_spec_does_not(tmp_path):
     config = json.loads(json.dumps(parse_spec((SPECS / "llama3.yaml").read_text()).data["toy"]
                                    ["config"]))
     config.update({"rope_thetaa": 1.0, "initializer_range": 0.02, "sliding_window": 4096})
@@ -118,21 +118,26 @@ def test_config_json_keys_nothing_reads(tmp_path):
     result = lint(str(SPECS / "llama3.yaml"), "--config", str(path))
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
-    # initializer_range is in ignore:; the other two are read by nothing.
-    assert len(lines) == 2, lines
-    assert "key 'rope_thetaa' (= 1.0) is neither mapped under config: nor listed in ignore:" \
-        in lines[0]
-    assert "key 'sliding_window' (= 4096)" in lines[1]
+    # initializer_range is in ignore:; rope_thetaa is read by nothing of transformers' either
+    # (it loads unread); sliding_window is read by transformers' cache and masks.
+    assert len(lines) == 1, lines
+    assert "key 'sliding_window' (= 4096), read by cache_utils.py, masking_utils.py ..., is " \
+        "neither mapped under config: nor listed in ignore:" in lines[0]
 
 
 def test_config_json_of_another_architecture(tmp_path):
     spec = parse_spec((SPECS / "llama3.yaml").read_text(), "llama3.yaml")
-    config = dict(spec.data["toy"]["config"], architectures=["Qwen3ForCausalLM"])
+    config = dict(spec.data["toy"]["config"], architectures=["Qwen3ForCausalLM"],
+                  model_type="qwen3")
     problems = lint_spec(spec, ConfigFile("q/config.json", config))
     assert [p.message for p in problems] == [
-        "q/config.json is Qwen3ForCausalLM (model_type llama); this spec serves "
-        "LlamaForCausalLM (model_type llama, as its toy config): the architecture does not "
-        "match (iron-spec list shows which spec serves it)"]
+        "q/config.json is Qwen3ForCausalLM (model_type qwen3); this spec serves "
+        "LlamaForCausalLM, InternLM3ForCausalLM (model_type llama, as its toy config): the "
+        "architecture does not match (iron-spec list shows which spec serves it)"]
+    # A name no spec serves on a model type this one does: transformers builds it by its
+    # model type (LlamaForCausalLM), and so does the spec.
+    config["model_type"] = "llama"
+    assert lint_spec(spec, ConfigFile("q/config.json", config)) == []
 
 
 def test_smollm2_config_is_fully_mapped(smollm2):

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from iron_spec.spec.config import account
+from iron_spec.spec.accounting import account
 from iron_spec.spec.errors import SpecError
 from iron_spec.spec.loader import load_spec
 from tests.conftest import SPECS

@@ -19,12 +19,31 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 
 
+def config_class(architecture: str):
+    """The config class transformers reads a config.json naming ``architecture`` with: the
+    class's own, or for a name checkpoints carry that transformers has no class of (built
+    by model type: ``ExaoneForCausalLM`` is model_type exaone, built as LlamaForCausalLM),
+    the config class of the model type the name spells (``InternLM3ForCausalLM``:
+    internlm3)."""
+    import re
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = getattr(transformers, architecture, None)
+    if cls is not None:
+        return cls.config_class
+    stem = re.sub(r"(For\w+|Model|LMHeadModel)$", "", architecture).lower()
+    if stem not in CONFIG_MAPPING:
+        raise SystemExit(f"{architecture}: transformers has no class of that name and no model "
+                         f"type {stem!r}")
+    return CONFIG_MAPPING[stem]
+
+
 def saved(architecture: str) -> dict:
     """The config.json ``architecture``'s config class writes at its defaults, less
     ``transformers_version`` (which changes with the install, not the class)."""
-    import transformers
-
-    config_class = getattr(transformers, architecture).config_class
+    config_class = globals()["config_class"](architecture)
     with tempfile.TemporaryDirectory() as d:
         config_class().save_pretrained(d)
         data = json.loads((Path(d) / "config.json").read_text())
