@@ -20,9 +20,10 @@ where check and tests/specs/test_real_configs.py find it. Then iron_spec/keys.js
 gathered again (tests/goldens/keys.py), and each toy is loaded with no flag and judged as
 the test judges it, for the table.
 
-An entry with ``needs`` (what another piece of work must add first: an encoder published
-as ``*ForMaskedLM`` with its head's tensors needs the task-head checkpoints) is shrunk but
-not recorded, and said so.
+An entry with ``needs`` (what another piece of work must add first, in words) is shrunk
+but not recorded, and said so; none has one today (the encoders published as
+``*ForMaskedLM``, ``*ForSequenceClassification`` and ``*ForQuestionAnswering`` load since
+the task-head checkpoints landed).
 """
 
 from __future__ import annotations
