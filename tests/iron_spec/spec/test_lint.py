@@ -132,8 +132,8 @@ def test_config_json_of_another_architecture(tmp_path):
     problems = lint_spec(spec, ConfigFile("q/config.json", config))
     assert [p.message for p in problems] == [
         "q/config.json is Qwen3ForCausalLM (model_type qwen3); this spec serves "
-        "LlamaForCausalLM, InternLM3ForCausalLM (model_type llama, as its toy config): the "
-        "architecture does not match (iron-spec list shows which spec serves it)"]
+        "LlamaForCausalLM (model_type llama, as its toy config): the architecture does not "
+        "match (iron-spec list shows which spec serves it)"]
     # A name no spec serves on a model type this one does: transformers builds it by its
     # model type (LlamaForCausalLM), and so does the spec.
     config["model_type"] = "llama"
