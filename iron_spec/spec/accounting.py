@@ -131,8 +131,10 @@ def unread_message(source: str, key: str, value: Any, why: str = "") -> str:
     """What lint and every load say of one key the spec does not read: ``why``
     transformers reads it, where known (``keys.Reads.why``)."""
     said = f", {why}," if why else ""
+    because = "transformers reads it: defaulted here, the model would be another" if why else \
+        "a key read by nothing is a silent default"
     return (f"{source}: key {key!r} (= {shown(value)}){said} is neither mapped under config: "
-            "nor listed in ignore: (a key read by nothing is a silent default)")
+            f"nor listed in ignore: ({because})")
 
 
 def split(spec: Spec, config_json: Mapping[str, Any]
