@@ -1,0 +1,190 @@
+"""Make the composite toys with towers (a text model and an image tower in one checkpoint) and
+record their goldens: each published checkpoint's own config.json with every key kept and
+only the sizes shrunk (and the token ids moved into a toy vocabulary), built by transformers'
+own class on drawn weights (``make_toys.spread``), with a tokenizer, the published chat
+template and the family's processor, each saved as transformers saves them.
+
+Run where torch and transformers are installed (not in CI, which reads the files):
+
+    python -m tests.checkpoints.make_towers            # every toy and its golden
+    python -m tests.checkpoints.make_towers NAME ...
+
+The golden (tests/goldens/<spec>/<toy>.npz) holds what transformers' own processor and
+model give for a chat with an image (``IMAGE``, drawn here, kept in the golden): the
+messages, the ids, the pixel values, the tower's soft tokens and the logits at every
+position of the prompt and of the greedy tokens after it (teacher-forced).
+
+The configs and where each was read:
+
+- gemma-3-4b-it: https://huggingface.co/google/gemma-3-4b-it/resolve/main/config.json (as
+  ``make_toys.GEMMA3_4B_IT``); its chat template as the hub's tokenizer_config.json holds it
+  (quoted whole in transformers' tests/models/gemma3/test_processing_gemma3.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .make_toys import GEMMA3_4B_IT, spread
+
+HERE = Path(__file__).resolve().parent
+GOLDENS = HERE.parent / "goldens"
+
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix"
+    " = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- set loop_messages = "
+    "messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n    {%- set "
+    "loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n    "
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n        {{ "
+    "raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") "
+    "}}\n    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set "
+    "role = \"model\" -%}\n    {%- else -%}\n        {%- set role = message['role'] -%}\n    "
+    "{%- endif -%}\n    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first "
+    "else \"\") }}\n    {%- if message['content'] is string -%}\n        {{ message['content'] "
+    "| trim }}\n    {%- elif message['content'] is iterable -%}\n        {%- for item in "
+    "message['content'] -%}\n            {%- if item['type'] == 'image' -%}\n                "
+    "{{ '<start_of_image>' }}\n            {%- elif item['type'] == 'text' -%}\n              "
+    "  {{ item['text'] | trim }}\n            {%- endif -%}\n        {%- endfor -%}\n    {%- "
+    "else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n    "
+    "{{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    "
+    "{{'<start_of_turn>model\n'}}\n{%- endif -%}\n")
+
+# The toy vocabulary: Gemma's special tokens first, then the 256 bytes (byte-level BPE).
+GEMMA3_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>",
+                   "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+
+GEMMA3_TOY = {
+    **GEMMA3_4B_IT,
+    "boi_token_index": 6, "eoi_token_index": 7, "image_token_index": 8, "eos_token_id": [1, 5],
+    "mm_tokens_per_image": 4,
+    "text_config": {**GEMMA3_4B_IT["text_config"], "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 6, "sliding_window": 8,
+                    "vocab_size": len(GEMMA3_SPECIALS) + 256, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16},
+    "vision_config": {**GEMMA3_4B_IT["vision_config"], "hidden_size": 32, "image_size": 56,
+                      "intermediate_size": 64, "num_attention_heads": 2,
+                      "num_hidden_layers": 2}}
+
+# A chat with an image between two texts: the golden's prompt.
+MESSAGES = [{"role": "user", "content": [
+    {"type": "text", "text": "Look at this:"}, {"type": "image"},
+    {"type": "text", "text": "What is in the picture?"}]}]
+
+
+def image() -> np.ndarray:
+    """The golden's image: 40x70 RGB, drawn at seed 0 (a size the processor must resize)."""
+    return np.random.default_rng(0).integers(0, 256, (40, 70, 3), dtype=np.uint8)
+
+
+def byte_level(specials: list[str], extra: dict):
+    """A byte-level BPE tokenizer: ``specials`` at ids 0.., then the 256 bytes, no merges;
+    as transformers' fast tokenizer with ``extra`` special tokens named."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {t: i for i, t in enumerate(specials)}
+    for b in sorted(alphabet):
+        vocab[b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>",
+                                   extra_special_tokens=extra)
+
+
+def gemma3_processor():
+    from transformers import Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    tokenizer = byte_level(GEMMA3_SPECIALS, {"boi_token": "<start_of_image>",
+                                             "eoi_token": "<end_of_image>",
+                                             "image_token": "<image_soft_token>"})
+    side = GEMMA3_TOY["vision_config"]["image_size"]
+    images = Gemma3ImageProcessorPil(size={"height": side, "width": side},
+                                     image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return Gemma3Processor(image_processor=images, tokenizer=tokenizer,
+                           chat_template=GEMMA3_CHAT_TEMPLATE,
+                           image_seq_length=GEMMA3_TOY["mm_tokens_per_image"])
+
+
+TOYS = {"gemma3-vision-toy": ("gemma3", GEMMA3_TOY, gemma3_processor)}
+
+
+def make(name: str) -> Path:
+    import torch
+    import transformers
+
+    spec, config, processor = TOYS[name]
+    directory = HERE / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    raw = directory / "raw-config.json"
+    raw.write_text(json.dumps(config, indent=2))
+    torch.manual_seed(0)
+    parsed = transformers.AutoConfig.from_pretrained(raw)
+    model = getattr(transformers, config["architectures"][0])(parsed).eval()
+    spread(model)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(directory)
+    raw.unlink()
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    processor().save_pretrained(directory)
+    record(spec, directory)
+    return directory
+
+
+def record(spec: str, directory: Path, steps: int = 8) -> Path:
+    """The golden of the toy in ``directory``: transformers' processor on ``MESSAGES`` and
+    ``image()``, its model's logits (float32) at every position of the prompt and of
+    ``steps`` greedy tokens after it."""
+    import torch
+    import transformers
+    from PIL import Image
+
+    processor = transformers.AutoProcessor.from_pretrained(directory)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(
+        directory, dtype=torch.float32).eval()
+    picture = image()
+    messages = [{"role": m["role"], "content": [
+        {**c, "image": Image.fromarray(picture)} if c["type"] == "image" else c
+        for c in m["content"]]} for m in MESSAGES]
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                           return_dict=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=steps, do_sample=False)
+        ids = out[0]
+        full = {k: v for k, v in inputs.items()}
+        full["input_ids"] = ids[None]
+        full["attention_mask"] = torch.ones_like(ids)[None]
+        types = inputs.get("token_type_ids")
+        if types is not None:
+            full["token_type_ids"] = torch.cat(
+                [types, torch.zeros(1, len(ids) - types.shape[1], dtype=types.dtype)], 1)
+        logits = model(**full).logits[0].float().numpy()
+        soft = model.get_image_features(inputs["pixel_values"], return_dict=True)
+        soft = soft.pooler_output.reshape(-1, logits.shape[0] and soft.pooler_output.shape[-1])
+    path = GOLDENS / spec / f"{directory.name}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path, messages=json.dumps(MESSAGES), image=picture,
+        prompt_ids=inputs["input_ids"][0].numpy(), ids=ids.numpy(),
+        pixel_values=inputs["pixel_values"].float().numpy(), soft_tokens=soft.float().numpy(),
+        logits=logits, transformers=transformers.__version__, torch=torch.__version__)
+    return path
+
+
+def main(names: list[str]) -> None:
+    for name in names or list(TOYS):
+        print(make(name))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
