@@ -151,7 +151,7 @@ class ReachAttention(Operator):
                 s = np.tanh(s / np.float32(softcap)) * np.float32(softcap)
             s = s.reshape(G, i1 - i0, R, -1)
             allowed = self._allowed(reach[i0:i1], start + i0, lo, hi, window)
-            s[:, ~allowed] = -np.inf  # (G, nb, w) selected over every head of a group
+            np.copyto(s, np.float32(-np.inf), where=~allowed[None, :, None, :])
             s -= s.max(-1, keepdims=True)
             np.exp(s, out=s)
             s /= s.sum(-1, keepdims=True)

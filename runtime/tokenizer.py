@@ -222,6 +222,12 @@ class Tokenizer:
                 or fails; the message names where the template was read
                 (``chat_template_source``) before the template's own.
         """
+        return self.encode(self.chat_text(messages, add_generation_prompt),
+                           add_special_tokens=False)
+
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The text the chat template renders ``messages`` into (``chat`` encodes it);
+        raises as ``chat``."""
         if self.chat_template is None:
             raise ValueError("this checkpoint has no chat template (tokenizer_config.json's "
                              "chat_template or chat_template.jinja); use a plain --prompt")
@@ -237,7 +243,7 @@ class Tokenizer:
             raise jinja2.TemplateError(f"{where}: line {e.lineno}: {e.message}") from None
         except jinja2.TemplateError as e:  # its own class kept (SecurityError, bounds)
             raise type(e)(f"{where}: {e}") from None
-        return self.encode(text, add_special_tokens=False)
+        return text
 
 
 def render(template: str, **context: Any) -> str:
