@@ -63,6 +63,7 @@ def command(
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES), help=KV_CACHE_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
+    image: Optional[List[Path]] = typer.Option(None, "--image", metavar="FILE", help="an image the prompt shows (repeat for several; a checkpoint with an image tower): placed where the prompt's image markers are, else before its text (with --chat, the first turn's)"),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
     with log_to_stderr():
@@ -86,6 +87,7 @@ def command(
                 raise FlagError("--prompt-ids is the prompt: give it without --prompt, "
                                 "--prompt-file or --chat")
             text = _prompt_text(prompt, prompt_file)
+            images = _images(image, ids is not None)
             if system is not None:
                 utf8_text(system, "--system")
             if (not chat and text is None and ids is None and checkpoint is not None
@@ -110,8 +112,11 @@ def command(
                        logprobs=json_output)
             model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
             out = _Output(model, json_output)
+            if images and model.multimodal is None:
+                raise ValueError(f"--image needs a checkpoint with an image tower (its spec's "
+                                 f"towers:); {model.spec} serves this one as a text model")
             if chat:
-                _chat(model, text, system, gen, out)
+                _chat(model, text, system, gen, out, images)
                 return
             if ids is not None:
                 out.show(model.stream(ids, **gen), shown=None if model.tokenizer else
@@ -130,10 +135,32 @@ def command(
             elif text is None:
                 raise FlagError("give --prompt TEXT (or --prompt-file F), --prompt-ids IDS, "
                                 "or --chat")
+            elif images:
+                marker = model.loaded.towers[0].prompt[0]
+                if marker not in text:  # the images before the text, one marker each
+                    text = marker * len(images) + text
+                out.show(model.stream(text, images=images, **gen))
             else:
                 out.show(model.stream(text, **gen))
         except EXPECTED as e:
             refuse(e)
+
+
+def _images(files: Optional[List[Path]], ids: bool) -> list[Path]:
+    """The ``--image`` files, each one there, before anything loads.
+
+    Raises:
+        FlagError: images beside ``--prompt-ids`` (whose placeholders no processor wrote).
+        FileNotFoundError: a file that is not there.
+    """
+    files = list(files or [])
+    if files and ids:
+        raise FlagError("--image goes with --prompt or --chat (the processor places its soft "
+                        "tokens), not --prompt-ids")
+    for f in files:
+        if not f.expanduser().is_file():
+            raise FileNotFoundError(f"--image {f}: no such file")
+    return [f.expanduser() for f in files]
 
 
 def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], toy: bool,
@@ -362,14 +389,14 @@ def _number(x: float):
 
 
 def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
-          out: _Output) -> None:
+          out: _Output, images: Optional[list] = None) -> None:
     """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
     assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
     the context is refused alone: said on stderr, the conversation goes on as it was; so is a
     reply an interrupt (^C) stops."""
     conversation = model.chat(system)
     if first is not None:
-        out.show(conversation.stream(first, **gen))
+        out.show(conversation.stream(first, images or None, **gen))
         return
     lines = 0
     while True:
@@ -383,7 +410,7 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
             continue
         try:
             utf8_text(text, f"line {lines}")
-            stream = conversation.stream(text, **gen)
+            stream = conversation.stream(text, images if lines == 1 else None, **gen)
         except (ValueError, IndexError) as e:  # that turn is refused, not the chat
             typer.echo(f"{message(e)}; skipped", err=True)
             continue
