@@ -46,6 +46,7 @@ class Session:
         # Placement: its chunks' starts and inputs); None: a text's ids alone.
         self.placement = None
         self._starts: list[int] = []  # the held run's chunk starts, where placed
+        self._stale: int | None = None  # the first position forgotten (forget)
         # The logits after the held tokens when a prompt run computed them (bitwise a fresh
         # run's): asked again for the same history, nothing runs.
         self._last: np.ndarray | None = None
@@ -97,14 +98,17 @@ class Session:
         """Hold nothing the caches have from ``position`` on: the next call runs again from
         the last chunk boundary before it (a tower's soft tokens changed there: the seeds'
         ``Session.forget``)."""
+        # The caches still hold what was written past it (a sliding window's ring has
+        # replaced older positions by it: resume_at reads how far), so the held tokens stay;
+        # what they share with the next history is cut at the position instead.
         position = max(0, int(position))
-        self._held = self._held[:position]
+        self._stale = position if self._stale is None else min(self._stale, position)
         self._exact = min(self._exact, position)
         self._last = None
 
     def _common(self, tokens: np.ndarray) -> int:
         held = self._held if self.lm.holder is self else self._held[:0]
-        n = min(held.size, tokens.size)
+        n = min(held.size, tokens.size, self._stale if self._stale is not None else held.size)
         differ = np.flatnonzero(held[:n] != tokens[:n])
         return int(differ[0]) if differ.size else n
 
@@ -188,7 +192,7 @@ class Session:
                     self._exact = end
             self._starts = starts if starts is not None else list(range(0, n, C))
             self._last = np.array(logits)
-        lm.holder, self._held = self, tokens
+        lm.holder, self._held, self._stale = self, tokens, None
         return logits, carry["token"]
 
     def generate(self, tokens: Iterable[int], max_tokens: int,

@@ -181,8 +181,67 @@ def record(spec: str, directory: Path, steps: int = 8) -> Path:
     return path
 
 
+def photograph() -> Path:
+    """A real photograph shipped inside a registry package: matplotlib's sample
+    grace_hopper.jpg (512x600, JPEG), read from the installed package, never fetched."""
+    import matplotlib
+
+    return Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+
+
+# Image processors as checkpoints configure them (transformers' PIL backends), by name: the
+# class and its preprocessor_config.json settings. Small sizes keep every pixel in the
+# golden; the published sizes keep a digest and every 1009th value.
+FRONT_ENDS = {
+    "gemma3-896": ("Gemma3ImageProcessorPil", {"size": {"height": 896, "width": 896},
+                                               "image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
+    "gemma3-64": ("Gemma3ImageProcessorPil", {"size": {"height": 64, "width": 64},
+                                              "image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
+    "clip-336": ("CLIPImageProcessorPil", {"size": {"shortest_edge": 336},
+                                           "crop_size": {"height": 336, "width": 336}}),
+    "clip-60": ("CLIPImageProcessorPil", {"size": {"shortest_edge": 64},
+                                          "crop_size": {"height": 60, "width": 60}}),
+}
+
+
+def record_front_ends() -> Path:
+    """transformers' pixel values for ``photograph()`` through each of ``FRONT_ENDS``, with
+    the class's own settings (``settings``: its to_dict, what our front end is given)."""
+    import hashlib
+
+    import transformers
+    from PIL import Image
+
+    out = {}
+    with Image.open(photograph()) as im:
+        decoded = np.asarray(im.convert("RGB"))
+        for name, (cls, settings) in FRONT_ENDS.items():
+            processor = getattr(transformers, cls)(**settings)
+            pixels = processor(im, return_tensors="np")["pixel_values"][0]
+            own = {k: v for k, v in processor.to_dict().items()
+                   if k in ("size", "resample", "do_resize", "do_center_crop", "crop_size",
+                            "do_rescale", "rescale_factor", "do_normalize", "image_mean",
+                            "image_std", "do_convert_rgb")}
+            out[f"{name}.settings"] = json.dumps(own)
+            out[f"{name}.shape"] = np.asarray(pixels.shape)
+            out[f"{name}.sha256"] = hashlib.sha256(pixels.astype(np.float32).tobytes()).hexdigest()
+            if pixels.size <= 3 * 64 * 64:
+                out[f"{name}.pixels"] = pixels
+            else:
+                out[f"{name}.samples"] = pixels.reshape(-1)[::1009]
+    path = GOLDENS / "front_ends" / "grace_hopper.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, names=np.asarray(list(FRONT_ENDS)),
+                        decoded_sha256=hashlib.sha256(decoded.tobytes()).hexdigest(),
+                        transformers=transformers.__version__,
+                        pillow=__import__("PIL").__version__, **out)
+    return path
+
+
 def main(names: list[str]) -> None:
-    for name in names or list(TOYS):
+    if not names or "front_ends" in names:
+        print(record_front_ends())
+    for name in [n for n in names if n != "front_ends"] if names else list(TOYS):
         print(make(name))
 
 
