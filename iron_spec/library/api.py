@@ -349,11 +349,14 @@ class Model:
                 self._own_context, "give a shorter prompt" + (
                     f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
         session = session if session is not None else self._session
+        placed = ids
+        if self.multimodal is not None:
+            ids = self.multimodal.lookup(ids)  # a placeholder past the vocabulary read as 0
         session.check(ids, more=n - 1)  # refused here, before anything runs
         if self.multimodal is not None:
             # Each image's soft tokens at its placeholders (its tower run once per image),
             # the caches forgotten from the first image that changed.
-            self.multimodal.place(session, ids, self._inputs(images or []))
+            self.multimodal.place(session, placed, self._inputs(images or []))
         return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
                       logprobs, bound, on_finish)
 

@@ -72,7 +72,8 @@ def judge(model, golden, session: Session | None = None) -> Judged:
     for k in range(first, len(every) + 1):
         history = every[:k]
         model.multimodal.place(session, history, {tower.placeholder: images})
-        results.append(divergence(golden["logits"][k - 1], session.logits(history)))
+        logits = session.logits(model.multimodal.lookup(history))
+        results.append(divergence(golden["logits"][k - 1], logits))
     return Judged(ids == golden["prompt_ids"].tolist(),
                   float(np.abs(pixels - golden["pixel_values"][0]).max()),
                   float(np.abs(soft - golden["soft_tokens"]).max()), kl_stats(results),

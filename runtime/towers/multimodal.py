@@ -143,6 +143,17 @@ class Multimodal:
         self.lm, self.towers, self.keep = lm, towers, keep
         self._soft: OrderedDict[str, np.ndarray] = OrderedDict()
 
+    def lookup(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` as the text model's embedding reads them: a placeholder outside its
+        vocabulary (Gemma 3's ``<image_soft_token>`` beside a 262144-row table) read as id 0,
+        as Gemma3Model's ``llm_input_ids[special_image_mask] = 0`` (its row is replaced by a
+        soft token anyway); the others as they are."""
+        V = self.lm.config.vocab_size
+        outside = [t for t in self.towers if t >= V]
+        if not outside:
+            return list(tokens)
+        return [0 if t in outside else t for t in tokens]
+
     def soft_tokens(self, token: int, raw) -> tuple[np.ndarray, str]:
         """The soft tokens of one input of placeholder ``token``'s tower, and its digest."""
         key = f"{token}:{digest(raw)}"

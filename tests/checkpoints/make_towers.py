@@ -141,7 +141,8 @@ def make(name: str) -> Path:
     return directory
 
 
-def record(spec: str, directory: Path, steps: int = 8) -> Path:
+def record(spec: str, directory: Path, steps: int = 8, picture: np.ndarray | None = None,
+           path: Path | None = None) -> Path:
     """The golden of the toy in ``directory``: transformers' processor on ``MESSAGES`` and
     ``image()``, its model's logits (float32) at every position of the prompt and of
     ``steps`` greedy tokens after it."""
@@ -152,7 +153,7 @@ def record(spec: str, directory: Path, steps: int = 8) -> Path:
     processor = transformers.AutoProcessor.from_pretrained(directory)
     model = transformers.AutoModelForImageTextToText.from_pretrained(
         directory, dtype=torch.float32).eval()
-    picture = image()
+    picture = image() if picture is None else picture
     messages = [{"role": m["role"], "content": [
         {**c, "image": Image.fromarray(picture)} if c["type"] == "image" else c
         for c in m["content"]]} for m in MESSAGES]
@@ -171,7 +172,7 @@ def record(spec: str, directory: Path, steps: int = 8) -> Path:
         logits = model(**full).logits[0].float().numpy()
         soft = model.get_image_features(inputs["pixel_values"], return_dict=True)
         soft = soft.pooler_output.reshape(-1, logits.shape[0] and soft.pooler_output.shape[-1])
-    path = GOLDENS / spec / f"{directory.name}.npz"
+    path = path or GOLDENS / spec / f"{directory.name}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
         path, messages=json.dumps(MESSAGES), image=picture,
