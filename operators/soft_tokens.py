@@ -1,6 +1,8 @@
 """What a tower's soft tokens meet: pooling over a patch grid, placing soft rows at a text's
 placeholder rows, and attention in which one image's rows see each other.
 
+- ``prepend_row``, ``row_range``: a class row before an image's patch rows, and rows cut
+  from a tower's output (CLIP's class embedding, LLaVA's feature selection).
 - ``average_pool``: a vision tower's rows, a row-major grid of patches, averaged over square
   windows (torch's ``nn.AvgPool2d(kernel, stride=kernel)``, Gemma3MultiModalProjector's).
 - ``place_rows``: a prompt chunk's embedding rows with its placeholder rows replaced by soft
@@ -50,6 +52,52 @@ class AveragePool(Operator):
 
     def scale(self, reference, x, side=1, kernel=1):
         return self.reference(np.abs(as64(x)), side=side, kernel=kernel)
+
+
+class PrependRow(Operator):
+    """``row`` ``(d,)`` then the rows of ``x`` ``(n, d)``: ``(n + 1, d)``, a class embedding
+    before an image's patches (CLIPVisionEmbeddings' ``cat([class_embeds, patch_embeds])``)."""
+
+    name = "prepend_row"
+    keeps_bound = False
+
+    def shape(self, x, row):
+        if len(x) != 2 or tuple(row) != (x[1],):
+            raise ValueError(f"prepend_row: a row {row} of x {x}'s width")
+        return (x[0] + 1, x[1])
+
+    def reference(self, x, row):
+        return np.concatenate([as64(row)[None], as64(x)])
+
+    def kernel(self, out, x, row, scratch=None):
+        out[0] = row
+        out[1:] = x
+
+    def tolerance(self, x, row):
+        return Tolerance(atol=0.0, rtol=0.0)
+
+
+class RowRange(Operator):
+    """Rows ``begin .. end - 1`` of ``x`` ``(n, d)``: an image's patch rows without its class
+    row (LlavaModel's ``selected_image_feature[:, 1:]``)."""
+
+    name = "row_range"
+    keeps_bound = False
+
+    def shape(self, x, begin=0, end=None):
+        end = x[0] if end is None else end
+        if len(x) != 2 or not 0 <= begin < end <= x[0]:
+            raise ValueError(f"row_range: rows {begin}..{end} of {x}")
+        return (end - begin, x[1])
+
+    def reference(self, x, begin=0, end=None):
+        return as64(x)[begin:end]
+
+    def kernel(self, out, x, scratch=None, begin=0, end=None):
+        out[...] = x[begin:end]
+
+    def tolerance(self, x, begin=0, end=None):
+        return Tolerance(atol=0.0, rtol=0.0)
 
 
 class PlaceRows(Operator):

@@ -444,9 +444,7 @@ class Conversation:
                             "messages are in; it takes no session= (Model.stream does)")
         then = options.pop("on_finish", None)
         arguments.callable_or_none(then, "on_finish", "the Completion once it ends")
-        content = text if not images else [{"type": "image", "image": im} for im in images] + \
-            [{"type": "text", "text": text}]
-        turn = self.messages + [{"role": "user", "content": content}]
+        turn = self.messages + [{"role": "user", "content": self._content(text, images)}]
         ids = self.model.encode(turn)
         L = self.model.max_seq_len
         room = L - len(ids) + 1
@@ -470,13 +468,23 @@ class Conversation:
         def keep(result: Completion) -> None:
             if result.finish_reason == "interrupted":  # dropped: the conversation as it was
                 return
-            self.messages[:] = turn + [{"role": "assistant", "content": result.text}]
+            self.messages[:] = turn + [{"role": "assistant",
+                                        "content": self._content(result.text)}]
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"
             if then is not None:  # the caller's, after the conversation holds the reply
                 then(result)
 
         return self.model.stream(turn, session=self.session, on_finish=keep, **options)
+
+    def _content(self, text: str, images: Sequence | None = None):
+        """A message's content: its text, or for a model with towers a list of items
+        (images first, then the text), as transformers' chat messages give them to a
+        processor's template (LLaVA's reads items alone)."""
+        if self.model.multimodal is None:
+            return text
+        return [{"type": "image", "image": im} for im in images or []] + \
+            [{"type": "text", "text": text}]
 
     def send(self, text: str, images: Sequence | None = None, **options) -> str:
         """The reply to ``text``; as ``stream``."""

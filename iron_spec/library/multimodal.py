@@ -6,8 +6,9 @@ chat messages give them (``{"type": "text", "text": ...}``, ``{"type": "image", 
 the chat template's image marker (``<start_of_image>``) once per image, with the images
 given beside it. The chat template renders the messages (an image item as its marker), the
 processor's expansion replaces each marker with the image's placeholders (the spec's
-``towers[].prompt``), and the text is encoded as ``apply_chat_template`` does, special
-tokens as written.
+``towers[].prompt``), and the text is encoded as the processor's ``apply_chat_template``
+does: the tokenizer's special tokens added (LLaVA's ``<s>``), unless the template's text
+begins with the BOS itself (Gemma's).
 
 Not for: running towers (``runtime.towers.multimodal``), loading them (``spec.towers``).
 """
@@ -126,7 +127,11 @@ def encode(model, prompt, images: Sequence | None = None) -> tuple[list[int], li
         raise ValueError("this model has no image tower (its checkpoint is a text model, or "
                          "its spec declares no towers:)")
     text = expand(text, towers, images)
-    return tokenizer.encode(text, add_special_tokens=isinstance(prompt, str)), images
+    # As the processor tokenizes: the tokenizer's special tokens added, but where a chat
+    # template's text begins with the BOS it wrote (ProcessorMixin.apply_chat_template).
+    bos = tokenizer.special.get("bos_token")
+    special = isinstance(prompt, str) or not (bos is not None and text.startswith(bos))
+    return tokenizer.encode(text, add_special_tokens=special), images
 
 
 def has_images(prompt) -> bool:

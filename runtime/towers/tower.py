@@ -37,21 +37,36 @@ from ..plan import Plan
 from ..reference import Reference
 
 
+PROJECTORS = ("linear", "mlp")
+
+
 @dataclass(frozen=True)
 class ProjectorOptions:
-    """The projector after pooling: ``norm`` (None: none) then ``linear`` ``(text_hidden,
-    hidden)`` with a bias where ``bias``."""
+    """The projector after pooling: ``norm`` (None: none), then for kind ``linear`` one
+    ``linear`` ``(text_hidden, hidden)`` (Gemma3MultiModalProjector's), for ``mlp``
+    ``linear_1`` ``(text_hidden, hidden)``, the activation ``act`` (an ACT2FN name) and
+    ``linear_2`` ``(text_hidden, text_hidden)`` (LlavaMultiModalProjector's); biases where
+    ``bias``."""
 
     norm: NormOptions | None = None
     bias: bool = False
+    kind: str = "linear"
+    act: str = "gelu"
 
 
 @dataclass(frozen=True)
 class TowerOptions:
     """A vision tower's shape: ``encoder`` (its layers, norm and width, ``hidden_size``),
-    ``channels`` and ``patch`` (the patch embedding's kernel and stride), ``image``
-    (height, width) in pixels, ``pool`` (the average pooling window over the patch grid; 1:
-    none), ``projector``, and ``text_hidden``, the text model's width."""
+    ``channels`` and ``patch`` (the patch embedding's kernel and stride; ``patch_bias``:
+    its bias), ``image`` (height, width) in pixels, ``pool`` (the average pooling window over
+    the patch grid; 1: none), ``projector``, and ``text_hidden``, the text model's width.
+    ``class_embedding``: a learned row before the patches (CLIPVisionEmbeddings'), with a
+    position of its own; ``pre_norm``: a norm of the encoder's kind on the embeddings
+    (CLIP's ``pre_layrnorm``); ``layers_run``: the layers run, the first of them (the
+    hidden state LLaVA's ``vision_feature_layer`` selects; None: all); ``final_norm``: the
+    encoder's final norm runs after them (SigLIP's ``post_layernorm``; CLIP's reaches only
+    its pooled row, so LLaVA's features are not normed); ``drop``: leading rows left out
+    before the projector (the class row, ``vision_feature_select_strategy`` default)."""
 
     encoder: EncoderOptions
     channels: int
@@ -60,6 +75,12 @@ class TowerOptions:
     pool: int
     projector: ProjectorOptions
     text_hidden: int
+    patch_bias: bool = True
+    class_embedding: bool = False
+    pre_norm: bool = False
+    layers_run: int | None = None
+    final_norm: bool = True
+    drop: int = 0
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -73,10 +94,15 @@ class TowerOptions:
         return h * w
 
     @property
+    def rows(self) -> int:
+        """Rows the encoder runs: a class row where there is one, then the patches."""
+        return self.patches + self.class_embedding
+
+    @property
     def soft(self) -> int:
-        """Soft tokens an image gives: a row per pooling window."""
+        """Soft tokens an image gives: a row per pooling window, less the rows dropped."""
         h, w = self.grid
-        return (h // self.pool) * (w // self.pool)
+        return (h // self.pool) * (w // self.pool) + self.class_embedding - self.drop
 
 
 class PatchEmbeddings(Module):
@@ -85,10 +111,12 @@ class PatchEmbeddings(Module):
 
     def __init__(self, o: TowerOptions):
         E, C, p = o.encoder.hidden_size, o.channels, o.patch
-        self.patch_embedding = Linear(C * p * p, E, True)
+        if o.class_embedding:
+            self.class_embedding = Param(E)
+        self.patch_embedding = Linear(C * p * p, E, o.patch_bias)
         self.patch_embedding.weight.reshaped = (E, C, p, p)
         self.position_embedding = Module()
-        self.position_embedding.weight = Param(o.patches, E)
+        self.position_embedding.weight = Param(o.rows, E)
 
 
 class Projector(Module):
@@ -96,8 +124,23 @@ class Projector(Module):
 
     def __init__(self, o: TowerOptions):
         p = o.projector
+        if p.kind not in PROJECTORS:
+            raise ValueError(f"projector kind {p.kind!r} is not one of {', '.join(PROJECTORS)}")
         self.norm = None if p.norm is None else Norm(o.encoder.hidden_size, p.norm)
-        self.linear = Linear(o.encoder.hidden_size, o.text_hidden, p.bias)
+        if p.kind == "linear":
+            self.linear = Linear(o.encoder.hidden_size, o.text_hidden, p.bias)
+        else:
+            self.linear_1 = Linear(o.encoder.hidden_size, o.text_hidden, p.bias)
+            self.linear_2 = Linear(o.text_hidden, o.text_hidden, p.bias)
+        self.options = p
+
+    def __call__(self, rec: Recorder, x):
+        if self.norm is not None:
+            x = self.norm(rec, x)
+        if self.options.kind == "linear":
+            return self.linear(rec, x)
+        h = rec.step("activation", self.linear_1(rec, x), where=self.path, act=self.options.act)
+        return self.linear_2(rec, h)
 
 
 class Tower(Module):
@@ -120,7 +163,15 @@ class Tower(Module):
         if any(lo.placement != "pre" for lo in o.encoder.layers):
             raise ValueError("a tower's encoder layers are pre-norm (SigLIP's, CLIP's): "
                              "layer/placement pre")
+        if o.layers_run is not None and not 0 <= o.layers_run <= len(o.encoder.layers):
+            raise ValueError(f"the features after {o.layers_run} layers: there are "
+                             f"{len(o.encoder.layers)}")
+        if o.pool > 1 and (o.class_embedding or o.drop):
+            raise ValueError("pooling reads the patch grid alone: not with a class row")
+        if not 0 <= o.drop < o.rows:
+            raise ValueError(f"{o.drop} rows dropped of {o.rows}")
         self.embeddings = PatchEmbeddings(o)
+        self.pre_norm = Norm(o.encoder.hidden_size, o.encoder.norm) if o.pre_norm else None
         self.encoder = Stack(o.encoder)
         self.projector = Projector(o)
         self.options = o
@@ -133,19 +184,25 @@ class Tower(Module):
         o = self.options
         C, p = o.channels, o.patch
         rows = rec.input("patches", (o.patches, C * p * p), np.float32)
-        x = self.embeddings.patch_embedding(rec, rows)
-        table = self.embeddings.position_embedding
+        e = self.embeddings
+        x = e.patch_embedding(rec, rows)
+        if o.class_embedding:
+            row = rec.hold("param", e.where("class_embedding"), e.class_embedding.array)
+            x = rec.step("prepend_row", x, row, where=e.path)
+        table = e.position_embedding
         w = rec.hold("param", table.where("weight"), table.weight.array)
-        x = rec.step("add", x, w, where=self.embeddings.path)
-        for layer in self.encoder.layer:
+        x = rec.step("add", x, w, where=e.path)
+        if self.pre_norm is not None:
+            x = self.pre_norm(rec, x)
+        for layer in self.encoder.layer[:o.layers_run]:
             x = layer(rec, x)
-        if self.encoder.LayerNorm is not None:
+        if self.encoder.LayerNorm is not None and o.final_norm:
             x = self.encoder.LayerNorm(rec, x)
+        if o.drop:
+            x = rec.step("row_range", x, where=self.path, begin=o.drop)
         if o.pool > 1:
             x = rec.step("average_pool", x, where=self.path, side=o.grid[0], kernel=o.pool)
-        if self.projector.norm is not None:
-            x = self.projector.norm(rec, x)
-        return self.projector.linear(rec, x)
+        return self.projector(rec, x)
 
     @property
     def version(self) -> "TowerVersion":

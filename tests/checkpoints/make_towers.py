@@ -81,7 +81,8 @@ def image() -> np.ndarray:
     return np.random.default_rng(0).integers(0, 256, (40, 70, 3), dtype=np.uint8)
 
 
-def byte_level(specials: list[str], extra: dict):
+def byte_level(specials: list[str], extra: dict, bos: str = "<bos>", eos: str = "<eos>",
+               pad: str = "<pad>"):
     """A byte-level BPE tokenizer: ``specials`` at ids 0.., then the 256 bytes, no merges;
     as transformers' fast tokenizer with ``extra`` special tokens named."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -95,8 +96,8 @@ def byte_level(specials: list[str], extra: dict):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>",
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   pad_token=pad, unk_token="<unk>",
                                    extra_special_tokens=extra)
 
 
@@ -115,7 +116,70 @@ def gemma3_processor():
                            image_seq_length=GEMMA3_TOY["mm_tokens_per_image"])
 
 
-TOYS = {"gemma3-vision-toy": ("gemma3", GEMMA3_TOY, gemma3_processor)}
+# llava-hf/llava-1.5-7b-hf's config.json, every key as published (quoted whole in public
+# code: the search tool's ids 34455599379 and 70732340604).
+LLAVA_15_7B = {
+    "architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100,
+    "image_token_index": 32000, "model_type": "llava", "pad_token_id": 32001,
+    "projector_hidden_act": "gelu",
+    "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                    "max_position_embeddings": 4096, "model_type": "llama",
+                    "rms_norm_eps": 1e-05, "torch_dtype": "float16", "vocab_size": 32064},
+    "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.36.0.dev0",
+    "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                      "model_type": "clip_vision_model", "num_attention_heads": 16,
+                      "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768,
+                      "vocab_size": 32000},
+    "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+    "vocab_size": 32064}
+
+# Its chat template as the hub's chat_template.json holds it (quoted whole in transformers'
+# tests/models/llava_next/test_processing_llava_next.py and public code, id 6586307686).
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper()"
+    " + ': '}}{% endif %}{# Render all images first #}{% for content in message['content'] | "
+    "selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}{# Render all text "
+    "next #}{% if message['role'] != 'assistant' %}{% for content in message['content'] | "
+    "selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% endfor %}{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+
+LLAVA_SPECIALS = ["<unk>", "<s>", "</s>", "<image>", "<pad>"]
+
+LLAVA_TOY = {
+    **LLAVA_15_7B, "image_token_index": 3, "pad_token_id": 4,
+    "vocab_size": len(LLAVA_SPECIALS) + 256,
+    "text_config": {**LLAVA_15_7B["text_config"], "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "vocab_size": len(LLAVA_SPECIALS) + 256},
+    "vision_config": {**LLAVA_15_7B["vision_config"], "hidden_size": 32, "image_size": 56,
+                      "intermediate_size": 64, "num_attention_heads": 2,
+                      "num_hidden_layers": 3, "projection_dim": 16}}
+
+
+def llava_processor():
+    from tokenizers import processors
+    from transformers import LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer = byte_level(LLAVA_SPECIALS, {"image_token": "<image>"}, bos="<s>", eos="</s>",
+                           pad="<pad>")
+    # LlamaTokenizer's BOS before every text, as the published tokenizer adds it.
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    side = LLAVA_TOY["vision_config"]["image_size"]
+    images = CLIPImageProcessorPil(size={"shortest_edge": side},
+                                   crop_size={"height": side, "width": side})
+    return LlavaProcessor(image_processor=images, tokenizer=tokenizer,
+                          chat_template=LLAVA_CHAT_TEMPLATE, patch_size=14,
+                          vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1)
+
+
+TOYS = {"gemma3-vision-toy": ("gemma3", GEMMA3_TOY, gemma3_processor),
+        "llava-1.5-toy": ("llama3", LLAVA_TOY, llava_processor)}
 
 
 def make(name: str) -> Path:
@@ -132,7 +196,7 @@ def make(name: str) -> Path:
     parsed = transformers.AutoConfig.from_pretrained(raw)
     model = getattr(transformers, config["architectures"][0])(parsed).eval()
     spread(model)
-    model = model.to(torch.bfloat16)
+    model = model.to({"float16": torch.float16}.get(config.get("torch_dtype"), torch.bfloat16))
     model.save_pretrained(directory)
     raw.unlink()
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -170,8 +234,10 @@ def record(spec: str, directory: Path, steps: int = 8, picture: np.ndarray | Non
             full["token_type_ids"] = torch.cat(
                 [types, torch.zeros(1, len(ids) - types.shape[1], dtype=types.dtype)], 1)
         logits = model(**full).logits[0].float().numpy()
-        soft = model.get_image_features(inputs["pixel_values"], return_dict=True)
-        soft = soft.pooler_output.reshape(-1, logits.shape[0] and soft.pooler_output.shape[-1])
+        pooled = model.get_image_features(inputs["pixel_values"], return_dict=True).pooler_output
+        # One image: its soft tokens (soft, hidden), whether held as a batch or a list.
+        soft = pooled[0] if isinstance(pooled, (list, tuple)) else pooled
+        soft = soft.reshape(-1, soft.shape[-1])
     path = path or GOLDENS / spec / f"{directory.name}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from iron_spec.runtime.towers.images import ImageProcessor
-from iron_spec.runtime.towers.tower import ProjectorOptions, TowerOptions
+from iron_spec.operators.activation import ACTIVATIONS
+from iron_spec.runtime.towers.tower import PROJECTORS, ProjectorOptions, TowerOptions
 
 from ..config import Resolved
 from ..loader import Spec
@@ -138,9 +139,52 @@ def tower_options(entry: TowerEntry, r: Resolved, encoder, text_hidden: int) -> 
                                                   "from 1")
     j = ("projector",)
     norm = norm_options(v, r, j + ("norm",)) if v.get(*j, "norm") is not None else None
-    projector = ProjectorOptions(norm=norm, bias=_flag_option(v, r, j + ("bias",), False))
+    kind = v.get(*j, "kind", default="linear")
+    if kind not in PROJECTORS:
+        raise v.error(j + ("kind",), f"projector kind {kind!r} is not one of "
+                                     f"{', '.join(PROJECTORS)}")
+    act = _option(v, r, j + ("act",), "gelu") if kind == "mlp" else "gelu"
+    if act not in ACTIVATIONS:
+        raise v.error(j + ("act",), f"projector act {act!r} is not one of "
+                                    f"{', '.join(ACTIVATIONS)}")
+    projector = ProjectorOptions(norm=norm, bias=_flag_option(v, r, j + ("bias",), False),
+                                 kind=kind, act=act)
+    cls = _flag_option(v, r, p + ("class",), False)
+    layers, final, drop = _features(entry, r, len(encoder.layers), cls)
     return TowerOptions(encoder=encoder, channels=channels, patch=size, image=(side, side),
-                        pool=pool, projector=projector, text_hidden=text_hidden)
+                        pool=pool, projector=projector, text_hidden=text_hidden,
+                        patch_bias=_flag_option(v, r, p + ("bias",), True),
+                        class_embedding=cls,
+                        pre_norm=_flag_option(v, r, ("pre_norm",), False),
+                        layers_run=layers, final_norm=final, drop=drop)
+
+
+def _features(entry: TowerEntry, r: Resolved, depth: int, cls: bool
+              ) -> tuple[int | None, bool, int]:
+    """``features``: the layers run (``layer``: transformers' hidden-state index, 0 the
+    embeddings, -1 the last layer's, as LLaVA's ``vision_feature_layer``; absent: all), the
+    final norm after them (``final_norm``, default true) and the rows dropped
+    (``strategy``: ``default`` drops the class row, ``full`` keeps it, as
+    ``vision_feature_select_strategy``).
+
+    Raises:
+        SpecError: a layer that is no whole number within the hidden states (a list of
+            layers, concatenated, is not built), or a strategy other than those two.
+    """
+    v, f = entry.view, ("features",)
+    layer = _option(v, r, f + ("layer",), None)
+    if layer is not None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -depth - 1 <= layer <= depth:
+            raise v.error(f + ("layer",), f"features.layer is {layer!r}: one hidden state's "
+                          f"index within -{depth + 1}..{depth} (several, concatenated, are not "
+                          "built)")
+        layer = layer if layer >= 0 else depth + 1 + layer
+    strategy = _option(v, r, f + ("strategy",), None) or "full"
+    if strategy not in ("default", "full"):
+        raise v.error(f + ("strategy",), f"features.strategy is {strategy!r}: default (the "
+                                         "class row dropped) or full")
+    return layer, _flag_option(v, r, f + ("final_norm",), True), \
+        int(cls and strategy == "default")
 
 
 def placeholder(entry: TowerEntry, r: Resolved, vocab: int) -> int:
