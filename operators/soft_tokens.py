@@ -100,6 +100,59 @@ class RowRange(Operator):
         return Tolerance(atol=0.0, rtol=0.0)
 
 
+class CallRows(Operator):
+    """The first rows of ``x`` ``(n, d)``, as many as the call runs: the rows of a fixed-size
+    front end (an audio tower's 30-second window) that hold its input, read by the encoder
+    layers after it (``rows`` ``(n,)`` int32, a bounded input: only its count is read).
+    Qwen2AudioEncoder masks the keys past the sound's frames; rows past them reach no soft
+    token, so the layers run on the sound's rows alone."""
+
+    name = "call_rows"
+
+    def shape(self, x, rows):
+        if len(x) != 2 or tuple(rows) != (x[0],):
+            raise ValueError(f"call_rows: x {x} (n, d) and a bound rows {rows} (n,)")
+        return x
+
+    def reference(self, x, rows):
+        return as64(x)[: len(rows)]
+
+    def kernel(self, out, x, rows, scratch=None):
+        out[...] = x[: out.shape[0]]
+
+    def tolerance(self, x, rows):
+        return Tolerance(atol=0.0, rtol=0.0)
+
+
+class PairMean(Operator):
+    """Row ``i`` of the output the mean of rows ``2i`` and ``2i + 1`` of ``x`` ``(n, d)``,
+    for ``i < n // 2``, zeros after (the rows stay as many as the call's):
+    ``nn.AvgPool1d(2, stride=2)`` over the rows, Qwen2AudioEncoder's ``avg_pooler``."""
+
+    name = "pair_mean"
+
+    def shape(self, x):
+        if len(x) != 2:
+            raise ValueError(f"pair_mean: x {x} is not (n, d)")
+        return x
+
+    def reference(self, x):
+        x = as64(x)
+        h = x.shape[0] // 2
+        out = np.zeros_like(x)
+        out[:h] = (x[0: 2 * h: 2] + x[1: 2 * h: 2]) / 2
+        return out
+
+    def kernel(self, out, x, scratch=None):
+        h = x.shape[0] // 2
+        np.add(x[0: 2 * h: 2], x[1: 2 * h: 2], out=out[:h])
+        out[:h] *= np.float32(0.5)
+        out[h:] = 0.0
+
+    def tolerance(self, x):
+        return Tolerance(atol=0.0, rtol=2 * EPS32)
+
+
 class PlaceRows(Operator):
     """``x`` ``(n, d)`` with each row ``i`` where ``mask[i]`` is not 0 replaced by
     ``soft[i]`` (``soft`` ``(n, d)``, the soft tokens laid out at their placeholder rows):

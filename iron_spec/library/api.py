@@ -282,7 +282,8 @@ class Model:
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
                stop: str | Sequence[str] | None = None, seed: int | None = None,
                logprobs: bool = False, session: Session | None = None,
-               on_finish=None, images: Sequence | None = None) -> Stream:
+               on_finish=None, images: Sequence | None = None,
+               audio: Sequence | None = None) -> Stream:
         """A generation after ``prompt``, run as it is iterated: text pieces as drawn.
 
         Args:
@@ -300,11 +301,12 @@ class Model:
             session: the history whose KV cache to resume from and extend (default: the
                 model's own): a ``runtime.session.Session(model.loaded.lm)``; a call whose
                 prompt begins with what the session last ran re-runs only the rest.
-            images: a model with towers: the images of a text prompt's image markers, in
-                order (paths, PIL images or uint8 arrays); messages hold theirs as
-                transformers' chat messages do (``library.multimodal``). Each image's tower
-                runs once; a later call holding the same image reuses its soft tokens and,
-                where the session held it, its KV cache.
+            images, audio: a model with towers: the images (paths, PIL images or uint8
+                arrays) and sounds (paths, or samples at the feature extractor's rate) of a
+                text prompt's markers, in order; messages hold theirs as transformers' chat
+                messages do (``library.multimodal``). Each input's tower runs once; a later
+                call holding the same input reuses its soft tokens and, where the session
+                held it, its KV cache.
 
         Returns:
             A ``Stream``: iterate it for ``str`` pieces; ``.result`` is the ``Completion``
@@ -327,8 +329,9 @@ class Model:
                             "one with `from iron_spec.runtime.session import Session; session "
                             "= Session(model.loaded.lm)` (it keeps its own history's KV cache "
                             "from call to call)")
-        if images is not None or multimodal.has_images(prompt):
-            ids, images = multimodal.encode(self, prompt, images)
+        inputs = {}
+        if images is not None or audio is not None or multimodal.has_images(prompt):
+            ids, inputs = multimodal.encode(self, prompt, {"image": images, "audio": audio})
         else:
             ids = self.encode(prompt)
         sampler = self.sampler(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -356,14 +359,9 @@ class Model:
         if self.multimodal is not None:
             # Each image's soft tokens at its placeholders (its tower run once per image),
             # the caches forgotten from the first image that changed.
-            self.multimodal.place(session, placed, self._inputs(images or []))
+            self.multimodal.place(session, placed, inputs)
         return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
                       logprobs, bound, on_finish)
-
-    def _inputs(self, images: list) -> dict[int, list]:
-        """The images by the placeholder token of the tower that reads them."""
-        towers = self.loaded.towers
-        return {towers[0].placeholder: list(images)} if towers else {}
 
     def complete(self, prompt, **options) -> Completion:
         """The whole generation as a ``Completion`` (text, token ids, finish reason,
@@ -425,11 +423,13 @@ class Conversation:
                                                                  "content": system}]
         self.session = Session(model.loaded.lm)
 
-    def stream(self, text: str, images: Sequence | None = None, **options) -> Stream:
+    def stream(self, text: str, images: Sequence | None = None,
+               audio: Sequence | None = None, **options) -> Stream:
         """The reply to ``text`` as it is drawn; options as ``Model.stream`` (by default at
         most 512 tokens, ending at the end of the assistant's turn). ``images`` (a model
         with towers): images the turn shows, before its text (as transformers' chat
-        messages, ``{"type": "image", "image": ...}`` items).
+        messages, ``{"type": "image", "image": ...}`` items); ``audio``: sounds it plays,
+        likewise (``{"type": "audio", "audio": ...}``).
 
         Raises:
             ContextFull: the conversation with this turn leaves no room to draw a token
@@ -444,7 +444,8 @@ class Conversation:
                             "messages are in; it takes no session= (Model.stream does)")
         then = options.pop("on_finish", None)
         arguments.callable_or_none(then, "on_finish", "the Completion once it ends")
-        turn = self.messages + [{"role": "user", "content": self._content(text, images)}]
+        turn = self.messages + [{"role": "user",
+                                 "content": self._content(text, images, audio)}]
         ids = self.model.encode(turn)
         L = self.model.max_seq_len
         room = L - len(ids) + 1
@@ -477,18 +478,21 @@ class Conversation:
 
         return self.model.stream(turn, session=self.session, on_finish=keep, **options)
 
-    def _content(self, text: str, images: Sequence | None = None):
+    def _content(self, text: str, images: Sequence | None = None,
+                 audio: Sequence | None = None):
         """A message's content: its text, or for a model with towers a list of items
         (images first, then the text), as transformers' chat messages give them to a
         processor's template (LLaVA's reads items alone)."""
         if self.model.multimodal is None:
             return text
         return [{"type": "image", "image": im} for im in images or []] + \
+            [{"type": "audio", "audio": a} for a in audio or []] + \
             [{"type": "text", "text": text}]
 
-    def send(self, text: str, images: Sequence | None = None, **options) -> str:
+    def send(self, text: str, images: Sequence | None = None,
+             audio: Sequence | None = None, **options) -> str:
         """The reply to ``text``; as ``stream``."""
-        return self.stream(text, images, **options).text()
+        return self.stream(text, images, audio, **options).text()
 
 
 class EncoderModel:

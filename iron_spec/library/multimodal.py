@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 from iron_spec.runtime.towers.multimodal import Multimodal
 
-IMAGE_KEYS = ("image", "path")
+#: The content items a tower of each modality reads, and the keys that hold their input.
+KEYS = {"image": ("image", "path"), "audio": ("audio", "path")}
 
 
 def multimodal(loaded) -> Multimodal | None:
@@ -31,31 +32,33 @@ def multimodal(loaded) -> Multimodal | None:
     return Multimodal(loaded.lm, {t.placeholder: t.run() for t in towers})
 
 
-def image_of(item: dict, where: str) -> Any:
-    """The image a content item names.
+def media_of(item: dict, where: str) -> Any:
+    """The input a content item names (an image's or a sound's).
 
     Raises:
         ValueError: an item naming none, or a URL (nothing is fetched).
     """
-    for key in IMAGE_KEYS:
+    for key in KEYS[item["type"]]:
         if item.get(key) is not None:
             return item[key]
-    if item.get("url") is not None:
-        raise ValueError(f"{where}: an image by URL ({item['url']!r}) is not fetched; give "
-                         "a file path, a PIL image or a uint8 array under 'image'")
-    raise ValueError(f"{where}: an image item names no image: give its file, a PIL image or "
-                     "a uint8 array under 'image'")
+    for key in ("url", "image_url", "audio_url"):
+        if item.get(key) is not None:
+            raise ValueError(f"{where}: an input by URL ({item[key]!r}) is not fetched; give "
+                             f"a file path or the {item['type']} itself under "
+                             f"{item['type']!r}")
+    raise ValueError(f"{where}: an {item['type']} item names no input: give its file under "
+                     f"{item['type']!r}")
 
 
-def message_images(messages: Sequence[dict]) -> tuple[list[dict], list]:
-    """``messages`` with each image item's image left out (the template renders its marker
-    alone), and the images in order.
+def message_media(messages: Sequence[dict]) -> tuple[list[dict], dict[str, list]]:
+    """``messages`` with each image or audio item's input left out (the template renders
+    its marker alone), and the inputs by modality, in order.
 
     Raises:
         TypeError: a message or content item of the wrong form (named by its index).
-        ValueError: an image item naming no image.
+        ValueError: an item naming no input.
     """
-    out, images = [], []
+    out, media = [], {kind: [] for kind in KEYS}
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not (
@@ -67,71 +70,83 @@ def message_images(messages: Sequence[dict]) -> tuple[list[dict], list]:
             continue
         items = []
         for j, item in enumerate(content):
-            if not isinstance(item, dict) or item.get("type") not in ("text", "image"):
+            if not isinstance(item, dict) or item.get("type") not in ("text", *KEYS):
                 raise TypeError(f"message {i} item {j} is {item!r}: an item is "
-                                "{'type': 'text', 'text': ...} or {'type': 'image', "
-                                "'image': ...}")
-            if item["type"] == "image":
-                images.append(image_of(item, f"message {i} item {j}"))
-                items.append({"type": "image"})
+                                "{'type': 'text', 'text': ...}, {'type': 'image', 'image': "
+                                "...} or {'type': 'audio', 'audio': ...}")
+            if item["type"] in KEYS:
+                media[item["type"]].append(media_of(item, f"message {i} item {j}"))
+                items.append({"type": item["type"]})
             else:
                 if not isinstance(item.get("text"), str):
                     raise TypeError(f"message {i} item {j}: a text item's 'text' is text")
                 items.append({"type": "text", "text": item["text"]})
         out.append({**m, "content": items})
-    return out, images
+    return out, media
 
 
-def expand(text: str, towers, images: list) -> str:
-    """``text`` with each tower's image marker replaced by its placeholders, as the
-    processor's expansion does (Gemma3Processor's ``full_image_sequence``).
+def expand(text: str, tower, inputs: list) -> str:
+    """``text`` with each of ``tower``'s markers replaced, in order, by its input's
+    placeholders, as the processor's expansion does (Gemma3Processor's
+    ``full_image_sequence``, Qwen2AudioProcessor's ``num_audio_tokens``).
 
     Raises:
-        ValueError: the text's markers and the images differ in number.
+        ValueError: the text's markers and the inputs differ in number.
     """
-    prompts = [t.prompt for t in towers if t.prompt is not None]
-    if not prompts:
+    if tower.prompt is None:
         return text
-    marker, full = prompts[0]
-    found = text.count(marker)
-    if found != len(images):
-        raise ValueError(f"the prompt holds {found} image marker{'s' * (found != 1)} "
-                         f"{marker!r} for {len(images)} image{'s' * (len(images) != 1)}: "
-                         "one each")
-    return text.replace(marker, full)
+    marker, full, soft = tower.prompt
+    pieces = text.split(marker)
+    if len(pieces) - 1 != len(inputs):
+        found = len(pieces) - 1
+        raise ValueError(f"the prompt holds {found} {tower.modality} marker"
+                         f"{'s' * (found != 1)} {marker!r} for {len(inputs)} "
+                         f"{tower.modality}{'s' * (len(inputs) != 1)}: one each")
+    out = [pieces[0]]
+    for raw, piece in zip(inputs, pieces[1:]):
+        out += [full.replace("{soft}", soft * tower.count(raw)), piece]
+    return "".join(out)
 
 
-def encode(model, prompt, images: Sequence | None = None) -> tuple[list[int], list]:
-    """The ids of ``prompt`` (messages or text, module docstring) and its images in order.
+def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[int, list]]:
+    """The ids of ``prompt`` (messages or text, module docstring) and the inputs of each
+    tower, by its placeholder token, in order; ``media`` gives a text prompt's (or
+    messages') inputs by modality (``{"image": [...], "audio": [...]}``).
 
     Raises:
-        ValueError: no tokenizer, no chat template for messages, markers and images that
-            differ in number, or images for a model without towers.
-        TypeError: as ``message_images``.
+        ValueError: no tokenizer, no chat template for messages, markers and inputs that
+            differ in number, inputs given twice, or inputs for a model without the tower.
+        TypeError: as ``message_media``.
     """
     towers = getattr(model.loaded, "towers", None) or []
     tokenizer = model.tokenizer
     if tokenizer is None:
-        raise ValueError("a prompt with images needs the checkpoint's tokenizer")
-    images = list(images or [])
+        raise ValueError("a prompt with images or audio needs the checkpoint's tokenizer")
+    given = {kind: list(v or []) for kind, v in (media or {}).items() if v}
     if isinstance(prompt, str):
         text = prompt
     else:
-        messages, inside = message_images(prompt)
-        if inside and images:
-            raise ValueError("images given both inside the messages and beside them: give "
+        messages, inside = message_media(prompt)
+        inside = {kind: v for kind, v in inside.items() if v}
+        if inside and given:
+            raise ValueError("inputs given both inside the messages and beside them: give "
                              "them one way")
-        images = inside or images
+        given = inside or given
         text = tokenizer.chat_text(messages)
-    if images and not towers:
-        raise ValueError("this model has no image tower (its checkpoint is a text model, or "
-                         "its spec declares no towers:)")
-    text = expand(text, towers, images)
+    by_kind = {t.modality: t for t in towers}
+    missing = [kind for kind in given if kind not in by_kind]
+    if missing:
+        raise ValueError(f"this model has no {missing[0]} tower (its checkpoint is a text "
+                         "model, or its spec declares no such towers:)")
+    inputs = {}
+    for kind, tower in by_kind.items():
+        text = expand(text, tower, given.get(kind, []))
+        inputs[tower.placeholder] = given.get(kind, [])
     # As the processor tokenizes: the tokenizer's special tokens added, but where a chat
     # template's text begins with the BOS it wrote (ProcessorMixin.apply_chat_template).
     bos = tokenizer.special.get("bos_token")
     special = isinstance(prompt, str) or not (bos is not None and text.startswith(bos))
-    return tokenizer.encode(text, add_special_tokens=special), images
+    return tokenizer.encode(text, add_special_tokens=special), inputs
 
 
 def has_images(prompt) -> bool:

@@ -3,9 +3,10 @@ prompt's ids (chat template and the processor's expansion), the pixel values, ea
 soft tokens, and the logits at every position from the last image's placeholders on,
 teacher-forced over the tokens transformers drew (KL, top-1).
 
-A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the images left
-out), ``image`` (the one image, uint8), ``prompt_ids``, ``ids`` (the prompt and the greedy
-tokens), ``pixel_values``, ``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32.
+A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the inputs left
+out), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
+``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features``,
+``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32.
 
     python -m iron_spec.library.multimodal_golden CHECKPOINT GOLDEN [--prefill-chunk N]
 
@@ -28,7 +29,8 @@ from iron_spec.runtime.session import Session
 
 @dataclass
 class Judged:
-    """What ``judge`` found: ids equal, the largest pixel and soft-token differences, the
+    """What ``judge`` found: ids equal, the largest pixel (or feature) and soft-token
+    differences, the
     KL statistics (``runtime.golden.kl_stats``) over ``positions`` positions, and the
     session's calls."""
 
@@ -46,8 +48,8 @@ def messages_with(golden) -> list[dict]:
     for m in messages:
         if isinstance(m["content"], list):
             for item in m["content"]:
-                if item["type"] == "image":
-                    item["image"] = golden["image"]
+                if item["type"] in ("image", "audio"):
+                    item[item["type"]] = golden[item["type"]]
     return messages
 
 
@@ -62,20 +64,24 @@ def judge(model, golden, session: Session | None = None) -> Judged:
     from . import multimodal
 
     tower = model.loaded.towers[0]
-    ids, images = multimodal.encode(model, messages_with(golden))
-    pixels = tower.processor(golden["image"])
-    soft = tower.soft_tokens(golden["image"])
+    ids, inputs = multimodal.encode(model, messages_with(golden))
+    raw = golden["image"] if tower.modality == "image" else golden["audio"]
+    front = tower.processor(raw)
+    front = front if tower.modality == "image" else front[0]
+    pixels = front
+    soft = tower.soft_tokens(raw)
     session = session or Session(model.loaded.lm)
     every = golden["ids"].tolist()
     first = len(golden["prompt_ids"])
     results = []
     for k in range(first, len(every) + 1):
         history = every[:k]
-        model.multimodal.place(session, history, {tower.placeholder: images})
+        model.multimodal.place(session, history, inputs)
         logits = session.logits(model.multimodal.lookup(history))
         results.append(divergence(golden["logits"][k - 1], logits))
-    return Judged(ids == golden["prompt_ids"].tolist(),
-                  float(np.abs(pixels - golden["pixel_values"][0]).max()),
+    want = golden["pixel_values"][0] if tower.modality == "image" else \
+        golden["input_features"][0]
+    return Judged(ids == golden["prompt_ids"].tolist(), float(np.abs(pixels - want).max()),
                   float(np.abs(soft - golden["soft_tokens"]).max()), kl_stats(results),
                   len(results), list(session.calls))
 

@@ -17,7 +17,8 @@ from typing import Any
 from iron_spec.runtime.checkpoint import Checkpoint, LoadReport, fill, load, mark_transposed
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.parts import moved, subtree
-from iron_spec.runtime.towers.images import ImageProcessor, patches
+from iron_spec.runtime.towers.audio_tower import AudioTower
+from iron_spec.runtime.towers.images import patches
 from iron_spec.runtime.towers.multimodal import TowerRun
 from iron_spec.runtime.towers.tower import Tower
 from iron_spec.runtime.weights import draw_weights
@@ -32,28 +33,41 @@ log = logging.getLogger("iron_spec")
 
 @dataclass
 class LoadedTower:
-    """A tower ready to run: its ``tower`` (weights filled), ``processor`` (the front end),
-    the ``placeholder`` token its soft tokens replace, whether one image's rows see each
-    other (``bidirectional``), the processor's expansion of the text's image marker
-    (``prompt``: ``(marker, text)`` or None) and where each weight came from."""
+    """A tower ready to run: its ``tower`` (weights filled: a vision ``Tower`` or an
+    ``AudioTower``), ``processor`` (the front end: ``ImageProcessor`` or ``LogMel``), its
+    ``modality`` (``image`` or ``audio``: the content items it reads), the ``placeholder``
+    token its soft tokens replace, whether one input's rows see each other
+    (``bidirectional``), the processor's expansion of the text's marker (``prompt``:
+    ``(marker, text)`` or None) and where each weight came from."""
 
     name: str
-    tower: Tower
-    processor: ImageProcessor
+    tower: Any
+    processor: Any
     placeholder: int
     bidirectional: bool
     prompt: tuple[str, str] | None
     report: LoadReport
+    modality: str = "image"
 
-    def soft_tokens(self, image) -> "Any":
-        """The soft tokens ``(soft, text_hidden)`` float32 of ``image`` (a path, a PIL
-        image or a uint8 array): the front end, then the compiled tower."""
-        rows = patches(self.processor(image), self.tower.options.patch)
+    def soft_tokens(self, raw) -> "Any":
+        """The soft tokens ``(soft, text_hidden)`` float32 of ``raw`` (an image: a path, a
+        PIL image or a uint8 array; a sound: a path or samples at the extractor's rate): the
+        front end, then the compiled tower."""
+        if self.modality == "audio":
+            features, frames = self.processor(raw)
+            return self.tower.version(features, frames)
+        rows = patches(self.processor(raw), self.tower.options.patch)
         return self.tower.version(rows)
+
+    def count(self, raw) -> int:
+        """How many soft tokens ``raw`` gives (the processor's expansion)."""
+        if self.modality == "audio":
+            return self.tower.options.soft(self.processor(raw)[1])
+        return self.tower.options.soft
 
     def run(self) -> TowerRun:
         """The tower as ``runtime.towers.multimodal.Multimodal`` meets it."""
-        return TowerRun(self.soft_tokens, self.tower.options.soft, self.bidirectional)
+        return TowerRun(self.soft_tokens, self.count, self.bidirectional)
 
 
 def processor_settings(directory: Path | None) -> tuple[dict, str]:
@@ -115,9 +129,18 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     account(entry.spec, config, source, allow_unread_config)
     expanded = expand_encoder(entry.spec, config, source=source)
     text = loaded.lm.config
-    o = options.tower_options(entry, expanded.resolved, expanded.options, text.hidden_size)
+    settings, where = processor_settings(loaded.directory)
+    audio = options.front_kind(entry) == "log_mel"
+    if audio:
+        front = options.log_mel(entry, settings, where)
+        o = options.audio_options(entry, expanded.resolved, expanded.options,
+                                  text.hidden_size, front)
+    else:
+        front = options.processor(entry, settings, where)
+        o = options.tower_options(entry, expanded.resolved, expanded.options,
+                                  text.hidden_size)
     try:
-        tower = Tower(o)
+        tower = AudioTower(o) if audio else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
@@ -130,12 +153,15 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
         shapes = {n: p.stored_shape for n, p in tower.named_params()}
         report = load(tower, part, expanded.renames, None, expanded.unused,
                       explainer(expanded.resolved.values, shapes))
-    settings, where = processor_settings(loaded.directory)
-    front = options.processor(entry, settings, where)
     token = options.placeholder(entry, expanded.resolved, text.vocab_size)
-    prompt = options.prompt_text(entry, o.soft)
-    log.info("tower %s: %d patches of %d pixels, %d layers, %d soft tokens per image at "
-             "placeholder %d", entry.name, o.patches, o.patch, len(o.encoder.layers), o.soft,
-             token)
+    prompt = options.prompt_text(entry)
+    if audio:
+        log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
+                 entry.name, o.mels, o.frames, len(o.encoder.layers), token)
+    else:
+        log.info("tower %s: %d patches of %d pixels, %d layers, %d soft tokens per image at "
+                 "placeholder %d", entry.name, o.patches, o.patch, len(o.encoder.layers),
+                 o.soft, token)
     return LoadedTower(entry.name, tower, front, token,
-                       options.bidirectional(entry, expanded.resolved), prompt, report)
+                       options.bidirectional(entry, expanded.resolved), prompt, report,
+                       "audio" if audio else "image")

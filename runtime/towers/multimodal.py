@@ -29,12 +29,13 @@ from ..causal import CausalLM, Version
 @dataclass
 class TowerRun:
     """A tower as the text model meets it: ``soft_tokens(raw)`` gives an input's soft
-    tokens ``(soft, hidden)`` float32 (the front end and the compiled tower), ``soft`` how
-    many an input gives, ``bidirectional`` whether one input's rows attend to each other
-    both ways in the text model."""
+    tokens ``(soft, hidden)`` float32 (the front end and the compiled tower), ``count(raw)``
+    how many it gives (an image's are fixed, a sound's follow its length),
+    ``bidirectional`` whether one input's rows attend to each other both ways in the text
+    model."""
 
     soft_tokens: Callable[[object], np.ndarray]
-    soft: int
+    count: Callable[[object], int]
     bidirectional: bool = False
 
 
@@ -172,14 +173,17 @@ class Multimodal:
         positions, rows, groups, digests, reach = [], [], [], [], False
         for token, tower in self.towers.items():
             where = np.flatnonzero(tokens == token)
-            given = list(inputs.get(token, []))
-            if where.size != tower.soft * len(given):
+            given = [self.soft_tokens(token, raw) for raw in inputs.get(token, [])]
+            total = sum(len(soft) for soft, _ in given)
+            if where.size != total:
                 raise ValueError(f"{where.size} placeholders {token} for {len(given)} "
-                                 f"input{'s' * (len(given) != 1)} of {tower.soft} soft tokens "
-                                 "each")
-            for j, raw in enumerate(given):
-                soft, key = self.soft_tokens(token, raw)
-                at = where[j * tower.soft: (j + 1) * tower.soft]
+                                 f"input{'s' * (len(given) != 1)} of {total} soft tokens")
+            at0 = 0
+            for soft, key in given:
+                if not len(soft):  # a sound too short for a soft token
+                    continue
+                at = where[at0: at0 + len(soft)]
+                at0 += len(soft)
                 positions.append(at)
                 rows.append(soft)
                 digests.append((int(at[0]), key))

@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from iron_spec.runtime.towers.audio import LogMel
+from iron_spec.runtime.towers.audio_tower import AudioTowerOptions
 from iron_spec.runtime.towers.images import ImageProcessor
 from iron_spec.operators.activation import ACTIVATIONS
 from iron_spec.runtime.towers.tower import PROJECTORS, ProjectorOptions, TowerOptions
@@ -40,6 +42,9 @@ from ..config import Resolved
 from ..loader import Spec
 from .norms import norm_options
 from .reading import _flag_option, _option, _whole
+
+
+FRONT_ENDS = ("image", "log_mel")
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ def entries(spec: Spec) -> list[TowerEntry]:
             "config": config, "ignore": list(e.get("ignore") or []),
             "layer": e.get("layer"), "pooling": {"kind": "none"},
             "embedding": {"norm": False},
-            "runtime": {"max_tokens": f"({_expr(e, 'image')} // {_expr(e, 'size')}) ** 2"},
+            "runtime": {"max_tokens": e["rows"] if "rows" in e else
+                        f"({_expr(e, 'image')} // {_expr(e, 'size')}) ** 2"},
         }
         for key in ("refuse", "checkpoint"):
             if key in e:
@@ -137,7 +143,24 @@ def tower_options(entry: TowerEntry, r: Resolved, encoder, text_hidden: int) -> 
         if value is None or value < 1:
             raise v.error(tuple(name.split(".")), f"{name} is {value!r}, not a whole number "
                                                   "from 1")
-    j = ("projector",)
+    projector = _projector(entry, r)
+    cls = _flag_option(v, r, p + ("class",), False)
+    layers, final, drop = _features(entry, r, len(encoder.layers), cls)
+    return TowerOptions(encoder=encoder, channels=channels, patch=size, image=(side, side),
+                        pool=pool, projector=projector, text_hidden=text_hidden,
+                        patch_bias=_flag_option(v, r, p + ("bias",), True),
+                        class_embedding=cls,
+                        pre_norm=_flag_option(v, r, ("pre_norm",), False),
+                        layers_run=layers, final_norm=final, drop=drop)
+
+
+def _projector(entry: TowerEntry, r: Resolved) -> ProjectorOptions:
+    """``projector``: its norm, kind, activation and bias.
+
+    Raises:
+        SpecError: a kind or activation not built.
+    """
+    v, j = entry.view, ("projector",)
     norm = norm_options(v, r, j + ("norm",)) if v.get(*j, "norm") is not None else None
     kind = v.get(*j, "kind", default="linear")
     if kind not in PROJECTORS:
@@ -147,16 +170,8 @@ def tower_options(entry: TowerEntry, r: Resolved, encoder, text_hidden: int) -> 
     if act not in ACTIVATIONS:
         raise v.error(j + ("act",), f"projector act {act!r} is not one of "
                                     f"{', '.join(ACTIVATIONS)}")
-    projector = ProjectorOptions(norm=norm, bias=_flag_option(v, r, j + ("bias",), False),
-                                 kind=kind, act=act)
-    cls = _flag_option(v, r, p + ("class",), False)
-    layers, final, drop = _features(entry, r, len(encoder.layers), cls)
-    return TowerOptions(encoder=encoder, channels=channels, patch=size, image=(side, side),
-                        pool=pool, projector=projector, text_hidden=text_hidden,
-                        patch_bias=_flag_option(v, r, p + ("bias",), True),
-                        class_embedding=cls,
-                        pre_norm=_flag_option(v, r, ("pre_norm",), False),
-                        layers_run=layers, final_norm=final, drop=drop)
+    return ProjectorOptions(norm=norm, bias=_flag_option(v, r, j + ("bias",), False),
+                            kind=kind, act=act)
 
 
 def _features(entry: TowerEntry, r: Resolved, depth: int, cls: bool
@@ -185,6 +200,62 @@ def _features(entry: TowerEntry, r: Resolved, depth: int, cls: bool
                                          "class row dropped) or full")
     return layer, _flag_option(v, r, f + ("final_norm",), True), \
         int(cls and strategy == "default")
+
+
+def audio_options(entry: TowerEntry, r: Resolved, encoder, text_hidden: int,
+                  front: LogMel) -> AudioTowerOptions:
+    """An audio tower's options (``convs``, ``act``, ``pool``, ``projector``, ``mels``) over
+    its resolved fields ``r``, its encoder options and its front end's window.
+
+    Raises:
+        SpecError: at the option's line, a convolution's kernel, stride or padding that is
+            no whole number (kernel and stride from 1), a pool other than 1 or 2, mels other
+            than the front end's, or rows that are not the window's after the convolutions.
+    """
+    v = entry.view
+    convs = []
+    for i, conv in enumerate(v.get("convs", default=[]) or []):
+        at = ("convs", i)
+        k, s, pad = (_whole(v, at + (key,), _option(v, r, at + (key,), default))
+                     for key, default in (("kernel", None), ("stride", 1), ("padding", 0)))
+        if k is None or k < 1 or s < 1 or pad < 0:
+            raise v.error(at, f"convs[{i}] is kernel {k}, stride {s}, padding {pad}: kernel "
+                              "and stride from 1, padding from 0")
+        convs.append((k, s, pad))
+    act = _option(v, r, ("act",), "gelu")
+    if act not in ACTIVATIONS:
+        raise v.error(("act",), f"act {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    pool = _whole(v, ("pool",), _option(v, r, ("pool",), 1))
+    if pool not in (1, 2):
+        raise v.error(("pool",), f"pool is {pool!r}: rows averaged in pairs (2) or not (1)")
+    mels = _whole(v, ("mels",), _option(v, r, ("mels",), None))
+    if mels != front.feature_size:
+        raise v.error(("mels",), f"mels is {mels!r}, and the feature extractor gives "
+                                 f"{front.feature_size} (feature_size)")
+    o = AudioTowerOptions(encoder=encoder, mels=mels, frames=front.frames, convs=tuple(convs),
+                          act=act, pool=pool, projector=_projector(entry, r),
+                          text_hidden=text_hidden)
+    rows = _whole(v, ("rows",), _option(v, r, ("rows",), None))
+    if rows != o.rows:
+        raise v.error(("rows",), f"rows is {rows!r}, and {front.frames} frames give {o.rows} "
+                                 "after the convolutions")
+    return o
+
+
+def log_mel(entry: TowerEntry, settings: Mapping[str, Any], source: str) -> LogMel:
+    """The ``log_mel`` front end on ``settings`` (preprocessor_config.json's) over the
+    front end's ``defaults``, each key read, ignored or refused (as ``processor``).
+
+    Raises:
+        SpecError: at ``front``, as ``processor``.
+    """
+    known = {"feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft",
+             "padding_value", "dither"}
+    merged = _front_settings(entry, settings, source, known)
+    try:
+        return LogMel(**merged)
+    except (TypeError, ValueError) as e:
+        raise entry.view.error(("front",), f"{source}: {e}") from None
 
 
 def placeholder(entry: TowerEntry, r: Resolved, vocab: int) -> int:
@@ -218,14 +289,36 @@ def processor(entry: TowerEntry, settings: Mapping[str, Any], source: str) -> Im
         SpecError: at ``front``, an unread or refused key (each named with ``source``), a
             front end other than ``image``, or settings ``ImageProcessor`` refuses.
     """
-    v = entry.view
-    f = ("front",)
-    kind = v.get(*f, "kind", default="image")
-    if kind != "image":
-        raise v.error(f + ("kind",), f"front end {kind!r} is not built (image)")
-    defaults = dict(v.get(*f, "defaults", default={}) or {})
     known = {"size", "resample", "do_resize", "do_center_crop", "crop_size", "do_rescale",
              "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb"}
+    merged = _front_settings(entry, settings, source, known)
+    try:
+        return ImageProcessor(**{k: tuple(x) if isinstance(x, list) else x
+                                 for k, x in merged.items()})
+    except (TypeError, ValueError) as e:
+        raise entry.view.error(("front",), f"{source}: {e}") from None
+
+
+def front_kind(entry: TowerEntry) -> str:
+    """The front end's kind: ``image`` or ``log_mel``.
+
+    Raises:
+        SpecError: another.
+    """
+    kind = entry.view.get("front", "kind", default="image")
+    if kind not in FRONT_ENDS:
+        raise entry.view.error(("front", "kind"), f"front end {kind!r} is not one of "
+                                                  f"{', '.join(FRONT_ENDS)}")
+    return kind
+
+
+def _front_settings(entry: TowerEntry, settings: Mapping[str, Any], source: str,
+                    known: set) -> dict:
+    """``settings`` over ``front.defaults``, the keys the front end reads (``known``);
+    every other key of ``settings`` ignored on purpose or refused."""
+    v = entry.view
+    f = ("front",)
+    defaults = dict(v.get(*f, "defaults", default={}) or {})
     ignore = set(v.get(*f, "ignore", default=[]) or [])
     for rule in v.get(*f, "refuse", default=[]) or []:
         key = rule.get("key")
@@ -241,18 +334,15 @@ def processor(entry: TowerEntry, settings: Mapping[str, Any], source: str) -> Im
     unknown = [k for k in merged if k not in known]
     if unknown:
         raise v.error(f + ("defaults",), f"front.defaults names {', '.join(unknown)}, which "
-                                         f"the image front end does not read ({', '.join(sorted(known))})")
-    try:
-        return ImageProcessor(**{k: tuple(x) if isinstance(x, list) else x
-                                 for k, x in merged.items()})
-    except (TypeError, ValueError) as e:
-        raise v.error(f, f"{source}: {e}") from None
+                                         f"the front end does not read ({', '.join(sorted(known))})")
+    return merged
 
 
-def prompt_text(entry: TowerEntry, soft: int) -> tuple[str, str] | None:
-    """The processor's expansion of the text's image marker: ``(marker, text)``, ``text``
-    holding the placeholder token's text ``soft`` times; None where the spec says none."""
+def prompt_text(entry: TowerEntry) -> tuple[str, str, str] | None:
+    """The processor's expansion of the text's marker: ``(marker, text, soft)``, ``text``
+    holding ``{soft}`` where ``soft`` (the placeholder token's text) stands once per soft
+    token; None where the spec says none."""
     p = entry.view.get("prompt")
     if not isinstance(p, dict):
         return None
-    return p["marker"], p["text"].replace("{soft}", p["soft"] * soft)
+    return p["marker"], p["text"], p["soft"]
