@@ -76,7 +76,8 @@ def message_media(messages: Sequence[dict]) -> tuple[list[dict], dict[str, list]
                                 "...} or {'type': 'audio', 'audio': ...}")
             if item["type"] in KEYS:
                 media[item["type"]].append(media_of(item, f"message {i} item {j}"))
-                items.append({"type": item["type"]})
+                # The input's key kept (its value not: the template renders a marker).
+                items.append({"type": item["type"], item["type"]: None})
             else:
                 if not isinstance(item.get("text"), str):
                     raise TypeError(f"message {i} item {j}: a text item's 'text' is text")

@@ -70,24 +70,25 @@ class LoadedTower:
         return TowerRun(self.soft_tokens, self.count, self.bidirectional)
 
 
-def processor_settings(directory: Path | None) -> tuple[dict, str]:
-    """The image processor's settings a checkpoint holds, and their file: its
-    preprocessor_config.json (the hub's layout), else processor_config.json's
-    ``image_processor`` mapping (transformers 5's ``save_pretrained``); a null value is the
-    class default (dropped here); ``{}`` where there is neither.
+def processor_settings(directory: Path | None, key: str = "image_processor"
+                       ) -> tuple[dict, str]:
+    """The image processor's (or with ``key`` ``feature_extractor``, the feature
+    extractor's) settings a checkpoint holds, and their file: its preprocessor_config.json
+    (the hub's layout), else processor_config.json's ``key`` mapping (transformers 5's
+    ``save_pretrained``); a null value is the class default (dropped here); ``{}`` where
+    there is neither.
 
     Raises:
         FileError: a file that is not a JSON object.
     """
     if directory is None:
         return {}, "no preprocessor_config.json"
-    for name, key in (("preprocessor_config.json", None), ("processor_config.json",
-                                                             "image_processor")):
+    for name, inner in (("preprocessor_config.json", None), ("processor_config.json", key)):
         path = directory / name
         if path.is_file():
             data = read_object(path, what=name)
-            if key is not None:
-                data = data.get(key)
+            if inner is not None:
+                data = data.get(inner)
                 if not isinstance(data, dict):
                     continue
             return {k: v for k, v in data.items() if v is not None}, str(path)
@@ -129,8 +130,9 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     account(entry.spec, config, source, allow_unread_config)
     expanded = expand_encoder(entry.spec, config, source=source)
     text = loaded.lm.config
-    settings, where = processor_settings(loaded.directory)
     audio = options.front_kind(entry) == "log_mel"
+    settings, where = processor_settings(loaded.directory,
+                                         "feature_extractor" if audio else "image_processor")
     if audio:
         front = options.log_mel(entry, settings, where)
         o = options.audio_options(entry, expanded.resolved, expanded.options,

@@ -70,10 +70,13 @@ GEMMA3_TOY = {
                       "intermediate_size": 64, "num_attention_heads": 2,
                       "num_hidden_layers": 2}}
 
-# A chat with an image between two texts: the golden's prompt.
+# A chat with an image between two texts: the golden's prompt (a sound in place of the
+# image for an audio tower).
 MESSAGES = [{"role": "user", "content": [
     {"type": "text", "text": "Look at this:"}, {"type": "image"},
     {"type": "text", "text": "What is in the picture?"}]}]
+AUDIO_MESSAGES = [{"role": "user", "content": [
+    {"type": "audio"}, {"type": "text", "text": "What is that sound?"}]}]
 
 
 def image() -> np.ndarray:
@@ -178,8 +181,59 @@ def llava_processor():
                           num_additional_image_tokens=1)
 
 
+# Qwen/Qwen2-Audio-7B's config.json as public code quotes it (the search tool's ids
+# 55608441559 and 62468705986: the keys a loader reads, kept as quoted).
+QWEN2_AUDIO_7B = {
+    "architectures": ["Qwen2AudioForConditionalGeneration"], "model_type": "qwen2_audio",
+    "_name_or_path": "Qwen/Qwen2-Audio-7B", "audio_token_index": 151646, "vocab_size": 156032,
+    "audio_config": {"model_type": "qwen2_audio_encoder", "num_mel_bins": 128,
+                     "encoder_layers": 32, "encoder_attention_heads": 20,
+                     "encoder_ffn_dim": 5120, "d_model": 1280, "activation_function": "gelu",
+                     "scale_embedding": False, "max_source_positions": 1500},
+    "text_config": {"bos_token_id": 151643, "eos_token_id": 151645, "intermediate_size": 11008,
+                    "max_position_embeddings": 8192, "model_type": "qwen2", "rope_theta": 10000,
+                    "rms_norm_eps": 1e-5, "sliding_window": 32768, "torch_dtype": "bfloat16",
+                    "use_mrope": False, "vocab_size": 156032}}
+
+QWEN2_AUDIO_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|AUDIO|>",
+                        "<|audio_bos|>", "<|audio_eos|>"]
+
+QWEN2_AUDIO_TOY = {
+    **QWEN2_AUDIO_7B, "audio_token_index": 3, "vocab_size": len(QWEN2_AUDIO_SPECIALS) + 256,
+    "audio_config": {**QWEN2_AUDIO_7B["audio_config"], "encoder_layers": 2,
+                     "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32},
+    "text_config": {**QWEN2_AUDIO_7B["text_config"], "bos_token_id": 0, "eos_token_id": 2,
+                    "intermediate_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "vocab_size": len(QWEN2_AUDIO_SPECIALS) + 256}}
+
+
+def qwen2_audio_processor():
+    from transformers import Qwen2AudioProcessor, WhisperFeatureExtractor
+
+    tokenizer = byte_level(QWEN2_AUDIO_SPECIALS, {"audio_token": "<|AUDIO|>",
+                                                  "audio_bos_token": "<|audio_bos|>",
+                                                  "audio_eos_token": "<|audio_eos|>"},
+                           bos=None, eos="<|im_end|>", pad="<|endoftext|>")
+    features = WhisperFeatureExtractor(feature_size=128, return_attention_mask=True)
+    return Qwen2AudioProcessor(feature_extractor=features, tokenizer=tokenizer)
+
+
+def sound() -> np.ndarray:
+    """The audio golden's sound: pygame's boom.wav (a recorded sound shipped in its wheel,
+    11025 Hz, 8-bit), resampled to 16 kHz (runtime.towers.audio.read_audio: soundfile and
+    soxr)."""
+    import importlib.util
+
+    from iron_spec.runtime.towers.audio import read_audio
+
+    data = Path(importlib.util.find_spec("pygame").origin).parent / "examples" / "data"
+    return read_audio(data / "boom.wav", 16000)
+
+
 TOYS = {"gemma3-vision-toy": ("gemma3", GEMMA3_TOY, gemma3_processor),
-        "llava-1.5-toy": ("llama3", LLAVA_TOY, llava_processor)}
+        "llava-1.5-toy": ("llama3", LLAVA_TOY, llava_processor),
+        "qwen2-audio-toy": ("qwen2", QWEN2_AUDIO_TOY, qwen2_audio_processor)}
 
 
 def make(name: str) -> Path:
@@ -215,14 +269,21 @@ def record(spec: str, directory: Path, steps: int = 8, picture: np.ndarray | Non
     from PIL import Image
 
     processor = transformers.AutoProcessor.from_pretrained(directory)
-    model = transformers.AutoModelForImageTextToText.from_pretrained(
+    # The class config.json names (Qwen2-Audio's is no image-text-to-text model).
+    config = json.loads((directory / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(
         directory, dtype=torch.float32).eval()
-    picture = image() if picture is None else picture
+    audio = hasattr(processor, "feature_extractor")
+    picture = (sound() if audio else image()) if picture is None else picture
+    kind, plain = ("audio", AUDIO_MESSAGES) if audio else ("image", MESSAGES)
+    given = picture if audio else Image.fromarray(picture)
     messages = [{"role": m["role"], "content": [
-        {**c, "image": Image.fromarray(picture)} if c["type"] == "image" else c
-        for c in m["content"]]} for m in MESSAGES]
+        {**c, kind: given} if c["type"] == kind else c
+        for c in m["content"]]} for m in plain]
     inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                           return_dict=True, return_tensors="pt")
+                                           return_dict=True, return_tensors="pt",
+                                           processor_kwargs={"sampling_rate": 16000}
+                                           if audio else None)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=steps, do_sample=False)
         ids = out[0]
@@ -234,18 +295,44 @@ def record(spec: str, directory: Path, steps: int = 8, picture: np.ndarray | Non
             full["token_type_ids"] = torch.cat(
                 [types, torch.zeros(1, len(ids) - types.shape[1], dtype=types.dtype)], 1)
         logits = model(**full).logits[0].float().numpy()
-        pooled = model.get_image_features(inputs["pixel_values"], return_dict=True).pooler_output
-        # One image: its soft tokens (soft, hidden), whether held as a batch or a list.
-        soft = pooled[0] if isinstance(pooled, (list, tuple)) else pooled
-        soft = soft.reshape(-1, soft.shape[-1])
+        if audio:
+            soft = audio_soft_tokens(model, inputs)
+        else:
+            pooled = model.get_image_features(inputs["pixel_values"],
+                                              return_dict=True).pooler_output
+            # One image: its soft tokens (soft, hidden), whether held as a batch or a list.
+            soft = pooled[0] if isinstance(pooled, (list, tuple)) else pooled
+            soft = soft.reshape(-1, soft.shape[-1])
     path = path or GOLDENS / spec / f"{directory.name}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
+    front = {"input_features": inputs["input_features"].float().numpy(),
+             "feature_frames": int(inputs["feature_attention_mask"].sum())} if audio else \
+        {"pixel_values": inputs["pixel_values"].float().numpy()}
     np.savez_compressed(
-        path, messages=json.dumps(MESSAGES), image=picture,
-        prompt_ids=inputs["input_ids"][0].numpy(), ids=ids.numpy(),
-        pixel_values=inputs["pixel_values"].float().numpy(), soft_tokens=soft.float().numpy(),
-        logits=logits, transformers=transformers.__version__, torch=torch.__version__)
+        path, messages=json.dumps(plain), **{kind: picture},
+        prompt_ids=inputs["input_ids"][0].numpy(), ids=ids.numpy(), **front,
+        soft_tokens=soft.float().numpy(), logits=logits,
+        transformers=transformers.__version__, torch=torch.__version__)
     return path
+
+
+def audio_soft_tokens(model, inputs):
+    """Qwen2AudioForConditionalGeneration's soft tokens for one sound, as its forward
+    computes them (its audio tower on the features, the keys past the sound masked, the
+    projector, the rows past num_audio_tokens dropped)."""
+    import torch
+    from transformers.masking_utils import create_bidirectional_mask
+
+    inner = model.model if hasattr(model, "model") and hasattr(model.model, "audio_tower") \
+        else model
+    tower = inner.audio_tower
+    lengths, out = tower._get_feat_extract_output_lengths(inputs["feature_attention_mask"].sum(-1))
+    rows = (inputs["input_features"].shape[-1] - 2) // 2 + 1
+    mask2d = (torch.arange(rows)[None, :] < lengths[:, None]).long()
+    mask = create_bidirectional_mask(config=tower.config,
+                                     inputs_embeds=torch.zeros(1, rows, 1), attention_mask=mask2d)
+    states = tower(inputs["input_features"], attention_mask=mask).last_hidden_state
+    return inner.multi_modal_projector(states)[0, : int(out[0])]
 
 
 def photograph() -> Path:
