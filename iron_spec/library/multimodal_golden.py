@@ -6,7 +6,9 @@ teacher-forced over the tokens transformers drew (KL, top-1).
 A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the inputs left
 out), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
 ``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features``,
-``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32.
+``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32, and the ``fingerprint`` of the
+inputs it was recorded on (``inputs_fingerprint``: config.json, the tensors, and the
+tokenizer's and processor's files): a golden judges those inputs alone.
 
     python -m iron_spec.library.multimodal_golden CHECKPOINT GOLDEN [--prefill-chunk N]
 
@@ -18,6 +20,7 @@ Not for: text-only goldens (``runtime.golden``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -42,6 +45,24 @@ class Judged:
     calls: list
 
 
+#: The files beside config.json and the weights that a golden's ids and pixels depend on.
+PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "chat_template.json", "processor_config.json", "preprocessor_config.json")
+
+
+def inputs_fingerprint(loaded) -> str:
+    """What a multimodal golden is keyed by: ``loaded``'s fingerprint (``build.Loaded``: the
+    whole config.json and every tensor of the checkpoint, the towers' among them) and the
+    bytes of its tokenizer's and processor's files."""
+    h = hashlib.sha256(loaded.fingerprint().encode())
+    for name in PROCESSOR_FILES:
+        path = loaded.directory / name
+        if path.is_file():
+            h.update(name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def messages_with(golden) -> list[dict]:
     """The golden's messages, its image in the image item."""
     messages = json.loads(str(golden["messages"]))
@@ -59,9 +80,26 @@ def divergence(want: np.ndarray, got: np.ndarray) -> tuple[float, bool]:
     return float(np.sum(np.exp(p) * (p - q))), int(np.argmax(want)) == int(np.argmax(got))
 
 
-def judge(model, golden, session: Session | None = None) -> Judged:
-    """``model`` (``api.Model`` with towers) against ``golden`` (an ``np.load``'ed golden)."""
+class OtherInputs(ValueError):
+    """A golden recorded on other inputs than the model's (config, tensors or processor)."""
+
+
+def judge(model, golden, session: Session | None = None, other_inputs: bool = False
+          ) -> Judged:
+    """``model`` (``api.Model`` with towers) against ``golden`` (an ``np.load``'ed golden).
+
+    Raises:
+        OtherInputs: the golden was recorded on other inputs (``inputs_fingerprint``),
+            unless ``other_inputs`` (a flipped option judged by the right inputs' golden).
+    """
     from . import multimodal
+
+    theirs = str(golden["fingerprint"]) if "fingerprint" in golden.files else "none"
+    ours = inputs_fingerprint(model.loaded)
+    if theirs != ours and not other_inputs:
+        raise OtherInputs(f"the golden was recorded on other inputs ({theirs}) than "
+                          f"{model.loaded.directory}'s ({ours}): config.json, the tensors or "
+                          "the tokenizer's and processor's files differ")
 
     tower = model.loaded.towers[0]
     ids, inputs = multimodal.encode(model, messages_with(golden))

@@ -308,8 +308,12 @@ def record(spec: str, directory: Path, steps: int = 8, picture: np.ndarray | Non
     front = {"input_features": inputs["input_features"].float().numpy(),
              "feature_frames": int(inputs["feature_attention_mask"].sum())} if audio else \
         {"pixel_values": inputs["pixel_values"].float().numpy()}
+    from iron_spec import load
+    from iron_spec.library.multimodal_golden import inputs_fingerprint
+
+    fp = inputs_fingerprint(load(spec, directory).loaded)
     np.savez_compressed(
-        path, messages=json.dumps(plain), **{kind: picture},
+        path, messages=json.dumps(plain), **{kind: picture}, fingerprint=fp,
         prompt_ids=inputs["input_ids"][0].numpy(), ids=ids.numpy(), **front,
         soft_tokens=soft.float().numpy(), logits=logits,
         transformers=transformers.__version__, torch=torch.__version__)

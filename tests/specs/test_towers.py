@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from iron_spec import load
-from iron_spec.library.multimodal_golden import judge, messages_with
+from iron_spec.library.multimodal_golden import OtherInputs, judge, messages_with
 from iron_spec.runtime.session import Session
 from iron_spec.spec.errors import SpecError
 from iron_spec.spec.loader import load_spec
@@ -64,6 +64,33 @@ def test_an_image_whose_rows_see_only_backwards_fails_the_gates(gemma3):
     finally:
         run.bidirectional = True
     assert j.kl["mean"] > 100 * gates("gemma3")["mean"]
+
+
+def flipped(tmp_path, toy: str, **keys) -> Path:
+    """A copy of ``toy`` whose config.json sets ``keys``."""
+    copy = tmp_path / toy
+    shutil.copytree(TOYS / toy, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(keys)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def test_llava_reads_the_hidden_state_its_config_names(tmp_path):
+    golden = np.load(GOLDENS / "llama3" / "llava-1.5-toy.npz")
+    model = load("llama3", flipped(tmp_path, "llava-1.5-toy", vision_feature_layer=-1))
+    with pytest.raises(OtherInputs):
+        judge(model, golden)  # a golden judges the inputs it was recorded on alone
+    j = judge(model, golden, other_inputs=True)
+    assert j.ids_equal and j.pixels == 0.0
+    assert j.soft > 1e-2 and j.kl["mean"] > 100 * gates("llama3")["mean"]
+
+
+def test_llavas_full_strategy_keeps_the_class_row(tmp_path):
+    model = load("llama3", flipped(tmp_path, "llava-1.5-toy",
+                                   vision_feature_select_strategy="full"))
+    tower = model.loaded.towers[0]
+    assert tower.count(None) == 17  # 16 patches and the class row
 
 
 def count_tower_runs(model) -> list:
