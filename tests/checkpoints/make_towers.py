@@ -9,7 +9,7 @@ Run where torch and transformers are installed (not in CI, which reads the files
     python -m tests.checkpoints.make_towers            # every toy and its golden
     python -m tests.checkpoints.make_towers NAME ...
 
-The golden (tests/goldens/<spec>/<toy>.npz) holds what transformers' own processor and
+The golden (tests/goldens/towers/<spec>/<toy>.npz) holds what transformers' own processor and
 model give for a chat with an image (``IMAGE``, drawn here, kept in the golden): the
 messages, the ids, the pixel values, the tower's soft tokens and the logits at every
 position of the prompt and of the greedy tokens after it (teacher-forced).
@@ -33,7 +33,8 @@ import numpy as np
 from .make_toys import GEMMA3_4B_IT, spread
 
 HERE = Path(__file__).resolve().parent
-GOLDENS = HERE.parent / "goldens"
+# Beside the text goldens (tests/goldens/<spec>/), whose form these are not.
+GOLDENS = HERE.parent / "goldens" / "towers"
 
 GEMMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix"

@@ -15,7 +15,7 @@ import pytest
 from iron_spec.operators import CallRows, Conv1d, PairMean
 from iron_spec.runtime.towers.audio import LogMel, mel_filters, read_audio
 
-GOLDEN = Path(__file__).resolve().parents[1] / "goldens" / "qwen2" / "qwen2-audio-toy.npz"
+GOLDEN = Path(__file__).resolve().parents[1] / "goldens" / "towers" / "qwen2" / "qwen2-audio-toy.npz"
 
 
 def boom() -> Path:

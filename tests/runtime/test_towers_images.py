@@ -14,7 +14,7 @@ import pytest
 
 from iron_spec.runtime.towers.images import ImageProcessor, center_crop, open_image, patches
 
-GOLDEN = Path(__file__).resolve().parents[1] / "goldens" / "front_ends" / "grace_hopper.npz"
+GOLDEN = Path(__file__).resolve().parents[1] / "goldens" / "towers" / "front_ends" / "grace_hopper.npz"
 
 
 def photograph() -> Path:

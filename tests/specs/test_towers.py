@@ -23,7 +23,7 @@ from iron_spec.spec.loader import load_spec
 from tests.conftest import SPECS
 
 TOYS = Path(__file__).resolve().parents[1] / "checkpoints"
-GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
+GOLDENS = Path(__file__).resolve().parents[1] / "goldens" / "towers"
 CASES = [("gemma3", "gemma3-vision-toy"), ("llama3", "llava-1.5-toy"),
          ("qwen2", "qwen2-audio-toy")]
 
