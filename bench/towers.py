@@ -55,6 +55,10 @@ def _ours(layers: int, side: int):
 
 
 def _torch(layers: int, side: int):
+    # bench/profile.py beside this script shadows the standard library's profile, which
+    # transformers' imports reach (cProfile): the script's folder is left off the path.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     import torch
     import transformers
 
@@ -115,7 +119,7 @@ def main() -> None:
                                                text=True).stdout.splitlines()[-1])
     print(f"Gemma 3's SigLIP tower, {a.layers} of 27 layers, {a.threads} threads: seconds per "
           "image (soft tokens/s)")
-    print(f"{'image':>6} {'ours':>16} {'transformers':>16} {'ours/transformers':>18}")
+    print(f"{'image':>6} {'ours':>16} {'transformers':>16} {'speed, ours':>18}")
     for image in map(str, a.images):
         o, t = seen["ours"][image], seen["torch"][image]
         print(f"{image:>6} {o['seconds']:9.3f} ({o['soft_tokens_per_s']:5.0f}) "
