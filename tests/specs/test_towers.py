@@ -213,3 +213,29 @@ def test_a_sounds_soft_tokens_follow_its_length():
     ids = model.encode([{"role": "user", "content": [{"type": "audio", "audio": half},
                                                      {"type": "text", "text": "hi"}]}])
     assert ids.count(tower.placeholder) == tower.count(half)
+
+
+def test_run_takes_an_image_file_and_refuses_a_tower_the_model_lacks(tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from iron_spec.cli.app import app
+
+    golden = np.load(GOLDENS / "gemma3" / "gemma3-vision-toy.npz")
+    picture = tmp_path / "picture.png"
+    Image.fromarray(golden["image"]).save(picture)
+    runner = CliRunner()
+    r = runner.invoke(app, ["run", "--checkpoint", str(TOYS / "gemma3-vision-toy"), "--image",
+                            str(picture), "--chat", "--prompt", "What is it?", "--num-tokens",
+                            "2", "--temperature", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[0])["prompt_tokens"] == len(
+        load("gemma3", TOYS / "gemma3-vision-toy").encode(
+            [{"role": "user", "content": [{"type": "image", "image": str(picture)},
+                                          {"type": "text", "text": "What is it?"}]}]))
+    r = runner.invoke(app, ["run", "--checkpoint", str(TOYS / "gemma3-vision-toy"), "--audio",
+                            str(picture), "--prompt", "x", "--num-tokens", "1"])
+    assert r.exit_code == 1 and "audio tower" in r.output
+    r = runner.invoke(app, ["run", "--checkpoint", str(TOYS / "gemma3-vision-toy"), "--image",
+                            str(tmp_path / "missing.png"), "--prompt", "x"])
+    assert r.exit_code == 1 and "no such file" in r.output
