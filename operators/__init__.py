@@ -30,6 +30,9 @@ from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .self_attention import SelfAttention
 from .softcap import Softcap
+from .conv import Conv1d
+from .soft_tokens import AveragePool, CallRows, PairMean, PlaceRows, PrependRow, ReachAttention, \
+    RowRange
 from .span_conv import DepthwiseConv, DynamicConv
 from .sparsity import GaussianTopK, std_multiplier
 from .token_dropout import TokenDropoutRescale
@@ -48,11 +51,14 @@ OPERATORS: dict[str, Operator] = {
         LandmarkAttention(), LshExpectationAttention(), GlobalWindowAttention(),
         GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
+        AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(),
+        CallRows(), PairMean(),
     )
 }
 
 __all__ = [
-    "OPERATORS", "Operator", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
+    "OPERATORS", "Operator", "AveragePool", "PlaceRows", "PrependRow", "ReachAttention",
+    "RowRange", "Conv1d", "CallRows", "PairMean", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "SegmentRows", "Clamp",

@@ -17,7 +17,7 @@ from iron_spec.operators import OPERATORS, PerCall
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .altup import AltUpOptions, merge, spread
-from .blocks.attention import RELATIVE_TABLE
+from .blocks.attention import REACH, RELATIVE_TABLE
 from .blocks.embedding import Embedding, Sinusoidal
 from .blocks.mlp import ActivationParams
 from .blocks.norms import Norm, NormOptions
@@ -450,6 +450,14 @@ class CausalLM(Module):
                         rec.state(f"rope.{name}.sin", sin, "const"))
                  for name, (cos, sin) in self.rope_tables.items()}
         x = self.model.embed_tokens(rec, ids)
+        if c.soft:
+            # The placeholder rows take a tower's soft tokens, as masked_scatter does to the
+            # (scaled) embeddings (runtime.towers.multimodal).
+            soft = rec.input("soft", (c.capacity, x.shape[1]), np.float32, bounded=True)
+            mask = rec.input("mask", (c.capacity,), np.int32, bounded=True)
+            x = rec.step("place_rows", x, soft, mask, where=self.model.path)
+        if c.reach:
+            ropes[REACH] = rec.input("reach", (c.capacity,), np.int32, bounded=True)
         o = self.config
         if o.segments is not None:
             table = self.model.embed_segments
@@ -531,9 +539,11 @@ class Version:
     same recording eagerly in float64 on its own caches.
     """
 
-    def __init__(self, lm: CausalLM, prompt: bool, check: bool):
+    def __init__(self, lm: CausalLM, prompt: bool, check: bool, soft: bool = False,
+                 reach: bool = False):
         C = lm.config.prefill_chunk if prompt else 1
-        call = CallSpec(prompt, C, start=PerCall("start" if prompt else "position"))
+        call = CallSpec(prompt, C, start=PerCall("start" if prompt else "position"),
+                        soft=soft, reach=reach)
         rec = Recorder(call)
         out = lm.body(rec)
         self.prompt, self.capacity = prompt, C
@@ -544,7 +554,8 @@ class Version:
         self._reference = Reference(rec, out, lm.reference_states)
         self.vocab_size, self.max_seq_len = lm.config.vocab_size, lm.config.max_seq_len
 
-    def _call(self, runner, ids, token, position, start, rows, sampler, output=True):
+    def _call(self, runner, ids, token, position, start, rows, sampler, output=True,
+              extra=None):
         # Checked before anything runs, so a refused call leaves every cache as it was.
         V, L = self.vocab_size, self.max_seq_len
         if self.prompt:
@@ -561,7 +572,7 @@ class Version:
                                  f"vocabulary 0..{V - 1}")
             in_per_layer_table(self.lm.config, ids[:rows], "ids[{}]")
             call = {"start": start, "rows": rows, "position": start + rows - 1}
-            inputs = {"ids": ids.astype(np.int32)}
+            inputs = {"ids": ids.astype(np.int32), **self._extra(extra)}
         else:
             if token is None or position is None:
                 raise TypeError("a decode step takes token and position")
@@ -578,14 +589,37 @@ class Version:
         draw = sampler if sampler is not None else greedy
         return logits, {"token": drawn(draw(logits), V), "position": call["position"] + 1}
 
+    def _extra(self, extra) -> dict:
+        """A prompt chunk's inputs beside its ids (``soft``, ``mask``, ``reach``: those its
+        recording takes), each of the shape and dtype it was recorded with.
+
+        Raises:
+            ValueError: one missing, one the chunk does not take, or of another shape.
+        """
+        extra = dict(extra or {})
+        want = {k: h for k, h in self.plan.recorder.inputs.items() if k != "ids"}
+        if set(extra) != set(want):
+            raise ValueError(f"a prompt chunk of this version takes {sorted(want) or 'ids alone'}"
+                             f" beside its ids, not {sorted(extra) or 'none'}")
+        out = {}
+        for k, h in want.items():
+            a = np.asarray(extra[k], h.dtype)
+            if a.shape != h.shape:
+                raise ValueError(f"{k} is {a.shape}, not the chunk's {h.shape}")
+            out[k] = a
+        return out
+
     def __call__(self, ids=None, *, token=None, position=None, start=None, rows=None,
-                 sampler: Callable[[np.ndarray], int] | None = None, output: bool = True):
-        return self._call(self.plan.run, ids, token, position, start, rows, sampler, output)
+                 sampler: Callable[[np.ndarray], int] | None = None, output: bool = True,
+                 extra: dict | None = None):
+        return self._call(self.plan.run, ids, token, position, start, rows, sampler, output,
+                          extra)
 
     def reference(self, ids=None, *, token=None, position=None, start=None, rows=None,
-                  sampler: Callable[[np.ndarray], int] | None = None, output: bool = True):
+                  sampler: Callable[[np.ndarray], int] | None = None, output: bool = True,
+                  extra: dict | None = None):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler,
-                          output)
+                          output, extra)
 
 
 def in_per_layer_table(config: CausalOptions, ids: np.ndarray, where: str) -> None:

@@ -95,7 +95,8 @@ class SelfAttentionProjections(Module):
                                  "query_key_value's rows: only with fused_qkv")
             pw = o.pointwise
             self.query = projection(E, H * D, o.bias, pw, "query")
-            self.key = projection(E, G * D, o.bias, pw, "key")
+            self.key = projection(E, G * D, o.bias if o.k_bias is None else o.k_bias, pw,
+                                  "key")
             self.value = projection(E if value_in is None else value_in, G * D, o.bias, pw,
                                     "value")
         if o.span_conv is not None:

@@ -98,7 +98,9 @@ class EncoderLayerOptions:
     """One encoder layer.
 
     ``heads``/``kv_heads``/``head_dim``: the attention's. ``bias``: q/k/v biases;
-    ``o_bias``: the attention output projection's; ``mlp_bias``: the MLP's input
+    ``o_bias``: the attention output projection's; ``k_bias``: the key projection's where
+    it differs from ``bias`` (WhisperAttention's ``k_proj`` has none; None: as ``bias``);
+    ``mlp_bias``: the MLP's input
     projections' (``intermediate``), ``down_bias`` its output projection's (None: as
     ``mlp_bias``). ``act``: the MLP's ``hidden_act`` name. ``mlp_kind``: ``plain``
     (``output.dense(act(intermediate.dense(x)))``, BertIntermediate and BertOutput) or
@@ -171,6 +173,7 @@ class EncoderLayerOptions:
     act: str = "gelu"
     bias: bool = True
     o_bias: bool = True
+    k_bias: bool | None = None
     mlp_bias: bool = True
     scale: float | None = None
     placement: str = "post"

@@ -78,13 +78,19 @@ class CallSpec:
 
     ``prompt``: a prompt chunk (``capacity`` ids, of which a call runs ``rows``) or the
     decode step (one token at ``position``). ``start``, ``rows`` and ``position`` are
-    ``PerCall`` values (``rows`` a plain 1 for the decode step).
+    ``PerCall`` values (``rows`` a plain 1 for the decode step). ``soft`` and ``reach``: a
+    prompt chunk's own inputs beside its ids (``runtime.towers.multimodal``).
     """
 
     prompt: bool
     capacity: int
     start: PerCall = field(default_factory=lambda: PerCall("start"))
     position: PerCall = field(default_factory=lambda: PerCall("position"))
+    # A prompt chunk whose placeholder rows take a tower's soft tokens (runtime.towers):
+    # ``soft``; ``reach``: each row sees the keys up to a position of its own (an image's
+    # rows see the whole image).
+    soft: bool = False
+    reach: bool = False
 
     @property
     def last_row(self) -> PerCall | int:

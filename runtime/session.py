@@ -42,6 +42,11 @@ class Session:
         # Leading positions whose keys and values are exactly a fresh run's (whole chunks).
         self._exact = 0
         self.calls: list[tuple[str, int, int]] = []  # (version, start, rows) of each call
+        # Where a tower's soft tokens sit in the history (runtime.towers.multimodal's
+        # Placement: its chunks' starts and inputs); None: a text's ids alone.
+        self.placement = None
+        self._starts: list[int] = []  # the held run's chunk starts, where placed
+        self._stale: int | None = None  # the first position forgotten (forget)
         # The logits after the held tokens when a prompt run computed them (bitwise a fresh
         # run's): asked again for the same history, nothing runs.
         self._last: np.ndarray | None = None
@@ -89,9 +94,21 @@ class Session:
         """How many tokens of this session the caches hold (a prefix's ids too)."""
         return self._held.size if self.lm.holder is self else 0
 
+    def forget(self, position: int) -> None:
+        """Hold nothing the caches have from ``position`` on: the next call runs again from
+        the last chunk boundary before it (a tower's soft tokens changed there: the seeds'
+        ``Session.forget``)."""
+        # The caches still hold what was written past it (a sliding window's ring has
+        # replaced older positions by it: resume_at reads how far), so the held tokens stay;
+        # what they share with the next history is cut at the position instead.
+        position = max(0, int(position))
+        self._stale = position if self._stale is None else min(self._stale, position)
+        self._exact = min(self._exact, position)
+        self._last = None
+
     def _common(self, tokens: np.ndarray) -> int:
         held = self._held if self.lm.holder is self else self._held[:0]
-        n = min(held.size, tokens.size)
+        n = min(held.size, tokens.size, self._stale if self._stale is not None else held.size)
         differ = np.flatnonzero(held[:n] != tokens[:n])
         return int(differ[0]) if differ.size else n
 
@@ -143,22 +160,39 @@ class Session:
             # apart), so only whole chunks from a multiple of C are what a fresh run
             # computes; resuming at the boundary keeps every result bitwise a fresh run's.
             start = min(common, self._exact) // C * C
+            placed = self.placement
+            starts = placed.starts(tokens, C) if placed is not None else None
+            if placed is not None:
+                # A placement's chunks keep an image's rows together: resumed at a start the
+                # held run and this one share.
+                held = set(self._starts) if lm.holder is self else {0}
+                start = max(b for b in starts if b <= min(common, self._exact) and b in held)
             # A sliding window's ring may no longer hold the window before that boundary.
             start = lm.resume_at(start, self.held)
             lm.holder, self._held, self._exact = self, tokens[:start], start
             ids = np.zeros(C, np.int32)
-            for s in range(start, n, C):
-                rows = min(C, n - s)
+            bounds = [b for b in starts if b >= start] + [n] if placed is not None else \
+                list(range(start, n, C)) + [n]
+            for s, end in zip(bounds, bounds[1:]):
+                rows = end - s
                 ids[:rows] = tokens[s: s + rows]
                 # Only the last chunk's logits are read: the chunks before it fill the
                 # caches alone (the head and the last layer past its cache write skipped).
-                last = s + C >= n
-                logits, carry = run(ids, start=s, rows=rows, sampler=sampler, output=last)
-                self.calls.append(("prompt", s, rows))
-                if rows == C:
-                    self._exact = s + C
+                last = end >= n
+                extra = placed.inputs(tokens, s, rows, C) if placed is not None else None
+                if extra is None:
+                    logits, carry = run(ids, start=s, rows=rows, sampler=sampler, output=last)
+                else:
+                    version = placed.version(lm)
+                    go = version.reference if self.reference else version
+                    logits, carry = go(ids, start=s, rows=rows, sampler=sampler, output=last,
+                                       extra=extra)
+                self.calls.append(("placed" if extra is not None else "prompt", s, rows))
+                if rows == C or (placed is not None and end < n):
+                    self._exact = end
+            self._starts = starts if starts is not None else list(range(0, n, C))
             self._last = np.array(logits)
-        lm.holder, self._held = self, tokens
+        lm.holder, self._held, self._stale = self, tokens, None
         return logits, carry["token"]
 
     def generate(self, tokens: Iterable[int], max_tokens: int,

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _Tokenizer
 
@@ -222,6 +224,12 @@ class Tokenizer:
                 or fails; the message names where the template was read
                 (``chat_template_source``) before the template's own.
         """
+        return self.encode(self.chat_text(messages, add_generation_prompt),
+                           add_special_tokens=False)
+
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The text the chat template renders ``messages`` into (``chat`` encodes it);
+        raises as ``chat``."""
         if self.chat_template is None:
             raise ValueError("this checkpoint has no chat template (tokenizer_config.json's "
                              "chat_template or chat_template.jinja); use a plain --prompt")
@@ -237,7 +245,7 @@ class Tokenizer:
             raise jinja2.TemplateError(f"{where}: line {e.lineno}: {e.message}") from None
         except jinja2.TemplateError as e:  # its own class kept (SecurityError, bounds)
             raise type(e)(f"{where}: {e}") from None
-        return self.encode(text, add_special_tokens=False)
+        return text
 
 
 def render(template: str, **context: Any) -> str:
@@ -341,9 +349,22 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+class _Generation(jinja2.ext.Extension):
+    """``{% generation %} ... {% endgeneration %}``: the body as it is, as transformers'
+    ``AssistantTracker`` renders it (it marks the assistant's tokens for training masks;
+    LLaVA's chat template wraps the assistant's text in it)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
-                   extensions=["jinja2.ext.loopcontrols"])
+                   extensions=["jinja2.ext.loopcontrols", _Generation])
     env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, \
         sort_keys=False: json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                                     separators=separators, sort_keys=sort_keys)

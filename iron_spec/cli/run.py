@@ -63,6 +63,8 @@ def command(
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES), help=KV_CACHE_HELP),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
+    image: Optional[List[Path]] = typer.Option(None, "--image", metavar="FILE", help="an image the prompt shows (repeat for several; a checkpoint with an image tower): placed where the prompt's image markers are, else before its text (with --chat, the first turn's)"),
+    audio: Optional[List[Path]] = typer.Option(None, "--audio", metavar="FILE", help="a sound the prompt plays (repeat for several; a checkpoint with an audio tower; any format libsndfile reads, resampled to the model's rate: the audio extra): as --image"),
 ) -> None:
     """Generate from SPEC: stream the text as drawn, then time to first token and tokens/s."""
     with log_to_stderr():
@@ -86,6 +88,8 @@ def command(
                 raise FlagError("--prompt-ids is the prompt: give it without --prompt, "
                                 "--prompt-file or --chat")
             text = _prompt_text(prompt, prompt_file)
+            images = _images(image, ids is not None, "--image")
+            sounds = _images(audio, ids is not None, "--audio")
             if system is not None:
                 utf8_text(system, "--system")
             if (not chat and text is None and ids is None and checkpoint is not None
@@ -110,8 +114,13 @@ def command(
                        logprobs=json_output)
             model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
             out = _Output(model, json_output)
+            kinds = {t.modality: t for t in model.loaded.towers}
+            for flag, given, kind in (("--image", images, "image"), ("--audio", sounds, "audio")):
+                if given and kind not in kinds:
+                    raise ValueError(f"{flag} needs a checkpoint with an {kind} tower (its "
+                                     f"spec's towers:); {model.spec} serves none for this one")
             if chat:
-                _chat(model, text, system, gen, out)
+                _chat(model, text, system, gen, out, images, sounds)
                 return
             if ids is not None:
                 out.show(model.stream(ids, **gen), shown=None if model.tokenizer else
@@ -130,10 +139,33 @@ def command(
             elif text is None:
                 raise FlagError("give --prompt TEXT (or --prompt-file F), --prompt-ids IDS, "
                                 "or --chat")
+            elif images or sounds:
+                for kind, given in (("audio", sounds), ("image", images)):
+                    marker = kinds[kind].prompt[0] if given else None
+                    if marker is not None and marker not in text:  # before the text, each
+                        text = marker * len(given) + text
+                out.show(model.stream(text, images=images or None, audio=sounds or None, **gen))
             else:
                 out.show(model.stream(text, **gen))
         except EXPECTED as e:
             refuse(e)
+
+
+def _images(files: Optional[List[Path]], ids: bool, flag: str) -> list[Path]:
+    """The ``--image`` (or ``--audio``) files, each one there, before anything loads.
+
+    Raises:
+        FlagError: files beside ``--prompt-ids`` (whose placeholders no processor wrote).
+        FileNotFoundError: a file that is not there.
+    """
+    files = list(files or [])
+    if files and ids:
+        raise FlagError(f"{flag} goes with --prompt or --chat (the processor places its soft "
+                        "tokens), not --prompt-ids")
+    for f in files:
+        if not f.expanduser().is_file():
+            raise FileNotFoundError(f"{flag} {f}: no such file")
+    return [f.expanduser() for f in files]
 
 
 def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], toy: bool,
@@ -362,14 +394,14 @@ def _number(x: float):
 
 
 def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
-          out: _Output) -> None:
+          out: _Output, images: Optional[list] = None, sounds: Optional[list] = None) -> None:
     """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
     assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
     the context is refused alone: said on stderr, the conversation goes on as it was; so is a
     reply an interrupt (^C) stops."""
     conversation = model.chat(system)
     if first is not None:
-        out.show(conversation.stream(first, **gen))
+        out.show(conversation.stream(first, images or None, sounds or None, **gen))
         return
     lines = 0
     while True:
@@ -383,7 +415,8 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
             continue
         try:
             utf8_text(text, f"line {lines}")
-            stream = conversation.stream(text, **gen)
+            stream = conversation.stream(text, images if lines == 1 else None,
+                                         sounds if lines == 1 else None, **gen)
         except (ValueError, IndexError) as e:  # that turn is refused, not the chat
             typer.echo(f"{message(e)}; skipped", err=True)
             continue

@@ -36,8 +36,9 @@ from iron_spec.spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, Loa
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
+from iron_spec.spec.towers import load_towers
 
-from . import tasks
+from . import multimodal, tasks
 from .embedding import embed_texts
 
 log = logging.getLogger("iron_spec")
@@ -151,6 +152,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
                             progress=progress, decode_weights=decode_weights,
                             prefill_weights=prefill_weights, allow_unread_config=allow_unread_config,
                             kv_cache=kv_cache)
+        # A composite checkpoint's towers (its spec's towers:), beside the text model.
+        loaded.towers = load_towers(loaded, allow_unread_config)
         return Model(loaded, path)
 
 
@@ -196,6 +199,8 @@ class Model:
         self.generation_config, self._gen_path = read_generation_config(
             loaded.directory, loaded.lm.config.vocab_size)
         self._session = Session(loaded.lm)
+        # The towers' soft tokens placed at their placeholders (None: a text model).
+        self.multimodal = multimodal.multimodal(loaded)
 
     @property
     def max_seq_len(self) -> int:
@@ -227,6 +232,8 @@ class Model:
                 tokens or is not UTF-8, a checkpoint with no chat template for messages.
             IndexError: an id outside the vocabulary.
         """
+        if multimodal.has_images(prompt):
+            return multimodal.encode(self, prompt)[0]
         if _messages(prompt):
             for i, m in enumerate(prompt):
                 if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
@@ -275,7 +282,8 @@ class Model:
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
                stop: str | Sequence[str] | None = None, seed: int | None = None,
                logprobs: bool = False, session: Session | None = None,
-               on_finish=None) -> Stream:
+               on_finish=None, images: Sequence | None = None,
+               audio: Sequence | None = None) -> Stream:
         """A generation after ``prompt``, run as it is iterated: text pieces as drawn.
 
         Args:
@@ -293,6 +301,12 @@ class Model:
             session: the history whose KV cache to resume from and extend (default: the
                 model's own): a ``runtime.session.Session(model.loaded.lm)``; a call whose
                 prompt begins with what the session last ran re-runs only the rest.
+            images, audio: a model with towers: the images (paths, PIL images or uint8
+                arrays) and sounds (paths, or samples at the feature extractor's rate) of a
+                text prompt's markers, in order; messages hold theirs as transformers' chat
+                messages do (``library.multimodal``). Each input's tower runs once; a later
+                call holding the same input reuses its soft tokens and, where the session
+                held it, its KV cache.
 
         Returns:
             A ``Stream``: iterate it for ``str`` pieces; ``.result`` is the ``Completion``
@@ -315,7 +329,11 @@ class Model:
                             "one with `from iron_spec.runtime.session import Session; session "
                             "= Session(model.loaded.lm)` (it keeps its own history's KV cache "
                             "from call to call)")
-        ids = self.encode(prompt)
+        inputs = {}
+        if images is not None or audio is not None or multimodal.has_images(prompt):
+            ids, inputs = multimodal.encode(self, prompt, {"image": images, "audio": audio})
+        else:
+            ids = self.encode(prompt)
         sampler = self.sampler(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
                                min_p=min_p, repetition_penalty=repetition_penalty,
                                presence_penalty=presence_penalty)
@@ -334,7 +352,14 @@ class Model:
                 self._own_context, "give a shorter prompt" + (
                     f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
         session = session if session is not None else self._session
+        placed = ids
+        if self.multimodal is not None:
+            ids = self.multimodal.lookup(ids)  # a placeholder past the vocabulary read as 0
         session.check(ids, more=n - 1)  # refused here, before anything runs
+        if self.multimodal is not None:
+            # Each image's soft tokens at its placeholders (its tower run once per image),
+            # the caches forgotten from the first image that changed.
+            self.multimodal.place(session, placed, inputs)
         return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
                       logprobs, bound, on_finish)
 
@@ -398,9 +423,13 @@ class Conversation:
                                                                  "content": system}]
         self.session = Session(model.loaded.lm)
 
-    def stream(self, text: str, **options) -> Stream:
+    def stream(self, text: str, images: Sequence | None = None,
+               audio: Sequence | None = None, **options) -> Stream:
         """The reply to ``text`` as it is drawn; options as ``Model.stream`` (by default at
-        most 512 tokens, ending at the end of the assistant's turn).
+        most 512 tokens, ending at the end of the assistant's turn). ``images`` (a model
+        with towers): images the turn shows, before its text (as transformers' chat
+        messages, ``{"type": "image", "image": ...}`` items); ``audio``: sounds it plays,
+        likewise (``{"type": "audio", "audio": ...}``).
 
         Raises:
             ContextFull: the conversation with this turn leaves no room to draw a token
@@ -415,7 +444,8 @@ class Conversation:
                             "messages are in; it takes no session= (Model.stream does)")
         then = options.pop("on_finish", None)
         arguments.callable_or_none(then, "on_finish", "the Completion once it ends")
-        turn = self.messages + [{"role": "user", "content": text}]
+        turn = self.messages + [{"role": "user",
+                                 "content": self._content(text, images, audio)}]
         ids = self.model.encode(turn)
         L = self.model.max_seq_len
         room = L - len(ids) + 1
@@ -439,7 +469,8 @@ class Conversation:
         def keep(result: Completion) -> None:
             if result.finish_reason == "interrupted":  # dropped: the conversation as it was
                 return
-            self.messages[:] = turn + [{"role": "assistant", "content": result.text}]
+            self.messages[:] = turn + [{"role": "assistant",
+                                        "content": self._content(result.text)}]
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"
             if then is not None:  # the caller's, after the conversation holds the reply
@@ -447,9 +478,21 @@ class Conversation:
 
         return self.model.stream(turn, session=self.session, on_finish=keep, **options)
 
-    def send(self, text: str, **options) -> str:
+    def _content(self, text: str, images: Sequence | None = None,
+                 audio: Sequence | None = None):
+        """A message's content: its text, or for a model with towers a list of items
+        (images first, then the text), as transformers' chat messages give them to a
+        processor's template (LLaVA's reads items alone)."""
+        if self.model.multimodal is None:
+            return text
+        return [{"type": "image", "image": im} for im in images or []] + \
+            [{"type": "audio", "audio": a} for a in audio or []] + \
+            [{"type": "text", "text": text}]
+
+    def send(self, text: str, images: Sequence | None = None,
+             audio: Sequence | None = None, **options) -> str:
         """The reply to ``text``; as ``stream``."""
-        return self.stream(text, **options).text()
+        return self.stream(text, images, audio, **options).text()
 
 
 class EncoderModel:

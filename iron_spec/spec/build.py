@@ -7,7 +7,7 @@ spec, fits the context to the host, builds the module tree and fills its weights
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,6 +57,7 @@ class Loaded:
     random_weights: int | None = None
     checkpoint: Checkpoint | None = None
     part: PartOf | None = None  # the part of a bigger checkpoint the model is (parts)
+    towers: list = field(default_factory=list)  # its towers (spec.towers.LoadedTower)
 
     def checkpoint_tensors(self) -> dict[str, np.ndarray]:
         """The weights as a checkpoint holds them: the files' tensors (their own names and

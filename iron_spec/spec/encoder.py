@@ -345,6 +345,8 @@ def _expand_encoder(spec: Spec, config_json: Mapping[str, Any], *, max_tokens: i
         kv_heads=v.get("num_key_value_heads"), intermediate_size=v["intermediate_size"],
         norm=norm, act=act, bias=_flag_option(spec, r, a + ("bias",), False),
         o_bias=_flag_option(spec, r, a + ("o_bias",), False),
+        k_bias=None if spec.get(*a, "k_bias") is None else
+        _flag_option(spec, r, a + ("k_bias",), False),
         mlp_bias=mlp_bias, down_bias=_flag_option(spec, r, m + ("down_bias",), mlp_bias),
         mlp_kind=mlp_kind, mlp_fused=fused,
         scale=None if scale is None else _number(spec, r, a + ("scale",), None),

@@ -316,6 +316,9 @@ class Attention(Module):
         if o.alibi_bf16 is not None:
             bias["alibi_bf16"] = o.alibi_bf16
         if o.differential is not None:
+            if ropes is not None and REACH in ropes:
+                raise ValueError(f"{self.path}: rows reaching past their own position (an "
+                                 "image's) are not built with differential attention")
             a = self._differential(rec, q, keys, values, ring)
         else:
             extra = [rec.hold("param", self.where("sinks"), self.sinks.array) if o.sinks
@@ -329,9 +332,19 @@ class Attention(Module):
                 bias["sees"] = o.sees
             while extra and extra[-1] is None:
                 extra.pop()
-            a = rec.step("attention", q, keys, values, *extra,
-                         where=self.path, start=start,
-                         scale=o.scale, window=o.window, softcap=o.softcap, ring=ring, **bias)
+            if ropes is not None and REACH in ropes:
+                if extra or bias:
+                    raise ValueError(f"{self.path}: rows reaching past their own position "
+                                     "(an image's) are not built beside sinks, a dynamic "
+                                     "mask, a relative bias, ALiBi or another key reach")
+                a = rec.step("attention_reach", q, keys, values, ropes[REACH], where=self.path,
+                             start=start, scale=o.scale, window=o.window, softcap=o.softcap,
+                             ring=ring)
+            else:
+                a = rec.step("attention", q, keys, values, *extra,
+                             where=self.path, start=start,
+                             scale=o.scale, window=o.window, softcap=o.softcap, ring=ring,
+                             **bias)
         if gate is not None:
             # sigmoid(gate) * a: the gated MLP's step with sigmoid for its activation.
             a = rec.step("gated_activation", gate, rec.view(a, gate.shape),
@@ -362,3 +375,6 @@ PER_HEAD_QK_NORMS = ("head", "per_head_weights", "per_head_stacked")
 
 # Among the tables every layer is given (beside RoPE's): the relative position bias table.
 RELATIVE_TABLE = "relative_attention_bias"
+# And a prompt chunk's last key position each row sees (``operators.soft_tokens``'
+# attention_reach), where its rows may see past their own (an image's, runtime.towers).
+REACH = "reach"

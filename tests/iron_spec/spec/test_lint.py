@@ -157,7 +157,7 @@ def test_an_option_only_another_kind_takes():
     text = (SPECS / "llama3.yaml").read_text().replace("norm: {kind: rms,", "norm: {kind: rms, bias: false,")
     problems = rules.kinds(parse_spec(text, "x.yaml"))
     line, col = next((i, l.index("bias: false") + 1)
-                     for i, l in enumerate(text.splitlines(), 1) if "bias: false" in l)
+                     for i, l in enumerate(text.splitlines(), 1) if "rms, bias: false" in l)
     assert [(p.line, p.col, p.message) for p in problems] == [
         (line, col, "layer.norm.kind 'rms' does not take layer.norm.bias (only layer and no_norm "
                     "take it)")]

@@ -1,0 +1,169 @@
+"""Loading a composite checkpoint's towers beside its text model: each ``towers`` entry of the
+spec (``options.towers``) whose architectures hold the checkpoint's, its config accounted,
+its encoder expanded in the encoder vocabulary (``encoder.expand_encoder``), its tree built
+(``runtime.towers.tower.Tower``) and filled from the checkpoint's tensors under its
+prefixes (``runtime.parts``), and its front end read from the processor's files.
+
+Not for: the text model (``build``), running towers (``runtime.towers.multimodal``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iron_spec.runtime.checkpoint import Checkpoint, LoadReport, fill, load, mark_transposed
+from iron_spec.runtime.files import read_object
+from iron_spec.runtime.parts import moved, subtree
+from iron_spec.runtime.towers.audio_tower import AudioTower
+from iron_spec.runtime.towers.images import patches
+from iron_spec.runtime.towers.multimodal import TowerRun
+from iron_spec.runtime.towers.tower import Tower
+from iron_spec.runtime.weights import draw_weights
+
+from .config import account
+from .encoder import expand_encoder
+from .options import towers as options
+from .shapes import explainer
+
+log = logging.getLogger("iron_spec")
+
+
+@dataclass
+class LoadedTower:
+    """A tower ready to run: its ``tower`` (weights filled: a vision ``Tower`` or an
+    ``AudioTower``), ``processor`` (the front end: ``ImageProcessor`` or ``LogMel``), its
+    ``modality`` (``image`` or ``audio``: the content items it reads), the ``placeholder``
+    token its soft tokens replace, whether one input's rows see each other
+    (``bidirectional``), the processor's expansion of the text's marker (``prompt``:
+    ``(marker, text)`` or None) and where each weight came from."""
+
+    name: str
+    tower: Any
+    processor: Any
+    placeholder: int
+    bidirectional: bool
+    prompt: tuple[str, str] | None
+    report: LoadReport
+    modality: str = "image"
+
+    def soft_tokens(self, raw) -> "Any":
+        """The soft tokens ``(soft, text_hidden)`` float32 of ``raw`` (an image: a path, a
+        PIL image or a uint8 array; a sound: a path or samples at the extractor's rate): the
+        front end, then the compiled tower."""
+        if self.modality == "audio":
+            features, frames = self.processor(raw)
+            return self.tower.version(features, frames)
+        rows = patches(self.processor(raw), self.tower.options.patch)
+        return self.tower.version(rows)
+
+    def count(self, raw) -> int:
+        """How many soft tokens ``raw`` gives (the processor's expansion)."""
+        if self.modality == "audio":
+            return self.tower.options.soft(self.processor(raw)[1])
+        return self.tower.options.soft
+
+    def run(self) -> TowerRun:
+        """The tower as ``runtime.towers.multimodal.Multimodal`` meets it."""
+        return TowerRun(self.soft_tokens, self.count, self.bidirectional)
+
+
+def processor_settings(directory: Path | None, key: str = "image_processor"
+                       ) -> tuple[dict, str]:
+    """The image processor's (or with ``key`` ``feature_extractor``, the feature
+    extractor's) settings a checkpoint holds, and their file: its preprocessor_config.json
+    (the hub's layout), else processor_config.json's ``key`` mapping (transformers 5's
+    ``save_pretrained``); a null value is the class default (dropped here); ``{}`` where
+    there is neither.
+
+    Raises:
+        FileError: a file that is not a JSON object.
+    """
+    if directory is None:
+        return {}, "no preprocessor_config.json"
+    for name, inner in (("preprocessor_config.json", None), ("processor_config.json", key)):
+        path = directory / name
+        if path.is_file():
+            data = read_object(path, what=name)
+            if inner is not None:
+                data = data.get(inner)
+                if not isinstance(data, dict):
+                    continue
+            return {k: v for k, v in data.items() if v is not None}, str(path)
+    return {}, "no preprocessor_config.json"
+
+
+def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
+    """Every tower ``loaded``'s spec declares for its checkpoint (``loaded``: a
+    ``build.Loaded`` text model, a part of a composite checkpoint): none where the
+    checkpoint is the text model alone or the weights are drawn on a toy.
+
+    Raises:
+        SpecError: a tower's config key missing, or its keys unaccounted (each named), or
+            options the encoder vocabulary or the tower refuses.
+        CheckpointError: the tower's tensors do not fit its tree (every tensor named).
+    """
+    if loaded.part is None:
+        return []
+    spec = loaded.expanded.spec
+    whole = loaded.part.whole
+    archs = whole.get("architectures") or []
+    out = []
+    for entry in options.entries(spec):
+        if not set(entry.architectures) & set(archs):
+            continue
+        out.append(_load(entry, loaded, whole, allow_unread_config))
+    return out
+
+
+def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
+    spec = loaded.expanded.spec
+    source = f"{loaded.directory / 'config.json'}: {entry.source_key}"
+    config = whole.get(entry.source_key)
+    if not isinstance(config, dict):
+        raise spec.error(entry.at + ("from",), f"{source} is not a mapping: a "
+                         f"{', '.join(entry.architectures)} config.json holds the tower's "
+                         "config there")
+    entry = options.with_outer(entry, whole)
+    account(entry.spec, config, source, allow_unread_config)
+    expanded = expand_encoder(entry.spec, config, source=source)
+    text = loaded.lm.config
+    audio = options.front_kind(entry) == "log_mel"
+    settings, where = processor_settings(loaded.directory,
+                                         "feature_extractor" if audio else "image_processor")
+    if audio:
+        front = options.log_mel(entry, settings, where)
+        o = options.audio_options(entry, expanded.resolved, expanded.options,
+                                  text.hidden_size, front)
+    else:
+        front = options.processor(entry, settings, where)
+        o = options.tower_options(entry, expanded.resolved, expanded.options,
+                                  text.hidden_size)
+    try:
+        tower = AudioTower(o) if audio else Tower(o)
+    except ValueError as e:
+        raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
+    mark_transposed(tower, expanded.transposed)
+    if loaded.random_weights is not None:
+        report = fill(tower, draw_weights(tower, loaded.random_weights))
+    else:
+        whole_ckpt = Checkpoint(loaded.directory)
+        others = [n for n in whole_ckpt.tensors if moved(n, entry.tensors) is None]
+        part = subtree(whole_ckpt, entry.tensors, others)
+        shapes = {n: p.stored_shape for n, p in tower.named_params()}
+        report = load(tower, part, expanded.renames, None, expanded.unused,
+                      explainer(expanded.resolved.values, shapes))
+    token = options.placeholder(entry, expanded.resolved, text.vocab_size)
+    prompt = options.prompt_text(entry)
+    if audio:
+        log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
+                 entry.name, o.mels, o.frames, len(o.encoder.layers), token)
+    else:
+        log.info("tower %s: %d patches of %d pixels, %d layers, %d soft tokens per image at "
+                 "placeholder %d", entry.name, o.patches, o.patch, len(o.encoder.layers),
+                 o.soft, token)
+    return LoadedTower(entry.name, tower, front, token,
+                       options.bidirectional(entry, expanded.resolved), prompt, report,
+                       "audio" if audio else "image")

@@ -1,0 +1,17 @@
+"""Towers: the encoders whose rows come from a front end (an image's patches, audio's log-mel
+frames) and whose output is soft tokens in a text model's space, placed at the text's
+placeholder tokens (the seeds' ``Tower``, ``ImagePatches``, ``LogMel`` and ``Multimodal``).
+
+- ``images``: an image file or array to the pixel values transformers' image processors give
+  (Pillow's resize, as their PIL backend), and those pixels to a tower's patch rows.
+- ``audio``: a sound file or samples to the log-mel features transformers'
+  WhisperFeatureExtractor gives (the seeds' ``LogMel``).
+- ``tower``: a vision tower's module tree (patch embedding as a GEMM, positions, the encoder
+  layers of ``runtime.encoder``, pooling, projector) and its compiled version.
+- ``audio_tower``: an audio tower's (Conv1d front, positions, encoder layers on the sound's
+  rows, pair pooling, projector).
+- ``multimodal``: a causal text model with its towers; the prompt chunk that takes soft
+  tokens at placeholder rows, and a session's placement (a tower runs once per image).
+
+Not for: reading a spec's ``towers:`` section (``iron_spec.spec.options.towers``).
+"""

@@ -1,0 +1,216 @@
+"""A causal text model whose placeholder tokens take its towers' soft tokens.
+
+The seeds' ``Multimodal``: as transformers' ``masked_scatter`` places them, the j-th of a
+token's placeholders in a history takes the j-th soft token of that token's inputs (its
+images, in order). ``Placement`` is what a ``runtime.session.Session`` reads to run such a
+history: where each prompt chunk starts (an image's rows never split across two chunks
+where they attend to each other both ways, Gemma 3's), and each chunk's inputs beside its
+ids: the soft rows at their placeholders (``soft``, ``mask``) and, where an image's rows see
+each other, the last key each row sees (``reach``). ``Multimodal.place`` runs each tower once
+per image (a later turn holding the same image reuses its soft tokens) and, where an image
+changed, makes the session forget its caches from that image's first placeholder (the
+seeds' ``place``).
+
+Not for: a tower's numbers (``tower``), an image's pixels (``images``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..causal import CausalLM, Version
+
+
+@dataclass
+class TowerRun:
+    """A tower as the text model meets it: ``soft_tokens(raw)`` gives an input's soft
+    tokens ``(soft, hidden)`` float32 (the front end and the compiled tower), ``count(raw)``
+    how many it gives (an image's are fixed, a sound's follow its length),
+    ``bidirectional`` whether one input's rows attend to each other both ways in the text
+    model."""
+
+    soft_tokens: Callable[[object], np.ndarray]
+    count: Callable[[object], int]
+    bidirectional: bool = False
+
+
+def runs(where: np.ndarray) -> list[tuple[int, int]]:
+    """The runs ``[begin, end)`` of consecutive positions in sorted ``where``."""
+    if where.size == 0:
+        return []
+    cut = np.flatnonzero(np.diff(where) != 1) + 1
+    return [(int(a[0]), int(a[-1]) + 1) for a in np.split(where, cut)]
+
+
+@dataclass
+class Placement:
+    """Soft rows at a history's placeholder positions: ``positions`` ``(k,)`` (sorted),
+    ``rows`` ``(k, hidden)`` float32, ``groups`` the runs ``[begin, end)`` whose rows see each
+    other (empty where none do), ``digests`` each input's (first placeholder position,
+    digest) in order: what ``Multimodal.place`` compares to find the first stale one."""
+
+    positions: np.ndarray
+    rows: np.ndarray
+    groups: list[tuple[int, int]] = field(default_factory=list)
+    digests: list[tuple[int, str]] = field(default_factory=list)
+    reach: bool = False
+    _version: Version | None = None
+
+    def starts(self, tokens: np.ndarray, C: int) -> list[int]:
+        """Each prompt chunk's first position for ``tokens`` from position 0: every ``C``
+        positions, but a chunk ends before a group it cannot hold whole.
+
+        Raises:
+            ValueError: a group longer than a chunk (its rows could not see each other).
+        """
+        n, s, out = len(tokens), 0, []
+        for a, b in self.groups:
+            if b - a > C:
+                raise ValueError(f"an image's {b - a} soft tokens (positions {a}..{b - 1}) do "
+                                 f"not fit a prompt chunk of {C} ids: give a prefill_chunk "
+                                 f"of at least {b - a}")
+        while s < n:
+            end = min(s + C, n)
+            for a, b in self.groups:
+                if a < end < b:
+                    end = a if a > s else end
+            out.append(s)
+            s = end
+        return out
+
+    def inputs(self, tokens: np.ndarray, s: int, rows: int, C: int) -> dict | None:
+        """A chunk's inputs beside its ids, for positions ``s .. s + rows - 1`` of a chunk
+        of ``C``: ``soft`` ``(C, hidden)``, ``mask`` ``(C,)`` and, where rows see each other,
+        ``reach`` ``(C,)``; None where the chunk holds no placeholder."""
+        lo, hi = np.searchsorted(self.positions, [s, s + rows])
+        if lo == hi:
+            return None
+        soft = np.zeros((C, self.rows.shape[1]), np.float32)
+        mask = np.zeros(C, np.int32)
+        at = self.positions[lo:hi] - s
+        soft[at], mask[at] = self.rows[lo:hi], 1
+        out = {"soft": soft, "mask": mask}
+        if self.reach:
+            reach = np.arange(s, s + C, dtype=np.int32)
+            for a, b in self.groups:
+                if a < s + rows and b > s:
+                    reach[max(a, s) - s: min(b, s + rows) - s] = b - 1
+            out["reach"] = reach
+        return out
+
+    def version(self, lm: CausalLM) -> Version:
+        """The prompt chunk that takes these inputs, compiled once per model."""
+        key = ("placed", self.reach)
+        versions = lm._versions
+        if key not in versions:
+            versions[key] = Version(lm, True, False, soft=True, reach=self.reach)
+        return versions[key]
+
+
+def digest(raw) -> str:
+    """A digest of an input as given (its bytes or its file's), so an input met again is
+    known without running its tower."""
+    h = hashlib.sha256()
+    if isinstance(raw, np.ndarray):
+        h.update(repr((raw.shape, raw.dtype.str)).encode())
+        h.update(np.ascontiguousarray(raw).tobytes())
+    elif isinstance(raw, (str, bytes)) or hasattr(raw, "__fspath__"):
+        from pathlib import Path
+        h.update(Path(raw).expanduser().read_bytes())
+    else:  # a PIL image
+        h.update(repr((raw.mode, raw.size)).encode())
+        h.update(raw.tobytes())
+    return h.hexdigest()
+
+
+class Multimodal:
+    """``lm`` (a CausalLM) and its towers by placeholder token (``TowerRun``).
+
+    ``place(session, tokens, inputs)`` readies ``session`` (a ``runtime.session.Session``
+    over ``lm``) for ``tokens``: ``inputs`` maps each placeholder token to its inputs in
+    order (image paths, PIL images or arrays). Each input's soft tokens are computed once
+    and kept (``keep`` inputs, the least recently used dropped first).
+
+    Raises (``place``, before anything changes):
+        ValueError: a token's placeholders are not its inputs' soft tokens in number.
+    """
+
+    def __init__(self, lm: CausalLM, towers: dict[int, TowerRun], keep: int = 16):
+        self.lm, self.towers, self.keep = lm, towers, keep
+        self._soft: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def lookup(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` as the text model's embedding reads them: a placeholder outside its
+        vocabulary (Gemma 3's ``<image_soft_token>`` beside a 262144-row table) read as id 0,
+        as Gemma3Model's ``llm_input_ids[special_image_mask] = 0`` (its row is replaced by a
+        soft token anyway); the others as they are."""
+        V = self.lm.config.vocab_size
+        outside = [t for t in self.towers if t >= V]
+        if not outside:
+            return list(tokens)
+        return [0 if t in outside else t for t in tokens]
+
+    def soft_tokens(self, token: int, raw) -> tuple[np.ndarray, str]:
+        """The soft tokens of one input of placeholder ``token``'s tower, and its digest."""
+        key = f"{token}:{digest(raw)}"
+        if key in self._soft:
+            self._soft.move_to_end(key)
+            return self._soft[key], key
+        soft = self.towers[token].soft_tokens(raw)
+        self._soft[key] = soft
+        while len(self._soft) > self.keep:
+            self._soft.popitem(last=False)
+        return soft, key
+
+    def placement(self, tokens: Sequence[int], inputs: dict[int, list]) -> Placement:
+        """Where every input's soft tokens sit in ``tokens`` (module docstring)."""
+        tokens = np.asarray(tokens)
+        positions, rows, groups, digests, reach = [], [], [], [], False
+        for token, tower in self.towers.items():
+            where = np.flatnonzero(tokens == token)
+            given = [self.soft_tokens(token, raw) for raw in inputs.get(token, [])]
+            total = sum(len(soft) for soft, _ in given)
+            if where.size != total:
+                raise ValueError(f"{where.size} placeholders {token} for {len(given)} "
+                                 f"input{'s' * (len(given) != 1)} of {total} soft tokens")
+            at0 = 0
+            for soft, key in given:
+                if not len(soft):  # a sound too short for a soft token
+                    continue
+                at = where[at0: at0 + len(soft)]
+                at0 += len(soft)
+                positions.append(at)
+                rows.append(soft)
+                digests.append((int(at[0]), key))
+                if tower.bidirectional:
+                    groups += runs(at)
+                    reach = True
+        if not positions:
+            return Placement(np.zeros(0, np.int64), np.zeros((0, self.lm.config.hidden_size),
+                                                            np.float32))
+        positions = np.concatenate(positions)
+        order = np.argsort(positions, kind="stable")
+        return Placement(positions[order], np.concatenate(rows)[order], sorted(groups),
+                         sorted(digests), reach)
+
+    def place(self, session, tokens: Sequence[int], inputs: dict[int, list]) -> None:
+        """Ready ``session`` for ``tokens`` with ``inputs`` at their placeholders: its
+        placement set, and its caches forgotten from the first input that differs from
+        what it held (the seeds' ``Multimodal.place``)."""
+        new = self.placement(tokens, inputs)
+        old = session.placement
+        if old is not None:
+            stale = [a for (a, x), (b, y) in zip(new.digests, old.digests) if a != b or x != y]
+            extra = [a for a, _ in new.digests[len(old.digests):]] + \
+                [a for a, _ in old.digests[len(new.digests):]]
+            first = min(stale + extra, default=None)
+            if first is not None:
+                session.forget(first)
+        elif new.digests:
+            session.forget(new.digests[0][0])
+        session.placement = new if new.digests else None
