@@ -23,7 +23,7 @@ from iron_spec.runtime.towers.multimodal import TowerRun
 from iron_spec.runtime.towers.tower import Tower
 from iron_spec.runtime.weights import draw_weights
 
-from .config import account
+from .accounting import account
 from .encoder import expand_encoder
 from .options import towers as options
 from .shapes import explainer
