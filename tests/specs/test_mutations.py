@@ -70,7 +70,8 @@ def test_a_mutant_reading_a_key_no_more_is_refused_at_load(tmp_path):
                    "  hidden_act: {value: silu}")
     result = CliRunner().invoke(app, ["check", str(spec), "--random-weights", "0", "--toy"])
     assert result.exit_code == 1  # input refused, as run (2 is a usage error)
-    assert "toy.config: key 'hidden_act' (= 'silu') is neither mapped" in result.output
+    assert ("toy.config: key 'hidden_act' (= 'silu'), a field of LlamaConfig, is neither mapped"
+            in result.output)
 
 
 def test_swapped_gate_and_up_fail_against_the_smollm2_golden(smollm2, tmp_path):
