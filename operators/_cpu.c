@@ -1429,14 +1429,15 @@ static int attend_apart(const attend_call *c) {
 /* Run n queries (attend_any, as a program's OP_ATTEND step) where the shapes fit (ok), else
  * a ValueError "name: shapes do not fit (why)". */
 static PyObject *attend_call_run(attend_call *c, const char *name, int ok, int H, int D,
-                                 Py_ssize_t n, Py_ssize_t qstride, const char *shapes) {
+                                 Py_ssize_t n, Py_ssize_t qstride, const char *shapes,
+                                 int chunk) {
     const char *why = ok ? NULL : shapes;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
         why = attend_any(c->out.buf, c->q.buf, qstride, c->k.buf, c->v.buf, c->k.itemsize == 2,
                          c->scratch.buf,
                          c->scratch.len / 4, H, c->G, D, c->k.shape[1], n, c->start,
-                         c->window, c->scale, c->softcap, c->ring, c->alibi.buf);
+                         c->window, c->scale, c->softcap, c->ring, c->alibi.buf, chunk);
         Py_END_ALLOW_THREADS
     }
     attend_free(c);
@@ -1464,7 +1465,7 @@ static PyObject *py_attend(PyObject *self, PyObject *const *args, Py_ssize_t nar
              (!c.alibi.buf || c.alibi.len == 4 * (Py_ssize_t)H) && attend_apart(&c);
     return attend_call_run(&c, "attend", ok, H, D, 1, (Py_ssize_t)H * D,
                            "q (H, D) C-contiguous, caches (kv_heads, L, D), out as q, alibi "
-                           "None or (H,), out and scratch apart from the rest");
+                           "None or (H,), out and scratch apart from the rest", 0);
 }
 
 /* attend_chunk(out, q, keys, values, scratch, kv_heads, start, window, scale, softcap,
@@ -1490,7 +1491,7 @@ static PyObject *py_attend_chunk(PyObject *self, PyObject *const *args, Py_ssize
                            ok ? q->strides[0] / 4 : 0,
                            "q (n, H, D) float32 with rows apart at most, caches (kv_heads, L, "
                            "D), out (n, H * D), alibi None or (H,), out and scratch apart from "
-                           "the rest");
+                           "the rest", 1);
 }
 
 /* A float32 array of 2 (or, where allowed, 3) dimensions whose last is contiguous (and,

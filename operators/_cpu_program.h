@@ -443,15 +443,18 @@ static void rows_run(task_fn fn, const void *args, Py_ssize_t rows) {
         fn(args, 0, 1);
 }
 
-/* n queries at start: checks, then attend's kernel at one, attend_chunk's at more; 0 or why
- * not (a position past the cache, a scratch short of it). q (n, H, D) rows qstride apart. */
+/* n queries at start: checks, then attend's kernel at one (a decode step's), attend_chunk's
+ * at more or wherever ``chunk`` (a prompt chunk's call, of one row too: a row's bits then do
+ * not depend on how many rows its call holds, so a session may resume at any position);
+ * 0 or why not (a position past the cache, a scratch short of it). q (n, H, D) rows qstride
+ * apart. */
 static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, const void *keys,
                               const void *values, int kv16, float *scratch,
                               Py_ssize_t scratch_floats,
                               int H, int G, int D, Py_ssize_t L, Py_ssize_t n, Py_ssize_t start,
                               Py_ssize_t window, float scale, float softcap, Py_ssize_t ring,
-                              const float *alibi) {
-    if (n == 1) {
+                              const float *alibi, int chunk) {
+    if (n == 1 && !chunk) {
         /* A ring not yet grown to its rows holds positions at their own rows (as attend). */
         if (start < 0 || (start >= L && !(ring > 0 && L == ring)))
             return "the query's position is past the cache";
@@ -512,7 +515,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         const char *why = attend_any(out, s->a[1], s->rs[1], s->a[2], s->a[3],
                                      s->kind == WEIGHTS_BF16, s->a[4], s->len[4] / 4,
                                      (int)i[0], (int)i[1], (int)i[2], i[3], i[6], start, i[4],
-                                     s->f[0], s->f[1], i[5], s->a[5]);
+                                     s->f[0], s->f[1], i[5], s->a[5], s->rows_at >= 0);
         if (why)
             snprintf(msg, size, "attention: %s", why);
         return why ? msg : NULL;

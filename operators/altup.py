@@ -31,6 +31,7 @@ class StackStreams(Operator):
     input (torch.stack on a new axis). Exact: a copy."""
 
     name = "stack_streams"
+    rows_alone = True
 
     def shape(self, *xs):
         if not xs or any(len(x) != 2 or x != xs[0] for x in xs):
@@ -126,6 +127,7 @@ class AltUpCorrect(Operator):
     (``altup_active_idx``)."""
 
     name = "altup_correct"
+    rows_alone = True
 
     def shape(self, predictions, activated, coefs, active=0):
         n, K, E = _streams(predictions, "altup_correct")
@@ -166,6 +168,7 @@ class AddToStreams(Operator):
     ``corrected_predictions[1:] += first_prediction`` (``begin`` 1)."""
 
     name = "add_to_streams"
+    rows_alone = True
 
     def shape(self, streams, y, begin=1):
         n, K, E = _streams(streams, "add_to_streams")

@@ -63,6 +63,12 @@ class Operator:
     keeps_bound: bool = True
     #: The attribute a native program gives the step from the call (``lower``).
     call_attr: str = "start"
+    #: Whether the numpy ``kernel`` computes each row of a call's rows from that row alone,
+    #: the same bits whatever the call's other rows and their count (a copy, an elementwise
+    #: sum or product). A step lowered to the native program always does (one body per
+    #: row); a BLAS product, or a kernel with a path of its own for one row, need not
+    #: (``runtime.plan.Plan.rows_alone``, which lets a session resume at any position).
+    rows_alone: bool = False
 
     def shape(self, *shapes: tuple[int, ...], **attrs: Any) -> tuple[int, ...]:
         """The output shape for inputs of ``shapes``. Raises ValueError on a mismatch."""

@@ -15,6 +15,7 @@ class Add(Operator):
     row of ``a`` (a learned initial state, HrmTextModel's ``z_L_init`` broadcast)."""
 
     name = "add"
+    rows_alone = True
 
     def shape(self, a, b, scale=1.0):
         if a != b and tuple(b) != tuple(a[-1:]):
@@ -51,6 +52,7 @@ class Mul(Operator):
     a whole layer's output, transformers' Gemma4TextDecoderLayer ``layer_scalar``)."""
 
     name = "mul"
+    rows_alone = True
 
     def shape(self, a, b=None, scale=1.0):
         if b is not None and (len(b) > len(a) or any(
@@ -93,6 +95,7 @@ class Affine(Operator):
     """
 
     name = "affine"
+    rows_alone = True
 
     def shape(self, x, weight, bias=None):
         for name, v in (("weight", weight), ("bias", bias)):
@@ -123,6 +126,7 @@ class TakeRow(Operator):
     logits alone are needed."""
 
     name = "take_row"
+    rows_alone = True
     keeps_bound = False
     call_attr = "index"
 
@@ -151,6 +155,7 @@ class Columns(Operator):
     fused projection's output (q, k and v of a fused ``qkv_proj``)."""
 
     name = "columns"
+    rows_alone = True
 
     def shape(self, x, begin=0, end=0):
         if len(x) != 2 or not 0 <= begin < end <= x[1]:
@@ -179,6 +184,7 @@ class Clamp(Operator):
     ``limit``, above 0 (the kernel clamps to it rounded to float32, as torch does)."""
 
     name = "clamp"
+    rows_alone = True
 
     def shape(self, x, limit=1.0):
         if not limit > 0:
@@ -211,6 +217,7 @@ class JoinHeads(Operator):
     ``key_states``). Exact: a copy. Runs on numpy (no native step)."""
 
     name = "join_heads"
+    rows_alone = True
 
     def shape(self, a, b):
         heads = max(a[1], b[1]) if len(a) == 3 and len(b) == 3 else 0

@@ -18,6 +18,7 @@ class Embedding(Operator):
     """
 
     name = "embedding"
+    rows_alone = True
 
     def shape(self, ids, weight, scale=1.0, outside=None):
         if len(ids) != 1 or len(weight) != 2:

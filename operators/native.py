@@ -77,15 +77,16 @@ def threads() -> int:
     return cores()
 
 
-def describe() -> str:
-    """Which kernels a decode step runs on, for logs and bench reports."""
+def describe(tiles: bool = True) -> str:
+    """Which kernels a decode step runs on, for logs and bench reports; ``tiles``: and the
+    kernel bfloat16 prefill weights' GEMMs run on (say it only where they ran)."""
     if LIB is None:
         return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu stale: rebuild "
                             "with pip install -e ." if STALE else "operators._cpu not built") + ")"
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
             f"{', '.join(LIB.available())}); prompt GEMMs: "
             + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
-            + f", on bfloat16 tiles {LIB.tiles()}"
+            + (f", on bfloat16 tiles {LIB.tiles()}" if tiles else "")
             + "; compiled steps: " + ("one native call" if PROGRAM else
                                      "a Python call each (IRON_SPEC_PROGRAM=0)"))
 

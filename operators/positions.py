@@ -19,6 +19,7 @@ class AddRows(Operator):
     """
 
     name = "add_rows"
+    rows_alone = True
 
     def shape(self, x, table, start=0):
         if len(x) != 2 or len(table) != 2 or x[1] != table[1]:

@@ -407,10 +407,22 @@ class CausalLM(Module):
         states = [s for _, s in self.named_states()]
         return sum(s.nbytes for s in states), sum(s.most_bytes for s in states)
 
-    def resume_at(self, start: int, written: int) -> int:
-        """Where a run may start, at or before ``start``, once the caches hold positions up
-        to ``written`` (exclusive): ``start`` where every ring still holds the window before
-        it (positions written since have replaced the oldest), else 0, the first."""
+    def resume_at(self, start: int, written: int, kind: str = "compiled") -> int:
+        """The earliest position every state of the model allows a run to restart from, to
+        run the tokens from ``start`` on, once the caches hold positions ``0 .. written``
+        (exclusive): the latest position at or before ``start`` that each allows.
+
+        A KV cache allows every position it holds. A sliding window's ring allows ``start``
+        where it still holds the window before it (positions written since replaced the
+        oldest), else only 0. The prompt chunk's arithmetic (``kind``: the ``compiled``
+        versions' or the float64 ``reference``'s) allows any position where its rows are
+        computed alone (``Plan.rows_alone``: the native kernels), else only a multiple of
+        ``prefill_chunk``, where a fresh run's calls begin too. From any position allowed,
+        a run writes and returns what a fresh run making the same calls does, bit for bit.
+        (A state carried position to position, a recurrent one, adds the positions it has
+        a copy of.)"""
+        if kind == "reference" or not self.prompt_chunk.plan.rows_alone:
+            start = start // self.config.prefill_chunk * self.config.prefill_chunk
         for _, s in self.named_states():
             if s.ring is not None and start > 0:
                 window = s.ring - self.config.prefill_chunk + 1

@@ -259,8 +259,9 @@ def determinism(lm: CausalLM, prompts: list[list[int]], steps: int = 4, rounds: 
 
 
 def chat_turn(lm: CausalLM, history: list[int], turn: list[int], steps: int = 2) -> Result:
-    """A history extended by a turn runs from the turn (the chunk boundary at or before it)
-    and its logits equal, bit for bit, a fresh run of the whole."""
+    """A history extended by a turn runs from the turn's first token (or the earlier
+    position the model allows: ``CausalLM.resume_at``) and its logits equal, bit for bit, a
+    fresh run of the whole."""
     def run() -> Result:
         def greedy(session, tokens):
             rows = []
@@ -276,11 +277,13 @@ def chat_turn(lm: CausalLM, history: list[int], turn: list[int], steps: int = 2)
         resumed = greedy(chat, history + turn)
         ran = sum(rows for kind, _, rows in chat.calls if kind == "prompt")
         same = resumed.tobytes() == fresh.tobytes()
-        C = lm.config.prefill_chunk
         # Positions count the model's prefix too (a session runs it before every history).
-        reused = (len(lm.config.prefix) + len(history)) // C * C
-        figure = (f"resumed at {chat.calls[0][1]} of {len(history)} held, ran {ran} tokens; "
-                  f"logits {'bitwise equal' if same else 'DIFFER'}")
+        held = len(lm.config.prefix) + len(history)
+        reused = lm.resume_at(held, held)
+        figure = (f"resumed at {chat.calls[0][1]} of {held} held, ran {ran} tokens"
+                  + ("" if reused == held else
+                     f" (the prompt chunk's rows are not computed alone here: from the chunk "
+                     f"boundary)") + f"; logits {'bitwise equal' if same else 'DIFFER'}")
         return Result("chat turn", same and chat.calls[0][1] == reused, figure,
                       {"resumed_at": chat.calls[0][1], "ran": ran, "bitwise": same})
     return _timed(run)

@@ -129,7 +129,9 @@ class Completion:
     ``logprobs``: each drawn token's natural log-probability under the model's distribution
     (the softmax of the raw logits, before any penalty or warper, as vLLM's default
     ``raw_logprobs``); empty unless asked for. ``seed``: the sampler's (None when greedy).
-    ``prompt_tokens``: ids the prompt held; ``ttft`` seconds to the first token;
+    ``prompt_tokens``: ids the prompt held; ``cached_tokens``: how many of them the KV cache
+    already held, not run again (a chat's turns before; the OpenAI API's
+    ``prompt_tokens_details.cached_tokens``); ``ttft`` seconds to the first token;
     ``decode_tokens_per_s`` over the tokens after it (NaN with fewer than two).
     """
 
@@ -142,6 +144,7 @@ class Completion:
     prompt_tokens: int = 0
     ttft: float = float("nan")
     decode_tokens_per_s: float = float("nan")
+    cached_tokens: int = 0
 
 
 class StopText:
@@ -215,13 +218,15 @@ class Stream:
         stops = StopText(self.stop)
         shown, reason, ended = [], "length", False
         begin = time.perf_counter()
-        ttft, after = float("nan"), begin
+        ttft, after, cached = float("nan"), begin, 0
         try:
             while len(drawn) < self.n:
                 logits = session.logits(history)
                 token = sampler(logits, seen=history, generated=drawn)
                 if not drawn:
                     ttft, after = time.perf_counter() - begin, time.perf_counter()
+                    # The session's positions count the model's prefix ids before the prompt.
+                    cached = max(0, session.reused - len(session.lm.config.prefix))
                 drawn.append(token)
                 history.append(token)
                 if self.want_logprobs:
@@ -252,6 +257,6 @@ class Stream:
             rate = (len(drawn) - 1) / elapsed if len(drawn) > 1 and elapsed > 0 else float("nan")
             self.result = Completion("".join(shown), drawn, reason, logprobs,
                                      None if sampler.greedy else sampler.seed, stops.stopped,
-                                     len(self.ids), ttft, rate)
+                                     len(self.ids), ttft, rate, cached)
             if self.on_finish is not None:
                 self.on_finish(self.result)

@@ -331,6 +331,18 @@ class Plan:
         """How many of the plan's steps run in its native program."""
         return len(self._native)
 
+    @property
+    def rows_alone(self) -> bool:
+        """Whether each row of a call bounded by ``rows`` (a prompt chunk's) comes out the
+        same bits whatever the call's other rows, their count and where the call starts:
+        every bounded step runs in the native program (whose kernels compute a row alone:
+        the GEMM's sums run along k per row, the chunk's attention per query lane) or is an
+        operator whose numpy kernel does (``Operator.rows_alone``). A session may then
+        resume at any position the caches hold; else only where a fresh run's calls begin
+        (numpy's BLAS sums a row by how many rows its call holds)."""
+        return all(
+            r.index in self._native or r.step.op.rows_alone for r in self.runs if r.bounded)
+
     # -- call ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int],
             output: bool = True) -> np.ndarray | None:

@@ -1,10 +1,26 @@
 """One conversation over a CausalLM's compiled versions, and generation that streams.
 
 A session knows which tokens the KV caches hold. Asked for the logits after a history, it
-runs only what the caches do not hold: one more token is a decode step, anything else runs
-in prompt chunks from the prompt-chunk boundary at or before the first token that differs
-(or that a decode step wrote), so its logits are bit for bit those of a fresh run. Bad input (an id outside the vocabulary,
-a history past ``max_seq_len``) is refused before any call, so the caches keep what they held.
+runs only what the caches do not hold: one more token is a decode step; anything else runs
+in prompt chunks from the restart position, the earliest position every state of the model
+allows at or before the first token the caches do not hold (``CausalLM.resume_at``):
+
+- a KV cache allows every position it holds, so a chat's next turn runs its own tokens only;
+- a sliding window's ring allows a position whose window it still holds, else only 0;
+- the prompt chunk's arithmetic allows any position where each row is computed alone (the
+  native kernels: ``Plan.rows_alone``), else a multiple of ``prefill_chunk`` (numpy's BLAS,
+  ``IRON_SPEC_GEMM=blas``, ``IRON_SPEC_NATIVE=0``, the float64 ``reference()``);
+- a state carried from position to position (a recurrent one) allows the positions it keeps
+  a copy of, and is restored there before the run.
+
+So a model adds a kind of state by answering ``resume_at(start, written, kind)`` for it
+(``kind``: ``compiled`` or ``reference``, which hold states of their own); a session needs
+nothing else. The logits are bit for bit those of a fresh session making the same calls;
+and where the history before the restart was written by prompt calls (not decode steps,
+whose sums differ from a prompt row's by rounding), those of a fresh run of the whole.
+``calls`` logs every call as ``(version, start, rows)``. Bad input (an id outside the
+vocabulary, a history past ``max_seq_len``) is refused before any call, so the caches keep
+what they held.
 """
 
 from __future__ import annotations
@@ -39,14 +55,14 @@ class Session:
         self.lm = lm
         self.reference = reference  # run the float64 reference instead of the compiled plans
         self._held = np.zeros(0, np.int64)
-        # Leading positions whose keys and values are exactly a fresh run's (whole chunks).
-        self._exact = 0
         self.calls: list[tuple[str, int, int]] = []  # (version, start, rows) of each call
         # Where a tower's soft tokens sit in the history (runtime.towers.multimodal's
         # Placement: its chunks' starts and inputs); None: a text's ids alone.
         self.placement = None
         self._starts: list[int] = []  # the held run's chunk starts, where placed
         self._stale: int | None = None  # the first position forgotten (forget)
+        # Positions of the last history its call did not run: held by the caches.
+        self.reused = 0
         # The logits after the held tokens when a prompt run computed them (bitwise a fresh
         # run's): asked again for the same history, nothing runs.
         self._last: np.ndarray | None = None
@@ -96,14 +112,14 @@ class Session:
 
     def forget(self, position: int) -> None:
         """Hold nothing the caches have from ``position`` on: the next call runs again from
-        the last chunk boundary before it (a tower's soft tokens changed there: the seeds'
+        the latest position at or before it that every state allows (``CausalLM.resume_at``;
+        where placed, a chunk start: a tower's soft tokens changed there: the seeds'
         ``Session.forget``)."""
         # The caches still hold what was written past it (a sliding window's ring has
         # replaced older positions by it: resume_at reads how far), so the held tokens stay;
         # what they share with the next history is cut at the position instead.
         position = max(0, int(position))
         self._stale = position if self._stale is None else min(self._stale, position)
-        self._exact = min(self._exact, position)
         self._last = None
 
     def _common(self, tokens: np.ndarray) -> int:
@@ -143,33 +159,41 @@ class Session:
             lm.holder = None
         common = self._common(tokens)
         if self.held == n == common and self._last is not None:
+            self.reused = n
             return self._last, sampler(self._last)
         self._last = None
-        if self.held == n - 1 == common:
-            # One token past what the caches hold: a decode step, as generation runs it.
+        if common == self.held and self.held in (n - 1, n):
+            # One token past what the caches hold, or (after a decode step, whose logits
+            # are not kept) the last one again: a decode step, as generation runs it, which
+            # writes the same keys and values again.
             version = lm.decode_step
             run = version.reference if self.reference else version
             logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler)
             self.calls.append(("decode", n - 1, 1))
-            self._exact = min(self._exact, n - 1)
+            self.reused = n - 1
         else:
             version = lm.prompt_chunk
             run = version.reference if self.reference else version
             C = version.capacity
-            # A GEMM's row depends on how many rows the call holds (OpenBLAS: up to 6e-5
-            # apart), so only whole chunks from a multiple of C are what a fresh run
-            # computes; resuming at the boundary keeps every result bitwise a fresh run's.
-            start = min(common, self._exact) // C * C
+            kind = "reference" if self.reference else "compiled"
+            # The last token runs whatever the caches hold: its logits are the answer.
+            start = min(common, n - 1)
             placed = self.placement
             starts = placed.starts(tokens, C) if placed is not None else None
-            if placed is not None:
+            if placed is None:
+                start = lm.resume_at(start, self.held, kind)
+            else:
                 # A placement's chunks keep an image's rows together: resumed at a start the
-                # held run and this one share.
+                # held run and this one share (a fresh run's calls from there), and which
+                # every state allows.
                 held = set(self._starts) if lm.holder is self else {0}
-                start = max(b for b in starts if b <= min(common, self._exact) and b in held)
-            # A sliding window's ring may no longer hold the window before that boundary.
-            start = lm.resume_at(start, self.held)
-            lm.holder, self._held, self._exact = self, tokens[:start], start
+                while True:
+                    start = max(b for b in starts if b <= start and (b in held or b == 0))
+                    allowed = lm.resume_at(start, self.held, kind)
+                    if allowed == start:
+                        break
+                    start = allowed
+            lm.holder, self._held, self.reused = self, tokens[:start], start
             ids = np.zeros(C, np.int32)
             bounds = [b for b in starts if b >= start] + [n] if placed is not None else \
                 list(range(start, n, C)) + [n]
@@ -188,8 +212,6 @@ class Session:
                     logits, carry = go(ids, start=s, rows=rows, sampler=sampler, output=last,
                                        extra=extra)
                 self.calls.append(("placed" if extra is not None else "prompt", s, rows))
-                if rows == C or (placed is not None and end < n):
-                    self._exact = end
             self._starts = starts if starts is not None else list(range(0, n, C))
             self._last = np.array(logits)
         lm.holder, self._held, self._stale = self, tokens, None

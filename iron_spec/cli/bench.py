@@ -10,6 +10,7 @@ machine, so only ratios taken in one run mean anything.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import resource
 import statistics
@@ -32,9 +33,9 @@ from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.errors import FlagError, NoWeights
 from iron_spec.spec.loader import load_spec
-from iron_spec.spec.registry import find
 
-from .command import EXPECTED, choice, UsageError, load_compiled, refuse, stages
+from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, UsageError,
+                      choice, load_compiled, pick_spec, refuse, stages)
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
@@ -44,7 +45,7 @@ COPY_ELEMENTS = 2**28  # the copy bandwidth's array: 1 GiB, past any cache
 
 
 def peak_rss() -> int:
-    """The process's peak resident memory, bytes."""
+    """The process's peak resident memory so far, bytes (``ru_maxrss``: it only grows)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -153,6 +154,14 @@ def floor(loaded: Loaded) -> tuple[Figures, dict]:
     if native.LIB is not None:
         out["read_bytes_per_s"] = read_bytes_per_s
     return out, {"decode_weight_bytes": sum(w.nbytes for w in mats)}
+
+
+def transformers_installed() -> bool:
+    """Whether torch and transformers (the ``golden`` extra) can be imported."""
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+    except (ImportError, ValueError):  # a module set to None, or without a spec
+        return False
 
 
 def transformers_peer(loaded: Loaded, n_threads: int) -> Figures | None:
@@ -300,7 +309,9 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     own, own_prefill = loaded.lm.decode_weights, loaded.lm.prefill_weights
     own_kv = loaded.lm.kv_cache
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
-              "prefill_chunk": loaded.lm.config.prefill_chunk, "decode_kernels": describe(),
+              "prefill_chunk": loaded.lm.config.prefill_chunk,
+              # The bfloat16 tiles' kernel named only where a prompt chunk ran on them.
+              "decode_kernels": describe(tiles="bfloat16" in (own_prefill, *also_prefill)),
               "decode_weights": own, "also_decode_weights": list(also),
               "prefill_weights": own_prefill, "also_prefill_weights": list(also_prefill),
               "kv_cache": own_kv, "also_kv_caches": list(also_kv)}
@@ -323,9 +334,10 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     _back(loaded.lm, own, own_prefill, own_kv)
     peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peers' models
     sides["floor"], floor_static = floor(loaded)
-    if peer:
+    installed = transformers_installed()
+    if peer and installed:  # said only where it is about to happen
         stage("loading transformers' model")
-    peer_figures = transformers_peer(loaded, n_threads) if peer else None
+    peer_figures = transformers_peer(loaded, n_threads) if peer and installed else None
     not_measured = result["not_measured"] = {}
     if peer_figures is not None:
         sides["transformers"] = peer_figures
@@ -373,6 +385,7 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     result["transformers"] = result.get("transformers")
     result[ENGINE] = result.get(first_engine)
     result["ours"]["peak_rss_bytes"] = peak
+    result["process_peak_rss_bytes"] = peak_rss()  # the floor's arrays and the peers too
     f = result["floor"]
     f.update(floor_static)
     f["gemv_gb_per_s"] = f["decode_weight_bytes"] * f["gemv_passes_per_s"] / 1e9
@@ -521,10 +534,14 @@ def report(r: dict) -> str:
                      + (f": {', '.join(names)}" if names else ""))
     if prefill:
         parts.append(f"{prefill / 2**20:.0f} MiB the prompt chunk's bfloat16 tiles")
-    lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB; weights "
+    lines.append(f"peak RSS {o['peak_rss_bytes'] / 2**20:.0f} MiB through iron-spec's own "
+                 f"figures (the process's peak when they were done); weights "
                  f"{r['weights_bytes'] / 2**20:.0f} MiB"
                  + (f" (of it {'; '.join(parts)})" if parts else "")
                  + f" + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
+    if "process_peak_rss_bytes" in r:
+        lines.append(f"peak RSS of the whole process {r['process_peak_rss_bytes'] / 2**20:.0f} "
+                     "MiB: the above, the floor's two 1 GiB copy arrays and the peers' models")
     for side, why in r.get("not_measured", {}).items():
         lines.append(f"{side}: not measured: {why}")
     lines.append("ratios: " + ", ".join(f"{k} {'n/a' if v is None else format(v, '.2f')}"
@@ -552,15 +569,17 @@ def _gguf_files(files: Optional[List[Path]]) -> Optional[List[Path]]:
 
 
 def command(
-    spec: str = typer.Argument(..., help="a spec's name (iron-spec list) or a spec YAML's path"),
-    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
+    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help=SPEC_HELP),
+    checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR, help=CHECKPOINT_HELP + "; default: the spec's first examples: hub id"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed "
                                                  "(the checkpoint's config, not its weights)"),
     runs: int = typer.Option(3, min=1, help="runs per figure, after one warm-up"),
     max_seq_len: Optional[int] = typer.Option(None, min=DEEP + DECODE + 1,
-                                              help=f"context length the caches are sized for "
-                                              f"[default: {CONTEXT} or the model's own, the "
-                                              "shorter]"),
+                                              help=f"context length the caches are sized for: "
+                                              f"at least {DEEP + DECODE + 1}, as the deep decode "
+                                              f"draws {DECODE + 1} tokens after a {DEEP}-token "
+                                              f"prompt [default: {CONTEXT} or the model's own, "
+                                              "the shorter]"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
@@ -575,7 +594,7 @@ def command(
     first_prefill, *also_prefill = [w.strip() for w in prefill_weights.split(",")]
     first_kv, *also_kv = [w.strip() for w in kv_cache.split(",")]
     try:
-        spec = find(spec)  # a name (iron-spec list) or a path, from any folder
+        spec = pick_spec(spec, checkpoint)  # a name or a path, from any folder; or picked
         if load_spec(spec).get("model") == "encoder":  # said before any weight is read
             raise FlagError(f"{spec} is an encoder spec (model: encoder): bench measures a "
                             "causal model's prefill and decode; an encoder has no decode "

@@ -35,10 +35,10 @@ from iron_spec.spec.gates import ENCODER_ATOL, float64_gate, kl_gate
 from iron_spec.spec.interpreter import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK, expand
 from iron_spec.spec.lint import as_check
 from iron_spec.spec.loader import load_spec
-from iron_spec.spec.registry import find
 from iron_spec.library import config_defaults, goldens
 
-from .command import EXPECTED, UsageError, choice, load_compiled, refuse, stages, whole
+from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, UsageError,
+                      choice, load_compiled, pick_spec, refuse, stages, whole)
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
 STEPS = 40
@@ -313,8 +313,8 @@ def _reduced_alone(result: checks.Result, lm, golden: Golden | None) -> checks.R
 
 
 def command(
-    spec: str = typer.Argument(..., help="a spec's name (iron-spec list) or a spec YAML's path"),
-    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
+    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help=SPEC_HELP),
+    checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR, help=CHECKPOINT_HELP + "; default: the spec's first examples: hub id, or with --toy none"),
     random_weights: Optional[int] = typer.Option(None, min=0, help="draw weights at this seed"),
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help=f"context length (default: the model's own, at most {CHECK_CONTEXT}, within this host's memory)"),
@@ -345,7 +345,7 @@ def command(
                             + (" to write" if record_golden else ""))
         if golden is not None and not record_golden:
             load_arrays(golden)  # no file there, or no golden: said before anything loads
-        spec = find(spec)  # a name (iron-spec list) or a path, from any folder
+        spec = pick_spec(spec, checkpoint)  # a name or a path, from any folder; or picked
         parsed = load_spec(spec)
         began = time.perf_counter()
         problems, linted = as_check(parsed)

@@ -18,10 +18,13 @@ import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from pathlib import Path
+
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.spec.build import load_model
-
 from iron_spec.spec.errors import FlagError, SpecError, message
+from iron_spec.spec.gguf_files import is_gguf
+from iron_spec.spec.registry import find
 
 # Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
 DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
@@ -30,6 +33,18 @@ EXIT_STATUS = ("Exit status: 0 done; 1 the input was refused (a spec, config.jso
                "error (an unknown option, a missing argument, a flag's value out of its range "
                "or flags that do not go together).")
 HELP_OPTIONS = ["-h", "--help"]
+# SPEC and --checkpoint, taken the same way by every command that loads a model (run, embed,
+# show, check, bench): SPEC the one positional argument, optional; the texts a command reads
+# are options (run's --prompt, embed's --text), so no text is ever taken for a spec.
+SPEC_HELP = ("a spec's name (iron-spec list) or a spec YAML's path; default: the spec serving "
+             "--checkpoint's config.json architectures (a GGUF file's general.architecture), "
+             "said on stderr")
+CHECKPOINT_METAVAR = "DIR|ID|GGUF"
+CHECKPOINT_HELP = ("the checkpoint: a directory (config.json, model.safetensors or a sharded "
+                   "model.safetensors.index.json, tokenizer.json), a Hugging Face hub id (its "
+                   "cache; HF_HUB_OFFLINE honoured) or a GGUF file (llama.cpp's: config, "
+                   "tokenizer and tensors from it)")
+
 # What a command refuses as its input's fault (``refuse``: one line, exit 1; a FlagError
 # exit 2), not as a bug (a traceback).
 EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
@@ -281,3 +296,36 @@ def stages(terminal: Optional[bool] = None) -> Iterator[Stages]:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), Count(),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         yield Stages(bar)
+
+
+def pick_spec(spec: Optional[str], checkpoint: Optional[str],
+              text_flag: Optional[str] = None) -> Path:
+    """The spec file ``spec`` names (``registry.find``: a name or a path), or where none is
+    named the one serving ``checkpoint``'s config.json architectures (a GGUF file's
+    ``general.architecture``), which is then said on stderr: a user sees which spec runs.
+
+    ``text_flag``: the option a command takes its texts by (``--prompt``), named where
+    ``spec`` is no spec and could be a text meant for it.
+
+    Raises:
+        FlagError: neither a spec nor a checkpoint.
+        FileNotFoundError: no such spec (the valid names listed, and ``text_flag``).
+        ValueError: no spec serves the checkpoint.
+    """
+    if spec is None:
+        if checkpoint is None:
+            raise FlagError("name a SPEC (iron-spec list shows them), or give --checkpoint "
+                            "to pick one from its config.json architectures")
+        path = find(None, checkpoint)
+        source = "GGUF architecture" if is_gguf(Path(checkpoint).expanduser()) else \
+            "config.json architectures"
+        typer.echo(f"[spec {path.stem}: {path}, picked by --checkpoint's {source}]", err=True)
+        return path
+    try:
+        return find(spec)
+    except FileNotFoundError as e:
+        if text_flag is None or Path(spec).suffix in (".yaml", ".yml"):
+            raise
+        raise FileNotFoundError(f"{e}. SPEC is the command's one argument; a text is given "
+                                f"with {text_flag}") from None
+

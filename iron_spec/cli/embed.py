@@ -9,7 +9,6 @@ Not for: generation (``run``), checking against goldens (``check``).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
@@ -21,17 +20,16 @@ from iron_spec.runtime.tokenizer import utf8_text
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.errors import FlagError, SpecError
 from iron_spec.spec.loader import load_spec
-from iron_spec.spec.registry import entries, find
 from iron_spec.library.api import load
 
-from .command import log_to_stderr, refuse
+from .command import CHECKPOINT_HELP, CHECKPOINT_METAVAR, SPEC_HELP, log_to_stderr, pick_spec, refuse
 
 
 def _utf8(texts: list[str]) -> None:
     """Raises ValueError naming the first text that is not UTF-8 text (the tokenizers library
     would raise a bare TypeError)."""
     for i, text in enumerate(texts, 1):
-        utf8_text(text, f"TEXT {i}")
+        utf8_text(text, f"text {i}")
 
 
 def cosine(embeddings: np.ndarray) -> np.ndarray:
@@ -41,32 +39,32 @@ def cosine(embeddings: np.ndarray) -> np.ndarray:
     return u @ u.T
 
 
-def _spec_and_texts(args: list[str], checkpoint: Optional[str]) -> tuple[Path, list[str]]:
-    """SPEC is the first argument when it names a .yaml/.yml file, or, before other texts,
-    an encoder spec's name (``registry.find``); else the checkpoint's config.json
-    architectures pick it."""
-    if args and Path(args[0]).suffix in (".yaml", ".yml"):
-        return find(args[0]), args[1:]
-    if len(args) > 1 and args[0] in _encoder_names():
-        return find(args[0]), args[1:]
-    if checkpoint is None:
-        raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
-    return find(None, checkpoint), args
+def _texts(given: Optional[List[str]]) -> list[str]:
+    """The texts: ``--text``'s, else stdin's lines (one text a line, empty lines skipped).
 
-
-def _encoder_names() -> set[str]:
-    try:
-        return {n for e in entries() if e.model == "encoder" for n in (e.name, e.path.stem)}
-    except (FileNotFoundError, SpecError):  # a broken folder: names pick nothing
-        return set()
+    Raises:
+        FlagError: no ``--text`` and stdin is a terminal (nothing piped), or no text at all.
+    """
+    if given:
+        return list(given)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise FlagError("give the texts with --text TEXT (repeat it for several), or one a "
+                        "line on stdin")
+    raw = getattr(sys.stdin, "buffer", None)
+    data = raw.read().decode("utf-8", "surrogateescape") if raw is not None else sys.stdin.read()
+    texts = [line for line in data.splitlines() if line.strip()]
+    if not texts:
+        raise FlagError("stdin holds no text; give the texts with --text TEXT, or one a line "
+                        "on stdin")
+    return texts
 
 
 def command(
-    args: List[str] = typer.Argument(..., metavar="[SPEC] TEXT...",
-                                     help="an encoder spec's name (iron-spec list) or path "
-                                          "(optional: else the checkpoint's architectures "
-                                          "pick one), then the texts"),
-    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
+    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help=SPEC_HELP),
+    checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR, help=CHECKPOINT_HELP),
+    text: Optional[List[str]] = typer.Option(None, "--text", "-t", metavar="TEXT",
+                                             help="a text to embed; repeat it for several "
+                                                  "(default: stdin, one text a line)"),
     similarity: bool = typer.Option(False, "--similarity",
                                     help="print the cosine matrix of the texts' embeddings"),
     max_tokens: Optional[int] = typer.Option(None, min=2, help="ids a text keeps, the rest truncated; "
@@ -80,25 +78,25 @@ def command(
                                             "spec's, lang_id)"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
 ) -> None:
-    """Embed TEXTs with an encoder SPEC: one line per text, or with --similarity the cosine
+    """Embed texts with an encoder SPEC: one line per text, or with --similarity the cosine
     matrix (row i, column j: text i against text j)."""
     with log_to_stderr():
-        _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config, lang)
+        _embed(spec, text, checkpoint, similarity, max_tokens, decimals, allow_unread_config,
+               lang)
 
 
-def _embed(args, checkpoint, similarity, max_tokens, decimals, allow_unread_config,
+def _embed(spec, given, checkpoint, similarity, max_tokens, decimals, allow_unread_config,
            lang=None) -> None:
     try:
-        spec_path, texts = _spec_and_texts(list(args), checkpoint)
-        if not texts:
-            raise FlagError("give at least one TEXT")
+        if checkpoint is None:
+            raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
+        spec_path = pick_spec(spec, checkpoint, "--text")
+        texts = _texts(given)
         _utf8(texts)  # before anything loads
         spec = load_spec(spec_path)
         if spec.get("model") != "encoder":
             raise ValueError(f"{spec_path} is model {spec.get('model')!r}: embed runs encoder "
                              "specs (model: encoder)")
-        if checkpoint is None:
-            raise FlagError("give --checkpoint DIR (its tokenizer encodes the texts)")
         model = load(spec_path, checkpoint, max_tokens=max_tokens,
                      allow_unread_config=allow_unread_config)
         loaded = model.loaded

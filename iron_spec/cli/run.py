@@ -32,12 +32,13 @@ from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
 from iron_spec.library.api import Model, load
 
-from .command import EXPECTED, choice, log_to_stderr, number, refuse, stages, whole
+from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, choice,
+                      log_to_stderr, number, pick_spec, refuse, stages, whole)
 
 
 def command(
-    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help="a spec's name (iron-spec list) or a spec YAML's path (default: the spec serving --checkpoint's config.json architectures)"),
-    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id"),
+    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help=SPEC_HELP),
+    checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR, help=CHECKPOINT_HELP),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (with --chat, the first message); - reads it from stdin"),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="read the prompt from this file (- is stdin)"),
     chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without a prompt, read turns from stdin, one a line"),
@@ -96,8 +97,10 @@ def command(
                     and random_weights is None and not toy):  # --toy's own refusal first
                 raise FlagError("give --prompt TEXT (or --prompt-file F), --prompt-ids IDS "
                                 "(no tokenizer needed), or --chat")
-            if spec is not None:  # a missing or broken spec, said before anything loads
-                spec = str(find(spec))
+            if spec is not None or checkpoint is not None:
+                # A missing or broken spec said before anything loads; one picked by the
+                # checkpoint's config.json said on stderr.
+                spec = str(pick_spec(spec, checkpoint, "--prompt"))
                 if load_spec(spec).get("model") == "encoder":
                     raise ValueError(f"{spec} is an encoder spec (model: encoder): it gives "
                                      "embeddings (iron-spec embed), it does not generate")
@@ -362,7 +365,8 @@ class _Output:
                   for t, lp in zip(r.token_ids, r.logprobs)]
         return {"text": r.text, "token_ids": r.token_ids, "tokens": tokens,
                 "finish_reason": r.finish_reason, "stop": r.stop, "seed": r.seed,
-                "prompt_tokens": r.prompt_tokens, "ttft_s": _number(r.ttft),
+                "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+                "ttft_s": _number(r.ttft),
                 "decode_tokens_per_s": _number(r.decode_tokens_per_s)}
 
     def notices(self, r: Completion) -> None:
@@ -381,8 +385,10 @@ class _Output:
             typer.echo(f"[the text stopped where the context (max_seq_len {L}"
                        + (", the model's own" if L >= own else f"; --max-seq-len up to {own} "
                           "gives more") + ") is full]", err=True)
-        typer.echo(f"\n[prefill] {r.prompt_tokens} token{'s' * (r.prompt_tokens != 1)}, time to "
-                   f"first token {r.ttft:.3f} s", err=True)
+        cached = (f" ({r.prompt_tokens - r.cached_tokens} run, {r.cached_tokens} from the KV "
+                  "cache)" if r.cached_tokens else "")
+        typer.echo(f"\n[prefill] {r.prompt_tokens} token{'s' * (r.prompt_tokens != 1)}{cached}, "
+                   f"time to first token {r.ttft:.3f} s", err=True)
         n = len(r.token_ids)
         if n > 1:
             typer.echo(f"[decode]  {n - 1} token{'s' * (n != 2)}, "

@@ -35,11 +35,11 @@ from iron_spec.spec.accounting import account
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP, resolve
 from iron_spec.spec.loader import Spec, load_spec
 from iron_spec.spec.options.recurrence import outline
-from iron_spec.spec.registry import find
 from iron_spec.spec.shapes import fields_of
 from iron_spec.spec.tree import build_tree
 
-from .command import EXPECTED, UsageError, refuse
+from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, UsageError,
+                      pick_spec, refuse)
 
 FORMATS = ("text", "json")
 PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
@@ -361,9 +361,10 @@ def _recurrence_json(tree: Module) -> Optional[dict[str, Any]]:
 
 
 def command(
-    spec: str = typer.Argument(..., help="the spec YAML, one of specs/ (iron-spec list) or your own"),
-    checkpoint: Optional[str] = typer.Option(None, metavar="DIR|ID", help="checkpoint directory or hub id: its "
-                                             "config.json, and its tensors placed (headers only)"),
+    spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help=SPEC_HELP),
+    checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR,
+                                             help=CHECKPOINT_HELP + ": its config.json, and its "
+                                             "tensors placed (headers only)"),
     toy: bool = typer.Option(False, "--toy", help="the spec's toy config (the default without "
                                                   "--checkpoint)"),
     format: str = typer.Option("text", "--format", help="text | json"),
@@ -378,7 +379,7 @@ def command(
     if toy and checkpoint is not None:
         raise UsageError("--toy shows the spec's toy config; it takes no --checkpoint")
     try:
-        spec = find(spec)  # a name (iron-spec list) or a path, from any folder
+        spec = pick_spec(spec, checkpoint)  # a name or a path, from any folder; or picked
         view = gather(spec, checkpoint, allow_unread_config)
     except EXPECTED as e:
         refuse(e)

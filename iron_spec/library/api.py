@@ -128,6 +128,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
                         "path) or a checkpoint whose config.json names its architecture: "
                         "load('NAME', 'path/to/checkpoint')")
     path = find(spec, checkpoint)
+    if spec is None:  # which spec runs, where the caller did not say (INFO, as the rest of load)
+        log.info("spec %s (%s), picked by the checkpoint's architectures", path.stem, path)
     parsed = load_spec(path)
     if parsed.get("model") == "encoder":
         arguments.only_for("encoder", {

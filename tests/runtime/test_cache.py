@@ -103,19 +103,21 @@ def test_a_chat_resumes_over_the_ring_bit_for_bit(monkeypatch):
     whole, grown = toy(True, monkeypatch), toy()
     C = grown.config.prefill_chunk
     first = ids(2 * C + 3, seed=4)
-    session = Session(grown)
+    session, other = Session(grown), Session(whole)
     reply = list(session.generate(first, 20))  # decoded past the ring's reach
+    assert list(other.generate(first, 20)) == reply
     history = first + reply + ids(C + 2, seed=5)
     session.calls.clear()
     got = session.logits(history)
-    assert got.tobytes() == Session(whole).logits(history).tobytes()
-    # Decode steps wrote past the window before the last full chunk: from the start.
-    assert session.calls[0][:2] == ("prompt", 0)
-    # The next turn right after a prompt: from its last full chunk, which the ring holds.
+    # The ring still holds the window before the turn: the turn's tokens alone run (the
+    # reply's last token, which no step read, and the new ones), as on the whole cache.
+    assert session.calls == [("prompt", len(first) + 19, C), ("prompt", len(first) + 19 + C, 3)]
+    assert got.tobytes() == other.logits(history).tobytes() and other.calls[-2:] == session.calls
+    # The next turn right after a prompt: its own tokens.
     longer = history + ids(5, seed=6)
     session.calls.clear()
-    assert session.logits(longer).tobytes() == Session(whole).logits(longer).tobytes()
-    assert session.calls == [("prompt", len(history) // C * C, len(longer) % C)]
+    assert session.logits(longer).tobytes() == other.logits(longer).tobytes()
+    assert session.calls == [("prompt", len(history), 5)]
     # A shorter history (an edit of the last turn): the ring holds only later positions.
     session.calls.clear()
     edited = history[: 2 * C + 9]

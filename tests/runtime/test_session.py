@@ -70,31 +70,91 @@ def test_chunks_before_the_last_skip_the_head_and_leave_the_caches_as_whole_runs
 
 
 @pytest.mark.parametrize("held", [0, 3])
-def test_extending_history_reuses_the_cache_bitwise_equal_to_fresh(toy, held):
+@pytest.mark.parametrize("reference", [False, True], ids=["compiled", "reference"])
+def test_extending_history_reuses_the_cache_bitwise_equal_to_fresh(toy, held, reference):
     lm = toy.lm
     C = lm.config.prefill_chunk
     rng = np.random.default_rng(2)
     history = rng.integers(0, lm.config.vocab_size, 2 * C + held).tolist()
     turn = rng.integers(0, lm.config.vocab_size, C + 6).tolist()
     # Fresh runs first: sessions share the model's caches, one conversation at a time.
-    fresh = Session(lm)
+    fresh = Session(lm, reference=reference)
     whole = fresh.logits(history + turn).copy()
     nxt = int(np.argmax(whole))
     whole_next = fresh.logits(history + turn + [nxt]).copy()
 
-    chat = Session(lm)
+    chat = Session(lm, reference=reference)
     chat.logits(history)
     chat.calls.clear()
     extended = chat.logits(history + turn)
-    # The whole chunks the history filled are not run again: the turn runs from the
-    # boundary at or before its first token (only new tokens when the history ends on one).
-    assert chat.calls[0] == ("prompt", 2 * C, min(C, held + len(turn)))
-    assert sum(rows for _, _, rows in chat.calls) == held + len(turn)
+    if reference:
+        # numpy's float64 sums of a row depend on the call's other rows: the turn runs
+        # from the chunk boundary at or before its first token, as a fresh run's calls.
+        assert chat.calls[0] == ("prompt", 2 * C, C) and len(chat.calls) == 2
+    else:
+        # The native kernels compute each row alone: only the turn's own tokens run.
+        assert lm.prompt_chunk.plan.rows_alone
+        assert chat.calls == [("prompt", 2 * C + held, C), ("prompt", 3 * C + held, 6)]
+    assert chat.reused == chat.calls[0][1]
     assert extended.tobytes() == whole.tobytes()
     # One more token is one decode step, as in the fresh session.
     chat.calls.clear()
     assert chat.logits(history + turn + [nxt]).tobytes() == whole_next.tobytes()
     assert chat.calls == [("decode", len(history) + len(turn), 1)]
+
+
+@pytest.mark.parametrize("split", [1, 5, 15, 16, 17, 31, 33])
+def test_a_prompt_row_is_the_same_bits_whatever_call_holds_it(toy, split):
+    # What lets a session resume anywhere: split the prompt's calls at any position (a call
+    # of one row too, which a decode step's kernel must not serve) and every logit, and
+    # every key and value the caches hold, is a fresh run's.
+    lm = toy.lm
+    C = lm.config.prefill_chunk
+    prompt = np.random.default_rng(7).integers(0, lm.config.vocab_size, 2 * C + 7)
+    version = lm.prompt_chunk
+
+    def run(bounds):
+        ids = np.zeros(C, np.int32)
+        for lo, hi in zip(bounds, bounds[1:]):
+            for s in range(lo, hi, C):
+                rows = min(C, hi - s)
+                ids[:rows] = prompt[s: s + rows]
+                logits, _ = version(ids, start=s, rows=rows)
+        caches = {name: state.array[:, :prompt.size].copy()
+                  for name, state in lm.named_states() if state.kv}
+        return np.array(logits), caches
+
+    lm.holder = None
+    whole, whole_caches = run([0, prompt.size])
+    split_logits, split_caches = run([0, split, prompt.size])
+    assert split_logits.tobytes() == whole.tobytes()
+    for name, array in whole_caches.items():
+        assert split_caches[name].tobytes() == array.tobytes(), name
+
+
+def test_a_two_turn_chat_runs_only_the_new_turn(toy):
+    # A chat: turn 1's prompt, its reply drawn (decode steps), then turn 2 = all that and
+    # the new turn's tokens. Turn 2 runs its own tokens only (the reply's last token, which
+    # no step read, and the turn's), and its logits are those of a fresh session making the
+    # same calls on caches another conversation filled first, bit for bit.
+    lm = toy.lm
+    rng = np.random.default_rng(3)
+    V = lm.config.vocab_size
+    first, turn = rng.integers(0, V, 21).tolist(), rng.integers(0, V, 9).tolist()
+
+    def conversation(session):
+        reply = list(session.generate(first, 6))
+        calls = len(session.calls)
+        logits = session.logits(first + reply + turn).copy()
+        return reply, session.calls[calls:], logits
+
+    reply, calls, logits = conversation(Session(lm))
+    assert calls == [("prompt", len(first) + 5, 1 + len(turn))]
+    Session(lm).logits(rng.integers(0, V, 40).tolist())  # another conversation's tokens
+    again = Session(lm)
+    assert conversation(again)[0] == reply
+    assert again.calls[0][:2] == ("prompt", 0) and again.calls[-1] == calls[0]
+    assert conversation(Session(lm))[2].tobytes() == logits.tobytes()
 
 
 def test_refused_input_changes_nothing(toy):
@@ -155,26 +215,29 @@ def test_real_checkpoint_greedy_continuation(smollm2):
     assert tok.decode(drawn) == " Paris.\n\nThe answer is:"
 
 
-def test_the_same_history_again_runs_nothing_after_a_prompt_and_reruns_after_a_decode(toy):
+def test_the_same_history_again_runs_nothing_after_a_prompt_and_its_decode_step_after_one(toy):
     lm = toy.lm
     C = lm.config.prefill_chunk
     history = np.random.default_rng(2).integers(0, lm.config.vocab_size, C + 3).tolist()
-    fresh = Session(lm).logits(history + [7]).copy()  # one prompt run of the whole history
     session = Session(lm)
     first = session.logits(history).copy()
     session.calls.clear()
     assert session.logits(history).tobytes() == first.tobytes()
     assert session.calls == []
-    # After a decode step the logits are not a fresh run's: asked again, the session runs
-    # from the last chunk boundary and gives the fresh run's, bit for bit.
-    session.logits(history + [7])
+    # After a decode step (whose logits are not kept), asked again: that decode step again,
+    # which writes the same keys and values and gives the same logits, bit for bit.
+    decoded = session.logits(history + [7]).copy()
     session.calls.clear()
-    assert session.logits(history + [7]).tobytes() == fresh.tobytes()
-    assert session.calls == [("prompt", C, 4)]
+    assert session.logits(history + [7]).tobytes() == decoded.tobytes()
+    assert session.calls == [("decode", C + 3, 1)]
+    # A shorter history than the caches hold runs its last token again, as a prompt row.
+    session.calls.clear()
+    assert session.logits(history).tobytes() == first.tobytes()
+    assert session.calls == [("prompt", C + 2, 1)]
     # A caller may write into what it was given; the session keeps its own copy.
-    given = session.logits(history + [7])
+    given = session.logits(history)
     given[:] = 0.0
-    assert session.logits(history + [7]).tobytes() == fresh.tobytes()
+    assert session.logits(history).tobytes() == first.tobytes()
 
 
 def test_bfloat16_decode_weights_give_the_float32_decode_bit_for_bit(smollm2):
@@ -232,3 +295,29 @@ def test_a_prompt_run_interrupted_part_way_resumes_as_a_fresh_run(monkeypatch):
         session.logits(history)
     monkeypatch.setattr(plan, "__call__", run)
     assert np.array_equal(session.logits(history), Session(lm).logits(history))
+
+
+def test_on_numpys_blas_a_session_resumes_at_the_chunk_boundary_bitwise_equal_to_fresh():
+    # IRON_SPEC_GEMM=blas: OpenBLAS sums a row by how many rows its call holds, so the
+    # prompt chunk's rows are not computed alone and the model allows only chunk boundaries,
+    # where a fresh run's calls begin. Read at import: a process of its own.
+    import os
+    import subprocess
+    import sys
+    code = (
+        "import numpy as np\n"
+        "from iron_spec.spec.build import load_model\n"
+        "from iron_spec.runtime.session import Session\n"
+        f"lm = load_model({str(LLAMA)!r}, random_weights=0, toy=True).lm\n"
+        "C = lm.config.prefill_chunk\n"
+        "prompt = np.random.default_rng(5).integers(0, lm.config.vocab_size, 2 * C + 3).tolist()\n"
+        "fresh = Session(lm).logits(prompt).copy()\n"
+        "s = Session(lm)\n"
+        "s.logits(prompt[:C + 5])\n"
+        "s.calls.clear()\n"
+        "print(lm.prompt_chunk.plan.rows_alone, s.logits(prompt).tobytes() == fresh.tobytes(),\n"
+        "      s.calls[0][:2] == ('prompt', C))\n")
+    env = dict(os.environ, IRON_SPEC_GEMM="blas")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["False", "True", "True"], out.stderr

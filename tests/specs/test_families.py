@@ -28,6 +28,17 @@ def test_toy_compiled_equals_reference_and_checks(spec: Path):
     steps = min(16, lm.config.max_seq_len - len(prompt))
     compiled = list(Session(lm).generate(prompt, steps))
     assert compiled == list(Session(lm, reference=True).generate(prompt, steps))
+    # Resumed where the model allows (any position where the prompt chunk's rows are
+    # computed alone, else a chunk boundary), a history's logits are a fresh run's, bit for bit.
+    fresh = Session(lm).logits(prompt).copy()
+    P = len(lm.config.prefix)
+    for held in (2, C - 1, C + 1):  # (a one-token history from nothing is a decode step)
+        session = Session(lm)
+        session.logits(prompt[:held])
+        session.calls.clear()
+        assert session.logits(prompt).tobytes() == fresh.tobytes(), held
+        at = held + P if lm.prompt_chunk.plan.rows_alone else (held + P) // C * C
+        assert session.calls[0][:2] == ("prompt", at), held
     for prompt_chunk in (True, False):
         lm._versions[(prompt_chunk, False)] = lm.version(prompt_chunk, check=True)
     # The checked versions now serve every call: CheckError at a step past its tolerance.

@@ -173,3 +173,31 @@ def test_the_memory_line_tells_decode_copies_from_prefill_tiles(short):
     text = bench.report(r)
     assert "MiB the decode steps' reduced copies: int8; " in text
     assert "MiB the prompt chunk's bfloat16 tiles)" in text
+
+
+def test_the_lines_are_true_to_what_ran(short, monkeypatch):
+    # Found by a new user's trial: "[loading transformers' model]" then "not installed";
+    # bfloat16 tiles named on an all-float32 run; a peak RSS far below the process's own.
+    monkeypatch.setattr(bench, "transformers_installed", lambda: False)
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    stages = []
+    r = bench.measure(loaded, runs=1, peer=True, stage=stages.append)
+    assert not any("transformers" in s for s in stages), stages
+    assert "transformers" in r["not_measured"]
+    assert "bfloat16 tiles" not in r["decode_kernels"]
+    assert r["process_peak_rss_bytes"] >= r["ours"]["peak_rss_bytes"]
+    text = bench.report(r)
+    assert "through iron-spec's own figures" in text and "peak RSS of the whole process" in text
+    if native.LIB is not None:
+        use_prefill_weights(loaded, "bfloat16")
+        tiles = bench.measure(loaded, runs=1, peer=False, also_prefill=("bfloat16",))
+        assert "on bfloat16 tiles" in tiles["decode_kernels"]
+
+
+def test_max_seq_len_says_why_its_least_is_what_it_is(monkeypatch):
+    import typer.rich_utils
+    from typer.testing import CliRunner
+    from iron_spec.cli.app import app
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 400)  # each help on one line
+    text = " ".join(CliRunner().invoke(app, ["bench", "-h"]).output.split())
+    assert "at least 2065, as the deep decode draws 65 tokens after a 2000-token prompt" in text

@@ -51,11 +51,41 @@ def test_help_text_is_shown_as_written(monkeypatch):
     assert "recorded into the spec's checkout as <spec>/<inputs>.npz under tests/goldens" in text
     text = " ".join(invoke("embed", "-h").output.split())
     assert "at least 2, the [CLS] and [SEP] a text is put between" in text
-    assert "Usage: root embed [OPTIONS] [SPEC] TEXT..." in text
+    assert "Usage: root embed [OPTIONS] [SPEC]" in text
     text = " ".join(invoke("check", "-h").output.split())
-    assert "--checkpoint DIR|ID checkpoint directory or hub id" in text
+    assert "--checkpoint DIR|ID|GGUF the checkpoint: a directory" in text
     assert "--steps INTEGER [x>=1] teacher-forced KL steps" in text
     assert "--toy the spec's tiny shape" in text
+
+
+MODEL_COMMANDS = ["run", "embed", "show", "check", "bench"]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_every_command_takes_spec_and_checkpoint_alike(command, monkeypatch):
+    # One way: SPEC the one optional argument (picked from --checkpoint's config.json where
+    # not named), --checkpoint naming each form it takes.
+    import typer.rich_utils
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 400)
+    text = " ".join(invoke(command, "-h").output.split())
+    assert f"Usage: root {command} [OPTIONS] [SPEC]" in text
+    assert "[SPEC] a spec's name (iron-spec list) or a spec YAML's path; default: the spec " \
+        "serving --checkpoint's config.json architectures" in text
+    assert "--checkpoint DIR|ID|GGUF the checkpoint: a directory (config.json, " \
+        "model.safetensors" in text and "a Hugging Face hub id" in text and "a GGUF file" in text
+
+
+@pytest.mark.parametrize("command", ["show", "check"])
+def test_show_and_check_pick_the_spec_from_config_json_and_say_it(command, tmp_path):
+    from tests.conftest import toy_config
+    directory = toy_config(tmp_path, "llama3")
+    args = [command, "--checkpoint", str(directory)] + (
+        ["--random-weights", "0", "--self-only"] if command == "check" else [])
+    result = invoke(*args)
+    # show: the toy directory holds no weights to place (exit 1); check runs on drawn ones.
+    assert result.exit_code in (0, 1) and "Traceback" not in result.output, result.output
+    assert f"[spec llama3: {SPECS / 'llama3.yaml'}, picked by --checkpoint's config.json " \
+        "architectures]" in result.stderr, result.stderr
 
 
 def test_version_is_the_installed_packages():
@@ -72,8 +102,8 @@ REFUSED = [
     ["show", "nope.yaml"],
     ["check", "nope.yaml", "--random-weights", "0", "--toy"],
     ["bench", "nope.yaml", "--checkpoint", "/nonexistent/dir"],
-    ["embed", BERT, "--checkpoint", "/nonexistent/dir", "hello"],
-    ["embed", LLAMA, "--checkpoint", "/nonexistent/dir", "hello"],
+    ["embed", BERT, "--checkpoint", "/nonexistent/dir", "--text", "hello"],
+    ["embed", LLAMA, "--checkpoint", "/nonexistent/dir", "--text", "hello"],
 ]
 USAGE = [
     ["run", LLAMA, "--random-weights", "0", "--toy", "--temperature", "-1"],
@@ -89,9 +119,11 @@ USAGE = [
     ["run", LLAMA, "--toy"],
     ["run", LLAMA, "--toy", "--random-weights", "0", "--checkpoint", "/nonexistent/dir"],
     ["check", LLAMA, "--toy"],
-    ["embed", BERT, "hello"],
-    ["embed", BERT, "--max-tokens", "1", "hello"],
+    ["embed", BERT, "--text", "hello"],
+    ["embed", BERT, "--max-tokens", "1", "--text", "hello"],
+    ["embed", BERT, "a text", "--checkpoint", "/nonexistent/dir"],
     ["list", "extra"],
+    ["run"], ["show"], ["check"], ["bench"], ["embed", "--text", "hello"],
 ]
 
 

@@ -58,7 +58,7 @@ def test_embeddings_match_transformers_mean_pooling(loaded, golden):
 
 def test_acceptance_similarity_prints_transformers_cosines(minilm, golden):
     texts = golden["texts"][:2]
-    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts,
+    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts_args(texts),
                                  "--similarity"])
     assert result.exit_code == 0, result.output
     want = [" ".join(f"{x:7.4f}" for x in row) for row in golden["cosine"][:2, :2]]
@@ -68,8 +68,8 @@ def test_acceptance_similarity_prints_transformers_cosines(minilm, golden):
 
 def test_spec_picked_by_architectures_when_not_named(minilm, golden):
     texts = golden["texts"][:3]
-    named = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts])
-    picked = runner.invoke(app, ["embed", "--checkpoint", str(minilm), *texts])
+    named = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts_args(texts)])
+    picked = runner.invoke(app, ["embed", "--checkpoint", str(minilm), *texts_args(texts)])
     assert picked.exit_code == 0, picked.output
     assert picked.stdout == named.stdout
     rows = [list(map(float, line.split())) for line in picked.stdout.splitlines()]
@@ -81,7 +81,7 @@ def test_spec_by_name_from_another_folder_and_the_library_alike(minilm, golden, 
     import iron_spec
     monkeypatch.chdir(tmp_path)
     texts = golden["texts"][:2]
-    result = runner.invoke(app, ["embed", "bert", "--checkpoint", str(minilm), *texts,
+    result = runner.invoke(app, ["embed", "bert", "--checkpoint", str(minilm), *texts_args(texts),
                                  "--similarity"])
     assert result.exit_code == 0, result.output
     want = [" ".join(f"{x:7.4f}" for x in row) for row in golden["cosine"][:2, :2]]
@@ -108,6 +108,11 @@ def test_architectures_pick_the_first_served_and_refuse_the_unknown():
     assert {e.name for e in entries()} >= {"bert", "llama3"}
 
 
+def texts_args(texts) -> list[str]:
+    """``--text T`` for each of ``texts``: SPEC is embed's one argument."""
+    return [a for t in texts for a in ("--text", t)]
+
+
 def _error(result) -> str:
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
@@ -116,7 +121,7 @@ def _error(result) -> str:
 
 def test_a_causal_spec_is_refused(minilm):
     out = _error(runner.invoke(app, ["embed", str(SPECS / "llama3.yaml"), "--checkpoint",
-                                     str(minilm), "hello"]))
+                                     str(minilm), "--text", "hello"]))
     assert "embed runs encoder specs" in out
 
 
@@ -126,23 +131,23 @@ def test_run_refuses_an_encoder_spec():
 
 
 def test_no_checkpoint_no_texts():
-    for args in (["embed", BERT, "hello"], ["embed", "hello"]):
+    for args in (["embed", BERT, "--text", "hello"], ["embed", "--text", "hello"]):
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and "--checkpoint" in result.output  # a usage error
 
 
 def test_max_tokens_below_cls_and_sep_is_refused():
-    result = runner.invoke(app, ["embed", BERT, "--max-tokens", "1", "hello"])
+    result = runner.invoke(app, ["embed", BERT, "--max-tokens", "1", "--text", "hello"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "--max-tokens" in result.output and "2" in result.output
 
 
 def test_max_tokens_past_the_position_table_is_capped_and_said(minilm):
-    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "hello",
+    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "--text", "hello",
                                  "--max-tokens", "1000"])
     assert result.exit_code == 0, result.output
     assert "--max-tokens 1000 is capped at 512" in result.stderr
-    at_cap = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "hello",
+    at_cap = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "--text", "hello",
                                  "--max-tokens", "512"])
     assert result.stdout == at_cap.stdout and "capped" not in at_cap.stderr
 
@@ -151,21 +156,21 @@ def test_truncated_texts_are_said_once(minilm):
     # "hello world again": [CLS] hello world again [SEP], five ids (one wordpiece a word in
     # BERT's uncased vocabulary), so past --max-tokens 4; "hello" is three.
     texts = ["hello", "hello world again", "hello world again"]
-    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts,
+    result = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts_args(texts),
                                  "--max-tokens", "4"])
     assert result.exit_code == 0, result.output
     assert result.stderr.count("truncated") == 1, result.stderr
     assert "2 of 3 texts were truncated at 4 tokens" in result.stderr
-    whole = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts])
+    whole = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), *texts_args(texts)])
     assert whole.exit_code == 0 and "truncated" not in whole.stderr
 
 
 def test_a_text_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
     # Python hands a command line's non-UTF-8 bytes over as lone surrogates; refused before
     # anything loads (no checkpoint at tmp_path is read).
-    out = _error(runner.invoke(app, ["embed", BERT, "--checkpoint", str(tmp_path), "ok",
-                                     "caf\udce9"]))
-    assert "error: TEXT 2 is not UTF-8 text: byte 0xe9 at position 3" in out
+    out = _error(runner.invoke(app, ["embed", BERT, "--checkpoint", str(tmp_path), "--text", "ok",
+                                     "--text", "caf\udce9"]))
+    assert "error: text 2 is not UTF-8 text: byte 0xe9 at position 3" in out
 
 
 def test_embed_texts_refuses_a_text_that_is_not_utf8(loaded):
@@ -194,7 +199,7 @@ def test_embed_without_tokenizer_json_names_the_directory_and_the_file(tmp_path)
 
     directory = _toy_encoder_dir(tmp_path)
     result = runner.invoke(app, ["embed", str(SPECS / "bert.yaml"), "--checkpoint",
-                                 str(directory), "hello"])
+                                 str(directory), "--text", "hello"])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert f"{directory} holds no tokenizer.json" in result.output, result.output
     (directory / "vocab.txt").write_text("[PAD]\n[CLS]\n[SEP]\nhello\n")
@@ -209,7 +214,29 @@ def test_a_broken_sentence_bert_config_is_refused_naming_the_file(tmp_path, text
     directory = _toy_encoder_dir(tmp_path)
     (directory / "sentence_bert_config.json").write_text(text)
     result = runner.invoke(app, ["embed", str(SPECS / "bert.yaml"), "--checkpoint",
-                                 str(directory), "hello"])
+                                 str(directory), "--text", "hello"])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert str(directory / "sentence_bert_config.json") in result.output and says in \
         result.output, result.output
+
+
+def test_no_text_is_ever_taken_for_the_spec(minilm):
+    # Found by a new user's trial: `embed --checkpoint DIR bert gpt2 --similarity` printed a
+    # 1x1 matrix, "bert" taken as the spec. SPEC is embed's one argument; texts are --text's
+    # (or stdin's lines), so two texts give a 2x2 matrix whatever they say.
+    both = runner.invoke(app, ["embed", "--checkpoint", str(minilm), "--text", "bert",
+                               "--text", "gpt2", "--similarity"])
+    assert both.exit_code == 0, both.output
+    rows = [line.split() for line in both.stdout.splitlines()]
+    assert len(rows) == 2 and all(len(r) == 2 for r in rows)
+    assert "[spec bert:" in both.stderr  # the spec picked, said
+    piped = runner.invoke(app, ["embed", "--checkpoint", str(minilm), "--similarity"],
+                          input="bert\n\ngpt2\n")
+    assert piped.exit_code == 0 and piped.stdout == both.stdout, piped.output
+    # The old form: the first word is SPEC (a spec named bert exists), the second no argument.
+    extra = runner.invoke(app, ["embed", "--checkpoint", str(minilm), "bert", "gpt2"])
+    assert extra.exit_code == 2 and "gpt2" in extra.output, extra.output
+    # A text where SPEC goes is no spec: said, with where texts go.
+    text = runner.invoke(app, ["embed", "--checkpoint", str(minilm), "a text"])
+    assert text.exit_code == 1, text.output
+    assert "no such spec" in text.output and "a text is given with --text" in text.output
