@@ -254,6 +254,19 @@ def test_chat_with_a_system_message_replies_as_transformers(smollm2):
     assert "[end of text: the model drew its end-of-text token 2]" in result.output
 
 
+def test_a_chats_second_turn_runs_only_its_own_tokens(smollm2):
+    # Found by a new user's trial: --chat printed [prefill] 24 / 46 / 71 tokens, every turn
+    # running the whole conversation again.
+    result = run("llama3", "--checkpoint", str(smollm2), "--chat", "--system",
+                 "You are a helpful assistant.", "--max-seq-len", "256",
+                 input="What is the capital of France?\nAnd of Italy?\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == PARIS + "\nThe capital of Italy is Rome.\n"
+    prefill = [l for l in result.stderr.splitlines() if l.startswith("[prefill]")]
+    assert prefill[0].startswith("[prefill] 27 tokens, time to first token")
+    assert prefill[1].startswith("[prefill] 49 tokens (15 run, 34 from the KV cache), time")
+
+
 def test_threads_sets_what_openblas_and_the_decode_pool_run_on(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # the pool's count, restored after
     libraries = threads._openblas_libraries()

@@ -133,3 +133,26 @@ def test_a_nested_list_prompt_says_what_it_held():
     model = iron_spec.load("llama3", random_weights=0, toy=True)
     with pytest.raises(TypeError, match="sequence of integer token ids .*; not list of list"):
         model.complete([[1, 2]])
+
+
+def test_a_two_turn_chat_runs_only_the_new_turn_on_smollm2(smollm2):
+    # Found by a new user's trial: turn 2 ran ('prompt', 0, 46), the whole history again.
+    model = iron_spec.load("llama3", smollm2, max_seq_len=256)
+    chat = model.chat(system="You are a helpful assistant.")
+    first = chat.stream("What is the capital of France?")
+    assert first.text() == "The capital of France is Paris."
+    prompt = model.encode(chat.messages[:2])
+    # The caches hold the prompt and every token drawn but the last (<|im_end|>, never read).
+    held = len(prompt) + len(first.result.token_ids) - 1
+    assert chat.session.held == held
+    before = len(chat.session.calls)
+    second = chat.stream("And of Italy?")
+    assert second.text() == "The capital of Italy is Rome."
+    turn = model.encode(chat.messages[:4])
+    calls = chat.session.calls[before:]
+    # The turn's own tokens alone (the reply's <|im_end|>, then the new user turn), as one
+    # prompt call from the position the caches hold; then the reply's decode steps.
+    assert turn[:held] == prompt + first.result.token_ids[:-1]
+    assert calls[0] == ("prompt", held, len(turn) - held)
+    assert all(kind == "decode" for kind, _, _ in calls[1:])
+    assert (second.result.prompt_tokens, second.result.cached_tokens) == (len(turn), held)
