@@ -256,6 +256,17 @@ class Stages:
             self._bar.update(self._task, completed=done, total=total)
         return advance
 
+    def reporter(self) -> Callable[[str, int, int], None]:
+        """A library load's ``progress(stage, done, total)`` (``iron_spec.library.progress``)
+        shown here: each stage it names started as it first reports."""
+        current: dict = {}
+
+        def report(stage: str, done: int, total: int) -> None:
+            if current.get("stage") != stage:
+                current["stage"], current["advance"] = stage, self.stage(stage, total)
+            current["advance"](done, total)
+        return report
+
 
 def load_compiled(stages: Stages, spec, **kwargs):
     """``build.load_model(spec, **kwargs)`` with its progress on ``stages``: the weights as

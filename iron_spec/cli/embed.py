@@ -22,7 +22,8 @@ from iron_spec.spec.errors import FlagError, SpecError
 from iron_spec.spec.loader import load_spec
 from iron_spec.library.api import load
 
-from .command import CHECKPOINT_HELP, CHECKPOINT_METAVAR, SPEC_HELP, log_to_stderr, pick_spec, refuse
+from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, SPEC_HELP, log_to_stderr, pick_spec,
+                      refuse, stages)
 
 
 def _utf8(texts: list[str]) -> None:
@@ -97,8 +98,9 @@ def _embed(spec, given, checkpoint, similarity, max_tokens, decimals, allow_unre
         if spec.get("model") != "encoder":
             raise ValueError(f"{spec_path} is model {spec.get('model')!r}: embed runs encoder "
                              "specs (model: encoder)")
-        model = load(spec_path, checkpoint, max_tokens=max_tokens,
-                     allow_unread_config=allow_unread_config)
+        with stages() as shown:
+            model = load(spec_path, checkpoint, max_tokens=max_tokens, progress=shown.reporter(),
+                         allow_unread_config=allow_unread_config)
         loaded = model.loaded
         cap = loaded.model.config.max_tokens
         if max_tokens is not None and max_tokens > cap:

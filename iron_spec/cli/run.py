@@ -316,21 +316,15 @@ def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, dec
           prefill_weights, allow_unread_config, threads, kv_cache) -> Model:
     """The model through ``iron_spec.load``, both versions compiled, each stage shown
     (``command.stages``: a bar on a terminal, a line each when piped)."""
-    with stages() as shown:
-        advance = shown.stage("loading weights")
+    with stages() as shown:  # the library's stages: loading, then each version compiled
         model = load(spec, checkpoint, random_weights=random_weights, toy=toy,
-                     max_seq_len=max_seq_len, prefill_chunk=prefill_chunk, progress=advance,
-                     decode_weights=decode_weights, prefill_weights=prefill_weights,
-                     allow_unread_config=allow_unread_config,
+                     max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
+                     progress=shown.reporter(), decode_weights=decode_weights,
+                     prefill_weights=prefill_weights, allow_unread_config=allow_unread_config,
                      threads=threads, kv_cache=kv_cache)
-        if not isinstance(model, Model):
-            raise ValueError(f"{model.spec} is an encoder spec (model: encoder): it gives "
-                             "embeddings (iron-spec embed), it does not generate")
-        for prompt, what in ((False, "compiling the decode step"),
-                             (True, "compiling the prompt chunk")):
-            done = shown.stage(what, 1)
-            model.loaded.lm.version(prompt)
-            done(1, 1)
+    if not isinstance(model, Model):
+        raise ValueError(f"{model.spec} is an encoder spec (model: encoder): it gives "
+                         "embeddings (iron-spec embed), it does not generate")
     return model
 
 

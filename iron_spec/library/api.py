@@ -40,6 +40,7 @@ from iron_spec.spec.towers import load_towers
 
 from . import multimodal, tasks
 from .embedding import embed_texts
+from .progress import COMPILING, COMPILING_ENCODER, LOADING, Bar, Callback, Progress, reporter
 
 log = logging.getLogger("iron_spec")
 
@@ -54,7 +55,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
          allow_unread_config: bool = False, random_weights: int | None = None,
          toy: bool = False, prefill_chunk: int | None = None, decode_weights: str = "float32",
          prefill_weights: str = "float32", max_tokens: int | None = None,
-         progress: Callable[[int, int], None] | None = None,
+         progress: Progress = None,
          kv_cache: str = "float32") -> "Model | EncoderModel":
     """A model of ``spec`` on ``checkpoint``'s config and weights (or drawn ones).
 
@@ -76,7 +77,14 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         prefill_weights: ``"float32"`` or ``"bfloat16"`` (the prompt chunk's projections,
             their inputs rounded to bfloat16 too: build.PREFILL_WEIGHTS).
         max_tokens: an encoder's ids per text (default: the spec's).
-        progress: called with (tensors loaded, tensors) as weights load.
+        progress: None (the default): a progress bar (tqdm's) where someone watches, a
+            terminal's stderr or a Jupyter notebook, else nothing; True: a bar; False:
+            nothing; or a callable ``progress(stage, done, total)`` called as each stage
+            advances: ``"loading weights"`` (0 of 1 as it starts, then tensors read of the
+            checkpoint's; drawn weights: 1 of 1 when drawn), then
+            ``"compiling the decode step"`` and ``"compiling the prompt chunk"`` (an
+            encoder: ``"compiling the encoder"``), each 0 of 1 as it starts and 1 of 1 when
+            done (``iron_spec.library.progress``).
         kv_cache: ``"float32"`` or ``"bfloat16"`` (what the KV caches hold, each key and
             value rounded to nearest as written: build.KV_CACHES).
 
@@ -113,7 +121,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     threads = arguments.whole(threads, "threads", what="threads for the kernels")
     toy = arguments.flag(toy, "toy")
     allow_unread_config = arguments.flag(allow_unread_config, "allow_unread_config")
-    arguments.callable_or_none(progress, "progress", "(tensors loaded, tensors)")
+    report = reporter(progress)
     for name, value, choices in (("decode_weights", decode_weights, DECODE_WEIGHTS),
                                  ("prefill_weights", prefill_weights, PREFILL_WEIGHTS),
                                  ("kv_cache", kv_cache, KV_CACHES)):
@@ -140,23 +148,68 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             "prefill_weights": (prefill_weights, "float32", "a causal model's prompt chunk"),
             "kv_cache": (kv_cache, "float32", "a causal model's KV caches")},
             str(path))
-        with _threads(threads):
-            return EncoderModel(load_encoder(parsed, checkpoint=checkpoint,
-                                             random_weights=random_weights, toy=toy,
-                                             max_tokens=max_tokens, progress=progress,
-                                             allow_unread_config=allow_unread_config), path)
+        with _threads(threads), _closed(report):
+            with _loading(report) as read:
+                loaded = load_encoder(parsed, checkpoint=checkpoint,
+                                      random_weights=random_weights, toy=toy,
+                                      max_tokens=max_tokens, progress=read,
+                                      allow_unread_config=allow_unread_config)
+            _compiled(report, COMPILING_ENCODER, loaded.model.version)
+            return EncoderModel(loaded, path)
     arguments.only_for("causal", {"max_tokens": (max_tokens, None, "an encoder's ids per "
                                                  "text (a causal model's context is "
                                                  "max_seq_len)")}, str(path))
-    with _threads(threads):
-        loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights,
-                            toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
-                            progress=progress, decode_weights=decode_weights,
-                            prefill_weights=prefill_weights, allow_unread_config=allow_unread_config,
-                            kv_cache=kv_cache)
-        # A composite checkpoint's towers (its spec's towers:), beside the text model.
-        loaded.towers = load_towers(loaded, allow_unread_config)
+    with _threads(threads), _closed(report):
+        with _loading(report) as read:
+            loaded = load_model(path, checkpoint=checkpoint, random_weights=random_weights,
+                                toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
+                                progress=read, decode_weights=decode_weights,
+                                prefill_weights=prefill_weights,
+                                allow_unread_config=allow_unread_config, kv_cache=kv_cache)
+            # A composite checkpoint's towers (its spec's towers:), beside the text model.
+            loaded.towers = load_towers(loaded, allow_unread_config)
+        # Both versions compiled now, each reported: the first generation then runs at once.
+        for prompt in (False, True):
+            _compiled(report, COMPILING[prompt], lambda: loaded.lm.version(prompt))
         return Model(loaded, path)
+
+
+@contextmanager
+def _loading(report: Callback | None) -> Iterator[Callable[[int, int], None] | None]:
+    """The ``loading weights`` stage around the ``with`` block: 0 of 1 as it starts, the
+    loader's ``(tensors read, tensors)`` calls as they come (the progress it yields), and
+    done when the block ends (weights drawn, not read, report no count between)."""
+    if report is None:
+        yield None
+        return
+    last = [0, 1]
+
+    def read(done: int, total: int) -> None:
+        last[:] = done, total
+        report(LOADING, done, total)
+    report(LOADING, 0, 1)
+    yield read
+    if last[0] < last[1]:
+        report(LOADING, last[1], last[1])
+
+
+def _compiled(report: Callback | None, stage: str, compile: Callable[[], Any]) -> None:
+    """``compile()``, reported as ``stage``: 0 of 1 as it starts, 1 of 1 when done."""
+    if report is not None:
+        report(stage, 0, 1)
+    compile()
+    if report is not None:
+        report(stage, 1, 1)
+
+
+@contextmanager
+def _closed(report: Callback | None) -> Iterator[None]:
+    """A bar of ours closed however the load ends (a refusal mid-load leaves none behind)."""
+    try:
+        yield
+    finally:
+        if isinstance(report, Bar):
+            report.close()
 
 
 @contextmanager
