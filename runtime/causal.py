@@ -8,6 +8,7 @@ drawn from those logits and ``position + 1``.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -328,7 +329,7 @@ class CausalLM(Module):
         self.packed: dict[tuple, np.ndarray] = {}
         self.reference_states: dict[int, np.ndarray] = {}
         # The session whose tokens the KV caches hold (runtime.session); None: no one's.
-        self.holder = None
+        self._holder: "weakref.ref | None" = None
         # The decode step's weights: float32 or a reduced form (operators.formats); each
         # compiles a decode step of its own, so a bench can switch between them.
         self.decode_weights = "float32"
@@ -337,6 +338,19 @@ class CausalLM(Module):
         self.prefill_weights = "float32"
         self.kv_cache = "float32"  # what the KV caches hold (use_kv_cache)
         self.reserve(1)
+
+    @property
+    def holder(self):
+        """The session whose tokens the KV caches hold (``runtime.session``); None: no
+        one's. Held weakly, as every reference back to the model is (``Version.lm``): no
+        cycle keeps a model's arrays alive once its user drops it, waiting for the garbage
+        collector's rare full pass (a notebook loading model after model grew by the
+        weights of each)."""
+        return None if self._holder is None else self._holder()
+
+    @holder.setter
+    def holder(self, session) -> None:
+        self._holder = None if session is None else weakref.ref(session)
 
     def use_kv_cache(self, dtype: str) -> None:
         """Hold every attention layer's keys and values as ``dtype`` from now on:
@@ -559,7 +573,7 @@ class Version:
         rec = Recorder(call)
         out = lm.body(rec)
         self.prompt, self.capacity = prompt, C
-        self.lm = lm
+        self.lm = weakref.proxy(lm)  # the model holds its versions: no cycle (CausalLM.holder)
         self.plan = Plan(rec, out, check=check, packed=lm.packed,
                          weights=PROMPT_FORMS[lm.prefill_weights] if prompt
                          else lm.decode_weights)

@@ -1,16 +1,27 @@
-"""Shared fixtures: the real checkpoints ``../shared/data/make_checkpoints.sh`` builds.
+"""Shared fixtures: the real checkpoints ``../shared/data/make_checkpoints.sh`` builds, and
+the suite's memory budget.
 
-Where they are absent a test that needs one is skipped, except in CI (``CI=true``), where
-it fails: a green CI must have run them.
+Where the checkpoints are absent a test that needs one is skipped, except in CI
+(``CI=true``), where it fails: a green CI must have run them.
+
+The budget (README's testing line): the run's peak resident memory, as the process measures
+it at the end (``ru_maxrss`` of pytest and of the largest process it started), at most
+``MEMORY_BUDGET``; past it the run fails, naming the peak. Each module's garbage is
+collected as it ends, so what one module made never adds to the next's peak.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
+import resource
 from pathlib import Path
 
 import pytest
+
+#: The suite's peak resident memory at most (bytes): 4 GB, CI's bound for the tests.
+MEMORY_BUDGET = 4 * 10**9
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
@@ -106,3 +117,31 @@ def edited_spec(tmp_path: Path, name: str, old: str, new: str) -> Path:
 golden_extra = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None,
     reason="recording needs torch and transformers (the golden extra)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def collected():
+    """A module's objects freed as it ends: cycles (a traceback's frames, a test's own
+    closures) wait for the collector's full pass otherwise, and it runs by object count,
+    not bytes, so a module's models could outlive it by many modules."""
+    yield
+    gc.collect()
+
+
+def peak_rss() -> int:
+    """The most resident memory this process, or the largest process it started, has held,
+    bytes (as ``/usr/bin/time -v`` reports a run's)."""
+    return 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail a run whose peak memory passed ``MEMORY_BUDGET``, naming the peak."""
+    peak = peak_rss()
+    if peak > MEMORY_BUDGET and session.testscollected:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"peak memory {peak / 1e9:.2f} GB is past the suite's budget "
+                                f"of {MEMORY_BUDGET / 1e9:.0f} GB (tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
