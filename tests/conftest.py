@@ -119,13 +119,26 @@ golden_extra = pytest.mark.skipif(
     reason="recording needs torch and transformers (the golden extra)")
 
 
+def resident() -> int:
+    """This process's resident memory now, bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+_COLLECTED_AT = [0]  # resident bytes after the last full collection
+
+
 @pytest.fixture(autouse=True, scope="module")
 def collected():
-    """A module's objects freed as it ends: cycles (a traceback's frames, a test's own
-    closures) wait for the collector's full pass otherwise, and it runs by object count,
-    not bytes, so a module's models could outlive it by many modules."""
+    """A module's garbage freed as it ends, where the process grew by 256 MiB since the last
+    full collection: cycles (a traceback's frames, a test's closures) wait for the
+    collector's full pass otherwise, which it runs by object count, not bytes, so a module's
+    arrays could outlive it by many modules. Not after every module: a full pass over the
+    suite's objects took seconds on a loaded machine."""
     yield
-    gc.collect()
+    if resident() > _COLLECTED_AT[0] + 2**28:
+        gc.collect()
+        _COLLECTED_AT[0] = resident()
 
 
 def peak_rss() -> int:
