@@ -42,8 +42,8 @@ SPEC_HELP = ("a spec's name (iron-spec list) or a spec YAML's path; default: the
 CHECKPOINT_METAVAR = "DIR|ID|GGUF"
 CHECKPOINT_HELP = ("the checkpoint: a directory (config.json, model.safetensors or a sharded "
                    "model.safetensors.index.json, tokenizer.json), a Hugging Face hub id (its "
-                   "cache; HF_HUB_OFFLINE honoured) or a GGUF file (llama.cpp's: config, "
-                   "tokenizer and tensors from it)")
+                   "cache; HF_HUB_OFFLINE honoured) or a GGUF file (its config, tokenizer and "
+                   "tensors read from it)")
 
 # What a command refuses as its input's fault (``refuse``: one line, exit 1; a FlagError
 # exit 2), not as a bug (a traceback).

@@ -34,10 +34,10 @@ REDUCED_KL = {
 }
 # A bfloat16 prompt chunk rounds every projection's weights and input: bfloat16-rounded's
 # gates. On the real goldens (float32 decode): SmolLM2 KL mean 1.5e-5, max 2.0e-4; Gemma 3
-# 270M 8.9e-6, 3.2e-4; no top-1 mismatch (docs/DESIGN-native.md).
+# 270M 8.9e-6, 3.2e-4; no top-1 mismatch (docs/speed.md).
 PREFILL_KL = REDUCED_KL["bfloat16-rounded"]
 # A bfloat16 KV cache rounds every key and value (relative error up to 2^-9): the same
-# gates. docs/DESIGN-native.md gives what it costs on SmolLM2 and Gemma 3.
+# gates. docs/speed.md gives what it costs on SmolLM2 and Gemma 3.
 KV_CACHE_KL = REDUCED_KL["bfloat16-rounded"]
 # Under reduced precision, how far apart (nats, in the reference) two tokens may be and still
 # swap in greedy order: a tie the rounding broke, not an error. On the toys the swaps seen
