@@ -60,12 +60,16 @@ def _texts(given: Optional[List[str]]) -> list[str]:
     return texts
 
 
+#: The texts of ``embed``, ``fill-mask`` and ``classify``: an option, never positional (SPEC
+#: is their one argument), so no text is taken for a spec.
+TEXT = typer.Option(None, "--text", "-t", metavar="TEXT",
+                    help="a text; repeat it for several (default: stdin, one text a line)")
+
+
 def command(
     spec: Optional[str] = typer.Argument(None, metavar="[SPEC]", help=SPEC_HELP),
     checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR, help=CHECKPOINT_HELP),
-    text: Optional[List[str]] = typer.Option(None, "--text", "-t", metavar="TEXT",
-                                             help="a text to embed; repeat it for several "
-                                                  "(default: stdin, one text a line)"),
+    text: Optional[List[str]] = TEXT,
     similarity: bool = typer.Option(False, "--similarity",
                                     help="print the cosine matrix of the texts' embeddings"),
     max_tokens: Optional[int] = typer.Option(None, min=2, help="ids a text keeps, the rest truncated; "

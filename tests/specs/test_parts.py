@@ -216,19 +216,20 @@ def test_classify_tokens_is_transformers_pipeline():
 def test_the_commands():
     runner = CliRunner()
     out = runner.invoke(app, ["fill-mask", "--checkpoint", str(TOYS / "bert-base-uncased-toy"),
-                              "paris is the [MASK] of france.", "--top-k", "2"])
+                              "--text", "paris is the [MASK] of france.", "--top-k", "2"])
     assert out.exit_code == 0, out.output
     want = PIPELINES["bert-base-uncased-toy"]["results"][0][:2]
     assert out.stdout.splitlines() == [f"{w['score']:.4f}\t{w['token_str']}\t{w['sequence']}"
                                        for w in want]
     out = runner.invoke(app, ["classify", "bert", "--checkpoint",
-                              str(TOYS / "bert-sequence-classification-toy"), "i love this movie"])
+                              str(TOYS / "bert-sequence-classification-toy"), "--text",
+                              "i love this movie"])
     assert out.exit_code == 0, out.output
     want = PIPELINES["bert-sequence-classification-toy"]["results"][0]
     want = want[0] if isinstance(want, list) else want
     assert out.stdout.splitlines() == [f"{want['label']}\t{want['score']:.4f}"]
     out = runner.invoke(app, ["fill-mask", "--checkpoint",
-                              str(TOYS / "bert-sequence-classification-toy"), "a [MASK]"])
+                              str(TOYS / "bert-sequence-classification-toy"), "--text", "a [MASK]"])
     assert out.exit_code == 1 and "iron-spec classify" in out.output
 
 

@@ -17,7 +17,8 @@ from tests.conftest import SPECS
 
 LLAMA = str(SPECS / "llama3.yaml")
 BERT = str(SPECS / "bert.yaml")
-COMMANDS = ["run", "lint", "show", "check", "bench", "embed", "list", "schema"]
+COMMANDS = ["run", "lint", "show", "check", "bench", "embed", "fill-mask", "classify", "list",
+            "schema"]
 runner = CliRunner()
 
 
@@ -58,7 +59,7 @@ def test_help_text_is_shown_as_written(monkeypatch):
     assert "--toy the spec's tiny shape" in text
 
 
-MODEL_COMMANDS = ["run", "embed", "show", "check", "bench"]
+MODEL_COMMANDS = ["run", "embed", "fill-mask", "classify", "show", "check", "bench"]
 
 
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
