@@ -32,13 +32,36 @@ def bf16(a: np.ndarray) -> np.ndarray:
     return a.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
+def round_in_place(a: np.ndarray, rows: int = 8192) -> None:
+    """``a`` rounded to bfloat16 (held as float32), a block of rows at a time."""
+    flat = a.reshape(len(a), -1) if a.ndim else a.reshape(1, 1)
+    for i in range(0, len(flat), rows):
+        flat[i:i + rows] = bf16(flat[i:i + rows])
+
+
+def as_stored(ours: np.ndarray, stored: Checkpoint, name: str, rows: int = 8192) -> bool:
+    """Whether ``ours`` rounded to bfloat16 is tensor ``name`` of ``stored`` as float32, bit
+    for bit: a block of rows at a time, the file's pages released after (Gemma 3's
+    embedding compared whole took 2.7 GB of copies and pages beside its two models)."""
+    theirs = stored.raw(name)
+    try:
+        if ours.shape != theirs.shape:
+            return False
+        a, b = ours.reshape(len(ours), -1), theirs.reshape(len(theirs), -1)
+        return all(np.array_equal(bf16(a[i:i + rows]).view(np.uint32),
+                                  b[i:i + rows].astype(np.float32).view(np.uint32))
+                   for i in range(0, len(a), rows))
+    finally:
+        stored.release(name)
+
+
 def test_smollm2_gguf_tensors_are_its_conversion(smollm2, smollm2_gguf):
     loaded = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=64)
     stored = Checkpoint(smollm2)
     weights = loaded.weights()
     assert set(weights) == set(stored.tensors)
     for name, t in weights.items():
-        assert bf16(t).tobytes() == stored.raw(name).astype(np.float32).tobytes(), name
+        assert as_stored(t, stored, name), name
 
 
 def test_smollm2_gguf_tokens_and_greedy_text_are_its_conversions(smollm2, smollm2_gguf):
@@ -58,7 +81,7 @@ def test_smollm2_gguf_tokens_and_greedy_text_are_its_conversions(smollm2, smollm
 def test_smollm2_gguf_rounded_as_stored_gives_the_conversions_logits(smollm2, smollm2_gguf):
     ours = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=128)
     for _, p in ours.lm.named_params():
-        p.array[...] = bf16(p.array)
+        round_in_place(p.array)
     theirs = load_model(LLAMA, checkpoint=smollm2, max_seq_len=128)
     ids = theirs.tokenizer.encode("The Eiffel Tower is a wrought-iron lattice tower in Paris.")
     a, b = Session(ours.lm).logits(ids), Session(theirs.lm).logits(ids)
@@ -85,7 +108,7 @@ def test_gemma3_gguf_tensors_and_token_ids_are_its_conversions(gemma_pair):
     weights = ours.weights()
     assert set(weights) == set(stored.tensors)
     for name, t in weights.items():  # norms too: stored as 1 + w, read back as w
-        assert bf16(t).tobytes() == stored.raw(name).astype(np.float32).tobytes(), name
+        assert as_stored(t, stored, name), name
     for text in GEMMA_TEXTS:
         assert ours.tokenizer.encode(text) == theirs.tokenizer.encode(text), text
     assert ours.tokenizer.eos_ids == theirs.tokenizer.eos_ids == {1, 106}
@@ -101,9 +124,13 @@ def test_gemma3_gguf_greedy_text_is_its_conversions(gemma_pair):
 
 
 def test_gemma3_gguf_rounded_as_stored_gives_the_conversions_logits(gemma_pair):
-    _, theirs = gemma_pair
-    ours = load_model(GEMMA3, checkpoint=download("gemma-3-270m-q4_k_m.gguf"), max_seq_len=512)
+    # The module's last test: it rounds the pair's GGUF model in place, its compiled
+    # versions and packed weights dropped so they are made again from the rounded ones (a
+    # third Gemma 3 loaded beside the pair took the suite's peak to 4.7 GB).
+    ours, theirs = gemma_pair
     for _, p in ours.lm.named_params():
-        p.array[...] = bf16(p.array)
+        round_in_place(p.array)
+    ours.lm._versions.clear()
+    ours.lm.packed.clear()
     ids = theirs.tokenizer.encode(TEXTS[0])
     assert Session(ours.lm).logits(ids).tobytes() == Session(theirs.lm).logits(ids).tobytes()
