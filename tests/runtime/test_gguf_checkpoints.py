@@ -8,6 +8,8 @@ conversion's logits bit for bit (same spec, same plan, same values).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -96,14 +98,24 @@ GEMMA_TEXTS = TEXTS + ["<start_of_turn>user\nWhat is 2+2?<end_of_turn>",
 
 
 @pytest.fixture(scope="module")
-def gemma_pair():
+def gemma_conversion():
+    """What the conversion (the safetensors directory) gives, kept without its model: its
+    checkpoint, tokenizer, greedy tokens after the README's prompt and logits after a short
+    one. One Gemma 3 model alive at a time (two, and a third rounded, peaked at 5.3 GB)."""
     theirs = load_model(GEMMA3, checkpoint=checkpoint("gemma-3-270m"), max_seq_len=512)
-    ours = load_model(GEMMA3, checkpoint=download("gemma-3-270m-q4_k_m.gguf"), max_seq_len=512)
-    return ours, theirs
+    prompt, ids = theirs.tokenizer.encode(PROMPT), theirs.tokenizer.encode(TEXTS[0])
+    return SimpleNamespace(checkpoint=theirs.checkpoint, tokenizer=theirs.tokenizer,
+                           prompt=prompt, greedy=list(Session(theirs.lm).generate(prompt, 16)),
+                           ids=ids, logits=np.array(Session(theirs.lm).logits(ids)))
 
 
-def test_gemma3_gguf_tensors_and_token_ids_are_its_conversions(gemma_pair):
-    ours, theirs = gemma_pair
+@pytest.fixture(scope="module")
+def gemma_gguf(gemma_conversion):
+    return load_model(GEMMA3, checkpoint=download("gemma-3-270m-q4_k_m.gguf"), max_seq_len=512)
+
+
+def test_gemma3_gguf_tensors_and_token_ids_are_its_conversions(gemma_conversion, gemma_gguf):
+    ours, theirs = gemma_gguf, gemma_conversion
     stored = theirs.checkpoint
     weights = ours.weights()
     assert set(weights) == set(stored.tensors)
@@ -114,23 +126,20 @@ def test_gemma3_gguf_tensors_and_token_ids_are_its_conversions(gemma_pair):
     assert ours.tokenizer.eos_ids == theirs.tokenizer.eos_ids == {1, 106}
 
 
-def test_gemma3_gguf_greedy_text_is_its_conversions(gemma_pair):
+def test_gemma3_gguf_greedy_text_is_its_conversions(gemma_conversion, gemma_gguf):
     # On the README's prompt; on a short prompt the float32 weights (not rounded to bfloat16
     # as the conversion stored them) part from the conversion's text after 25 tokens.
-    ours, theirs = gemma_pair
-    prompt = theirs.tokenizer.encode(PROMPT)
-    assert list(Session(ours.lm).generate(prompt, 16)) == \
-        list(Session(theirs.lm).generate(prompt, 16))
+    theirs = gemma_conversion
+    assert list(Session(gemma_gguf.lm).generate(theirs.prompt, 16)) == theirs.greedy
 
 
-def test_gemma3_gguf_rounded_as_stored_gives_the_conversions_logits(gemma_pair):
-    # The module's last test: it rounds the pair's GGUF model in place, its compiled
-    # versions and packed weights dropped so they are made again from the rounded ones (a
-    # third Gemma 3 loaded beside the pair took the suite's peak to 4.7 GB).
-    ours, theirs = gemma_pair
+def test_gemma3_gguf_rounded_as_stored_gives_the_conversions_logits(gemma_conversion,
+                                                                   gemma_gguf):
+    # The module's last test: it rounds the module's GGUF model in place, its compiled
+    # versions and packed weights dropped so they are made again from the rounded ones.
+    ours, theirs = gemma_gguf, gemma_conversion
     for _, p in ours.lm.named_params():
         round_in_place(p.array)
     ours.lm._versions.clear()
     ours.lm.packed.clear()
-    ids = theirs.tokenizer.encode(TEXTS[0])
-    assert Session(ours.lm).logits(ids).tobytes() == Session(theirs.lm).logits(ids).tobytes()
+    assert Session(ours.lm).logits(theirs.ids).tobytes() == theirs.logits.tobytes()
