@@ -138,9 +138,31 @@ def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
     return out
 
 
-def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
-    spec = loaded.expanded.spec
-    source = f"{loaded.directory / 'config.json'}: {entry.source_key}"
+@dataclass
+class TowerTree:
+    """A tower's tree before its weights: the ``entry`` (``options.towers``, the whole file's
+    keys it reads merged in), its ``expanded`` encoder (config values and their sources,
+    renames, unused), its ``options``, ``tree`` (a ``Tower`` or ``AudioTower``, params
+    unfilled) and ``front`` (the front end, from the processor's files)."""
+
+    entry: Any
+    expanded: Any
+    options: Any
+    tree: Any
+    front: Any
+
+
+def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: int,
+               allow_unread_config: bool = False) -> TowerTree:
+    """The tree of ``entry``'s tower (an entry of ``spec``'s ``towers``) in ``whole`` (a
+    composite's config.json, read from ``directory``), its soft tokens ``text_hidden``
+    wide; no tensor read.
+
+    Raises:
+        SpecError: the tower's config not a mapping, a key missing or unaccounted, or
+            options the encoder vocabulary or the tower refuses.
+    """
+    source = f"{(directory or Path('.')) / 'config.json'}: {entry.source_key}"
     config = whole.get(entry.source_key)
     if not isinstance(config, dict):
         raise spec.error(entry.at + ("from",), f"{source} is not a mapping: a "
@@ -149,17 +171,15 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     entry = options.with_outer(entry, whole)
     account(entry.spec, config, source, allow_unread_config)
     expanded = expand_encoder(entry.spec, config, source=source)
-    text = loaded.lm.config
     audio = options.front_kind(entry) == "log_mel"
-    settings, where = processor_settings(loaded.directory,
+    settings, where = processor_settings(directory,
                                          "feature_extractor" if audio else "image_processor")
     if audio:
         front = options.log_mel(entry, settings, where)
-        o = options.audio_options(entry, expanded.resolved, expanded.options,
-                                  text.hidden_size, front)
+        o = options.audio_options(entry, expanded.resolved, expanded.options, text_hidden,
+                                  front)
     else:
-        o = options.tower_options(entry, expanded.resolved, expanded.options,
-                                  text.hidden_size)
+        o = options.tower_options(entry, expanded.resolved, expanded.options, text_hidden)
         if options.front_kind(entry) == "tiles":
             front = options.tiles(entry, settings, where, o.image[0])
         else:
@@ -169,6 +189,16 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
+    return TowerTree(entry, expanded, o, tower, front)
+
+
+def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
+    spec = loaded.expanded.spec
+    text = loaded.lm.config
+    built = tower_tree(spec, entry, whole, loaded.directory, text.hidden_size, allow_unread_config)
+    entry, expanded, o, tower, front = (built.entry, built.expanded, built.options,
+                                        built.tree, built.front)
+    audio = options.front_kind(entry) == "log_mel"
     if loaded.random_weights is not None:
         report = fill(tower, draw_weights(tower, loaded.random_weights))
     else:
