@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -156,13 +156,7 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,
                                unused)
         if part is not None:  # shown by the file's own names
-            own = view_part.source
-            pl = view.placement
-            pl.sources = {k: own(v) for k, v in pl.sources.items()}
-            pl.ignored, pl.unused = [own(n) for n in pl.ignored], [own(n) for n in pl.unused]
-            pl.unplaced = [(own(a), b) for a, b in pl.unplaced]
-            pl.misshaped = [(own(a), b) for a, b in pl.misshaped]
-            view.tensors = {own(n): t for n, t in view.tensors.items()}
+            view.tensors = _by_own_names(view.placement, view.tensors, view_part.source)
         view.placement.unused += left
         if not gguf_files.is_gguf(directory):  # a GGUF's quantized types are dequantized
             view.placement.not_float = [s for s in view.placement.sources.values()
@@ -176,6 +170,18 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
             # The text part leaves the towers' tensors unread; the towers read them.
             view.placement.unused = [n for n in view.placement.unused if n not in theirs]
     return view
+
+
+def _by_own_names(placement: Placement, tensors: dict[str, TensorInfo],
+                  own: Callable[[str], str]) -> dict[str, TensorInfo]:
+    """A part's placement renamed in place to the whole file's tensor names (``own``: the
+    part's ``source``), and its tensors by those names."""
+    placement.sources = {k: own(v) for k, v in placement.sources.items()}
+    placement.ignored = [own(n) for n in placement.ignored]
+    placement.unused = [own(n) for n in placement.unused]
+    placement.unplaced = [(own(a), b) for a, b in placement.unplaced]
+    placement.misshaped = [(own(a), b) for a, b in placement.misshaped]
+    return {own(n): t for n, t in tensors.items()}
 
 
 def _tower(spec: Spec, entry, whole: dict, directory: Path, hidden: int,
@@ -194,13 +200,7 @@ def _tower(spec: Spec, entry, whole: dict, directory: Path, hidden: int,
     sub = subtree(whole_ckpt, entry.tensors, others)
     placement = place(built.tree, {n: t.shape for n, t in sub.tensors.items()}, ex.renames,
                       ex.unused)
-    own = sub.source
-    placement.sources = {k: own(v) for k, v in placement.sources.items()}
-    placement.ignored = [own(n) for n in placement.ignored]
-    placement.unused = [own(n) for n in placement.unused]
-    placement.unplaced = [(own(a), b) for a, b in placement.unplaced]
-    placement.misshaped = [(own(a), b) for a, b in placement.misshaped]
-    tensors = {own(n): t for n, t in sub.tensors.items()}
+    tensors = _by_own_names(placement, sub.tensors, sub.source)
     placement.not_float = [s for s in placement.sources.values()
                            if tensors[s].dtype not in FLOATS]
     layers = getattr(getattr(built.options, "encoder", None), "layers", ())
