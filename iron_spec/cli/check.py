@@ -38,6 +38,7 @@ from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
 from iron_spec.library import config_defaults, goldens
 
+from . import check_towers
 from .command import EXPECTED, UsageError, choice, load_compiled, refuse, stages, whole
 
 PROMPT_TEXT = Path(__file__).with_name("prompt.txt")
@@ -393,6 +394,13 @@ def command(
             _line(linted, as_json)
             results = [linted] + run_checks(loaded, found, found.steps if found else steps or STEPS,
                                  lambda r: _line(r, as_json), s.stage, note)
+            # A composite checkpoint's towers (check_towers), after the text model's checks.
+            for what, call in check_towers.plan(loaded, spec, self_only, allow_unread_config):
+                s.stage(f"checking: {what}")
+                began = time.perf_counter()
+                results.append(call())
+                results[-1].seconds = time.perf_counter() - began
+                _line(results[-1], as_json)
     except (*EXPECTED, GoldenError) as e:
         if not _said(e, printed, toy):
             refuse(e)
