@@ -31,8 +31,8 @@ from .sampling import Sampler
 from .self_attention import SelfAttention
 from .softcap import Softcap
 from .conv import Conv1d
-from .soft_tokens import AveragePool, CallRows, PairMean, PlaceRows, PrependRow, ReachAttention, \
-    RowRange
+from .soft_tokens import AveragePool, CallRows, PairMean, PixelShuffle, PlaceRows, PrependRow, \
+    ReachAttention, RowRange
 from .span_conv import DepthwiseConv, DynamicConv
 from .sparsity import GaussianTopK, std_multiplier
 from .token_dropout import TokenDropoutRescale
@@ -52,7 +52,7 @@ OPERATORS: dict[str, Operator] = {
         GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
         AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(),
-        CallRows(), PairMean(),
+        CallRows(), PairMean(), PixelShuffle(),
     )
 }
 

@@ -5,6 +5,8 @@ placeholder rows, and attention in which one image's rows see each other.
   from a tower's output (CLIP's class embedding, LLaVA's feature selection).
 - ``average_pool``: a vision tower's rows, a row-major grid of patches, averaged over square
   windows (torch's ``nn.AvgPool2d(kernel, stride=kernel)``, Gemma3MultiModalProjector's).
+- ``pixel_shuffle``: a square grid's rows, each ``factor`` x ``factor`` window's side by side
+  in one row (Idefics3Connector's ``pixel_shuffle``).
 - ``place_rows``: a prompt chunk's embedding rows with its placeholder rows replaced by soft
   tokens, as transformers' ``inputs_embeds.masked_scatter(mask, features)``.
 - ``attention_reach``: causal attention over a KV cache in which query ``i`` sees the keys up
@@ -52,6 +54,40 @@ class AveragePool(Operator):
 
     def scale(self, reference, x, side=1, kernel=1):
         return self.reference(np.abs(as64(x)), side=side, kernel=kernel)
+
+
+class PixelShuffle(Operator):
+    """``x`` ``(side * side, d)``, a row-major square grid of rows, to ``((side // factor) **
+    2, factor * factor * d)``: output row ``(i, j)`` (row-major over the windows) holds the
+    rows ``(i * factor + a, j * factor + b)`` for ``a``, then ``b``, in ``0 .. factor - 1``,
+    side by side: Idefics3Connector's ``pixel_shuffle`` (its views and permutes, traced).
+    A permutation: exact."""
+
+    name = "pixel_shuffle"
+    keeps_bound = False
+
+    def shape(self, x, side=1, factor=1):
+        if len(x) != 2 or x[0] != side * side or factor < 1 or side % factor:
+            raise ValueError(f"pixel_shuffle: {x} is not a {side}x{side} grid of rows that "
+                             f"{factor}x{factor} windows tile")
+        return ((side // factor) ** 2, factor * factor * x[1])
+
+    @staticmethod
+    def _shuffled(x, side, factor):
+        w, d = side // factor, x.shape[1]
+        return x.reshape(w, factor, w, factor, d).transpose(0, 2, 1, 3, 4).reshape(
+            w * w, factor * factor * d)
+
+    def reference(self, x, side=1, factor=1):
+        return self._shuffled(as64(x), side, factor)
+
+    def kernel(self, out, x, scratch=None, side=1, factor=1):
+        w, d = side // factor, x.shape[1]
+        np.copyto(out.reshape(w, w, factor, factor, d),
+                  x.reshape(w, factor, w, factor, d).transpose(0, 2, 1, 3, 4))
+
+    def tolerance(self, x, side=1, factor=1):
+        return Tolerance(atol=0.0, rtol=0.0)
 
 
 class PrependRow(Operator):

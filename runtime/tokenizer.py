@@ -144,7 +144,11 @@ class Tokenizer:
                 # As transformers, which goes on without a GenerationConfig it cannot load;
                 # the loader warns (iron_spec.runtime.generation.read_generation_config).
                 data = {}
-            for key in values.TOKEN_KEYS:
+            # config.json's bos and pad ids are the model's, checked where its config is
+            # read (a composite checkpoint's whole file may hold one its text model never
+            # reads: SmolVLM 2's top-level pad_token_id 128002 beside 49280 rows).
+            keys = values.TOKEN_KEYS if name == "generation_config.json" else ("eos_token_id",)
+            for key in keys:
                 ids = values.token_ids(data.get(key), f"{path}: {key}", V)
                 if key == "eos_token_id":
                     eos.update({i: f"{path}: {key}" for i in ids if i not in eos})

@@ -37,6 +37,7 @@ from iron_spec.spec.lint import as_check
 from iron_spec.spec.loader import load_spec
 from iron_spec.library import config_defaults, goldens
 
+from . import check_towers
 from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, UsageError,
                       choice, load_compiled, pick_spec, refuse, stages, whole)
 
@@ -393,6 +394,13 @@ def command(
             _line(linted, as_json)
             results = [linted] + run_checks(loaded, found, found.steps if found else steps or STEPS,
                                  lambda r: _line(r, as_json), s.stage, note)
+            # A composite checkpoint's towers (check_towers), after the text model's checks.
+            for what, call in check_towers.plan(loaded, spec, self_only, allow_unread_config):
+                s.stage(f"checking: {what}")
+                began = time.perf_counter()
+                results.append(call())
+                results[-1].seconds = time.perf_counter() - began
+                _line(results[-1], as_json)
     except (*EXPECTED, GoldenError) as e:
         if not _said(e, printed, toy):
             refuse(e)

@@ -144,7 +144,7 @@ def command(
                                 "or --chat")
             elif images or sounds:
                 for kind, given in (("audio", sounds), ("image", images)):
-                    marker = kinds[kind].prompt[0] if given else None
+                    marker = kinds[kind].prompt.marker if given else None
                     if marker is not None and marker not in text:  # before the text, each
                         text = marker * len(given) + text
                 out.show(model.stream(text, images=images or None, audio=sounds or None, **gen))

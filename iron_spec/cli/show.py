@@ -5,8 +5,9 @@ default): every config field's value and source, the layer pattern (each run of 
 layers: kind, window, RoPE table), a ``recurrence:`` schedule (its stacks, states and
 steps, repeats with their counts), the RoPE tables, the module tree with each parameter's
 shape and dtype and, given a checkpoint, the tensor it loads from after renames; then the
-tensors nothing loads and the parameters nothing fills. Only the checkpoint's headers are
-read, never its weights. ``--format json`` gives the same for scripts.
+tensors nothing loads and the parameters nothing fills; a composite checkpoint's towers
+(the spec's ``towers:`` for its architecture) likewise, each after the text model. Only the
+checkpoint's headers are read, never its weights. ``--format json`` gives the same for scripts.
 
 Not for: checking a spec (``lint``), running one (``cli run``).
 """
@@ -18,14 +19,14 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
 from iron_spec.runtime.checkpoint import FLOATS, Checkpoint, Placement, TensorInfo, place, renamed
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
-from iron_spec.runtime.parts import subtree
+from iron_spec.runtime.parts import moved, subtree
 
 from iron_spec.spec import gguf_files, parts
 from iron_spec.spec.arguments import said
@@ -37,6 +38,8 @@ from iron_spec.spec.loader import Spec, load_spec
 from iron_spec.spec.options.recurrence import outline
 from iron_spec.spec.shapes import fields_of
 from iron_spec.spec.tree import build_tree
+from iron_spec.spec.options.towers import entries as tower_entries
+from iron_spec.spec.towers import tower_tree
 
 from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, UsageError,
                       pick_spec, refuse)
@@ -70,6 +73,15 @@ class View:
     # spec that --allow-unread-config let through (key, value).
     unread: list[tuple[str, Any, str]] = field(default_factory=list)
     allowed: list[tuple[str, Any]] = field(default_factory=list)
+    # A composite checkpoint's towers, each a view of its own (no towers of their own).
+    towers: list["View"] = field(default_factory=list)
+    name: Optional[str] = None  # a tower's name (the spec's towers[].name)
+
+    @property
+    def fits(self) -> bool:
+        """Every tensor placed and every parameter filled, the towers' too."""
+        return (self.placement is None or self.placement.fits) \
+            and all(t.fits for t in self.towers)
 
 
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -111,6 +123,7 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
             raise spec.error((), "this spec has no toy: section; give --checkpoint DIR")
         config_json, on, source = toy, f"{spec.file} toy.config", "toy.config"
     part = parts.find(spec, config_json) if directory is not None else None
+    whole = config_json
     if part is not None:  # a part of a bigger checkpoint: its config, its tensors
         config_json, on = parts.config_of(spec, part, config_json, on, allow_unread_config)
         source = f"{source}: {part.config}" if part.config else source
@@ -143,18 +156,60 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         view.placement = place(tree, {n: t.shape for n, t in view.tensors.items()}, renames,
                                unused)
         if part is not None:  # shown by the file's own names
-            own = view_part.source
-            pl = view.placement
-            pl.sources = {k: own(v) for k, v in pl.sources.items()}
-            pl.ignored, pl.unused = [own(n) for n in pl.ignored], [own(n) for n in pl.unused]
-            pl.unplaced = [(own(a), b) for a, b in pl.unplaced]
-            pl.misshaped = [(own(a), b) for a, b in pl.misshaped]
-            view.tensors = {own(n): t for n, t in view.tensors.items()}
+            view.tensors = _by_own_names(view.placement, view.tensors, view_part.source)
         view.placement.unused += left
         if not gguf_files.is_gguf(directory):  # a GGUF's quantized types are dequantized
             view.placement.not_float = [s for s in view.placement.sources.values()
                                         if view.tensors[s].dtype not in FLOATS]
+        if part is not None and not gguf_files.is_gguf(directory):
+            archs = set(whole.get("architectures") or [])
+            view.towers = [_tower(spec, e, whole, directory, options.hidden_size,
+                                  allow_unread_config)
+                           for e in tower_entries(spec) if set(e.architectures) & archs]
+            theirs = {n for t in view.towers for n in t.tensors}
+            # The text part leaves the towers' tensors unread; the towers read them.
+            view.placement.unused = [n for n in view.placement.unused if n not in theirs]
     return view
+
+
+def _by_own_names(placement: Placement, tensors: dict[str, TensorInfo],
+                  own: Callable[[str], str]) -> dict[str, TensorInfo]:
+    """A part's placement renamed in place to the whole file's tensor names (``own``: the
+    part's ``source``), and its tensors by those names."""
+    placement.sources = {k: own(v) for k, v in placement.sources.items()}
+    placement.ignored = [own(n) for n in placement.ignored]
+    placement.unused = [own(n) for n in placement.unused]
+    placement.unplaced = [(own(a), b) for a, b in placement.unplaced]
+    placement.misshaped = [(own(a), b) for a, b in placement.misshaped]
+    return {own(n): t for n, t in tensors.items()}
+
+
+def _tower(spec: Spec, entry, whole: dict, directory: Path, hidden: int,
+           allow_unread_config: bool) -> View:
+    """The view of ``entry``'s tower in the composite checkpoint at ``directory`` (its
+    config ``whole``): config fields, encoder layers, tree, and its tensors placed by the
+    file's own names (as ``spec.towers`` loads them).
+
+    Raises:
+        SpecError: as ``spec.towers.tower_tree``.
+    """
+    built = tower_tree(spec, entry, whole, directory, hidden, allow_unread_config)
+    ex = built.expanded
+    whole_ckpt = Checkpoint(directory)
+    others = [n for n in whole_ckpt.tensors if moved(n, entry.tensors) is None]
+    sub = subtree(whole_ckpt, entry.tensors, others)
+    placement = place(built.tree, {n: t.shape for n, t in sub.tensors.items()}, ex.renames,
+                      ex.unused)
+    tensors = _by_own_names(placement, sub.tensors, sub.source)
+    placement.not_float = [s for s in placement.sources.values()
+                           if tensors[s].dtype not in FLOATS]
+    layers = getattr(getattr(built.options, "encoder", None), "layers", ())
+    return View(built.entry.spec, f"{directory / 'config.json'}: {entry.source_key}",
+                {n: {"value": v, "source": ex.resolved.sources[n]}
+                 for n, v in ex.resolved.values.items()},
+                built.tree, [_flat(lo) for lo in layers if dataclasses.is_dataclass(lo)], {},
+                checkpoint=str(directory), tensors=tensors, placement=placement,
+                name=entry.name)
 
 
 def sizes(view: View) -> dict[str, Any]:
@@ -219,6 +274,16 @@ def render_text(view: View) -> str:
            f"{view.spec.get('model')})", f"config    {view.on}"]
     if view.checkpoint:
         out.append(f"weights   {view.checkpoint} ({len(view.tensors)} tensors, headers only)")
+    out += _body(view)
+    for t in view.towers:
+        out += ["", "", f"tower     {t.name} ({type(t.tree).__name__})", f"config    {t.on}",
+                f"weights   {len(t.tensors)} tensors of {t.checkpoint}"] + _body(t)
+    return "\n".join(out)
+
+
+def _body(view: View) -> list[str]:
+    """A view's lines after its header: sizes, config fields, layers, tree, placement."""
+    out = []
     size = sizes(view)
     out.append("params    " + ", ".join(_amount(r["count"], r["bytes"], d)
                                        for d, r in size["by_dtype"].items()) + " as held"
@@ -263,7 +328,7 @@ def render_text(view: View) -> str:
     out += _tree_lines(view, view.tree, type(view.tree).__name__, 1)
     if view.placement is not None:
         out += [""] + _summary(view)
-    return "\n".join(out)
+    return out
 
 
 def _tree_lines(view: View, module: Module, label: str, depth: int) -> list[str]:
@@ -320,6 +385,10 @@ def _summary(view: View) -> list[str]:
 
 
 def render_json(view: View) -> str:
+    return json.dumps(_data(view), indent=2, default=str)
+
+
+def _data(view: View) -> dict[str, Any]:
     p = view.placement
     tied = _tied(view.tree)
     rows = []
@@ -344,7 +413,9 @@ def render_json(view: View) -> str:
             "unplaced": [s for s, _ in p.unplaced], "unfilled": p.unfilled,
             "misshaped": [s for s, _ in p.misshaped], "not_float": p.not_float,
             "fits": p.fits}
-    return json.dumps(data, indent=2, default=str)
+    if view.name is None:
+        data["towers"] = [{"tower": t.name, **_data(t)} for t in view.towers]
+    return data
 
 
 def _recurrence_json(tree: Module) -> Optional[dict[str, Any]]:
@@ -384,4 +455,4 @@ def command(
     except EXPECTED as e:
         refuse(e)
     typer.echo(render_json(view) if format == "json" else render_text(view))
-    raise typer.Exit(0 if view.placement is None or view.placement.fits else 1)
+    raise typer.Exit(0 if view.fits else 1)

@@ -89,14 +89,15 @@ def message_media(messages: Sequence[dict]) -> tuple[list[dict], dict[str, list]
 def expand(text: str, tower, inputs: list) -> str:
     """``text`` with each of ``tower``'s markers replaced, in order, by its input's
     placeholders, as the processor's expansion does (Gemma3Processor's
-    ``full_image_sequence``, Qwen2AudioProcessor's ``num_audio_tokens``).
+    ``full_image_sequence``, Qwen2AudioProcessor's ``num_audio_tokens``, Idefics3Processor's
+    tiles).
 
     Raises:
         ValueError: the text's markers and the inputs differ in number.
     """
     if tower.prompt is None:
         return text
-    marker, full, soft = tower.prompt
+    marker = tower.prompt.marker
     pieces = text.split(marker)
     if len(pieces) - 1 != len(inputs):
         found = len(pieces) - 1
@@ -105,7 +106,7 @@ def expand(text: str, tower, inputs: list) -> str:
                          f"{tower.modality}{'s' * (len(inputs) != 1)}: one each")
     out = [pieces[0]]
     for raw, piece in zip(inputs, pieces[1:]):
-        out += [full.replace("{soft}", soft * tower.count(raw)), piece]
+        out += [tower.prompt.of(*tower.layout(raw)), piece]
     return "".join(out)
 
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from iron_spec.runtime.checkpoint import Checkpoint, LoadReport, fill, load, mark_transposed
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
-from iron_spec.runtime.towers.images import patches
+from iron_spec.runtime.towers.images import TileProcessor, patches
 from iron_spec.runtime.towers.multimodal import TowerRun
 from iron_spec.runtime.towers.tower import Tower
 from iron_spec.runtime.weights import draw_weights
@@ -34,36 +36,54 @@ log = logging.getLogger("iron_spec")
 @dataclass
 class LoadedTower:
     """A tower ready to run: its ``tower`` (weights filled: a vision ``Tower`` or an
-    ``AudioTower``), ``processor`` (the front end: ``ImageProcessor`` or ``LogMel``), its
-    ``modality`` (``image`` or ``audio``: the content items it reads), the ``placeholder``
-    token its soft tokens replace, whether one input's rows see each other
+    ``AudioTower``), ``processor`` (the front end: ``ImageProcessor``, ``TileProcessor`` or
+    ``LogMel``), its ``modality`` (``image`` or ``audio``: the content items it reads), the
+    ``placeholder`` token its soft tokens replace, whether one input's rows see each other
     (``bidirectional``), the processor's expansion of the text's marker (``prompt``:
-    ``(marker, text)`` or None) and where each weight came from."""
+    ``options.towers.Expansion`` or None) and where each weight came from."""
 
     name: str
     tower: Any
     processor: Any
     placeholder: int
     bidirectional: bool
-    prompt: tuple[str, str] | None
+    prompt: Any
     report: LoadReport
     modality: str = "image"
+
+    @property
+    def tiled(self) -> bool:
+        """Whether the front end cuts an image into tiles (each a run of the tower)."""
+        return isinstance(self.processor, TileProcessor)
 
     def soft_tokens(self, raw) -> "Any":
         """The soft tokens ``(soft, text_hidden)`` float32 of ``raw`` (an image: a path, a
         PIL image or a uint8 array; a sound: a path or samples at the extractor's rate): the
-        front end, then the compiled tower."""
+        front end, then the compiled tower (once per tile, in the processor's order, where
+        the front end cuts tiles)."""
         if self.modality == "audio":
             features, frames = self.processor(raw)
             return self.tower.version(features, frames)
-        rows = patches(self.processor(raw), self.tower.options.patch)
-        return self.tower.version(rows)
+        p = self.tower.options.patch
+        if self.tiled:
+            return np.concatenate([self.tower.version(patches(tile, p))
+                                   for tile in self.processor(raw)])
+        return self.tower.version(patches(self.processor(raw), p))
+
+    def layout(self, raw) -> tuple[int, int, int]:
+        """How the processor writes ``raw``'s placeholders: soft tokens per tile (per input
+        where untiled), and the rows and columns of tiles (0, 0: none)."""
+        if self.modality == "audio":
+            return self.tower.options.soft(self.processor(raw)[1]), 0, 0
+        if self.tiled:
+            _, rows, cols = self.processor.tiles(raw)
+            return self.tower.options.soft, rows, cols
+        return self.tower.options.soft, 0, 0
 
     def count(self, raw) -> int:
         """How many soft tokens ``raw`` gives (the processor's expansion)."""
-        if self.modality == "audio":
-            return self.tower.options.soft(self.processor(raw)[1])
-        return self.tower.options.soft
+        per, rows, cols = self.layout(raw)
+        return per * (rows * cols + 1 if rows else 1)
 
     def run(self) -> TowerRun:
         """The tower as ``runtime.towers.multimodal.Multimodal`` meets it."""
@@ -118,9 +138,31 @@ def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
     return out
 
 
-def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
-    spec = loaded.expanded.spec
-    source = f"{loaded.directory / 'config.json'}: {entry.source_key}"
+@dataclass
+class TowerTree:
+    """A tower's tree before its weights: the ``entry`` (``options.towers``, the whole file's
+    keys it reads merged in), its ``expanded`` encoder (config values and their sources,
+    renames, unused), its ``options``, ``tree`` (a ``Tower`` or ``AudioTower``, params
+    unfilled) and ``front`` (the front end, from the processor's files)."""
+
+    entry: Any
+    expanded: Any
+    options: Any
+    tree: Any
+    front: Any
+
+
+def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: int,
+               allow_unread_config: bool = False) -> TowerTree:
+    """The tree of ``entry``'s tower (an entry of ``spec``'s ``towers``) in ``whole`` (a
+    composite's config.json, read from ``directory``), its soft tokens ``text_hidden``
+    wide; no tensor read.
+
+    Raises:
+        SpecError: the tower's config not a mapping, a key missing or unaccounted, or
+            options the encoder vocabulary or the tower refuses.
+    """
+    source = f"{(directory or Path('.')) / 'config.json'}: {entry.source_key}"
     config = whole.get(entry.source_key)
     if not isinstance(config, dict):
         raise spec.error(entry.at + ("from",), f"{source} is not a mapping: a "
@@ -129,23 +171,34 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     entry = options.with_outer(entry, whole)
     account(entry.spec, config, source, allow_unread_config)
     expanded = expand_encoder(entry.spec, config, source=source)
-    text = loaded.lm.config
     audio = options.front_kind(entry) == "log_mel"
-    settings, where = processor_settings(loaded.directory,
+    settings, where = processor_settings(directory,
                                          "feature_extractor" if audio else "image_processor")
     if audio:
         front = options.log_mel(entry, settings, where)
-        o = options.audio_options(entry, expanded.resolved, expanded.options,
-                                  text.hidden_size, front)
+        o = options.audio_options(entry, expanded.resolved, expanded.options, text_hidden,
+                                  front)
     else:
-        front = options.processor(entry, settings, where)
-        o = options.tower_options(entry, expanded.resolved, expanded.options,
-                                  text.hidden_size)
+        o = options.tower_options(entry, expanded.resolved, expanded.options, text_hidden)
+        if options.front_kind(entry) == "tiles":
+            front = options.tiles(entry, settings, where, o.image[0])
+        else:
+            front = options.processor(entry, settings, where)
     try:
         tower = AudioTower(o) if audio else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
+    return TowerTree(entry, expanded, o, tower, front)
+
+
+def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
+    spec = loaded.expanded.spec
+    text = loaded.lm.config
+    built = tower_tree(spec, entry, whole, loaded.directory, text.hidden_size, allow_unread_config)
+    entry, expanded, o, tower, front = (built.entry, built.expanded, built.options,
+                                        built.tree, built.front)
+    audio = options.front_kind(entry) == "log_mel"
     if loaded.random_weights is not None:
         report = fill(tower, draw_weights(tower, loaded.random_weights))
     else:

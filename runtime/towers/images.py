@@ -10,6 +10,9 @@ the processor crops, rescaled (``uint8 * rescale_factor`` in float64, then float
 ``image_transforms.normalize``). Resizing with Pillow is what makes the pixels equal to
 transformers' bit for bit: any other resampler differs by up to a grey level.
 
+``TileProcessor`` gives an image as tiles beside a global image, as Idefics3's (SmolVLM's)
+image processor cuts it.
+
 ``patches`` cuts pixel values into the rows a patch embedding reads: a convolution whose
 stride is its kernel is a reshape and a GEMM.
 
@@ -18,6 +21,7 @@ Not for: the tower that reads them (``tower``), audio (``audio``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,16 +148,18 @@ class ImageProcessor:
             as ``open_image``; ValueError: an image that is not RGB without
                 ``do_convert_rgb``.
         """
-        Image = pillow()
         array = self.rgb(image)
         if self.do_resize:
-            height, width = self.resized_shape(*array.shape[:2])
-            resized = Image.fromarray(array).resize(
-                (width, height), resample=getattr(Image.Resampling, RESAMPLE[self.resample]))
-            array = np.asarray(resized)
+            array = resized(array, *self.resized_shape(*array.shape[:2]), self.resample)
         if self.do_center_crop:
             array = center_crop(array, int(self.crop_size["height"]),
                                 int(self.crop_size["width"]))
+        return self.scaled(array)
+
+    def scaled(self, array: np.ndarray) -> np.ndarray:
+        """``array`` ``(height, width, 3)`` uint8 as pixel values ``(3, height, width)``
+        float32: rescaled (``uint8 * rescale_factor`` in float64, then float32, as
+        ``image_transforms.rescale``) and normalized in float32, where the settings say."""
         x = array.transpose(2, 0, 1)
         if self.do_rescale:
             x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
@@ -164,6 +170,123 @@ class ImageProcessor:
             std = np.broadcast_to(np.asarray(self.image_std, np.float32), (3,))
             x = (x - mean[:, None, None]) / std[:, None, None]
         return np.ascontiguousarray(x, np.float32)
+
+
+def resized(array: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
+    """``array`` ``(h, w, 3)`` uint8 resized to ``height`` x ``width`` by Pillow with
+    ``PILImageResampling``'s filter ``resample``, as transformers' PIL backend resizes a
+    uint8 image (``image_transforms.resize``)."""
+    Image = pillow()
+    out = Image.fromarray(array).resize(
+        (width, height), resample=getattr(Image.Resampling, RESAMPLE[resample]))
+    return np.asarray(out)
+
+
+#: Idefics3ImageProcessor's largest side for any resize (its ``MAX_IMAGE_SIZE``).
+MAX_IMAGE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class TileProcessor(ImageProcessor):
+    """An image cut into tiles beside a global image, as transformers' Idefics3 (SmolVLM)
+    image processor computes them (``Idefics3ImageProcessorPil``): resized so its longest
+    side is ``size["longest_edge"]`` (the other side ``int`` of the aspect ratio, rounded up
+    to even; then kept below 4096 pixels), resized again to whole multiples of the tile side
+    ``max_image_size["longest_edge"]`` on both sides, and, where that is more than one tile,
+    cut into ``rows`` x ``cols`` tiles (row-major) followed by the whole image resized to
+    one tile (the global image); an image of one tile is that tile alone (``rows`` = ``cols``
+    = 0). Without ``do_image_splitting``, resized to one tile. Every resize is Pillow's on
+    the uint8 image, with ``resample`` (LANCZOS by default); then rescaled and normalized as
+    ``ImageProcessor``. Every tile is a full square (so ``do_pad`` pads nothing for one
+    image).
+    """
+
+    size: dict = None
+    resample: int = 1
+    max_image_size: dict = None
+    do_image_splitting: bool = True
+    do_pad: bool = True
+
+    def __post_init__(self):
+        if self.resample not in RESAMPLE:
+            raise ValueError(f"resample {self.resample!r} is not one of PILImageResampling's "
+                             f"{sorted(RESAMPLE)}")
+        for name in ("size", "max_image_size"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not (set(value) == {"longest_edge"} or (
+                    name == "size" and set(value) == {"height", "width"})):
+                raise ValueError(f"{name} {value!r} is {{longest_edge}}"
+                                 + (" or {height, width}" if name == "size" else ""))
+
+    @property
+    def tile(self) -> int:
+        """A tile's side in pixels."""
+        return int(self.max_image_size["longest_edge"])
+
+    def first_shape(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the first resize gives (Idefics3's ``resize`` with ``size``:
+        ``_resize_output_size_rescale_to_max_len`` then ``_scale_below_upper_bound``)."""
+        if "height" in self.size:
+            return int(self.size["height"]), int(self.size["width"])
+        edge = int(self.size["longest_edge"])
+        aspect = width / height
+        if width >= height:
+            width, height = edge, int(edge / aspect)
+            height += height % 2
+        else:
+            height, width = edge, int(edge * aspect)
+            width += width % 2
+        height, width = max(height, 1), max(width, 1)
+        aspect = width / height
+        if width >= height and width > MAX_IMAGE_SIZE:
+            width, height = MAX_IMAGE_SIZE, int(MAX_IMAGE_SIZE / aspect)
+        elif height > width and height > MAX_IMAGE_SIZE:
+            height, width = MAX_IMAGE_SIZE, int(MAX_IMAGE_SIZE * aspect)
+        return max(height, 1), max(width, 1)
+
+    def tiled_shape(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width), whole tiles, the second resize gives (Idefics3's
+        ``resize_for_vision_encoder``)."""
+        T = self.tile
+        aspect = width / height
+        if width >= height:
+            width = math.ceil(width / T) * T
+            height = math.ceil(int(width / aspect) / T) * T
+        else:
+            height = math.ceil(height / T) * T
+            width = math.ceil(int(height * aspect) / T) * T
+        return height, width
+
+    def tiles(self, image) -> tuple[np.ndarray, int, int]:
+        """The pixel values ``(tiles, 3, tile, tile)`` float32 of ``image`` (a path, a PIL
+        image or a uint8 array), equal to transformers' ``pixel_values[0]`` from this
+        processor's PIL backend, and the ``rows`` and ``cols`` of tiles the image was cut
+        into (0 and 0: one tile, no global image).
+
+        Raises:
+            as ``ImageProcessor.__call__``.
+        """
+        array = self.rgb(image)
+        if self.do_resize:
+            array = resized(array, *self.first_shape(*array.shape[:2]), self.resample)
+        T, rows, cols = self.tile, 0, 0
+        if self.do_image_splitting:
+            array = resized(array, *self.tiled_shape(*array.shape[:2]), self.resample)
+            height, width = array.shape[:2]
+            if height > T or width > T:
+                rows, cols = (height - T) // T + 1, (width - T) // T + 1
+                frames = [array[r * T:(r + 1) * T, c * T:(c + 1) * T]
+                          for r in range(rows) for c in range(cols)]
+                frames.append(resized(array, T, T, self.resample))
+            else:
+                frames = [array]
+        else:
+            frames = [resized(array, T, T, self.resample)]
+        return np.stack([self.scaled(f) for f in frames]), rows, cols
+
+    def __call__(self, image) -> np.ndarray:
+        """The tiles' pixel values ``(tiles, 3, tile, tile)`` float32 (``tiles``)."""
+        return self.tiles(image)[0]
 
 
 def center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:

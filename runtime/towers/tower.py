@@ -10,7 +10,8 @@ tower lays it out once renamed (``TowerOptions``):
 - ``encoder``: the encoder layers and final norm of ``runtime.encoder`` (``Stack``), in the
   encoder vocabulary (SigLIP's and CLIP's layers are pre-norm encoder layers);
 - pooling: average pooling over ``pool`` x ``pool`` windows of the patch grid (Gemma 3's
-  ``avg_pool``), none where ``pool`` is 1;
+  ``avg_pool``), none where ``pool`` is 1; or a pixel shuffle, each ``shuffle`` x
+  ``shuffle`` window's rows side by side in one row (Idefics3Connector's);
 - ``projector``: a norm (``projector.norm``: Gemma 3's ``mm_soft_emb_norm``) and a linear
   map to the text model's width (``projector.linear``; Gemma 3's
   ``mm_input_projection_weight`` is stored ``(in, out)``: a transposed Linear).
@@ -66,7 +67,10 @@ class TowerOptions:
     hidden state LLaVA's ``vision_feature_layer`` selects; None: all); ``final_norm``: the
     encoder's final norm runs after them (SigLIP's ``post_layernorm``; CLIP's reaches only
     its pooled row, so LLaVA's features are not normed); ``drop``: leading rows left out
-    before the projector (the class row, ``vision_feature_select_strategy`` default)."""
+    before the projector (the class row, ``vision_feature_select_strategy`` default).
+    ``shuffle``: each ``shuffle`` x ``shuffle`` window of the patch grid's rows side by side in
+    one row before the projector (Idefics3Connector's ``pixel_shuffle`` by ``scale_factor``;
+    1: none), the projector then reading ``shuffle ** 2`` times the encoder's width."""
 
     encoder: EncoderOptions
     channels: int
@@ -81,6 +85,7 @@ class TowerOptions:
     layers_run: int | None = None
     final_norm: bool = True
     drop: int = 0
+    shuffle: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -100,9 +105,16 @@ class TowerOptions:
 
     @property
     def soft(self) -> int:
-        """Soft tokens an image gives: a row per pooling window, less the rows dropped."""
+        """Soft tokens an image gives: a row per pooling (or shuffle) window, less the rows
+        dropped."""
         h, w = self.grid
-        return (h // self.pool) * (w // self.pool) + self.class_embedding - self.drop
+        k = self.pool * self.shuffle
+        return (h // k) * (w // k) + self.class_embedding - self.drop
+
+    @property
+    def features(self) -> int:
+        """The width of the rows the projector reads."""
+        return self.encoder.hidden_size * self.shuffle ** 2
 
 
 class PatchEmbeddings(Module):
@@ -126,11 +138,12 @@ class Projector(Module):
         p = o.projector
         if p.kind not in PROJECTORS:
             raise ValueError(f"projector kind {p.kind!r} is not one of {', '.join(PROJECTORS)}")
-        self.norm = None if p.norm is None else Norm(o.encoder.hidden_size, p.norm)
+        F = getattr(o, "features", o.encoder.hidden_size)
+        self.norm = None if p.norm is None else Norm(F, p.norm)
         if p.kind == "linear":
-            self.linear = Linear(o.encoder.hidden_size, o.text_hidden, p.bias)
+            self.linear = Linear(F, o.text_hidden, p.bias)
         else:
-            self.linear_1 = Linear(o.encoder.hidden_size, o.text_hidden, p.bias)
+            self.linear_1 = Linear(F, o.text_hidden, p.bias)
             self.linear_2 = Linear(o.text_hidden, o.text_hidden, p.bias)
         self.options = p
 
@@ -166,8 +179,11 @@ class Tower(Module):
         if o.layers_run is not None and not 0 <= o.layers_run <= len(o.encoder.layers):
             raise ValueError(f"the features after {o.layers_run} layers: there are "
                              f"{len(o.encoder.layers)}")
-        if o.pool > 1 and (o.class_embedding or o.drop):
+        if (o.pool > 1 or o.shuffle > 1) and (o.class_embedding or o.drop):
             raise ValueError("pooling reads the patch grid alone: not with a class row")
+        if o.shuffle < 1 or (o.shuffle > 1 and (o.pool > 1 or h != w or h % o.shuffle)):
+            raise ValueError(f"a {h}x{w} patch grid is not tiled by {o.shuffle}x{o.shuffle} "
+                             "pixel-shuffle windows (a square grid, not pooled too)")
         if not 0 <= o.drop < o.rows:
             raise ValueError(f"{o.drop} rows dropped of {o.rows}")
         self.embeddings = PatchEmbeddings(o)
@@ -202,6 +218,8 @@ class Tower(Module):
             x = rec.step("row_range", x, where=self.path, begin=o.drop)
         if o.pool > 1:
             x = rec.step("average_pool", x, where=self.path, side=o.grid[0], kernel=o.pool)
+        if o.shuffle > 1:
+            x = rec.step("pixel_shuffle", x, where=self.path, side=o.grid[0], factor=o.shuffle)
         return self.projector(rec, x)
 
     @property

@@ -86,7 +86,7 @@ def image() -> np.ndarray:
 
 
 def byte_level(specials: list[str], extra: dict, bos: str = "<bos>", eos: str = "<eos>",
-               pad: str = "<pad>"):
+               pad: str = "<pad>", unk: str = "<unk>"):
     """A byte-level BPE tokenizer: ``specials`` at ids 0.., then the 256 bytes, no merges;
     as transformers' fast tokenizer with ``extra`` special tokens named."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -96,12 +96,12 @@ def byte_level(specials: list[str], extra: dict, bos: str = "<bos>", eos: str = 
     vocab = {t: i for i, t in enumerate(specials)}
     for b in sorted(alphabet):
         vocab[b] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tok = Tokenizer(models.BPE(vocab, [], unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
-                                   pad_token=pad, unk_token="<unk>",
+                                   pad_token=pad, unk_token=unk,
                                    extra_special_tokens=extra)
 
 
@@ -232,7 +232,77 @@ def sound() -> np.ndarray:
     return read_audio(data / "boom.wav", 16000)
 
 
+# HuggingFaceTB/SmolVLM2-500M-Video-Instruct's config.json, every key as published (quoted
+# whole, "verbatim from the model card", in public code: the search tool's id 68306089702).
+SMOLVLM2_500M = {
+    "architectures": ["SmolVLMForConditionalGeneration"], "image_token_id": 49190,
+    "model_type": "smolvlm", "pad_token_id": 128002, "scale_factor": 4,
+    "text_config": {
+        "architectures": ["VLlama3ForCausalLM"], "head_dim": 64, "hidden_size": 960,
+        "intermediate_size": 2560, "is_llama_config": True, "max_position_embeddings": 8192,
+        "model_type": "llama", "neftune_noise_alpha": 0.0, "num_attention_heads": 15,
+        "num_hidden_layers": 32, "num_key_value_heads": 5, "pad_token_id": 2,
+        "pixel_shuffle_factor": 4, "qk_layer_norms": False, "rms_norm_eps": 1e-05,
+        "rope_interleaved": False, "rope_theta": 100000, "torch_dtype": "bfloat16",
+        "use_resampler": False, "vocab_size": 49280},
+    "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.47.1",
+    "use_cache": False, "use_reentrant_checkpointing": False,
+    "vision_config": {
+        "hidden_size": 768, "image_size": 512, "max_image_size": {"longest_edge": 512},
+        "model_type": "smolvlm_vision", "num_attention_heads": 12, "patch_size": 16,
+        "size": {"longest_edge": 2048}, "tie_word_embeddings": False,
+        "use_base_siglip": False},
+    "vocab_size": 49280}
+
+# Its preprocessor settings as published (the same source), sizes shrunk with the tower's.
+SMOLVLM2_IMAGES = {"do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True,
+                   "do_pad": True, "do_rescale": True, "do_resize": True,
+                   "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                   "max_image_size": {"longest_edge": 32}, "resample": 1,
+                   "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 64}}
+
+SMOLVLM_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<end_of_utterance>",
+                    "<fake_token_around_image>", "<image>", "<global-img>"] + [
+    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+
+SMOLVLM2_TOY = {
+    **SMOLVLM2_500M, "image_token_id": SMOLVLM_SPECIALS.index("<image>"),
+    "vocab_size": len(SMOLVLM_SPECIALS) + 256,
+    "text_config": {**SMOLVLM2_500M["text_config"], "head_dim": 8, "hidden_size": 32,
+                    "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                    "num_key_value_heads": 2, "vocab_size": len(SMOLVLM_SPECIALS) + 256},
+    # 8x8 patches of 4 pixels a tile: the published scale_factor 4 leaves 2x2 soft tokens.
+    "vision_config": {**SMOLVLM2_500M["vision_config"], "hidden_size": 32, "image_size": 32,
+                      "intermediate_size": 64, "num_attention_heads": 2,
+                      "num_hidden_layers": 2, "patch_size": 4,
+                      "max_image_size": {"longest_edge": 32}, "size": {"longest_edge": 64}}}
+
+
+def smolvlm_processor():
+    """SmolVLM 2's processor as Idefics3Processor: SmolVLMProcessor needs a video processor,
+    which needs torchvision (not usable beside this torch build); its image expansion
+    (``get_image_prompt_string``) writes what Idefics3Processor's ``replace_image_token``
+    does, and SmolVLMImageProcessorPil is Idefics3ImageProcessorPil (modular_smolvlm.py)."""
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import \
+        Idefics3ImageProcessorPil
+    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+    tokenizer = byte_level(SMOLVLM_SPECIALS, {"fake_image_token": "<fake_token_around_image>",
+                                              "image_token": "<image>",
+                                              "global_image_token": "<global-img>",
+                                              "end_of_utterance_token": "<end_of_utterance>"},
+                           bos="<|im_start|>", eos="<end_of_utterance>", pad="<|im_end|>",
+                           unk="<|endoftext|>")
+    images = Idefics3ImageProcessorPil(**SMOLVLM2_IMAGES)
+    vision = SMOLVLM2_TOY["vision_config"]
+    seq = (vision["image_size"] // vision["patch_size"]) ** 2 // SMOLVLM2_TOY["scale_factor"] ** 2
+    return Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=seq,
+                             chat_template=DEFAULT_CHAT_TEMPLATE)
+
+
 TOYS = {"gemma3-vision-toy": ("gemma3", GEMMA3_TOY, gemma3_processor),
+        "smolvlm2-toy": ("llama3", SMOLVLM2_TOY, smolvlm_processor),
         "llava-1.5-toy": ("llama3", LLAVA_TOY, llava_processor),
         "qwen2-audio-toy": ("qwen2", QWEN2_AUDIO_TOY, qwen2_audio_processor)}
 

@@ -292,7 +292,9 @@ def test_show_places_a_parts_tensors_by_the_files_names():
                                    str(TOYS / "gemma-3-4b-it-toy")])
     assert out.exit_code == 0, out.output
     assert "<- language_model.model.embed_tokens.weight" in out.stdout
-    assert "unused: vision_tower.post_layernorm.weight" in out.stdout
+    # The tower's tensors are its own (the spec's towers:), placed after the text model's.
+    assert "<- vision_tower.post_layernorm.weight (BF16 [16])" in out.stdout
+    assert "unused: vision_tower" not in out.stdout
 
 
 def test_lint_config_reads_a_part(tmp_path):

@@ -25,7 +25,7 @@ from tests.conftest import SPECS
 TOYS = Path(__file__).resolve().parents[1] / "checkpoints"
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens" / "towers"
 CASES = [("gemma3", "gemma3-vision-toy"), ("llama3", "llava-1.5-toy"),
-         ("qwen2", "qwen2-audio-toy")]
+         ("qwen2", "qwen2-audio-toy"), ("llama3", "smolvlm2-toy")]
 
 
 def gates(spec: str) -> dict:
@@ -91,6 +91,31 @@ def test_llavas_full_strategy_keeps_the_class_row(tmp_path):
                                    vision_feature_select_strategy="full"))
     tower = model.loaded.towers[0]
     assert tower.count(None) == 17  # 16 patches and the class row
+
+
+def test_idefics3_is_smolvlm_2s_architecture_under_its_other_name(tmp_path):
+    # Idefics3ForConditionalGeneration (SmolVLM 1, Idefics3-8B) computes what
+    # SmolVLMForConditionalGeneration does over the same tensors and processor.
+    golden = np.load(GOLDENS / "llama3" / "smolvlm2-toy.npz")
+    toy = flipped(tmp_path, "smolvlm2-toy", architectures=["Idefics3ForConditionalGeneration"],
+                  model_type="idefics3")
+    j = judge(load("llama3", toy), golden, other_inputs=True)
+    g = gates("llama3")
+    assert j.ids_equal and j.pixels == 0.0 and j.kl["max"] <= g["max"]
+
+
+def test_an_image_cut_into_tiles_writes_each_tiles_row_and_column():
+    model = load("llama3", TOYS / "smolvlm2-toy")
+    tower = model.loaded.towers[0]
+    golden = np.load(GOLDENS / "llama3" / "smolvlm2-toy.npz")
+    # 40x70 pixels: the longest side to 64, then 64x64 in whole 32-pixel tiles: 2x2 and the
+    # global image, 2x2 soft tokens each after a pixel shuffle of 8x8 patches by 4.
+    assert tower.layout(golden["image"]) == (4, 2, 2)
+    assert tower.count(golden["image"]) == 20
+    text = model.tokenizer.decode(golden["prompt_ids"].tolist(), skip_special_tokens=False)
+    assert "<row_2_col_1>" + "<image>" * 4 + "<fake_token_around_image><row_2_col_2>" in text
+    # 90x20: 64x14 after the first resize, then 64x32: two rows of one tile.
+    assert tower.layout(np.zeros((90, 20, 3), np.uint8)) == (4, 2, 1)
 
 
 def count_tower_runs(model) -> list:

@@ -12,16 +12,22 @@ An entry says, for the checkpoints of its ``architectures`` (a ``parts`` entry's
 - ``tensors``: checkpoint prefix -> tower prefix (``runtime.parts``), the tower's tensors;
 - ``patches``: ``{size, channels, image}`` (the patch embedding's kernel, the image's
   channels and side in pixels); ``pool``: the average pooling window over the patch grid
-  (1: none); ``projector``: ``{norm, bias, transposed}`` (its norm's options, a bias, the
+  (1: none); ``shuffle``: the pixel-shuffle window (Idefics3's ``scale_factor``; 1: none);
+  ``projector``: ``{norm, bias, transposed}`` (its norm's options, a bias, the
   weight stored ``(in, out)``);
 - ``placeholder``: the token id the soft tokens replace; ``bidirectional``: whether one
   image's rows attend to each other both ways in the text model (Gemma 3's);
-- ``front``: the front end and its settings (``runtime.towers.images.ImageProcessor``),
-  read from the checkpoint's ``preprocessor_config.json`` over ``defaults`` (the processor
-  class's), its other keys ``ignore``d or ``refuse``d as config.json's are;
+- ``front``: the front end and its settings (``runtime.towers.images.ImageProcessor``; kind
+  ``tiles``: ``TileProcessor``, an image cut into tiles beside a global image; ``log_mel``:
+  ``runtime.towers.audio.LogMel``), read from the checkpoint's ``preprocessor_config.json``
+  over ``defaults`` (the processor class's), its other keys ``ignore``d or ``refuse``d as
+  config.json's are;
 - ``prompt``: how the processor expands the text's image marker (``marker``) into the soft
-  tokens' placeholders: ``text`` with ``{soft}`` standing for ``soft`` repeated once per
-  soft token (Gemma3Processor's ``full_image_sequence``).
+  tokens' placeholders (``Expansion``): ``text`` with ``{soft}`` standing for ``soft``
+  repeated once per soft token (Gemma3Processor's ``full_image_sequence``); for an image cut
+  into tiles, ``tile`` per tile (``{row}``, ``{col}`` from 1), ``row_end`` after each row of
+  tiles, and ``tiled`` around them (``{tiles}``), as Idefics3Processor's
+  ``replace_image_token``.
 
 Not for: building or loading a tower (``iron_spec.spec.towers``), the runtime
 (``runtime.towers``).
@@ -34,7 +40,7 @@ from typing import Any, Mapping
 
 from iron_spec.runtime.towers.audio import LogMel
 from iron_spec.runtime.towers.audio_tower import AudioTowerOptions
-from iron_spec.runtime.towers.images import ImageProcessor
+from iron_spec.runtime.towers.images import ImageProcessor, TileProcessor
 from iron_spec.operators.activation import ACTIVATIONS
 from iron_spec.runtime.towers.tower import PROJECTORS, ProjectorOptions, TowerOptions
 
@@ -44,7 +50,31 @@ from .norms import norm_options
 from .reading import _flag_option, _option, _whole
 
 
-FRONT_ENDS = ("image", "log_mel")
+FRONT_ENDS = ("image", "tiles", "log_mel")
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """How a processor writes an input's placeholders where the text holds its ``marker``
+    (module docstring: ``prompt``)."""
+
+    marker: str
+    text: str
+    soft: str
+    tile: str | None = None
+    row_end: str = ""
+    tiled: str | None = None
+
+    def of(self, count: int, rows: int = 0, cols: int = 0) -> str:
+        """The text one input's marker becomes: ``count`` soft tokens (each tile's, where
+        the input is cut into ``rows`` x ``cols`` tiles)."""
+        soft = self.soft * count
+        if not rows or self.tiled is None:
+            return self.text.replace("{soft}", soft)
+        tiles = "".join("".join(self.tile.replace("{row}", str(r + 1))
+                                .replace("{col}", str(c + 1)).replace("{soft}", soft)
+                                for c in range(cols)) + self.row_end for r in range(rows))
+        return self.tiled.replace("{tiles}", tiles).replace("{soft}", soft)
 
 
 @dataclass(frozen=True)
@@ -138,8 +168,9 @@ def tower_options(entry: TowerEntry, r: Resolved, encoder, text_hidden: int) -> 
     channels = _whole(v, p + ("channels",), _option(v, r, p + ("channels",), 3))
     side = _whole(v, p + ("image",), _option(v, r, p + ("image",), None))
     pool = _whole(v, ("pool",), _option(v, r, ("pool",), 1))
+    shuffle = _whole(v, ("shuffle",), _option(v, r, ("shuffle",), 1))
     for name, value in (("patches.size", size), ("patches.channels", channels),
-                        ("patches.image", side), ("pool", pool)):
+                        ("patches.image", side), ("pool", pool), ("shuffle", shuffle)):
         if value is None or value < 1:
             raise v.error(tuple(name.split(".")), f"{name} is {value!r}, not a whole number "
                                                   "from 1")
@@ -151,7 +182,7 @@ def tower_options(entry: TowerEntry, r: Resolved, encoder, text_hidden: int) -> 
                         patch_bias=_flag_option(v, r, p + ("bias",), True),
                         class_embedding=cls,
                         pre_norm=_flag_option(v, r, ("pre_norm",), False),
-                        layers_run=layers, final_norm=final, drop=drop)
+                        layers_run=layers, final_norm=final, drop=drop, shuffle=shuffle)
 
 
 def _projector(entry: TowerEntry, r: Resolved) -> ProjectorOptions:
@@ -299,8 +330,34 @@ def processor(entry: TowerEntry, settings: Mapping[str, Any], source: str) -> Im
         raise entry.view.error(("front",), f"{source}: {e}") from None
 
 
+def tiles(entry: TowerEntry, settings: Mapping[str, Any], source: str,
+          side: int) -> TileProcessor:
+    """The ``tiles`` front end (``TileProcessor``) on ``settings`` over the front end's
+    ``defaults``, each key read, ignored or refused (as ``processor``), its tiles the
+    tower's image of ``side`` pixels.
+
+    Raises:
+        SpecError: at ``front``, as ``processor``, or tiles of another side than the
+            tower's image.
+    """
+    known = {"size", "resample", "do_resize", "do_image_splitting", "max_image_size",
+             "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std",
+             "do_convert_rgb", "do_pad"}
+    merged = _front_settings(entry, settings, source, known)
+    try:
+        front = TileProcessor(**{k: tuple(x) if isinstance(x, list) else x
+                                 for k, x in merged.items()})
+    except (TypeError, ValueError) as e:
+        raise entry.view.error(("front",), f"{source}: {e}") from None
+    if front.tile != side:
+        raise entry.view.error(("front",), f"{source}: tiles of {front.tile} pixels "
+                               f"(max_image_size) for a tower taking {side}-pixel images "
+                               "(image_size): every tile is one image of the tower")
+    return front
+
+
 def front_kind(entry: TowerEntry) -> str:
-    """The front end's kind: ``image`` or ``log_mel``.
+    """The front end's kind: ``image``, ``tiles`` or ``log_mel``.
 
     Raises:
         SpecError: another.
@@ -338,11 +395,18 @@ def _front_settings(entry: TowerEntry, settings: Mapping[str, Any], source: str,
     return merged
 
 
-def prompt_text(entry: TowerEntry) -> tuple[str, str, str] | None:
-    """The processor's expansion of the text's marker: ``(marker, text, soft)``, ``text``
-    holding ``{soft}`` where ``soft`` (the placeholder token's text) stands once per soft
-    token; None where the spec says none."""
+def prompt_text(entry: TowerEntry) -> Expansion | None:
+    """The processor's expansion of the text's marker (``Expansion``); None where the spec
+    says none.
+
+    Raises:
+        SpecError: ``tile`` and ``tiled`` not given together.
+    """
     p = entry.view.get("prompt")
     if not isinstance(p, dict):
         return None
-    return p["marker"], p["text"], p["soft"]
+    if ("tile" in p) != ("tiled" in p):
+        raise entry.view.error(("prompt",), "prompt.tile and prompt.tiled come together: "
+                                            "each tile's text and the text around them")
+    return Expansion(p["marker"], p["text"], p["soft"], p.get("tile"), p.get("row_end", ""),
+                     p.get("tiled"))

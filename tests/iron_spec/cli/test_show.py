@@ -157,3 +157,49 @@ def test_a_recurrence_schedule_is_shown_as_the_spec_nests_it(tmp_path):
         [("L_module", "z_L", ["z_L", "z_H"])] * 3 + [("H_module", "z_H", ["z_H", "z_L"])]
     assert "recurrence" not in show(LLAMA).output
     assert json.loads(show(LLAMA, "--format", "json").output)["recurrence"] is None
+
+
+TOYS = SPECS.parent / "tests" / "checkpoints"
+
+
+def test_a_composite_checkpoint_shows_each_tower_and_places_its_tensors():
+    # SmolVLM 2's toy (tests/checkpoints/make_towers.py): the text model's part, then the
+    # image tower (its config from vision_config), every tensor of the file placed once. The
+    # file's own names, read from its header here: the text part takes model.text_model and
+    # lm_head, the tower model.vision_model and the connector.
+    from safetensors import safe_open
+
+    directory = TOYS / "smolvlm2-toy"
+    with safe_open(str(directory / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    result = show(LLAMA, "--checkpoint", str(directory), "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    [tower] = data["towers"]
+    assert tower["tower"] == "image" and tower["checkpoint"]["fits"]
+    assert tower["config"]["patch_size"]["source"].endswith("config.json: vision_config: patch_size")
+    text = {p["source"] for p in data["params"] if p["source"]}
+    image = {p["source"] for p in tower["params"]}
+    assert text | image == names and not text & image
+    assert image == {n for n in names if n.startswith(("model.vision_model.", "model.connector."))}
+    assert data["checkpoint"]["unused"] == []  # the tower's tensors are no longer "unused"
+    out = show(LLAMA, "--checkpoint", str(directory)).stdout
+    assert "\ntower     image (Tower)\n" in out
+    assert "patch_embedding  Linear\n      weight   [32, 48]       float32  <- " \
+        "model.vision_model.embeddings.patch_embedding.weight (BF16 [32, 3, 4, 4])" in out
+
+
+def test_a_tower_that_does_not_fit_its_tensors_fails_show(tmp_path):
+    # The toy with vision_config's intermediate_size doubled: the tower's fc1/fc2 no longer
+    # fit the file's tensors, so show names them and exits 1, as for the text model's.
+    import shutil
+
+    directory = tmp_path / "toy"
+    shutil.copytree(TOYS / "smolvlm2-toy", directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["vision_config"]["intermediate_size"] *= 2
+    (directory / "config.json").write_text(json.dumps(config))
+    result = show(LLAMA, "--checkpoint", str(directory))
+    assert result.exit_code == 1, result.output
+    assert "mis-shaped: checkpoint tensor model.vision_model.encoder.layers.0.mlp.fc1.weight" \
+        in result.stdout
