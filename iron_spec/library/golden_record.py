@@ -23,7 +23,8 @@ import numpy as np
 
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden, config_digest
-from iron_spec.runtime.renames import matching
+from iron_spec.runtime.parts import under
+from iron_spec.runtime.renames import Pattern, matching
 
 from iron_spec.spec.build import Loaded
 
@@ -43,11 +44,15 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
 
     A real checkpoint directory loads as it is; drawn weights are written with the config
     to a temporary checkpoint first, so transformers renames and ties them as it loads any.
+    A part of a bigger checkpoint (the text model of a ``*ForConditionalGeneration``) is
+    written under the whole file's names and config.json; transformers draws the other
+    parts (the names under the part's ``unused`` prefixes) itself.
 
     Raises:
         ImportError: torch or transformers is not installed (the ``golden`` extra).
         ValueError: transformers' model lacks (but for names the spec's checkpoint.unused
-            declares unread) or does not take some of the weights.
+            declares unread, or a part's other parts hold) or does not take some of the
+            weights.
     """
     import torch
     import transformers
@@ -60,12 +65,11 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
     if loaded.directory is not None and loaded.random_weights is None:
         model = cls.from_pretrained(loaded.directory, dtype=dtype)
         return model.eval()
-    if loaded.part is not None and loaded.part.part.config is not None:
-        raise ValueError(f"drawn weights of {loaded.part.part.config} are not a whole "
-                         f"{auto} (its other parts' tensors are not drawn): record a "
-                         "golden from the checkpoint's own weights")
     with tempfile.TemporaryDirectory() as d:
-        Path(d, "config.json").write_text(json.dumps(loaded.config_json))
+        # A part's drawn weights go in under the whole checkpoint's names, with the whole
+        # config.json: transformers builds the whole model and draws the other parts'
+        # tensors itself (the towers: text alone never reads them).
+        Path(d, "config.json").write_text(json.dumps(loaded.whole_config))
         # np.array, not ascontiguousarray: a 0-d tensor (a buffer) stays 0-d.
         state = {k: torch.from_numpy(np.array(v, order="C")) for k, v in
                  loaded.checkpoint_tensors().items()}
@@ -75,7 +79,9 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
     # drawn weights do not hold it, and transformers keeps its own (a buffer, such as the
     # quantization state of I-BERT's Quant* modules, unread where quant_mode is off).
     tied, unused = set(loaded.report.tied), loaded.expanded.unused
-    missing = [k for k in info["missing_keys"] if k not in tied and not matching(k, unused)]
+    others = [] if loaded.part is None else [Pattern(u) for u in loaded.part.part.unused]
+    missing = [k for k in info["missing_keys"] if k not in tied and not matching(k, unused)
+               and not any(under(k, o) is not None for o in others)]
     if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
         raise ValueError(misfit(type(model).__name__, loaded.expanded.spec.file, missing,
                                 info["unexpected_keys"], info.get("mismatched_keys") or []))

@@ -23,6 +23,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 STORE = Path(__file__).with_name("keys.json")
+#: Keys transformers' loading reads for every model, whatever its config class: outside the
+#: modules the recorded reads come from (``transformers_keys.SHARED``), so named here.
+#: ``quantization_config`` picks the quantizer (quantizers/auto.py, from from_pretrained)
+#: that reads the checkpoint's tensors as stored quantized (GPTQ, AWQ, bitsandbytes, FP8).
+LOADER = {"quantization_config": "read by from_pretrained's quantizer (quantizers/auto.py): "
+                                 "the weights are stored quantized"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class Reads:
         where it never does."""
         if key.startswith("_"):
             return None
+        if key in LOADER:
+            return LOADER[key]
         if key in self.fields:
             return f"a field of {self.config_class}"
         if key in self.aliases:

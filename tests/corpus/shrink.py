@@ -8,7 +8,7 @@ Sizes shrunk, under whichever of transformers' spellings the file uses (``SIZES`
 - the hidden size to ``H' x head'`` where the file has ``hidden = heads x head``, else in
   the file's own proportion to it (Gemma 7B's 3072 against 16 x 256: 48), a multiple of 8;
 - every width proportional to the hidden size (the MLP's intermediate size, ALBERT's
-  embedding_size), at least 8, a multiple of 8; a rotary width (``rotary_dim``) in
+  embedding_size, OPT's word_embed_proj_dim), at least 8, a multiple of 8; a rotary width (``rotary_dim``) in
   proportion to the head, even, at least 2;
 - the layers to the fewest (at least 2) that still hold every kind of layer the file's
   pattern names (``sliding_window_pattern`` 6: 6 layers, 5 sliding and 1 full; a
@@ -19,6 +19,12 @@ Sizes shrunk, under whichever of transformers' spellings the file uses (``SIZES`
   is more (a token id is a value: it is never changed);
 - per-frequency lists of a RoPE table (longrope's ``short_factor``/``long_factor``) to one
   entry a rotary pair, sampled evenly from the file's.
+
+A composite checkpoint's file (``*ForConditionalGeneration``: ``text_config``,
+``vision_config``, ``audio_config``) has each of those parts shrunk by the same rule, token
+ids anywhere in the file kept within the text part's vocabulary; a part that names a hidden
+size but no heads (Gemma 3 4B's ``text_config`` leaves them at the class's defaults) has the
+hidden size cut to ``4 x 16`` and its widths in proportion, the heads left to the defaults.
 
 Everything else is kept as the file has it: context lengths, windows, RoPE parameters,
 epsilons, scales (Gemma's ``query_pre_attn_scalar``), flags and metadata.
@@ -38,7 +44,7 @@ SIZES = {
     "intermediate": ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim"),
     "head_dim": ("head_dim",),
     "rotary": ("rotary_dim",),
-    "width": ("embedding_size",),
+    "width": ("embedding_size", "word_embed_proj_dim"),
     "vocab": ("vocab_size",),
 }
 PERIODS = ("sliding_window_pattern", "_sliding_window_pattern", "no_rope_layer_interval",
@@ -90,16 +96,35 @@ def _layers(config: dict, layers: int) -> int:
     return min(layers, need)
 
 
-def shrink(config: dict) -> dict:
+PARTS = ("text_config", "vision_config", "audio_config")
+
+
+def _ids(config: Any) -> list[int]:
+    """Every token id the file names, its parts' included."""
+    return _token_ids(config) + [i for k in PARTS if isinstance(config.get(k), dict)
+                                 for i in _ids(config[k])]
+
+
+def shrink(config: dict, ids: list[int] | None = None) -> dict:
     """``config`` (a published config.json, as a dict) with its sizes shrunk by the rule
-    above; a new dict, in the same key order. Raises ValueError where the file names no
-    heads or no hidden size."""
+    above; a new dict, in the same key order. ``ids``: the token ids a vocabulary must hold
+    (default: every one the file names). Raises ValueError where the file names no hidden
+    size, nor parts that do."""
+    ids = _ids(config) if ids is None else ids
     out = copy.deepcopy(config)
+    parts = [k for k in PARTS if isinstance(config.get(k), dict)]
+    for k in parts:
+        out[k] = shrink(config[k], ids)
     H, hidden = _one(config, "heads"), _one(config, "hidden")
-    if H is None or hidden is None:
-        raise ValueError("the config names no attention heads or no hidden size")
-    hd = _one(config, "head_dim") or hidden // H
-    H2, hd2 = min(H, MAX_HEADS), min(hd, MAX_HEAD_DIM)
+    if hidden is None:
+        if parts:
+            return out
+        raise ValueError("the config names no hidden size")
+    if H is None:  # the heads are the config class's defaults: the width alone is cut
+        H, hd, H2, hd2 = 1, hidden, 1, min(hidden, MAX_HEADS * MAX_HEAD_DIM)
+    else:
+        hd = _one(config, "head_dim") or hidden // H
+        H2, hd2 = min(H, MAX_HEADS), min(hd, MAX_HEAD_DIM)
     hidden2 = H2 * hd2 if hidden == H * hd else _eight(hidden * H2 * hd2 / (H * hd))
     for k in _keys(config, "heads"):
         out[k] = H2
@@ -115,7 +140,6 @@ def shrink(config: dict) -> dict:
             out[k] = _eight(config[k] * hidden2 / hidden)
     for k in _keys(config, "rotary"):
         out[k] = max(2, 2 * int(round(config[k] * hd2 / hd / 2)))
-    ids = _token_ids(config)
     for k in _keys(config, "vocab"):
         out[k] = min(config[k], max(MIN_VOCAB, 1 + max(ids, default=0)))
     L = _one(config, "layers")

@@ -11,6 +11,7 @@ states and embeddings within ENCODER_ATOL. Reading them needs neither torch nor 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,8 @@ def test_every_entry_names_its_checkpoint_and_source():
 def test_the_corpus_holds_sixty_configs_decoders_and_encoders():
     kinds = {load_spec(for_checkpoint(toy_dir(e["name"]))).get("model") for e in SERVED}
     assert len(ENTRIES) >= 60 and kinds == {"causal", "encoder"}
+    said = re.search(r"tests/corpus/ holds (\d+) config.json files", (ROOT / "docs" / "cli.md").read_text())
+    assert said and int(said.group(1)) == len(ENTRIES), "docs/cli.md's count of the corpus"
 
 
 def test_the_shrink_keeps_what_is_no_size():

@@ -68,6 +68,19 @@ def test_keys_transformers_never_reads_load_and_show_lists_them(tmp_path):
                      "transformers", text)
 
 
+@pytest.mark.parametrize("quantization", [
+    {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
+    {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+])
+def test_a_quantized_checkpoint_is_refused_naming_quantization_config(tmp_path, quantization):
+    # from_pretrained reads quantization_config for every model (its quantizer reads the
+    # tensors as stored quantized): no config class field, so it is named by keys.LOADER.
+    d = config_dir(tmp_path, quantization_config=quantization)
+    with pytest.raises(SpecError, match=r"key 'quantization_config' .*read by from_pretrained's "
+                       r"quantizer \(quantizers/auto.py\): the weights are stored quantized"):
+        load_model(LLAMA, checkpoint=d, random_weights=0)
+
+
 def test_without_a_recorded_model_type_every_key_is_read(tmp_path):
     # No model_type: which keys transformers reads is not known, and the load is as strict
     # as a spec's own words.
