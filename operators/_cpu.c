@@ -206,12 +206,56 @@ enum { WEIGHTS_F32, WEIGHTS_BF16 };  /* a program step's weight kind (Q8_0: 2) *
  * the heap. */
 #define X16_STACK 16384
 
+/* ---- weights held as the checkpoint stores them (operators/held.py) ---------------------
+ * A held weight's rows are in the file's own form, row-major: float32, float16, bfloat16, or
+ * one of GGML's block formats (ggml-common.h's block_q8_0 ..., the bytes a GGUF tensor holds),
+ * a row of k values being k / block blocks in order. Each form's code is GGML's type number
+ * (gguf.GGMLQuantizationType). Every kernel widens what it reads to the float32 values
+ * llama.cpp's dequantize_row_* gives (the same operations, so the same bits) and computes in
+ * float32 from there: nothing is rounded that the stored form did not round. */
+enum { HELD_F32 = 0, HELD_F16 = 1, HELD_Q4_0 = 2, HELD_Q4_1 = 3, HELD_Q5_0 = 6,
+       HELD_Q5_1 = 7, HELD_Q8_0 = 8, HELD_Q4_K = 12, HELD_Q5_K = 13, HELD_Q6_K = 14,
+       HELD_BF16 = 30 };
+#define QK_K 256
+
+/* Values a block of ``form`` holds (its bytes into *bytes), or 0 where the code is no form. */
+static int held_block(Py_ssize_t form, int *bytes) {
+    switch (form) {
+    case HELD_F32: *bytes = 4; return 1;
+    case HELD_F16: case HELD_BF16: *bytes = 2; return 1;
+    case HELD_Q8_0: *bytes = 34; return 32;
+    case HELD_Q4_0: *bytes = 18; return 32;
+    case HELD_Q4_1: *bytes = 20; return 32;
+    case HELD_Q5_0: *bytes = 22; return 32;
+    case HELD_Q5_1: *bytes = 24; return 32;
+    case HELD_Q4_K: *bytes = 144; return QK_K;
+    case HELD_Q5_K: *bytes = 176; return QK_K;
+    case HELD_Q6_K: *bytes = 210; return QK_K;
+    default: *bytes = 0; return 0;
+    }
+}
+
+/* Bytes a row of k values takes in ``form``; -1 where k is not a whole number of its blocks
+ * or the code is no form. */
+static Py_ssize_t held_row_bytes(Py_ssize_t form, Py_ssize_t k) {
+    int bytes, block = held_block(form, &bytes);
+    if (block == 0 || k < 1 || k % block)
+        return -1;
+    return k / block * bytes;
+}
+
 typedef struct {
     const float *w, *x, *b;
     const uint16_t *w16;  /* bfloat16 weights in row groups (formats.py) instead of w */
     const uint8_t *wq;    /* Q8_0 blocks in row groups (formats.py) instead of w */
     float *y;
     Py_ssize_t n, k;
+    /* A held weight (held 1): rows of rb bytes from wh in ``form``; xp: x's values in the
+     * order the bfloat16 kernel meets them (held_bf16_order), NULL for the other forms. */
+    int held, form;
+    const uint8_t *wh;
+    Py_ssize_t rb;
+    const float *xp;
 } gemv_args;
 
 /* bfloat16 as float32, exactly: its bits are a float32's upper half. */
@@ -271,6 +315,12 @@ typedef struct {
     float *xt;  /* x in transposed panels (_cpu_gemv.h), mp rows padded with zeros */
     float *out;
     Py_ssize_t m, n, k, mp;
+    /* A held weight other than float32 (held 1): rows of rb bytes from wh in ``form``, each
+     * block of a part's rows widened into wbuf[part] (GEMM_JB rows of k floats) first. */
+    int held, form;
+    const uint8_t *wh;
+    Py_ssize_t rb;
+    float **wbuf;
 } gemm_args;
 
 /* A prompt chunk's attention (_cpu_chunk.h): q (n, H, D) with rows qstride floats apart,
@@ -312,6 +362,7 @@ typedef struct {
 #define W 4
 #include "_cpu_vec.h"
 #include "_cpu_gemv.h"
+#include "_cpu_held.h"
 #include "_cpu_chunk.h"
 #undef SUFFIX
 #undef W
@@ -327,6 +378,7 @@ typedef struct {
 #define W 8
 #include "_cpu_vec.h"
 #include "_cpu_gemv.h"
+#include "_cpu_held.h"
 #include "_cpu_chunk.h"
 #undef SUFFIX
 #undef W
@@ -346,6 +398,7 @@ typedef struct {
 #define W 16
 #include "_cpu_vec.h"
 #include "_cpu_gemv.h"
+#include "_cpu_held.h"
 #include "_cpu_chunk.h"
 #undef SUFFIX
 #undef W
@@ -391,7 +444,7 @@ static void gemm_part(const void *args, int part, int parts) {
     Py_ssize_t j0, j1;  /* whole tiles of output columns (_cpu_gemv.h's GEMM_MR) */
     share(a->n, simd == SIMD_AVX512 ? 12 : 6, part, parts, &j0, &j1);
     if (j0 < j1)
-        BY_SIMD(gemm_cols, a, j0, j1);
+        BY_SIMD(gemm_cols, a, j0, j1, a->held ? a->wbuf[part] : NULL);
 }
 
 /* x's panels [i0, i1) of 2W rows into xt, each transposed to (k, 2W) (gemm_cols reads them
@@ -1071,6 +1124,14 @@ static void attend_run(float *out, const float *q, const void *keys, const void 
     }
 }
 
+/* Below, beside the float32 GEMM: the held forms' runs. */
+static int gemm_held_run(float *out, const float *x, const void *w, int form, const float *b,
+                         Py_ssize_t m, Py_ssize_t n, Py_ssize_t k);
+static int gemv_held_run(float *y, const float *x, const void *w, int form, const float *b,
+                         Py_ssize_t n, Py_ssize_t k);
+static void held_widen(int form, const uint8_t *w, Py_ssize_t rb, Py_ssize_t r0, Py_ssize_t r1,
+                       Py_ssize_t k, float *out);
+
 #include "_cpu_tiles.h"
 #include "_cpu_program.h"
 
@@ -1187,9 +1248,164 @@ static PyObject *py_start(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(pool.threads);
 }
 
+/* A held weight's bytes (any C-contiguous buffer): ``form``'s rows of k values, n of them.
+ * -1 (a ValueError naming ``who``) where the form is none or the bytes are not n such rows. */
+static int get_held(PyObject *obj, PyObject *form_obj, Py_ssize_t n, Py_ssize_t k, Py_buffer *view,
+                    int *form, const char *who) {
+    long f = PyLong_AsLong(form_obj);
+    if (f == -1 && PyErr_Occurred())
+        return -1;
+    const Py_ssize_t rb = held_row_bytes(f, k);
+    if (rb < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: form %ld holds no row of %zd values (a GGML type: "
+                     "F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, "
+                     "Q6_K 14, BF16 30; k a whole number of its blocks)", who, f, k);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) != 0)
+        return -1;
+    if (view->len != n * rb) {
+        PyErr_Format(PyExc_ValueError, "%s: w holds %zd bytes, not %zd rows of %zd values in "
+                     "form %ld (%zd bytes each)", who, view->len, n, k, f, rb);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *form = (int)f;
+    return 0;
+}
+
+/* gemv(y, x, w, b, form): y = w @ x (+ b), w n rows held in ``form``. */
+static PyObject *py_gemv_held(PyObject *const *args) {
+    Py_buffer y, x, w, b = {0};
+    int form, has_b = args[3] != Py_None, failed = 0;
+    if (get_floats(args[0], &y, 1, "y") < 0)
+        return NULL;
+    if (get_floats(args[1], &x, 0, "x") < 0) {
+        PyBuffer_Release(&y);
+        return NULL;
+    }
+    if (get_held(args[2], args[4], y.len / 4, x.len / 4, &w, &form, "gemv") < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&y);
+        return NULL;
+    }
+    if (has_b && get_floats(args[3], &b, 0, "b") < 0) {
+        failed = 2;
+    } else if ((has_b && b.len != y.len) || overlaps(&y, &x) || overlaps(&y, &w) ||
+               (has_b && overlaps(&y, &b))) {
+        PyErr_SetString(PyExc_ValueError, "gemv: b None or (len(y),); y apart from x, w and b");
+        failed = 1;
+    }
+    if (!failed) {
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = gemv_held_run(y.buf, x.buf, w.buf, form, has_b ? b.buf : NULL, y.len / 4, x.len / 4);
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            PyErr_NoMemory();
+            failed = 1;
+        }
+    }
+    if (has_b && failed != 2)
+        PyBuffer_Release(&b);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* gemm(out, x, w, b, form): out (m, n) = x (m, k) @ w.T (+ b), w n rows held in ``form``. */
+static PyObject *py_gemm_held(PyObject *const *args) {
+    Py_buffer out, x, w, b = {0};
+    int form, has_b = args[3] != Py_None, failed = 0;
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (get_floats(args[1], &x, 0, "x") < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (out.ndim != 2 || x.ndim != 2 || out.shape[0] != x.shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "gemm: out (m, n) and x (m, k)");
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const Py_ssize_t m = x.shape[0], n = out.shape[1], k = x.shape[1];
+    if (get_held(args[2], args[4], n, k, &w, &form, "gemm") < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (has_b && get_floats(args[3], &b, 0, "b") < 0) {
+        failed = 2;
+    } else if ((has_b && b.len != 4 * n) || overlaps(&out, &x) || overlaps(&out, &w) ||
+               (has_b && overlaps(&out, &b))) {
+        PyErr_SetString(PyExc_ValueError, "gemm: b None or (n,); out apart from x, w and b");
+        failed = 1;
+    }
+    if (!failed) {
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = gemm_held_run(out.buf, x.buf, w.buf, form, has_b ? b.buf : NULL, m, n, k);
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            PyErr_NoMemory();
+            failed = 1;
+        }
+    }
+    if (has_b && failed != 2)
+        PyBuffer_Release(&b);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* widen(out, w, form): out (rows, k) float32 = w's rows held in ``form``, as llama.cpp's
+ * dequantize_row_* gives them. */
+static PyObject *py_widen(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "widen(out, w, form) takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer out, w;
+    int form;
+    if (get_floats(args[0], &out, 1, "out") < 0)
+        return NULL;
+    if (out.ndim != 2) {
+        PyErr_SetString(PyExc_ValueError, "widen: out is (rows, k)");
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const Py_ssize_t rows = out.shape[0], k = out.shape[1];
+    if (get_held(args[1], args[2], rows, k, &w, &form, "widen") < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    int apart = !overlaps(&out, &w);
+    if (apart) {
+        Py_BEGIN_ALLOW_THREADS
+        held_widen(form, w.buf, held_row_bytes(form, k), 0, rows, k, out.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_ValueError, "widen: out must not share memory with w");
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&out);
+    if (!apart)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_gemv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 5)
+        return py_gemv_held(args);
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "gemv(y, x, w, b) takes 4 arguments");
+        PyErr_SetString(PyExc_TypeError, "gemv(y, x, w, b[, form]) takes 4 or 5 arguments");
         return NULL;
     }
     Py_buffer y, x, w, b = {0};
@@ -1246,17 +1462,46 @@ fail_y:
     return NULL;
 }
 
-/* out (m, n) = x (m, k) @ w (n, k).T (+ b), float32, row-major, on the pool; called with
- * the GIL released (py_gemm, a program's OP_GEMM). -1 where x's panels find no memory. */
-static int gemm_run(float *out, const float *x, const float *w, const float *b, Py_ssize_t m,
-                    Py_ssize_t n, Py_ssize_t k) {
-    gemm_args a = {w, b, x, NULL, out, m, n, k, 0};
+/* Each pool part's buffer a held weight's block of rows is widened into (gemm_cols), kept
+ * between calls (gemm_lock held), grown to the widest k met. */
+static float *held_wbuf[MAX_THREADS];
+static Py_ssize_t held_wbuf_floats = 0;
+
+/* out (m, n) = x (m, k) @ w (n, k).T (+ b), float32 out and x, row-major, on the pool; w
+ * float32, or (form other than HELD_F32) rows of rb bytes held in ``form``; called with the
+ * GIL released (py_gemm, a program's OP_GEMM). -1 where x's panels (or the widened rows) find
+ * no memory. */
+static int gemm_held_run(float *out, const float *x, const void *w, int form, const float *b,
+                         Py_ssize_t m, Py_ssize_t n, Py_ssize_t k) {
+    /* One row of a held form's product is the GEMV's, whichever entry it came by (so one row
+     * of a block form meets x16 wherever it runs: operators/held.py). */
+    if (m == 1 && form != HELD_F32)
+        return gemv_held_run(out, x, w, form, b, n, k);
+    gemm_args a = {form == HELD_F32 ? w : NULL, b, x, NULL, out, m, n, k, 0};
     int failed = 0;
     pthread_mutex_lock(&gemm_lock);
     const Py_ssize_t panel = 2 * simd_lanes();
     a.mp = (a.m + panel - 1) / panel * panel;
     a.xt = gemm_buffer(sizeof(float) * a.mp * a.k);
-    if (!a.xt) {
+    if (form != HELD_F32) {
+        a.held = 1;
+        a.form = form;
+        a.wh = w;
+        a.rb = held_row_bytes(form, k);
+        a.wbuf = held_wbuf;
+        const Py_ssize_t need = 96 * k;  /* GEMM_JB rows at most (96: AVX2's) */
+        if (need > held_wbuf_floats) {
+            for (int p = 0; p < MAX_THREADS; p++) {
+                free(held_wbuf[p]);
+                held_wbuf[p] = NULL;
+            }
+            held_wbuf_floats = need;
+        }
+        for (int p = 0; p < (pool.threads > 1 ? pool.threads : 1); p++)
+            if (!held_wbuf[p] && !(held_wbuf[p] = malloc(sizeof(float) * held_wbuf_floats)))
+                failed = 1;
+    }
+    if (!a.xt || failed) {
         failed = 1;
     } else {
         pool_run(panel_part, &a);
@@ -1266,10 +1511,63 @@ static int gemm_run(float *out, const float *x, const float *w, const float *b, 
     return failed ? -1 : 0;
 }
 
+static int gemm_run(float *out, const float *x, const float *w, const float *b, Py_ssize_t m,
+                    Py_ssize_t n, Py_ssize_t k) {
+    return gemm_held_run(out, x, w, HELD_F32, b, m, n, k);
+}
+
+/* x (k) in the order the bfloat16 GEMV meets it on ``lanes``-wide vectors: per 2 * lanes
+ * values, the even ones, then the odd ones (_cpu_held.h's bf16_rows); the rest as they are. */
+static void held_bf16_order(const float *x, Py_ssize_t k, int lanes, float *xp) {
+    const Py_ssize_t C = k / (2 * lanes);
+    for (Py_ssize_t c = 0; c < C; c++)
+        for (int l = 0; l < lanes; l++) {
+            xp[c * 2 * lanes + l] = x[c * 2 * lanes + 2 * l];
+            xp[c * 2 * lanes + lanes + l] = x[c * 2 * lanes + 2 * l + 1];
+        }
+    memcpy(xp + C * 2 * lanes, x + C * 2 * lanes, sizeof(float) * (k - C * 2 * lanes));
+}
+
+/* y (n) = w (n, k) x (+ b), w rows of held_row_bytes(form, k) bytes in ``form``, on the pool;
+ * called with the GIL released. -1 where a long row's reordered x finds no memory. */
+static int gemv_held_run(float *y, const float *x, const void *w, int form, const float *b,
+                         Py_ssize_t n, Py_ssize_t k) {
+    gemv_args a = {NULL, x, b, NULL, NULL, y, n, k};
+    if (form == HELD_F32) {
+        a.w = w;
+        pool_run(gemv_part, &a);
+        return 0;
+    }
+    a.held = 1;
+    a.form = form;
+    a.wh = w;
+    a.rb = held_row_bytes(form, k);
+    float stack[X16_STACK], *xp = NULL;
+    if (form == HELD_BF16) {
+        xp = k <= X16_STACK ? stack : malloc(sizeof(float) * k);
+        if (!xp)
+            return -1;
+        held_bf16_order(x, k, simd_lanes(), xp);
+        a.xp = xp;
+    }
+    pool_run(gemv_part, &a);
+    if (xp && xp != stack)
+        free(xp);
+    return 0;
+}
+
+/* Rows [r0, r1) of a held weight widened into out (k floats a row): the embedding's gather. */
+static void held_widen(int form, const uint8_t *w, Py_ssize_t rb, Py_ssize_t r0, Py_ssize_t r1,
+                       Py_ssize_t k, float *out) {
+    BY_SIMD(held_widen_rows, form, w, rb, r0, r1, k, out);
+}
+
 /* gemm(out, x, w, b): out (m, n) = x (m, k) @ w (n, k).T (+ b), float32, row-major. */
 static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 5)
+        return py_gemm_held(args);
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "gemm(out, x, w, b) takes 4 arguments");
+        PyErr_SetString(PyExc_TypeError, "gemm(out, x, w, b[, form]) takes 4 or 5 arguments");
         return NULL;
     }
     Py_buffer out, x, w, b = {0};
@@ -1721,11 +2019,15 @@ static PyMethodDef methods[] = {
     {"gemv", (PyCFunction)(void (*)(void))py_gemv, METH_FASTCALL,
      "gemv(y, x, w, b): y = w @ x (+ b); w (len(y), len(x)) float32 row-major, or "
      "bfloat16 as uint16 (len(y), len(x)) or Q8_0 blocks as uint8 (len(y), len(x) / 32 * 34) "
-     "in row groups (operators.formats.group_bfloat16, group_q8_0); b None or (len(y),)"},
+     "in row groups (operators.formats.group_bfloat16, group_q8_0); b None or (len(y),). "
+     "gemv(y, x, w, b, form): w len(y) rows held in form (operators.held)"},
     {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL,
      "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
      "row-major, or bfloat16 tiles (formats.tile_bfloat16) with x rounded to bfloat16; b "
-     "None or (n,)"},
+     "None or (n,). gemm(out, x, w, b, form): w n rows held in form (operators.held)"},
+    {"widen", (PyCFunction)(void (*)(void))py_widen, METH_FASTCALL,
+     "widen(out, w, form): out (rows, k) float32 = the values of w's rows held in form (a "
+     "GGML type number: operators.held), as llama.cpp's dequantize_row_* gives them"},
     {"prefetch", py_prefetch, METH_VARARGS,
      "prefetch([float32, bfloat16, int8, attend]): how far ahead (bytes, 0: off) a GEMV asks "
      "for its weights, per form, and a decode step's attention for its cache rows; returns "

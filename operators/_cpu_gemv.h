@@ -49,6 +49,11 @@ static inline __attribute__((always_inline)) float GEMV_FN(hsum)(FV v) {
     return s;
 }
 
+/* _cpu_held.h's (included after this body): a held weight's rows, and its rows widened. */
+static void GEMV_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
+static void GEMV_FN(held_widen_rows)(int form, const uint8_t *wh, Py_ssize_t rb, Py_ssize_t r0,
+                                     Py_ssize_t r1, Py_ssize_t k, float *out);
+
 /* float32 rows [r0, r1), row-major, in groups of up to GEMV_GROUP rows: the same sums in
  * the same order as a bfloat16 group's (bf16_group), so bfloat16 weights that hold a
  * float32 weight exactly give its results bit for bit. */
@@ -332,14 +337,14 @@ static void GEMV_FN(q8_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
 /* Output columns a block of w's rows spans (measured best at each MR: kept in L2). */
 #define GEMM_JB (W == 16 ? 48 : 96)
 
-/* MR rows of w (from row j) against the panel of xt at row i0: an MR x 2W tile of out,
- * its sums held in registers over the whole of k, stored into blk (2W rows of GEMM_JB
- * floats, the block's columns from jb) for gemm_cols to copy out. */
-static inline __attribute__((always_inline)) void GEMV_FN(tile)(const gemm_args *a, Py_ssize_t j,
+/* MR rows of w (float32, k apart, from w) against the panel of xt at row i0: an MR x 2W
+ * tile of out, its sums held in registers over the whole of k, stored into blk (2W rows of
+ * GEMM_JB floats, the block's columns from jb) for gemm_cols to copy out. */
+static inline __attribute__((always_inline)) void GEMV_FN(tile)(const gemm_args *a, const float *w,
                                                                Py_ssize_t i0, const int MR,
                                                                float *blk) {
     const Py_ssize_t K = a->k;
-    const float *w = a->w + j * K, *xt = a->xt + i0 * K;  /* this panel's (k, 2W) */
+    const float *xt = a->xt + i0 * K;  /* this panel's (k, 2W) */
     FV c[GEMM_MR][2];
     for (int r = 0; r < MR; r++)
         c[r][0] = c[r][1] = (FV){0};
@@ -377,30 +382,39 @@ static inline void GEMV_FN(block_out)(const gemm_args *a, Py_ssize_t jb, Py_ssiz
 }
 
 /* Output columns [j0, j1) over every row: JB rows of w at a time (kept in L2) against
- * every panel of x (each read from L2 by the block's tiles in turn). */
-static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1) {
+ * every panel of x (each read from L2 by the block's tiles in turn). A held weight's block
+ * of rows is widened into wbuf (GEMM_JB rows of k floats) first, once for every panel: a
+ * prompt chunk's 2W-row panels share it, so widening costs 1 / (m / 2W) of the products. */
+static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1, float *wbuf) {
     float blk[2 * W * GEMM_JB];  /* 12 KB on AVX-512: L1 */
+    const Py_ssize_t K = a->k;
     for (Py_ssize_t jb = j0; jb < j1; jb += GEMM_JB) {
         const Py_ssize_t je = jb + GEMM_JB < j1 ? jb + GEMM_JB : j1;
+        const float *wb = a->w + jb * K;
+        if (a->held) {
+            GEMV_FN(held_widen_rows)(a->form, a->wh, a->rb, jb, je, K, wbuf);
+            wb = wbuf;
+        }
         for (Py_ssize_t i0 = 0; i0 < a->m; i0 += 2 * W) {
             Py_ssize_t j = jb;
             for (; j + GEMM_MR <= je; j += GEMM_MR)
-                GEMV_FN(tile)(a, j, i0, GEMM_MR, blk + (j - jb));
+                GEMV_FN(tile)(a, wb + (j - jb) * K, i0, GEMM_MR, blk + (j - jb));
             float *at = blk + (j - jb);
+            const float *w = wb + (j - jb) * K;
             switch (je - j) {  /* the last (je - jb) % MR columns as one tile */
             case 0: break;
-            case 1: GEMV_FN(tile)(a, j, i0, 1, at); break;
-            case 2: GEMV_FN(tile)(a, j, i0, 2, at); break;
-            case 3: GEMV_FN(tile)(a, j, i0, 3, at); break;
-            case 4: GEMV_FN(tile)(a, j, i0, 4, at); break;
-            case 5: GEMV_FN(tile)(a, j, i0, 5, at); break;
+            case 1: GEMV_FN(tile)(a, w, i0, 1, at); break;
+            case 2: GEMV_FN(tile)(a, w, i0, 2, at); break;
+            case 3: GEMV_FN(tile)(a, w, i0, 3, at); break;
+            case 4: GEMV_FN(tile)(a, w, i0, 4, at); break;
+            case 5: GEMV_FN(tile)(a, w, i0, 5, at); break;
 #if GEMM_MR > 6
-            case 6: GEMV_FN(tile)(a, j, i0, 6, at); break;
-            case 7: GEMV_FN(tile)(a, j, i0, 7, at); break;
-            case 8: GEMV_FN(tile)(a, j, i0, 8, at); break;
-            case 9: GEMV_FN(tile)(a, j, i0, 9, at); break;
-            case 10: GEMV_FN(tile)(a, j, i0, 10, at); break;
-            default: GEMV_FN(tile)(a, j, i0, 11, at); break;
+            case 6: GEMV_FN(tile)(a, w, i0, 6, at); break;
+            case 7: GEMV_FN(tile)(a, w, i0, 7, at); break;
+            case 8: GEMV_FN(tile)(a, w, i0, 8, at); break;
+            case 9: GEMV_FN(tile)(a, w, i0, 9, at); break;
+            case 10: GEMV_FN(tile)(a, w, i0, 10, at); break;
+            default: GEMV_FN(tile)(a, w, i0, 11, at); break;
 #else
             default: break;
 #endif
@@ -412,6 +426,10 @@ static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1)
 
 /* Rows [r0, r1): r0 a multiple of GEMV_GROUP, r1 too or the last row (gemv_part). */
 static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
+    if (a->held) {
+        GEMV_FN(held_rows)(a, r0, r1);
+        return;
+    }
     if (a->wq) {
         GEMV_FN(q8_rows)(a, r0, r1);
         return;

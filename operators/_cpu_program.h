@@ -101,6 +101,9 @@ typedef struct {
     Py_ssize_t rs[ARRAYS];   /* elements from one row to the next */
     Py_ssize_t i[INTS];
     float f[FLOATS];
+    int held;                /* OP_GEMV, OP_GEMM, OP_EMBEDDING: the weight's held form
+                              * (_cpu.c's HELD_*: its last int), -1 where it has none (the
+                              * legacy forms, by the array's format: ``kind``) */
     int kind;                /* OP_GEMV: WEIGHTS_F32, WEIGHTS_BF16 or 2 (Q8_0); OP_GEMM:
                               * WEIGHTS_F32 or WEIGHTS_BF16 (tiles, _cpu_tiles.h);
                               * OP_ATTEND, OP_KV_WRITE: the cache's, the same two */
@@ -134,6 +137,33 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
     for (int k = 0; k < ARRAYS; k++) {
         want[k] = 0;
         fmt[k] = 'f';
+    }
+    if (s->held >= 0) {  /* a held weight: its rows' bytes, of any buffer format */
+        const Py_ssize_t rb = held_row_bytes(s->held, i[1]);
+        if (rb < 0 || i[0] < 1 || (s->op != OP_EMBEDDING && i[2] < 1))
+            goto none;
+        want[2] = i[0] * rb;
+        fmt[2] = '*';
+        switch (s->op) {
+        case OP_GEMV:
+            want[0] = 4 * i[0];
+            want[1] = 4 * i[1];
+            want[3] = s->a[3] ? 4 * i[0] : 0;
+            return 0;
+        case OP_GEMM:
+            want[0] = 4 * i[2] * i[0];
+            want[1] = 4 * i[2] * i[1];
+            want[3] = s->a[3] ? 4 * i[0] : 0;
+            return 0;
+        case OP_EMBEDDING:
+            if (i[2] < 1)
+                goto none;
+            want[0] = 4 * i[2] * i[1];
+            want[1] = 4 * i[2];
+            fmt[1] = 'i';
+            return 0;
+        }
+        goto none;
     }
     switch (s->op) {
     case OP_GEMV:
@@ -262,6 +292,7 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[1] = 4 * i[1] * i[0];
         return 0;
     }
+none:
     PyErr_Format(PyExc_ValueError, "program: step of op %d has sizes that describe none",
                  s->op);
     return -1;
@@ -322,6 +353,17 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ints); k++)
             if ((s->i[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(ints, k))) == -1 && PyErr_Occurred())
                 goto fail;
+        {  /* a last int past the legacy ones: the weight's held form */
+            const Py_ssize_t nints = PyTuple_GET_SIZE(ints);
+            s->held = (s->op == OP_GEMV && nints == 3) ? (int)s->i[2]
+                      : ((s->op == OP_GEMM || s->op == OP_EMBEDDING) && nints == 4) ? (int)s->i[3]
+                      : -1;
+            if (s->held < -1 || (s->held >= 0 && held_row_bytes(s->held, 32 * QK_K) < 0)) {
+                PyErr_Format(PyExc_ValueError, "program: step %zd holds weights in form %d, "
+                             "none of _cpu.c's", j, s->held);
+                goto fail;
+            }
+        }
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(floats); k++)
             if ((s->f[k] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(floats, k))) == -1.0f &&
                 PyErr_Occurred())
@@ -378,7 +420,7 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
             if (want[k] == 0 && s->a[k] == NULL)
                 continue;
             int sized = want[k] < 0 ? s->len[k] > 0 : s->len[k] == want[k];
-            if (!s->a[k] || !sized || formats[k] != fmt[k]) {
+            if (!s->a[k] || !sized || (formats[k] != fmt[k] && fmt[k] != '*')) {
                 PyErr_Format(PyExc_ValueError, "program: step %zd (op %d): array %d is %zd "
                              "bytes of '%c', not %zd of '%c'", j, s->op, k, s->len[k],
                              formats[k] ? formats[k] : '-', want[k], fmt[k]);
@@ -499,6 +541,9 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
     float *out = s->a[0];
     switch (s->op) {
     case OP_GEMV: {
+        if (s->held >= 0)
+            return gemv_held_run(out, s->a[1], s->a[2], s->held, s->a[3], i[0], i[1]) < 0
+                       ? "gemv: no memory for x's order" : NULL;
         gemv_args a = {s->kind == WEIGHTS_F32 ? s->a[2] : NULL, s->a[1], s->a[3],
                        s->kind == WEIGHTS_BF16 ? s->a[2] : NULL, s->kind == 2 ? s->a[2] : NULL,
                        out, i[0], i[1]};
@@ -506,6 +551,9 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         return NULL;
     }
     case OP_GEMM:
+        if (s->held >= 0)
+            return gemm_held_run(out, s->a[1], s->a[2], s->held, s->a[3], i[2], i[0], i[1]) < 0
+                       ? "gemm: no memory for x's panels or the widened rows" : NULL;
         if ((s->kind == WEIGHTS_BF16
                  ? tiles_run(out, s->a[1], s->a[2], s->a[3], i[2], i[0], i[1])
                  : gemm_run(out, s->a[1], s->a[2], s->a[3], i[2], i[0], i[1])) < 0)
@@ -604,6 +652,16 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
                          "vocabulary (0 .. %zd)", r, (int)ids[r], i[0] - 1);
                 return msg;
             }
+        if (s->held >= 0) {  /* each id's row widened, then scaled */
+            const Py_ssize_t rb = held_row_bytes(s->held, i[1]);
+            for (Py_ssize_t r = 0; r < i[2]; r++, out += i[1]) {
+                held_widen(s->held, s->a[2], rb, ids[r], ids[r] + 1, i[1], out);
+                if (s->f[0] != 1.0f)
+                    for (Py_ssize_t c = 0; c < i[1]; c++)
+                        out[c] *= s->f[0];
+            }
+            return NULL;
+        }
         for (Py_ssize_t r = 0; r < i[2]; r++, out += i[1]) {
             const float *row = (const float *)s->a[2] + (Py_ssize_t)ids[r] * i[1];
             if (s->f[0] == 1.0f)

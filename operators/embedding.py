@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import native
+from . import held, native
 from .base import Operator, Tolerance
 
 
@@ -35,20 +35,41 @@ class Embedding(Operator):
 
     def reference(self, ids, weight, scale=1.0, outside=None):
         # The rows gathered, then widened: the whole table in float64 is 1.3 GB on a
-        # 262144-token vocabulary.
-        weight = np.asarray(weight)
-        return np.asarray(weight[self._ids(ids, len(weight), outside)], np.float64) * scale
+        # 262144-token vocabulary. A weight held in its stored form (operators.held) is
+        # widened by numpy, its rows alone.
+        if not held.is_held(weight):
+            weight = np.asarray(weight)
+        rows = held.gather(weight, self._ids(ids, len(weight), outside))
+        return rows.astype(np.float64).reshape(np.shape(ids) + (weight.shape[1],)) * scale
+
+    def pack(self, index, array, **attrs):
+        """A table held in its stored form (``operators.held``) as it is."""
+        if index == 1 and held.is_held(array):
+            return array
+        return super().pack(index, array, **attrs)
 
     def kernel(self, out, ids, weight, scratch=None, scale=1.0, outside=None):
-        np.take(weight, self._ids(ids, len(weight), outside), axis=0, out=out)
+        if held.is_held(weight):
+            out[...] = held.gather(weight, self._ids(ids, len(weight), outside)).reshape(out.shape)
+        else:
+            np.take(weight, self._ids(ids, len(weight), outside), axis=0, out=out)
         if scale != 1.0:
             out *= np.float32(scale)
 
     def lower(self, out, ids, weight, scratch=None, scale=1.0, outside=None):
-        # Each id's row, times the scale; every id checked within the vocabulary first (the
-        # error names its row).
-        if outside is not None or ids.ndim != 1 or ids.dtype != np.int32 or weight.dtype != np.float32 or \
-                not native.contiguous(out, ids, weight):
+        # Each id's row (widened from a held form), times the scale; every id checked within
+        # the vocabulary first (the error names its row).
+        if outside is not None or ids.ndim != 1 or ids.dtype != np.int32 or \
+                not native.contiguous(out, ids):
+            return None
+        if held.is_held(weight):
+            w = held.raw(weight)
+            if not w.flags.c_contiguous:
+                return None
+            return native.Step(native.OP_EMBEDDING, (out, ids, w),
+                               tuple(weight.shape) + ids.shape + (held.code(weight),), (scale,),
+                               rows=2)
+        if weight.dtype != np.float32 or not native.contiguous(weight):
             return None
         return native.Step(native.OP_EMBEDDING, (out, ids, weight), weight.shape + ids.shape,
                            (scale,), rows=2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import formats, native
+from . import formats, held, native
 from .base import EPS32, Operator, Tolerance, as64
 
 REFERENCE_ROWS = 8192  # weight rows the reference widens to float64 at once
@@ -31,12 +31,21 @@ class Linear(Operator):
 
     def reference(self, x, weight, bias=None):
         # Widened a block of output rows at a time: a whole lm_head in float64 is 1.3 GB on
-        # a 262144-token vocabulary, for a product that needs none of it at once.
+        # a 262144-token vocabulary, for a product that needs none of it at once. A weight
+        # held in its stored form (operators.held) is widened by numpy, as llama.cpp's
+        # dequantize_row_* (not by the kernels under test).
         x = as64(x)
         y = np.empty(x.shape[:-1] + (weight.shape[0],), np.float64)
         for i in range(0, weight.shape[0], REFERENCE_ROWS):
-            y[..., i: i + REFERENCE_ROWS] = x @ as64(weight[i: i + REFERENCE_ROWS]).T
+            y[..., i: i + REFERENCE_ROWS] = x @ as64(held.widen(weight, i, i + REFERENCE_ROWS)).T
         return y if bias is None else y + as64(bias)
+
+    def pack(self, index, array, **attrs):
+        """A weight held in its stored form (``operators.held``) as it is: every kernel here
+        reads it so; float32 as ``Operator.pack``."""
+        if index == 1 and held.is_held(array):
+            return array
+        return super().pack(index, array, **attrs)
 
     def pack_reduced(self, index, array, dtype, rows=None):
         """The weight in a reduced form (``operators.formats``), or None for any other input
@@ -95,7 +104,10 @@ class Linear(Operator):
 
     def reference_inputs(self, inputs, kernel_inputs):
         """On Q8_0 weights, x as the kernel quantizes it (``formats.x16_values``, exact); on
-        bfloat16 tiles, x rounded to bfloat16 as the GEMM rounds it."""
+        bfloat16 tiles, x rounded to bfloat16 as the GEMM rounds it; on a held weight, x as
+        its kernel meets it (``held.reference_x``: one row on a block form, x16's)."""
+        if held.is_held(kernel_inputs[1]):
+            return [held.reference_x(inputs[0], kernel_inputs[1])] + list(inputs[1:])
         if kernel_inputs[1].ndim == 4:
             return [formats.widen_bfloat16(formats.round_bfloat16(inputs[0])).astype(np.float64)] \
                 + list(inputs[1:])
@@ -104,6 +116,9 @@ class Linear(Operator):
         return inputs
 
     def kernel(self, out, x, weight, bias=None, scratch=None):
+        if held.is_held(weight):
+            self._held_kernel(out, x, weight, bias)
+            return
         if weight.ndim == 4:  # a prompt chunk's bfloat16 tiles: the GEMM rounds x
             lib = native.lib()
             if lib is not None and native.contiguous(out, x):
@@ -131,10 +146,41 @@ class Linear(Operator):
         if bias is not None:
             out += bias
 
+    @staticmethod
+    def _held_kernel(out, x, weight, bias):
+        """A held weight's product: the pool's held GEMV (one row) or GEMM, else numpy on
+        its rows widened a block at a time, in float64 (x as the kernels meet it)."""
+        lib = native.lib()
+        w = held.raw(weight)
+        if lib is not None and native.contiguous(out, x, bias) and w.flags.c_contiguous:
+            if x.shape[0] == 1:
+                lib.gemv(out[0], x[0], w, bias, held.code(weight))
+            else:
+                lib.gemm(out, x, w, bias, held.code(weight))
+            return
+        xv = held.reference_x(x, weight)
+        for i in range(0, weight.shape[0], REFERENCE_ROWS):
+            out[:, i: i + REFERENCE_ROWS] = xv @ held.widen(weight, i, i + REFERENCE_ROWS).T
+        if bias is not None:
+            out += bias
+
     def lower(self, out, x, weight, bias=None, scratch=None):
         # As kernel: one row by the decode pool's gemv, more (a prompt chunk's, float32
-        # weights) by its gemm, unless IRON_SPEC_GEMM=blas leaves them to numpy's BLAS.
-        if native.LIB is None or not native.contiguous(out, x, weight, bias):
+        # weights) by its gemm, unless IRON_SPEC_GEMM=blas leaves them to numpy's BLAS. A
+        # held weight's by the held kernels, whatever GEMM says (BLAS reads float32 alone).
+        if native.LIB is None:
+            return None
+        if held.is_held(weight):
+            w = held.raw(weight)
+            if not (native.contiguous(out, x, bias) and w.flags.c_contiguous):
+                return None
+            if x.shape[0] == 1:
+                return native.Step(native.OP_GEMV, (out, x, w, bias),
+                                   (weight.shape[0], x.shape[1], held.code(weight)))
+            return native.Step(native.OP_GEMM, (out, x, w, bias),
+                               (weight.shape[0], x.shape[1], x.shape[0], held.code(weight)),
+                               rows=2)
+        if not native.contiguous(out, x, weight, bias):
             return None
         if x.shape[0] == 1:
             return native.Step(native.OP_GEMV, (out, x, weight, bias),
@@ -154,5 +200,8 @@ class Linear(Operator):
         return Tolerance(atol=1e-6, rtol=max(4.0, K / 8) * EPS32)
 
     def scale(self, reference, x, weight, bias=None):
-        mag = np.abs(as64(x)) @ np.abs(as64(weight)).T
+        ax = np.abs(as64(x))
+        mag = np.empty(ax.shape[:-1] + (weight.shape[0],), np.float64)
+        for i in range(0, weight.shape[0], REFERENCE_ROWS):  # as reference: a block at a time
+            mag[..., i: i + REFERENCE_ROWS] = ax @ np.abs(as64(held.widen(weight, i, i + REFERENCE_ROWS))).T
         return mag if bias is None else mag + np.abs(as64(bias))

@@ -321,6 +321,7 @@ class CausalLM(Module):
                             for name, r in self.tables.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
         self.name_tree()
+        self._holdable()
         self._versions: dict[tuple, "Version"] = {}
         # The KV caches grow in blocks of a prompt chunk's positions (reserve).
         self.block = o.prefill_chunk
@@ -351,6 +352,22 @@ class CausalLM(Module):
     @holder.setter
     def holder(self, session) -> None:
         self._holder = None if session is None else weakref.ref(session)
+
+    def _holdable(self) -> None:
+        """Mark the matrices loading may hold as stored (``Param.holdable``,
+        ``runtime.holding``): every projection's (the linear operator reads any held form)
+        and every token table the embedding operator gathers from; not a position or segment
+        table, which other operators add (add_rows, segment_rows) and which read float32."""
+        todo: list[Module] = [self]
+        while todo:
+            m = todo.pop()
+            if isinstance(m, (Linear, Embedding)):
+                m.weight.holdable = True
+            todo += [child for _, child in m.children()]
+        for name in ("embed_positions", "embed_segments"):
+            table = getattr(self.model, name, None)
+            if table is not None:
+                table.weight.holdable = False
 
     def use_kv_cache(self, dtype: str) -> None:
         """Hold every attention layer's keys and values as ``dtype`` from now on:

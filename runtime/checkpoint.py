@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from . import holding
 from .files import FileError, open_regular
 from .module import Module, Param
 from .renames import matching, renamed
@@ -203,6 +204,13 @@ class Checkpoint:
         returned keeps its file mapped until it is dropped."""
         self._maps.clear()
 
+    def stored(self, name: str) -> np.ndarray | None:
+        """Tensor ``name`` as a held form (``runtime.holding.STORED``: bfloat16, float16), a
+        read-only view of the mapped file; None where it is stored otherwise."""
+        if self.tensors[name].dtype not in holding.STORED or len(self.tensors[name].shape) != 2:
+            return None
+        return self.raw(name)
+
     def raw(self, name: str) -> np.ndarray:
         """Tensor ``name`` as stored (its own dtype), a read-only view of the mapped file."""
         info = self.tensors[name]
@@ -378,15 +386,28 @@ def _some(items: list[str], sep: str = ", ") -> str:
 
 def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {},
          progress: Callable[[int, int], None] | None = None,
-         unused: Iterable[str] = (), expects: Callable[[str], str] | None = None) -> LoadReport:
-    """Fill every param of ``module`` from ``checkpoint`` (float32), strictly (``bind``).
+         unused: Iterable[str] = (), expects: Callable[[str], str] | None = None,
+         weights: str = "stored") -> LoadReport:
+    """Fill every param of ``module`` from ``checkpoint``, strictly (``bind``).
+
+    A projection's or embedding's matrix (``Param.holdable``) is held as ``weights`` says
+    (``runtime.holding``): by default in the form the file stores it, a bfloat16 or float16
+    tensor a read-only view of the mapped file (read as the kernels touch it), a GGUF
+    tensor its blocks; every other param, and every weight under ``weights="float32"``, is
+    read into float32.
 
     Nothing is read unless every tensor fits; a param stored in another layout
-    (``Param.transposed``, ``Param.rows``) is turned into the model's as it is read; a tensor holding NaN or infinities is refused
-    (CheckpointError naming it); ``progress(done, total)`` follows the reads; ``expects``
-    as ``bind``'s.
-    The file's pages are unmapped afterwards, so they stop counting as resident memory.
+    (``Param.transposed``, ``Param.rows``) is turned into the model's as it is read; a tensor
+    holding NaN or infinities is refused (CheckpointError naming it); ``progress(done,
+    total)`` follows the reads; ``expects`` as ``bind``'s. The pages of what was read into
+    float32 are unmapped afterwards, so they stop counting as resident memory; a held view
+    keeps its file mapped.
+
+    Raises:
+        ValueError: ``weights`` is none of ``holding.WEIGHTS``, or a conversion it asks for
+            does not fit a matrix (rows not whole blocks), naming the tensor.
     """
+    form = holding.choice(weights)
     found = bind(module, {n: t.shape for n, t in checkpoint.tensors.items()}, renames, unused,
                  origin=lambda s: str(getattr(checkpoint.tensors[s], "file", checkpoint.path)),
                  expects=expects)
@@ -400,6 +421,17 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
                               f"{_some(wrong)} (weights are {', '.join(FLOATS)})")
     for i, (name, source) in enumerate(found.sources.items()):
         param = found.params[name]
+        kept = _hold(param, checkpoint, source, form) if param.holdable and form != "F32" \
+            else None
+        if kept is not None:
+            param.array = kept  # no longer a row view of a stack (runtime.module.pack)
+            bad = holding.not_finite(kept)
+            if bad:
+                raise CheckpointError(f"{checkpoint.path}: tensor {source} holds {bad} NaN or "
+                                      "infinite values; the weights are damaged")
+            if progress is not None:
+                progress(i + 1, len(found.sources))
+            continue
         # Into the param's own rows where it has them, in the model's layout.
         with np.errstate(over="ignore"):  # a value past float32 is named just below
             _fill(param, checkpoint, source)
@@ -413,6 +445,26 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
             progress(i + 1, len(found.sources))
     checkpoint.close()
     return found.report()
+
+
+def _hold(param: Param, checkpoint, source: str, form: str | None):
+    """Tensor ``source`` as ``param`` holds it under ``form`` (None: as stored), in the model's
+    layout, or None where it is read into float32 instead (stored float32 and kept so, or a
+    layout its form cannot take)."""
+    stored = checkpoint.stored(source)
+    if stored is not None:
+        stored = holding.layout(param, stored)
+    if form is None:
+        return stored
+    if stored is None:  # stored float32 (or float64): converted from its float32 values
+        with np.errstate(over="ignore"):
+            values = np.ascontiguousarray(param.from_stored(checkpoint.raw(source)), np.float32)
+    else:
+        values = stored
+    try:
+        return holding.convert(values, form, source)
+    except ValueError as e:
+        raise ValueError(f"{checkpoint.path}: {e}") from None
 
 
 def _not_finite(checkpoint: Checkpoint, source: str, array: np.ndarray) -> str:

@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import gguf as ggml
+import ml_dtypes
 import numpy as np
 
+from . import holding
 from .checkpoint import CheckpointError
 from .quants import FORMATS, Format, dequantize
 
@@ -942,6 +944,21 @@ class GGUFCheckpoint:
         if order is not None:
             rows = rows[order]
         return fmt, np.ascontiguousarray(rows.reshape(1, -1) if vector else rows)
+
+    def stored(self, name: str):
+        """Tensor ``name`` of two dimensions as a held form (``operators.held``): its blocks
+        (``Blocks``) or its float16 / bfloat16 values, a view of the file (a copy where its
+        rows are put back: ``blocks``); None where it is float32, or not a matrix."""
+        t = self.tensors[name]
+        if len(t.shape) != 2 or t.format.name == "F32" or (
+                self.layout.norm_offset and name.endswith("norm.weight")):
+            return None
+        fmt, rows = self.blocks(name)
+        if fmt.name == "F16":
+            return rows.view(np.float16).reshape(t.shape)
+        if fmt.name == "BF16":
+            return rows.view(ml_dtypes.bfloat16).reshape(t.shape)
+        return holding.blocks(fmt.name, np.ascontiguousarray(rows), t.shape)
 
     def release(self, name: str) -> None:
         self.file.release(self._source[name].gguf)

@@ -13,7 +13,8 @@ import numpy as np
 
 
 class Param:
-    """A weight of ``shape``, float32 once loaded (``array`` is None until then). ``gain``:
+    """A weight of ``shape``, float32 once loaded (``array`` is None until then), or where
+    ``holdable``, in the form loading holds it (``runtime.holding``). ``gain``:
     the weight multiplies a value as it is (a norm's weight, a layer's scalar), so drawn
     weights centre it on 1 (``runtime.weights``).
 
@@ -29,6 +30,10 @@ class Param:
         self.shape = tuple(int(s) for s in shape)
         self.gain = gain
         self.array: np.ndarray | None = None
+        # Read only by operators that read every held form (a projection's or embedding's
+        # matrix: operators.held): loading may keep it as the checkpoint stores it
+        # (runtime.holding), not float32.
+        self.holdable = False
         self.transposed = False
         self.rows: np.ndarray | None = None
         self.reshaped: tuple[int, ...] | None = None

@@ -19,7 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
-from iron_spec.operators import native
+from iron_spec.operators import held, native
 from iron_spec.operators.base import PerCall, resolve
 from iron_spec.operators.formats import to_bfloat16, widen_bfloat16
 
@@ -393,7 +393,9 @@ class Plan:
                      else self._root(h).memory for h in step.inputs]
         # A weight in reduced precision is judged as the values the kernel reads (bfloat16
         # rounded, Q8_0's d * q); what the rounding costs is the KL checks' to judge.
-        originals = [o if o is None or x.dtype == np.float32 else
+        # A weight held in its stored form (operators.held) is read by the kernel as it is,
+        # and by the reference too (which widens it a block of rows at a time).
+        originals = [o if o is None or x is o or held.is_held(x) or x.dtype == np.float32 else
                      step.op.widen_reduced(k, x, o.shape) for k, (o, x) in enumerate(zip(originals, ins))]
         # Copies taken before the kernel runs: a writing step changes its state in place.
         # A weight is read as stored, never copied (the reference widens what it needs).
@@ -448,7 +450,13 @@ def _continues(group: list[Step], step: Step) -> bool:
     if w.base is not None or prev.base is not None or w.kind != "param" or prev.kind != "param":
         return False
     a, b = prev.array, w.array
+    # A float32 stack alone (runtime.module.pack): a held weight's view of a mapped file is
+    # no stack, though the file holds one tensor after another.
+    if held.is_held(a) or held.is_held(b) or held.is_held(first.inputs[1].array):
+        return False
     base = first.inputs[1].array.base
+    if not isinstance(base, np.ndarray) or base.ndim != 2 or base.dtype != np.float32:
+        return False
     return (base is not None and a.base is base and b.base is base and base.flags.c_contiguous
             and a.shape[1] == b.shape[1]
             and b.__array_interface__["data"][0] == a.__array_interface__["data"][0] + a.nbytes)

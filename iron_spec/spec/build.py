@@ -350,7 +350,8 @@ def example(spec) -> Path:
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
                  renames: dict, unused, progress: Progress | None, spec=None,
                  config_json: dict | None = None, fields: dict | None = None,
-                 part: PartOf | None = None) -> tuple[LoadReport, Checkpoint | None]:
+                 part: PartOf | None = None,
+                 weights: str = "stored") -> tuple[LoadReport, Checkpoint | None]:
     """Fill ``model``'s params: drawn at ``random_weights`` by ``draw(model, seed)``, else read
     strictly from ``directory``'s checkpoint (``runtime.checkpoint.load``), or from a GGUF
     file's tensors as ``spec`` reads them (``gguf_files.checkpoint``, on its ``config_json``);
@@ -368,7 +369,8 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
         if part is not None:  # the part's tensors, as the model reads them (runtime.parts)
             checkpoint = subtree(checkpoint, part.part.tensors, part.part.unused)
     shapes = {n: p.stored_shape for n, p in model.named_params()}
-    report = load(model, checkpoint, renames, progress, unused, explainer(fields or {}, shapes))
+    report = load(model, checkpoint, renames, progress, unused,
+                  explainer(fields or {}, shapes), weights)
     if part is not None:
         report.ignored = sorted(report.ignored + checkpoint.left)
     return report, checkpoint
@@ -394,7 +396,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                max_seq_len: int | None = None, prefill_chunk: int | None = None,
                progress: Progress | None = None, decode_weights: str = "float32",
                prefill_weights: str = "float32", allow_unread_config: bool = False,
-               context_at_most: int | None = None, kv_cache: str = "float32") -> Loaded:
+               context_at_most: int | None = None, kv_cache: str = "float32",
+               weights: str = "stored") -> Loaded:
     """The model of ``spec_path`` on a checkpoint's config and weights, or drawn ones.
 
     Args:
@@ -421,6 +424,10 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
         kv_cache: ``float32``; ``bfloat16``: every attention layer's keys and values are
             held rounded to the nearest bfloat16 (``CausalLM.use_kv_cache``), half the
             bytes a deep decode step reads, and half the cache's memory.
+        weights: what the projections' and embeddings' matrices are held as
+            (``runtime.holding.WEIGHTS``): ``stored`` (as the checkpoint stores them: a
+            bfloat16 safetensors file memory-mapped and read in place, a GGUF file's
+            blocks), ``float32``, or a conversion at load (``bfloat16``, ``q8_0``, ...).
 
     Raises:
         FileNotFoundError: the spec, checkpoint, config.json or tokenizer is missing.
@@ -509,7 +516,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, expanded.unused, progress, spec,
-                                      config_json, expanded.resolved.values, part)
+                                      config_json, expanded.resolved.values, part, weights)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     if decode_weights != "float32" or prefill_weights != "float32":
         # Said beside the KV cache's line (found by a new user's trial: run named the

@@ -17,6 +17,7 @@ import pytest
 
 from iron_spec.spec.build import load_model
 from iron_spec.spec.errors import SpecError
+from iron_spec.operators import held
 from iron_spec.spec.registry import for_checkpoint
 from iron_spec.runtime.gguf import GGUFError, GGUFFile, unpermute
 from iron_spec.runtime.quants import dequantize
@@ -119,7 +120,9 @@ def test_a_gguf_loads_as_the_checkpoint_it_was_converted_from(toy_llama):
     assert loaded.config_json["tie_word_embeddings"] is False
     assert set(got) == set(expected)
     for name, t in expected.items():
-        assert got[name].tobytes() == t.tobytes(), name
+        # Held as the file stores it (operators.held): a matrix as its Q8_0 blocks.
+        assert held.form(got[name]) == ("Q8_0" if t.ndim == 2 else "F32"), name
+        assert held.widen_all(got[name]).tobytes() == t.tobytes(), name
     assert loaded.config_json["rms_norm_eps"] == 1e-5  # the float32's shortest decimal
     assert loaded.config_json["num_key_value_heads"] == cfg["num_key_value_heads"]
 

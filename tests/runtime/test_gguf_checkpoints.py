@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from iron_spec.spec.build import load_model
+from iron_spec.operators import held
 from iron_spec.runtime.checkpoint import Checkpoint
 from iron_spec.runtime.session import Session
 from tests.conftest import SPECS, checkpoint, download
@@ -42,17 +43,18 @@ def round_in_place(a: np.ndarray, rows: int = 8192) -> None:
 
 
 def as_stored(ours: np.ndarray, stored: Checkpoint, name: str, rows: int = 8192) -> bool:
-    """Whether ``ours`` rounded to bfloat16 is tensor ``name`` of ``stored`` as float32, bit
-    for bit: a block of rows at a time, the file's pages released after (Gemma 3's
-    embedding compared whole took 2.7 GB of copies and pages beside its two models)."""
+    """Whether ``ours`` (held in any form: operators.held) rounded to bfloat16 is tensor
+    ``name`` of ``stored`` as float32, bit for bit: widened a block of rows at a time, the
+    file's pages released after (Gemma 3's embedding compared whole took 2.7 GB of copies
+    and pages beside its two models)."""
     theirs = stored.raw(name)
     try:
-        if ours.shape != theirs.shape:
+        if tuple(ours.shape) != theirs.shape:
             return False
-        a, b = ours.reshape(len(ours), -1), theirs.reshape(len(theirs), -1)
-        return all(np.array_equal(bf16(a[i:i + rows]).view(np.uint32),
-                                  b[i:i + rows].astype(np.float32).view(np.uint32))
-                   for i in range(0, len(a), rows))
+        b = theirs.reshape(len(theirs), -1)
+        return all(np.array_equal(
+            bf16(held.widen(ours, i, i + rows)).reshape(len(b[i:i + rows]), -1).view(np.uint32),
+            b[i:i + rows].astype(np.float32).view(np.uint32)) for i in range(0, len(b), rows))
     finally:
         stored.release(name)
 
@@ -81,9 +83,8 @@ def test_smollm2_gguf_tokens_and_greedy_text_are_its_conversions(smollm2, smollm
 
 
 def test_smollm2_gguf_rounded_as_stored_gives_the_conversions_logits(smollm2, smollm2_gguf):
-    ours = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=128)
-    for _, p in ours.lm.named_params():
-        round_in_place(p.array)
+    # Held as bfloat16, rounded at load (runtime.holding): the conversion's own values.
+    ours = load_model(LLAMA, checkpoint=smollm2_gguf, max_seq_len=128, weights="bfloat16")
     theirs = load_model(LLAMA, checkpoint=smollm2, max_seq_len=128)
     ids = theirs.tokenizer.encode("The Eiffel Tower is a wrought-iron lattice tower in Paris.")
     a, b = Session(ours.lm).logits(ids), Session(theirs.lm).logits(ids)
@@ -133,13 +134,14 @@ def test_gemma3_gguf_greedy_text_is_its_conversions(gemma_conversion, gemma_gguf
     assert list(Session(gemma_gguf.lm).generate(theirs.prompt, 16)) == theirs.greedy
 
 
-def test_gemma3_gguf_rounded_as_stored_gives_the_conversions_logits(gemma_conversion,
-                                                                   gemma_gguf):
-    # The module's last test: it rounds the module's GGUF model in place, its compiled
-    # versions and packed weights dropped so they are made again from the rounded ones.
-    ours, theirs = gemma_gguf, gemma_conversion
+def test_gemma3_gguf_rounded_as_stored_gives_the_conversions_logits(gemma_conversion):
+    # Held as bfloat16, rounded at load (runtime.holding); the rest (norms: stored as 1 + w,
+    # read back as w) rounded in place as the conversion stored them. The module's GGUF
+    # model is held as its blocks beside it (a fraction of a float32 model's bytes).
+    theirs = gemma_conversion
+    ours = load_model(GEMMA3, checkpoint=download("gemma-3-270m-q4_k_m.gguf"), max_seq_len=512,
+                      weights="bfloat16")
     for _, p in ours.lm.named_params():
-        round_in_place(p.array)
-    ours.lm._versions.clear()
-    ours.lm.packed.clear()
+        if not held.is_held(p.array):
+            round_in_place(p.array)
     assert Session(ours.lm).logits(theirs.ids).tobytes() == theirs.logits.tobytes()

@@ -246,8 +246,9 @@ def test_bfloat16_decode_weights_give_the_float32_decode_bit_for_bit(smollm2):
     from iron_spec.operators import native
     if native.LIB is None:
         pytest.skip("the decode pool is off or not built")
-    f32 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512)
-    bf16 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512, decode_weights="bfloat16")
+    f32 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512, weights="float32")
+    bf16 = load_model(LLAMA, checkpoint=smollm2, max_seq_len=512, decode_weights="bfloat16",
+                      weights="float32")
     prompt = f32.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
     got = []
     for loaded in (f32, bf16):
