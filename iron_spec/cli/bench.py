@@ -21,7 +21,7 @@ from typing import Callable, List, Optional
 import numpy as np
 import typer
 
-from iron_spec.operators import native
+from iron_spec.operators import held, native
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.causal import PROMPT_FORMS, drawn_ids
 from iron_spec.runtime.gguf import is_gguf
@@ -128,6 +128,9 @@ def floor(loaded: Loaded) -> tuple[Figures, dict]:
             if w.ndim == 2 and (w is not embed or lm.lm_head.weight.array is embed)]
     rows = {w.shape[1]: np.ones((1, w.shape[1]), np.float32) for w in mats}
     outs = [np.empty((1, w.shape[0]), np.float32) for w in mats]
+    # numpy reads float32 alone: weights held in another form (operators.held) have no numpy
+    # GEMV to set beside theirs, only the read bandwidth over their own bytes.
+    as_float32 = not any(held.is_held(w) for w in mats)
 
     def gemv_passes_per_s() -> float:
         # x @ W.T, a row against the checkpoint's row-major weight: the faster of numpy's
@@ -150,10 +153,21 @@ def floor(loaded: Loaded) -> tuple[Figures, dict]:
         native.lib().read(a)
         return a.nbytes / (time.perf_counter() - start)
 
-    out = {"gemv_passes_per_s": gemv_passes_per_s, "copy_bytes_per_s": copy_bytes_per_s}
+    out = {"copy_bytes_per_s": copy_bytes_per_s}
+    if as_float32:
+        out["gemv_passes_per_s"] = gemv_passes_per_s
     if native.LIB is not None:
         out["read_bytes_per_s"] = read_bytes_per_s
-    return out, {"decode_weight_bytes": sum(w.nbytes for w in mats)}
+    return out, {"decode_weight_bytes": sum(held.nbytes(w) for w in mats)}
+
+
+def held_forms(loaded: Loaded) -> str:
+    """What the model's weights are held as (operators.held), by bytes: ``BF16 99%, F32 1%``."""
+    by: dict[str, int] = {}
+    for w in loaded.weights().values():
+        by[held.form(w)] = by.get(held.form(w), 0) + held.nbytes(w)
+    total = sum(by.values()) or 1
+    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 def transformers_installed() -> bool:
@@ -388,7 +402,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     result["process_peak_rss_bytes"] = peak_rss()  # the floor's arrays and the peers too
     f = result["floor"]
     f.update(floor_static)
-    f["gemv_gb_per_s"] = f["decode_weight_bytes"] * f["gemv_passes_per_s"] / 1e9
+    if "gemv_passes_per_s" in f:
+        f["gemv_gb_per_s"] = f["decode_weight_bytes"] * f["gemv_passes_per_s"] / 1e9
     f["copy_gb_per_s"] = f.pop("copy_bytes_per_s") / 1e9
     f["bandwidth_floor_tokens_per_s"] = f["copy_gb_per_s"] * 1e9 / f["decode_weight_bytes"]
     if "read_bytes_per_s" in f:
@@ -398,9 +413,11 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     # copies where they have them.
     # A packed form's key ends with the weights its plan was compiled for (runtime.plan):
     # the prompt chunk's reduced form is PROMPT_FORMS', the decode step's its own name.
-    copies = {key: a for key, a in loaded.lm.packed.items() if a.dtype != np.float32}
+    copies = {key: a for key, a in loaded.lm.packed.items()
+              if not held.is_held(a) and a.dtype != np.float32}  # held weights are no copy
     reduced = sum(a.nbytes for a in copies.values())
-    weights = sum(w.nbytes for w in loaded.weights().values()) + reduced
+    weights = sum(held.nbytes(w) for w in loaded.weights().values()) + reduced
+    result["weights_held"] = held_forms(loaded)
     tiles = set(PROMPT_FORMS.values()) - {"float32"}
     result["reduced_prefill_weights_bytes"] = sum(a.nbytes for key, a in copies.items()
                                                   if key[-1] in tiles)
@@ -410,7 +427,7 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
 
     def ratio(num, den):
         num, den = [(first_engine, x[1]) if x[0] == ENGINE else x for x in (num, den)]
-        if num[0] not in samples or den[0] not in samples:
+        if num[1] not in samples.get(num[0], {}) or den[1] not in samples.get(den[0], {}):
             return None
         return statistics.median(a / b for a, b in zip(samples[num[0]][num[1]],
                                                        samples[den[0]][den[1]]))
@@ -519,9 +536,12 @@ def report(r: dict) -> str:
                      f"prefill 128 / 512 {lp['prefill128_tokens_per_s']:.1f} / "
                      f"{lp['prefill512_tokens_per_s']:.1f} tok/s, decode at {SHORT} / {DEEP} "
                      f"{lp[SHORT_DECODE]:.1f} / {lp['decode_deep_tokens_per_s']:.1f} tok/s")
-    lines.append(f"numpy GEMV pass over the decode weights as float32: "
-                 f"{f['gemv_passes_per_s']:.1f} passes/s "
-                 f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
+    lines.append((f"numpy GEMV pass over the decode weights as float32: "
+                  f"{f['gemv_passes_per_s']:.1f} passes/s "
+                  f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
+                  if "gemv_passes_per_s" in f else
+                  f"decode weights {f['decode_weight_bytes'] / 1e6:.0f} MB as held "
+                  f"({r.get('weights_held')}); ") +
                  f"copy bandwidth {f['copy_gb_per_s']:.1f} GB/s, floor "
                  f"{f['bandwidth_floor_tokens_per_s']:.1f} tok/s"
                  + (f"; read on the pool {f['read_gb_per_s']:.1f} GB/s, floor "

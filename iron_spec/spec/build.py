@@ -22,6 +22,7 @@ from iron_spec.runtime.parts import subtree
 from iron_spec.runtime.renames import RenameError, source
 from iron_spec.runtime.golden import fingerprint
 from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
+from iron_spec.runtime import holding
 from iron_spec.runtime.module import pack_tree
 from iron_spec.runtime.tokenizer import Tokenizer
 from iron_spec.runtime.files import read_object
@@ -124,10 +125,12 @@ def read_config(directory: Path) -> dict:
 
 
 def _footprint(o: CausalOptions, decode_weights: str = "float32",
-               prefill_weights: str = "float32", kv_cache: str = "float32") -> tuple[int, int]:
-    """Bytes the model holds whatever its context, and bytes per position of context; with
-    reduced decode or prefill weights, the half-size copies of the projections too; the KV
-    caches at ``kv_cache``'s bytes a value (a differential layer's float32 whatever it is)."""
+               prefill_weights: str = "float32", kv_cache: str = "float32",
+               weight_bytes: float = 4.0) -> tuple[int, int]:
+    """Bytes the model holds whatever its context, and bytes per position of context: the
+    weights at ``weight_bytes`` a weight (as held: ``held_weight_bytes``); with reduced decode
+    or prefill weights, the copies of the projections in that form too; the KV caches at
+    ``kv_cache``'s bytes a value (a differential layer's float32 whatever it is)."""
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
@@ -173,8 +176,32 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32",
     fixed += 12 * o.prefill_chunk * widest + V
     # The module tree, both recordings and plans: Python objects, ~165 KB a layer measured
     # on a 2000-layer toy (557 MB loaded, 703 MB compiled, 282 MB of it weights).
-    return (4 * fixed + cache_fixed + LAYER_OVERHEAD * len(o.layers),
+    held = int(weights * weight_bytes) - 4 * weights  # the weights as held, not as float32
+    return (4 * fixed + held + cache_fixed + LAYER_OVERHEAD * len(o.layers),
             4 * per_position + cache_per_position)
+
+
+def held_weight_bytes(directory: Path | None, random_weights: int | None, weights: str) -> float:
+    """Bytes a weight takes as ``weights`` holds it (``runtime.holding``), about: a
+    conversion's form's, or (``stored``) the checkpoint's own bytes per value, read from its
+    header (drawn weights: float32's 4)."""
+    form = holding.choice(weights)
+    if form in holding.held.BLOCKS:
+        block, nbytes = holding.held.BLOCKS[form]
+        return nbytes / block
+    if form is not None:
+        return 4.0 if form == "F32" else 2.0
+    if random_weights is not None or directory is None:
+        return 4.0
+    if gguf_files.is_gguf(directory):
+        tensors = gguf_files.open_file(directory).tensors.values()
+        values = sum(int(np.prod(t.shape)) for t in tensors)
+        return sum(t.end - t.begin for t in tensors) / max(1, values)
+    infos = [t for t in Checkpoint(directory).tensors.values()
+             if t.dtype in ("F32", "F16", "BF16", "F64")]
+    values = sum(int(np.prod(t.shape)) for t in infos)
+    stored = sum(min(t.end - t.begin, 4 * int(np.prod(t.shape))) for t in infos)  # F64: float32
+    return stored / max(1, values)
 
 
 LAYER_OVERHEAD = 200 * 1024  # bytes
@@ -470,6 +497,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                              f"outside the model's vocabulary 0..{V - 1} (vocab_size {V})")
     read_generation_config(directory, warn=True)  # a file that cannot be read: said once
     native = expanded.options.max_seq_len
+    held_bytes = held_weight_bytes(directory, random_weights, weights)
     if max_seq_len is None and context_at_most is not None:
         max_seq_len = min(context_at_most, native)
     if max_seq_len is not None:
@@ -478,7 +506,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                             f"1..{native}, the model's own context")
         L = max_seq_len
         fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights,
-                                         kv_cache)
+                                         kv_cache, held_bytes)
         need, budget = fixed + per_position * L, host_budget()
         if need > budget:  # numpy maps zeros lazily: refused here, not by the OOM killer
             raise ValueError(f"the model on {source} with max_seq_len {L} would hold "
@@ -486,7 +514,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                              "GiB budget")
     else:
         fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights,
-                                         kv_cache)
+                                         kv_cache, held_bytes)
         L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
     if asked is not None and asked > L:
         raise FlagError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
