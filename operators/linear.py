@@ -73,6 +73,14 @@ class Linear(Operator):
         """
         if index != 1:
             return None
+        if held.is_held(array):
+            # A held weight already in the form asked for is read as it is (no copy); another
+            # is widened first, then made the copy asked for (a small model's option: the
+            # widened float32 is transient, but whole).
+            if (dtype in ("bfloat16", "bfloat16-rounded") and held.form(array) == "BF16") or \
+                    (dtype == "int8" and held.form(array) == "Q8_0"):
+                return None
+            array = held.widen_all(array)
         if dtype == "bfloat16-tiles":
             if rows == 1:
                 return None

@@ -338,6 +338,9 @@ class CausalLM(Module):
         # bfloat16 too: operators/_cpu_tiles.h); a prompt chunk of its own each.
         self.prefill_weights = "float32"
         self.kv_cache = "float32"  # what the KV caches hold (use_kv_cache)
+        # What loading held the weights as (runtime.holding.WEIGHTS): check's gate follows a
+        # conversion's rounding.
+        self.weights = "stored"
         self.reserve(1)
 
     @property

@@ -135,6 +135,19 @@ def not_finite(weight) -> int:
     return bad
 
 
+def hold_all(module, weights: str) -> None:
+    """Convert every holdable matrix of ``module`` (filled, float32: drawn weights) to what
+    ``weights`` holds (``convert``); ``stored`` and ``float32`` leave them as they are."""
+    form = choice(weights)
+    if form in (None, "F32"):
+        return
+    seen = set()
+    for name, p in module.named_params():
+        if p.holdable and p.array is not None and id(p) not in seen:
+            seen.add(id(p))
+            p.array = convert(p.array, form, name)
+
+
 def layout(param, stored):
     """A stored matrix (a held form's array or blocks) in ``param``'s model layout, its rows
     C-contiguous: the view itself where the layouts agree, else a copy in the same form (rows

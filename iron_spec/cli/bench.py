@@ -28,8 +28,8 @@ from iron_spec.runtime.gguf import is_gguf
 from iron_spec.runtime.session import Session
 
 from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
-                                  PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, Loaded, use_decode_weights,
-                                  use_prefill_weights)
+                                  PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, WEIGHTS, WEIGHTS_HELP,
+                                  Loaded, use_decode_weights, use_prefill_weights)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.errors import FlagError, NoWeights
 from iron_spec.spec.loader import load_spec
@@ -602,6 +602,7 @@ def command(
                                               "the shorter]"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+    weights: str = typer.Option("stored", "--weights", callback=choice(WEIGHTS), help=WEIGHTS_HELP + "; one a run: a file's stored form is measured beside llama.cpp on the same file (--gguf FILE)"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS, several=True), help=PREFILL_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, the others' prefill measured beside it in the same run"),
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES, several=True), help=KV_CACHE_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, each decode weights' decode measured on the others beside it in the same run"),
@@ -627,7 +628,7 @@ def command(
                                        decode_weights=first,
                                        prefill_weights=first_prefill,
                                        allow_unread_config=allow_unread_config,
-                                       kv_cache=first_kv)
+                                       kv_cache=first_kv, weights=weights)
             except NoWeights:  # no checkpoint, and the spec names no example
                 # A toy's context is too short for the deep decode, and its speed says nothing.
                 raise UsageError("bench measures a checkpoint's shape: give --checkpoint DIR or "

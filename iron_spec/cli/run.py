@@ -22,7 +22,7 @@ from iron_spec.runtime.causal import drawn_ids
 from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.tokenizer import utf8_text
-from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
+from iron_spec.spec.build import (WEIGHTS, WEIGHTS_HELP, DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
                                   PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, model_inputs, weights_source)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.errors import FlagError, message
@@ -60,6 +60,7 @@ def command(
     toy: bool = typer.Option(False, "--toy", help="the spec's tiny shape (with --random-weights: no files at all)"),
     prompt_len: int = typer.Option(24, min=1, help="with --toy and no tokenizer, this many random prompt ids"),
     prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", metavar="IDS", help="the token ids to continue, comma- or space-separated (\"1,2,3\"): no tokenizer needed (a checkpoint saved without tokenizer.json); the text drawn is shown as ids where there is no tokenizer"),
+    weights: str = typer.Option("stored", "--weights", callback=choice(WEIGHTS), help=WEIGHTS_HELP),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS), help=DECODE_WEIGHTS_HELP),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS), help=PREFILL_WEIGHTS_HELP),
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES), help=KV_CACHE_HELP),
@@ -112,7 +113,8 @@ def command(
                             allow_unread_config, "the {} --prompt-ids" if ids is not None else
                             "--prompt-len {}")
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
-                          decode_weights, prefill_weights, allow_unread_config, threads, kv_cache)
+                          decode_weights, prefill_weights, allow_unread_config, threads, kv_cache,
+                          weights)
             gen = dict(settings, stop=stop, seed=seed, max_new_tokens=num_tokens,
                        logprobs=json_output)
             model.sampler(seed=0, **settings)  # a bad generation_config.json, before the prompt
@@ -313,7 +315,7 @@ def _read_stdin() -> str:
 
 
 def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, decode_weights,
-          prefill_weights, allow_unread_config, threads, kv_cache) -> Model:
+          prefill_weights, allow_unread_config, threads, kv_cache, weights="stored") -> Model:
     """The model through ``iron_spec.load``, both versions compiled, each stage shown
     (``command.stages``: a bar on a terminal, a line each when piped)."""
     with stages() as shown:  # the library's stages: loading, then each version compiled
@@ -321,7 +323,7 @@ def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, dec
                      max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
                      progress=shown.reporter(), decode_weights=decode_weights,
                      prefill_weights=prefill_weights, allow_unread_config=allow_unread_config,
-                     threads=threads, kv_cache=kv_cache)
+                     threads=threads, kv_cache=kv_cache, weights=weights)
     if not isinstance(model, Model):
         raise ValueError(f"{model.spec} is an encoder spec (model: encoder): it gives "
                          "embeddings (iron-spec embed), it does not generate")

@@ -32,7 +32,8 @@ from iron_spec.runtime.session import Session
 
 from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
 from iron_spec.spec import arguments
-from iron_spec.spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, Loaded, load_model
+from iron_spec.spec.build import (DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, WEIGHTS, Loaded,
+                                  load_model)
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
@@ -56,7 +57,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
          toy: bool = False, prefill_chunk: int | None = None, decode_weights: str = "float32",
          prefill_weights: str = "float32", max_tokens: int | None = None,
          progress: Progress = None,
-         kv_cache: str = "float32") -> "Model | EncoderModel":
+         kv_cache: str = "float32", weights: str = "stored") -> "Model | EncoderModel":
     """A model of ``spec`` on ``checkpoint``'s config and weights (or drawn ones).
 
     Args:
@@ -87,6 +88,11 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             done (``iron_spec.library.progress``).
         kv_cache: ``"float32"`` or ``"bfloat16"`` (what the KV caches hold, each key and
             value rounded to nearest as written: build.KV_CACHES).
+        weights: what the projections' and embeddings' matrices are held as
+            (build.WEIGHTS, ``runtime.holding``): ``"stored"`` (as the checkpoint stores
+            them: bfloat16 safetensors memory-mapped and read in place, a GGUF file's
+            blocks), ``"float32"``, or a conversion at load (``"bfloat16"``, ``"q8_0"``,
+            ``"q4_0"``, ...).
 
     Returns:
         ``Model`` for a ``model: causal`` spec, ``EncoderModel`` for ``model: encoder``.
@@ -103,7 +109,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             named, before anything loads.
         ValueError: an argument out of its range (a seed < 0, a count < 1, ``max_tokens`` <
             2, ``decode_weights`` none of ``build.DECODE_WEIGHTS``, ``prefill_weights`` none
-            of ``build.PREFILL_WEIGHTS``, ``kv_cache`` none of ``build.KV_CACHES``),
+            of ``build.PREFILL_WEIGHTS``, ``kv_cache`` none of ``build.KV_CACHES``,
+            ``weights`` none of ``build.WEIGHTS``),
             ``max_seq_len``
             past the model's own context, or a generation_config.json id that is no token
             (a file that cannot be read is a warning: nothing comes from it).
@@ -124,7 +131,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
     report = reporter(progress)
     for name, value, choices in (("decode_weights", decode_weights, DECODE_WEIGHTS),
                                  ("prefill_weights", prefill_weights, PREFILL_WEIGHTS),
-                                 ("kv_cache", kv_cache, KV_CACHES)):
+                                 ("kv_cache", kv_cache, KV_CACHES),
+                                 ("weights", weights, WEIGHTS)):
         if not isinstance(value, str):
             raise TypeError(f"{name} is {value!r}; it is one of {', '.join(map(repr, choices))}")
         if value not in choices:
@@ -146,7 +154,9 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
             "prefill_chunk": (prefill_chunk, None, "a causal model's prompt calls"),
             "decode_weights": (decode_weights, "float32", "a causal model's decode step"),
             "prefill_weights": (prefill_weights, "float32", "a causal model's prompt chunk"),
-            "kv_cache": (kv_cache, "float32", "a causal model's KV caches")},
+            "kv_cache": (kv_cache, "float32", "a causal model's KV caches"),
+            "weights": (weights, "stored", "a causal model's held weights (an encoder's are "
+                        "float32)")},
             str(path))
         with _threads(threads), _closed(report):
             with _loading(report) as read:
@@ -165,7 +175,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
                                 toy=toy, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk,
                                 progress=read, decode_weights=decode_weights,
                                 prefill_weights=prefill_weights,
-                                allow_unread_config=allow_unread_config, kv_cache=kv_cache)
+                                allow_unread_config=allow_unread_config, kv_cache=kv_cache,
+                                weights=weights)
             # A composite checkpoint's towers (its spec's towers:), beside the text model.
             loaded.towers = load_towers(loaded, allow_unread_config)
         # Both versions compiled now, each reported: the first generation then runs at once.

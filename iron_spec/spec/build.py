@@ -74,8 +74,14 @@ class Loaded:
             whole = getattr(self.checkpoint, "whole", self.checkpoint)  # a part: the file's
             return {name: whole.raw(name) for name in whole.tensors}
         params, renames = dict(self.model.named_params()), self.expanded.renames
+        drawn = self.weights()
+        if any(holding.held.is_held(t) for t in drawn.values()):
+            # Converted at load (--weights): the drawn float32 values, drawn again (the same
+            # seed gives the same tensors), are what transformers ran on.
+            drawn = {name: t for name, t in draw_weights(self.model, self.random_weights).items()
+                     if name in drawn}
         out = {}
-        for name, t in self.weights().items():
+        for name, t in drawn.items():
             try:
                 stored = source(name, renames)
             except RenameError as e:
@@ -212,16 +218,21 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+WEIGHTS = tuple(holding.WEIGHTS)
+WEIGHTS_HELP = ("what the weights are held as: stored (the default: as the checkpoint stores "
+                "them; a bfloat16 or float16 safetensors file memory-mapped and read in place, "
+                "a GGUF file's blocks); float32; or converted at load: bfloat16, float16 "
+                "(rounded to nearest), q8_0, q4_0, q4_1, q5_0, q5_1 (llama.cpp's blocks, by "
+                "its reference quantizers). check judges a conversion by its KL gate")
 DECODE_WEIGHTS = ("float32", "bfloat16", "bfloat16-rounded", "int8")
 # Bytes a weight takes in each reduced decode form: Q8_0 blocks hold 32 in 34 bytes (a
 # bfloat16 count here put int8's copy at 1.9x its size, found by a new user's trial).
 REDUCED_BYTES = {"bfloat16": 2, "bfloat16-rounded": 2, "int8": 34 / 32}
-DECODE_WEIGHTS_HELP = ("the decode step's projection weights: float32; bfloat16 (half the "
-                       "bytes; only where every value holds exactly, as a bfloat16 "
-                       "checkpoint's); bfloat16-rounded (any weights, rounded to nearest); "
-                       "int8 (Q8_0 blocks, as GGUF's: a float16 scale per 32 weights, "
-                       "quantized at load). The prompt chunk keeps float32; check reports "
-                       "the KL the rounding costs")
+DECODE_WEIGHTS_HELP = ("a copy of the projection weights the decode step alone reads, beside "
+                       "the weights as held (--weights): float32 (none: the held weights); "
+                       "bfloat16 (only where every value holds exactly); bfloat16-rounded; "
+                       "int8 (Q8_0 blocks, x as 16-bit integers). check reports the KL the "
+                       "rounding costs")
 KV_CACHES = ("float32", "bfloat16")
 KV_CACHE_BYTES = {"float32": 4, "bfloat16": 2}
 KV_CACHE_HELP = ("what the KV caches hold: float32; bfloat16 (each key and value rounded to "
@@ -385,7 +396,9 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
     a mis-shaped tensor's error names the config ``fields`` (resolved values) its expected
     shape equals. Returns the report and the checkpoint read (None when drawn)."""
     if random_weights is not None:
-        return fill(model, draw(model, random_weights)), None
+        report = fill(model, draw(model, random_weights))
+        holding.hold_all(model, weights)  # drawn as float32: a conversion, where asked
+        return report, None
     assert directory is not None, "a checkpoint directory, when nothing is drawn"
     if gguf_files.is_gguf(directory):
         checkpoint = gguf_files.checkpoint(spec, directory, config_json,
@@ -469,6 +482,8 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     """
     _refuse_decode_weights(decode_weights)
     _refuse_prefill_weights(prefill_weights)
+    if weights not in WEIGHTS:
+        raise ValueError(f"{said('weights', weights)} is not one of {', '.join(WEIGHTS)}")
     if kv_cache not in KV_CACHES:
         raise ValueError(f"{said('kv_cache', kv_cache)} is not one of {', '.join(KV_CACHES)}")
     spec = load_spec(spec_path)
@@ -546,6 +561,14 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                                       expanded.renames, expanded.unused, progress, spec,
                                       config_json, expanded.resolved.values, part, weights)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
+    lm.weights = weights
+    held_now = {}
+    for _, p in lm.named_params():
+        if p.holdable and p.array is not None:
+            f = holding.held_form(p.array)
+            held_now[f] = held_now.get(f, 0) + holding.held.nbytes(p.array)
+    log.info("weights held as %s (--weights %s)", ", ".join(
+        f"{f} {_size(n)}" for f, n in sorted(held_now.items(), key=lambda kv: -kv[1])), weights)
     if decode_weights != "float32" or prefill_weights != "float32":
         # Said beside the KV cache's line (found by a new user's trial: run named the
         # cache's form alone).

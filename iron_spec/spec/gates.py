@@ -32,6 +32,20 @@ REDUCED_KL = {
     "bfloat16-rounded": {"mean": 1e-3, "p90": 3e-3, "max": 3e-2, "top1_mismatches": 2},
     "int8": {"mean": 1e-3, "p90": 3e-3, "max": 3e-2, "top1_mismatches": 2},
 }
+# The KL gates of weights converted at load (--weights, runtime.holding), by conversion:
+# bfloat16 and float16 round every weight as bfloat16-rounded does, q8_0 is int8's blocks.
+# The 4- and 5-bit blocks cost more, as llama.cpp's own KL divergence tables show (its
+# llama-perplexity --kl-divergence on Llama-3-8B: Q4_0 mean ~0.03-0.05, Q5_0 ~0.01): set
+# from what they measured on SmolLM2's and Gemma 3 270M's goldens (docs/DESIGN-native.md).
+WEIGHTS_KL = {
+    "bfloat16": REDUCED_KL["bfloat16-rounded"],
+    "float16": REDUCED_KL["bfloat16-rounded"],
+    "q8_0": REDUCED_KL["int8"],
+    "q5_0": {"mean": 3e-2, "p90": 6e-2, "max": 0.5, "top1_mismatches": 6},
+    "q5_1": {"mean": 3e-2, "p90": 6e-2, "max": 0.5, "top1_mismatches": 6},
+    "q4_0": {"mean": 1e-1, "p90": 0.25, "max": 1.5, "top1_mismatches": 10},
+    "q4_1": {"mean": 1e-1, "p90": 0.25, "max": 1.5, "top1_mismatches": 10},
+}
 # A bfloat16 prompt chunk rounds every projection's weights and input: bfloat16-rounded's
 # gates. On the real goldens (float32 decode): SmolLM2 KL mean 1.5e-5, max 2.0e-4; Gemma 3
 # 270M 8.9e-6, 3.2e-4; no top-1 mismatch (docs/speed.md).
@@ -99,14 +113,26 @@ def reduced(lm) -> bool:
     """Whether ``lm`` (a CausalLM) computes in reduced precision somewhere check judges by a
     reduced gate: decode weights that round, a bfloat16 prompt chunk, a bfloat16 KV cache."""
     return lm.decode_weights in REDUCED_KL or lm.prefill_weights != "float32" or \
-        lm.kv_cache != "float32"
+        lm.kv_cache != "float32" or getattr(lm, "weights", "stored") in WEIGHTS_KL
 
 
 def kl_gate(loaded: Loaded) -> dict[str, float]:
     """The KL bounds (mean, p90, max; top1_mismatches where some are allowed) check judges
     by: the reduced decode weights' own (``REDUCED_KL``), else a bfloat16 prompt chunk's
     (``PREFILL_KL``), else a bfloat16 KV cache's (``KV_CACHE_KL``), else the spec's
-    ``validation.kl`` bound by bound over float32's default (``DEFAULT_KL``)."""
+    ``validation.kl`` bound by bound over float32's default (``DEFAULT_KL``); weights
+    converted at load (``WEIGHTS_KL``) first, bound by bound the looser of theirs and the
+    others'."""
+    converted = WEIGHTS_KL.get(getattr(loaded.lm, "weights", "stored"))
+    if converted is not None:
+        others = [REDUCED_KL.get(loaded.lm.decode_weights)] + \
+            [PREFILL_KL if loaded.lm.prefill_weights != "float32" else None] + \
+            [KV_CACHE_KL if loaded.lm.kv_cache != "float32" else None]
+        gate = dict(converted)
+        for o in others:
+            if o is not None:
+                gate = {k: max(v, o.get(k, v)) for k, v in gate.items()}
+        return gate
     if loaded.lm.decode_weights in REDUCED_KL:
         return dict(REDUCED_KL[loaded.lm.decode_weights])
     if loaded.lm.prefill_weights != "float32":

@@ -235,6 +235,8 @@ LOAD = [
     ("prefill_weights_unknown", dict(prefill_weights="int8"), ValueError, "^prefill_weights='int8' is not one of float32, bfloat16"),
     ("kv_cache_number", dict(kv_cache=16), TypeError, "kv_cache is 16; it is one of 'float32', 'bfloat16'"),
     ("kv_cache_unknown", dict(kv_cache="int8"), ValueError, "^kv_cache='int8' is not one of float32, bfloat16"),
+    ("weights_number", dict(weights=8), TypeError, "weights is 8; it is one of 'stored', 'float32'"),
+    ("weights_unknown", dict(weights="q3_k"), ValueError, "^weights='q3_k' is not one of stored, float32, bfloat16"),
     ("context_past_model", dict(max_seq_len=100000), ValueError, "^max_seq_len=100000 is not within 1..512, the model's own context"),
     ("chunk_past_context", dict(max_seq_len=32, prefill_chunk=64), ValueError, "^prefill_chunk=64 is past the context max_seq_len 32"),
     ("toy_without_seed", dict(random_weights=None), ValueError, r"^toy=True needs random_weights=SEED: a toy has no checkpoint"),
@@ -255,7 +257,7 @@ def test_a_bad_load_argument_is_refused_naming_it(case, kwargs, error, says):
 
 
 ENCODER_ONLY_NOT = [("max_seq_len", 64), ("prefill_chunk", 8), ("decode_weights", "int8"),
-                    ("prefill_weights", "bfloat16"), ("kv_cache", "bfloat16")]
+                    ("prefill_weights", "bfloat16"), ("kv_cache", "bfloat16"), ("weights", "q8_0")]
 
 
 @pytest.mark.parametrize("name, value", ENCODER_ONLY_NOT, ids=[c[0] for c in ENCODER_ONLY_NOT])

@@ -239,3 +239,21 @@ def test_exact_bfloat16_of_float32_weights_is_refused_naming_the_rounded_choice(
     assert result.exit_code == 1
     assert "do not hold exactly in bfloat16" in result.output
     assert "--decode-weights bfloat16-rounded rounds them" in result.output
+
+
+@pytest.mark.parametrize("weights, mean", [("q8_0", 1e-3), ("q4_0", 0.1)])
+def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_more(weights, mean):
+    # The toy's float32 weights quantized at load (runtime.holding): every kernel within its
+    # tolerance of its reference on the blocks it reads, the rounding within the conversion's
+    # gate; the float64 reference would read the blocks too, so the spec is not verified by
+    # this run (exit 3): check --weights stored verifies it.
+    result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--weights", weights,
+                   "--json")
+    assert result.exit_code == 3, result.output
+    verdict = json.loads(result.stdout)
+    names = {c["name"]: c for c in verdict["checks"]}
+    assert "float64 KL vs golden" not in names and names["per-step check"]["passed"]
+    kl = names["KL vs golden"]
+    assert kl["passed"] and 0 < kl["numbers"]["mean"] <= mean
+    assert "check --weights stored to verify the spec" in kl["figure"]
+    assert f"weights {weights}, KL gate mean {mean:g}" in result.stderr
