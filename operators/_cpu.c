@@ -1365,6 +1365,86 @@ static PyObject *py_gemm_held(PyObject *const *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- nonfinite: how many values of a held weight are NaN or infinite ------------------------
+ * A float form's values by their exponent bits; a block form's by its float16 scale and
+ * minimum (its values are finite exactly where they are), each counted for its block's
+ * values. On the pool: the first pass over a memory-mapped file's pages, so it also brings
+ * them in. */
+typedef struct {
+    const uint8_t *w;
+    Py_ssize_t n;  /* values (float forms) or blocks */
+    int form, block, bytes;
+    Py_ssize_t counts[MAX_THREADS];
+} nonfinite_args;
+
+static void nonfinite_part(const void *args, int part, int parts) {
+    nonfinite_args *a = (nonfinite_args *)args;
+    Py_ssize_t lo, hi, bad = 0;
+    share(a->n, 1024, part, parts, &lo, &hi);
+    switch (a->form) {
+    case HELD_F32: {
+        const uint32_t *v = (const uint32_t *)a->w;
+        for (Py_ssize_t i = lo; i < hi; i++)
+            bad += (v[i] & 0x7f800000u) == 0x7f800000u;
+        break;
+    }
+    case HELD_BF16: case HELD_F16: {
+        const uint16_t *v = (const uint16_t *)a->w;
+        const uint16_t m = a->form == HELD_BF16 ? 0x7f80 : 0x7c00;
+        for (Py_ssize_t i = lo; i < hi; i++)
+            bad += (v[i] & m) == m;
+        break;
+    }
+    default: {
+        /* where each block form keeps its float16 scale (and minimum): ggml-common.h */
+        const int at = a->form == HELD_Q6_K ? 208 : 0;
+        const int two = a->form == HELD_Q4_1 || a->form == HELD_Q5_1 || a->form == HELD_Q4_K ||
+                        a->form == HELD_Q5_K;
+        for (Py_ssize_t i = lo; i < hi; i++) {
+            const uint8_t *b = a->w + i * a->bytes;
+            const int s0 = (b[at + 1] & 0x7c) == 0x7c, s1 = two && (b[3] & 0x7c) == 0x7c;
+            bad += (s0 | s1) ? a->block : 0;
+        }
+    }
+    }
+    a->counts[part] = bad;
+}
+
+/* nonfinite(w, form): the values of w (any C-contiguous buffer of whole values or blocks of
+ * ``form``) that are NaN or infinite. */
+static PyObject *py_nonfinite(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "nonfinite(w, form) takes 2 arguments");
+        return NULL;
+    }
+    long f = PyLong_AsLong(args[1]);
+    if (f == -1 && PyErr_Occurred())
+        return NULL;
+    int bytes, block = held_block(f, &bytes);
+    if (block == 0) {
+        PyErr_Format(PyExc_ValueError, "nonfinite: form %ld is none of _cpu.c's", f);
+        return NULL;
+    }
+    Py_buffer w;
+    if (PyObject_GetBuffer(args[0], &w, PyBUF_C_CONTIGUOUS) != 0)
+        return NULL;
+    if (w.len % bytes) {
+        PyErr_Format(PyExc_ValueError, "nonfinite: %zd bytes are not whole blocks of %d",
+                     w.len, bytes);
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    nonfinite_args a = {w.buf, w.len / bytes, (int)f, block, bytes, {0}};
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(nonfinite_part, &a);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&w);
+    Py_ssize_t bad = 0;
+    for (int p = 0; p < MAX_THREADS; p++)
+        bad += a.counts[p];
+    return PyLong_FromSsize_t(bad);
+}
+
 /* widen(out, w, form): out (rows, k) float32 = w's rows held in ``form``, as llama.cpp's
  * dequantize_row_* gives them. */
 static PyObject *py_widen(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -2025,6 +2105,9 @@ static PyMethodDef methods[] = {
      "gemm(out, x, w, b): out = x @ w.T (+ b); out (m, n), x (m, k), w (n, k), float32 "
      "row-major, or bfloat16 tiles (formats.tile_bfloat16) with x rounded to bfloat16; b "
      "None or (n,). gemm(out, x, w, b, form): w n rows held in form (operators.held)"},
+    {"nonfinite", (PyCFunction)(void (*)(void))py_nonfinite, METH_FASTCALL,
+     "nonfinite(w, form): how many values of w, held in form, are NaN or infinite (a block "
+     "form's counted by its scales), on the pool"},
     {"widen", (PyCFunction)(void (*)(void))py_widen, METH_FASTCALL,
      "widen(out, w, form): out (rows, k) float32 = the values of w's rows held in form (a "
      "GGML type number: operators.held), as llama.cpp's dequantize_row_* gives them"},

@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from iron_spec.operators import formats, held
+from iron_spec.operators import formats, held, native
 from iron_spec.operators.held import Blocks
 
 from .quants import FORMATS
@@ -110,9 +110,13 @@ def convert(values, form: str, name: str):
 
 
 def not_finite(weight) -> int:
-    """How many values of a held matrix are not finite (NaN or infinite), read a piece at a
-    time: a float form's bit patterns, a block form's scales (its values are finite exactly
-    where they are)."""
+    """How many values of a held matrix are not finite (NaN or infinite): a float form's by
+    its bit patterns, a block form's by its scales (its values are finite exactly where they
+    are). On the pool where it is built (the first pass over a mapped file's pages: it brings
+    them in too), else by numpy a piece at a time."""
+    lib = native.lib()
+    if lib is not None and held.contiguous(weight):
+        return lib.nonfinite(held.raw(weight), held.code(weight))
     bad = 0
     if isinstance(weight, Blocks):
         block, nbytes = held.BLOCKS[weight.form]
@@ -123,9 +127,10 @@ def not_finite(weight) -> int:
         step = max(1, PIECE_BYTES // nbytes)
         for lo in range(0, len(flat), step):
             part = flat[lo: lo + step]
-            for at in offsets:
-                bits = np.ascontiguousarray(part[:, at: at + 2]).view(np.uint16)
-                bad += int(np.count_nonzero((bits & 0x7C00) == 0x7C00)) * block
+            bits = [np.ascontiguousarray(part[:, at: at + 2]).view(np.uint16).reshape(-1)
+                    for at in offsets]
+            bad += int(np.count_nonzero(np.logical_or.reduce(
+                [(b & 0x7C00) == 0x7C00 for b in bits]))) * block
         return bad
     bits = held.raw(weight).reshape(-1).view(np.uint16)
     mask = 0x7F80 if held.form(weight) == "BF16" else 0x7C00

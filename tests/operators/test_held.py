@@ -191,3 +191,22 @@ def test_a_program_refuses_held_bytes_that_do_not_fit():
                                         w, None), (4, 64, held.CODES["Q8_0"]))
     with pytest.raises(ValueError, match="array 2 is 136 bytes"):
         native.program([(step, None)])
+
+
+@pytest.mark.parametrize("form", BLOCK_FORMS + FLOAT_FORMS)
+def test_nonfinite_counts_what_gguf_py_widens_to_nan_or_inf(form):
+    rng = np.random.default_rng(7)
+    w, _ = weight(form, 6, 256, rng)
+    raw = held.raw(w).copy()
+    if form in BLOCK_FORMS:  # a scale (and, where it has one, a minimum) made infinite
+        block, nbytes = held.BLOCKS[form]
+        at = 208 if form == "Q6_K" else 2 if form in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 0
+        raw.reshape(-1, nbytes)[3, at + 1] |= 0x7C
+    else:
+        raw.reshape(-1).view(np.uint8)[17 * raw.itemsize - 1] |= 0x7F  # a top byte: exponent
+        raw.reshape(-1).view(np.uint8)[17 * raw.itemsize - 2] |= 0xFF
+    values = gguf.quants.dequantize(raw.view(np.uint8) if form != "F16" else raw, T[form]) \
+        if form in BLOCK_FORMS else held.widen_all(raw.view(w.dtype) if form == "BF16" else raw)
+    want = int(np.count_nonzero(~np.isfinite(values)))
+    assert want > 0
+    assert native.LIB.nonfinite(raw, held.code(w)) == want
