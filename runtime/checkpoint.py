@@ -462,9 +462,12 @@ def _hold(param: Param, checkpoint, source: str, form: str | None):
     else:
         values = stored
     try:
-        return holding.convert(values, form, source)
+        converted = holding.convert(values, form, source)
     except ValueError as e:
         raise ValueError(f"{checkpoint.path}: {e}") from None
+    if converted is not stored:  # the file's pages read for it leave resident memory
+        checkpoint.release(source)
+    return converted
 
 
 def _not_finite(checkpoint: Checkpoint, source: str, array: np.ndarray) -> str:

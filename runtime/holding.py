@@ -40,7 +40,8 @@ WEIGHTS = {"stored": None, "float32": "F32", "bfloat16": "BF16", "float16": "F16
 #: The stored dtypes a safetensors tensor may be held in as it is.
 STORED = {"BF16": "BF16", "F16": "F16"}
 
-PIECE_BYTES = 32 * 2**20  # float32 bytes of a matrix converted at a time
+PIECE_BYTES = 8 * 2**20  # float32 bytes of a matrix converted at a time (gguf-py's quantizers
+#                          take several temporaries of a piece: a transient of ~50 MB)
 
 
 def choice(weights: str) -> str | None:

@@ -562,9 +562,10 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
                                       config_json, expanded.resolved.values, part, weights)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     lm.weights = weights
-    held_now = {}
+    held_now, seen = {}, set()
     for _, p in lm.named_params():
-        if p.holdable and p.array is not None:
+        if p.holdable and p.array is not None and id(p) not in seen:  # a tied head once
+            seen.add(id(p))
             f = holding.held_form(p.array)
             held_now[f] = held_now.get(f, 0) + holding.held.nbytes(p.array)
     log.info("weights held as %s (--weights %s)", ", ".join(
