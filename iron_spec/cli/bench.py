@@ -39,9 +39,13 @@ from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, 
 
 PROMPTS = (128, 512)
 SHORT, DEEP, DECODE = 128, 2000, 64
+#: Whether the deep decode (at DEEP positions) is measured: --quick leaves it out, and the
+#: 512-token prompt (a large model's on a small machine: minutes each).
+DEEP_DECODE = True
 #: The context bench sizes the caches for, where the model's own is not shorter.
 CONTEXT = 4096
-COPY_ELEMENTS = 2**28  # the copy bandwidth's array: 1 GiB, past any cache
+COPY_ELEMENTS = 2**26  # the copy bandwidth's array: 256 MiB, 8x past the largest L3 here
+#                       (1 GiB was 2 GiB with its copy: beside an 8B model, past the memory)
 
 
 def peak_rss() -> int:
@@ -66,7 +70,8 @@ def figures(prefill: Callable[[int], float], decode: Callable[[int], float]) -> 
         out[f"ttft{n}_s"] = lambda n=n: prefill(n)
     # Short decode last: the floor's GEMV pass, its ratio's other term, comes right after.
     for name, at in (("deep", DEEP), ("short", SHORT)):
-        out[f"decode_{name}_tokens_per_s"] = lambda at=at: decode(at)
+        if name == "short" or DEEP_DECODE:
+            out[f"decode_{name}_tokens_per_s"] = lambda at=at: decode(at)
     return out
 
 
@@ -502,6 +507,8 @@ def report(r: dict) -> str:
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
 
     def row(label, key, rkey=None, unit="tok/s"):
+        if key not in o:  # not measured (--quick)
+            return
         peer = "" if t is None else f"{t[key]:14.1f}"
         ratio = "" if rkey is None or q[rkey] is None else f"{q[rkey]:8.2f}"
         lines.append(f"{label:28}{o[key]:12.1f}{peer:>14}{ratio:>8}  {unit}")
@@ -515,12 +522,15 @@ def report(r: dict) -> str:
         mine = r[f"ours {w}"]
         lines.append(f"{f'decode at {SHORT}, {w}':28}{mine[SHORT_DECODE]:12.1f}"
                      f"{'':>14}{'':>8}  tok/s")
-        lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
-                     f"{'':>14}{'':>8}  tok/s")
+        if "decode_deep_tokens_per_s" in mine:
+            lines.append(f"{f'decode at {DEEP}, {w}':28}{mine['decode_deep_tokens_per_s']:12.1f}"
+                         f"{'':>14}{'':>8}  tok/s")
     for kv in r.get("also_kv_caches", ()):
         for w in (r["decode_weights"], *r["also_decode_weights"]):
             mine = r[kv_side(w, kv)]
             for at, key in ((SHORT, SHORT_DECODE), (DEEP, "decode_deep_tokens_per_s")):
+                if key not in mine:
+                    continue
                 lines.append(f"{f'decode at {at}, {w}, {kv} KV':28}{mine[key]:12.1f}"
                              f"{'':>14}{'':>8}  tok/s")
     for w in r.get("also_prefill_weights", ()):
@@ -532,10 +542,11 @@ def report(r: dict) -> str:
                          f"{'':>14}{ratio:>8}  tok/s")
     for side, run in r.get(f"{ENGINE}_runs", {}).items():
         lp = r[side]
+        got = lambda key: f"{lp[key]:.1f}" if key in lp else "-"  # noqa: E731
         lines.append(f"{ENGINE} {run['version']} on {Path(run['file']).name} ({run['type']}): "
-                     f"prefill 128 / 512 {lp['prefill128_tokens_per_s']:.1f} / "
-                     f"{lp['prefill512_tokens_per_s']:.1f} tok/s, decode at {SHORT} / {DEEP} "
-                     f"{lp[SHORT_DECODE]:.1f} / {lp['decode_deep_tokens_per_s']:.1f} tok/s")
+                     f"prefill 128 / 512 {got('prefill128_tokens_per_s')} / "
+                     f"{got('prefill512_tokens_per_s')} tok/s, decode at {SHORT} / {DEEP} "
+                     f"{got(SHORT_DECODE)} / {got('decode_deep_tokens_per_s')} tok/s")
     lines.append((f"numpy GEMV pass over the decode weights as float32: "
                   f"{f['gemv_passes_per_s']:.1f} passes/s "
                   f"({f['gemv_gb_per_s']:.1f} GB/s of {f['decode_weight_bytes'] / 1e6:.0f} MB); "
@@ -608,9 +619,13 @@ def command(
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES, several=True), help=KV_CACHE_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, each decode weights' decode measured on the others beside it in the same run"),
     gguf: Optional[List[Path]] = typer.Option(None, metavar="FILE", callback=_gguf_files, help=f"a GGUF file of the same model: {ENGINE} ({ENGINE_PACKAGE}, the peer extra) measured on it beside transformers; repeat it for several tensor types (Q8_0, BF16, ...), each decode weights then set against the file of its bits"),
     allow_unread_config: bool = typer.Option(False, ALLOW_UNREAD, help=ALLOW_UNREAD_HELP),
+    quick: bool = typer.Option(False, "--quick", help=f"prefill {PROMPTS[0]} and decode at {SHORT} alone: no {PROMPTS[-1]}-token prompt, no decode at {DEEP} (a 1-8B model on a small machine: minutes each)"),
 ) -> None:
     """Prefill and decode tokens/s, TTFT and peak memory, against transformers, llama.cpp
     (with --gguf) and the floor."""
+    global PROMPTS, DEEP_DECODE
+    if quick:
+        PROMPTS, DEEP_DECODE = PROMPTS[:1], False
     first, *also = [w.strip() for w in decode_weights.split(",")]
     first_prefill, *also_prefill = [w.strip() for w in prefill_weights.split(",")]
     first_kv, *also_kv = [w.strip() for w in kv_cache.split(",")]

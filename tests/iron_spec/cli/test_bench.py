@@ -201,3 +201,18 @@ def test_max_seq_len_says_why_its_least_is_what_it_is(monkeypatch):
     monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 400)  # each help on one line
     text = " ".join(CliRunner().invoke(app, ["bench", "-h"]).output.split())
     assert "at least 2065, as the deep decode draws 65 tokens after a 2000-token prompt" in text
+
+
+def test_quick_measures_the_short_prompt_and_decode_alone(short, monkeypatch):
+    # --quick: a large model's bench on a small machine (the 512-token prompt and the deep
+    # decode take minutes each there), the figures and ratios left out said as such.
+    monkeypatch.setattr(bench, "PROMPTS", bench.PROMPTS[:1])
+    monkeypatch.setattr(bench, "DEEP_DECODE", False)
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True, weights="q8_0")
+    r = bench.measure(loaded, runs=1, peer=False)
+    assert set(r["ours"]) >= {"ttft128_s", "decode_short_tokens_per_s"}
+    assert "ttft512_s" not in r["ours"] and "decode_deep_tokens_per_s" not in r["ours"]
+    assert r["ratios"]["deep_vs_short_decode"] is None
+    assert r["weights_held"].startswith("Q8_0")
+    text = bench.report(r)
+    assert "decode at 8" in text and "decode at 40" not in text and "as held (Q8_0" in text
