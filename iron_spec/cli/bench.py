@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import resource
 import statistics
 import time
@@ -220,6 +221,11 @@ def gguf_peer(loaded: Loaded, gguf: Path, n_threads: int) -> tuple[Figures, dict
     Raises:
         ValueError: the file is missing, or its vocabulary is smaller than the model's.
     """
+    # llama.cpp's OpenMP threads spin at every barrier unless told to sleep; on a machine
+    # shared with other processes they spin against descheduled partners: SmolLM2 Q8_0
+    # decoded at 0.4-1.4 tok/s at load average 18 here, 15-64 with PASSIVE (ours sleeps
+    # after 0.2 ms). Set before the engine's OpenMP runtime loads; a user's own setting kept.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         engine = importlib.import_module(ENGINE_MODULE)
     except ImportError:
