@@ -1,6 +1,6 @@
 """Where a prompt and a decode step spend their time, by the compiled steps' codes.
 
-    python bench/profile.py specs/llama3.yaml --checkpoint DIR [--decode-weights int8]
+    python bench/profile.py specs/llama3.yaml --checkpoint DIR [--weights q8_0] [--decode-weights int8]
         [--prefill-weights bfloat16] [--kv-cache bfloat16] [--prompt 512] [--at 128]
         [--tokens 64]
 
@@ -17,7 +17,7 @@ import argparse
 import time
 
 from iron_spec.cli.bench import bench_prompt
-from iron_spec.spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, load_model
+from iron_spec.spec.build import DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, WEIGHTS, load_model
 from iron_spec.operators import native
 from iron_spec.runtime.session import Session
 
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--decode-weights", default="float32", choices=DECODE_WEIGHTS)
     ap.add_argument("--prefill-weights", default="float32", choices=PREFILL_WEIGHTS)
     ap.add_argument("--kv-cache", default="float32", choices=KV_CACHES)
+    ap.add_argument("--weights", default="stored", choices=WEIGHTS)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--at", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
@@ -53,7 +54,8 @@ def main() -> None:
         loaded = load_model(args.spec, checkpoint=args.checkpoint,
                             max_seq_len=max(args.prompt, args.at + args.tokens + 1),
                             decode_weights=args.decode_weights,
-                            prefill_weights=args.prefill_weights, kv_cache=args.kv_cache)
+                            prefill_weights=args.prefill_weights, kv_cache=args.kv_cache,
+                            weights=args.weights)
     except ValueError as e:  # the context asked for is this script's --prompt, --at, --tokens
         raise SystemExit(f"--prompt {args.prompt}, --at {args.at} and --tokens {args.tokens} "
                          f"need {max(args.prompt, args.at + args.tokens + 1)} positions: {e}")

@@ -34,6 +34,9 @@
 
 #define MAX_THREADS 64
 #define SPIN_NS 200000L
+/* How long a worker spins for the next task before it sleeps: SPIN_NS, or IRON_SPEC_SPIN_US
+ * (microseconds) read when the pool starts. */
+static long spin_ns = SPIN_NS;
 
 typedef void (*task_fn)(const void *args, int part, int parts);
 
@@ -98,7 +101,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         long g = atomic_load(&pool.generation);
         if (g == seen) {
-            long until = now_ns() + SPIN_NS;
+            long until = now_ns() + spin_ns;
             for (int i = 1; (g = atomic_load(&pool.generation)) == seen; i++) {
                 relax();
                 if ((i & 255) == 0 && now_ns() > until)
@@ -142,6 +145,9 @@ static void pool_after_fork(void) {
 static int pool_start(int threads) {
     if (pool.threads)
         return 0;
+    const char *spin = getenv("IRON_SPEC_SPIN_US");
+    if (spin && *spin)
+        spin_ns = 1000L * atol(spin);
     if (threads < 1)
         threads = 1;
     if (threads > MAX_THREADS)

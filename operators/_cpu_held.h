@@ -240,6 +240,31 @@ static void HELD_FN(held_widen_rows)(int form, const uint8_t *wh, Py_ssize_t rb,
         HELD_FN(widen_blocks)(form, wh + r * rb, k / block, out + (r - r0) * k);
 }
 
+/* The lanes of v[0 .. R) summed across, one row's sum a lane of out (R <= 4): on 16 and 8
+ * lanes, halves added and then two rounds of horizontal adds for the four rows at once (13
+ * instructions where four sums of 16 lanes in turn were 60 dependent adds: at k = 576 a
+ * row's sum cost as much as its products). */
+static inline __attribute__((always_inline)) void HELD_FN(hsum4)(const HFV *v, const int R,
+                                                                float out[4]) {
+#if W == 16 || W == 8
+    __m256 n[4];
+    for (int i = 0; i < 4; i++) {
+        const HFV u = v[i < R ? i : 0];
+#if W == 16
+        n[i] = _mm256_add_ps(_mm512_castps512_ps256((__m512)u),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd((__m512d)u, 1)));
+#else
+        n[i] = (__m256)u;
+#endif
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(n[0], n[1]), _mm256_hadd_ps(n[2], n[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+#else
+    for (int i = 0; i < R; i++)
+        out[i] = HELD_FN(hsum)(v[i]);
+#endif
+}
+
 /* bfloat16 rows: a row's 2W values from c * 2W are W 32-bit lanes, lane l its values 2l (low
  * half: shifted up, a float32 exactly) and 2l + 1 (high half: masked), so x is met in the
  * order held_bf16_order puts it (per 2W values: the even ones, then the odd ones). Rows
@@ -264,13 +289,63 @@ static inline __attribute__((always_inline)) void HELD_FN(bf16_rows)(const gemv_
             hi[i] = HELD_FN(madd)((HFV)(v & 0xffff0000u), xo, hi[i]);
         }
     }
+    HFV both[GEMV_GROUP];
+    float sums[4];
+    for (int i = 0; i < R; i++)
+        both[i] = lo[i] + hi[i];
+    HELD_FN(hsum4)(both, R, sums);
     for (int i = 0; i < R; i++) {
         const uint16_t *w = row0 + i * pitch;
-        float t = HELD_FN(hsum)(lo[i] + hi[i]);
+        float t = sums[i];
         for (Py_ssize_t c = C * 2 * W; c < K; c++)
             t = fmaf(bf16_to_float(w[c]), a->x[c], t);
         a->y[r + i] = a->b ? t + a->b[r + i] : t;
     }
+}
+
+/* bfloat16 rows one after another (rows shorter than 1024 values): each row read whole before
+ * the next, so a part reads one stream, as the float32 kernel does below 1024 (the
+ * prefetcher follows four interleaved streams of a few KB poorly); four chains a row. */
+static inline __attribute__((always_inline)) void HELD_FN(bf16_rows_seq)(const gemv_args *a,
+                                                                        Py_ssize_t r,
+                                                                        const int R) {
+    const Py_ssize_t K = a->k, C = K / (2 * W), pitch = a->rb / 2;
+    HFV both[GEMV_GROUP];
+    for (int i = 0; i < R; i++) {
+        const uint16_t *row = (const uint16_t *)(a->wh + (r + i) * a->rb);
+        HFV lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0};
+        Py_ssize_t c = 0;
+        for (; c + 1 < C; c += 2) {
+            const float *x = a->xp + c * 2 * W;
+            const uint16_t *p = row + c * 2 * W;
+            for (int l = 0; l < 8 * W; l += 64)  /* the pair's 8W bytes, a line each */
+                GEMV_AHEAD((const char *)p + l, AHEAD_BF16);
+            HUV v0, v1;
+            memcpy(&v0, p, sizeof v0);
+            memcpy(&v1, p + 2 * W, sizeof v1);
+            lo0 = HELD_FN(madd)((HFV)(v0 << 16), HELD_FN(xload)(x), lo0);
+            hi0 = HELD_FN(madd)((HFV)(v0 & 0xffff0000u), HELD_FN(xload)(x + W), hi0);
+            lo1 = HELD_FN(madd)((HFV)(v1 << 16), HELD_FN(xload)(x + 2 * W), lo1);
+            hi1 = HELD_FN(madd)((HFV)(v1 & 0xffff0000u), HELD_FN(xload)(x + 3 * W), hi1);
+        }
+        if (c < C) {
+            HUV v;
+            memcpy(&v, row + c * 2 * W, sizeof v);
+            lo0 = HELD_FN(madd)((HFV)(v << 16), HELD_FN(xload)(a->xp + c * 2 * W), lo0);
+            hi0 = HELD_FN(madd)((HFV)(v & 0xffff0000u), HELD_FN(xload)(a->xp + c * 2 * W + W), hi0);
+        }
+        both[i] = (lo0 + hi0) + (lo1 + hi1);
+    }
+    float sums[4];
+    HELD_FN(hsum4)(both, R, sums);
+    for (int i = 0; i < R; i++) {
+        const uint16_t *w = (const uint16_t *)(a->wh + (r + i) * a->rb);
+        float t = sums[i];
+        for (Py_ssize_t c = C * 2 * W; c < K; c++)
+            t = fmaf(bf16_to_float(w[c]), a->x[c], t);
+        a->y[r + i] = a->b ? t + a->b[r + i] : t;
+    }
+    (void)pitch;
 }
 
 /* W float16 values from p widened (F16C where the instruction set has it). */
@@ -305,9 +380,14 @@ static inline __attribute__((always_inline)) void HELD_FN(f16_rows)(const gemv_a
             hi[i] = HELD_FN(madd)(HELD_FN(half_load)(p + 2 * W), x1, hi[i]);
         }
     }
+    HFV both[GEMV_GROUP];
+    float sums[4];
+    for (int i = 0; i < R; i++)
+        both[i] = lo[i] + hi[i];
+    HELD_FN(hsum4)(both, R, sums);
     for (int i = 0; i < R; i++) {
         const uint8_t *w = row0 + i * a->rb;
-        float t = HELD_FN(hsum)(lo[i] + hi[i]);
+        float t = sums[i];
         for (Py_ssize_t c = C * 2 * W; c < K; c++)
             t = fmaf(half_to_float(w + 2 * c), a->x[c], t);
         a->y[r + i] = a->b ? t + a->b[r + i] : t;
@@ -579,6 +659,13 @@ static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1)
     Py_ssize_t r = r0;
     switch (a->form) {
     case HELD_BF16:
+        if (a->k < 1024) {  /* R a constant in each call: the loops unrolled */
+            for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
+                HELD_FN(bf16_rows_seq)(a, r, GEMV_GROUP);
+            for (; r < r1; r++)
+                HELD_FN(bf16_rows_seq)(a, r, 1);
+            return;
+        }
         for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
             HELD_FN(bf16_rows)(a, r, GEMV_GROUP);
         for (; r < r1; r++)
