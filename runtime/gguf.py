@@ -948,9 +948,10 @@ class GGUFCheckpoint:
     def stored(self, name: str):
         """Tensor ``name`` of two dimensions as a held form (``operators.held``): its blocks
         (``Blocks``) or its float16 / bfloat16 values, a view of the file (a copy where its
-        rows are put back: ``blocks``); None where it is float32, or not a matrix."""
+        rows are put back: ``blocks``); None where it is float32, not a matrix, or stored
+        transposed from transformers' layout (GPT-2's Conv1D: read widened by ``raw``)."""
         t = self.tensors[name]
-        if len(t.shape) != 2 or t.format.name == "F32" or (
+        if len(t.shape) != 2 or t.format.name == "F32" or self._source[name].transposed or (
                 self.layout.norm_offset and name.endswith("norm.weight")):
             return None
         fmt, rows = self.blocks(name)
