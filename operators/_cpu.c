@@ -2116,7 +2116,7 @@ static PyMethodDef methods[] = {
      "form's counted by its scales), on the pool"},
     {"widen", (PyCFunction)(void (*)(void))py_widen, METH_FASTCALL,
      "widen(out, w, form): out (rows, k) float32 = the values of w's rows held in form (a "
-     "GGML type number: operators.held), as llama.cpp's dequantize_row_* gives them"},
+     "GGML type number: operators.held), as ggml's dequantize_row_* gives them"},
     {"prefetch", py_prefetch, METH_VARARGS,
      "prefetch([float32, bfloat16, int8, attend]): how far ahead (bytes, 0: off) a GEMV asks "
      "for its weights, per form, and a decode step's attention for its cache rows; returns "

@@ -619,7 +619,7 @@ def command(
                                               "the shorter]"),
     peer: bool = typer.Option(True, help="also measure transformers where it is installed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
-    weights: str = typer.Option("stored", "--weights", callback=choice(WEIGHTS), help=WEIGHTS_HELP + "; one a run: a file's stored form is measured beside llama.cpp on the same file (--gguf FILE)"),
+    weights: str = typer.Option("stored", "--weights", callback=choice(WEIGHTS), help=WEIGHTS_HELP + "; one a run: a file's stored form is measured beside the GGUF peer on the same file (--gguf FILE)"),
     decode_weights: str = typer.Option("float32", "--decode-weights", callback=choice(DECODE_WEIGHTS, several=True), help=DECODE_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16,int8): the first is the model's, the others' decode measured beside it in the same run"),
     prefill_weights: str = typer.Option("float32", "--prefill-weights", callback=choice(PREFILL_WEIGHTS, several=True), help=PREFILL_WEIGHTS_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, the others' prefill measured beside it in the same run"),
     kv_cache: str = typer.Option("float32", "--kv-cache", callback=choice(KV_CACHES, several=True), help=KV_CACHE_HELP + ". Several, comma-separated (float32,bfloat16): the first is the model's, each decode weights' decode measured on the others beside it in the same run"),

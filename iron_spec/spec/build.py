@@ -222,8 +222,8 @@ WEIGHTS = tuple(holding.WEIGHTS)
 WEIGHTS_HELP = ("what the weights are held as: stored (the default: as the checkpoint stores "
                 "them; a bfloat16 or float16 safetensors file memory-mapped and read in place, "
                 "a GGUF file's blocks); float32; or converted at load: bfloat16, float16 "
-                "(rounded to nearest), q8_0, q4_0, q4_1, q5_0, q5_1 (llama.cpp's blocks, by "
-                "its reference quantizers). check judges a conversion by its KL gate")
+                "(rounded to nearest), q8_0, q4_0, q4_1, q5_0, q5_1 (GGML's blocks, by its "
+                "reference quantizers). check judges a conversion by its KL gate")
 DECODE_WEIGHTS = ("float32", "bfloat16", "bfloat16-rounded", "int8")
 # Bytes a weight takes in each reduced decode form: Q8_0 blocks hold 32 in 34 bytes (a
 # bfloat16 count here put int8's copy at 1.9x its size, found by a new user's trial).
