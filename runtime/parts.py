@@ -136,6 +136,11 @@ class CheckpointPart:
     def read(self, name: str) -> np.ndarray:
         return self.whole.read(self._source[name])
 
+    def stored(self, name: str):
+        """Tensor ``name`` as the whole checkpoint holds it (``Checkpoint.stored``: a held
+        form, a view of the file), or None where it is read into float32 instead."""
+        return self.whole.stored(self._source[name])
+
     def release(self, name: str, upto: int | None = None) -> None:
         self.whole.release(self._source[name], upto)
 
