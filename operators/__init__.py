@@ -16,6 +16,7 @@ from .disentangled import DisentangledAttention
 from .dynamic_mask import DynamicMask
 from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
+from .experts import Experts
 from .fourier import FourierMix
 from .grouped import GroupedLinear
 from .global_attention import GlobalWindowAttention
@@ -26,6 +27,7 @@ from .linear import Linear
 from .norm import RMSNorm
 from .positions import AddRows, SegmentRows, sinusoidal_table
 from .pooling import L2Normalize, MeanRows, Tanh
+from .router import Router
 from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .self_attention import SelfAttention
@@ -53,6 +55,7 @@ OPERATORS: dict[str, Operator] = {
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
         AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(),
         CallRows(), PairMean(), PixelShuffle(),
+        Router(), Experts(),
     )
 }
 
@@ -69,4 +72,5 @@ __all__ = [
     "DynamicMask",
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",
+    "Router", "Experts",
 ]

@@ -126,6 +126,15 @@ class Operator:
         so the reference computes the kernel's own product exactly."""
         return inputs
 
+    def reconcile(self, expected: np.ndarray, got: np.ndarray, inputs: list,
+                  attrs: dict) -> np.ndarray:
+        """The reference's output as the kernel may rightly have computed it, given what it
+        computed (``got``) from ``inputs``: ``expected`` itself by default. An operator
+        whose output is a choice (a router's top-k) gives the reference's output for the
+        kernel's choice where that choice ties within float32's error, so a tie is judged
+        by what follows from it, not failed."""
+        return expected
+
     def scratch(self, *shapes: tuple[int, ...], **attrs: Any) -> int:
         """float32 elements of working memory the kernel needs; none by default."""
         return 0

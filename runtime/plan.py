@@ -411,6 +411,8 @@ class Plan:
         ref_ins = step.op.reference_inputs(
             [o if o is not None else b for o, b in zip(originals, before)], ins)
         expected = step.op.reference(*ref_ins, **attrs)
+        if writes is None:
+            expected = step.op.reconcile(expected, np.asarray(out), ref_ins, attrs)
         if writes is not None and self._is_bfloat16_state(step.inputs[writes]):
             # What the state can hold of what the reference wrote: each value as the kernel
             # rounds it (formats.to_bfloat16 of its float32); judged exactly, as float32's.
