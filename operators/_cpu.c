@@ -1139,6 +1139,7 @@ static void held_widen(int form, const uint8_t *w, Py_ssize_t rb, Py_ssize_t r0,
                        Py_ssize_t k, float *out);
 
 #include "_cpu_tiles.h"
+#include "_cpu_experts.h"
 #include "_cpu_program.h"
 
 

@@ -69,6 +69,16 @@ enum {
                    * (+ b), float32: the gemm kernel; w bfloat16 tiles (uint16): x rounded
                    * to bfloat16, the tile kernel (_cpu_tiles.h) */
     OP_TAKE_ROW,  /* (out, x); (d, rows); (): row start of x (rows, d) */
+    OP_ROUTER,    /* (out, x, w, scratch, bias|None, selection|None, expert_scale|None); (E, H,
+                   * k, score, select_logits, weights_softmax, n_group, topk_group,
+                   * group_max, normalize); (norm_eps, norm_min, norm_p, scale): one row's
+                   * experts and weights (2, k), _cpu_experts.h's router_run; w (E, H) in a
+                   * GEMV's form */
+    OP_EXPERTS,   /* (out, x, routing, w_in, w_down, scratch, b_in|None, b_down|None,
+                   * norm|None); (E, k, R, H, I, Hout, kind, act, interleaved, weight_input,
+                   * has_limit, has_alpha); (limit, alpha, up_offset, norm_eps): one row
+                   * through its k routed experts, _cpu_experts.h's experts_run; w_in (E, R,
+                   * H) and w_down (E, Hout, I) in one GEMV form */
     OP_COUNT
 };
 
@@ -77,7 +87,8 @@ static const char *const OP_NAMES[OP_COUNT] = {
     [OP_MUL] = "mul", [OP_GATED] = "gated", [OP_ROPE] = "rope", [OP_KV_WRITE] = "kv_write",
     [OP_EMBEDDING] = "embedding", [OP_LAYER_NORM] = "layer_norm", [OP_COLUMNS] = "columns",
     [OP_ACTIVATION] = "activation", [OP_CLAMP] = "clamp", [OP_SOFTCAP] = "softcap",
-    [OP_ADD_ROWS] = "add_rows", [OP_GEMM] = "gemm", [OP_TAKE_ROW] = "take_row"};
+    [OP_ADD_ROWS] = "add_rows", [OP_GEMM] = "gemm", [OP_TAKE_ROW] = "take_row",
+    [OP_ROUTER] = "router", [OP_EXPERTS] = "experts"};
 
 /* profile(True): each step's calls and wall time summed by its code, until profile(False)
  * hands them over (bench/profile.py). Off, a run reads the clock not at all. */
@@ -90,7 +101,7 @@ static const unsigned ROWS_APART[OP_COUNT] = {
     [OP_GATED] = 1u << 0 | 1u << 1 | 1u << 2, [OP_ROPE] = 1u << 1, [OP_KV_WRITE] = 1u << 1,
     [OP_LAYER_NORM] = 1u << 0 | 1u << 1, [OP_CLAMP] = 1u << 0 | 1u << 1};
 
-enum { ARRAYS = 6, INTS = 8, FLOATS = 2 };
+enum { ARRAYS = 9, INTS = 12, FLOATS = 4 };
 
 typedef struct {
     int op, start_from, rows_at;
@@ -104,7 +115,8 @@ typedef struct {
     int held;                /* OP_GEMV, OP_GEMM, OP_EMBEDDING: the weight's held form
                               * (_cpu.c's HELD_*: its last int), -1 where it has none (the
                               * legacy forms, by the array's format: ``kind``) */
-    int kind;                /* OP_GEMV: WEIGHTS_F32, WEIGHTS_BF16 or 2 (Q8_0); OP_GEMM:
+    int kind;                /* OP_GEMV, OP_ROUTER, OP_EXPERTS: WEIGHTS_F32, WEIGHTS_BF16
+                              * or 2 (Q8_0); OP_GEMM:
                               * WEIGHTS_F32 or WEIGHTS_BF16 (tiles, _cpu_tiles.h);
                               * OP_ATTEND, OP_KV_WRITE: the cache's, the same two */
 } step_t;
@@ -128,6 +140,17 @@ static void program_free(PyObject *capsule) {
     Py_XDECREF(p->keep);
     free(p->steps);
     free(p);
+}
+
+/* The bytes and format of n rows of k weights in a GEMV's form (kind). */
+static void weight_size(int kind, Py_ssize_t n, Py_ssize_t k, Py_ssize_t *bytes, char *fmt) {
+    if (kind == 2) {
+        *bytes = n * (k / Q8_BLOCK) * Q8_BYTES;
+        *fmt = 'B';
+    } else {
+        *bytes = (kind == WEIGHTS_BF16 ? 2 : 4) * n * k;
+        *fmt = kind == WEIGHTS_BF16 ? 'H' : 'f';
+    }
 }
 
 /* The expected bytes of each array a step reads or writes, from its ints; 0 for an absent
@@ -291,6 +314,39 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[0] = 4 * i[0];
         want[1] = 4 * i[1] * i[0];
         return 0;
+    case OP_ROUTER:
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[2] > i[0] || i[2] > 64 || i[3] < 0 ||
+            i[3] > 2 || i[9] < 0 || i[9] > 2 ||
+            (i[6] > 0 && (i[0] % i[6] || i[7] < 1 || i[7] > i[6] || i[6] > 256)) ||
+            (s->kind == 2 && i[1] % Q8_BLOCK))
+            break;
+        want[0] = 4 * 2 * i[2];
+        want[1] = 4 * i[1];
+        weight_size(s->kind, i[0], i[1], &want[2], &fmt[2]);
+        want[3] = s->len[3] >= 4 * 3 * i[0] ? s->len[3] : 4 * 3 * i[0];
+        want[4] = s->a[4] ? 4 * i[0] : 0;
+        want[5] = s->a[5] ? 4 * i[0] : 0;
+        want[6] = s->a[6] ? 4 * i[0] : 0;
+        return 0;
+    case OP_EXPERTS: {
+        const Py_ssize_t E = i[0], k = i[1], R = i[2], H = i[3], I = i[4], Ho = i[5];
+        if (E < 1 || k < 1 || k > 64 || k > E || R < 1 || H < 1 || I < 1 || Ho < 1 ||
+            i[6] < 0 || i[6] > 1 || i[7] < 0 || i[7] >= ACT_COUNT ||
+            R != (i[6] == EXPERT_GATED ? 2 * I : I) ||
+            (s->kind == 2 && (H % Q8_BLOCK || I % Q8_BLOCK)))
+            break;
+        want[0] = 4 * Ho;
+        want[1] = 4 * H;
+        want[2] = 4 * 2 * k;
+        weight_size(s->kind, E * R, H, &want[3], &fmt[3]);
+        weight_size(s->kind, E * Ho, I, &want[4], &fmt[4]);
+        const Py_ssize_t need = 4 * k * (H + R + I + Ho);
+        want[5] = s->len[5] >= need ? s->len[5] : need;
+        want[6] = s->a[6] ? 4 * E * R : 0;
+        want[7] = s->a[7] ? 4 * E * Ho : 0;
+        want[8] = s->a[8] ? 4 * E * Ho : 0;
+        return 0;
+    }
     }
 none:
     PyErr_Format(PyExc_ValueError, "program: step of op %d has sizes that describe none",
@@ -404,8 +460,16 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
                 goto fail;
             }
         }
-        if (s->op == OP_GEMV)
+        if (s->op == OP_GEMV || s->op == OP_ROUTER)
             s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : formats[2] == 'B' ? 2 : WEIGHTS_F32;
+        if (s->op == OP_EXPERTS) {
+            s->kind = formats[3] == 'H' ? WEIGHTS_BF16 : formats[3] == 'B' ? 2 : WEIGHTS_F32;
+            if (formats[4] != formats[3]) {
+                PyErr_Format(PyExc_ValueError, "program: step %zd (op %d): w_in and w_down "
+                             "are in two forms ('%c', '%c')", j, s->op, formats[3], formats[4]);
+                goto fail;
+            }
+        }
         if (s->op == OP_GEMM)
             s->kind = formats[2] == 'H' ? WEIGHTS_BF16 : WEIGHTS_F32;
         if (s->op == OP_ATTEND)  /* the caches' form: both as the keys */
@@ -731,6 +795,19 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         for (Py_ssize_t k = 0; k < i[2] * i[0]; k++)
             out[k] = x[k] + t[k];
         return NULL;
+    }
+    case OP_ROUTER: {
+        router_call c = {out, s->a[1], s->a[2], s->kind, s->a[4], s->a[5], s->a[6], s->a[3],
+                         i[0], i[1], i[2], i[6], i[7], (int)i[3], (int)i[4], (int)i[5],
+                         (int)i[8], (int)i[9], s->f[0], s->f[1], s->f[2], s->f[3]};
+        return router_run(&c);
+    }
+    case OP_EXPERTS: {
+        experts_call c = {out, s->a[1], s->a[2], s->a[6], s->a[7], s->a[8], s->a[3], s->a[4],
+                          s->kind, s->a[5], i[0], i[1], i[2], i[3], i[4], i[5], (int)i[6],
+                          (int)i[7], (int)i[8], (int)i[9], (int)i[10], (int)i[11], s->f[0],
+                          s->f[1], s->f[2], s->f[3]};
+        return experts_run(&c);
     }
     case OP_TAKE_ROW:
         if (start < 0 || start >= i[1]) {

@@ -194,6 +194,34 @@ class Experts(Operator):
             self._run(out, x, routing, w_in, w_down, b_in, b_down, out_norm, a,
                       lambda v: _act32(v, a["act"]), np.float32)
 
+    def scratch(self, x, routing, w_in, w_down=None, *rest, **attrs):
+        # The native step's: each slot's input, first product, hidden values and output.
+        k, (E, R, H) = routing[2], w_in
+        inner = w_down[2] if w_down is not None else R
+        out = w_down[1] if w_down is not None else R
+        return k * (H + R + inner + out)
+
+    def lower(self, out, x, routing, w_in, w_down=None, b_in=None, b_down=None,
+              out_norm=None, scratch=None, **attrs):
+        """One row through its routed experts as a native step (``_cpu_experts.h``'s
+        ``experts_run``: only those experts' slices read, in the weights' GEMV form); a
+        prompt chunk's rows, linear experts and per-slot inputs or outputs stay numpy's."""
+        a = self._attrs(**attrs)
+        act = _NATIVE_ACTS.get(a["act"])
+        if native.LIB is None or x.ndim != 2 or x.shape[0] != 1 or a["slots"] != "sum" \
+                or a["kind"] == "linear" or (act is None and a["alpha"] is None) \
+                or w_in.dtype != w_down.dtype \
+                or not native.contiguous(out, x, routing, w_in, w_down, b_in, b_down, out_norm):
+            return None
+        E, R, H = w_in.shape[0], w_in.shape[1], x.shape[1]
+        inner, Hout = (R // 2 if a["kind"] == "gated" else R), out.shape[1]
+        ints = (E, routing.shape[2], R, H, inner, Hout, 0 if a["kind"] == "gated" else 1,
+                act if act is not None else 0, int(a["gate_up"] == "interleaved"),
+                int(a["weight_input"]), int(a["limit"] is not None), int(a["alpha"] is not None))
+        floats = (a["limit"] or 0.0, a["alpha"] or 0.0, a["up_offset"], a["norm_eps"])
+        return native.Step(native.OP_EXPERTS, (out, x, routing, w_in, w_down, scratch, b_in,
+                                               b_down, out_norm), ints, floats)
+
     # -- judging -------------------------------------------------------------------------
     def tolerance(self, x, routing, w_in, w_down=None, *rest, **attrs):
         # Two products (H terms, then I), an activation between.
@@ -286,6 +314,15 @@ class Experts(Operator):
         if kernel_inputs[2].dtype == np.uint8 and inputs[0].ndim == 2:
             return [formats.x16_values(inputs[0])] + list(inputs[1:])
         return inputs
+
+
+#: The activations the native step runs (_cpu_experts.h's expert_act).
+_NATIVE_ACTS = {"silu": native.ACT_SILU, "swish": native.ACT_SILU,
+                **{a: native.ACT_GELU_TANH for a in ("gelu_new", "gelu_pytorch_tanh",
+                                                     "gelu_python_tanh", "gelu_accurate")},
+                "gelu": native.ACT_GELU_ERF, "gelu_python": native.ACT_GELU_ERF,
+                "relu": native.ACT_RELU, "quick_gelu": native.ACT_QUICK_GELU,
+                "relu2": native.ACT_RELU2, "sigmoid": native.ACT_SIGMOID}
 
 
 def _act32(v: np.ndarray, act: str) -> np.ndarray:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
 SCORES = ("softmax", "sigmoid", "logits")
@@ -221,6 +222,26 @@ class Router(Operator):
                                           np.float32, self._attrs(**attrs))
         out[:, 0] = chosen
         out[:, 1] = w
+
+    def scratch(self, x, weight, *rest, **attrs):
+        return 3 * weight[0]
+
+    def lower(self, out, x, weight, bias=None, selection_bias=None, expert_scale=None,
+              scratch=None, **attrs):
+        """One row's routing as a native step (``_cpu_experts.h``'s ``router_run``, the
+        same choices and float32 operations as ``kernel``); a prompt chunk's rows and
+        sparsemixer stay numpy's."""
+        a = self._attrs(**attrs)
+        if native.LIB is None or x.shape[0] != 1 or a["sparsemixer"] is not None \
+                or not native.contiguous(out, x, weight, bias, selection_bias, expert_scale):
+            return None
+        groups = a["groups"] or (0, 0)
+        ints = (weight.shape[0], x.shape[1], a["top_k"], SCORES.index(a["score"]),
+                int(a["select"] == "logits"), int(a["weights"] == "softmax"), groups[0],
+                groups[1], int(a["group_score"] == "max"), NORMALIZE.index(a["normalize"]))
+        floats = (a["norm_eps"], a["norm_min"], a["norm_p"], a["scale"])
+        return native.Step(native.OP_ROUTER, (out, x, weight, scratch, bias, selection_bias,
+                                              expert_scale), ints, floats)
 
     def selection(self, x, weight, bias=None, selection_bias=None, **attrs):
         """The values each row's experts are chosen by ``(n, E)`` (float64): the scores or

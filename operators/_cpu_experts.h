@@ -1,0 +1,274 @@
+/* A decode step's mixture of experts: its router (operators/router.py) and its routed experts
+ * (operators/experts.py) for one row, included by _cpu.c after its GEMV instances and before
+ * _cpu_program.h (whose OP_ROUTER and OP_EXPERTS steps run these).
+ *
+ * Why: a decode step of a mixture reads only the k experts its router chose, as llama.cpp's
+ * mul_mat_id: the experts' weights stay stacked (E, rows, cols) in any form the GEMV reads
+ * (float32 rows, bfloat16 or Q8_0 row groups, each expert's matrix grouped on its own:
+ * formats.py), and each chosen expert's matrix is a slice at e * its size. The k experts'
+ * first products are one task on the pool (each thread a share of every expert's rows, in
+ * whole row groups, so no group straddles two experts), their activations on the calling
+ * thread (k * I values), their down products a second task, then the weighted sum in the
+ * slots' order (ascending experts, transformers' order) on the calling thread: two pool
+ * wake-ups a layer, as a dense MLP's gate/up and down GEMVs.
+ *
+ * Every result is the operators' float64 references' to within their tolerance; a row's
+ * values do not depend on the thread count (the GEMV's sums never do).
+ */
+
+/* An expert's weight form: the GEMV's (WEIGHTS_F32, WEIGHTS_BF16, 2: Q8_0). */
+static inline const void *expert_slice(const void *base, int form, Py_ssize_t e, Py_ssize_t n,
+                                       Py_ssize_t k) {
+    if (form == 2)
+        return (const uint8_t *)base + e * n * (k / Q8_BLOCK) * Q8_BYTES;
+    if (form == WEIGHTS_BF16)
+        return (const uint16_t *)base + e * n * k;
+    return (const float *)base + e * n * k;
+}
+
+typedef struct {
+    const void *w;        /* the stacked matrices (E, n, k) in form ``form`` */
+    int form;
+    const float *b;       /* (E, n) or NULL */
+    const float *x;       /* slot j's input at x + j * xstride */
+    Py_ssize_t xstride;
+    float *y;             /* slot j's output at y + j * n */
+    const int *experts;   /* the k experts */
+    Py_ssize_t slots, n, k;
+} experts_gemv;
+
+/* Every slot's rows [lo, hi) of its expert's product, lo and hi whole row groups. */
+static void experts_part(const void *args, int part, int parts) {
+    const experts_gemv *a = args;
+    Py_ssize_t lo, hi;
+    share(a->n, GEMV_GROUP, part, parts, &lo, &hi);
+    if (lo >= hi)
+        return;
+    for (Py_ssize_t j = 0; j < a->slots; j++) {
+        const Py_ssize_t e = a->experts[j];
+        const void *w = expert_slice(a->w, a->form, e, a->n, a->k);
+        gemv_args g = {a->form == WEIGHTS_F32 ? w : NULL, a->x + j * a->xstride,
+                       a->b ? a->b + e * a->n : NULL, a->form == WEIGHTS_BF16 ? w : NULL,
+                       a->form == 2 ? w : NULL, a->y + j * a->n, a->n, a->k};
+        BY_SIMD(gemv_rows, &g, lo, hi);
+    }
+}
+
+/* An expert's activation of one value, in float32 as operators/activation.py's kernels. */
+static inline float expert_act(float x, int act) {
+    if (act == ACT_SILU)
+        return x / (1.0f + expf(-x));
+    if (act == ACT_GELU_TANH)
+        return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    return act_one(x, act);
+}
+
+enum { EXPERT_GATED, EXPERT_PLAIN };
+
+/* One row through its k experts (operators/experts.py's Experts, slots summed). ints: E, k,
+ * R (w_in's rows), H, I, Hout, kind, act, interleaved, weight_input, has_limit, has_alpha;
+ * floats: limit, alpha, up_offset, norm_eps. scratch: k * (H + R + I + Hout) floats. NULL, or
+ * why not (an expert index outside 0 .. E - 1, as the router never writes). */
+typedef struct {
+    float *out;
+    const float *x, *route, *b_in, *b_down, *norm;
+    const void *w_in, *w_down;
+    int form;
+    float *scratch;
+    Py_ssize_t E, k, R, H, I, Hout;
+    int kind, act, interleaved, weight_input, has_limit, has_alpha;
+    float limit, alpha, up_offset, norm_eps;
+} experts_call;
+
+static const char *experts_run(const experts_call *c) {
+    int experts[64];
+    const Py_ssize_t k = c->k;
+    if (k < 1 || k > 64)
+        return "experts: k is not within 1 .. 64";
+    for (Py_ssize_t j = 0; j < k; j++) {
+        const float v = c->route[j];
+        if (!(v >= 0.0f && v < (float)c->E))
+            return "experts: a routed expert is outside the experts";
+        experts[j] = (int)v;
+    }
+    const float *w = c->route + k;
+    float *xs = c->scratch, *h = xs + k * c->H, *hid = h + k * c->R, *y = hid + k * c->I;
+    const float *x = c->x;
+    Py_ssize_t xstride = 0;
+    if (c->weight_input) {  /* each slot's input times its weight (Llama4TextMoe) */
+        for (Py_ssize_t j = 0; j < k; j++)
+            for (Py_ssize_t q = 0; q < c->H; q++)
+                xs[j * c->H + q] = c->x[q] * w[j];
+        x = xs;
+        xstride = c->H;
+    }
+    experts_gemv first = {c->w_in, c->form, c->b_in, x, xstride, h, experts, k, c->R, c->H};
+    pool_run(experts_part, &first);
+    for (Py_ssize_t j = 0; j < k; j++) {
+        const float *hj = h + j * c->R;
+        float *o = hid + j * c->I;
+        if (c->kind == EXPERT_PLAIN) {
+            for (Py_ssize_t q = 0; q < c->I; q++)
+                o[q] = expert_act(hj[q], c->act);
+            continue;
+        }
+        for (Py_ssize_t q = 0; q < c->I; q++) {
+            float g = c->interleaved ? hj[2 * q] : hj[q];
+            float u = c->interleaved ? hj[2 * q + 1] : hj[c->I + q];
+            if (c->has_limit) {
+                g = g > c->limit ? c->limit : g;
+                u = u > c->limit ? c->limit : u < -c->limit ? -c->limit : u;
+            }
+            const float a = c->has_alpha ? g / (1.0f + expf(-(g * c->alpha))) : expert_act(g, c->act);
+            o[q] = c->up_offset != 0.0f ? a * (u + c->up_offset) : a * u;
+        }
+    }
+    experts_gemv second = {c->w_down, c->form, c->b_down, hid, c->I, y, experts, k, c->Hout,
+                           c->I};
+    pool_run(experts_part, &second);
+    for (Py_ssize_t q = 0; q < c->Hout; q++)
+        c->out[q] = 0.0f;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        float *yj = y + j * c->Hout;
+        if (c->norm) {  /* each slot's output RMS-normed times its expert's row (Ergo) */
+            float ss = 0.0f;
+            for (Py_ssize_t q = 0; q < c->Hout; q++)
+                ss += yj[q] * yj[q];
+            const float r = 1.0f / sqrtf(ss / (float)c->Hout + c->norm_eps);
+            const float *nw = c->norm + experts[j] * c->Hout;
+            for (Py_ssize_t q = 0; q < c->Hout; q++)
+                yj[q] = yj[q] * r * nw[q];
+        }
+        const float wj = c->weight_input ? 1.0f : w[j];
+        for (Py_ssize_t q = 0; q < c->Hout; q++)
+            c->out[q] += yj[q] * wj;
+    }
+    return NULL;
+}
+
+/* ---- the router of one row (operators/router.py's Router, without sparsemixer) ---------- */
+
+enum { SCORE_SOFTMAX, SCORE_SIGMOID, SCORE_LOGITS };
+enum { NORM_NONE, NORM_SUM, NORM_P };
+
+/* ints: E, H, k, score, select_logits, weights_softmax, n_group (0: none), topk_group,
+ * group_max, normalize; floats: norm_eps, norm_min, norm_p, scale. scratch: 3 E floats. */
+typedef struct {
+    float *out;                 /* (2, k): experts ascending, then their weights */
+    const float *x;             /* (H,) */
+    const void *w;              /* (E, H) in the GEMV's form */
+    int form;
+    const float *bias, *selection, *expert_scale;
+    float *scratch;
+    Py_ssize_t E, H, k, n_group, topk_group;
+    int score, select_logits, weights_softmax, group_max, normalize;
+    float norm_eps, norm_min, norm_p, scale;
+} router_call;
+
+static const char *router_run(const router_call *c) {
+    const Py_ssize_t E = c->E, k = c->k;
+    if (k < 1 || k > 64 || k > E)
+        return "router: top_k is not within 1 .. min(64, experts)";
+    float *l = c->scratch, *s = l + E, *m = s + E;
+    gemv_args g = {c->form == WEIGHTS_F32 ? c->w : NULL, c->x, c->bias,
+                   c->form == WEIGHTS_BF16 ? c->w : NULL, c->form == 2 ? c->w : NULL, l, E,
+                   c->H};
+    if (E * c->H >= 1 << 16)
+        pool_run(gemv_part, &g);
+    else
+        BY_SIMD(gemv_rows, &g, 0, E);
+    if (c->score == SCORE_SOFTMAX) {
+        float top = l[0], sum = 0.0f;
+        for (Py_ssize_t e = 1; e < E; e++)
+            top = l[e] > top ? l[e] : top;
+        for (Py_ssize_t e = 0; e < E; e++)
+            sum += s[e] = expf(l[e] - top);
+        for (Py_ssize_t e = 0; e < E; e++)
+            s[e] /= sum;
+    } else if (c->score == SCORE_SIGMOID) {
+        for (Py_ssize_t e = 0; e < E; e++)
+            s[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else {
+        memcpy(s, l, sizeof(float) * E);
+    }
+    for (Py_ssize_t e = 0; e < E; e++)
+        m[e] = (c->select_logits ? l[e] : s[e]) + (c->selection ? c->selection[e] : 0.0f);
+    if (c->n_group > 0) {  /* the groups of the highest scores; the rest out of reach */
+        const Py_ssize_t size = E / c->n_group;
+        float gs[256];
+        int kept[256];
+        if (c->n_group > 256)
+            return "router: more than 256 groups";
+        for (Py_ssize_t q = 0; q < c->n_group; q++) {
+            float a = -INFINITY, b = -INFINITY;  /* the group's two largest */
+            for (Py_ssize_t e = q * size; e < (q + 1) * size; e++) {
+                if (m[e] > a) {
+                    b = a;
+                    a = m[e];
+                } else if (m[e] > b) {
+                    b = m[e];
+                }
+            }
+            gs[q] = c->group_max ? a : a + b;
+            kept[q] = 0;
+        }
+        for (Py_ssize_t t = 0; t < c->topk_group; t++) {  /* ties: the lower group first */
+            Py_ssize_t best = -1;
+            for (Py_ssize_t q = 0; q < c->n_group; q++)
+                if (!kept[q] && (best < 0 || gs[q] > gs[best]))
+                    best = q;
+            kept[best] = 1;
+        }
+        for (Py_ssize_t e = 0; e < E; e++)
+            if (!kept[e / size])
+                m[e] = -INFINITY;
+    }
+    int chosen[64];
+    for (Py_ssize_t t = 0; t < k; t++) {  /* k passes: k is small; ties the lower index */
+        Py_ssize_t best = -1;
+        for (Py_ssize_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (Py_ssize_t u = 0; u < t; u++)
+                taken |= chosen[u] == e;
+            if (!taken && (best < 0 || m[e] > m[best]))
+                best = e;
+        }
+        chosen[t] = (int)best;
+    }
+    for (Py_ssize_t a = 1; a < k; a++)  /* ascending */
+        for (Py_ssize_t b = a; b > 0 && chosen[b - 1] > chosen[b]; b--) {
+            const int t = chosen[b];
+            chosen[b] = chosen[b - 1];
+            chosen[b - 1] = t;
+        }
+    float *out = c->out, *wt = c->out + k;
+    if (c->weights_softmax) {
+        float top = l[chosen[0]], sum = 0.0f;
+        for (Py_ssize_t t = 1; t < k; t++)
+            top = l[chosen[t]] > top ? l[chosen[t]] : top;
+        for (Py_ssize_t t = 0; t < k; t++)
+            sum += wt[t] = expf(l[chosen[t]] - top);
+        for (Py_ssize_t t = 0; t < k; t++)
+            wt[t] /= sum;
+    } else {
+        for (Py_ssize_t t = 0; t < k; t++)
+            wt[t] = s[chosen[t]];
+    }
+    if (c->normalize != NORM_NONE) {
+        float d = 0.0f;
+        for (Py_ssize_t t = 0; t < k; t++)
+            d += c->normalize == NORM_SUM ? wt[t] : powf(fabsf(wt[t]), c->norm_p);
+        d = c->normalize == NORM_SUM ? d + c->norm_eps : powf(d, 1.0f / c->norm_p);
+        d = d > c->norm_min ? d : c->norm_min;
+        for (Py_ssize_t t = 0; t < k; t++)
+            wt[t] /= d;
+    }
+    for (Py_ssize_t t = 0; t < k; t++) {
+        if (c->scale != 1.0f)
+            wt[t] *= c->scale;
+        if (c->expert_scale)
+            wt[t] *= c->expert_scale[chosen[t]];
+        out[t] = (float)chosen[t];
+    }
+    return NULL;
+}

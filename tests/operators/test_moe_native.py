@@ -1,0 +1,116 @@
+"""The decode step's native router and experts (operators/_cpu_experts.h, a native program's
+OP_ROUTER and OP_EXPERTS) on each row of transformers' recorded cases: the same choices as
+transformers, the outputs within the operators' float64 references' tolerance, in every
+weight form the GEMV reads and on every instruction set; and only the routed experts read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iron_spec.operators import OPERATORS, native
+from tests.operators import test_experts as ex
+from tests.operators import test_router as rt
+
+
+def lowered(op, *inputs, **attrs):
+    """The operator's native step run alone on float32 copies of ``inputs`` (None: absent),
+    its output and scratch NaN first; what it wrote."""
+    shapes = tuple(None if x is None else np.shape(x) for x in inputs)
+    args = [None if x is None else np.array(x, np.float32) for x in inputs]
+    out = np.full(op.shape(*shapes, **attrs), np.nan, np.float32)
+    scratch = np.full(max(1, op.scratch(*shapes, **attrs)), np.nan, np.float32)
+    step = op.lower(out, *args, scratch=scratch, **attrs)
+    assert step is not None, f"{op.name} {attrs} has no native step"
+    native.run(native.program([(step, None)]), {"start": 0, "rows": 1, "position": 0}, 0, 1)
+    return out
+
+pytestmark = pytest.mark.skipif(not native.PROGRAM, reason="no native program here")
+
+ROUTER, EXPERTS = OPERATORS["router"], OPERATORS["experts"]
+NATIVE_ROUTERS = [c for c in rt.CASES if "sparsemixer" not in rt._attrs(c)]
+NATIVE_EXPERTS = [c for c in ex.CASES if not c.startswith("jetmoe")]
+
+
+@pytest.mark.parametrize("case", NATIVE_ROUTERS)
+def test_router_step_chooses_as_transformers(case):
+    x, *rest = rt._inputs(case)
+    attrs = rt._attrs(case)
+    for r in range(x.shape[0]):
+        got = lowered(ROUTER, x[r:r + 1], *rest, **attrs)
+        np.testing.assert_array_equal(got[0, 0], rt.GOLDEN[f"{case}.indices"][r], err_msg=case)
+        np.testing.assert_allclose(got[0, 1], rt.GOLDEN[f"{case}.weights"][r], rtol=2e-5,
+                                   atol=1e-6, err_msg=case)
+
+
+def _rows(case):
+    inputs, attrs, want = ex._case(case)
+    x, routing, *weights = inputs
+    for r in range(x.shape[0]):
+        yield [x[r:r + 1], routing[r:r + 1], *weights], attrs, want[r]
+
+
+def _judge(got, inputs, attrs, reduced=False):
+    ref_in = [None if v is None else np.array(v, np.float64) for v in inputs]
+    ref = EXPERTS.reference(*ref_in, **attrs)
+    shapes = tuple(None if v is None else v.shape for v in inputs)
+    bound = EXPERTS.tolerance(*shapes, **attrs).bound(EXPERTS.scale(ref, *ref_in, **attrs))
+    if reduced:  # x met as int16 blocks by Q8_0's GEMV: 2^-16 of a block's largest a value
+        bound = bound + 2.0 ** -14 * np.abs(ref).max()
+    err = np.abs(got - ref)
+    assert (err <= bound).all(), f"worst {err.max()} vs {bound.min()}"
+
+
+@pytest.mark.parametrize("case", NATIVE_EXPERTS)
+def test_experts_step_within_reference(case):
+    for inputs, attrs, _ in _rows(case):
+        got = lowered(EXPERTS, *inputs, **attrs)
+        _judge(got, inputs, attrs)
+
+
+@pytest.mark.parametrize("form", ["bfloat16-rounded", "int8"])
+@pytest.mark.parametrize("simd", ["portable", "avx2", "avx512"])
+def test_experts_step_on_reduced_weights(form, simd):
+    if simd not in native.LIB.available():
+        pytest.skip(f"this CPU lacks {simd}")
+    rng = np.random.default_rng(7)
+    E, I, H, k = 6, 96, 64, 3  # rows per expert 2I = 192, down rows H = 64
+    x = rng.standard_normal((1, H)).astype(np.float32)
+    w_in = rng.standard_normal((E, 2 * I, H)).astype(np.float32)
+    w_down = rng.standard_normal((E, H, I)).astype(np.float32)
+    routing = np.array([[[1, 3, 4], [0.2, 0.5, 0.3]]], np.float32)
+    packed_in = EXPERTS.pack_reduced(2, w_in, form)
+    packed_down = EXPERTS.pack_reduced(3, w_down, form)
+    before = native.LIB.simd()
+    native.LIB.use(simd)
+    try:
+        out = np.full((1, H), np.nan, np.float32)
+        scratch = np.full(EXPERTS.scratch(x.shape, routing.shape, w_in.shape, w_down.shape),
+                          np.nan, np.float32)
+        step = EXPERTS.lower(out, x, routing, packed_in, packed_down, scratch=scratch)
+        native.run(native.program([(step, None)]), {"start": 0, "rows": 1, "position": 0}, 0, 1)
+    finally:
+        native.LIB.use(before)
+    widened = [x, routing, EXPERTS.widen_reduced(2, packed_in), EXPERTS.widen_reduced(3, packed_down)]
+    _judge(out, widened, {}, reduced=form == "int8")
+
+
+def test_unrouted_experts_are_never_read():
+    rng = np.random.default_rng(3)
+    E, I, H = 5, 8, 32
+    x = rng.standard_normal((1, H)).astype(np.float32)
+    w_in = rng.standard_normal((E, 2 * I, H)).astype(np.float32)
+    w_down = rng.standard_normal((E, H, I)).astype(np.float32)
+    w_in[[0, 2, 4]] = np.nan
+    w_down[[0, 2, 4]] = np.nan
+    routing = np.array([[[1, 3], [0.6, 0.4]]], np.float32)
+    got = lowered(EXPERTS, x, routing, w_in, w_down)
+    assert np.isfinite(got).all()
+
+
+def test_a_routed_index_outside_the_experts_is_refused():
+    x = np.ones((1, 8), np.float32)
+    w_in, w_down = np.ones((2, 4, 8), np.float32), np.ones((2, 8, 2), np.float32)
+    routing = np.array([[[0, 5], [0.5, 0.5]]], np.float32)
+    with pytest.raises(ValueError, match="outside the experts"):
+        lowered(EXPERTS, x, routing, w_in, w_down)
