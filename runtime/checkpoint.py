@@ -522,14 +522,15 @@ def fill(module: Module, tensors: Mapping[str, np.ndarray]) -> LoadReport:
 
 
 def mark_transposed(module: Module, patterns: Iterable[str]) -> list[str]:
-    """Mark every matrix of ``module`` whose model name one of ``patterns`` matches (whole
-    names; ``runtime.renames`` patterns) as stored ``[in, out]`` (``Param.transposed``), as
-    transformers' ``Conv1D`` stores its weight. Returns the patterns that match no matrix.
+    """Mark every matrix (or stack of matrices) of ``module`` whose model name one of
+    ``patterns`` matches (whole names; ``runtime.renames`` patterns) as stored ``[in, out]``
+    (``Param.transposed``), as transformers' ``Conv1D`` stores its weight (and GptOssExperts
+    its ``(E, H, 2I)`` experts). Returns the patterns that match none.
     """
     patterns, hit = list(patterns), set()
     for name, p in module.named_params():
         for pattern in patterns:
-            if len(p.shape) == 2 and matching(name, [pattern]):
+            if len(p.shape) in (2, 3) and matching(name, [pattern]):
                 p.transposed = True
                 hit.add(pattern)
     return [p for p in patterns if p not in hit]

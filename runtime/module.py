@@ -19,10 +19,13 @@ class Param:
     weights centre it on 1 (``runtime.weights``).
 
     How a checkpoint stores it, where that differs from the model's layout: ``transposed``,
-    a matrix stored ``[in, out]`` (transformers' ``Conv1D``); ``rows``, the stored row each
-    model row is (``model = stored[rows]``: a fused q/k/v projection stored per head);
-    ``reshaped``, the stored shape of the same elements in the same order (a ``Conv1d``'s
-    ``(out, in, 1)`` weight, a bias stored ``(out, 1)``).
+    a matrix stored ``[in, out]`` (transformers' ``Conv1D``), or a stack of matrices each
+    stored so (``(E, in, out)``: GptOssExperts' ``gate_up_proj``): the last two axes
+    swapped; ``rows``, the stored row each model row is (``model = stored[rows]``: a fused
+    q/k/v projection stored per head); ``reshaped``, the stored shape of the same elements in
+    the same order (a ``Conv1d``'s ``(out, in, 1)`` weight, a bias stored ``(out, 1)``, a
+    stack of experts' matrices stored as their rows one after another, ``(E * rows, cols)``:
+    DbrxExpertGLU's), of the transposed layout's elements where also ``transposed``.
     ``from_stored`` and ``to_stored`` turn one layout into the other, exactly.
     """
 
@@ -39,31 +42,36 @@ class Param:
         self.reshaped: tuple[int, ...] | None = None
 
     @property
+    def _turned(self) -> tuple[int, ...]:
+        """``shape`` with its last two axes swapped (a transposed matrix's stored shape)."""
+        return self.shape[:-2] + self.shape[-2:][::-1]
+
+    @property
     def stored_shape(self) -> tuple[int, ...]:
-        """The shape a checkpoint stores: ``shape``, reversed where ``transposed``, or
-        ``reshaped``."""
+        """The shape a checkpoint stores: ``reshaped``, else ``shape`` with its last two
+        axes swapped where ``transposed``."""
         if self.reshaped is not None:
             return self.reshaped
-        return self.shape[::-1] if self.transposed else self.shape
+        return self._turned if self.transposed else self.shape
 
     def from_stored(self, values: np.ndarray) -> np.ndarray:
         """A stored tensor ``stored_shape`` in the model's layout (a view where only
-        transposed, else a copy)."""
+        transposed or reshaped, else a copy)."""
         if self.reshaped is not None:
-            return values.reshape(self.shape)
+            values = values.reshape(self._turned if self.transposed else self.shape)
         if self.transposed:
-            values = values.T
+            values = np.swapaxes(values, -1, -2)
         return values if self.rows is None else values[self.rows]
 
     def to_stored(self, values: np.ndarray) -> np.ndarray:
         """The model's ``values`` in the checkpoint's layout (``from_stored`` undone)."""
-        if self.reshaped is not None:
-            return values.reshape(self.reshaped)
         if self.rows is not None:
             stored = np.empty_like(values)
             stored[self.rows] = values
             values = stored
-        return np.ascontiguousarray(values.T) if self.transposed else values
+        if self.transposed:
+            values = np.ascontiguousarray(np.swapaxes(values, -1, -2))
+        return values.reshape(self.reshaped) if self.reshaped is not None else values
 
     def fill(self, values: np.ndarray) -> None:
         """Set the weight to ``values`` (of ``shape``, any float dtype) cast to float32: in

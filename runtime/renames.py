@@ -3,9 +3,10 @@ onto the model's, composed in order, and their inverse (for weights drawn here a
 as a checkpoint another library loads).
 
 A pattern is a run of whole dotted parts; a part is a literal (``c_attn``), ``{layer}`` (a
-layer index: digits) or ``*`` (any one part). A rename ``old -> new`` replaces the leftmost
+layer index: digits), ``{expert}`` (an expert's index in a mixture of experts: digits) or
+``*`` (any one part). A rename ``old -> new`` replaces the leftmost
 run of a name that ``old`` matches with ``new``, the holes of ``new`` filled with what
-``old``'s caught (``{layer}`` with the index, each ``*`` with the part the same-numbered
+``old``'s caught (``{layer}`` and ``{expert}`` with the indices, each ``*`` with the part the same-numbered
 ``*`` caught); ``new`` empty drops the run. A table applies every rename in turn, each to
 the name the one before gave, so ``transformer.h -> model.layers`` then ``attn.c_attn ->
 self_attn.qkv_proj`` maps ``transformer.h.7.attn.c_attn.weight`` at any depth, as
@@ -20,7 +21,9 @@ import functools
 from typing import Iterable, Mapping
 
 LAYER = "{layer}"
+EXPERT = "{expert}"
 ANY = "*"
+INDICES = (LAYER, EXPERT)  # holes that catch digits, each at most once in a pattern
 
 
 class RenameError(ValueError):
@@ -32,22 +35,23 @@ class Pattern:
 
     Raises:
         RenameError: an empty part (``a..b``), a part holding ``{``, ``}`` or ``*`` beside
-            other text, or ``{layer}`` more than once.
+            other text, or ``{layer}`` or ``{expert}`` more than once.
     """
 
     def __init__(self, text: str):
         self.text = text
         self.parts = text.split(".") if text else []
         for part in self.parts:
-            if part == "" or (part not in (LAYER, ANY) and any(c in part for c in "{}*")):
+            if part == "" or (part not in (*INDICES, ANY) and any(c in part for c in "{}*")):
                 raise RenameError(f"{text!r} is no run of whole dotted parts (a part is a name, "
-                                  f"{LAYER} or {ANY}: a.{LAYER}.{ANY}.b)")
-        if self.parts.count(LAYER) > 1:
-            raise RenameError(f"{text!r} holds {LAYER} more than once")
-        self.holes = [p for p in self.parts if p in (LAYER, ANY)]
+                                  f"{LAYER}, {EXPERT} or {ANY}: a.{LAYER}.{ANY}.b)")
+        for index in INDICES:
+            if self.parts.count(index) > 1:
+                raise RenameError(f"{text!r} holds {index} more than once")
+        self.holes = [p for p in self.parts if p in (*INDICES, ANY)]
 
     def _part(self, pattern: str, part: str) -> bool:
-        if pattern == LAYER:
+        if pattern in INDICES:
             return part.isdigit()
         return pattern == ANY or pattern == part
 
@@ -57,7 +61,7 @@ class Pattern:
         k = len(self.parts)
         if i + k > len(parts) or not all(map(self._part, self.parts, parts[i:i + k])):
             return None
-        return [s for p, s in zip(self.parts, parts[i:i + k]) if p in (LAYER, ANY)]
+        return [s for p, s in zip(self.parts, parts[i:i + k]) if p in (*INDICES, ANY)]
 
     def find(self, parts: list[str]) -> Iterable[tuple[int, list[str]]]:
         """Every place ``(i, caught)`` the pattern matches a run of ``parts``, leftmost first."""
@@ -74,9 +78,9 @@ class Pattern:
     def fill(self, caught: list[str], holes: list[str]) -> list[str]:
         """The parts with the holes filled: ``caught`` lists what ``holes`` (another
         pattern's, of the same kinds) caught."""
-        layer = next((c for h, c in zip(holes, caught) if h == LAYER), None)
+        index = {h: c for h, c in zip(holes, caught) if h in INDICES}
         stars = iter([c for h, c in zip(holes, caught) if h == ANY])
-        return [layer if p == LAYER else next(stars) if p == ANY else p for p in self.parts]
+        return [index[p] if p in INDICES else next(stars) if p == ANY else p for p in self.parts]
 
 
 class Rename:
@@ -84,7 +88,8 @@ class Rename:
 
     Raises:
         RenameError: a malformed pattern; ``old`` empty; ``new`` without ``old``'s holes
-            (as many ``*``, ``{layer}`` in both or neither), so the rename would not be
+            (as many ``*``, ``{layer}`` and ``{expert}`` in both or neither), so the rename
+            would not be
             undone.
     """
 
@@ -97,8 +102,8 @@ class Rename:
             raise RenameError("a rename of the empty run renames nothing")
         if sorted(self.old.holes) != sorted(self.new.holes):
             raise RenameError(f"rename {old!r} -> {new!r}: both sides hold the same holes (as "
-                              f"many {ANY}, {LAYER} in both or neither), so each name maps one "
-                              "way and back")
+                              f"many {ANY}, {LAYER} and {EXPERT} in both or neither), so each "
+                              "name maps one way and back")
 
     def apply(self, parts: list[str]) -> list[str] | None:
         """``parts`` with the leftmost run ``old`` matches replaced, else None."""

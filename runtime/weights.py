@@ -10,7 +10,8 @@ from .module import Module
 def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     """One float32 tensor per distinct param of ``module``, by its first dotted name.
 
-    Matrices are normal with standard deviation ``1 / sqrt(in_features)`` (activations stay
+    Matrices (and stacks of them: a mixture's experts) are normal with standard deviation
+    ``1 / sqrt(in_features)`` (activations stay
     of order one through every layer, so the logits are not flat and a wrong model shows),
     embedding rows with ``1 / scale`` (of order one once the model scales them);
     vectors (norm weights, biases) are ``N(0, 0.1)``, around 1 for a gain (``Param.gain``: a
@@ -26,8 +27,9 @@ def draw_weights(module: Module, seed: int) -> dict[str, np.ndarray]:
     for name, p in module.named_params():
         first.setdefault(id(p), (name, p))
     for name, p in sorted(first.values(), key=lambda item: item[0]):
-        if len(p.shape) == 2 and not p.gain:  # a (heads, size) norm weight is a gain
-            t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[1]))
+        if len(p.shape) in (2, 3) and not p.gain:  # a (heads, size) norm weight is a gain
+            # A stack of matrices (a mixture's experts, (E, out, in)) as each of its matrices.
+            t = rng.standard_normal(p.shape, dtype=np.float32) / np.float32(np.sqrt(p.shape[-1]))
             if name.endswith(("embed_tokens.weight", "embed_tokens_per_layer.weight",
                               "embed_positions.weight")):
                 # Rows of order one once the model scales them (Gemma's sqrt(hidden_size)):

@@ -1,0 +1,290 @@
+"""A mixture of experts in place of a layer's MLP: its router, its routed experts, and the
+shared experts every row runs through.
+
+Semantics are transformers' sparse MoE blocks (Qwen2MoeSparseMoeBlock, DeepseekV3MoE,
+MixtralSparseMoeBlock, GptOssMLP, Llama4TextMoe, Gemma4TextDecoderLayer's experts beside its
+MLP), each behaviour an option (``RouterOptions``, ``ExpertsOptions``), never a family.
+
+Param names follow transformers 5's modules: the router ``gate.weight`` ``(E, H)`` (its
+``gate.bias``, ``gate.e_score_correction_bias``, ``gate.per_expert_scale`` where held); the
+experts stacked as transformers 5 holds them (``ExpertsOptions.params``): ``fused``
+``experts.gate_up_proj`` ``(E, 2I, H)`` and ``experts.down_proj`` ``(E, H, I)``; ``split``
+``experts.gate_proj``, ``experts.up_proj`` ``(E, I, H)`` each; ``per_expert``
+``experts.{e}.gate_proj.weight`` ``(I, H)``, ... one Linear per expert, as most checkpoints
+store them. Whatever the names, the model holds one stacked array per product (the split
+and per-expert params are views of its rows), filled in place as each tensor is read: a
+checkpoint's experts are stacked at load one tensor at a time, never the whole model twice.
+
+Not for: the router's and experts' arithmetic (``operators.router``, ``operators.experts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blocks import MLP, Linear, MLPOptions, Norm, NormOptions
+from .graph import Handle, Recorder
+from .module import Module, Param
+
+PARAMS = ("fused", "split", "per_expert")
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """The router (``operators.router``'s attributes, and the params it reads).
+
+    ``top_k``: experts a row runs. ``score``, ``select``, ``weights``, ``groups``,
+    ``group_score``, ``normalize``, ``norm_eps``, ``norm_min``, ``norm_p``, ``scale``,
+    ``sparsemixer``: the operator's. ``bias``: the router's linear holds a bias
+    (``gate.bias``, GptOssTopKRouter's). ``selection_bias``: ``gate.e_score_correction_bias``
+    ``(E,)`` added to the selection values alone (DeepseekV3TopkRouter). ``expert_scale``:
+    ``gate.per_expert_scale`` ``(E,)`` times each chosen weight (Gemma4TextRouter).
+    ``input_norm``: the router reads its input RMS-normed without weight (eps ``eps``), times
+    ``gate.input_scale`` ``(H,)`` and times ``input_scale`` (Gemma4TextRouter's ``norm``,
+    ``scale`` and ``hidden_size ** -0.5``)."""
+
+    top_k: int
+    score: str = "softmax"
+    select: str = "scores"
+    weights: str = "scores"
+    groups: tuple[int, int] | None = None
+    group_score: str = "top2"
+    normalize: str | None = None
+    norm_eps: float = 0.0
+    norm_min: float = 0.0
+    norm_p: float = 1.0
+    scale: float = 1.0
+    sparsemixer: float | None = None
+    bias: bool = False
+    selection_bias: bool = False
+    expert_scale: bool = False
+    input_norm: bool = False
+    input_scale: float = 1.0
+    eps: float = 1e-6
+
+    def attrs(self) -> dict:
+        """The router operator's attributes."""
+        return dict(top_k=self.top_k, score=self.score, select=self.select,
+                    weights=self.weights, groups=self.groups, group_score=self.group_score,
+                    normalize=self.normalize, norm_eps=self.norm_eps, norm_min=self.norm_min,
+                    norm_p=self.norm_p, scale=self.scale, sparsemixer=self.sparsemixer)
+
+
+@dataclass(frozen=True)
+class ExpertsOptions:
+    """A mixture of experts in a layer.
+
+    ``count`` experts, each an MLP of ``kind`` (``gated``: ``down(act(gate) * up)``;
+    ``plain``: ``down(act(up))``) ``intermediate_size`` wide with ``act``, biases where
+    ``bias`` (``gate_up_proj_bias``, ``down_proj_bias``: GptOssExperts'); a gated expert's
+    first product ``gate_up`` ``halves`` or ``interleaved``; ``limit``, ``alpha``,
+    ``up_offset``: GptOssExperts' clamped SwiGLU (``operators.experts``). ``weight_input``:
+    a slot's weight times its input, not its output (Llama4TextMoe). ``out_norm``: each
+    expert's output RMS-normed times its own row of ``experts.post_expert_norm.weight``
+    ``(E, H)`` (ErgoExpertNorm, eps the layer norm's).
+
+    ``params``: how the model names the experts' weights (module docstring); ``flat``: each
+    stacked weight stored as ``(E * rows, cols)`` (DbrxExpertGLU's ``w1``, ``v1``, ``w2``).
+
+    ``shared_size``: the shared experts' width (0: none), an MLP of ``shared`` options named
+    ``shared_experts`` (DeepseekV3MoE; Qwen2MoeSparseMoeBlock's ``shared_expert`` renamed);
+    ``shared_gate``: its output times ``sigmoid(shared_expert_gate(x))`` ``(1, H)``
+    (Qwen2MoeSparseMoeBlock); ``shared_norm``: its output normed by
+    ``shared_experts.norm`` (ErgoSharedExpert, the layer's norm kind). ``routed_scale``: the
+    routed experts' sum times it before the shared output is added. ``output_bias``: a
+    ``bias`` ``(H,)`` added to the block's output (JetMoeMoE).
+    """
+
+    count: int
+    intermediate_size: int
+    router: RouterOptions
+    kind: str = "gated"
+    act: str = "silu"
+    bias: bool = False
+    gate_up: str = "halves"
+    limit: float | None = None
+    alpha: float | None = None
+    up_offset: float = 0.0
+    weight_input: bool = False
+    out_norm: bool = False
+    params: str = "per_expert"
+    flat: bool = False
+    shared_size: int = 0
+    shared: MLPOptions | None = None
+    shared_gate: bool = False
+    shared_norm: bool = False
+    routed_scale: float = 1.0
+    output_bias: bool = False
+
+    def attrs(self, eps: float) -> dict:
+        """The experts operator's attributes (``eps``: the output norm's)."""
+        return dict(kind=self.kind, act=self.act, gate_up=self.gate_up, limit=self.limit,
+                    alpha=self.alpha, up_offset=self.up_offset,
+                    weight_input=self.weight_input, norm_eps=eps)
+
+
+class Router(Module):
+    """The router's params (``RouterOptions``) and its step: ``(n, 2, k)`` routing."""
+
+    def __init__(self, hidden_size: int, count: int, o: RouterOptions):
+        self.weight = Param(count, hidden_size)
+        self.bias = Param(count) if o.bias else None
+        self.e_score_correction_bias = Param(count) if o.selection_bias else None
+        self.per_expert_scale = Param(count, gain=True) if o.expert_scale else None
+        if o.input_norm:
+            self.input_scale = Param(hidden_size, gain=True)
+            self.ones = np.ones(hidden_size, np.float32)
+        self.options = o
+
+    def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        o = self.options
+        if o.input_norm:
+            ones = rec.hold("const", self.where("ones"), self.ones)
+            x = rec.step("rms_norm", x, ones, where=self.where("norm"), eps=o.eps,
+                         plus_one=False)
+            scale = rec.hold("param", self.where("input_scale"), self.input_scale.array)
+            x = rec.step("mul", x, scale, where=self.where("input_scale"))
+            if o.input_scale != 1.0:
+                x = rec.step("mul", x, where=self.where("input_scale"), scale=o.input_scale)
+        held = [None if p is None else rec.hold("param", self.where(n), p.array)
+                for n, p in (("weight", self.weight), ("bias", self.bias),
+                             ("e_score_correction_bias", self.e_score_correction_bias),
+                             ("per_expert_scale", self.per_expert_scale))]
+        return rec.step("router", x, *held, where=self.path, **o.attrs())
+
+
+class ExpertLinear(Module):
+    """One expert's projection, ``weight`` (and ``bias``) views of rows of the stacked
+    arrays (``Experts``): a checkpoint's per-expert tensor fills its expert's rows."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None):
+        self.weight = Param(*weight.shape)
+        self.weight.array = weight
+        self.bias = None
+        if bias is not None:
+            self.bias = Param(*bias.shape)
+            self.bias.array = bias
+
+
+class Expert(Module):
+    """One expert's projections as a checkpoint names them per expert: ``gate_proj``,
+    ``up_proj`` and ``down_proj`` (a plain expert: ``up_proj``, ``down_proj``)."""
+
+    def __init__(self, gate_up: np.ndarray, down: np.ndarray, gate_up_bias, down_bias,
+                 gated: bool, gate_up_layout: str):
+        I = gate_up.shape[0] // 2 if gated else gate_up.shape[0]
+        pick = (slice(0, None, 2), slice(1, None, 2)) if gate_up_layout == "interleaved" \
+            else (slice(0, I), slice(I, 2 * I))
+        if gated:
+            self.gate_proj = ExpertLinear(gate_up[pick[0]],
+                                          None if gate_up_bias is None else gate_up_bias[pick[0]])
+            self.up_proj = ExpertLinear(gate_up[pick[1]],
+                                        None if gate_up_bias is None else gate_up_bias[pick[1]])
+        else:
+            self.up_proj = ExpertLinear(gate_up, gate_up_bias)
+        self.down_proj = ExpertLinear(down, down_bias)
+
+
+class Experts(Module):
+    """The routed experts' weights, stacked (module docstring), and their step."""
+
+    def __init__(self, hidden_size: int, o: ExpertsOptions):
+        if o.params not in PARAMS:
+            raise ValueError(f"experts params {o.params!r} is not one of {', '.join(PARAMS)}")
+        E, I, H = o.count, o.intermediate_size, hidden_size
+        gated = o.kind == "gated"
+        R = 2 * I if gated else I
+        self.w_in = np.empty((E, R, H), np.float32)
+        self.w_down = np.empty((E, H, I), np.float32)
+        self.b_in = np.empty((E, R), np.float32) if o.bias else None
+        self.b_down = np.empty((E, H), np.float32) if o.bias else None
+        first = "gate_up_proj" if gated else "up_proj"
+        if o.params == "per_expert":
+            self.experts = [Expert(self.w_in[e], self.w_down[e],
+                                   None if self.b_in is None else self.b_in[e],
+                                   None if self.b_down is None else self.b_down[e],
+                                   gated, o.gate_up) for e in range(E)]
+        elif o.params == "fused":
+            self._view(first, self.w_in)
+            self._view("down_proj", self.w_down)
+            if o.bias:
+                self._view(first + "_bias", self.b_in)
+                self._view("down_proj_bias", self.b_down)
+        else:  # split: gate and up stacked apart, views of the halves
+            if gated:
+                self._view("gate_proj", self.w_in[:, :I] if o.gate_up == "halves" else self.w_in[:, 0::2])
+                self._view("up_proj", self.w_in[:, I:] if o.gate_up == "halves" else self.w_in[:, 1::2])
+            else:
+                self._view("up_proj", self.w_in)
+            self._view("down_proj", self.w_down)
+            if o.bias:
+                raise ValueError("experts params split hold no biases (fused or per_expert do)")
+        if o.flat:
+            for name in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
+                p = getattr(self, name, None)
+                if isinstance(p, Param):
+                    p.reshaped = (p.shape[0] * p.shape[1], p.shape[2])
+        if o.out_norm:
+            self.post_expert_norm = Module()
+            self.post_expert_norm.weight = Param(E, H, gain=True)
+        self.options = o
+
+    def _view(self, name: str, array: np.ndarray) -> None:
+        p = Param(*array.shape)
+        p.array = array
+        setattr(self, name, p)
+
+    def __call__(self, rec: Recorder, x: Handle, routing: Handle, eps: float) -> Handle:
+        o = self.options
+        w_in = rec.hold("param", self.where("w_in"), self.w_in)
+        w_down = rec.hold("param", self.where("w_down"), self.w_down)
+        b_in = None if self.b_in is None else rec.hold("param", self.where("b_in"), self.b_in)
+        b_down = None if self.b_down is None else rec.hold("param", self.where("b_down"),
+                                                            self.b_down)
+        norm = None if not o.out_norm else rec.hold(
+            "param", self.where("post_expert_norm.weight"), self.post_expert_norm.weight.array)
+        return rec.step("experts", x, routing, w_in, w_down, b_in, b_down, norm,
+                        where=self.path, **o.attrs(eps))
+
+
+class MoE(Module):
+    """A layer's mixture of experts: ``gate`` (``Router``), ``experts`` (``Experts``), and
+    where the options hold them ``shared_experts`` (an ``MLP``), ``shared_expert_gate``
+    and ``bias``. ``x`` the MLP's input (the normed residual), ``(n, H)``; ``router_input``
+    what the router reads where it differs (Gemma 4's: the residual itself)."""
+
+    def __init__(self, hidden_size: int, o: ExpertsOptions, norm: NormOptions):
+        self.gate = Router(hidden_size, o.count, o.router)
+        self.experts = Experts(hidden_size, o)
+        if o.shared_size:
+            shared = o.shared or MLPOptions(o.shared_size)
+            self.shared_experts = MLP(hidden_size, shared)
+            if o.shared_norm:
+                self.shared_experts.norm = Norm(hidden_size, norm)
+            if o.shared_gate:
+                self.shared_expert_gate = Linear(hidden_size, 1)
+        if o.output_bias:
+            self.bias = Param(hidden_size)
+        self.options, self.eps = o, norm.eps
+
+    def __call__(self, rec: Recorder, x: Handle, router_input: Handle | None = None) -> Handle:
+        o = self.options
+        routing = self.gate(rec, x if router_input is None else router_input)
+        y = self.experts(rec, x, routing, self.eps)
+        if o.routed_scale != 1.0:
+            y = rec.step("mul", y, where=self.where("experts"), scale=o.routed_scale)
+        if o.shared_size:
+            s = self.shared_experts(rec, x)
+            if o.shared_norm:
+                s = self.shared_experts.norm(rec, s)
+            if o.shared_gate:
+                g = rec.step("activation", self.shared_expert_gate(rec, x),
+                             where=self.where("shared_expert_gate"), act="sigmoid")
+                s = rec.step("mul", s, g, where=self.where("shared_expert_gate"))
+            y = rec.step("add", y, s, where=self.path)
+        if o.output_bias:
+            b = rec.hold("param", self.where("bias"), self.bias.array)
+            y = rec.step("add", y, b, where=self.where("bias"))
+        return y
