@@ -1,16 +1,18 @@
 """The expression language of specs: arithmetic and logic over config fields, and nothing else.
 
 Accepted: numbers, field names, the literals ``true``/``false``/``null`` (and Python's
-``True``/``False``/``None``), ``+ - * / // % **``, unary minus and plus, parentheses,
+``True``/``False``/``None``), quoted words (``'sparse'``: a config word, compared with
+``==`` and ``!=`` only), ``+ - * / // % **``, unary minus and plus, parentheses,
 ``min(...)`` and ``max(...)`` (of two or more numbers, or of one: a number, or a list of
 numbers a config key holds, as LongformerConfig's per-layer ``attention_window``), ``int(x)``
 (one number truncated toward zero, as Python's ``int`` and so transformers' config classes
 and RoPE functions truncate: ``int(head_dim * partial_rotary_factor)``), comparisons
-``== != < <= > >=`` (chained as in Python),
-``and``/``or``/``not`` over booleans, and the conditional ``a if c else b``. Everything else
-(attribute access, subscripts, other calls, lambdas, comprehensions, strings, ``is``,
-``in``, bitwise operators) is refused with an error naming the expression. Expressions are
-parsed by ``ast`` and walked here; nothing is ever ``eval``-ed.
+``== != < <= > >=`` (chained as in Python), ``in`` and ``not in`` of a list a config key holds
+(``layer in moe_layers``: Llama4TextConfig's list of layer indices), ``and``/``or``/``not``
+over booleans, and the conditional ``a if c else b``. Everything else (attribute access,
+subscripts, other calls, lambdas, comprehensions, ``is``, bitwise operators) is refused with
+an error naming the expression. Expressions are parsed by ``ast`` and walked here; nothing is
+ever ``eval``-ed.
 
 Strict where Python is loose: a condition and the operands of ``and``/``or``/``not`` are
 booleans (``sliding_window != null``, never a number's truthiness); ``and``/``or`` give a
@@ -33,13 +35,15 @@ _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
             ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_MEMBERSHIP = (ast.In, ast.NotIn)
 _CALLS = {"min": min, "max": max, "int": None}  # int: one number, truncated (walk)
 LITERALS = {"true": True, "false": False, "null": None}  # YAML's and JSON's spellings
 MAX_EXPONENT = 64  # a power past this is refused (2 ** 10 ** 10 would never end)
 MAX_BITS = 1024  # an integer result past this many bits is refused, so nesting cannot blow up
 MAX_LENGTH = 500
-_LANGUAGE = ("only numbers, field names, true/false/null, + - * / // % **, parentheses, min, "
-             "max and int, == != < <= > >=, and/or/not, a if c else b")
+_LANGUAGE = ("only numbers, field names, true/false/null, quoted words, + - * / // % **, "
+             "parentheses, min, max and int, == != < <= > >=, in and not in a list, "
+             "and/or/not, a if c else b")
 
 
 class ExprError(ValueError):
@@ -74,13 +78,13 @@ def parse(text: str) -> ast.Expression:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Expression, ast.Name, ast.Load, ast.IfExp, ast.And, ast.Or,
                              ast.Not)) or type(node) in _BINARY or type(node) in _UNARY \
-                or type(node) in _COMPARE:
+                or type(node) in _COMPARE or isinstance(node, _MEMBERSHIP):
             continue
         if isinstance(node, ast.Constant):
             v = node.value
-            if v is not None and not isinstance(v, (bool, int, float)):
-                raise ExprError(f"expression {text!r}: only numbers, true, false and null are "
-                                f"literals, not {v!r}")
+            if v is not None and not isinstance(v, (bool, int, float, str)):
+                raise ExprError(f"expression {text!r}: only numbers, quoted words, true, false "
+                                f"and null are literals, not {v!r}")
             if isinstance(v, float) and not math.isfinite(v):
                 raise ExprError(f"expression {text!r}: {v} is not a finite number")
             continue
@@ -93,10 +97,11 @@ def parse(text: str) -> ast.Expression:
         if isinstance(node, ast.BoolOp):
             continue
         if isinstance(node, ast.Compare):
-            bad = [type(o).__name__ for o in node.ops if type(o) not in _COMPARE]
+            bad = [type(o).__name__ for o in node.ops
+                   if type(o) not in _COMPARE and not isinstance(o, _MEMBERSHIP)]
             if bad:
                 raise ExprError(f"expression {text!r}: comparison {bad[0]} is not allowed "
-                                "(only == != < <= > >=)")
+                                "(only == != < <= > >= in, not in)")
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
                 and node.func.id in _CALLS and not node.keywords \
@@ -154,6 +159,13 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
         return v
 
     def compare(op: ast.cmpop, a: Any, b: Any, an: ast.AST, bn: ast.AST) -> bool:
+        if isinstance(op, _MEMBERSHIP):
+            if not isinstance(b, list):
+                field = f"{bn.id} is " if isinstance(bn, ast.Name) else ""
+                raise ExprError(f"expression {text!r}: {field}{_show(b)}, not a list (in and "
+                                "not in look in a list a config key holds)")
+            found = any(a == v and isinstance(a, bool) == isinstance(v, bool) for v in b)
+            return found if isinstance(op, ast.In) else not found
         if isinstance(op, _ORDER):
             return _COMPARE[type(op)](number(a, an), number(b, bn))
         if a is not None and b is not None and isinstance(a, bool) != isinstance(b, bool):
