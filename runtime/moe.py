@@ -117,6 +117,7 @@ class ExpertsOptions:
     shared_norm: bool = False
     routed_scale: float = 1.0
     output_bias: bool = False
+    beside: bool = False
 
     def attrs(self, eps: float) -> dict:
         """The experts operator's attributes (``eps``: the output norm's)."""
