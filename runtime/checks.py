@@ -17,6 +17,7 @@ import numpy as np
 
 from iron_spec.operators.attention import rows_of
 from iron_spec.operators.formats import widen_bfloat16
+from iron_spec.operators.router import Router, tied_choice
 
 from .causal import CausalLM
 from .golden import Golden, kl_stats, log_softmax, teacher_forced
@@ -502,3 +503,71 @@ def head_logits_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
             numbers["float64_max_error"] = error64
         return Result("head logits vs golden", passed, figure, numbers)
     return _timed(run)
+
+
+def routing_against(lm: CausalLM, golden: Golden) -> Result:
+    """Our float64 ``reference()``'s routers against transformers' (the golden's
+    ``routing``), on the golden's last history as one prompt: at every position and router,
+    the same experts chosen. A different choice counts as a tie, not a mismatch, where our
+    choice is a top-k of transformers' own selection values once each may move by the
+    noise between the two (the largest difference of the two sides' selection values at
+    that position: float32's error against float64's, carried through the layers before),
+    ``operators.router.tied_choice``; the rest are mismatches, and fail."""
+    def run() -> Result:
+        history = [int(t) for t in golden.tokens]
+        captured: list = []
+        refs = [v._reference for v in (lm.prompt_chunk, lm.decode_step)]
+        for r in refs:
+            r.capture = ({"router"}, captured)
+        try:
+            Session(lm, reference=True).logits(history)
+        finally:
+            for r in refs:
+                r.capture = None
+        lm.holder = None
+        order: dict[str, list] = {}
+        for where, ins, out, attrs in captured:
+            order.setdefault(where, []).append((ins, out, attrs))
+        theirs = golden.routing or []
+        if len(order) != len(theirs):
+            return Result("routing vs golden", False, f"the model has {len(order)} routers, the "
+                          f"golden recorded {len(theirs)}", {"routers": len(order)})
+        op = Router()
+        same = ties = wrong = 0
+        worst: tuple[float, str] = (0.0, "")
+        for (where, calls), (their_chosen, their_logits) in zip(order.items(), theirs):
+            attrs = calls[0][2]
+            x = np.concatenate([c[0][0] for c in calls])
+            ours = np.concatenate([c[1] for c in calls])
+            n = min(len(x), len(their_chosen))
+            weight, bias, selection = (calls[0][0] + [None] * 5)[1:4]
+            m_ours = op.selection(x[:n], weight, bias, selection, **attrs)
+            logits = np.asarray(their_logits[:n], np.float64)
+            if np.all(logits >= 0) and np.allclose(logits.sum(-1), 1.0, atol=1e-5):
+                logits = np.log(np.maximum(logits, 1e-300))  # probabilities recorded
+            m_theirs = op.selection(logits, np.eye(logits.shape[1]), None, selection, **attrs)
+            for p in range(n):
+                mine = np.rint(ours[p, 0]).astype(np.int64)
+                if set(mine.tolist()) == set(int(e) for e in their_chosen[p]):
+                    same += 1
+                    continue
+                noise = float(np.max(np.abs(m_ours[p] - m_theirs[p]))) + 1e-7
+                if attrs.get("sparsemixer") is None and tied_choice(
+                        m_theirs[p], np.full(m_theirs.shape[1], noise), mine, len(mine),
+                        attrs.get("groups"), attrs.get("group_score", "top2")):
+                    ties += 1
+                else:
+                    wrong += 1
+                    worst = max(worst, (noise, f"{where} at position {p}: ours "
+                                        f"{sorted(mine.tolist())}, transformers' "
+                                        f"{sorted(int(e) for e in their_chosen[p])}"))
+        total = same + ties + wrong
+        figure = (f"{len(order)} routers x {total // max(1, len(order))} positions: "
+                  f"{same} choices the same, {ties} ties within float32's noise, {wrong} "
+                  "mismatches")
+        if wrong:
+            figure += f" (first: {worst[1]})"
+        return Result("routing vs golden", not wrong, figure,
+                      {"routers": len(order), "same": same, "ties": ties, "mismatches": wrong})
+    return _timed(run)
+

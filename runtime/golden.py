@@ -158,6 +158,11 @@ class Golden:
     meta: dict
     top_logprobs64: np.ndarray | None = None
     tail64: np.ndarray | None = None
+    # A mixture of experts' routing, transformers' on the last step's history (every
+    # position): for each router of the model in the order its forward calls them, the
+    # experts it chose ``(positions, k)`` (ascending) and its router logits
+    # ``(positions, experts)`` as ``output_router_logits`` returns them. None: none recorded.
+    routing: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def _malformed(self) -> str | None:
         """Why these arrays are no golden (shapes that do not fit each other), or None."""
@@ -187,6 +192,13 @@ class Golden:
                     f"{self.tail64.shape} must be {ids.shape} and {ids.shape[:1]}")
         if (ids < 0).any() or (tokens < 0).any():
             return "a token id below 0"
+        for j, (chosen, logits) in enumerate(self.routing or ()):
+            if chosen.ndim != 2 or logits.ndim != 2 or chosen.shape[0] != logits.shape[0] \
+                    or chosen.shape[0] > tokens.size or chosen.dtype.kind not in "iu" \
+                    or (chosen < 0).any() or (chosen >= logits.shape[1]).any():
+                return (f"router {j}'s experts {chosen.shape} and logits {logits.shape} are "
+                        f"not (positions, k) experts among (positions, experts) logits of at "
+                        f"most {tokens.size} positions")
         return None
 
     def out_of(self, vocab_size: int) -> None:
@@ -240,8 +252,11 @@ class Golden:
             # A floor measured over every step: a part's KL mean may exceed the whole's,
             # never its max, so the cut golden's floor mean is the whole's max.
             meta["float64"] = {**f64, "floor": {**f64["floor"], "mean": f64["floor"]["max"]}}
+        held = self.prompt_len + steps - 1
+        routing = None if self.routing is None else [(c[:held], l[:held]) for c, l in self.routing]
         return dataclasses.replace(
-            self, tokens=self.tokens[: self.prompt_len + steps - 1], top_ids=self.top_ids[rows],
+            self, routing=routing,
+            tokens=self.tokens[: self.prompt_len + steps - 1], top_ids=self.top_ids[rows],
             top_logprobs=self.top_logprobs[rows], tail=self.tail[rows],
             top_logprobs64=None if self.top_logprobs64 is None else self.top_logprobs64[rows],
             tail64=None if self.tail64 is None else self.tail64[rows], meta=meta)
@@ -304,6 +319,9 @@ class Golden:
         more = {} if self.top_logprobs64 is None else {
             "top_logprobs64": np.asarray(self.top_logprobs64, np.float64),
             "tail64": np.asarray(self.tail64, np.float64)}
+        for j, (chosen, logits) in enumerate(self.routing or ()):
+            more[f"routing.{j}.experts"] = np.asarray(chosen, np.int16)
+            more[f"routing.{j}.logits"] = np.asarray(logits, np.float32)
         np.savez_compressed(partial, fingerprint=self.fingerprint, tokens=self.tokens,
                             prompt_len=self.prompt_len, top_ids=self.top_ids,
                             top_logprobs=self.top_logprobs, tail=self.tail,
@@ -327,6 +345,10 @@ class Golden:
                     data["top_ids"], data["top_logprobs"], data["tail"],
                     json.loads(str(data["meta"])),
                     *(data.get(k) for k in ("top_logprobs64", "tail64")))
+            routers = sorted({int(k.split(".")[1]) for k in data if k.startswith("routing.")})
+            if routers:
+                g.routing = [(data[f"routing.{j}.experts"], data[f"routing.{j}.logits"])
+                             for j in range(len(routers))]
         except KeyError as e:
             raise GoldenError(f"{path}: {NOT_A_GOLDEN}: it holds no {e.args[0]}") from None
         except (ValueError, TypeError) as e:

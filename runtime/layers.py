@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .altup import AltUp, AltUpOptions, Laurel, stream
 from .blocks.attention import Attention, AttentionOptions
+from .blocks.experts import ExpertsOptions, MoE
 from .blocks.mlp import MLP, MLPOptions
 from .blocks.norms import Norm, NormOptions
 from .blocks.projections import Linear
@@ -48,7 +49,9 @@ class LayerOptions:
     the attention norm's output ``h``, ``h + post_laurel_norm(linear_right(linear_left(h)))``,
     added to the attention's residual sum and the whole times ``2 ** -0.5``
     (``runtime.altup.Laurel``, Gemma3nTextLaurelBlock). ``altup``: the layer runs on one of
-    several residual streams (``AltUpOptions``; None: one stream)."""
+    several residual streams (``AltUpOptions``; None: one stream). ``experts``: a mixture of
+    experts in place of the MLP, or beside it (``runtime.blocks.experts``; None: the dense
+    MLP alone)."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -63,6 +66,7 @@ class LayerOptions:
     residual_weights: bool = False
     laurel_rank: int = 0
     altup: "AltUpOptions | None" = None
+    experts: ExpertsOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,14 @@ class DecoderLayer(Module):
     ``attention_norm`` false (``pre``, not parallel): no ``input_layernorm``, the attention
     reads ``x`` as it is (ModernBertDecoderLayer's ``attn_norm``, an Identity at layer 0).
 
+    ``experts`` (``o.experts``): ``mlp`` is the mixture of experts (``runtime.blocks.experts
+    .MoE``) reading what the MLP would; with ``beside`` (a sandwich layer), the dense ``mlp``
+    and the mixture ``moe`` both read the residual stream, each through norms of its own:
+    ``post_feedforward_layernorm_1(mlp(pre_feedforward_layernorm(x))) +
+    post_feedforward_layernorm_2(moe(pre_feedforward_layernorm_2(x)))`` (its router reading
+    ``x`` itself), then ``post_feedforward_layernorm``, as Gemma4TextDecoderLayer with
+    ``enable_moe_block``.
+
     Raises:
         ValueError: an unknown kind or placement, ``per_layer_input`` on another kind,
             ``parallel`` on a layer other than a ``pre`` decoder, or a layer without its
@@ -153,7 +165,16 @@ class DecoderLayer(Module):
         shared = o.parallel and o.shared_norm
         self.post_attention_layernorm = None if shared else Norm(E, n)
         self.pre_feedforward_layernorm = Norm(E, n) if placement == "sandwich" else None
-        self.mlp = MLP(E, o.mlp)
+        x = o.experts
+        self.mlp = MoE(E, x, n) if x is not None and not x.beside else MLP(E, o.mlp)
+        if x is not None and x.beside:
+            if placement != "sandwich":
+                raise ValueError("experts beside the MLP have their norms around both: a "
+                                 f"sandwich layer, not placed {placement!r}")
+            self.moe = MoE(E, x, n)
+            self.pre_feedforward_layernorm_2 = Norm(E, n)
+            self.post_feedforward_layernorm_1 = Norm(E, n)
+            self.post_feedforward_layernorm_2 = Norm(E, n)
         self.post_feedforward_layernorm = Norm(E, n) if placement != "pre" else None
         p = o.per_layer_input
         if p is not None:
@@ -232,8 +253,18 @@ class DecoderLayer(Module):
             x = rec.step("mul", rec.step("add", x, self.laurel(rec, h), where=self.path),
                          where=self.path, scale=2 ** -0.5)
         m = self.mlp(rec, before_mlp(rec, x) if before_mlp else x)
+        if self.options.experts is not None and self.options.experts.beside:
+            m = self._beside(rec, x, m)
         return self.residual(rec, x, after_mlp(rec, m) if after_mlp else m,
                              "post_attention_residual")
+
+    def _beside(self, rec: Recorder, x: Handle, m: Handle) -> Handle:
+        """The dense MLP's output ``m`` and the mixture's on the residual ``x``, each
+        normed, summed (``experts.beside``)."""
+        m = self.post_feedforward_layernorm_1(rec, m)
+        e = self.moe(rec, self.pre_feedforward_layernorm_2(rec, x), router_input=x)
+        e = self.post_feedforward_layernorm_2(rec, e)
+        return rec.step("add", m, e, where=self.path)
 
     def residual(self, rec: Recorder, x: Handle, y: Handle, weight: str | None = None) -> Handle:
         """``x + scale * y``; where the layer holds residual weights, ``x`` first times the

@@ -22,6 +22,10 @@ class Reference:
         self.recorder, self.output = recorder, output
         # One float64 copy of each state, shared by every version over the same model.
         self.states = states
+        # Where given, each step of an operator named here is appended as it runs: (its
+        # module, its inputs, its output, its attributes) (a mixture's routers, for
+        # ``runtime.checks.routing_against``).
+        self.capture: tuple[set[str], list] | None = None
 
     def _state(self, h: Handle) -> np.ndarray:
         # By the state itself (its array is replaced as it grows), at the most it holds:
@@ -63,6 +67,8 @@ class Reference:
             attrs = {**step.static, **resolve(step.per_call, call)}
             ins = [read(h) for h in step.inputs]
             out = step.op.reference(*ins, **attrs)
+            if self.capture is not None and step.op.name in self.capture[0]:
+                self.capture[1].append((step.where, ins, out, attrs))
             # A writing step (a cache write) has changed its float64 state where it is.
             if step.op.writes is None:
                 values[id(step.output)] = out

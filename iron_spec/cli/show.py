@@ -258,10 +258,15 @@ def _runs(layers: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]
 
 def _pattern_columns(layers: list[dict[str, Any]]) -> list[str]:
     """The options a reader looks for (kind, window, RoPE table), then any that vary."""
-    keys = list(layers[0]) if layers else []
+    # Every layer's keys: a layer holding a mixture of experts has the experts' own.
+    keys = list(dict.fromkeys(k for lo in layers for k in lo))
     shown = [k for k in keys if k.rsplit(".", 1)[-1] in ("kind", "window", "rope", "placement")
-             and not k.startswith(("norm.", "mlp."))]
-    return shown + [k for k in keys if k not in shown and len({repr(lo[k]) for lo in layers}) > 1]
+             and not k.startswith(("norm.", "mlp.", "experts."))]
+    varying = [k for k in keys if k not in shown and not k.startswith("experts.")
+               and len({repr(lo.get(k)) for lo in layers}) > 1]
+    # A mixture of experts is one column: its count and top-k, or the dense MLP.
+    moe = ["experts"] if any("experts.count" in lo for lo in layers) else []
+    return shown + varying + moe
 
 
 def _short(value: Any) -> str:
@@ -310,8 +315,12 @@ def _body(view: View) -> list[str]:
             which = f"{a}" if a == b else f"{a}-{b}"
             parts = []
             for k in cols:
-                v = lo[k]
-                if k.endswith("window"):
+                v = lo.get(k)
+                if k == "experts":
+                    parts.append(f"experts {lo['experts.count']} (top {lo['experts.router.top_k']}"
+                                 f"{', shared' if lo.get('experts.shared_size') else ''})"
+                                 if "experts.count" in lo else "dense mlp")
+                elif k.endswith("window"):
                     parts.append("full attention" if v is None else f"sliding window {v}")
                 elif k.endswith("rope"):
                     parts.append("no rope" if v is None else f"rope {v}")

@@ -62,8 +62,11 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
         auto = named_class(loaded) or auto
     cls = getattr(transformers, auto)
     dtype = getattr(torch, dtype)
+    # A mixture of experts runs transformers' eager loop over the experts hit (its default,
+    # grouped_mm, sums in another order): the semantics its modeling file writes out.
+    extra = {"experts_implementation": "eager"} if has_experts(loaded) else {}
     if loaded.directory is not None and loaded.random_weights is None:
-        model = cls.from_pretrained(loaded.directory, dtype=dtype)
+        model = cls.from_pretrained(loaded.directory, dtype=dtype, **extra)
         return model.eval()
     with tempfile.TemporaryDirectory() as d:
         # A part's drawn weights go in under the whole checkpoint's names, with the whole
@@ -74,7 +77,7 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
         state = {k: torch.from_numpy(np.array(v, order="C")) for k, v in
                  loaded.checkpoint_tensors().items()}
         save_file(state, str(Path(d, "model.safetensors")))
-        model, info = cls.from_pretrained(d, dtype=dtype, output_loading_info=True)
+        model, info = cls.from_pretrained(d, dtype=dtype, output_loading_info=True, **extra)
     # A name the spec declares unused (checkpoint.unused) is one the model never reads: the
     # drawn weights do not hold it, and transformers keeps its own (a buffer, such as the
     # quantization state of I-BERT's Quant* modules, unread where quant_mode is off).
@@ -132,6 +135,54 @@ def recorded_from(loaded: Loaded, model) -> dict[str, Any]:
             "spec": loaded.expanded.spec.get("name"), "config": config_digest(whole),
             "config_defaults": config_defaults.of(type(config)),
             "config_keys": transformers_keys.record(type(config), type(model))}
+
+
+def has_experts(loaded: Loaded) -> bool:
+    """Whether any layer of ``loaded``'s causal model holds a mixture of experts."""
+    layers = getattr(getattr(loaded.model, "config", None), "layers", ())
+    return any(getattr(lo, "experts", None) is not None for lo in layers)
+
+
+def routing(model, history: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """transformers' routing on ``history`` (one call of the whole of it): for each router
+    call of the forward, in order, the experts it chose ``(positions, k)`` ascending and its
+    logits ``(positions, experts)`` (``output_router_logits``, the router's first output as
+    transformers records it). The experts are what the forward handed its experts module
+    (``top_k_index``: every ``...Experts`` taking one); a family whose experts take none
+    (Llama4TextExperts, JetMoE's) chose them by its logits' top-k, which is read off them.
+
+    Raises:
+        ValueError: the model returns no router logits.
+    """
+    import torch
+
+    taken: list[np.ndarray] = []
+
+    def hook(module, args, kwargs):
+        index = kwargs.get("top_k_index", kwargs.get("router_indices"))
+        if index is None and len(args) >= 2 and torch.is_tensor(args[1]) \
+                and not args[1].dtype.is_floating_point:
+            index = args[1]
+        if index is not None:
+            taken.append(np.sort(index.detach().numpy().reshape(-1, index.shape[-1]), axis=-1))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+               for m in model.modules() if type(m).__name__.endswith("Experts")]
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([history]), use_cache=False, output_router_logits=True)
+    finally:
+        for h in handles:
+            h.remove()
+    logits = [np.asarray(l.detach().float().numpy()).reshape(len(history), -1)
+              for l in (getattr(out, "router_logits", None) or ())]
+    if not logits:
+        raise ValueError(f"transformers' {type(model).__name__} returns no router logits")
+    if len(taken) != len(logits):
+        k = [model.config.num_experts_per_tok] * len(logits)
+        taken = [np.sort(np.argsort(-l, axis=-1, kind="stable")[:, :kk], axis=-1)
+                 for l, kk in zip(logits, k)]
+    return [(t.astype(np.int16), l.astype(np.float32)) for t, l in zip(taken, logits)]
 
 
 def sees_call(loaded: Loaded) -> bool:
@@ -203,6 +254,11 @@ def record(loaded: Loaded, prompt: list[int], steps: int = GOLDEN_STEPS) -> Gold
                          "through": "transformers' cache, as a session calls"}
     golden = Golden.from_logits(loaded.fingerprint(), tokens[:-1], len(prompt),
                                 np.stack(rows), meta)
+    if has_experts(loaded):
+        golden.routing = routing(model, list(tokens[:-1]))
+        golden.meta["routing"] = {"routers": len(golden.routing),
+                                  "positions": len(tokens) - 1,
+                                  "experts_implementation": "eager"}
     return add_float64(loaded, golden)
 
 

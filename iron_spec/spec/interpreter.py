@@ -25,6 +25,7 @@ from .options.attention import _differential, _with_relative
 from .options.checkpoint import checkpoint_layout
 from .options.embedding import _positions, _sinusoidal
 from .options.head import _head_rows, _head_transform
+from .options.experts import experts_layers
 from .options.layer import _first_attention_norm, _layer, _layer_types, _share_kv
 from .options.positions import position_parts
 from .options.reading import _flag_option, _number, _option, _typed
@@ -150,6 +151,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
                              "with dynamic scaling, whose base grows by a power dim / (dim - 2) "
                              "(transformers' _compute_dynamic_ntk_parameters): at least 4")
     layers = _first_attention_norm(spec, r, [built[k] for k in keys])
+    layers = experts_layers(spec, rs, layers)
     layers = _differential(spec, r, layers)
     native = v["max_position_embeddings"]
     L = native if max_seq_len is None else max_seq_len

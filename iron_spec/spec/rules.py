@@ -24,6 +24,7 @@ from .gates import DEFAULT_KL
 from .interpreter import REQUIRED, expand
 from .kinds import KINDS
 from .loader import Spec
+from .options.experts import LAYER_INDEX
 from .schema import at, slots, where
 from .tree import build_tree
 
@@ -64,6 +65,9 @@ def _names_fields(spec: Spec, path: tuple, text: str, fields: Iterable[str],
     return out
 
 
+EXPERTS_LAYERS = ("layer", "experts", "layers")
+
+
 def expressions(spec: Spec) -> list[SpecError]:
     """Every expression (a config field's ``expr``, an option's text) that the language
     refuses or that names no config field."""
@@ -85,7 +89,9 @@ def expressions(spec: Spec) -> list[SpecError]:
         value = spec.get(*path)
         if node.get("$ref") == EXPRESSION and isinstance(value, str) and path not in seen:
             seen.add(path)
-            out += _names_fields(spec, path, value, fields, _expects(node.get("default")))
+            # A mixture's layer choice reads each layer's index beside the fields.
+            known = {**fields, LAYER_INDEX: None} if path == EXPERTS_LAYERS else fields
+            out += _names_fields(spec, path, value, known, _expects(node.get("default")))
     return out
 
 

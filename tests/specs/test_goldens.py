@@ -44,6 +44,11 @@ def judge(loaded, golden: Golden, float64_steps: int | None = None) -> dict:
         gate = float64_gate(golden, float64_steps, loaded.expanded.spec)
         float64 = checks.float64_against(loaded.lm, golden, gate, float64_steps)
         assert float64.passed, float64.figure
+    if golden.routing:
+        # A mixture of experts: every router chose as transformers' did (a tie within
+        # float32's noise counts, a mismatch fails).
+        routing = checks.routing_against(loaded.lm, golden)
+        assert routing.passed, routing.figure
     return stats
 
 
@@ -52,6 +57,8 @@ def test_toy_matches_transformers(spec: Path):
     loaded = load_model(spec, random_weights=0, toy=True)
     golden = Golden.read(golden_path(loaded), loaded.fingerprint())
     assert golden.has_float64, "the golden holds transformers' float64 rows"
+    if any(lo.experts is not None for lo in loaded.lm.config.layers):
+        assert golden.routing, "a mixture's golden holds transformers' routing"
     assert golden.meta["steps"] == golden.steps
     judge(loaded, golden)
 

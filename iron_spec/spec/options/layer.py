@@ -19,6 +19,7 @@ from iron_spec.runtime.layers import LayerOptions, PerLayerInputOptions
 from ..config import Resolved
 from ..loader import Spec
 from .attention import attention_options
+from .experts import experts_options
 from .mlp import mlp_options
 from .norms import norm_options
 from .reading import LayerReader, _flag, _flag_option, _number, _option, _whole
@@ -82,6 +83,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
     norm = norm_options(spec, r, ("layer", "norm"))
     attention = attention_options(spec, r, read)
     mlp = mlp_options(spec, read, norm)
+    experts = experts_options(spec, read, mlp, norm)
     parallel = flag("parallel")
     placement = word("placement", default="pre")[0]
     if parallel and (spec.get("layer", "kind") != "decoder" or placement != "pre"):
@@ -94,7 +96,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
                         parallel=parallel, shared_norm=_flag(spec, at, shared_norm),
                         residual_weights=flag("residual_weights"),
                         laurel_rank=_laurel_rank(spec, *opt("laurel", "rank", default=0)),
-                        altup=_altup(spec, r))
+                        altup=_altup(spec, r), experts=experts)
 
 
 def _laurel_rank(spec: Spec, value: Any, at: tuple) -> int:

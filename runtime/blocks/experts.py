@@ -1,5 +1,5 @@
-"""A mixture of experts in place of a layer's MLP: its router, its routed experts, and the
-shared experts every row runs through.
+"""A mixture of experts in place of a layer's MLP (or beside it): its router, its routed
+experts, and the shared experts every row runs through.
 
 Semantics are transformers' sparse MoE blocks (Qwen2MoeSparseMoeBlock, DeepseekV3MoE,
 MixtralSparseMoeBlock, GptOssMLP, Llama4TextMoe, Gemma4TextDecoderLayer's experts beside its
@@ -24,9 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import MLP, Linear, MLPOptions, Norm, NormOptions
-from .graph import Handle, Recorder
-from .module import Module, Param
+from ..graph import Handle, Recorder
+from ..module import Module, Param
+from .mlp import MLP, MLPOptions
+from .norms import Norm, NormOptions
+from .projections import Linear
 
 PARAMS = ("fused", "split", "per_expert")
 
@@ -202,8 +204,9 @@ class Experts(Module):
         self.b_in = np.empty((E, R), np.float32) if o.bias else None
         self.b_down = np.empty((E, H), np.float32) if o.bias else None
         first = "gate_up_proj" if gated else "up_proj"
+        self.each: list[Expert] = []
         if o.params == "per_expert":
-            self.experts = [Expert(self.w_in[e], self.w_down[e],
+            self.each = [Expert(self.w_in[e], self.w_down[e],
                                    None if self.b_in is None else self.b_in[e],
                                    None if self.b_down is None else self.b_down[e],
                                    gated, o.gate_up) for e in range(E)]
@@ -231,6 +234,15 @@ class Experts(Module):
             self.post_expert_norm = Module()
             self.post_expert_norm.weight = Param(E, H, gain=True)
         self.options = o
+
+    def children(self):
+        """The per-expert modules as ``0``, ``1``, ...: ``mlp.experts.3.gate_proj``, as a
+        checkpoint names them (the module's own children besides)."""
+        for i, expert in enumerate(self.each):
+            yield str(i), expert
+        for name, child in super().children():
+            if name.split(".")[0] != "each":
+                yield name, child
 
     def _view(self, name: str, array: np.ndarray) -> None:
         p = Param(*array.shape)
