@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from iron_spec.operators.attention import rows_of
+from iron_spec.operators.base import EPS32
 from iron_spec.operators.formats import widen_bfloat16
 from iron_spec.operators.router import Router, tied_choice
 
@@ -505,14 +506,19 @@ def head_logits_against(version, probes: list[tuple[np.ndarray, np.ndarray]],
     return _timed(run)
 
 
+NOISE_ULPS = 64  # float32 ulps (of the largest selection value) two routers may differ by
+
+
 def routing_against(lm: CausalLM, golden: Golden) -> Result:
     """Our float64 ``reference()``'s routers against transformers' (the golden's
     ``routing``), on the golden's last history as one prompt: at every position and router,
     the same experts chosen. A different choice counts as a tie, not a mismatch, where our
     choice is a top-k of transformers' own selection values once each may move by the
     noise between the two (the largest difference of the two sides' selection values at
-    that position: float32's error against float64's, carried through the layers before),
-    ``operators.router.tied_choice``; the rest are mismatches, and fail."""
+    that position: float32's error against float64's, carried through the layers before;
+    at most ``NOISE_ULPS`` float32 ulps of the largest value, past which the two disagree
+    for another reason than rounding), ``operators.router.tied_choice``; the rest are
+    mismatches, and fail."""
     def run() -> Result:
         history = [int(t) for t in golden.tokens]
         captured: list = []
@@ -551,7 +557,11 @@ def routing_against(lm: CausalLM, golden: Golden) -> Result:
                 if set(mine.tolist()) == set(int(e) for e in their_chosen[p]):
                     same += 1
                     continue
-                noise = float(np.max(np.abs(m_ours[p] - m_theirs[p]))) + 1e-7
+                # The two sides' disagreement, up to float32's: a model whose scores stand
+                # further apart than float32's error is wrong, not tied (measured on the
+                # first toys: at most 2.2e-7 of values below 1; a wrong clamp order: 3e-2).
+                cap = NOISE_ULPS * EPS32 * (1.0 + float(np.max(np.abs(m_theirs[p]))))
+                noise = min(float(np.max(np.abs(m_ours[p] - m_theirs[p]))), cap)
                 if attrs.get("sparsemixer") is None and tied_choice(
                         m_theirs[p], np.full(m_theirs.shape[1], noise), mine, len(mine),
                         attrs.get("groups"), attrs.get("group_score", "top2")):

@@ -46,6 +46,8 @@ class AttentionOptions:
     (Gemma4TextAttention's ``attention_k_eq_v``). ``kv_from``: the index of an earlier layer
     whose KV cache this layer reads instead of its own; such a layer holds no k/v projections
     nor k norm and writes no cache (transformers' KV sharing, ``num_kv_shared_layers``).
+    ``clip_after_norm`` (with ``qk_norm`` ``all``): the clamp follows the q and k norms
+    instead, as OlmoeAttention's ``q_norm(q_proj(x))`` then ``clamp_``.
     ``clip_qkv``: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` right after their
     projections, as OlmoAttention (None: none). ``qk_norm_bias``: whether a LayerNorm q/k
     norm holds a bias, where it differs from the layer's norms (StableLmLayerNormPerHead's
@@ -98,6 +100,7 @@ class AttentionOptions:
     qkv_shards: int = 1
     qkv_order: str = "qkv"
     clip_qkv: float | None = None
+    clip_after_norm: bool = False
     qk_norm_bias: bool | None = None
     qk_norm_after_rope: bool = False
     alibi: tuple[float, ...] | None = None
@@ -253,19 +256,23 @@ class Attention(Module):
         start = rec.call.start
         q, k, v = self._project(rec, x)
         gate = self.gate_proj(rec, x) if o.output_gate else None
+        normed = o.clip_after_norm and o.clip_qkv is not None
+        if normed:  # the whole projections' norms first, then the clamp (OlmoeAttention)
+            q, k = self.q_norm(rec, q), self.k_norm(rec, k)
         if o.clip_qkv is not None:
             q, k, v = (None if h is None else rec.step("clamp", h, where=self.where(name),
                                                         limit=o.clip_qkv)
                        for name, h in zip("qkv", (q, k, v)))
         if o.kv_from is not None:
-            return self._attend(rec, self._queries(rec, q, ropes), *self.shared, gate, ropes)
+            return self._attend(rec, self._queries(rec, q, ropes, normed), *self.shared, gate,
+                                ropes)
         if o.dynamic_mask:
             A = rec.hold("param", self.where("A"), self.A.array)
             mask = rec.step("dynamic_mask", self.dt_proj(rec, v), A, where=self.where("A"))
             key_bias = rec.state(self.where("key_bias"), self.key_bias)
             rec.step("kv_write", rec.view(mask, (n, G, 1)), key_bias,
                      where=self.where("key_bias"), start=start, ring=self.key_bias.ring)
-        if o.qk_norm == "all":
+        if o.qk_norm == "all" and not normed:
             k = self.k_norm(rec, k)
         k, v = rec.view(k, (n, G, D)), rec.view(v, (n, G, D))
         if o.qk_norm in PER_HEAD_QK_NORMS and not o.qk_norm_after_rope:
@@ -278,7 +285,7 @@ class Attention(Module):
                          interleaved=o.rope_interleaved)
         if o.qk_norm_after_rope:
             k = self.k_norm(rec, k)
-        q = self._queries(rec, q, ropes)
+        q = self._queries(rec, q, ropes, normed)
         keys = rec.state(self.where("keys"), self.keys)
         values = rec.state(self.where("values"), self.values)
         rec.step("kv_write", k, keys, where=self.where("keys"), start=start, ring=self.keys.ring)
@@ -286,10 +293,11 @@ class Attention(Module):
                  ring=self.values.ring)
         return self._attend(rec, q, self.keys, self.values, gate, ropes)
 
-    def _queries(self, rec: Recorder, q: Handle, ropes) -> Handle:
-        """The projected queries ``(n, H * D)`` normed and turned: ``(n, H, D)``."""
+    def _queries(self, rec: Recorder, q: Handle, ropes, normed: bool = False) -> Handle:
+        """The projected queries ``(n, H * D)`` normed (unless ``normed`` already) and
+        turned: ``(n, H, D)``."""
         o, n = self.options, q.shape[0]
-        if o.qk_norm == "all":
+        if o.qk_norm == "all" and not normed:
             q = self.q_norm(rec, q)
         q = rec.view(q, (n, o.heads, o.head_dim))
         if o.qk_norm in PER_HEAD_QK_NORMS and not o.qk_norm_after_rope:

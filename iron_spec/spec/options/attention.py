@@ -64,6 +64,7 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         qkv_layout=word(*a, "qkv_layout", default="blocks")[0],
         qkv_shards=whole(*a, "qkv_shards", default=1), qkv_order=word(*a, "qkv_order", default="qkv")[0],
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
+        clip_after_norm=flag(*a, "clip_after_norm"),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
@@ -75,6 +76,10 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
                  word(*a, "kv_heads", default="num_key_value_heads"))
     attention = _alibi(spec, attention, *opt(*a, "alibi"), *opt(*a, "alibi_scaled", default=False),
                        *opt(*a, "alibi_bfloat16", default=False))
+    if attention.clip_after_norm and attention.qk_norm != "all":
+        raise spec.error(opt(*a, "clip_after_norm")[1], "clip_after_norm clamps what the "
+                         "whole projections' norms give: it needs qk_norm all (not "
+                         f"{attention.qk_norm!r})")
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
         raise spec.error(opt(*a, "qk_norm_after_rope")[1], "qk_norm_after_rope norms each "
                          f"turned head: it needs qk_norm one of {', '.join(PER_HEAD_QK_NORMS)} "
