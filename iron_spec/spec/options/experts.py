@@ -89,7 +89,8 @@ def experts_options(spec: Spec, read: LayerReader, mlp: MLPOptions,
         shared = MLPOptions(intermediate_size=shared_size,
                             kind=_word(spec, read, E + ("shared", "mlp", "kind"), mlp.kind,
                                        ("gated", "plain")),
-                            act=shared_act, bias=flag(*E, "shared", "mlp", "bias"))
+                            act=shared_act, bias=flag(*E, "shared", "mlp", "bias"),
+                            fused=flag(*E, "shared", "mlp", "fused"))
     return ExpertsOptions(
         count=count, intermediate_size=positive(E + ("intermediate_size",), mlp.intermediate_size),
         router=router, kind=kind, act=act, bias=flag(*E, "mlp", "bias"),
