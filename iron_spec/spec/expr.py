@@ -6,7 +6,8 @@ Accepted: numbers, field names, the literals ``true``/``false``/``null`` (and Py
 ``min(...)`` and ``max(...)`` (of two or more numbers, or of one: a number, or a list of
 numbers a config key holds, as LongformerConfig's per-layer ``attention_window``), ``int(x)``
 (one number truncated toward zero, as Python's ``int`` and so transformers' config classes
-and RoPE functions truncate: ``int(head_dim * partial_rotary_factor)``), comparisons
+and RoPE functions truncate: ``int(head_dim * partial_rotary_factor)``), ``log(x)`` (the
+natural log of a number above 0: YaRN's ``0.1 * mscale * log(factor) + 1``), comparisons
 ``== != < <= > >=`` (chained as in Python), ``in`` and ``not in`` of a list a config key holds
 (``layer in moe_layers``: Llama4TextConfig's list of layer indices), ``and``/``or``/``not``
 over booleans, and the conditional ``a if c else b``. Everything else (attribute access,
@@ -36,13 +37,14 @@ _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
             ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _MEMBERSHIP = (ast.In, ast.NotIn)
-_CALLS = {"min": min, "max": max, "int": None}  # int: one number, truncated (walk)
+# int: one number, truncated; log: the natural log of one number above 0 (both in walk)
+_CALLS = {"min": min, "max": max, "int": None, "log": None}
 LITERALS = {"true": True, "false": False, "null": None}  # YAML's and JSON's spellings
 MAX_EXPONENT = 64  # a power past this is refused (2 ** 10 ** 10 would never end)
 MAX_BITS = 1024  # an integer result past this many bits is refused, so nesting cannot blow up
 MAX_LENGTH = 500
 _LANGUAGE = ("only numbers, field names, true/false/null, quoted words, + - * / // % **, "
-             "parentheses, min, max and int, == != < <= > >=, in and not in a list, "
+             "parentheses, min, max, int and log, == != < <= > >=, in and not in a list, "
              "and/or/not, a if c else b")
 
 
@@ -119,7 +121,7 @@ def parse(text: str) -> ast.Expression:
 
 
 def names(text: str) -> set[str]:
-    """The field names ``text`` reads (``min``, ``max`` and ``int`` when called, and the literals
+    """The field names ``text`` reads (``min``, ``max``, ``int`` and ``log`` when called, and the literals
     ``true``/``false``/``null``, are not fields)."""
     tree = parse(text)
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
@@ -229,6 +231,10 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
                 values = values[0] if isinstance(values[0], list) else values
                 if not values:
                     raise ExprError(f"expression {text!r}: {node.func.id}() of an empty list")
+            if node.func.id == "log":
+                if len(values) != 1 or not number(values[0]) > 0:
+                    raise ExprError(f"expression {text!r}: log() takes one number above 0")
+                return math.log(values[0])
             return _CALLS[node.func.id]([number(v) for v in values])
         raise ExprError(f"expression {text!r}: {_describe(node)} is not allowed")
 

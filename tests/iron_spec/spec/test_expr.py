@@ -282,3 +282,12 @@ def test_words_and_membership(text, expected):
 def test_membership_needs_a_list_and_words_only_compare(text, what):
     with pytest.raises(ExprError, match=what):
         evaluate(text, WORDS)
+
+
+def test_log_is_yarns_mscale():
+    # transformers' yarn_get_mscale(40, 1.0) = 0.1 * ln(40) + 1, squared in DeepSeek's scale.
+    assert evaluate("(0.1 * m * log(f) + 1) ** 2", {"m": 1.0, "f": 40.0}) == \
+        pytest.approx((0.1 * math.log(40.0) + 1) ** 2, rel=1e-15)
+    for bad in ("log(0)", "log(-1)", "log(1, 2)"):
+        with pytest.raises(ExprError, match="log"):
+            evaluate(bad, {})
