@@ -89,14 +89,16 @@ def for_architectures(architectures, source: str, folder: Path | None = None,
     """The spec serving ``architectures`` (a config.json's), the first one a spec serves,
     as transformers builds ``architectures[0]``; where several read it as a part of a bigger
     checkpoint, the one whose part reads ``config`` (by its text model's ``model_type``);
-    where none serves any (a name only the checkpoints carry, EXAONE's own or a fine-tune's),
-    or the file names none, the one spec serving ``config``'s ``model_type``
-    (``keys.serves``), as transformers builds by model type.
+    where several serve it as their own (transformers builds one class for model types of
+    other defaults), the one named as ``config``'s ``model_type``; where none serves any (a
+    name only the checkpoints carry, EXAONE's own or a fine-tune's), or the file names none,
+    the one spec serving ``config``'s ``model_type`` (``keys.serves``), as transformers builds
+    by model type.
 
     Raises:
         ValueError: ``architectures`` is neither a list of names nor absent, no spec serves
-            any of them or the model type, or two specs serve the same one (naming what each
-            serves).
+            any of them or the model type, or two specs serve the same one, none named as
+            ``model_type`` (naming what each serves).
     """
     model_type = (config or {}).get("model_type")
     if architectures is not None and (not isinstance(architectures, list) or not all(
@@ -109,6 +111,8 @@ def for_architectures(architectures, source: str, folder: Path | None = None,
         if len(serving) > 1 and config is not None:
             serving = [e for e in serving if arch not in parts.architectures(load_spec(e.path))
                        or parts.find(load_spec(e.path), config) is not None] or serving
+        if len(serving) > 1 and any(e.name == model_type for e in serving):
+            serving = [e for e in serving if e.name == model_type]
         if len(serving) > 1:
             raise ValueError(f"{arch} is served by {len(serving)} specs "
                              f"({', '.join(str(e.path) for e in serving)}); name one")
