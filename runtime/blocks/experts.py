@@ -41,7 +41,8 @@ class RouterOptions:
     ``group_score``, ``normalize``, ``norm_eps``, ``norm_min``, ``norm_p``, ``scale``,
     ``sparsemixer``: the operator's. ``bias``: the router's linear holds a bias
     (``gate.bias``, GptOssTopKRouter's). ``selection_bias``: ``gate.e_score_correction_bias``
-    ``(E,)`` added to the selection values alone (DeepseekV3TopkRouter). ``expert_scale``:
+    ``(E,)`` added to the selection values alone (DeepseekV3TopkRouter); stored as one row
+    ``(1, E)`` where ``selection_bias_row`` (Ernie4_5_MoeStatics'). ``expert_scale``:
     ``gate.per_expert_scale`` ``(E,)`` times each chosen weight (Gemma4TextRouter).
     ``input_norm``: the router reads its input RMS-normed without weight (eps ``eps``), times
     ``gate.input_scale`` ``(H,)`` and times ``input_scale`` (Gemma4TextRouter's ``norm``,
@@ -65,6 +66,7 @@ class RouterOptions:
     input_norm: bool = False
     input_scale: float = 1.0
     eps: float = 1e-6
+    selection_bias_row: bool = False
 
     def attrs(self) -> dict:
         """The router operator's attributes."""
@@ -135,6 +137,8 @@ class Router(Module):
         self.weight = Param(count, hidden_size)
         self.bias = Param(count) if o.bias else None
         self.e_score_correction_bias = Param(count) if o.selection_bias else None
+        if o.selection_bias and o.selection_bias_row:
+            self.e_score_correction_bias.reshaped = (1, count)
         self.per_expert_scale = Param(count, gain=True) if o.expert_scale else None
         if o.input_norm:
             self.input_scale = Param(hidden_size, gain=True)

@@ -147,6 +147,7 @@ def _router(spec: Spec, read: LayerReader, count: int, k: int, norm: NormOptions
         norm_p=number(*R, "norm_p", default=1.0) or 1.0,
         scale=number(*R, "scale", default=1.0), sparsemixer=sparsemixer,
         bias=flag(*R, "bias"), selection_bias=flag(*R, "selection_bias"),
+        selection_bias_row=flag(*R, "selection_bias_row"),
         expert_scale=flag(*R, "expert_scale"), input_norm=input_norm,
         input_scale=(number(*R, "input_norm", "scale", default=1.0) if input_norm else 1.0),
         eps=norm.eps)
