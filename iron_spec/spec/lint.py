@@ -112,7 +112,7 @@ def lint_spec(spec: Spec, config: ConfigFile | None = None) -> list[SpecError]:
         _merge(problems, stopped)
         if model is not None:
             names |= {name for name, _ in model.named_params()}
-            matrices |= {name for name, p in model.named_params() if len(p.shape) == 2}
+            matrices |= {name for name, p in model.named_params() if len(p.shape) in (2, 3)}
     if isinstance(toy, dict):  # after the builds: a key unread is no reason to hide why
         problems += rules.unmapped(spec, toy, "toy.config") + rules.refused(spec, toy, "toy.config")
     if names:
