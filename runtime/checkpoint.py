@@ -499,7 +499,7 @@ def _fill(param, checkpoint: Checkpoint, source: str) -> None:
     # Only a safetensors file maps its pages (a GGUF tensor is dequantized into a new array);
     # a part of one (runtime.parts) reads the file's.
     if (not getattr(checkpoint, "mapped", False) or param.transposed or param.rows is not None
-            or param.reshaped is not None
+            or param.reshaped is not None or param.flat
             or raw.ndim == 0 or raw.nbytes <= SLICE_BYTES):
         param.fill(param.from_stored(raw))
         return

@@ -40,6 +40,9 @@ class Param:
         self.transposed = False
         self.rows: np.ndarray | None = None
         self.reshaped: tuple[int, ...] | None = None
+        # A stack of matrices stored as their rows one after another, (E * rows, cols) of
+        # the stored matrices (turned first where transposed): DbrxExpertGLU's w1, v1, w2.
+        self.flat = False
 
     @property
     def _turned(self) -> tuple[int, ...]:
@@ -49,15 +52,16 @@ class Param:
     @property
     def stored_shape(self) -> tuple[int, ...]:
         """The shape a checkpoint stores: ``reshaped``, else ``shape`` with its last two
-        axes swapped where ``transposed``."""
+        axes swapped where ``transposed``, its first two axes as one where ``flat``."""
         if self.reshaped is not None:
             return self.reshaped
-        return self._turned if self.transposed else self.shape
+        turned = self._turned if self.transposed else self.shape
+        return (turned[0] * turned[1],) + turned[2:] if self.flat else turned
 
     def from_stored(self, values: np.ndarray) -> np.ndarray:
         """A stored tensor ``stored_shape`` in the model's layout (a view where only
         transposed or reshaped, else a copy)."""
-        if self.reshaped is not None:
+        if self.reshaped is not None or self.flat:
             values = values.reshape(self._turned if self.transposed else self.shape)
         if self.transposed:
             values = np.swapaxes(values, -1, -2)
@@ -71,7 +75,8 @@ class Param:
             values = stored
         if self.transposed:
             values = np.ascontiguousarray(np.swapaxes(values, -1, -2))
-        return values.reshape(self.reshaped) if self.reshaped is not None else values
+        return values.reshape(self.stored_shape) if self.reshaped is not None or self.flat \
+            else values
 
     def fill(self, values: np.ndarray) -> None:
         """Set the weight to ``values`` (of ``shape``, any float dtype) cast to float32: in

@@ -230,10 +230,12 @@ class Experts(Module):
             if o.bias:
                 raise ValueError("experts params split hold no biases (fused or per_expert do)")
         if o.flat:
+            if o.params == "per_expert":
+                raise ValueError("experts stored flat are stacks: params fused or split")
             for name in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
                 p = getattr(self, name, None)
                 if isinstance(p, Param):
-                    p.reshaped = (p.shape[0] * p.shape[1], p.shape[2])
+                    p.flat = True
         if o.out_norm:
             self.post_expert_norm = Module()
             self.post_expert_norm.weight = Param(E, H, gain=True)
