@@ -120,7 +120,12 @@ class Plan:
                 continue
             first = group[0]
             rows = sum(g.output.shape[1] for g in group)
-            weight = first.inputs[1].root.array.base
+            # The group's rows of the packed array: the whole of it unless some of its
+            # projections stand apart from the rest (a step recorded between them).
+            base = first.inputs[1].root.array.base
+            at = (first.inputs[1].root.array.__array_interface__["data"][0]
+                  - base.__array_interface__["data"][0]) // base.strides[0]
+            weight = base if (at, rows) == (0, base.shape[0]) else base[at: at + rows]
             w = Handle(tuple(weight.shape), "param", "+".join(g.where for g in group),
                        array=weight)
             bias = None

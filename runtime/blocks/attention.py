@@ -73,6 +73,10 @@ class AttentionOptions:
     head_dim``, before ``attn_sub_norm`` and ``o_proj``) times ``sigmoid(gate_proj(x))`` of
     the layer's input ``x`` (``gate_proj`` ``(heads * head_dim, hidden)``, biased with
     ``bias``): the gated attention of HrmTextAttention's and Qwen3-Next's ``gate``.
+    ``gate_in_queries`` (with ``output_gate``): the gate's rows are the query projection's,
+    each head's queries then its gate, ``q_gate_proj`` ``(2 * heads * head_dim, hidden)``
+    (MiniCPM5MoeAttention's ``view(..., 2 * head_dim).chunk(2)``), its rows regrouped at load
+    into the queries then the gates.
     ``relative``: a learned relative position bias on the scaled scores, read from the
     model's one table ``model.relative_attention_bias`` (``RELATIVE_TABLE`` among the
     tables a layer is given) as the attention operator's ``relative`` says (``(buckets,
@@ -111,6 +115,7 @@ class AttentionOptions:
     sub_norm: bool = False
     dynamic_mask: bool = False
     output_gate: bool = False
+    gate_in_queries: bool = False
     relative: tuple | None = None
     sees: str = "own"
 
@@ -189,7 +194,19 @@ class Attention(Module):
                 setattr(self, name, Param(D))
             # The head norm's weight: none, times 1 - lambda_init (its output's scale).
             self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
-        if o.output_gate:
+        if o.output_gate and o.gate_in_queries:
+            if o.fused_qkv:
+                raise ValueError("a gate in the query projection is q_gate_proj's: not with "
+                                 "fused_qkv")
+            del self.q_proj
+            self.q_gate_proj = Linear(hidden_size, 2 * H * D, o.bias)
+            # Stored per head [queries; gate]; held as every head's queries, then every gate.
+            heads = np.arange(H)[:, None] * 2 * D + np.arange(D)
+            rows = np.concatenate([heads.reshape(-1), (heads + D).reshape(-1)])
+            self.q_gate_proj.weight.rows = rows
+            if self.q_gate_proj.bias is not None:
+                self.q_gate_proj.bias.rows = rows
+        elif o.output_gate:
             self.gate_proj = Linear(hidden_size, H * D, o.bias)
         if o.sub_norm:
             self.attn_sub_norm = Norm(H * D, norm)
@@ -231,12 +248,22 @@ class Attention(Module):
         o = self.options
         if o.fused_qkv or o.kv_from is not None:
             return []
+        if o.gate_in_queries and o.output_gate:
+            return [(self.q_gate_proj.weight, self.k_proj.weight, self.v_proj.weight)]
         if o.values_from_keys:
             return [(self.q_proj.weight, self.k_proj.weight)]
         return [(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)]
 
     def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle | None, Handle | None]:
         o = self.options
+        if o.gate_in_queries and o.output_gate:
+            # q_gate_proj's output (n, 2 H D): the queries, then the gate (regrouped at load).
+            HD = o.heads * o.head_dim
+            qg = self.q_gate_proj(rec, x)
+            k, v = (None, None) if o.kv_from is not None else (self.k_proj(rec, x),
+                                                               self.v_proj(rec, x))
+            self._gate = rec.step("columns", qg, where=self.where("gate"), begin=HD, end=2 * HD)
+            return rec.step("columns", qg, where=self.where("q"), begin=0, end=HD), k, v
         if o.kv_from is not None:
             return self.q_proj(rec, x), None, None
         if o.values_from_keys:
@@ -255,7 +282,8 @@ class Attention(Module):
         G, D = o.kv_heads, o.head_dim
         start = rec.call.start
         q, k, v = self._project(rec, x)
-        gate = self.gate_proj(rec, x) if o.output_gate else None
+        gate = None if not o.output_gate else self._gate if o.gate_in_queries \
+            else self.gate_proj(rec, x)
         normed = o.clip_after_norm and o.clip_qkv is not None
         if normed:  # the whole projections' norms first, then the clamp (OlmoeAttention)
             q, k = self.q_norm(rec, q), self.k_norm(rec, k)
