@@ -40,10 +40,15 @@ def config_class(architecture: str):
     return CONFIG_MAPPING[stem]
 
 
-def saved(architecture: str) -> dict:
+def saved(architecture: str, model_type: str | None = None) -> dict:
     """The config.json ``architecture``'s config class writes at its defaults, less
-    ``transformers_version`` (which changes with the install, not the class)."""
-    config_class = globals()["config_class"](architecture)
+    ``transformers_version`` (which changes with the install, not the class); the config
+    class of ``model_type`` where given (transformers builds one class for two model types
+    of other defaults)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type] if model_type else \
+        globals()["config_class"](architecture)
     with tempfile.TemporaryDirectory() as d:
         config_class().save_pretrained(d)
         data = json.loads((Path(d) / "config.json").read_text())
@@ -53,7 +58,11 @@ def saved(architecture: str) -> dict:
 
 def recorded(spec) -> dict:
     """``{architecture: saved(architecture)}`` for every architecture ``spec`` serves."""
-    return {a: saved(a) for a in spec.get("architectures")}
+    # A spec named as its toy's model type (specs serving one architecture told apart by
+    # it) records that model type's config class.
+    toy_type = spec.get("toy", "config", "model_type", default=None)
+    model_type = toy_type if toy_type == spec.get("name") else None
+    return {a: saved(a, model_type) for a in spec.get("architectures")}
 
 
 def main(names: list[str]) -> None:
