@@ -37,7 +37,7 @@ def _ticked(cell: str) -> list[str]:
 def _rows() -> list[dict]:
     text = DOC.read_text(encoding="utf-8")
     rows = []
-    for title in ("Causal decoders", "Text encoders"):
+    for title in ("Causal decoders", "Text encoders", "Mixtures of experts"):
         for cells in _table(_section(text, title)):
             mt, archs, served, missing = cells[:4]
             rows.append({"model_type": mt, "archs": _ticked(archs), "served": _ticked(served),
