@@ -217,17 +217,21 @@ def test_an_option_left_to_its_default_reads_the_default_field(tmp_path):
                         "  mlp: {kind: gated, bias: mlp_bias}") == []
 
 
-def test_gemma4_refuses_bidirectional_and_moe_and_serves_the_rest(tmp_path):
+def test_gemma4_refuses_bidirectional_and_serves_the_rest(tmp_path):
     # Gemma4TextAttention.is_causal = use_bidirectional_attention != "all"; "vision" bears on
     # image tokens only, and a text model has none.
     gemma4 = SPECS / "gemma4.yaml"
-    for key, value in (("use_bidirectional_attention", "all"), ("enable_moe_block", True)):
-        (tmp_path / key).mkdir()
-        d = config_dir(tmp_path / key, gemma4, **{key: value})
-        with pytest.raises(SpecError, match=f"{key} is {value!r}, which this spec cannot serve"):
-            load_model(gemma4, checkpoint=d, random_weights=0)
-    d = config_dir(tmp_path, gemma4, use_bidirectional_attention="vision", enable_moe_block=False)
-    assert load_model(gemma4, checkpoint=d, random_weights=0).lm
+    (tmp_path / "all").mkdir()
+    d = config_dir(tmp_path / "all", gemma4, use_bidirectional_attention="all")
+    with pytest.raises(SpecError, match="use_bidirectional_attention is 'all', which this spec cannot serve"):
+        load_model(gemma4, checkpoint=d, random_weights=0)
+    # enable_moe_block: the mixture beside every layer's MLP (the toy's own is on).
+    for moe in (False, True):
+        (tmp_path / str(moe)).mkdir()
+        d = config_dir(tmp_path / str(moe), gemma4, use_bidirectional_attention="vision",
+                       enable_moe_block=moe)
+        lm = load_model(gemma4, checkpoint=d, random_weights=0).lm
+        assert all((lo.experts is not None) == moe for lo in lm.config.layers)
 
 
 def test_a_whole_number_part_indexes_a_list():
