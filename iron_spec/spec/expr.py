@@ -2,18 +2,18 @@
 
 Accepted: numbers, field names, the literals ``true``/``false``/``null`` (and Python's
 ``True``/``False``/``None``), quoted words (``'sparse'``: a config word, compared with
-``==`` and ``!=`` only), ``+ - * / // % **``, unary minus and plus, parentheses,
-``min(...)`` and ``max(...)`` (of two or more numbers, or of one: a number, or a list of
-numbers a config key holds, as LongformerConfig's per-layer ``attention_window``), ``int(x)``
-(one number truncated toward zero, as Python's ``int`` and so transformers' config classes
-and RoPE functions truncate: ``int(head_dim * partial_rotary_factor)``), ``log(x)`` (the
-natural log of a number above 0: YaRN's ``0.1 * mscale * log(factor) + 1``), comparisons
-``== != < <= > >=`` (chained as in Python), ``in`` and ``not in`` of a list a config key holds
-(``layer in moe_layers``: Llama4TextConfig's list of layer indices), ``and``/``or``/``not``
-over booleans, and the conditional ``a if c else b``. Everything else (attribute access,
-subscripts, other calls, lambdas, comprehensions, ``is``, bitwise operators) is refused with
-an error naming the expression. Expressions are parsed by ``ast`` and walked here; nothing is
-ever ``eval``-ed.
+``==`` and ``!=`` or looked for with ``in``, only), ``+ - * / // % **``, unary minus and
+plus, parentheses, ``min(...)`` and ``max(...)`` (of two or more numbers, or of one: a
+number, or a list of numbers a config key holds, as LongformerConfig's per-layer
+``attention_window``), ``int(x)`` (one number truncated toward zero, as Python's ``int`` and
+so transformers' config classes and RoPE functions truncate: ``int(head_dim *
+partial_rotary_factor)``), ``log(x)`` (the natural log of a number above 0: YaRN's ``0.1 *
+mscale * log(factor) + 1``), comparisons ``== != < <= > >=`` (chained as in Python), ``in``
+and ``not in`` of a list a config key holds (``layer in moe_layers``: Llama4TextConfig's list
+of layer indices), ``and``/``or``/``not`` over booleans, and the conditional ``a if c else
+b``. Everything else (attribute access, subscripts, other calls, lambdas, comprehensions,
+``is``, bitwise operators) is refused with an error naming the expression. Expressions are
+parsed by ``ast`` and walked here; nothing is ever ``eval``-ed.
 
 Strict where Python is loose: a condition and the operands of ``and``/``or``/``not`` are
 booleans (``sliding_window != null``, never a number's truthiness); ``and``/``or`` give a
@@ -77,7 +77,21 @@ def parse(text: str) -> ast.Expression:
         raise ExprError(f"expression {text!r} is not valid: {e.msg}") from None
     except (RecursionError, MemoryError):
         raise ExprError(f"expression {text!r} nests too deeply") from None
+    # A quoted word is a config word to compare: an operand of == or !=, or what in / not in
+    # looks for in a list, and nothing else (a word as an option's value is a field's,
+    # {value: silu}, where a review reads it).
+    compared = {id(o) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                and all(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops)
+                for o in [node.left, *node.comparators]}
+    compared |= {id(node.left) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                 and len(node.ops) == 1 and isinstance(node.ops[0], _MEMBERSHIP)}
     for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in compared:
+            raise ExprError(f"expression {text!r}: only numbers, true, false and null are "
+                            f"literals, not {node.value!r} (a quoted word is compared with == "
+                            "or != or looked for with in; a word as a value is a field's: "
+                            "{value: ...})")
         if isinstance(node, (ast.Expression, ast.Name, ast.Load, ast.IfExp, ast.And, ast.Or,
                              ast.Not)) or type(node) in _BINARY or type(node) in _UNARY \
                 or type(node) in _COMPARE or isinstance(node, _MEMBERSHIP):

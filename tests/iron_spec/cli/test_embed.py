@@ -243,10 +243,10 @@ def test_no_text_is_ever_taken_for_the_spec(minilm):
 
 
 def test_two_specs_of_one_architecture_are_told_apart_by_model_type():
-    # transformers builds Glm4MoeForCausalLM for model types glm4_moe and param2moe.
+    # transformers builds Glm4MoeForCausalLM for model types glm4_moe, param2moe and sarvam_moe.
     assert for_architectures(["Glm4MoeForCausalLM"], "config.json",
-                             model_type="param2moe").name == "param2moe.yaml"
+                             config={"model_type": "param2moe"}).name == "param2moe.yaml"
     assert for_architectures(["Glm4MoeForCausalLM"], "config.json",
-                             model_type="glm4_moe").name == "glm4_moe.yaml"
-    with pytest.raises(ValueError, match="served by 2 specs"):
+                             config={"model_type": "glm4_moe"}).name == "glm4_moe.yaml"
+    with pytest.raises(ValueError, match="served by 3 specs"):
         for_architectures(["Glm4MoeForCausalLM"], "config.json")

@@ -262,13 +262,15 @@ def test_min_and_max_refuse_empty_lists_and_lists_of_other_things(text, fields, 
 
 # Words and lists, as a mixture's layer choice reads them (Llama4TextConfig's moe_layers,
 # MiniCPM5MoeConfig's mlp_layer_types entries).
-WORDS = {"layer": 3, "moe_layers": [1, 3, 5], "flags": [True], "kind": "sparse", "none": None}
+WORDS = {"layer": 3, "moe_layers": [1, 3, 5], "flags": [True], "kind": "sparse", "none": None,
+         "kinds": ["dense", "sparse"]}
 
 
 @pytest.mark.parametrize("text, expected", [
     ("layer in moe_layers", True), ("layer not in moe_layers", False),
     ("layer + 1 in moe_layers", False), ("not (layer in moe_layers)", False),
-    ("kind == 'sparse'", True), ("kind != 'dense'", True), ("'dense' if layer < 1 else 'sparse'", "sparse"),
+    ("kind == 'sparse'", True), ("kind != 'dense'", True), ("'dense' == kind", False),
+    ("'sparse' in kinds", True), ("'other' not in kinds", True),
     ("1 in flags", False),  # a boolean list holds no number: true == 1 is refused as ever
 ])
 def test_words_and_membership(text, expected):
@@ -277,7 +279,9 @@ def test_words_and_membership(text, expected):
 
 @pytest.mark.parametrize("text, what", [
     ("layer in none", "none is null, not a list"), ("layer in layer", "layer is 3, not a list"),
-    ("kind < 'z'", "not a number"), ("kind + 'x'", "not a number"),
+    ("kind < 'z'", "compared with == or !="), ("kind + 'x'", "compared with == or !="),
+    ("'silu'", "compared with == or !="), ("'a' if layer < 1 else 'b'", "compared with == or !="),
+    ("kind in ['sparse']", "not allowed|compared with == or !="),
 ])
 def test_membership_needs_a_list_and_words_only_compare(text, what):
     with pytest.raises(ExprError, match=what):
