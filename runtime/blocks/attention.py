@@ -257,13 +257,21 @@ class Attention(Module):
     def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle | None, Handle | None]:
         o = self.options
         if o.gate_in_queries and o.output_gate:
-            # q_gate_proj's output (n, 2 H D): the queries, then the gate (regrouped at load).
+            # q_gate_proj's rows (regrouped at load): every head's queries, then every gate;
+            # two projections over consecutive rows of its packed array, so a compiled plan
+            # runs them with k and v as one GEMM whose outputs are column views (Plan._fuse).
             HD = o.heads * o.head_dim
-            qg = self.q_gate_proj(rec, x)
+            w, bias = self.q_gate_proj.weight.array, self.q_gate_proj.bias
+            where = self.q_gate_proj.path
+            q, self._gate = (
+                rec.step("linear", x, rec.hold("param", f"{where}.weight[{part}]", w[a:z]),
+                         None if bias is None else rec.hold("param", f"{where}.bias[{part}]",
+                                                            bias.array[a:z]),
+                         where=f"{where}[{part}]")
+                for part, a, z in (("q", 0, HD), ("gate", HD, 2 * HD)))
             k, v = (None, None) if o.kv_from is not None else (self.k_proj(rec, x),
                                                                self.v_proj(rec, x))
-            self._gate = rec.step("columns", qg, where=self.where("gate"), begin=HD, end=2 * HD)
-            return rec.step("columns", qg, where=self.where("q"), begin=0, end=HD), k, v
+            return q, k, v
         if o.kv_from is not None:
             return self.q_proj(rec, x), None, None
         if o.values_from_keys:
