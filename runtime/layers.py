@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .altup import AltUp, AltUpOptions, Laurel, stream
 from .blocks.attention import Attention, AttentionOptions
 from .blocks.experts import ExpertsOptions, MoE
@@ -45,6 +47,10 @@ class LayerOptions:
     ``residual_weights`` (not parallel): each residual add weighs the stream per channel,
     ``w * x + block(x)``, by ``input_residual`` (the attention's) and
     ``post_attention_residual`` (the MLP's), ``(hidden,)`` each (DogeDecoderLayer).
+    ``residual_gates`` (not parallel): each residual add blends the block's output ``b`` and
+    the stream ``x`` per channel, ``sigmoid(w) * b + sqrt(1 + sigmoid(w)) * exp(-softplus(w)
+    / 2) * x``, by ``attention_residual_gate.weight`` and ``feedforward_residual_gate.weight``
+    ``(hidden,)`` (ErgoResidualGate).
     ``laurel_rank`` (above 0; not parallel, with an attention norm): a low-rank branch on
     the attention norm's output ``h``, ``h + post_laurel_norm(linear_right(linear_left(h)))``,
     added to the attention's residual sum and the whole times ``2 ** -0.5``
@@ -64,6 +70,7 @@ class LayerOptions:
     shared_norm: bool = True
     attention_norm: bool = True
     residual_weights: bool = False
+    residual_gates: bool = False
     laurel_rank: int = 0
     altup: "AltUpOptions | None" = None
     experts: ExpertsOptions | None = None
@@ -196,6 +203,13 @@ class DecoderLayer(Module):
                                  f"parallel layer nor placed {placement!r}")
             self.input_residual = Param(E, gain=True)
             self.post_attention_residual = Param(E, gain=True)
+        if o.residual_gates:
+            if o.parallel or placement == "post_residual" or o.residual_weights:
+                raise ValueError("residual gates blend each block's residual add: not in a "
+                                 f"parallel layer nor placed {placement!r}, nor with residual "
+                                 "weights")
+            self.attention_residual_gate = ResidualGate(E)
+            self.feedforward_residual_gate = ResidualGate(E)
         self.placement = placement
         self.options = o
 
@@ -273,4 +287,34 @@ class DecoderLayer(Module):
         if weight is not None and self.options.residual_weights:
             w = rec.hold("param", self.where(weight), getattr(self, weight).array)
             x = rec.step("mul", x, w, where=self.where(weight))
+        if weight is not None and self.options.residual_gates:
+            gate = (self.attention_residual_gate if weight == "input_residual"
+                    else self.feedforward_residual_gate)
+            on_branch, on_stream = gate.coefficients()
+            where = gate.path
+            y = rec.step("mul", y, rec.hold("const", f"{where}.branch", on_branch), where=where)
+            x = rec.step("mul", x, rec.hold("const", f"{where}.stream", on_stream), where=where)
         return rec.step("add", x, y, where=self.path, scale=self.options.residual_scale)
+
+
+class ResidualGate(Module):
+    """ErgoResidualGate's learned ``weight`` ``(hidden,)`` and the two per-channel factors it
+    gives a residual add: ``sigmoid(w)`` on the block's output, ``sqrt(1 + sigmoid(w)) *
+    exp(-softplus(w) / 2)`` on the stream (computed in float64 from the weight as loaded,
+    held as float32 constants; recomputed where the weight changes)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.weight = Param(size)
+        self._factors: tuple[bytes, np.ndarray, np.ndarray] | None = None
+
+    def coefficients(self) -> tuple[np.ndarray, np.ndarray]:
+        w = self.weight.array
+        key = w.tobytes()
+        if self._factors is None or self._factors[0] != key:
+            w64 = w.astype(np.float64)
+            branch = 1.0 / (1.0 + np.exp(-w64))
+            softplus = np.logaddexp(0.0, w64)
+            stream = np.sqrt(1.0 + branch) * np.exp(-0.5 * softplus)
+            self._factors = (key, branch.astype(np.float32), stream.astype(np.float32))
+        return self._factors[1], self._factors[2]

@@ -29,7 +29,7 @@ KINDS: tuple[Row, ...] = (
                                                   "project", "languages", "word_transform")}),
     Row(("runtime",), ("model",), {"causal": ("prefill_chunk",), "encoder": ("max_tokens",)}),
     Row(("layer",), ("layer", "kind"), {
-        **{k: ("kv_sharing", "laurel", "altup")
+        **{k: ("kv_sharing", "laurel", "altup", "residual_gates")
            + (("per_layer_input",) if k in ("sandwich", "ple") else ())
            + (("parallel", "shared_norm", "first_attention_norm", "residual_weights")
               if k == "decoder" else ())

@@ -95,6 +95,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
                         parallel=parallel, shared_norm=_flag(spec, at, shared_norm),
                         residual_weights=flag("residual_weights"),
+                        residual_gates=flag("residual_gates"),
                         laurel_rank=_laurel_rank(spec, *opt("laurel", "rank", default=0)),
                         altup=_altup(spec, r), experts=experts)
 
