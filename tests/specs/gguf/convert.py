@@ -19,6 +19,9 @@ from llama.cpp's ``conversion/*.py``:
   [q; k; v];
 - falcon: the fused rows reordered from per kv group to [q; k; v], the context written as
   2048 and the MLP width as ``4 * hidden_size``;
+- olmoe (``OlmoeModel``): each layer's experts stacked into one ``(E, out, in)`` tensor per
+  projection (``ffn_{gate,up,down}_exps``), the router (``ffn_gate_inp``) kept float32, the
+  expert counts written;
 - bert: the pooler dropped, ``attention.causal`` false, the token type count, the vocabulary
   as WordPiece in "phantom space" form (``wordpieces``).
 
@@ -37,7 +40,7 @@ import numpy as np
 ARCH = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "phi3": "PHI3", "gemma": "GEMMA",
         "gemma2": "GEMMA2", "gemma3": "GEMMA3", "olmo2": "OLMO2", "granite": "GRANITE",
         "starcoder2": "STARCODER2", "stablelm": "STABLELM", "gpt2": "GPT2",
-        "gpt_neox": "GPTNEOX", "falcon": "FALCON", "bert": "BERT"}
+        "gpt_neox": "GPTNEOX", "falcon": "FALCON", "bert": "BERT", "olmoe": "OLMOE"}
 
 
 def tokens(n: int) -> list[str]:
@@ -139,6 +142,10 @@ def metadata(family: str, w: gguf.GGUFWriter, c: dict, t: dict[str, np.ndarray])
             w.add_embedding_scale(c["embedding_multiplier"])
             w.add_residual_scale(c["residual_multiplier"])
             w.add_logit_scale(c["logits_scaling"])
+    elif family == "olmoe":  # OlmoeModel: its rms eps written as 1e-5 whatever the config says
+        _base(w, dict(c, rms_norm_eps=1e-5))
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
     elif family in ("qwen2", "qwen3", "olmo2", "starcoder2", "gemma3"):
         _base(w, c)
         if family == "gemma3":
@@ -277,6 +284,14 @@ def tensors(family: str, c: dict, t: dict[str, np.ndarray]) -> dict[str, np.ndar
                                 g[:, [-2]].reshape(-1, *x.shape[1:]),
                                 g[:, [-1]].reshape(-1, *x.shape[1:])])
         out[name] = np.ascontiguousarray(x, dtype=np.float32)
+    if family == "olmoe":  # OlmoeModel.modify_tensors: each layer's experts in one 3-D tensor
+        for layer in range(c["num_hidden_layers"]):
+            for w in ("gate_proj", "up_proj", "down_proj"):
+                parts = [f"model.layers.{layer}.mlp.experts.{e}.{w}.weight"
+                         for e in range(c["num_experts"])]
+                if parts[0] in out:
+                    out[f"model.layers.{layer}.mlp.experts.{w}.weight"] = \
+                        np.stack([out.pop(p) for p in parts])
     if family == "stablelm":
         for which, n in (("q_layernorm", heads), ("k_layernorm", kv)):
             for layer in range(c["num_hidden_layers"]):
@@ -324,10 +339,11 @@ def write(path: Path, family: str, config: dict, checkpoint: dict[str, np.ndarra
         gname = name if name in extra else table.get_name(name, try_suffixes=(".weight", ".bias"))
         if gname is None:
             raise ValueError(f"{family}: llama.cpp names no tensor {name}")
-        # Matrices only, as the converter's quantization: norms (a stacked per-head one is
-        # 2-D) stay float32.
-        if x.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32 and "token_embd" not in gname \
-                and "norm" not in gname:
+        # Matrices (and stacks of them: a mixture's experts) only, as the converter's
+        # quantization: norms (a stacked per-head one is 2-D) and a router stay float32.
+        if x.ndim in (2, 3) and qtype != gguf.GGMLQuantizationType.F32 \
+                and "token_embd" not in gname and "norm" not in gname \
+                and "ffn_gate_inp" not in gname:
             w.add_tensor(gname, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, x)
