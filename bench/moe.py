@@ -18,16 +18,17 @@ writes (tests/specs/gguf/convert.py: the experts stacked into ``ffn_{gate,up,dow
 the router kept float32, matrices Q8_0). Weights are normal with standard deviation
 1 / sqrt(in), drawn at seed 0 one tensor at a time, so the writing never holds a model.
 
-``run`` runs ``iron-spec bench`` on each (``--decode-weights int8``: Q8_0's blocks, against
-llama.cpp on the Q8_0 file), with transformers left out (its eager experts loop in float32
-is not the bar, and its model would double the memory), and prints the ratios side by
-side: ours MoE / ours dense decode, ours / llama.cpp on each. Run it under ``nice -n 10``.
+``run`` times each with ``iron-spec bench``'s own measurements (decode after a 128-token
+prompt, TTFT of 128 and 512 tokens; ``--decode-weights int8``: Q8_0's blocks, against
+llama.cpp on the Q8_0 file), transformers left out (its eager experts loop in float32 is
+not the bar, and its model would double the memory), and prints the ratios side by side:
+ours / llama.cpp on each model, and the mixture's decode / the dense one's on each engine.
+Threads: ``OMP_NUM_THREADS`` or every core. Run it under ``nice -n 10``.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -140,34 +141,56 @@ def make(directory: Path, layers: int) -> None:
 
 
 def run(directory: Path, runs: int) -> None:
+    """Decode tokens/s after a 128-token prompt and TTFT of 128 and 512 tokens, ours (Q8_0's
+    blocks held for the decode step: ``--decode-weights int8``) and llama.cpp's on the Q8_0
+    file, each figure taken in turn, ours then llama.cpp's, within each of ``runs`` runs
+    after a warm-up, by ``iron-spec bench``'s own measurements (``bench.ours``,
+    ``bench.gguf_peer``; its 2000-token deep decode left out: that prompt alone takes
+    minutes here); one model loaded at a time."""
+    import statistics
+
+    from iron_spec.cli import bench
+    from iron_spec.operators.native import threads
+    from iron_spec.spec.build import load_model
+
+    keys = ("decode_short_tokens_per_s", "ttft128_s", "ttft512_s")
     results = {}
     for kind, spec in (("olmoe", "olmoe"), ("dense", "olmo2")):
-        out = subprocess.run(
-            [sys.executable, "-c", _RUN, str(ROOT / "specs" / f"{spec}.yaml"),
-             "--checkpoint", str(directory / kind), "--decode-weights", "int8",
-             "--gguf", str(directory / f"{kind}.q8_0.gguf"), "--runs", str(runs), "--json"],
-            check=True, capture_output=True, text=True)
-        results[kind] = json.loads(out.stdout)
-        (directory / f"{kind}.bench.json").write_text(out.stdout)
-    m, d = results["olmoe"], results["dense"]
+        loaded = load_model(ROOT / "specs" / f"{spec}.yaml", checkpoint=str(directory / kind),
+                            max_seq_len=1024, decode_weights="int8")
+        sides = {"ours": bench.ours(loaded)}
+        peer = bench.gguf_peer(loaded, directory / f"{kind}.q8_0.gguf", threads())
+        if peer is None:
+            raise SystemExit("llama-cpp-python is not installed (pip install --no-deps its wheel)")
+        sides["llama.cpp"] = peer[0]
+        taken = {side: {k: [] for k in keys} for side in sides}
+        for i in range(runs + 1):  # the first a warm-up
+            for k in keys:
+                for side, figure in sides.items():
+                    value = figure[k]()
+                    if i:
+                        taken[side][k].append(value)
+        out = {side: {k: statistics.median(v) for k, v in t.items()} for side, t in taken.items()}
+        # ours / llama.cpp for tokens/s, llama.cpp's / ours for seconds: above 1 is ours ahead.
+        out["ratios"] = {k: statistics.median(
+            o / p if k.startswith("decode") else p / o
+            for o, p in zip(taken["ours"][k], taken["llama.cpp"][k])) for k in keys}
+        results[kind] = out
+        del loaded, sides, peer
+        print(json.dumps({kind: out}), flush=True)
+    results["threads"], results["runs"] = threads(), runs
+    (directory / "moe.bench.json").write_text(json.dumps(results, indent=1))
     key = "decode_short_tokens_per_s"
-    print(f"decode tokens/s (int8 = Q8_0 blocks), {m['threads']} threads, median of {runs}:")
-    for kind, r in results.items():
-        engine = next((v for k, v in r.items() if k.startswith("llama.cpp")), None)
-        print(f"  {kind:6} ours {r['ours'][key]:8.1f}   llama.cpp Q8_0 "
-              f"{engine[key] if engine else float('nan'):8.1f}   ours / llama.cpp "
-              f"{r['ratios'].get('int8_decode_vs_llama_cpp_Q8_0') or float('nan'):.2f}")
-    print(f"  olmoe / dense (ours): {m['ours'][key] / d['ours'][key]:.2f}")
-
-
-# The bench command with transformers' side left out (see the module docstring).
-_RUN = """
-import sys, typer
-import iron_spec.cli.bench as bench
-bench.transformers_peer = lambda loaded, n_threads: None
-sys.argv = ["bench"] + sys.argv[1:]
-typer.run(bench.command)
-"""
+    print(f"{threads()} threads, median of {runs} runs after a warm-up; ours / llama.cpp "
+          "(TTFT: llama.cpp's seconds / ours)")
+    for kind in ("olmoe", "dense"):
+        r = results[kind]
+        print(f"  {kind:6} decode tok/s ours {r['ours'][key]:7.1f}, llama.cpp "
+              f"{r['llama.cpp'][key]:7.1f}: {r['ratios'][key]:.2f}; TTFT128 "
+              f"{r['ratios']['ttft128_s']:.2f}, TTFT512 {r['ratios']['ttft512_s']:.2f}")
+    m, d = results["olmoe"], results["dense"]
+    print(f"  mixture / dense decode tok/s: ours {m['ours'][key] / d['ours'][key]:.2f}, "
+          f"llama.cpp {m['llama.cpp'][key] / d['llama.cpp'][key]:.2f}")
 
 
 if __name__ == "__main__":
