@@ -23,7 +23,11 @@ prompt, TTFT of 128 and 512 tokens; ``--decode-weights int8``: Q8_0's blocks, ag
 llama.cpp on the Q8_0 file), transformers left out (its eager experts loop in float32 is
 not the bar, and its model would double the memory), and prints the ratios side by side:
 ours / llama.cpp on each model, and the mixture's decode / the dense one's on each engine.
-Threads: ``OMP_NUM_THREADS`` or every core. Run it under ``nice -n 10``.
+Threads: ``OMP_NUM_THREADS`` or every core. Run it under ``nice -n 10``; on a machine whose
+cores other jobs share, set ``OMP_NUM_THREADS=1``: at 2 threads on 2 cores under a load of
+15, llama.cpp's decode of either model fell below 3 tokens/s (its threads wait at each
+barrier for one descheduled) and our mixture's prompt chunk (numpy's per-expert GEMMs on
+BLAS threads) to a tenth of its 1-thread speed, so neither side measured the code.
 """
 
 from __future__ import annotations
