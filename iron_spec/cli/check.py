@@ -285,8 +285,10 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
             checks.float64_against(lm, golden, float64_gate(golden, spec=spec)),
             gates.loosened(spec, "float64")))]
           if golden is not None and golden.has_float64 and not _converted(lm) else []),
+        # The routing line reads the float64 reference, which reads converted weights as
+        # converted: a choice moved by their rounding is no fault of the spec.
         *([("routing vs golden", lambda: checks.routing_against(lm, golden))]
-          if golden is not None and golden.routing else []),
+          if golden is not None and golden.routing and not _converted(lm) else []),
         ("determinism", lambda: checks.determinism(lm, [prompt, other])),
         ("chat turn", lambda: checks.chat_turn(lm, prompt, turn)),
         ("chunked = decode", lambda: checks.chunked_vs_decode(

@@ -257,3 +257,19 @@ def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_mor
     assert kl["passed"] and 0 < kl["numbers"]["mean"] <= mean
     assert "check --weights stored to verify the spec" in kl["figure"]
     assert f"weights {weights}, KL gate mean {mean:g}" in result.stderr
+
+
+def test_a_mixtures_routing_is_judged_on_weights_as_stored_only():
+    # The routing line compares our float64 reference's expert choices with transformers'.
+    # On weights converted at load the reference reads the rounded weights, and the rounding
+    # alone moves choices (qwen3_moe's toy at q8_0: 4 of 126 routed differently), so the
+    # line runs only where nothing was converted, as the float64 line.
+    stored = check(SPECS / "qwen3_moe.yaml", "--random-weights", 0, "--toy", "--json")
+    assert stored.exit_code == 0, stored.output
+    routing = {c["name"]: c for c in json.loads(stored.stdout)["checks"]}["routing vs golden"]
+    assert routing["passed"] and "0 mismatches" in routing["figure"]
+    converted = check(SPECS / "qwen3_moe.yaml", "--random-weights", 0, "--toy", "--weights",
+                      "q8_0", "--json")
+    assert converted.exit_code == 3, converted.output
+    names = [c["name"] for c in json.loads(converted.stdout)["checks"]]
+    assert "routing vs golden" not in names and "float64 KL vs golden" not in names
