@@ -28,9 +28,10 @@ import numpy as np
 
 from iron_spec.operators.native import threads as native_threads
 from iron_spec.operators.threads import set_threads
-from iron_spec.runtime.session import Session
+from iron_spec.runtime.session import Busy, Session
 
-from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
+from iron_spec.runtime.generation import (Completion, Stream, busy_message,
+                                          read_generation_config, sampler_for, setting)
 from iron_spec.spec import arguments
 from iron_spec.spec.build import (DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, WEIGHTS, Loaded,
                                   load_model)
@@ -256,6 +257,13 @@ class Model:
     A prompt is text (encoded as transformers' ``tokenizer(text)``: a BOS where the
     tokenizer puts one), a list of messages (``{"role", "content"}``, rendered by the chat
     template with the assistant's turn opened), or token ids (a sequence of ints).
+
+    Threads: a model may be shared. ``generate``, ``complete``, ``stream`` and ``chat`` from
+    any threads each give what they give alone: a generation runs on the model's own session
+    (its KV cache kept for the next call that begins the same way) where no other is
+    running on it, else on a session of its own; every model call runs under the model's
+    lock (``runtime.session`` says what is locked). A chat takes one turn at a time: a turn
+    sent while another of the same chat runs is refused (``runtime.session.Busy``).
     """
 
     def __init__(self, loaded: Loaded, spec: Path):
@@ -417,6 +425,7 @@ class Model:
                 f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len,
                 self._own_context, "give a shorter prompt" + (
                     f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
+        busy = "share" if session is not None else "own"
         session = session if session is not None else self._session
         placed = ids
         if self.multimodal is not None:
@@ -427,7 +436,7 @@ class Model:
             # the caches forgotten from the first image that changed.
             self.multimodal.place(session, placed, inputs)
         return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
-                      logprobs, bound, on_finish)
+                      logprobs, bound, on_finish, busy=busy)
 
     def complete(self, prompt, **options) -> Completion:
         """The whole generation as a ``Completion`` (text, token ids, finish reason,
@@ -500,11 +509,16 @@ class Conversation:
         Raises:
             ContextFull: the conversation with this turn leaves no room to draw a token
                 (nothing changes: the next turn may be shorter).
+            Busy: a turn of this chat is running (its stream not finished or closed, on
+                this thread or another); raised here, or at the first piece where that
+                turn started after this stream was made. Nothing changes.
             ValueError, IndexError, TypeError: as ``Model.stream``; TypeError too for a
                 ``session`` (a chat has its own).
         """
         if not isinstance(text, str):
             raise TypeError(f"a turn is text, not {type(text).__name__}")
+        if self.session.claimed:
+            raise Busy(busy_message("this chat"))
         if "session" in options:  # found by a new user's trial: a TypeError from inside
             raise TypeError("a chat runs on its own session (chat.session), the one its "
                             "messages are in; it takes no session= (Model.stream does)")
@@ -542,7 +556,10 @@ class Conversation:
             if then is not None:  # the caller's, after the conversation holds the reply
                 then(result)
 
-        return self.model.stream(turn, session=self.session, on_finish=keep, **options)
+        stream = self.model.stream(turn, session=self.session, on_finish=keep, **options)
+        # Not started yet: a turn of this chat begun before its first piece refuses it then.
+        stream.busy, stream.what = "refuse", "this chat"
+        return stream
 
     def _content(self, text: str, images: Sequence | None = None,
                  audio: Sequence | None = None):
