@@ -195,7 +195,9 @@ class Stream:
 
     From its first piece to its end a stream claims its session (``Session.claim``);
     ``busy`` (``BUSY``) says what it does where another generation has it then: ``refuse``
-    raises ``runtime.session.Busy`` at the first piece, nothing run or changed."""
+    raises ``runtime.session.Busy`` at the first piece, nothing run or changed. ``ready``,
+    where given, is called once the session is claimed, before anything runs: it may refuse
+    (raise) too (a chat's turn made before another turn of that chat ended)."""
 
     def __init__(self, session: Session, ids: list[int], max_new_tokens: int, sampler: Sampler,
                  eos: frozenset[int], tokenizer, stop: Sequence[str], logprobs: bool,
@@ -208,6 +210,7 @@ class Stream:
         self.stop, self.want_logprobs = tuple(stop), logprobs
         self.context_bound, self.on_finish = context_bound, on_finish
         self.busy, self.what = busy, what
+        self.ready: Callable[[], None] | None = None
         self.result: Completion | None = None
         self._pieces = self._run()
 
@@ -236,6 +239,8 @@ class Stream:
             # stream not yet finished): this one runs on caches of its own.
             session = Session(session.lm, session.reference)
         try:
+            if self.ready is not None:
+                self.ready()
             yield from self._draw(session)
         finally:
             if claimed:

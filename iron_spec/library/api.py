@@ -497,6 +497,7 @@ class Conversation:
         self.messages: list[dict] = [] if system is None else [{"role": "system",
                                                                  "content": system}]
         self.session = Session(model.loaded.lm)
+        self._turns = 0  # turns kept: a stream made before the last one ended is refused
 
     def stream(self, text: str, images: Sequence | None = None,
                audio: Sequence | None = None, **options) -> Stream:
@@ -551,14 +552,25 @@ class Conversation:
                 return
             self.messages[:] = turn + [{"role": "assistant",
                                         "content": self._content(result.text)}]
+            self._turns += 1
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"
             if then is not None:  # the caller's, after the conversation holds the reply
                 then(result)
 
         stream = self.model.stream(turn, session=self.session, on_finish=keep, **options)
-        # Not started yet: a turn of this chat begun before its first piece refuses it then.
-        stream.busy, stream.what = "refuse", "this chat"
+        # Not started yet: a turn of this chat begun before its first piece, or ended since
+        # this one was made (its turn follows messages that are no longer the last), refuses
+        # it then.
+        made = self._turns
+
+        def ready() -> None:
+            if self._turns != made:
+                raise Busy("this chat took another turn after this stream was made (on this "
+                           "thread or another): its turn would follow messages that are no "
+                           "longer the conversation's, so it is refused and nothing changed. "
+                           "Send it again")
+        stream.busy, stream.what, stream.ready = "refuse", "this chat", ready
         return stream
 
     def _content(self, text: str, images: Sequence | None = None,
