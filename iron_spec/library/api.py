@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -497,7 +498,11 @@ class Conversation:
         self.messages: list[dict] = [] if system is None else [{"role": "system",
                                                                  "content": system}]
         self.session = Session(model.loaded.lm)
-        self._turns = 0  # turns kept: a stream made before the last one ended is refused
+        # Turns kept: a stream made before the last one ended is refused. Read with the
+        # messages, and changed with them, under one lock (another thread's turn may end
+        # between the two).
+        self._turns = 0
+        self._kept = threading.Lock()
 
     def stream(self, text: str, images: Sequence | None = None,
                audio: Sequence | None = None, **options) -> Stream:
@@ -525,8 +530,9 @@ class Conversation:
                             "messages are in; it takes no session= (Model.stream does)")
         then = options.pop("on_finish", None)
         arguments.callable_or_none(then, "on_finish", "the Completion once it ends")
-        turn = self.messages + [{"role": "user",
-                                 "content": self._content(text, images, audio)}]
+        content = self._content(text, images, audio)
+        with self._kept:
+            made, turn = self._turns, self.messages + [{"role": "user", "content": content}]
         ids = self.model.encode(turn)
         L = self.model.max_seq_len
         room = L - len(ids) + 1
@@ -550,9 +556,10 @@ class Conversation:
         def keep(result: Completion) -> None:
             if result.finish_reason == "interrupted":  # dropped: the conversation as it was
                 return
-            self.messages[:] = turn + [{"role": "assistant",
-                                        "content": self._content(result.text)}]
-            self._turns += 1
+            with self._kept:
+                self.messages[:] = turn + [{"role": "assistant",
+                                            "content": self._content(result.text)}]
+                self._turns += 1
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"
             if then is not None:  # the caller's, after the conversation holds the reply
@@ -562,8 +569,6 @@ class Conversation:
         # Not started yet: a turn of this chat begun before its first piece, or ended since
         # this one was made (its turn follows messages that are no longer the last), refuses
         # it then.
-        made = self._turns
-
         def ready() -> None:
             if self._turns != made:
                 raise Busy("this chat took another turn after this stream was made (on this "
