@@ -22,7 +22,7 @@ from pathlib import Path
 
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.spec.build import load_model
-from iron_spec.spec.errors import FlagError, SpecError, message
+from iron_spec.spec.errors import FlagError, SpecError, message, shorten
 from iron_spec.spec.gguf_files import is_gguf
 from iron_spec.spec.registry import find
 
@@ -131,7 +131,7 @@ class UsageError(typer.BadParameter):
     no UsageError of its own; BadParameter is one, prefixed "Invalid value".)"""
 
     def format_message(self) -> str:
-        return self.message
+        return shorten(self.message)
 
 
 def refuse(e: Exception) -> NoReturn:
@@ -148,7 +148,7 @@ class _Stderr(logging.Handler):
     that redirects it prints them above itself instead of through its bar."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr)
+        print(shorten(self.format(record)), file=sys.stderr)
 
 
 @contextmanager

@@ -30,6 +30,7 @@ import numpy as np
 from iron_spec.operators.native import threads as native_threads
 from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Busy, Session
+from iron_spec.runtime.tokenizer import PIECE
 
 from iron_spec.runtime.generation import (Completion, Stream, busy_message,
                                           read_generation_config, sampler_for, setting)
@@ -320,6 +321,8 @@ class Model:
                 raise ValueError("a text prompt needs the checkpoint's tokenizer, and " +
                                  (f"{where / 'tokenizer.json'} is missing" if where is not None
                                   else "a toy has none: give token ids"))
+            self._within_bound(prompt if isinstance(prompt, str) else
+                               "\n".join(m["content"] for m in prompt))
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else \
                 self.tokenizer.chat(list(prompt))
             if not ids:
@@ -345,6 +348,37 @@ class Model:
             raise IndexError(f"token id {int(ids[bad[0]])} at position {int(bad[0])} is "
                              f"outside the vocabulary [0, {V})")
         return ids.astype(np.int64).tolist()
+
+    def max_prompt_bytes(self) -> int | None:
+        """The most bytes of text a prompt may hold: ``max_seq_len`` tokens of this
+        tokenizer's longest (``Tokenizer.most_bytes``); None where the tokenizer bounds no
+        such figure (a text is then counted in pieces: ``_within_bound``)."""
+        return None if self.tokenizer is None else self.tokenizer.most_bytes(self.max_seq_len)
+
+    def _within_bound(self, text: str) -> None:
+        """Refuse ``text`` (a prompt, or a conversation's messages) that cannot fit the
+        context, before it is tokenized whole (~165 bytes of memory a byte): past
+        ``max_prompt_bytes``, or where its first pieces alone encode to more than
+        ``max_seq_len`` tokens (``Tokenizer.surely_past``). A text of at most
+        ``runtime.tokenizer.PIECE`` characters is tokenized as it is.
+
+        Raises:
+            ContextFull: naming its size, the bound and the context.
+        """
+        if len(text) <= PIECE:
+            return
+        L, size = self.max_seq_len, len(text.encode("utf-8", "surrogatepass"))
+        most = self.max_prompt_bytes()
+        if most is not None and size > most:
+            raise _context_full(
+                f"the prompt's {size} bytes of text (more than {most}: {L} tokens of at most "
+                f"{self.tokenizer.longest} bytes, this tokenizer's longest token; refused "
+                "before it is tokenized)", L, self._own_context, "give a shorter prompt")
+        if self.tokenizer.surely_past(text, L):
+            raise _context_full(
+                f"the prompt's {size} bytes of text (its first pieces alone encode to more "
+                f"than {L} tokens; refused before the rest is tokenized)", L,
+                self._own_context, "give a shorter prompt")
 
     def sampler(self, *, seed: int | None = None, **settings: Any):
         """The ``operators.Sampler`` for ``settings`` (None: generation_config.json's), as
