@@ -84,6 +84,9 @@ def test_a_long_prompt_is_counted_in_pieces_until_it_passes_the_context(toy_dir)
 
 def test_smollm2_refuses_a_20_mb_prompt_file_and_counts_a_long_prompt_in_pieces(tmp_path):
     model = iron_spec.load("llama3", checkpoint("smollm2-135m-instruct"), max_seq_len=8192)
+    # Its tokenizer.json's longest token, a newline and 80 spaces as written ("ĊĠĠ...": 81
+    # characters, 162 bytes of UTF-8): docs/bad-input.md's 1.3 MB.
+    assert model.max_prompt_bytes() == 8192 * 162
     seen = _watched(model)
     text = "The capital of France is Paris. " * (20 * 2**20 // 32)
     with pytest.raises(ContextFull, match="refused before it is tokenized"):
