@@ -46,9 +46,10 @@ CHECKPOINT_HELP = ("the checkpoint: a directory (config.json, model.safetensors 
                    "tensors read from it)")
 
 # What a command refuses as its input's fault (``refuse``: one line, exit 1; a FlagError
-# exit 2), not as a bug (a traceback).
+# exit 2), not as a bug (a traceback): an OSError is a path the user gave that the system
+# will not open as asked (a name too long for the file system, a folder where a file goes).
 EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
-            jinja2.TemplateError)
+            jinja2.TemplateError, OSError)
 log = logging.getLogger("iron_spec")
 # The value a flag takes, as click tools name it (``--seed INTEGER``); a switch shows none.
 METAVARS = {int: "INTEGER", float: "FLOAT", str: "TEXT"}

@@ -43,5 +43,14 @@ def shorten(text: str, most: int = MOST) -> str:
 
 def message(e: Exception) -> str:
     """The line a command prints for ``e``: a SpecError says ``FILE:LINE:COL: error:`` itself,
-    anything else gets ``error:`` before it; at most ``MOST`` characters (``shorten``)."""
-    return shorten(str(e) if isinstance(e, SpecError) else f"error: {e}")
+    anything else gets ``error:`` before it; an OSError of a path says the path (cut to 80
+    characters, its length said) and the system's reason; at most ``MOST`` characters
+    (``shorten``)."""
+    if isinstance(e, SpecError):
+        return shorten(str(e))
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        name = str(e.filename)
+        if len(name) > 80:
+            name = f"{name[:60]}... ({len(name)} characters)"
+        return f"error: {name}: {e.strerror}"
+    return shorten(f"error: {e}")

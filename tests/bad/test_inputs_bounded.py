@@ -277,3 +277,28 @@ def test_lint_refuses_a_spec_past_the_clis_limits(tmp_path, old, new, says):
     path.write_text(BASE.replace(old, new, 1))
     lint = runner.invoke(app, ["lint", str(path)])
     assert lint.exit_code == 1 and says in _unboxed(lint.output), lint.output
+
+
+LONG = "a" * 5000
+
+
+@pytest.mark.parametrize("args", [
+    ["run", LONG, "--toy", "--random-weights", "0"],
+    ["run", LLAMA, "--checkpoint", LONG, "--prompt-ids", "1"],
+    ["run", LLAMA, "--toy", "--random-weights", "0", "--prompt-file", LONG],
+    ["check", LLAMA, "--toy", "--random-weights", "0", "--golden", LONG + ".npz"],
+    ["check", LLAMA, "--toy", "--random-weights", "0", "--record-golden", "--golden",
+     LONG + "/g.npz"],
+    ["lint", LONG],
+    ["lint", LLAMA, "--config", LONG],
+    ["embed", "bert", "--checkpoint", LONG, "a text"],
+], ids=["spec", "checkpoint", "prompt_file", "golden", "golden_to_record", "lint", "lint_config",
+        "embed_checkpoint"])
+def test_a_path_too_long_for_a_file_name_is_one_line_not_a_traceback(args):
+    # Found: OSError (File name too long) came through as a traceback from each of these.
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: {'a' * 60}... (50") and \
+        last.endswith(" characters): File name too long"), result.output
+    assert "Traceback" not in result.output and len(result.output) < 400, result.output
