@@ -123,7 +123,8 @@ def read_npz(path: str | Path, names: Iterable[str] | None = None) -> dict[str, 
                     continue
                 try:
                     out[name] = _member(archive, info)
-                except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+                except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError,
+                        NotImplementedError) as e:  # encrypted; a compression zipfile lacks
                     raise GoldenError(f"{path}: its array {info.filename} cannot be read "
                                       f"({' '.join(str(e).split())[:200]}): {NOT_A_GOLDEN}") \
                         from None

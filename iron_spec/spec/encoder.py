@@ -24,7 +24,7 @@ from iron_spec.runtime.encoder_options import ENCODER_MLP_KINDS, POOLINGS, Encod
     EncoderOptions, PoolingOptions
 from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.host import host_budget
-from iron_spec.runtime.tokenizer import read_tokenizer_json, utf8_text
+from iron_spec.runtime.tokenizer import PIECE, read_tokenizer_json, utf8_text
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.values import MAX_INT, token_ids, whole
 from iron_spec.runtime.weights import draw_weights
@@ -503,10 +503,24 @@ class TextIds:
         """``text``'s ids and token types, and whether it was cut at ``max_tokens`` (the
         tokenizers library keeps the ids cut off as the encoding's ``overflowing``).
 
+        A long text is tokenized from its start only as far as its ids need (the library
+        tokenizes a text whole before it truncates: ~165 bytes of memory a byte): a prefix
+        cut before a space, of ``max(PIECE, 64 * max_tokens)`` characters, twice as many
+        while it holds fewer than ``max_tokens`` ids, the whole text at last. A prefix past
+        ``max_tokens`` ids gives the whole text's first ones.
+
         Raises:
             ValueError: ``text`` is not UTF-8 text (``utf8_text``, naming it ``what``).
         """
-        encoded = self._tok.encode(utf8_text(text, what))
+        utf8_text(text, what)
+        n = max(PIECE, 64 * self.max_tokens)
+        while len(text) > n:
+            cut = text.rfind(" ", n // 2, n)
+            encoded = self._tok.encode(text[:cut if cut > 0 else n])
+            if encoded.overflowing:
+                return encoded.ids, encoded.type_ids, True
+            n *= 2
+        encoded = self._tok.encode(text)
         return encoded.ids, encoded.type_ids, bool(encoded.overflowing)
 
     def encoding(self, text: str, what: str = "the text"):

@@ -281,3 +281,20 @@ def test_a_golden_path_under_a_file_is_refused_before_anything_is_recorded(tmp_p
     assert f"--golden {parent / 'g.npz'}: cannot be written, {parent} is not a folder" in \
         " ".join(result.output.replace("│", " ").split())
     assert "recording" not in result.output and "loading" not in result.output
+
+
+def test_an_encrypted_or_strangely_compressed_member_is_refused(tmp_path):
+    raw = bytearray(_npz({"fingerprint.npy": _npy(np.asarray("x"))}))
+    # The general-purpose flag's bit 0 (encrypted), in the local header and the central one.
+    for at in (6, raw.rindex(b"PK\x01\x02") + 8):
+        raw[at] |= 1
+    path = tmp_path / "enc.npz"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(GoldenError, match="its array fingerprint.npy cannot be read"):
+        read_npz(path)
+    raw = bytearray(_npz({"fingerprint.npy": _npy(np.asarray("x"))}))
+    for at in (8, raw.rindex(b"PK\x01\x02") + 10):  # compression method 99 (AES)
+        raw[at:at + 2] = (99).to_bytes(2, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(GoldenError, match="cannot be read"):
+        read_npz(path)

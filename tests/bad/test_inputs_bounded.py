@@ -302,3 +302,28 @@ def test_a_path_too_long_for_a_file_name_is_one_line_not_a_traceback(args):
     assert last.startswith(f"error: {'a' * 60}... (50") and \
         last.endswith(" characters): File name too long"), result.output
     assert "Traceback" not in result.output and len(result.output) < 400, result.output
+
+
+def test_a_60_mb_text_to_embed_is_tokenized_only_as_far_as_its_ids_need():
+    # The tokenizers library tokenizes a text whole before it truncates it: 60 MB took
+    # ~10 GB. The text's first ids are what a prefix past max_tokens gives.
+    model = iron_spec.load(checkpoint=checkpoint("all-minilm-l6-v2"))
+    text = "A man is eating food. " * (60 * 2**20 // 22)
+    seen = []
+    tok = model.tokenizer._tok
+    real = tok.encode
+
+    class Watched:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def encode(self, t, *a, **k):
+            seen.append(len(t))
+            return real(t, *a, **k)
+    model.tokenizer._tok = Watched()
+    got = model.embed(text)
+    assert got.shape == (1, 384) and np.isfinite(got).all()
+    ids, _, truncated = model.tokenizer.encode(text)
+    assert max(seen) <= 2 * max(PIECE, 64 * model.tokenizer.max_tokens) and truncated
+    # The library's own truncation of the text's first MB (cut far past its ids), whole.
+    assert ids == real(text[: 2**20]).ids and len(ids) == model.tokenizer.max_tokens
