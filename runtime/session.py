@@ -89,12 +89,17 @@ class Session:
     share one model, from any threads, each resuming from its own caches (the module
     docstring says what is locked)."""
 
-    def __init__(self, lm: CausalLM, reference: bool = False):
+    def __init__(self, lm: CausalLM, reference: bool = False, caches: Caches | None = None):
         self.lm = lm
         self.reference = reference  # run the float64 reference instead of the compiled plans
         # Its KV caches, and the tokens they hold (with the positions bitwise a fresh run's
-        # and the logits after them where a prompt run computed them).
-        self.caches = Caches()
+        # and the logits after them where a prompt run computed them). Given a set (the
+        # model's bound one, lm.caches: a bench's runs reuse its grown arrays), what that
+        # set held is forgotten: this session wrote none of it.
+        self.caches = Caches() if caches is None else caches
+        if caches is not None:
+            with lm.lock:
+                caches.forget()
         self.calls: list[tuple[str, int, int]] = []  # (version, start, rows) of each call
         # Positions of the last history its call did not run: held by the caches.
         self.reused = 0

@@ -327,3 +327,19 @@ def test_on_numpys_blas_a_session_resumes_at_the_chunk_boundary_bitwise_equal_to
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["False", "True", "True"], out.stderr
+
+
+def test_a_session_given_the_models_caches_reuses_their_arrays_and_trusts_nothing_held(toy):
+    # What bench does: each measurement a fresh session, on the caches the runs before grew.
+    lm = toy.lm
+    C = lm.config.prefill_chunk
+    history = np.random.default_rng(5).integers(0, lm.config.vocab_size, 3 * C).tolist()
+    first = Session(lm)
+    want = first.logits(history).copy()
+    arrays, reserved = [s.array for _, s in lm.named_states()], lm.reserved
+    again = Session(lm, caches=lm.caches)
+    assert again.held == 0 and first.held == 0  # the set's record is nobody's now
+    assert again.logits(history).tobytes() == want.tobytes()
+    assert again.calls[0][:2] == ("prompt", 0)  # run whole, not resumed
+    assert lm.reserved == reserved
+    assert all(s.array is a for (_, s), a in zip(lm.named_states(), arrays))
