@@ -12,7 +12,7 @@ checkpoint of that layout loads by a plain tree match; other layouts rename onto
 Threads: a compiled version is one arena, so every call of a version (and compiling one)
 runs under the model's ``Encoder.lock``; its output is a view of the arena, so a caller
 sharing the model copies it before the lock is released (``with encoder.lock:
-np.array(version(ids))``, as ``iron_spec.embed`` does).
+np.array(version(ids))``, as ``iron_spec.library.embedding`` does).
 
 Not for: generation (``causal``), or several texts in one call (one call per text).
 """

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from iron_spec.cli import app
+from iron_spec.cli.app import app
 from iron_spec.runtime.golden import (MAX_MEMBER, Golden, GoldenError, GoldenTaken, load_arrays,
                                       read_npz)
 from tests.bad.corpus import LLAMA
@@ -126,8 +126,8 @@ def test_the_same_inputs_recorded_twice_replace_each_other_and_overwrite_replace
 def test_two_check_record_goldens_into_one_path_keep_both(tmp_path, monkeypatch):
     # check --record-golden's own write path (check._record) from two threads, the
     # recording a stand-in that waits until both are past the check made before it.
-    from iron_spec import check
-    from iron_spec.build import load_model
+    from iron_spec.cli import check
+    from iron_spec.spec.build import load_model
     real_find = check.importlib.util.find_spec
     monkeypatch.setattr(check.importlib.util, "find_spec",
                         lambda name, *a: object() if name in ("torch", "transformers")
@@ -175,7 +175,7 @@ def test_a_fifo_named_as_a_golden_is_refused_not_waited_on(tmp_path):
 
 
 def test_a_fifo_lying_in_a_golden_store_is_skipped_not_waited_on(tmp_path, monkeypatch):
-    from iron_spec import goldens
+    from iron_spec.library import goldens
     store = tmp_path / "store"
     (store / "llama3").mkdir(parents=True)
     os.mkfifo(store / "llama3" / "stuck.npz")
@@ -250,7 +250,7 @@ def test_a_member_that_is_no_array_of_numbers_is_refused(tmp_path, member, says)
 
 
 def test_a_golden_of_nan_log_probabilities_is_refused_as_such_not_blamed_on_the_spec(tmp_path):
-    from iron_spec.build import load_model
+    from iron_spec.spec.build import load_model
     fp = load_model(LLAMA, random_weights=0, toy=True).fingerprint()
     g = golden(fp, vocab=256)
     g.top_logprobs[1, :3] = np.nan

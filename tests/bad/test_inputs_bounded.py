@@ -18,9 +18,9 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 import iron_spec
-from iron_spec.api import ContextFull
-from iron_spec.cli import app
-from iron_spec.errors import MOST
+from iron_spec.library.api import ContextFull
+from iron_spec.cli.app import app
+from iron_spec.spec.errors import MOST
 from iron_spec.runtime.tokenizer import PIECE, Tokenizer
 from tests.bad.corpus import LLAMA, dump
 from tests.conftest import checkpoint
@@ -108,7 +108,7 @@ def test_smollm2_refuses_a_20_mb_prompt_file_and_counts_a_long_prompt_in_pieces(
 
 
 def test_a_prompt_file_past_64_mib_is_refused_unread(tmp_path, toy_dir):
-    from iron_spec import run
+    from iron_spec.cli import run
     path = tmp_path / "huge.txt"
     with open(path, "wb") as f:
         f.truncate(run.MAX_TEXT + 1)  # sparse: no disk spent

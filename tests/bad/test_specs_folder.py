@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 import iron_spec
-from iron_spec.cli import app
-from iron_spec.loader import MAX_BYTES
+from iron_spec.cli.app import app
+from iron_spec.spec.loader import MAX_BYTES
 from tests.bad.corpus import LLAMA
 
 runner = CliRunner()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import iron_spec
-from iron_spec.build import load_model
+from iron_spec.spec.build import load_model
 from iron_spec.runtime.session import Busy, Session
 from tests.bad.corpus import LLAMA
 from tests.conftest import SPECS, checkpoint
