@@ -173,3 +173,17 @@ def test_minilm_embeds_from_threads_what_it_embeds_alone():
              ["Der Himmel ist blau."], ["x " * 200]]
     alone = [model.embed(t).tobytes() for t in texts]
     assert together(lambda i: model.embed(texts[i]).tobytes()) == alone
+
+
+@pytest.mark.parametrize("name, call", [
+    ("bert-base-uncased-toy", lambda m, t: m.fill_mask(t + " [MASK].")),
+    ("bert-sequence-classification-toy", lambda m, t: m.classify([t, t + " too"], top_k=None)),
+    ("bert-token-classification-toy", lambda m, t: m.classify_tokens(t)),
+], ids=["fill_mask", "classify", "classify_tokens"])
+def test_an_encoders_heads_from_threads_give_what_they_give_alone(name, call):
+    from pathlib import Path
+    model = iron_spec.load(None, Path(__file__).resolve().parents[1] / "checkpoints" / name)
+    texts = ["paris is the capital of france", "a man is eating", "the sky", "hello world"]
+    alone = [repr(call(model, t)) for t in texts]
+    assert len(set(alone)) > 1
+    assert together(lambda i: repr(call(model, texts[i]))) == alone
