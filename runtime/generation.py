@@ -211,6 +211,9 @@ class Stream:
         self.context_bound, self.on_finish = context_bound, on_finish
         self.busy, self.what = busy, what
         self.ready: Callable[[], None] | None = None
+        # What readies the session the stream runs on, once claimed (a tower's soft tokens
+        # placed in it: Multimodal.adopt); None: nothing.
+        self.prepare: Callable[[Session], None] | None = None
         self.result: Completion | None = None
         self._pieces = self._run()
 
@@ -241,6 +244,8 @@ class Stream:
         try:
             if self.ready is not None:
                 self.ready()
+            if self.prepare is not None:
+                self.prepare(session)
             yield from self._draw(session)
         finally:
             if claimed:

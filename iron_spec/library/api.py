@@ -466,12 +466,15 @@ class Model:
         if self.multimodal is not None:
             ids = self.multimodal.lookup(ids)  # a placeholder past the vocabulary read as 0
         session.check(ids, more=n - 1)  # refused here, before anything runs
+        stream = Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
+                        logprobs, bound, on_finish, busy=busy)
         if self.multimodal is not None:
-            # Each image's soft tokens at its placeholders (its tower run once per image),
-            # the caches forgotten from the first image that changed.
-            self.multimodal.place(session, placed, inputs)
-        return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
-                      logprobs, bound, on_finish, busy=busy)
+            # Each image's soft tokens at its placeholders (its tower run once per image, here:
+            # refused before anything runs), placed in the session the stream runs on once
+            # it is claimed, its caches forgotten from the first image that changed.
+            placement, towers = self.multimodal.placement(placed, inputs), self.multimodal
+            stream.prepare = lambda s: towers.adopt(s, placement)
+        return stream
 
     def complete(self, prompt, **options) -> Completion:
         """The whole generation as a ``Completion`` (text, token ids, finish reason,

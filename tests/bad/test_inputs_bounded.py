@@ -248,7 +248,7 @@ def test_a_shard_that_is_not_there_is_named(toy_dir, case):
 
 
 def test_a_7_mb_one_line_error_is_cut_to_its_start_and_end(tmp_path):
-    folder = _config_dir(tmp_path, architectures=["X" * (7 * 2**20)])
+    folder = _config_dir(tmp_path, architectures=["X" * (7 * 2**20)], model_type="nothing")
     result = runner.invoke(app, ["run", "--checkpoint", str(folder), "--prompt-ids", "1,2"])
     assert result.exit_code == 1
     line = result.output.strip().splitlines()[-1]

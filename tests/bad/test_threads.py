@@ -119,6 +119,29 @@ def test_one_session_shared_by_threads_still_gives_each_history_its_logits():
     assert all(g == [want[i % 2]] * 20 for i, g in enumerate(got))
 
 
+def test_images_from_threads_each_give_what_they_give_alone():
+    # Gemma 3's vision toy: each thread's image is placed in the session its generation runs
+    # on (the model's, or one of its own where the model's is busy), never in another's.
+    from pathlib import Path
+
+    from iron_spec.library.multimodal_golden import messages_with
+    toys = Path(__file__).resolve().parents[1] / "checkpoints"
+    golden = np.load(Path(__file__).resolve().parents[1] / "goldens" / "towers" / "gemma3"
+                     / "gemma3-vision-toy.npz")
+    model = iron_spec.load("gemma3", toys / "gemma3-vision-toy", prefill_chunk=16)
+    image = golden["image"]
+    images = [image, image[::-1].copy(), image[:, ::-1].copy(), (255 - image).astype(image.dtype)]
+
+    def run(i):
+        messages = messages_with({**golden, "image": images[i]})
+        done = model.complete(messages, max_new_tokens=6, temperature=0, logprobs=True)
+        return done.token_ids, [float(x) for x in done.logprobs]
+    alone = [run(i) for i in range(THREADS)]
+    assert len({str(a) for a in alone}) == THREADS, "images giving the same answer prove less"
+    for _ in range(3):
+        assert together(run) == alone
+
+
 def test_a_second_turn_of_one_chat_while_its_first_runs_is_refused_and_changes_nothing(toy):
     chat = toy.chat()
     first = chat.stream("hello", max_new_tokens=5, temperature=0)
