@@ -23,16 +23,20 @@ whose sums differ from a prompt row's by rounding), those of a fresh run of the 
 vocabulary, a history past ``max_seq_len``) is refused before any call, so the caches keep
 what they held.
 
-Whose tokens the caches hold. Each session owns its caches, so the question "which session
-do the model's caches hold?" (a ``holder`` the model pointed back to, when the model had one
-set of caches that sessions took turns on) has no answer to keep: the model binds one set at
-a time (``CausalLM.caches``, bound for a call under its lock) and a set records its own
-tokens (``Caches.tokens``), which only its session writes. Nothing the model holds points
-back at a session or at the model itself (``Caches`` holds arrays and ids; a ``Version``'s
-``lm`` is a weak proxy), so a model dropped with its sessions is freed by its refcounts, not
-at the garbage collector's rare full pass. Calls that write the bound set behind its
-session's back (``checks``, a version called without ``caches``) make it hold no one's
-tokens (``Caches.forget``).
+Whose tokens the caches hold: no ``holder``. When the model had one set of KV caches that
+sessions took turns on, it kept a (weak) ``holder``, the session whose tokens they held,
+and a session another had displaced ran again from its first token. Here each session owns
+its caches, so the decision is that nothing needs to say whose they are: a set records its
+own tokens (``Caches.tokens``), which only its session's calls write, and the model binds
+one set at a time for a call, under its lock (``CausalLM.caches``: "which session's caches
+are bound" is that object; a bench's fresh session may take it over, forgetting what it
+held). Another session's call therefore never costs this one its positions, and exact
+resume holds across threads. A set holds no one's tokens (``Caches.forget``) after what
+writes it behind its session's back: a call of a version without ``caches=`` (``checks``),
+a call stopped part-way, or a new cache form (``use_kv_cache``, by its epoch). Nothing the
+model holds points back at a session or at the model (``Caches`` holds arrays and ids; a
+``Version``'s ``lm`` is a weak proxy), so a model dropped with its sessions is freed by its
+refcounts, not at the garbage collector's rare full pass.
 
 Threads. What is locked, what is per session, what a caller may share:
 
@@ -42,7 +46,7 @@ Threads. What is locked, what is per session, what a caller may share:
   copied out before the lock is released. Calls of sessions on other threads wait their
   turn; they never interleave inside one another, and none sees another's positions.
 - A session's caches and what they hold are its own: any number of sessions on one model,
-  from any threads, each gives the logits a fresh run of its history gives, bit for bit.
+  from any threads, each gives the logits it gives alone on one thread, bit for bit.
 - A session may be used from several threads too (every call takes the history whole and
   runs what its caches do not hold), but it is one conversation: two histories taking turns
   on it run each other's positions again at every call. Give each thread its own session;

@@ -89,6 +89,26 @@ def test_every_entry_point_from_threads_gives_what_it_gives_alone(toy):
         assert together(lambda i: calls(toy, i)) == alone
 
 
+def test_a_chats_later_turn_from_threads_resumes_where_its_own_caches_end(toy):
+    # Exact resume (CausalLM.resume_at) under threads: each chat's session owns its caches,
+    # so the other threads' sessions, bound between its turns, replace none of its
+    # positions; turn 2 runs from the first token its caches do not hold, as alone (not
+    # from 0, as when one set of caches held one session's tokens at a time).
+    def run(i):
+        chat = toy.chat(system="be brief")
+        chat.send(PROMPTS[i], max_new_tokens=6, temperature=0)
+        before = len(chat.session.calls)
+        turn = chat.stream("and " + PROMPTS[i], max_new_tokens=4, temperature=0)
+        text = "".join(turn)
+        return text, turn.result.cached_tokens, chat.session.calls[before:]
+    alone = [run(i) for i in range(THREADS)]
+    for _, cached, calls in alone:
+        assert cached > 0 and calls[0] == ("prompt", cached, calls[0][2]), calls
+        assert all(kind == "decode" for kind, _, _ in calls[1:])
+    for _ in range(3):
+        assert together(run) == alone
+
+
 def test_sessions_on_threads_each_give_a_fresh_runs_logits_across_chunks_and_rings():
     # Gemma 3's toy: sliding-window layers hold a ring, prompt chunks of 16; histories cross
     # chunk boundaries and the window, and each thread's session decodes past them.
