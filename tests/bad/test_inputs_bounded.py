@@ -291,7 +291,7 @@ LONG = "a" * 5000
      LONG + "/g.npz"],
     ["lint", LONG],
     ["lint", LLAMA, "--config", LONG],
-    ["embed", "bert", "--checkpoint", LONG, "a text"],
+    ["embed", "bert", "--checkpoint", LONG, "--text", "a text"],
 ], ids=["spec", "checkpoint", "prompt_file", "golden", "golden_to_record", "lint", "lint_config",
         "embed_checkpoint"])
 def test_a_path_too_long_for_a_file_name_is_one_line_not_a_traceback(args):
