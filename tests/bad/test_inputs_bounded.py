@@ -165,24 +165,37 @@ def _config_dir(tmp_path, **changes):
     return folder
 
 
-def test_the_memory_budget_names_the_file_the_keys_and_lints_figure(tmp_path):
+def test_the_memory_budget_names_the_file_the_keys_and_the_held_bytes(tmp_path):
     V, E, M, N, H, G, D = 49152, 16384, 65536, 30, 128, 8, 128
     folder = _config_dir(tmp_path, hidden_size=E, intermediate_size=M, num_attention_heads=H,
                          num_key_value_heads=G, head_dim=D, num_hidden_layers=N, vocab_size=V,
                          tie_word_embeddings=False)
+    # The checkpoint stores float16 (2 bytes a value): its header is all a load reads before
+    # the budget refuses it.
+    save_file({"model.norm.weight": np.ones(E, np.float16)}, str(folder / "model.safetensors"))
     # By hand: the embedding and lm_head, the final norm; per layer q and o (E x H D), k and
-    # v (E x G D), gate, up and down (E x M) and two norms; 4 bytes each.
-    weights = 4 * (2 * V * E + E + N * (2 * E * H * D + 2 * E * G * D + 3 * E * M + 2 * E))
+    # v (E x G D), gate, up and down (E x M) and two norms.
+    count = 2 * V * E + E + N * (2 * E * H * D + 2 * E * G * D + 3 * E * M + 2 * E)
     config = folder / "config.json"
-    figure = f"the model on {config} holds {weights / 2**30:.1f} GiB of weights as float32 " \
-             f"(vocab_size {V}, hidden_size {E}, intermediate_size {M}, num_hidden_layers {N})"
+    sizes = f"(vocab_size {V}, hidden_size {E}, intermediate_size {M}, num_hidden_layers {N})"
+    # lint reads no checkpoint: 4 bytes a weight, as --weights float32 holds them.
+    as_float32 = f"the model on {config} holds {4 * count / 2**30:.1f} GiB of weights as " \
+                 f"float32 {sizes}"
     lint = runner.invoke(app, ["lint", LLAMA, "--config", str(config)])
-    assert lint.exit_code == 1 and figure in _unboxed(lint.output), lint.output
-    for flags in ([], ["--max-seq-len", "512"]):
-        result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(folder), "--prompt-ids",
-                                     "1,2", *flags])
+    assert lint.exit_code == 1 and as_float32 in _unboxed(lint.output), lint.output
+    as_stored = f"the model on {config} holds {2 * count / 2**30:.1f} GiB of weights as " \
+                f"stored (2 bytes a weight) {sizes}"
+    as_q8_0 = f"the model on {config} holds {34 / 32 * count / 2**30:.1f} GiB of weights as " \
+              f"q8_0 (1.06 bytes a weight) {sizes}"
+    for command, flags, figure in (
+            ("run", [], as_stored), ("run", ["--max-seq-len", "512"], as_stored),
+            ("run", ["--weights", "float32"], as_float32),
+            ("run", ["--weights", "q8_0"], as_q8_0), ("check", [], as_stored)):
+        ids = ["--prompt-ids", "1,2"] if command == "run" else []
+        result = runner.invoke(app, [command, LLAMA, "--checkpoint", str(folder), *ids, *flags])
         said = _unboxed(result.output)
-        assert result.exit_code == 1 and figure in said and "past this host's" in said, said
+        assert result.exit_code == 1 and figure in said and "past this host's" in said, \
+            (command, flags, said)
 
 
 @pytest.mark.parametrize("changes, says", [
