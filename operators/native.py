@@ -154,18 +154,34 @@ def program(steps: list[tuple]):
         ValueError: a step's arrays do not fit its code (naming the step), or a capacity is
             given to a step without ``rows``.
     """
-    encoded = []
-    for j, (step, start, *bound) in enumerate(steps):
-        if start is None or isinstance(start, int):
-            at, offset = -1, start or 0
-        else:
-            at, offset = CALL.index(start.name), start.offset
-        capacity = bound[0] if bound else None
-        if capacity is not None and step.rows is None:
-            raise ValueError(f"program: step {j} (op {step.op}) takes no rows")
-        rows_at = -1 if capacity is None else step.rows
-        encoded.append((step.op, at, offset, step.arrays, tuple(int(i) for i in step.ints),
-                        tuple(float(f) for f in step.floats), rows_at, int(capacity or 0)))
+    return encoded_program([encode(step, start, *bound, index=j)
+                            for j, (step, start, *bound) in enumerate(steps)])
+
+
+def encode(step: Step, start, capacity: int | None = None, index: int = 0) -> tuple:
+    """One step of ``program`` as the extension takes it (``encoded_program``): a plan
+    keeps each step's, so binding a few of its steps to new arrays encodes only those.
+
+    Raises:
+        ValueError: a capacity given to a step without ``rows`` (naming it as step ``index``).
+    """
+    if start is None or isinstance(start, int):
+        at, offset = -1, start or 0
+    else:
+        at, offset = CALL.index(start.name), start.offset
+    if capacity is not None and step.rows is None:
+        raise ValueError(f"program: step {index} (op {step.op}) takes no rows")
+    rows_at = -1 if capacity is None else step.rows
+    return (step.op, at, offset, step.arrays, tuple(int(i) for i in step.ints),
+            tuple(float(f) for f in step.floats), rows_at, int(capacity or 0))
+
+
+def encoded_program(encoded: list[tuple]):
+    """The native program of steps already ``encode``d.
+
+    Raises:
+        ValueError: a step's arrays do not fit its code (naming the step).
+    """
     return lib().program(tuple(encoded))
 
 

@@ -4,10 +4,21 @@ The decode step runs one token (the carried ``token``) at ``position``; the prom
 runs ``prefill_chunk`` ids from ``start``, of which a call runs the first ``rows``. Both
 return the logits after their last row and the carried values of the next call: the token
 drawn from those logits and ``position + 1``.
+
+Threads: a model is shared by every thread that holds it, and ``CausalLM.lock`` (a
+re-entrant lock) serializes what is the model's alone: a call of a compiled version (its
+plan's arena and inputs, its native program) or of the float64 reference, which set of KV
+caches is bound (``bind``), their growth (``reserve``), the RoPE tables (``fit_rope``), the
+cache form (``use_kv_cache``) and compiling a version. Every ``Version`` call takes the
+lock itself; its logits are a view of the plan's arena, so a caller that shares the model
+reads (or copies) them before the lock is released: ``with lm.lock: logits =
+np.array(lm.decode_step(...)[0])``. What is one sequence's is not the model's: each
+``runtime.session.Session`` holds its own ``runtime.caches.Caches``, bound for its call.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -18,6 +29,7 @@ from iron_spec.operators import OPERATORS, PerCall
 from iron_spec.operators.activation import ACTIVATION_PARAMS
 
 from .altup import AltUpOptions, merge, spread
+from .caches import Caches
 from .blocks.attention import REACH, RELATIVE_TABLE
 from .blocks.embedding import Embedding, Sinusoidal
 from .blocks.mlp import ActivationParams
@@ -133,8 +145,8 @@ class HeadTransform(Module):
 
 class Table:
     """A table by position (a RoPE table's cos or sin) holding the rows of the positions
-    the caches hold (``CausalLM.reserve``): ``array`` ``(rows, columns)`` float32 is
-    replaced as it grows; ``shape`` is the most it holds (``max_seq_len`` rows)."""
+    any set of caches has held (``CausalLM.reserve``): ``array`` ``(rows, columns)`` float32
+    is replaced as it grows; ``shape`` is the most it holds (``max_seq_len`` rows)."""
 
     def __init__(self, shape: tuple[int, int]):
         self.shape = shape
@@ -325,12 +337,19 @@ class CausalLM(Module):
         self._versions: dict[tuple, "Version"] = {}
         # The KV caches grow in blocks of a prompt chunk's positions (reserve).
         self.block = o.prefill_chunk
-        self.reserved = 0  # positions every cache holds now (a ring: up to its own)
+        self.reserved = 0  # positions every bound cache holds now (a ring: up to its own)
+        self._table_rows = 0  # rows the RoPE tables hold: the most any caches reserved
         # Weights and tables in their kernels' form, shared by every compiled version.
         self.packed: dict[tuple, np.ndarray] = {}
-        self.reference_states: dict[int, np.ndarray] = {}
-        # The session whose tokens the KV caches hold (runtime.session); None: no one's.
-        self._holder: "weakref.ref | None" = None
+        # What runs on the model is serialized by it (the module docstring says what).
+        self.lock = threading.RLock()
+        # Each state once (a layer reading another's cache holds none of its own).
+        self._states = list({id(s): s for _, s in self.named_states()}.values())
+        # The cache form's generation (use_kv_cache), and the set of caches bound now (a
+        # session's while it runs; at first the model's own).
+        self._epoch = 0
+        self.caches = Caches()
+        self.caches.epoch = self._epoch
         # The decode step's weights: float32 or a reduced form (operators.formats); each
         # compiles a decode step of its own, so a bench can switch between them.
         self.decode_weights = "float32"
@@ -342,19 +361,6 @@ class CausalLM(Module):
         # conversion's rounding.
         self.weights = "stored"
         self.reserve(1)
-
-    @property
-    def holder(self):
-        """The session whose tokens the KV caches hold (``runtime.session``); None: no
-        one's. Held weakly, as every reference back to the model is (``Version.lm``): no
-        cycle keeps a model's arrays alive once its user drops it, waiting for the garbage
-        collector's rare full pass (a notebook loading model after model grew by the
-        weights of each)."""
-        return None if self._holder is None else self._holder()
-
-    @holder.setter
-    def holder(self, session) -> None:
-        self._holder = None if session is None else weakref.ref(session)
 
     def _holdable(self) -> None:
         """Mark the matrices loading may hold as stored (``Param.holdable``,
@@ -392,12 +398,48 @@ class CausalLM(Module):
                             f"{', '.join(map(repr, STATE_DTYPES))}")
         if dtype not in STATE_DTYPES:
             raise ValueError(f"kv_cache={dtype!r} is not one of {', '.join(STATE_DTYPES)}")
-        held = [s for _, s in self.named_states() if s.kv]
-        for s in held:
-            s.use(dtype)
-        self.kv_cache = dtype if held else "float32"
-        self._versions.clear()
-        self.holder = None
+        with self.lock:
+            held = [s for _, s in self.named_states() if s.kv]
+            for s in held:
+                s.use(dtype)
+            self.kv_cache = dtype if held else "float32"
+            self._versions.clear()
+            # Every set of caches, the bound one too, holds nothing from now on; the others
+            # are emptied as they are bound (their arrays are of the old form).
+            self._epoch += 1
+            self.caches.empty(self._epoch)
+
+    @property
+    def reference_states(self) -> dict[int, np.ndarray]:
+        """The float64 reference's caches of the bound set (``Caches.reference``)."""
+        return self.caches.reference
+
+    def bind(self, caches: Caches) -> None:
+        """Make ``caches`` the set every compiled version and the reference run on, the set
+        bound before keeping its arrays; a set never bound (or of an older cache form) is
+        made afresh, holding nothing. The plans' steps over the caches are bound to the new
+        arrays (``Plan.rebind``): a few milliseconds on a real model, paid where the set
+        changes, not on every call."""
+        with self.lock:
+            if caches is self.caches:
+                return
+            old = self.caches
+            old.arrays, old.reserved = [s.array for s in self._states], self.reserved
+            if caches.epoch != self._epoch:
+                caches.empty(self._epoch)
+            if caches.arrays is None:
+                arrays, reserved = [s.emptied() for s in self._states], 0
+            else:
+                arrays, reserved = caches.arrays, caches.reserved
+            for s, a in zip(self._states, arrays):
+                s.array = a
+            caches.arrays = None
+            self.caches, self.reserved = caches, reserved
+            if not reserved:
+                self._grow(1)
+            owners = {id(s) for s in self._states}
+            for version in self._versions.values():
+                version.plan.rebind(owners)
 
     def reserve(self, positions: int) -> None:
         """Make every KV cache hold at least ``positions`` positions (a ring at most its
@@ -410,15 +452,28 @@ class CausalLM(Module):
         Raises:
             ValueError: ``positions`` past ``max_seq_len``.
         """
+        with self.lock:
+            changed, tables = self._grow(positions)
+            if changed or tables:
+                owners = None if tables else {id(s) for s in self._states}
+                for version in self._versions.values():
+                    version.plan.rebind(owners)
+
+    def _grow(self, positions: int) -> tuple[bool, bool]:
+        """``reserve``'s growth, the plans not bound again; whether any cache, and whether
+        the RoPE tables, were replaced."""
         if positions <= self.reserved:
-            return
+            return False, False
         L = self.config.max_seq_len
         if positions > L:
             raise ValueError(f"{positions} positions do not fit max_seq_len {L}")
         B = self.block
         grown = max(positions, self.reserved + self.reserved // 4)
         grown = min(L, -(-grown // B) * B)
-        changed = [s.grow(grown) for _, s in self.named_states()]
+        changed = [s.grow(grown) for s in self._states]
+        self.reserved = grown
+        if grown <= self._table_rows:  # another set of caches grew them so far already
+            return any(changed), False
         # The tables computed afresh (their rows are a prefix of the whole context's), and
         # their packed forms dropped while the old arrays live, so no id is reused.
         stale = set()
@@ -430,13 +485,11 @@ class CausalLM(Module):
                 del self.packed[key]
             for t, array in zip(tables, new):
                 t.array = array
-        self.reserved = grown
-        if any(changed) or stale:
-            for version in self._versions.values():
-                version.plan.rebind()
+        self._table_rows = grown
+        return any(changed), bool(stale)
 
     def cache_bytes(self) -> tuple[int, int]:
-        """Bytes the KV caches hold now, and the most they can grow to (at
+        """Bytes the bound KV caches hold now, and the most they can grow to (at
         ``max_seq_len``; a sliding-window ring at its own size)."""
         states = [s for _, s in self.named_states()]
         return sum(s.nbytes for s in states), sum(s.most_bytes for s in states)
@@ -464,12 +517,23 @@ class CausalLM(Module):
                     return 0
         return start
 
+    def rope_regime(self, length: int) -> tuple[bool, ...]:
+        """Which table each RoPE table that switches (``rope_switch``) turns a sequence of
+        ``length`` tokens by: keys a set of caches holds were turned by the tables of one
+        regime, and a sequence of another must run them again."""
+        return tuple(length <= switch for switch in
+                     (rope_switch(r) for r in self.tables.values()) if switch is not None)
+
     def fit_rope(self, length: int) -> bool:
         """Make the RoPE tables those transformers turns a sequence of ``length`` tokens by
         (a ``longrope`` table past its original context: ``rope_switch``), in place, with
         their kernels' packed forms, so every compiled version reads them without a new
-        allocation. Returns whether any table changed: the KV caches then hold keys turned
-        by the other table, and what they hold must be recomputed."""
+        allocation. Returns whether any table changed: KV caches written under the other
+        tables (``rope_regime``) hold keys turned by them, and must be recomputed."""
+        with self.lock:
+            return self._fit_rope(length)
+
+    def _fit_rope(self, length: int) -> bool:
         changed = []
         for name, r in self.tables.items():
             switch = rope_switch(r)
@@ -556,9 +620,10 @@ class CausalLM(Module):
         # them by decode_weights, each decode step compiled once.
         weights = self.prefill_weights if prompt else self.decode_weights
         key = (prompt, check) if weights == "float32" else (prompt, check, weights)
-        if key not in self._versions:
-            self._versions[key] = Version(self, prompt, check)
-        return self._versions[key]
+        with self.lock:  # compiled once, though two threads ask at once
+            if key not in self._versions:
+                self._versions[key] = Version(self, prompt, check)
+            return self._versions[key]
 
     @property
     def decode_step(self) -> "Version":
@@ -578,11 +643,16 @@ class Version:
     """One compiled shape of a CausalLM, called with its carried and per-call values.
 
     ``version(ids, token=..., position=..., start=..., rows=...)`` returns ``(logits,
-    carry)``: logits ``(vocab,)`` float32 (a view, valid until the next call) and ``carry``,
-    the next decode step's keyword arguments. With ``output=False`` (a prompt's chunk before
-    its last, whose logits nobody reads) it returns ``(None, None)``, having run only the
-    steps the caches depend on: the same caches, bit for bit. ``reference(...)`` runs the
-    same recording eagerly in float64 on its own caches.
+    carry)``: logits ``(vocab,)`` float32 (a view of the plan's arena, valid until the next
+    call of the version: read it under ``lm.lock`` where threads share the model) and
+    ``carry``, the next decode step's keyword arguments. With ``output=False`` (a prompt's
+    chunk before its last, whose logits nobody reads) it returns ``(None, None)``, having
+    run only the steps the caches depend on: the same caches, bit for bit.
+    ``reference(...)`` runs the same recording eagerly in float64 on its own caches.
+
+    ``caches``: the set of KV caches to run on (``runtime.caches.Caches``, bound for the
+    call: a session's); None runs on the set bound now, which then holds no tokens a
+    session may resume from (``Caches.forget``): it was written behind its back.
     """
 
     def __init__(self, lm: CausalLM, prompt: bool, check: bool, soft: bool = False,
@@ -593,15 +663,24 @@ class Version:
         rec = Recorder(call)
         out = lm.body(rec)
         self.prompt, self.capacity = prompt, C
-        self.lm = weakref.proxy(lm)  # the model holds its versions: no cycle (CausalLM.holder)
+        # The model holds its versions: a reference back is weak, so no cycle keeps a
+        # dropped model's arrays alive until the collector's rare full pass.
+        self.lm = weakref.proxy(lm)
         self.plan = Plan(rec, out, check=check, packed=lm.packed,
                          weights=PROMPT_FORMS[lm.prefill_weights] if prompt
                          else lm.decode_weights)
-        self._reference = Reference(rec, out, lm.reference_states)
+        weak = self.lm
+        self._reference = Reference(rec, out, lambda: weak.caches.reference)
         self.vocab_size, self.max_seq_len = lm.config.vocab_size, lm.config.max_seq_len
 
     def _call(self, runner, ids, token, position, start, rows, sampler, output=True,
-              extra=None):
+              extra=None, caches=None):
+        with self.lm.lock:
+            return self._locked(runner, ids, token, position, start, rows, sampler, output,
+                                extra, caches)
+
+    def _locked(self, runner, ids, token, position, start, rows, sampler, output, extra,
+                caches):
         # Checked before anything runs, so a refused call leaves every cache as it was.
         V, L = self.vocab_size, self.max_seq_len
         if self.prompt:
@@ -627,6 +706,10 @@ class Version:
             position = _index(position, "position", 0, L - 1)
             call = {"start": position, "rows": 1, "position": position}
             inputs = {"ids": np.asarray([token], np.int32)}
+        if caches is None:
+            self.lm.caches.forget()
+        else:
+            self.lm.bind(caches)
         self.lm.reserve(call["position"] + 1)
         if not output:
             runner(inputs, call, output=False)
@@ -657,15 +740,15 @@ class Version:
 
     def __call__(self, ids=None, *, token=None, position=None, start=None, rows=None,
                  sampler: Callable[[np.ndarray], int] | None = None, output: bool = True,
-                 extra: dict | None = None):
+                 extra: dict | None = None, caches: Caches | None = None):
         return self._call(self.plan.run, ids, token, position, start, rows, sampler, output,
-                          extra)
+                          extra, caches)
 
     def reference(self, ids=None, *, token=None, position=None, start=None, rows=None,
                   sampler: Callable[[np.ndarray], int] | None = None, output: bool = True,
-                  extra: dict | None = None):
+                  extra: dict | None = None, caches: Caches | None = None):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler,
-                          output, extra)
+                          output, extra, caches)
 
 
 def in_per_layer_table(config: CausalOptions, ids: np.ndarray, where: str) -> None:

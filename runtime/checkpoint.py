@@ -160,8 +160,15 @@ class Checkpoint:
             index = path / "model.safetensors.index.json"
             path = index if index.exists() else path / "model.safetensors"
         if not path.exists() and not path.is_symlink():
-            raise FileNotFoundError(f"{path}: no such weights file (a checkpoint directory holds "
-                                    "model.safetensors or model.safetensors.index.json)")
+            shards = sorted(p.name for p in path.parent.glob("*.safetensors"))[:4] \
+                if path.name == "model.safetensors" else []
+            raise FileNotFoundError(
+                f"{path}: no such weights file (a checkpoint directory holds "
+                "model.safetensors or model.safetensors.index.json)" + (
+                    f"; {path.parent} holds {', '.join(shards)}"
+                    f"{', ...' if len(shards) == 4 else ''} but no "
+                    "model.safetensors.index.json, the index naming each shard's tensors"
+                    if shards else ""))
         self.path = path
         self.tensors: dict[str, TensorInfo] = {}
         if path.name.endswith(".json"):
@@ -186,13 +193,24 @@ class Checkpoint:
                 isinstance(s, str) for s in weight_map.values()):
             raise CheckpointError(f"{index}: its weight_map is not an object of tensor -> shard file")
         for shard in sorted(set(weight_map.values())):
+            shown = shard if len(shard) <= 80 else f"{shard[:60]}... ({len(shard)} characters)"
             if Path(shard).name != shard or shard in ("", ".", ".."):
-                raise CheckpointError(f"{index}: shard {shard!r} is not a file beside the index")
+                raise CheckpointError(f"{index}: shard {shown!r} is not a file beside the index")
             file = index.parent / shard
-            if not file.exists():
-                raise CheckpointError(f"{index}: shard {shard} is missing")
+            named = sorted(n for n, s in weight_map.items() if s == shard)
+            try:
+                there = file.exists() or file.is_symlink()
+            except OSError as e:  # a name past the file system's (ENAMETOOLONG)
+                raise CheckpointError(f"{index}: shard {shown!r} cannot be a file name here "
+                                      f"({e.strerror})") from None
+            if not there:
+                raise CheckpointError(
+                    f"{index}: shard {shown} is missing: no {file}, which the index says holds "
+                    f"{len(named)} tensor{'s' * (len(named) != 1)} ({', '.join(named[:3])}"
+                    f"{', ...' if len(named) > 3 else ''}); every shard the index names sits "
+                    "beside it")
             held = _header(file)
-            named = {n for n, s in weight_map.items() if s == shard}
+            named = set(named)
             if named != held.keys():
                 raise CheckpointError(
                     f"{file}: holds {sorted(held.keys() - named)} the index does not name and "

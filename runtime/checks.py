@@ -94,7 +94,7 @@ def per_step(lm: CausalLM, prompt: list[int], decode_steps: int = 3) -> Result:
         n = len(prompt_v.plan.checked) + len(decode_v.plan.checked)
         return Result("per-step check", True, f"{n} steps within tolerance", {"steps": n})
     result = _timed(run)
-    lm.holder = None  # the checked calls wrote the caches behind every session's back
+    lm.caches.forget()  # the checked calls wrote the bound caches behind their session's back
     return result
 
 
@@ -341,7 +341,7 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float,
             # it first (every row of it would be overwritten here).
             mirror = lm.reference_states.setdefault(id(state), np.zeros(state.shape, np.float64))
             mirror[:, rows] = widen_bfloat16(filled) if filled.dtype == np.uint16 else filled
-        lm.holder = None
+        lm.caches.forget()
         got, _ = lm.decode_step(token=token, position=position)
         got = np.array(got)
         want, _ = lm.decode_step.reference(token=token, position=position)

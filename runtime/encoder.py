@@ -9,11 +9,17 @@ The tree carries the checkpoint's own names, as transformers' BertModel names it
 (``embeddings.word_embeddings``, ``encoder.layer.N.attention.self.query``, ...), so a
 checkpoint of that layout loads by a plain tree match; other layouts rename onto it.
 
+Threads: a compiled version is one arena, so every call of a version (and compiling one)
+runs under the model's ``Encoder.lock``; its output is a view of the arena, so a caller
+sharing the model copies it before the lock is released (``with encoder.lock:
+np.array(version(ids))``, as ``iron_spec.library.embedding`` does).
+
 Not for: generation (``causal``), or several texts in one call (one call per text).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -198,6 +204,7 @@ class Encoder(Module):
                             for lo in o.layers if lo.rope is not None}
         self.name_tree()
         self._versions: dict[tuple[PoolingOptions, bool, bool], EncoderVersion] = {}
+        self.lock = threading.RLock()  # every version's calls (the module docstring)
 
     def body(self, rec: Recorder, pooling: PoolingOptions, head: bool = False) -> Handle:
         """Record the model over ``rec``'s capacity: ids, positions and token types
@@ -275,9 +282,10 @@ class Encoder(Module):
         """The version compiled for ``pooling`` (default the options'), or with ``head``
         the head's scores (``body``), compiled once."""
         key = (pooling or self.config.pooling, check, head)
-        if key not in self._versions:
-            self._versions[key] = EncoderVersion(self, key[0], check, head)
-        return self._versions[key]
+        with self.lock:
+            if key not in self._versions:
+                self._versions[key] = EncoderVersion(self, key[0], check, head)
+            return self._versions[key]
 
 
 class EncoderVersion:
@@ -313,6 +321,7 @@ class EncoderVersion:
         # Whether a call gives a matrix (a row of each id): the hidden states, or a per-row
         # head's scores.
         self.rowwise = o.head.per_row if head else pooling.kind == "none"
+        self.lock = model.lock
         self.plan = Plan(rec, out, check=check)
         self._reference = Reference(rec, out, {})
         self._options, self.call_rows = o, model.call_rows
@@ -398,9 +407,11 @@ class EncoderVersion:
 
     def __call__(self, ids, types=None, langs=None, global_attention_mask=None) -> np.ndarray:
         inputs, call = self._inputs(ids, types, langs, global_attention_mask)
-        return self._out(self.plan.run(inputs, call))
+        with self.lock:
+            return self._out(self.plan.run(inputs, call))
 
     def reference(self, ids, types=None, langs=None, global_attention_mask=None
                   ) -> np.ndarray:
         inputs, call = self._inputs(ids, types, langs, global_attention_mask)
-        return self._out(self._reference.run(inputs, call))
+        with self.lock:
+            return self._out(self._reference.run(inputs, call))

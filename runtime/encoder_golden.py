@@ -24,13 +24,12 @@ Not for: causal models (``runtime.golden``), recording (``iron_spec.library.gold
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .golden import GoldenError, Inputs, load_arrays, other_inputs
+from .golden import GoldenError, Inputs, load_arrays, other_inputs, write_npz
 
 
 @dataclass
@@ -67,10 +66,14 @@ class EncoderGolden:
                 out[f"logits64_{i}"] = np.asarray(self.logits64[i], np.float64)
         return out
 
-    def write(self, path: Path) -> None:
-        """Write to ``path`` through a temporary name in its folder (made if absent)."""
+    def write(self, path: Path, replace: bool = False) -> None:
+        """Write to ``path`` through a temporary name in its folder (made if absent), never
+        over a golden of other inputs unless ``replace`` (``runtime.golden.write_npz``).
+
+        Raises:
+            GoldenTaken, GoldenError: as ``write_npz``.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {"fingerprint": self.fingerprint, "meta": json.dumps(self.meta, sort_keys=True),
                   "pooling": self.pooling}
         for i, (ids, types) in enumerate(self.probes):
@@ -85,9 +88,7 @@ class EncoderGolden:
             if self.logits is not None:
                 arrays[f"logits{i}"] = np.asarray(self.logits[i], np.float32)
         arrays.update(self.float64_arrays())
-        partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-        np.savez_compressed(partial, **arrays)
-        os.replace(partial, path)
+        write_npz(path, arrays, self.fingerprint, replace=replace)
 
     @classmethod
     def read(cls, path: Path, fp: str | Inputs) -> "EncoderGolden":
@@ -141,6 +142,14 @@ class EncoderGolden:
         if logits and len(logits) != len(probes):
             raise GoldenError(f"{path}: not an encoder golden (logits{{i}} for {len(logits)} "
                               f"of {len(probes)} probes)")
+        for name, rows in (("pooled", pooled), ("hidden", hidden), ("logits", logits),
+                           *((n, r) for n, r in float64.items() if r)):
+            if any(r.dtype.kind != "f" or not np.isfinite(r).all() for r in rows):
+                raise GoldenError(
+                    f"{path}: not an encoder golden: its {name} arrays hold values that are not "
+                    "finite numbers (transformers' outputs were NaN or infinite where it was "
+                    "recorded: the weights or transformers' model, not a spec, are at fault); "
+                    "record it again from finite outputs")
         return cls(fp, probes, pooled, hidden or None, pooling, meta, **float64,
                    global_masks=masks or None, logits=logits or None)
 

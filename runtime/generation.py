@@ -18,7 +18,7 @@ import numpy as np
 
 from iron_spec.operators.sampling import Sampler, log_softmax
 from iron_spec.runtime.files import FileError, read_object
-from iron_spec.runtime.session import Session
+from iron_spec.runtime.session import Busy, Session
 from iron_spec.runtime.values import CHECKS, GENERATION, TOKEN_KEYS, token_ids
 from iron_spec.runtime.tokenizer import TextStream
 
@@ -181,18 +181,39 @@ class StopText:
         return out
 
 
+#: What a stream does where its session is claimed by another generation when it starts
+#: (``Session.claim``): run on it all the same (a caller's own session: every call takes
+#: the whole history, so it stays right), run on a session of its own (the model's shared
+#: one), or refuse (a chat's: its turns come one at a time).
+BUSY = ("share", "own", "refuse")
+
+
 class Stream:
     """A generation run lazily: iterate it for the text pieces as they are drawn; once it is
     exhausted (or closed, or interrupted: ``finish_reason`` ``interrupted``), ``result`` is the
-    ``Completion``. ``on_finish(result)`` is called then, once."""
+    ``Completion``. ``on_finish(result)`` is called then, once.
+
+    From its first piece to its end a stream claims its session (``Session.claim``);
+    ``busy`` (``BUSY``) says what it does where another generation has it then: ``refuse``
+    raises ``runtime.session.Busy`` at the first piece, nothing run or changed. ``ready``,
+    where given, is called once the session is claimed, before anything runs: it may refuse
+    (raise) too (a chat's turn made before another turn of that chat ended)."""
 
     def __init__(self, session: Session, ids: list[int], max_new_tokens: int, sampler: Sampler,
                  eos: frozenset[int], tokenizer, stop: Sequence[str], logprobs: bool,
-                 context_bound: bool, on_finish: Callable[[Completion], None] | None = None):
+                 context_bound: bool, on_finish: Callable[[Completion], None] | None = None,
+                 busy: str = "share", what: str = "the session"):
+        if busy not in BUSY:
+            raise ValueError(f"busy={busy!r} is not one of {', '.join(BUSY)}")
         self.session, self.ids, self.n = session, list(ids), max_new_tokens
         self.sampler, self.eos, self.tokenizer = sampler, eos, tokenizer
         self.stop, self.want_logprobs = tuple(stop), logprobs
         self.context_bound, self.on_finish = context_bound, on_finish
+        self.busy, self.what = busy, what
+        self.ready: Callable[[], None] | None = None
+        # What readies the session the stream runs on, once claimed (a tower's soft tokens
+        # placed in it: Multimodal.adopt); None: nothing.
+        self.prepare: Callable[[Session], None] | None = None
         self.result: Completion | None = None
         self._pieces = self._run()
 
@@ -213,6 +234,25 @@ class Stream:
 
     def _run(self) -> Iterator[str]:
         session, sampler = self.session, self.sampler
+        claimed = session.claim()
+        if not claimed and self.busy == "refuse":
+            raise Busy(busy_message(self.what))
+        if not claimed and self.busy == "own":
+            # The model's session is another generation's now (another thread's, or a
+            # stream not yet finished): this one runs on caches of its own.
+            session = Session(session.lm, session.reference)
+        try:
+            if self.ready is not None:
+                self.ready()
+            if self.prepare is not None:
+                self.prepare(session)
+            yield from self._draw(session)
+        finally:
+            if claimed:
+                session.release()
+
+    def _draw(self, session: Session) -> Iterator[str]:
+        sampler = self.sampler
         history, drawn, logprobs = list(self.ids), [], []
         text = TextStream(self.tokenizer) if self.tokenizer is not None else None
         stops = StopText(self.stop)
@@ -260,3 +300,11 @@ class Stream:
                                      len(self.ids), ttft, rate, cached)
             if self.on_finish is not None:
                 self.on_finish(self.result)
+
+
+def busy_message(what: str) -> str:
+    """Why a generation on ``what`` (a chat) is refused while another runs on it."""
+    return (f"{what} is running a turn already (a stream of it not yet finished or closed, "
+            "on this thread or another): a conversation takes one turn at a time, so this "
+            "one is refused and nothing changed. Finish or close that stream first "
+            "(stream.close()), or give each thread a chat of its own (model.chat())")

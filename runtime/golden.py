@@ -15,56 +15,234 @@ tokens: ``top_logprobs64`` ``(steps, K)`` float64, its log-probabilities of the 
 ``reference()`` is judged against those (``divergence64``): a semantic error too small to
 rise above float32's own spread (an RMSNorm epsilon 100x off on order-one activations)
 stands far above float64's. A golden without them reads as before.
+
+Files. A golden is read as a regular file only (a FIFO or a device named as one, or lying in
+a store, is refused, never opened for a blocking read), each of its arrays bounded before it
+is inflated (``MAX_MEMBER``, ``MAX_GOLDEN``) and never a pickle (``read_npz``). It is written
+to a temporary name in its folder and renamed under a lock on that folder, the file already
+at the path checked again at the rename (``write_npz``): two recordings into one path both
+survive or the second is refused, never one lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import math
 import os
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from .files import FileError, open_regular
+
 TOP_K = 256
+#: Bytes one array of a golden may inflate to, and all of them: a causal golden holds a few
+#: hundred KB, an encoder's hidden states tens of MB (5 probes x 512 tokens x 4096 hidden,
+#: float32 and float64: 126 MB). A member claiming more is refused before it is inflated.
+MAX_MEMBER = 2**28
+MAX_GOLDEN = 2**30
+MAX_MEMBERS = 4096
 
 
 class GoldenError(ValueError):
     """A golden that is missing, malformed, or recorded from other config or weights."""
 
 
+class GoldenTaken(GoldenError):
+    """``write_npz`` found a golden of other inputs (fingerprint ``held``; None: a file that
+    is no golden) at the path, written there since the caller last looked: not replaced."""
+
+    def __init__(self, message: str, held: str | None):
+        super().__init__(message)
+        self.held = held
+
+
 NOT_A_GOLDEN = "not a golden file (an .npz that iron-spec check --record-golden writes)"
 
 
-def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
-    """Every array of the golden file at ``path`` (a causal or an encoder golden), read with
-    ``allow_pickle=False``.
+def _missing(path: Path) -> GoldenError:
+    return GoldenError(f"{path} is missing: record it where torch and transformers are "
+                       "installed (pip install -e '.[golden]'; iron-spec check ... "
+                       "--record-golden)")
+
+
+def read_npz(path: str | Path, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` at ``path`` (only those of ``names`` where given, those it
+    holds), as ``np.load(path, allow_pickle=False)`` reads them, but: a regular file only
+    (``runtime.files.open_regular``: a FIFO is refused, not waited on), at most
+    ``MAX_MEMBERS`` arrays, each inflating to at most ``MAX_MEMBER`` bytes and all to
+    ``MAX_GOLDEN`` (the sizes the archive declares, which zipfile holds it to), each array's
+    header read and its bytes counted against what the member holds before numpy allocates
+    it, no object arrays.
 
     Raises:
-        GoldenError: no file at ``path`` (saying how to record one), or a file that is no
-            ``.npz`` of arrays or holds no ``fingerprint`` (``NOT_A_GOLDEN``, naming it).
+        GoldenError: no file (saying how to record one), or a file that is no such archive,
+            or past a bound (naming the file, the array and the bound).
     """
     path = Path(path)
-    if not path.exists():
-        raise GoldenError(f"{path} is missing: record it where torch and transformers are "
-                          "installed (pip install -e '.[golden]'; iron-spec check ... "
-                          "--record-golden)")
     try:
-        f = np.load(path, allow_pickle=False)
-        if not isinstance(f, np.lib.npyio.NpzFile):  # a lone .npy array
-            raise ValueError(f"{type(f).__name__}")
-        with f:
-            data = {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-        # numpy's own words (its allow_pickle advice among them) are no help here.
-        raise GoldenError(f"{path}: {NOT_A_GOLDEN}") from None
+        f = open_regular(path, "golden file")
+    except FileNotFoundError:
+        raise _missing(path) from None
+    except FileError as e:
+        raise GoldenError(f"{e}: {NOT_A_GOLDEN}") from None
+    with f:
+        try:
+            archive = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+            raise GoldenError(f"{path}: {NOT_A_GOLDEN}") from None
+        with archive:
+            infos = archive.infolist()
+            if len(infos) > MAX_MEMBERS:
+                raise GoldenError(f"{path}: {len(infos)} arrays, more than a golden holds "
+                                  f"({MAX_MEMBERS}): {NOT_A_GOLDEN}")
+            total = sum(i.file_size for i in infos)
+            for info in infos:
+                if info.file_size > MAX_MEMBER:
+                    raise GoldenError(
+                        f"{path}: its array {info.filename} inflates to {info.file_size} "
+                        f"bytes, more than an array of a golden may ({MAX_MEMBER}, "
+                        f"{MAX_MEMBER >> 20} MiB): refused before it is read; {NOT_A_GOLDEN}")
+            if total > MAX_GOLDEN:
+                raise GoldenError(f"{path}: its arrays inflate to {total} bytes, more than a "
+                                  f"golden may ({MAX_GOLDEN >> 20} MiB): refused before they "
+                                  f"are read; {NOT_A_GOLDEN}")
+            wanted = None if names is None else set(names)
+            out = {}
+            for info in infos:
+                name = info.filename.removesuffix(".npy")
+                if wanted is not None and name not in wanted:
+                    continue
+                try:
+                    out[name] = _member(archive, info)
+                except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError,
+                        NotImplementedError) as e:  # encrypted; a compression zipfile lacks
+                    raise GoldenError(f"{path}: its array {info.filename} cannot be read "
+                                      f"({' '.join(str(e).split())[:200]}): {NOT_A_GOLDEN}") \
+                        from None
+    return out
+
+
+def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    """One ``.npy`` member of ``archive``: its header read first and its data's size checked
+    against the bytes the member declares, then numpy's own reader on it.
+
+    Raises:
+        ValueError: not a ``.npy`` of a plain dtype, or claiming more than it holds.
+    """
+    fmt = np.lib.format
+    if not info.filename.endswith(".npy"):
+        raise ValueError("not an .npy array")
+    with archive.open(info) as m:
+        version = fmt.read_magic(m)
+        if version == (1, 0):
+            shape, _, dtype = fmt.read_array_header_1_0(m)
+        elif version == (2, 0):
+            shape, _, dtype = fmt.read_array_header_2_0(m)
+        else:
+            raise ValueError(f".npy format {version}")
+        header = m.tell()
+    if dtype.hasobject:
+        raise ValueError(f"an array of {dtype} (objects: a pickle), not of numbers or text")
+    need = math.prod(shape) * dtype.itemsize
+    if header + need > info.file_size:
+        raise ValueError(f"its header claims {shape} of {dtype}, {need} bytes, more than the "
+                         f"{info.file_size - header} it holds")
+    with archive.open(info) as m:
+        return fmt.read_array(m, allow_pickle=False)
+
+
+def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of the golden file at ``path`` (a causal or an encoder golden), read
+    through ``read_npz``.
+
+    Raises:
+        GoldenError: no file at ``path`` (saying how to record one), a file that is no
+            ``.npz`` of arrays or holds no ``fingerprint`` (``NOT_A_GOLDEN``, naming it), or
+            past ``read_npz``'s bounds.
+    """
+    path = Path(path)
+    data = read_npz(path)
     if "fingerprint" not in data:
         raise GoldenError(f"{path}: {NOT_A_GOLDEN}: it holds no fingerprint")
     return data
+
+
+def fingerprint_held(path: str | Path) -> str | None:
+    """The fingerprint the golden at ``path`` holds (its one array read); None where the file
+    is no golden (not a regular file, no archive, no fingerprint, past the bounds).
+
+    Raises:
+        GoldenError: no file at ``path``.
+    """
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        raise _missing(path)
+    try:
+        held = read_npz(path, ("fingerprint",)).get("fingerprint")
+    except GoldenError:
+        return None
+    return None if held is None or held.dtype.kind not in "US" else str(held)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` (``flock`` on the folder itself: no lock file left in a
+    store), held by one writer of any process or thread at a time."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def write_npz(path: str | Path, arrays: Mapping[str, Any], fingerprint: str, *,
+              replace: bool = False) -> None:
+    """Write ``arrays`` (their ``fingerprint`` among them) to ``path`` as a compressed
+    ``.npz``, whole: to a temporary name in its folder (made if absent), then, under the
+    folder's lock, renamed over ``path`` only where nothing is there, or a golden of the same
+    ``fingerprint`` (the same inputs recorded again), or ``replace`` (the caller's
+    ``--overwrite-golden``). The check is made at the rename, not before the seconds a
+    recording takes: a golden another process wrote meanwhile is never lost.
+
+    Raises:
+        GoldenTaken: ``path`` holds a golden of other inputs, or a file that is no golden,
+            and not ``replace``; nothing written.
+        GoldenError: ``path``'s folder cannot be made or written (naming it and why).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                       suffix=".partial")
+    except OSError as e:
+        raise GoldenError(f"{path}: cannot be written ({e.strerror or e}: "
+                          f"{e.filename or path.parent})") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        with _locked(path.parent):
+            if not replace and (path.exists() or path.is_symlink()):
+                held = fingerprint_held(path)
+                if held != fingerprint:
+                    what = (f"a golden of other inputs (fingerprint {held})" if held else
+                            "a file that is no golden")
+                    raise GoldenTaken(f"{path} holds {what}, written there while this one "
+                                      f"(fingerprint {fingerprint}) was made: not replaced",
+                                      held)
+            os.replace(partial, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
 
 
 def config_digest(config_json: Mapping[str, Any]) -> str:
@@ -199,6 +377,17 @@ class Golden:
                 return (f"router {j}'s experts {chosen.shape} and logits {logits.shape} are "
                         f"not (positions, k) experts among (positions, experts) logits of at "
                         f"most {tokens.size} positions")
+        for name, rows, low in (("top_logprobs", lp, False), ("tail", tail, True),
+                                ("top_logprobs64", self.top_logprobs64, False),
+                                ("tail64", self.tail64, True)):
+            # A log-probability is finite, at most 0 (a tail may be -inf: nothing left).
+            if rows is not None and (np.isnan(rows).any() or (rows > 1e-6).any() or
+                                     (not low and np.isinf(rows).any())):
+                bad = "NaN" if np.isnan(rows).any() else "values that are no log-probability"
+                return (f"its {name} hold {bad}: transformers' logits were not finite where it "
+                        "was recorded (the weights or transformers' model, not a spec, are at "
+                        "fault), and no spec can be judged by it; record it again from finite "
+                        "logits")
         return None
 
     def out_of(self, vocab_size: int) -> None:
@@ -311,22 +500,24 @@ class Golden:
         return kl, float(np.abs(ours[ids] - self.top_logprobs64[step]).max())
 
     # -- files -----------------------------------------------------------------------------
-    def write(self, path: str | Path) -> None:
-        """Write to ``path`` whole: a temporary name, then renamed, so no reader sees half."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+    def write(self, path: str | Path, replace: bool = False) -> None:
+        """Write to ``path`` whole, never over a golden of other inputs unless ``replace``
+        (``write_npz``: a temporary name, then renamed under the folder's lock).
+
+        Raises:
+            GoldenTaken, GoldenError: as ``write_npz``.
+        """
         more = {} if self.top_logprobs64 is None else {
             "top_logprobs64": np.asarray(self.top_logprobs64, np.float64),
             "tail64": np.asarray(self.tail64, np.float64)}
         for j, (chosen, logits) in enumerate(self.routing or ()):
             more[f"routing.{j}.experts"] = np.asarray(chosen, np.int16)
             more[f"routing.{j}.logits"] = np.asarray(logits, np.float32)
-        np.savez_compressed(partial, fingerprint=self.fingerprint, tokens=self.tokens,
-                            prompt_len=self.prompt_len, top_ids=self.top_ids,
-                            top_logprobs=self.top_logprobs, tail=self.tail,
-                            meta=json.dumps(self.meta, sort_keys=True), **more)
-        os.replace(partial, path)
+        write_npz(path, dict(fingerprint=self.fingerprint, tokens=self.tokens,
+                             prompt_len=self.prompt_len, top_ids=self.top_ids,
+                             top_logprobs=self.top_logprobs, tail=self.tail,
+                             meta=json.dumps(self.meta, sort_keys=True), **more),
+                  self.fingerprint, replace=replace)
 
     @classmethod
     def read(cls, path: str | Path, expected: str | Inputs | None = None) -> "Golden":
@@ -400,6 +591,4 @@ def add_arrays(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
     old = json.loads(str(data["meta"])) if "meta" in data else {}
     data.update(arrays)
     data["meta"] = np.asarray(json.dumps({**old, **meta}, sort_keys=True))
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-    np.savez_compressed(partial, **data)
-    os.replace(partial, path)
+    write_npz(path, data, str(data["fingerprint"]))

@@ -117,6 +117,15 @@ class State:
         # np.zeros maps pages lazily: only what is written costs memory.
         self.array = np.zeros(tuple(held), np.float32)
 
+    def emptied(self) -> np.ndarray:
+        """A new array of this state's dtype holding no positions along ``axis`` (all of
+        ``shape`` without one), zeros: another sequence's caches (``runtime.caches``),
+        grown as ``array`` is."""
+        held = list(self.shape)
+        if self.axis is not None:
+            held[self.axis] = 0
+        return np.zeros(tuple(held), self.array.dtype)
+
     def use(self, dtype: str) -> None:
         """Hold ``dtype`` (``float32`` or, where ``kv``, ``bfloat16``) from now on, the held
         values zeros again (a model's KV caches are chosen before any token is run).

@@ -71,6 +71,9 @@ class Plan:
     ``run(inputs, call)`` feeds ``inputs`` (by input name, int32) and runs with ``call``'s
     per-call values (``start``, ``rows``, ``position``); it returns a view of the output in
     the arena, valid until the next call.
+
+    A plan is one arena and one set of input buffers: it runs one call at a time, and whoever
+    shares it across threads serializes its calls (``runtime.causal.CausalLM.lock``).
     """
 
     def __init__(self, recorder: Recorder, output: Handle, *, check: bool = False,
@@ -92,10 +95,13 @@ class Plan:
         # Weights and tables in their kernels' form; plans of one model may share it.
         self._packed: dict[tuple, np.ndarray] = {} if packed is None else packed
         self.runs = [self._bind(i, s) for i, s in enumerate(self.steps)]
-        # Steps over memory that grows (a KV cache, a RoPE table): bound again when it does.
-        self._stateful = [i for i, s in enumerate(self.steps)
-                          if any(h is not None and self._root(h).owner is not None
-                                 for h in s.inputs + (s.output,))]
+        # Steps over memory that grows (a KV cache, a RoPE table): bound again when it does,
+        # by the ids of what owns it (runtime.module.State, runtime.causal.Table).
+        self._owners = {i: {id(self._root(h).owner) for h in s.inputs + (s.output,)
+                            if h is not None and self._root(h).owner is not None}
+                        for i, s in enumerate(self.steps)}
+        self._stateful = [i for i, owners in self._owners.items() if owners]
+        self._lowered: dict[int, tuple | None] = {}
         self._out = self._array(output)
         self.checked: list[str] = []
         self._for_state = self._state_steps()
@@ -238,11 +244,18 @@ class Plan:
         s = self._spans[id(h)]
         return self.arena[s.offset: s.offset + h.size].reshape(h.shape)
 
-    def _bind(self, i: int, step: Step) -> _Run:
+    def _bind(self, i: int, step: Step, owners: set[int] | None = None) -> _Run:
+        """Step ``i`` bound to its arrays; ``owners``: only its arrays over memory these own
+        (ids, as ``rebind``) taken again, the rest as the step's run holds them now."""
+        before = None if owners is None else self.runs[i]
+        fresh = [before is None or (h is not None and id(self._root(h).owner) in owners)
+                 for h in step.inputs + (step.output,)]
         ins = []
         for k, h in enumerate(step.inputs):
             if h is None:
                 ins.append(None)
+            elif not fresh[k]:
+                ins.append(before.ins[k])
             elif self._root(h).kind in ("param", "const"):
                 array = self._root(h).memory
                 key = (id(array), step.op.name, k, repr(sorted(step.static.items())),
@@ -254,47 +267,68 @@ class Plan:
                 ins.append(self._array(h))
         s = self._spans.get(("scratch", i))
         scratch = None if s is None else self.arena[s.offset: s.offset + s.size]
-        return _Run(i, step, step.op.kernel, self._array(step.output), ins,
+        return _Run(i, step, step.op.kernel,
+                    self._array(step.output) if fresh[-1] else before.out, ins,
                     [h is not None and h.bounded for h in step.inputs], step.output.bounded,
                     scratch)
 
-    def rebind(self) -> None:
+    def rebind(self, owners: set[int] | None = None) -> None:
         """Bind every step over growing memory to that memory as it is now: after a KV cache
         or a RoPE table grew (``runtime.causal.CausalLM.reserve``), which replaced its array
         (a table is packed again: the plans' shared ``packed`` must have dropped its old
-        form)."""
-        for i in self._stateful:
-            self.runs[i] = self._bind(i, self.steps[i])
-        self._lower()
+        form), or another set of caches was bound (``CausalLM.bind``). ``owners``: only the
+        steps over memory these own (ids of states or tables; None: all of them); the other
+        steps keep what they were lowered to."""
+        steps = [i for i in self._stateful if owners is None or self._owners[i] & owners]
+        for i in steps:
+            self.runs[i] = self._bind(i, self.steps[i], self._owners[i])
+        self._lower(steps)
 
-    def _lower(self) -> None:
+    def _lower(self, changed: list[int] | None = None) -> None:
         """The native program of the steps that have one (``Operator.lower``), and the order
         the plan runs: runs of consecutive native steps as ``(first, last)`` of the program,
         each other step its ``_Run``. A step bounded by the call's ``rows`` (a prompt
         chunk's) is lowered over its arrays at their capacity, the program taking the rows
         from the call. Without the extension (or IRON_SPEC_PROGRAM=0), every step is a
-        ``_Run``."""
+        ``_Run``. ``changed``: the runs bound again since the last lowering (None: every
+        run); the others' lowered steps are reused, as encoded (``native.encode``)."""
+        for i in range(len(self.runs)) if changed is None else changed:
+            low = self._lower_run(self.runs[i]) if native.PROGRAM else None
+            self._lowered[i] = None if low is None else native.encode(*low, index=i)
         lowered: list[tuple] = []
+        before = getattr(self, "_native", None)
         self._native: dict[int, int] = {}  # run index -> program step
-        for r in self.runs if native.PROGRAM else ():
-            key = r.step.op.call_attr
-            start = r.per_call.get(key, r.static.get(key))
-            if set(r.per_call) - {key} or not (
-                    start is None or isinstance(start, (int, PerCall))):
-                continue
-            attrs = {k: v for k, v in r.static.items() if k != key}
-            step = r.step.op.lower(r.out, *r.ins, scratch=r.scratch, **attrs)
-            if step is None or (r.bounded and step.rows is None):
-                continue
-            capacity = None
-            if r.bounded:
-                bounded = [x for x, b in zip(r.ins, r.bounded_in) if b]
-                capacity = (r.out if r.bounded_out else bounded[0]).shape[0]
-            self._native[r.index] = len(lowered)
-            lowered.append((step, start, capacity))
-        self._program = native.program(lowered) if lowered else None
-        self._order = self._ordered(self.runs)
-        self._state_order = self._ordered([r for r in self.runs if r.index in self._for_state])
+        for r in self.runs:
+            low = self._lowered[r.index]
+            if low is not None:
+                self._native[r.index] = len(lowered)
+                lowered.append(low)
+        self._program = native.encoded_program(lowered) if lowered else None
+        # The orders hold the _Run of each step run alone: made again where one of those
+        # was bound again, or which steps run natively changed.
+        if before != self._native or changed is None or \
+                any(i not in self._native for i in changed):
+            self._order = self._ordered(self.runs)
+            self._state_order = self._ordered([r for r in self.runs
+                                               if r.index in self._for_state])
+
+    @staticmethod
+    def _lower_run(r: _Run) -> tuple | None:
+        """``r``'s native step, its start and its capacity (``native.program``), or None
+        where it has none."""
+        key = r.step.op.call_attr
+        start = r.per_call.get(key, r.static.get(key))
+        if set(r.per_call) - {key} or not (start is None or isinstance(start, (int, PerCall))):
+            return None
+        attrs = {k: v for k, v in r.static.items() if k != key}
+        step = r.step.op.lower(r.out, *r.ins, scratch=r.scratch, **attrs)
+        if step is None or (r.bounded and step.rows is None):
+            return None
+        capacity = None
+        if r.bounded:
+            bounded = [x for x, b in zip(r.ins, r.bounded_in) if b]
+            capacity = (r.out if r.bounded_out else bounded[0]).shape[0]
+        return step, start, capacity
 
     def _ordered(self, runs: list[_Run]) -> list:
         """``runs`` in the order the plan runs them: consecutive native steps as one

@@ -6,7 +6,7 @@ caches), so a reference run and a compiled run of the same calls never share mem
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -18,29 +18,37 @@ from .graph import Handle, Recorder
 class Reference:
     """Runs ``recorder``'s steps eagerly; ``run`` mirrors ``Plan.run``."""
 
-    def __init__(self, recorder: Recorder, output: Handle, states: dict[int, np.ndarray]):
+    def __init__(self, recorder: Recorder, output: Handle,
+                 states: dict[int, np.ndarray] | Callable[[], dict[int, np.ndarray]]):
         self.recorder, self.output = recorder, output
-        # One float64 copy of each state, shared by every version over the same model.
-        self.states = states
+        # One float64 copy of each state, shared by every version over the same model; or
+        # where a callable, the dict it gives at each call (the bound set of a model's
+        # caches: runtime.caches).
+        self._states = states
         # Where given, each step of an operator named here is appended as it runs: (its
         # module, its inputs, its output, its attributes) (a mixture's routers, for
         # ``runtime.checks.routing_against``).
         self.capture: tuple[set[str], list] | None = None
 
-    def _state(self, h: Handle) -> np.ndarray:
+    @property
+    def states(self) -> dict[int, np.ndarray]:
+        return self._states() if callable(self._states) else self._states
+
+    def _state(self, h: Handle, states: dict[int, np.ndarray]) -> np.ndarray:
         # By the state itself (its array is replaced as it grows), at the most it holds:
         # np.zeros maps pages lazily, so only the positions written cost memory.
         root = h.root
         key = id(root.owner if root.owner is not None else root.array)
-        if key not in self.states:
-            self.states[key] = np.zeros(root.shape, np.float64)
-        return self.states[key]
+        if key not in states:
+            states[key] = np.zeros(root.shape, np.float64)
+        return states[key]
 
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int],
             output: bool = True) -> np.ndarray:
         # Every step runs, whatever ``output``: the truth's caches are the same either way.
         rows = call.get("rows", 1)
         values: dict[int, np.ndarray] = {}
+        states = self.states
 
         def read(h: Handle | None):
             if h is None:
@@ -55,7 +63,7 @@ class Reference:
                 # SmolLM2, per compiled version), more than the model itself.
                 x = root.memory
             elif root.kind == "state":
-                x = self._state(root)
+                x = self._state(root, states)
             else:
                 x = values[id(root)]
             if h.base is None:

@@ -1,9 +1,10 @@
 """One conversation over a CausalLM's compiled versions, and generation that streams.
 
-A session knows which tokens the KV caches hold. Asked for the logits after a history, it
-runs only what the caches do not hold: one more token is a decode step; anything else runs
-in prompt chunks from the restart position, the earliest position every state of the model
-allows at or before the first token the caches do not hold (``CausalLM.resume_at``):
+A session holds its own KV caches (``runtime.caches.Caches``) and knows which tokens they
+hold. Asked for the logits after a history, it runs only what its caches do not hold: one
+more token is a decode step; anything else runs in prompt chunks from the restart position,
+the earliest position every state of the model allows at or before the first token the
+caches do not hold (``CausalLM.resume_at``):
 
 - a KV cache allows every position it holds, so a chat's next turn runs its own tokens only;
 - a sliding window's ring allows a position whose window it still holds, else only 0;
@@ -21,17 +22,58 @@ whose sums differ from a prompt row's by rounding), those of a fresh run of the 
 ``calls`` logs every call as ``(version, start, rows)``. Bad input (an id outside the
 vocabulary, a history past ``max_seq_len``) is refused before any call, so the caches keep
 what they held.
+
+Whose tokens the caches hold: no ``holder``. When the model had one set of KV caches that
+sessions took turns on, it kept a (weak) ``holder``, the session whose tokens they held,
+and a session another had displaced ran again from its first token. Here each session owns
+its caches, so the decision is that nothing needs to say whose they are: a set records its
+own tokens (``Caches.tokens``), which only its session's calls write, and the model binds
+one set at a time for a call, under its lock (``CausalLM.caches``: "which session's caches
+are bound" is that object; a bench's fresh session may take it over, forgetting what it
+held). Another session's call therefore never costs this one its positions, and exact
+resume holds across threads. A set holds no one's tokens (``Caches.forget``) after what
+writes it behind its session's back: a call of a version without ``caches=`` (``checks``),
+a call stopped part-way, or a new cache form (``use_kv_cache``, by its epoch). Nothing the
+model holds points back at a session or at the model (``Caches`` holds arrays and ids; a
+``Version``'s ``lm`` is a weak proxy), so a model dropped with its sessions is freed by its
+refcounts, not at the garbage collector's rare full pass.
+
+Threads. What is locked, what is per session, what a caller may share:
+
+- The model (``CausalLM``) is shared: one call of a session (``logits``, one step of
+  ``generate``) runs whole under the model's lock (``CausalLM.lock``), its caches bound for
+  it (``CausalLM.bind``: a few milliseconds where another session ran last) and its logits
+  copied out before the lock is released. Calls of sessions on other threads wait their
+  turn; they never interleave inside one another, and none sees another's positions.
+- A session's caches and what they hold are its own: any number of sessions on one model,
+  from any threads, each gives the logits it gives alone on one thread, bit for bit.
+- A session may be used from several threads too (every call takes the history whole and
+  runs what its caches do not hold), but it is one conversation: two histories taking turns
+  on it run each other's positions again at every call. Give each thread its own session;
+  ``claim``/``release`` say whether a session is in use (the library runs a generation on a
+  session of its own where the model's is busy, and refuses a second turn of one chat).
+- For a batched decode over many sessions (a server's, not built): the unit it batches is
+  a session's ``Caches`` (its arrays and the tokens they hold); binding one set at a time
+  (``bind``) is what it would replace with a plan reading several sets in one call, under
+  the same lock.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from .caches import Caches
 from .causal import CausalLM, greedy, in_per_layer_table, token_ids
+
+
+class Busy(RuntimeError):
+    """A session (a chat's) that another generation is running on, claimed by it
+    (``Session.claim``): refused, nothing changed."""
 
 
 @dataclass
@@ -47,26 +89,44 @@ class Stats:
 
 
 class Session:
-    """A conversation over ``lm``. Several sessions may share one model; the caches hold one
-    session's tokens at a time, so a session whose tokens another replaced runs again from
-    the first token."""
+    """A conversation over ``lm``, on KV caches of its own (``caches``): several sessions
+    share one model, from any threads, each resuming from its own caches (the module
+    docstring says what is locked)."""
 
-    def __init__(self, lm: CausalLM, reference: bool = False):
+    def __init__(self, lm: CausalLM, reference: bool = False, caches: Caches | None = None):
         self.lm = lm
         self.reference = reference  # run the float64 reference instead of the compiled plans
-        self._held = np.zeros(0, np.int64)
+        # Its KV caches, and the tokens they hold (with the positions bitwise a fresh run's
+        # and the logits after them where a prompt run computed them). Given a set (the
+        # model's bound one, lm.caches: a bench's runs reuse its grown arrays), what that
+        # set held is forgotten: this session wrote none of it.
+        self.caches = Caches() if caches is None else caches
+        if caches is not None:
+            with lm.lock:
+                caches.forget()
         self.calls: list[tuple[str, int, int]] = []  # (version, start, rows) of each call
+        # Positions of the last history its call did not run: held by the caches.
+        self.reused = 0
         # Where a tower's soft tokens sit in the history (runtime.towers.multimodal's
         # Placement: its chunks' starts and inputs); None: a text's ids alone.
         self.placement = None
-        self._starts: list[int] = []  # the held run's chunk starts, where placed
-        self._stale: int | None = None  # the first position forgotten (forget)
-        # Positions of the last history its call did not run: held by the caches.
-        self.reused = 0
-        # The logits after the held tokens when a prompt run computed them (bitwise a fresh
-        # run's): asked again for the same history, nothing runs.
-        self._last: np.ndarray | None = None
         self.stats: Stats | None = None
+        self._claim = threading.Lock()
+
+    def claim(self) -> bool:
+        """Mark the session in use by one generation, where no other has it: whether it was
+        free (and is now claimed). ``release`` gives it back. Nothing runs differently while
+        claimed; it tells a caller sharing a session whether another generation is on it."""
+        return self._claim.acquire(blocking=False)
+
+    def release(self) -> None:
+        """Give back a ``claim``."""
+        self._claim.release()
+
+    @property
+    def claimed(self) -> bool:
+        return self._claim.locked()
+
 
     def _validate(self, tokens: Iterable[int], more: int = 0) -> np.ndarray:
         t = token_ids(tokens, self.lm.config.vocab_size, "tokens")
@@ -107,8 +167,9 @@ class Session:
 
     @property
     def held(self) -> int:
-        """How many tokens of this session the caches hold (a prefix's ids too)."""
-        return self._held.size if self.lm.holder is self else 0
+        """How many tokens of this session its caches hold (a prefix's ids too): none where
+        the model's cache form changed since they were written (``use_kv_cache``)."""
+        return self.caches.tokens.size if self.caches.epoch == self.lm._epoch else 0
 
     def forget(self, position: int) -> None:
         """Hold nothing the caches have from ``position`` on: the next call runs again from
@@ -118,13 +179,14 @@ class Session:
         # The caches still hold what was written past it (a sliding window's ring has
         # replaced older positions by it: resume_at reads how far), so the held tokens stay;
         # what they share with the next history is cut at the position instead.
-        position = max(0, int(position))
-        self._stale = position if self._stale is None else min(self._stale, position)
-        self._last = None
+        position, caches = max(0, int(position)), self.caches
+        with self.lm.lock:
+            caches.stale = position if caches.stale is None else min(caches.stale, position)
+            caches.last = None
 
     def _common(self, tokens: np.ndarray) -> int:
-        held = self._held if self.lm.holder is self else self._held[:0]
-        n = min(held.size, tokens.size, self._stale if self._stale is not None else held.size)
+        held, stale = self.caches.tokens[:self.held], self.caches.stale
+        n = min(held.size, tokens.size, stale if stale is not None else held.size)
         differ = np.flatnonzero(held[:n] != tokens[:n])
         return int(differ[0]) if differ.size else n
 
@@ -136,39 +198,49 @@ class Session:
             IndexError: a token is outside ``[0, vocab_size)``.
         """
         tokens = self._validate(tokens)
-        return np.array(self._run(tokens, greedy)[0])
+        return self._run(tokens, greedy)[0]
 
     def _run(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
-        try:
-            return self._step(tokens, sampler)
-        except BaseException:
-            # Stopped part-way (an interrupt's KeyboardInterrupt, an error in a kernel): the caches
-            # may hold positions past what the session records, and a sliding window's ring
-            # may have replaced keys the recorded history still needs (resume_at reads only
-            # what is recorded). They count as holding nothing: the next call runs the whole
-            # history again, never over a half-written cache.
-            self.lm.holder, self._last = None, None
-            raise
+        """The logits after ``tokens`` (a copy, the caller's own) and the token ``sampler``
+        draws from them, the whole call under the model's lock on this session's caches."""
+        with self.lm.lock:
+            self.lm.bind(self.caches)
+            try:
+                logits, token = self._step(tokens, sampler)
+            except BaseException:
+                # Stopped part-way (an interrupt's KeyboardInterrupt, an error in a kernel):
+                # the caches may hold positions past what the session records, and a sliding
+                # window's ring may have replaced keys the recorded history still needs
+                # (resume_at reads only what is recorded). They count as holding nothing:
+                # the next call runs the whole history again, never over a half-written cache.
+                self.caches.forget()
+                raise
+            # Copied while the lock is held: the plan's arena is the next caller's after it.
+            return np.array(logits), token
 
     def _step(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
-        lm, n = self.lm, tokens.size
-        if lm.fit_rope(n):
+        lm, n, caches = self.lm, tokens.size, self.caches
+        regime = lm.rope_regime(n)
+        lm.fit_rope(n)
+        if caches.regime != regime:
             # Every cached key was turned by the table of another sequence length (a
             # longrope table past its original context): the whole history runs again, as
             # transformers turns every position by the table of the current length.
-            lm.holder = None
+            caches.forget()
+            caches.regime = regime
         common = self._common(tokens)
-        if self.held == n == common and self._last is not None:
+        if self.held == n == common and caches.last is not None:
             self.reused = n
-            return self._last, sampler(self._last)
-        self._last = None
+            return caches.last, sampler(caches.last)
+        caches.last = None
         if common == self.held and self.held in (n - 1, n):
             # One token past what the caches hold, or (after a decode step, whose logits
             # are not kept) the last one again: a decode step, as generation runs it, which
             # writes the same keys and values again.
             version = lm.decode_step
             run = version.reference if self.reference else version
-            logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler)
+            logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler,
+                                caches=caches)
             self.calls.append(("decode", n - 1, 1))
             self.reused = n - 1
         else:
@@ -186,14 +258,14 @@ class Session:
                 # A placement's chunks keep an image's rows together: resumed at a start the
                 # held run and this one share (a fresh run's calls from there), and which
                 # every state allows.
-                held = set(self._starts) if lm.holder is self else {0}
+                held = set(caches.starts) if self.held else {0}
                 while True:
                     start = max(b for b in starts if b <= start and (b in held or b == 0))
                     allowed = lm.resume_at(start, self.held, kind)
                     if allowed == start:
                         break
                     start = allowed
-            lm.holder, self._held, self.reused = self, tokens[:start], start
+            caches.tokens, self.reused = tokens[:start], start
             ids = np.zeros(C, np.int32)
             bounds = [b for b in starts if b >= start] + [n] if placed is not None else \
                 list(range(start, n, C)) + [n]
@@ -205,16 +277,17 @@ class Session:
                 last = end >= n
                 extra = placed.inputs(tokens, s, rows, C) if placed is not None else None
                 if extra is None:
-                    logits, carry = run(ids, start=s, rows=rows, sampler=sampler, output=last)
+                    logits, carry = run(ids, start=s, rows=rows, sampler=sampler, output=last,
+                                        caches=caches)
                 else:
                     version = placed.version(lm)
                     go = version.reference if self.reference else version
                     logits, carry = go(ids, start=s, rows=rows, sampler=sampler, output=last,
-                                       extra=extra)
+                                       extra=extra, caches=caches)
                 self.calls.append(("placed" if extra is not None else "prompt", s, rows))
-            self._starts = starts if starts is not None else list(range(0, n, C))
-            self._last = np.array(logits)
-        lm.holder, self._held, self._stale = self, tokens, None
+            caches.starts = starts if starts is not None else list(range(0, n, C))
+            caches.last = np.array(logits)
+        caches.tokens, caches.stale = tokens, None
         return logits, carry["token"]
 
     def generate(self, tokens: Iterable[int], max_tokens: int,

@@ -1,10 +1,17 @@
 """Text to token ids and back, over a checkpoint's ``tokenizer.json`` (the ``tokenizers``
 library, not transformers), with its chat template rendered by jinja2 and its EOS ids.
+
+Text is bounded before it is tokenized whole (tokenizing takes ~165 bytes of memory per
+byte of text): ``Tokenizer.most_bytes(n)`` is the most text ``n`` tokens can hold (the
+vocabulary's longest token in bytes, times ``n``) where the tokenizer neither drops text nor
+folds a run of unknown text into one token, and ``Tokenizer.surely_past(text, n)`` counts a
+long text's tokens in pieces of ``PIECE`` characters, stopping once they pass ``n``.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import sys
@@ -26,6 +33,12 @@ from .files import FileError, read_object, read_text, regular
 RENDER_SECONDS = 5.0
 RENDER_CHARS = 32 * 2**20  # characters of output (a 128k-token context is ~0.5M)
 RENDER_BYTES = 512 * 2**20  # memory the render may grow the process by
+#: Characters of text counted at a time by ``Tokenizer.surely_past`` (its memory: ~10 MB).
+PIECE = 2**16
+# Normalizers that never drop text (a run of text keeps at least one character per byte it
+# had, give or take UTF-8's width): where a tokenizer.json holds only these, the longest
+# token bounds the text a token holds.
+_KEEPING = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace"}
 
 
 def read_tokenizer_json(directory: str | Path) -> _Tokenizer:
@@ -191,6 +204,53 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def longest(self) -> int | None:
+        """Bytes (UTF-8) of the vocabulary's longest token, its added tokens too: the most
+        text one token holds where the model is BPE (or WordLevel) with no unknown token or
+        with byte fallback, and every normalizer keeps its text (``_KEEPING``); None where a
+        token may hold more (a WordPiece or Unigram unknown word, a fused unknown run, a
+        normalizer that drops characters). Read once, where first asked (a vocabulary of
+        262k tokens takes ~0.3 s)."""
+        model = self._tok.model
+        kind = type(model).__name__
+        if kind not in ("BPE", "WordLevel") or (getattr(model, "unk_token", None) is not None
+                                                and not getattr(model, "byte_fallback", False)):
+            return None
+        norm = self._tok.normalizer
+        norm = None if norm is None else json.loads(norm.__getstate__())
+        norms = [] if norm is None else norm.get("normalizers", [norm]) \
+            if norm.get("type") == "Sequence" else [norm]
+        for n in norms:
+            if n.get("type") not in _KEEPING or (n.get("type") == "Replace" and
+                                                 not n.get("content")):
+                return None
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
+
+    def most_bytes(self, tokens: int) -> int | None:
+        """The most bytes of text ``tokens`` tokens can hold (``longest`` times
+        ``tokens``); None where no such bound holds (``longest`` is None)."""
+        return None if self.longest is None else self.longest * tokens
+
+    def surely_past(self, text: str, tokens: int) -> bool:
+        """Whether ``text`` encodes to more than ``tokens`` tokens, counted in pieces of
+        about ``PIECE`` characters cut before a space (so a piece's memory, not the whole
+        text's), stopping as soon as the count passes ``tokens`` and two more a piece (the
+        most a cut may add); False where the whole may fit (it is then encoded whole)."""
+        count, pieces, at, n = 0, 0, 0, len(text)
+        while at < n:
+            end = min(n, at + PIECE)
+            if end < n:
+                cut = text.rfind(" ", at + PIECE // 2, end)
+                end = cut if cut > at else end
+            count += len(self._tok.encode(text[at:end], add_special_tokens=False).ids)
+            pieces += 1
+            at = end
+            if count > tokens + 2 * pieces:
+                return True
+        return False
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``text``'s ids. With ``add_special_tokens``, the special tokens the post-processor

@@ -20,14 +20,16 @@ import typer
 
 from iron_spec.runtime import checks
 from iron_spec.runtime.causal import drawn_ids
-from iron_spec.runtime.golden import Golden, GoldenError, Inputs, config_digest, load_arrays
+from iron_spec.runtime.golden import (Golden, GoldenError, GoldenTaken, Inputs, config_digest,
+                                      load_arrays)
 
-from iron_spec.runtime.host import fit
+from iron_spec.runtime.host import fit, host_budget
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.spec import gates
 from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
                                   PREFILL_WEIGHTS, PREFILL_WEIGHTS_HELP, WEIGHTS, WEIGHTS_HELP,
-                                  Loaded, _footprint, held_weight_bytes, model_inputs)
+                                  Loaded, _footprint, as_held, held_weight_bytes, model_inputs,
+                                  too_large)
 from iron_spec.spec.config import ALLOW_UNREAD, ALLOW_UNREAD_HELP
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.errors import FlagError, SpecError
@@ -185,7 +187,8 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
                                                   allow_unread_config)
     C = prefill_chunk or (toy and spec.get("toy", "prefill_chunk")) or \
         spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
-    options = expand(spec, config_json, prefill_chunk=C, source=source).options
+    expanded_ = expand(spec, config_json, prefill_chunk=C, source=source)
+    options = expanded_.options
     native = options.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= native:
@@ -193,9 +196,18 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
                             "model's own context")
         L, where = max_seq_len, f"context {max_seq_len} (--max-seq-len)"
     else:
+        parts: dict = {}
+        held_bytes = held_weight_bytes(directory, random_weights, weights)
         fixed, per_position = _footprint(options, decode_weights, prefill_weights, kv_cache,
-                                         held_weight_bytes(directory, random_weights, weights))
-        L = fit(min(native, CHECK_CONTEXT), min(C, native), fixed, per_position)
+                                         held_bytes, parts)
+        chunk = min(C, native)
+        if fixed + per_position * chunk > host_budget():  # as a load says it (too_large)
+            raise ValueError(too_large(expanded_, source, parts["weights"],
+                                       fixed + per_position * chunk, host_budget(),
+                                       f"its module tree, a {chunk}-token prompt chunk's "
+                                       "activations and its KV cache",
+                                       as_held(weights, held_bytes)))
+        L = fit(min(native, CHECK_CONTEXT), chunk, fixed, per_position)
         where = f"context {L} (the model's own {native}" + \
             (f", at most {CHECK_CONTEXT} in check)" if L < native else ")")
     after = needed_length(0, steps) + PROMPT_EXTRA  # tokens past a chunk the checks need
@@ -367,6 +379,11 @@ def command(
         if golden is not None and golden.is_dir():
             raise FlagError(f"--golden {golden} is a folder; give the golden's .npz file"
                             + (" to write" if record_golden else ""))
+        if golden is not None and record_golden:
+            try:  # before the seconds of loading and recording
+                goldens.writable(golden)
+            except ValueError as e:
+                raise FlagError(f"--golden {e}") from None
         if golden is not None and not record_golden:
             load_arrays(golden)  # no file there, or no golden: said before anything loads
         spec = pick_spec(spec, checkpoint)  # a name or a path, from any folder; or picked
@@ -472,11 +489,18 @@ def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> st
     returns the golden (its causal or its encoder recorder on ``loaded``). A file at
     ``path`` is replaced only where it is a golden of these very inputs, or ``overwrite``.
 
+    The file at ``path`` is checked again as the golden is written (``write_npz``, under a
+    lock on its folder): where another run wrote a golden of other inputs there meanwhile,
+    it is kept, and this one is written beside it, ``<name>.<fingerprint>.npz``, and said.
+
     Raises:
         ValueError: ``path`` holds a golden of other inputs or a file that is no golden
-            (without ``overwrite``), torch or transformers is missing, or transformers
-            refuses the config or the weights (its message, on one line, naming the config).
+            (without ``overwrite``; found before recording, or at the write: then naming
+            where this golden was kept), cannot be written (``goldens.writable``), torch or
+            transformers is missing, or transformers refuses the config or the weights (its
+            message, on one line, naming the config).
     """
+    goldens.writable(path)
     if path.exists() and not overwrite:
         held, fp = goldens.fingerprint_of(path), loaded.fingerprint()
         if held != fp:
@@ -499,7 +523,14 @@ def _record(loaded, path: Path, record: Callable, overwrite: bool = False) -> st
         raise ValueError(f"--record-golden: transformers refuses {source}: "
                          f"{type(e).__name__}: {said}") from None
     golden, note = _with_floor(loaded, golden)
-    golden.write(path)
+    try:
+        golden.write(path, replace=overwrite)
+    except GoldenTaken as e:
+        beside = path.with_name(f"{path.stem}.{golden.fingerprint}.npz")
+        golden.write(beside)
+        raise ValueError(f"--record-golden: {e}, by another run while this one recorded; "
+                         f"this golden is kept beside it, {beside}: judge by it with --golden "
+                         f"{beside}") from None
     return note
 
 

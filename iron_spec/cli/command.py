@@ -22,7 +22,7 @@ from pathlib import Path
 
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.spec.build import load_model
-from iron_spec.spec.errors import FlagError, SpecError, message
+from iron_spec.spec.errors import FlagError, SpecError, message, shorten
 from iron_spec.spec.gguf_files import is_gguf
 from iron_spec.spec.registry import find
 
@@ -46,9 +46,10 @@ CHECKPOINT_HELP = ("the checkpoint: a directory (config.json, model.safetensors 
                    "tensors read from it)")
 
 # What a command refuses as its input's fault (``refuse``: one line, exit 1; a FlagError
-# exit 2), not as a bug (a traceback).
+# exit 2), not as a bug (a traceback): an OSError is a path the user gave that the system
+# will not open as asked (a name too long for the file system, a folder where a file goes).
 EXPECTED = (SpecError, CheckpointError, FileNotFoundError, ValueError, IndexError,
-            jinja2.TemplateError)
+            jinja2.TemplateError, OSError)
 log = logging.getLogger("iron_spec")
 # The value a flag takes, as click tools name it (``--seed INTEGER``); a switch shows none.
 METAVARS = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
@@ -131,7 +132,7 @@ class UsageError(typer.BadParameter):
     no UsageError of its own; BadParameter is one, prefixed "Invalid value".)"""
 
     def format_message(self) -> str:
-        return self.message
+        return shorten(self.message)
 
 
 def refuse(e: Exception) -> NoReturn:
@@ -148,7 +149,7 @@ class _Stderr(logging.Handler):
     that redirects it prints them above itself instead of through its bar."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr)
+        print(shorten(self.format(record)), file=sys.stderr)
 
 
 @contextmanager

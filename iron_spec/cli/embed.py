@@ -113,7 +113,7 @@ def _embed(spec, given, checkpoint, similarity, max_tokens, decimals, allow_unre
             typer.echo(f"--max-tokens {max_tokens} is capped at {cap}, the most ids the model "
                        f"takes ({held})", err=True)
         e = model.embed(texts, lang=lang)
-    except (SpecError, CheckpointError, FileNotFoundError, ValueError) as err:
+    except (SpecError, CheckpointError, FileNotFoundError, ValueError, OSError) as err:
         refuse(err)
     table = cosine(e) if similarity else e
     for row in table:

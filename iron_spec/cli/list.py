@@ -6,9 +6,11 @@ Not for: picking a spec for a checkpoint (``iron_spec.spec.registry.find``).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from iron_spec.spec.errors import SpecError, message
+from iron_spec.spec.errors import message, shorten
 from iron_spec.spec.registry import Entry, entries
 
 #: The tables ``--markdown`` prints, by a spec's ``model``: its title and what a user does.
@@ -24,12 +26,17 @@ def command(markdown: bool = typer.Option(False, "--markdown",
                                                "(the README's, which tests/test_readme.py keeps "
                                                "current)")) -> None:
     """List the specs: name, model kind, the config.json architectures each serves, file,
-    and the architectures of the bigger checkpoints it reads its model from (parts)."""
+    and the architectures of the bigger checkpoints it reads its model from (parts). A file
+    of the folder that is no spec is skipped, a warning on stderr naming it and why."""
+    skipped: list[tuple[Path, str]] = []
     try:
-        found = entries()
-    except (FileNotFoundError, SpecError) as e:
+        found = entries(skipped=skipped)
+    except FileNotFoundError as e:
         typer.echo(message(e), err=True)
         raise typer.Exit(1)
+    for path, why in skipped:
+        typer.echo(f"warning: {path} is skipped, no spec: {shorten(why, 300)} (iron-spec lint "
+                   f"{path} says all)", err=True)
     if markdown:
         typer.echo(tables(found), nl=False)
         return

@@ -292,8 +292,9 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
                                 "holding the prompt (or - for stdin)")
             if not prompt_file.exists():  # a device or a pipe (<(...)) is read as a file
                 raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file")
-            text = prompt_file.read_bytes().decode("utf-8", "surrogateescape")
             what = f"--prompt-file {prompt_file}"
+            with open(prompt_file, "rb") as f:
+                text = _bounded(f, what).decode("utf-8", "surrogateescape")
     elif prompt == "-":
         text, what = _read_stdin(), "the prompt on stdin"
     elif prompt is not None:
@@ -307,11 +308,30 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
     return utf8_text(text, what)
 
 
+#: Bytes of prompt text read at most (a file, stdin, a chat line): past it, refused unread
+#: (no context holds it: a million tokens are ~4 MB of text). Once the model is loaded its
+#: own bound is tighter (``Model.max_prompt_bytes``).
+MAX_TEXT = 64 * 2**20
+
+
+def _bounded(f, what: str, limit: int = MAX_TEXT) -> bytes:
+    """At most ``limit`` bytes of the binary file ``f``, all of them.
+
+    Raises:
+        ValueError: ``f`` holds more (nothing more is read), naming ``what``.
+    """
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{what} holds more than {limit} bytes ({limit >> 20} MiB), more "
+                         "text than any context holds: refused unread")
+    return data
+
+
 def _read_stdin() -> str:
     raw = getattr(sys.stdin, "buffer", None)
     if raw is None:
-        return sys.stdin.read()
-    return raw.read().decode("utf-8", "surrogateescape")
+        return sys.stdin.read(MAX_TEXT + 1)
+    return _bounded(raw, "the prompt on stdin").decode("utf-8", "surrogateescape")
 
 
 def _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk, decode_weights,
@@ -405,13 +425,19 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
     if first is not None:
         out.show(conversation.stream(first, images or None, sounds or None, **gen))
         return
-    lines = 0
+    lines, most = 0, min(MAX_TEXT, model.max_prompt_bytes() or MAX_TEXT)
     while True:
         typer.echo("> ", nl=False, err=True)
-        line = _read_line()
-        if not line:  # end of input ends the chat; an empty line is no turn
+        line, past = _read_line(most)
+        if not line and not past:  # end of input ends the chat; an empty line is no turn
             return
         lines += 1
+        if past:
+            typer.echo(f"error: line {lines} is {past} bytes, more than a turn can hold "
+                       f"({most}: {model.max_seq_len} tokens of this tokenizer's longest "
+                       f"token at most); skipped unread, the conversation goes on as it was",
+                       err=True)
+            continue
         text = line.rstrip("\r\n")
         if not text.strip():
             continue
@@ -419,7 +445,7 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
             utf8_text(text, f"line {lines}")
             stream = conversation.stream(text, images if lines == 1 else None,
                                          sounds if lines == 1 else None, **gen)
-        except (ValueError, IndexError) as e:  # that turn is refused, not the chat
+        except EXPECTED as e:  # that turn is refused, not the chat (a template's refusal too)
             typer.echo(f"{message(e)}; skipped", err=True)
             continue
         try:
@@ -430,11 +456,29 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
                        "was; end of input (^D) or ^C at the prompt ends it)", err=True)
 
 
-def _read_line() -> str:
+def _read_line(most: int = MAX_TEXT) -> tuple[str, int]:
     """A line of stdin ("" at its end), its bytes decoded as Python decodes a command line
     (surrogateescape), so bytes that are not text reach the UTF-8 check: a stdin decoding
-    strictly (a UTF-8 locale's) would raise in the middle of the chat."""
+    strictly (a UTF-8 locale's) would raise in the middle of the chat; and 0. A line of more
+    than ``most`` bytes is not kept: read past in blocks of a MiB (never held whole), it
+    gives "" and its length in bytes."""
     raw = getattr(sys.stdin, "buffer", None)
     if raw is None:
-        return sys.stdin.readline()
-    return raw.readline().decode(sys.stdin.encoding or "utf-8", "surrogateescape")
+        line = sys.stdin.readline(most + 1)
+        size = len(line)
+        while size > most and not line.endswith("\n"):
+            line = sys.stdin.readline(2**20)
+            size += len(line)
+            if not line:
+                break
+        return ("", size) if size > most else (line, 0)
+    line = raw.readline(most + 1)
+    size = len(line)
+    while size > most and not line.endswith(b"\n"):
+        line = raw.readline(2**20)
+        size += len(line)
+        if not line:
+            break
+    if size > most:
+        return "", size
+    return line.decode(sys.stdin.encoding or "utf-8", "surrogateescape"), 0

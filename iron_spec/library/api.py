@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -28,9 +29,11 @@ import numpy as np
 
 from iron_spec.operators.native import threads as native_threads
 from iron_spec.operators.threads import set_threads
-from iron_spec.runtime.session import Session
+from iron_spec.runtime.session import Busy, Session
+from iron_spec.runtime.tokenizer import PIECE
 
-from iron_spec.runtime.generation import Completion, Stream, read_generation_config, sampler_for, setting
+from iron_spec.runtime.generation import (Completion, Stream, busy_message,
+                                          read_generation_config, sampler_for, setting)
 from iron_spec.spec import arguments
 from iron_spec.spec.build import (DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, WEIGHTS, Loaded,
                                   load_model)
@@ -256,6 +259,13 @@ class Model:
     A prompt is text (encoded as transformers' ``tokenizer(text)``: a BOS where the
     tokenizer puts one), a list of messages (``{"role", "content"}``, rendered by the chat
     template with the assistant's turn opened), or token ids (a sequence of ints).
+
+    Threads: a model may be shared. ``generate``, ``complete``, ``stream`` and ``chat`` from
+    any threads each give what they give alone: a generation runs on the model's own session
+    (its KV cache kept for the next call that begins the same way) where no other is
+    running on it, else on a session of its own; every model call runs under the model's
+    lock (``runtime.session`` says what is locked). A chat takes one turn at a time: a turn
+    sent while another of the same chat runs is refused (``runtime.session.Busy``).
     """
 
     def __init__(self, loaded: Loaded, spec: Path):
@@ -311,6 +321,8 @@ class Model:
                 raise ValueError("a text prompt needs the checkpoint's tokenizer, and " +
                                  (f"{where / 'tokenizer.json'} is missing" if where is not None
                                   else "a toy has none: give token ids"))
+            self._within_bound(prompt if isinstance(prompt, str) else
+                               "\n".join(m["content"] for m in prompt))
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else \
                 self.tokenizer.chat(list(prompt))
             if not ids:
@@ -336,6 +348,37 @@ class Model:
             raise IndexError(f"token id {int(ids[bad[0]])} at position {int(bad[0])} is "
                              f"outside the vocabulary [0, {V})")
         return ids.astype(np.int64).tolist()
+
+    def max_prompt_bytes(self) -> int | None:
+        """The most bytes of text a prompt may hold: ``max_seq_len`` tokens of this
+        tokenizer's longest (``Tokenizer.most_bytes``); None where the tokenizer bounds no
+        such figure (a text is then counted in pieces: ``_within_bound``)."""
+        return None if self.tokenizer is None else self.tokenizer.most_bytes(self.max_seq_len)
+
+    def _within_bound(self, text: str) -> None:
+        """Refuse ``text`` (a prompt, or a conversation's messages) that cannot fit the
+        context, before it is tokenized whole (~165 bytes of memory a byte): past
+        ``max_prompt_bytes``, or where its first pieces alone encode to more than
+        ``max_seq_len`` tokens (``Tokenizer.surely_past``). A text of at most
+        ``runtime.tokenizer.PIECE`` characters is tokenized as it is.
+
+        Raises:
+            ContextFull: naming its size, the bound and the context.
+        """
+        if len(text) <= PIECE:
+            return
+        L, size = self.max_seq_len, len(text.encode("utf-8", "surrogatepass"))
+        most = self.max_prompt_bytes()
+        if most is not None and size > most:
+            raise _context_full(
+                f"the prompt's {size} bytes of text (more than {most}: {L} tokens of at most "
+                f"{self.tokenizer.longest} bytes, this tokenizer's longest token; refused "
+                "before it is tokenized)", L, self._own_context, "give a shorter prompt")
+        if self.tokenizer.surely_past(text, L):
+            raise _context_full(
+                f"the prompt's {size} bytes of text (its first pieces alone encode to more "
+                f"than {L} tokens; refused before the rest is tokenized)", L,
+                self._own_context, "give a shorter prompt")
 
     def sampler(self, *, seed: int | None = None, **settings: Any):
         """The ``operators.Sampler`` for ``settings`` (None: generation_config.json's), as
@@ -417,17 +460,21 @@ class Model:
                 f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len,
                 self._own_context, "give a shorter prompt" + (
                     f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
+        busy = "share" if session is not None else "own"
         session = session if session is not None else self._session
         placed = ids
         if self.multimodal is not None:
             ids = self.multimodal.lookup(ids)  # a placeholder past the vocabulary read as 0
         session.check(ids, more=n - 1)  # refused here, before anything runs
+        stream = Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
+                        logprobs, bound, on_finish, busy=busy)
         if self.multimodal is not None:
-            # Each image's soft tokens at its placeholders (its tower run once per image),
-            # the caches forgotten from the first image that changed.
-            self.multimodal.place(session, placed, inputs)
-        return Stream(session, ids, n, sampler, self.eos_ids, self.tokenizer, stops,
-                      logprobs, bound, on_finish)
+            # Each image's soft tokens at its placeholders (its tower run once per image, here:
+            # refused before anything runs), placed in the session the stream runs on once
+            # it is claimed, its caches forgotten from the first image that changed.
+            placement, towers = self.multimodal.placement(placed, inputs), self.multimodal
+            stream.prepare = lambda s: towers.adopt(s, placement)
+        return stream
 
     def complete(self, prompt, **options) -> Completion:
         """The whole generation as a ``Completion`` (text, token ids, finish reason,
@@ -488,6 +535,11 @@ class Conversation:
         self.messages: list[dict] = [] if system is None else [{"role": "system",
                                                                  "content": system}]
         self.session = Session(model.loaded.lm)
+        # Turns kept: a stream made before the last one ended is refused. Read with the
+        # messages, and changed with them, under one lock (another thread's turn may end
+        # between the two).
+        self._turns = 0
+        self._kept = threading.Lock()
 
     def stream(self, text: str, images: Sequence | None = None,
                audio: Sequence | None = None, **options) -> Stream:
@@ -500,18 +552,24 @@ class Conversation:
         Raises:
             ContextFull: the conversation with this turn leaves no room to draw a token
                 (nothing changes: the next turn may be shorter).
+            Busy: a turn of this chat is running (its stream not finished or closed, on
+                this thread or another); raised here, or at the first piece where that
+                turn started after this stream was made. Nothing changes.
             ValueError, IndexError, TypeError: as ``Model.stream``; TypeError too for a
                 ``session`` (a chat has its own).
         """
         if not isinstance(text, str):
             raise TypeError(f"a turn is text, not {type(text).__name__}")
+        if self.session.claimed:
+            raise Busy(busy_message("this chat"))
         if "session" in options:  # found by a new user's trial: a TypeError from inside
             raise TypeError("a chat runs on its own session (chat.session), the one its "
                             "messages are in; it takes no session= (Model.stream does)")
         then = options.pop("on_finish", None)
         arguments.callable_or_none(then, "on_finish", "the Completion once it ends")
-        turn = self.messages + [{"role": "user",
-                                 "content": self._content(text, images, audio)}]
+        content = self._content(text, images, audio)
+        with self._kept:
+            made, turn = self._turns, self.messages + [{"role": "user", "content": content}]
         ids = self.model.encode(turn)
         L = self.model.max_seq_len
         room = L - len(ids) + 1
@@ -535,14 +593,27 @@ class Conversation:
         def keep(result: Completion) -> None:
             if result.finish_reason == "interrupted":  # dropped: the conversation as it was
                 return
-            self.messages[:] = turn + [{"role": "assistant",
-                                        "content": self._content(result.text)}]
+            with self._kept:
+                self.messages[:] = turn + [{"role": "assistant",
+                                            "content": self._content(result.text)}]
+                self._turns += 1
             if context_bound and result.finish_reason == "length":
                 result.finish_reason = "context"
             if then is not None:  # the caller's, after the conversation holds the reply
                 then(result)
 
-        return self.model.stream(turn, session=self.session, on_finish=keep, **options)
+        stream = self.model.stream(turn, session=self.session, on_finish=keep, **options)
+        # Not started yet: a turn of this chat begun before its first piece, or ended since
+        # this one was made (its turn follows messages that are no longer the last), refuses
+        # it then.
+        def ready() -> None:
+            if self._turns != made:
+                raise Busy("this chat took another turn after this stream was made (on this "
+                           "thread or another): its turn would follow messages that are no "
+                           "longer the conversation's, so it is refused and nothing changed. "
+                           "Send it again")
+        stream.busy, stream.what, stream.ready = "refuse", "this chat", ready
+        return stream
 
     def _content(self, text: str, images: Sequence | None = None,
                  audio: Sequence | None = None):

@@ -40,7 +40,8 @@ def embed_texts(loaded: Loaded, texts: list[str], lang: int | None = None) -> np
     for i, text in enumerate(texts, 1):
         ids, types, truncated = loaded.tokenizer.encode(text, f"TEXT {i}")
         cut += truncated
-        rows.append(np.array(version(ids, types, lang)))  # a copy: the output is the arena's
+        with loaded.model.lock:  # copied before another thread's call reuses the arena
+            rows.append(np.array(version(ids, types, lang)))
     if cut:
         n = loaded.tokenizer.max_tokens
         log.warning("%d of %d text%s truncated at %d tokens, the most a text keeps here (as "

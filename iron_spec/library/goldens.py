@@ -12,17 +12,18 @@ spec, wherever the spec is. The stores searched, in order:
 3. each folder named by ``IRON_SPEC_GOLDENS`` (``os.pathsep``-separated);
 4. the user store, ``$XDG_CACHE_HOME/iron-spec/goldens`` (``~/.cache/iron-spec/goldens``).
 
-In each store, ``<store>/<spec name>/*.npz`` are read first, then every ``<store>/*/*.npz``.
+In each store, ``<store>/<spec name>/*.npz`` are read first, then every ``<store>/*/*.npz``,
+each through ``runtime.golden.read_npz`` (a FIFO or an archive that would inflate past its
+bound among them is no golden, skipped unread).
 Not for reading or judging a golden (``runtime.golden``, ``runtime.checks``).
 """
 
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 
-import numpy as np
+from iron_spec.runtime.golden import GoldenError, fingerprint_held
 
 ENV = "IRON_SPEC_GOLDENS"
 INSTALLED = Path(__file__).resolve().parents[2] / "tests" / "goldens"
@@ -57,6 +58,26 @@ def stores(spec_file: str | Path) -> list[Path]:
     return found
 
 
+def writable(path: str | Path) -> None:
+    """Refuse a golden ``path`` that cannot be written, before anything is recorded: its
+    nearest existing folder must be a folder (not a file: ``/etc/hostname/g.npz``) this user
+    may write in; nothing is made.
+
+    Raises:
+        ValueError: naming ``path``, the ancestor in the way and why.
+    """
+    path = Path(path)
+    above = path.parent
+    while not (above.exists() or above.is_symlink()) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ValueError(f"{path}: cannot be written, {above} is not a folder (a golden's path "
+                         "is a .npz file in a folder)")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: cannot be written, {above} is not a folder this user may "
+                         "write in")
+
+
 def record_store(spec_file: str | Path) -> Path:
     """Where ``--record-golden`` writes: the spec's checkout, else the first folder of
     ``IRON_SPEC_GOLDENS``, else the user store."""
@@ -64,12 +85,12 @@ def record_store(spec_file: str | Path) -> Path:
 
 
 def fingerprint_of(path: Path) -> str | None:
-    """The fingerprint a golden file holds; None for a file that is no golden."""
+    """The fingerprint a golden file holds; None for a file that is no golden (nor a regular
+    file, nor within ``read_npz``'s bounds) or no file."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            return str(f["fingerprint"]) if "fingerprint" in f.files else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile):
-        return None  # TypeError, AttributeError: a lone .npy array, no archive
+        return fingerprint_held(path)
+    except GoldenError:
+        return None
 
 
 def find(fingerprint: str, name: str, spec_file: str | Path) -> tuple[Path | None, list[Path]]:

@@ -148,6 +148,7 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
     # template's text begins with the BOS it wrote (ProcessorMixin.apply_chat_template).
     bos = tokenizer.special.get("bos_token")
     special = isinstance(prompt, str) or not (bos is not None and text.startswith(bos))
+    model._within_bound(text)  # bounded before it is tokenized, as a text prompt is
     return tokenizer.encode(text, add_special_tokens=special), inputs
 
 

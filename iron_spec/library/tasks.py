@@ -95,7 +95,8 @@ def _encoding(loaded: Loaded, text: str, what: str):
 def head_scores(loaded: Loaded, ids, types=None) -> np.ndarray:
     """The head's scores (logits) on one text's ``ids``: ``(rows, size)`` for fill-mask and
     token classification, ``(size,)`` for a text's classes, float32 (a copy)."""
-    return np.array(loaded.model.version(head=True)(ids, types))
+    with loaded.model.lock:  # copied before another thread's call reuses the arena
+        return np.array(loaded.model.version(head=True)(ids, types))
 
 
 def fill_mask(loaded: Loaded, text: str, top_k: int = 5) -> list:

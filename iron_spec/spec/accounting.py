@@ -35,7 +35,7 @@ from iron_spec.runtime.values import ROPE_KEYS, ROPE_TYPES
 
 from . import keys
 from .config import (ALLOW_UNREAD, entry, ignored_keys, mapped, refusals, refused_keys,
-                     shown, standard)
+                     rope_misfits, shown, standard)
 from .loader import Spec
 
 
@@ -64,6 +64,8 @@ def unread(spec: Spec, config_json: Mapping[str, Any],
     another name transformers gives it (an ``attribute_map`` alias or its field) is read."""
     read, ignore = {**mapped(spec), **dict.fromkeys(refused_keys(spec))}, ignored_keys(spec)
     data, moved = standard(spec, config_json)
+    # Read, of a wrong type: refused as that (rope_misfits), never counted unread here.
+    misfit = rope_misfits(spec, config_json, "config.json")
     out = []
 
     def accounted(k: str) -> bool:
@@ -71,6 +73,8 @@ def unread(spec: Spec, config_json: Mapping[str, Any],
         return any(n in read or n in ignore for n in names)
 
     for k, v in data.items():
+        if k in misfit:
+            continue
         if k == "rope_parameters" and k in read and k not in ignore:
             out += unread_rope(spec, v)
         if accounted(k):
@@ -174,6 +178,9 @@ def account(spec: Spec, config_json: Mapping[str, Any], source: str,
     met = refusals(spec, config_json, source)
     if met:
         raise spec.error(("refuse", met[0][0]), "\n  ".join(text for _, text in met))
+    misfit = rope_misfits(spec, config_json, source)
+    if misfit:  # a value of the wrong type, before any key is called unread
+        raise spec.error(("config",), next(iter(misfit.values())))
     refused, loaded, reads, why_strict = split(spec, config_json)
     if refused and not allow_unread:
         place = ("ignore",) if "ignore" in spec.data else ("config",)

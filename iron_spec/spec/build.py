@@ -132,11 +132,13 @@ def read_config(directory: Path) -> dict:
 
 def _footprint(o: CausalOptions, decode_weights: str = "float32",
                prefill_weights: str = "float32", kv_cache: str = "float32",
-               weight_bytes: float = 4.0) -> tuple[int, int]:
+               weight_bytes: float = 4.0, parts: dict | None = None) -> tuple[int, int]:
     """Bytes the model holds whatever its context, and bytes per position of context: the
     weights at ``weight_bytes`` a weight (as held: ``held_weight_bytes``); with reduced decode
     or prefill weights, the copies of the projections in that form too; the KV caches at
-    ``kv_cache``'s bytes a value (a differential layer's float32 whatever it is)."""
+    ``kv_cache``'s bytes a value (a differential layer's float32 whatever it is).
+    ``parts``, where given, gets ``weights``: the weights' bytes as held alone (what lint and
+    a load both name: ``too_large``)."""
     E, V = o.hidden_size, o.vocab_size
     fixed = V * E * (1 if o.tied else 2) + E + o.positions * E
     per_position = 0
@@ -167,6 +169,8 @@ def _footprint(o: CausalOptions, decode_weights: str = "float32",
         p = o.per_layer_input
         fixed += (p.vocab_size + E + 2 * E) * len(o.layers) * p.size
     weights = fixed
+    if parts is not None:
+        parts["weights"] = int(weights * weight_bytes)
     if decode_weights != "float32":  # every weight so far again, in its reduced form (a
         fixed += int(weights * REDUCED_BYTES[decode_weights] / 4)  # bound: norms stay float32)
     if prefill_weights != "float32":  # and the prompt chunk's bfloat16 tiles
@@ -211,6 +215,34 @@ def held_weight_bytes(directory: Path | None, random_weights: int | None, weight
 
 
 LAYER_OVERHEAD = 200 * 1024  # bytes
+
+
+def too_large(expanded, source: str, weights: int, need: int, budget: int, what: str,
+              held: str = "as float32") -> str:
+    """Why a model does not fit this host's memory, as lint and a load both say it: the
+    weights' bytes as held (the same figure, whatever the context or chunk; ``held`` says
+    how: ``as_held``), the config.json sizes that make them (each with its key), and
+    ``need``, the bytes with ``what`` (the module tree and a prompt chunk's activations, a
+    context's KV cache)."""
+    resolved, sizes = expanded.resolved, []
+    for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
+        if k not in resolved.values:
+            continue
+        where = resolved.sources.get(k, "the spec")
+        sizes.append(f"{where.removeprefix(source + ': ')} {resolved.values[k]}"
+                     if where.startswith(source + ": ") else f"{k} {resolved.values[k]} ({where})")
+    return (f"the model on {source} holds {weights / 2**30:.1f} GiB of weights {held} "
+            f"({', '.join(sizes)}), {need / 2**30:.1f} GiB with {what}: past this host's "
+            f"{budget / 2**30:.1f} GiB budget (its memory less what is kept free)")
+
+
+def as_held(weights: str, weight_bytes: float) -> str:
+    """How ``too_large`` says the weights are held: ``as float32`` at 4 bytes a weight (lint,
+    which reads no checkpoint, counts them so), else the ``--weights`` choice and the bytes
+    a weight takes held (``held_weight_bytes``), e.g. ``as stored (2 bytes a weight)``."""
+    if weight_bytes == 4.0:
+        return "as float32"
+    return f"as {weights} ({weight_bytes:.3g} bytes a weight)"
 
 
 def _size(n: int) -> str:
@@ -360,10 +392,11 @@ def example(spec) -> Path:
 
     Raises:
         NoWeights: the spec names no example (give --checkpoint).
+        SpecError: ``examples`` is not a list of hub ids (``example_ids``).
         FileNotFoundError: the example is neither in the hub cache nor reachable, saying
             where the cache is, why the hub was not asked or answered, and what to do.
     """
-    examples = spec.get("examples", default=None) or []
+    examples = example_ids(spec)
     if not examples:
         raise NoWeights(f"give {said('checkpoint', placeholder='DIR')} (or a hub id), or "
                         f"{said('random_weights', placeholder='SEED')} {said('toy', True)} "
@@ -383,6 +416,47 @@ def example(spec) -> Path:
             f"{said('checkpoint', placeholder='DIR')}, or "
             f"{said('random_weights', placeholder='SEED')} {said('toy', True)} for a run with "
             "no files") from None
+
+
+def example_ids(spec) -> list[str]:
+    """The hub ids the spec's ``examples`` names (none where absent), each checked as the
+    schema and huggingface_hub's ``validate_repo_id`` check one before any is used: an
+    example is downloaded by its id, never read as a path.
+
+    Raises:
+        SpecError: at ``examples`` (or the item), naming what it holds and what is valid.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    examples = spec.get("examples", default=None)
+    if examples is None:
+        return []
+    if not isinstance(examples, list):
+        raise spec.error(("examples",), f"examples is {_shown(examples)}, not a list of Hugging "
+                         "Face hub ids (org/name): the checkpoints a command given no "
+                         "--checkpoint downloads", value=True)
+    for i, repo in enumerate(examples):
+        try:
+            if not isinstance(repo, str) or repo.count("/") != 1:
+                raise HFValidationError("not org/name")
+            validate_repo_id(repo)
+        except HFValidationError:
+            raise spec.error(("examples", i), f"examples[{i}] is {_shown(repo)}, not a Hugging "
+                             "Face hub id: org/name, each of letters, digits, '-', '_' and "
+                             "'.', the name at most 96 characters (an example is downloaded "
+                             "by its id, never read as a path: give --checkpoint DIR for a "
+                             "directory)", value=True) from None
+    return examples
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    """``value`` as a message quotes it, cut to ``most`` characters with its length said."""
+    text = repr(value)
+    kind = type(value).__name__
+    if len(text) > most:
+        text = f"{text[:most]}... ({len(value) if hasattr(value, '__len__') else len(text)} " \
+               "characters)"
+    return f"{text} ({kind})" if not isinstance(value, str) else text
 
 
 def fill_weights(model, directory: Path | None, random_weights: int | None, draw,
@@ -520,17 +594,27 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             raise FlagError(f"{said('max_seq_len', max_seq_len)} is not within "
                             f"1..{native}, the model's own context")
         L = max_seq_len
+        parts: dict = {}
         fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights,
-                                         kv_cache, held_bytes)
+                                         kv_cache, held_bytes, parts)
         need, budget = fixed + per_position * L, host_budget()
         if need > budget:  # numpy maps zeros lazily: refused here, not by the OOM killer
-            raise ValueError(f"the model on {source} with max_seq_len {L} would hold "
-                             f"{need / 2**30:.1f} GiB, past this host's {budget / 2**30:.1f} "
-                             "GiB budget")
+            raise ValueError(too_large(expanded, source, parts["weights"], need, budget,
+                                       f"its module tree, a prompt chunk's activations and "
+                                       f"the KV cache of max_seq_len {L}",
+                                       as_held(weights, held_bytes)))
     else:
+        parts = {}
         fixed, per_position = _footprint(expanded.options, decode_weights, prefill_weights,
-                                         kv_cache, held_bytes)
-        L = fit(native, expanded.options.prefill_chunk, fixed, per_position)
+                                         kv_cache, held_bytes, parts)
+        C, budget = expanded.options.prefill_chunk, host_budget()
+        if fixed + per_position * C > budget:  # not even one chunk: fit would refuse it
+            raise ValueError(too_large(expanded, source, parts["weights"],
+                                       fixed + per_position * C, budget,
+                                       f"its module tree, a {C}-token prompt chunk's "
+                                       "activations and its KV cache",
+                                       as_held(weights, held_bytes)))
+        L = fit(native, C, fixed, per_position)
     if asked is not None and asked > L:
         raise FlagError(f"{said('prefill_chunk', asked)} is past the context max_seq_len {L} "
                         "(a prompt call holds at most the context; it is not cut silently)")

@@ -54,6 +54,28 @@ def rope_moves(spec: Spec) -> dict[str, str]:
     return {k: v for k, v in table.items() if isinstance(v, str)}
 
 
+def rope_misfits(spec: Spec, config_json: Mapping[str, Any], source: str) -> dict[str, str]:
+    """The RoPE keys of ``config_json`` whose type keeps them from transformers 5's
+    spelling (``standard``), each with the refusal that says so: ``rope_parameters`` that is
+    neither a mapping nor null (every key moved into it then moves nowhere), a key moved
+    whole (``rope_scaling``) that is neither. Such a key is read, its value wrong: said as
+    that, never as a key nothing reads (whose advice, ``--allow-unread-config``, would run
+    another model)."""
+    out = {}
+    params = config_json.get("rope_parameters")
+    if params is not None and not isinstance(params, Mapping):
+        out["rope_parameters"] = (f"{source}: rope_parameters is {shown(params)}, not a mapping "
+                                  "of RoPE parameters (rope_type, rope_theta, ...) or null")
+        for key in rope_moves(spec):
+            if key in config_json:
+                out[key] = out["rope_parameters"]
+    for key, place in rope_moves(spec).items():
+        held = config_json.get(key)
+        if not place and held is not None and not isinstance(held, Mapping):
+            out[key] = f"{source}: {key} is {shown(held)}, not a mapping of RoPE parameters or null"
+    return out
+
+
 def standard(spec: Spec, config_json: Mapping[str, Any]) -> tuple[dict, dict[str, str]]:
     """``config_json`` in transformers 5's spelling, so a spec reads one: each of
     ``rope_moves(spec)``'s keys moved into ``rope_parameters`` at its place, as
@@ -178,11 +200,9 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
     """
     fields = spec.get("config", default={}) or {}
     _declared(spec, fields)
-    for key, place in rope_moves(spec).items():
-        held = config_json.get(key)
-        if not place and held is not None and not isinstance(held, Mapping):
-            raise spec.error(("config",), f"{source}: {key} is {shown(held)}, not a mapping of "
-                                          "RoPE parameters or null")
+    misfit = rope_misfits(spec, config_json, source)
+    if misfit:
+        raise spec.error(("config",), next(iter(misfit.values())))
     config_json, moved = standard(spec, config_json)
     config_json = aliased(config_json)
     out = Resolved()

@@ -1,12 +1,18 @@
 """The specs this project ships, and which serves a checkpoint: the entries ``iron-spec list``
 prints, and a spec picked from a config.json's ``architectures`` when none is named.
 
+A file of a specs folder that is no spec (not YAML, a FIFO, a folder named ``x.yaml``, a
+link to a device, past the loader's size) poisons nothing else: ``list``, a lookup by name
+and a pick by architectures skip it with a warning naming it and why (the ``iron_spec``
+logger), and serve every other spec. Named itself, it is read, and refused as lint would.
+
 Not for: reading what a spec means (``interpreter``, ``encoder``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +24,11 @@ from iron_spec.runtime.gguf import file_architecture, is_gguf
 from . import keys, parts
 from .arguments import said
 from .build import read_config
-from .errors import FlagError
+from .errors import FlagError, SpecError, message, shorten
 from .loader import load_spec
+
+log = logging.getLogger("iron_spec")
+
 
 def _shipped() -> Path:
     """The specs folder: ``iron_spec/specs`` in an install, ``specs/`` beside ``iron_spec/``
@@ -53,26 +62,52 @@ class Entry:
     parts: tuple[str, ...] = ()
 
 
-def entries(folder: Path | None = None) -> list[Entry]:
-    """Every spec under ``folder`` (default ``SPECS``), by file name.
+def entries(folder: Path | None = None,
+            skipped: list[tuple[Path, str]] | None = None) -> list[Entry]:
+    """Every spec under ``folder`` (default ``SPECS``), by file name. A file that is no spec
+    (``load_spec`` refuses it: run ``iron-spec lint`` on it) is skipped: appended to
+    ``skipped`` as (path, why) where given, else said in a warning on the ``iron_spec``
+    logger.
 
     Raises:
         FileNotFoundError: no such folder.
-        SpecError: a spec that does not parse (run ``iron-spec lint`` on it).
     """
     folder = Path(folder or specs_folder())
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no specs folder (IRON_SPEC_SPECS names another)")
     paths = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
     # Read once for the same files: picking a spec for each of many configs parses none again.
-    return list(_entries(tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in paths)))
+    found, broken = _entries(tuple((p, *_stamp(p)) for p in paths))
+    for path, why in broken:
+        if skipped is not None:
+            skipped.append((path, why))
+        else:
+            log.warning("%s is skipped, no spec: %s", path, shorten(why, 300))
+    return list(found)
+
+
+def _stamp(path: Path) -> tuple[int | None, int | None]:
+    """``path``'s modification time and size, which tell a file changed; (None, None) where
+    it cannot be looked at (a dangling link: ``load_spec`` says why)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None, None
+    return st.st_mtime_ns, st.st_size
 
 
 @functools.lru_cache(maxsize=8)
-def _entries(files: tuple) -> tuple[Entry, ...]:
+def _entries(files: tuple) -> tuple[tuple[Entry, ...], tuple[tuple[Path, str], ...]]:
+    """The entries of ``files`` (path, mtime, size), and each file that is no spec with
+    why."""
     out = []
+    broken = []
     for path, _, _ in files:
-        spec = load_spec(path)
+        try:
+            spec = load_spec(path)
+        except (SpecError, OSError) as e:
+            broken.append((path, " ".join(message(e).split())))
+            continue
         archs = spec.get("architectures", default=[])
         archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
         gguf = spec.get("gguf", "architecture")
@@ -81,7 +116,7 @@ def _entries(files: tuple) -> tuple[Entry, ...]:
                          tuple(archs + parts.architectures(spec)),
                          gguf if isinstance(gguf, str) else None,
                          tuple(parts.architectures(spec))))
-    return tuple(out)
+    return tuple(out), tuple(broken)
 
 
 def for_architectures(architectures, source: str, folder: Path | None = None,
@@ -204,10 +239,13 @@ def find(spec: str | Path | None, checkpoint: str | Path | None = None,
         return folder / path.name
     if len(path.parts) == 1:
         stem = path.stem if path.suffix in (".yaml", ".yml") else str(path)
+        # A file of that name first, whatever it holds: a folder's file names are its own,
+        # and a broken one is refused as itself (not as "no such spec") when it loads.
+        for suffix in (".yaml", ".yml"):
+            own = folder / f"{stem}{suffix}"
+            if own.exists() or own.is_symlink():
+                return own
         known = entries(folder) if folder.is_dir() else []
-        for e in known:  # a file of that name first: a folder's file names are its own
-            if stem == e.path.stem:
-                return e.path
         named = [e.path for e in known if e.name == stem]
         if len(named) > 1:
             raise ValueError(f"{spec}: {len(named)} specs in {folder} are named {stem} "

@@ -13,7 +13,7 @@ from iron_spec.runtime.checkpoint import mark_transposed
 from iron_spec.runtime.encoder import Encoder
 from iron_spec.runtime.host import host_budget
 
-from .build import _footprint
+from .build import _footprint, too_large
 from .encoder import expand_encoder
 from .interpreter import expand
 
@@ -32,11 +32,12 @@ def build_tree(spec, config_json: dict, source: str, part=None):
         tree = Encoder(expanded.options)
     else:
         expanded = expand(spec, config_json, max_seq_len=16, prefill_chunk=16, source=source)
-        fixed, _ = _footprint(expanded.options)
+        parts: dict = {}
+        fixed, _ = _footprint(expanded.options, parts=parts)
         if fixed > host_budget():
-            raise spec.error(("config",), f"the model on {source} would hold "
-                             f"{fixed / 2**30:.1f} GiB, past this host's "
-                             f"{host_budget() / 2**30:.1f} GiB budget")
+            raise spec.error(("config",), too_large(expanded, source, parts["weights"], fixed,
+                                                    host_budget(), "its module tree and a "
+                                                    "16-token prompt chunk's activations"))
         tree = CausalLM(expanded.options)
     mark_transposed(tree, expanded.transposed)
     return tree

@@ -17,6 +17,7 @@ Not for: a tower's numbers (``tower``), an image's pixels (``images``).
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -143,6 +144,9 @@ class Multimodal:
     def __init__(self, lm: CausalLM, towers: dict[int, TowerRun], keep: int = 16):
         self.lm, self.towers, self.keep = lm, towers, keep
         self._soft: OrderedDict[str, np.ndarray] = OrderedDict()
+        # The towers' compiled versions (one arena each) and the kept soft tokens, shared by
+        # every thread's calls: one input's tower run at a time.
+        self._lock = threading.RLock()
 
     def lookup(self, tokens: Sequence[int]) -> list[int]:
         """``tokens`` as the text model's embedding reads them: a placeholder outside its
@@ -158,14 +162,15 @@ class Multimodal:
     def soft_tokens(self, token: int, raw) -> tuple[np.ndarray, str]:
         """The soft tokens of one input of placeholder ``token``'s tower, and its digest."""
         key = f"{token}:{digest(raw)}"
-        if key in self._soft:
-            self._soft.move_to_end(key)
-            return self._soft[key], key
-        soft = self.towers[token].soft_tokens(raw)
-        self._soft[key] = soft
-        while len(self._soft) > self.keep:
-            self._soft.popitem(last=False)
-        return soft, key
+        with self._lock:
+            if key in self._soft:
+                self._soft.move_to_end(key)
+                return self._soft[key], key
+            soft = np.array(self.towers[token].soft_tokens(raw))  # the caller's, not an arena's
+            self._soft[key] = soft
+            while len(self._soft) > self.keep:
+                self._soft.popitem(last=False)
+            return soft, key
 
     def placement(self, tokens: Sequence[int], inputs: dict[int, list]) -> Placement:
         """Where every input's soft tokens sit in ``tokens`` (module docstring)."""
@@ -202,7 +207,14 @@ class Multimodal:
         """Ready ``session`` for ``tokens`` with ``inputs`` at their placeholders: its
         placement set, and its caches forgotten from the first input that differs from
         what it held (the seeds' ``Multimodal.place``)."""
-        new = self.placement(tokens, inputs)
+        self.adopt(session, self.placement(tokens, inputs))
+
+    def adopt(self, session, new: Placement) -> None:
+        """``place``'s second half: ``session`` readied for the placement ``new`` (made by
+        ``placement``, its towers run), its caches forgotten from the first input that
+        differs from what it held. A stream does it once its session is claimed
+        (``runtime.generation.Stream.prepare``), so a placement never lands on a session
+        another generation is running on."""
         old = session.placement
         if old is not None:
             stale = [a for (a, x), (b, y) in zip(new.digests, old.digests) if a != b or x != y]

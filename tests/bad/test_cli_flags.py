@@ -196,7 +196,11 @@ def test_runtime_prefill_chunk_past_the_bound_is_refused_not_cut(tmp_path):
     path.write_text(text.replace("\nruntime:", "\nruntime:\n  prefill_chunk: 1000000000000", 1)
                     .replace("\n  prefill_chunk: 256", ""))
     result = runner.invoke(app, ["run", str(path), "--random-weights", "0", "--toy"])
-    # the toy's own chunk wins under --toy; the spec's own is checked on every other load
+    # The schema bounds it as --prefill-chunk is bounded (issue 30: it linted clean): the
+    # spec is refused by lint and by every load, --toy's too.
+    lint = runner.invoke(app, ["lint", str(path)])
+    assert lint.exit_code == 1 and "runtime.prefill_chunk: 1000000000000 is greater than " \
+        "the maximum of 65536" in lint.output, lint.output
     from iron_spec.spec.build import load_model
     from iron_spec.spec.errors import SpecError
     (tmp_path / "ck").mkdir()
@@ -205,9 +209,10 @@ def test_runtime_prefill_chunk_past_the_bound_is_refused_not_cut(tmp_path):
     (tmp_path / "ck" / "config.json").write_text(json.dumps(load_spec(path).get("toy", "config")))
     with pytest.raises(SpecError) as e:
         load_model(path, checkpoint=tmp_path / "ck", random_weights=0)
-    assert "runtime.prefill_chunk 1000000000000 is not a whole number within 1..65536" in \
+    assert "runtime.prefill_chunk: 1000000000000 is greater than the maximum of 65536" in \
         str(e.value) and f"{path}:" in str(e.value)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1 and "greater than the maximum of 65536" in result.output, \
+        result.output
 
 
 def test_a_bad_expression_shadowed_by_a_config_key_is_refused_by_run_as_lint_does(tmp_path):

@@ -62,9 +62,11 @@ def test_switching_back_to_float32_is_the_float32_model_bit_for_bit():
     session = Session(lm)
     want = session.logits(ids)
     lm.use_kv_cache("bfloat16")
-    assert lm.holder is None  # the caches hold no one's tokens now
-    rounded = Session(lm).logits(ids)
+    assert session.held == 0  # the caches hold no one's tokens now
+    other = Session(lm)
+    rounded = other.logits(ids)
     lm.use_kv_cache("float32")
+    assert other.held == 0  # a set not bound holds nothing of another form either
     assert np.array_equal(session.logits(ids), want)  # recomputed, not read from stale caches
     assert not np.array_equal(rounded, want)
 

@@ -77,7 +77,6 @@ def test_extending_history_reuses_the_cache_bitwise_equal_to_fresh(toy, held, re
     rng = np.random.default_rng(2)
     history = rng.integers(0, lm.config.vocab_size, 2 * C + held).tolist()
     turn = rng.integers(0, lm.config.vocab_size, C + 6).tolist()
-    # Fresh runs first: sessions share the model's caches, one conversation at a time.
     fresh = Session(lm, reference=reference)
     whole = fresh.logits(history + turn).copy()
     nxt = int(np.argmax(whole))
@@ -124,7 +123,7 @@ def test_a_prompt_row_is_the_same_bits_whatever_call_holds_it(toy, split):
                   for name, state in lm.named_states() if state.kv}
         return np.array(logits), caches
 
-    lm.holder = None
+    # Versions called without a session's caches: the bound set holds no one's tokens.
     whole, whole_caches = run([0, prompt.size])
     split_logits, split_caches = run([0, split, prompt.size])
     assert split_logits.tobytes() == whole.tobytes()
@@ -182,16 +181,22 @@ def test_refused_input_changes_nothing(toy):
     assert session.calls == [("decode", 4, 1)]
 
 
-def test_two_sessions_share_one_model(toy):
+def test_two_sessions_share_one_model_each_on_its_own_caches(toy):
     lm = toy.lm
     a, b = Session(lm), Session(lm)
     pa, pb = [1, 2, 3, 4, 5], [9, 8, 7]
     la = a.logits(pa).copy()
-    b.logits(pb)
+    lb = b.logits(pb).copy()
     a.calls.clear()
-    # b replaced a's tokens in the caches: a runs from its first token again.
-    assert a.logits(pa).tobytes() == la.tobytes()
-    assert a.calls[0][:2] == ("prompt", 0)
+    # b ran on caches of its own: a's still hold a's tokens, and its next token is one
+    # decode step; both as a session alone on the model gives them, bit for bit.
+    assert a.held == len(pa) and b.held == len(pb)
+    alone = Session(lm)
+    alone.logits(pa)
+    assert a.logits(pa + [6]).tobytes() == alone.logits(pa + [6]).tobytes()
+    assert a.calls == [("decode", len(pa), 1)]
+    assert la.tobytes() == Session(lm).logits(pa).tobytes()
+    assert b.logits(pb).tobytes() == lb.tobytes()
 
 
 def test_real_checkpoint_compiled_equals_reference(smollm2):
@@ -322,3 +327,19 @@ def test_on_numpys_blas_a_session_resumes_at_the_chunk_boundary_bitwise_equal_to
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["False", "True", "True"], out.stderr
+
+
+def test_a_session_given_the_models_caches_reuses_their_arrays_and_trusts_nothing_held(toy):
+    # What bench does: each measurement a fresh session, on the caches the runs before grew.
+    lm = toy.lm
+    C = lm.config.prefill_chunk
+    history = np.random.default_rng(5).integers(0, lm.config.vocab_size, 3 * C).tolist()
+    first = Session(lm)
+    want = first.logits(history).copy()
+    arrays, reserved = [s.array for _, s in lm.named_states()], lm.reserved
+    again = Session(lm, caches=lm.caches)
+    assert again.held == 0 and first.held == 0  # the set's record is nobody's now
+    assert again.logits(history).tobytes() == want.tobytes()
+    assert again.calls[0][:2] == ("prompt", 0)  # run whole, not resumed
+    assert lm.reserved == reserved
+    assert all(s.array is a for (_, s), a in zip(lm.named_states(), arrays))

@@ -142,7 +142,7 @@ def test_a_later_turn_reuses_an_images_soft_tokens_and_caches():
         chat.send("What is it?", images=[golden["image"]], max_new_tokens=2, temperature=0)
         before = len(chat.session.calls)
         chat.send("And the colours?", max_new_tokens=2, temperature=0)
-        held = chat.session._held.tolist()
+        held = chat.session.caches.tokens[:chat.session.held].tolist()
         return chat.session.calls[before:], held, chat.session.logits(held).copy()
 
     calls, held, logits = conversation()
