@@ -23,8 +23,7 @@ from pathlib import Path
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.spec.build import load_model
 from iron_spec.spec.errors import FlagError, SpecError, message, shorten
-from iron_spec.spec.gguf_files import is_gguf
-from iron_spec.spec.registry import find
+from iron_spec.spec.registry import find, picked_by
 
 # Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
 DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
@@ -329,8 +328,7 @@ def pick_spec(spec: Optional[str], checkpoint: Optional[str],
             raise FlagError("name a SPEC (iron-spec list shows them), or give --checkpoint "
                             "to pick one from its config.json architectures")
         path = find(None, checkpoint)
-        source = "GGUF architecture" if is_gguf(Path(checkpoint).expanduser()) else \
-            "config.json architectures"
+        source = picked_by(checkpoint, path)
         typer.echo(f"[spec {path.stem}: {path}, picked by --checkpoint's {source}]", err=True)
         return path
     try:

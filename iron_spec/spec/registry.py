@@ -181,6 +181,23 @@ def for_checkpoint(checkpoint: str | Path, folder: Path | None = None) -> Path:
                              config)
 
 
+def picked_by(checkpoint: str | Path, path: Path, folder: Path | None = None) -> str:
+    """What made ``for_checkpoint(checkpoint)`` pick ``path``, as a user reads it: the GGUF
+    file's architecture, config.json's ``architectures`` (one the spec serves), else its
+    ``model_type`` (no architectures, or none a spec serves)."""
+    directory = checkpoint_directory(checkpoint, said("checkpoint", str(checkpoint)))
+    if is_gguf(directory):
+        return f"GGUF general.architecture {file_architecture(directory)}"
+    config = read_config(directory)
+    archs = config.get("architectures")
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    served = {a for e in entries(folder) if e.path == path for a in e.architectures}
+    if any(a in served for a in archs):
+        return "config.json architectures"
+    return (f"config.json model_type {config.get('model_type')} (its architectures "
+            + (f"{', '.join(archs)} served by no spec)" if archs else "not given)"))
+
+
 def for_gguf(path: str | Path, folder: Path | None = None) -> Path:
     """The spec reading GGUF files of ``path``'s ``general.architecture`` (its
     ``gguf.architecture``).

@@ -89,6 +89,25 @@ def test_show_and_check_pick_the_spec_from_config_json_and_say_it(command, tmp_p
         "architectures]" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("architectures", [None, ["NoSuchForCausalLM"]])
+def test_a_spec_picked_by_model_type_says_model_type(architectures, tmp_path):
+    # config.json without architectures (or with none a spec serves): its model_type picks
+    # the spec, and the line says so rather than "architectures".
+    import json
+    from tests.conftest import toy_config
+    directory = toy_config(tmp_path, "llama3")
+    config = json.loads((directory / "config.json").read_text())
+    config.pop("architectures", None)
+    if architectures is not None:
+        config["architectures"] = architectures
+    (directory / "config.json").write_text(json.dumps(config))
+    result = invoke("show", "--checkpoint", str(directory))
+    said = "(its architectures not given)" if architectures is None else \
+        "(its architectures NoSuchForCausalLM served by no spec)"
+    assert f"[spec llama3: {SPECS / 'llama3.yaml'}, picked by --checkpoint's config.json " \
+        f"model_type llama {said}]" in result.stderr, result.stderr
+
+
 def test_version_is_the_installed_packages():
     result = invoke("--version")
     assert result.exit_code == 0
