@@ -41,29 +41,45 @@ def cosine(embeddings: np.ndarray) -> np.ndarray:
 
 
 def _texts(given: Optional[List[str]]) -> list[str]:
-    """The texts: ``--text``'s, else stdin's lines (one text a line, empty lines skipped).
+    """The texts: ``--text``'s, else (or with ``--text -``, as ``run --prompt -``) stdin's
+    lines, one text a line; blank lines are skipped, and how many said on stderr.
 
     Raises:
-        FlagError: no ``--text`` and stdin is a terminal (nothing piped), or no text at all.
+        FlagError: a ``--text`` that is empty or white space only (as ``run --prompt ''``),
+            ``--text -`` beside other texts, no ``--text`` and stdin is a terminal (nothing
+            piped), or no text at all.
     """
-    if given:
+    if given and "-" in given:
+        if len(given) > 1:
+            raise FlagError("--text - reads the texts from stdin, one a line; give it alone, "
+                            "not beside other --text")
+    elif given:
+        for i, text in enumerate(given, 1):
+            if not text.strip():
+                raise FlagError(f"--text {text!r} (text {i}) is empty"
+                                + (" but for white space" if text else "") + "; give some text")
         return list(given)
-    if sys.stdin is None or sys.stdin.isatty():
+    elif sys.stdin is None or sys.stdin.isatty():
         raise FlagError("give the texts with --text TEXT (repeat it for several), or one a "
                         "line on stdin")
     raw = getattr(sys.stdin, "buffer", None)
     data = raw.read().decode("utf-8", "surrogateescape") if raw is not None else sys.stdin.read()
-    texts = [line for line in data.splitlines() if line.strip()]
+    lines = data.splitlines()
+    texts = [line for line in lines if line.strip()]
     if not texts:
         raise FlagError("stdin holds no text; give the texts with --text TEXT, or one a line "
                         "on stdin")
+    if len(texts) < len(lines):
+        blank = len(lines) - len(texts)
+        typer.echo(f"[{blank} blank line{'s' * (blank != 1)} on stdin skipped: {len(texts)} "
+                   f"text{'s' * (len(texts) != 1)}]", err=True)
     return texts
 
 
 #: The texts of ``embed``, ``fill-mask`` and ``classify``: an option, never positional (SPEC
 #: is their one argument), so no text is taken for a spec.
 TEXT = typer.Option(None, "--text", "-t", metavar="TEXT",
-                    help="a text; repeat it for several (default: stdin, one text a line)")
+                    help="a text; repeat it for several; - reads them from stdin, one a line (the default)")
 
 
 def command(

@@ -301,10 +301,11 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
         text, what = prompt, "--prompt"
     else:
         return None
-    if not text:
-        raise FlagError(f"{what} is empty" + (", its end before any text" if prompt_file is None
-                                              and prompt == "-" or str(prompt_file) == "-"
-                                              else "") + "; give some text")
+    if not text.strip():  # white space alone encodes to nothing a prompt means
+        stdin = prompt_file is None and prompt == "-" or str(prompt_file) == "-"
+        raise FlagError(f"{what} is empty" + (" but for white space" if text else
+                                              ", its end before any text" if stdin else "")
+                        + "; give some text")
     return utf8_text(text, what)
 
 

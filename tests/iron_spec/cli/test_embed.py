@@ -136,6 +136,34 @@ def test_no_checkpoint_no_texts():
         assert result.exit_code == 2 and "--checkpoint" in result.output  # a usage error
 
 
+@pytest.mark.parametrize("command", ["embed", "fill-mask", "classify"])
+@pytest.mark.parametrize("texts, says", [
+    (["", "hello"], "--text '' (text 1) is empty; give some text"),
+    (["hello", "   "], "--text '   ' (text 2) is empty but for white space; give some text"),
+    (["-", "hello"], "--text - reads the texts from stdin, one a line; give it alone")])
+def test_an_empty_text_is_a_usage_error_before_anything_loads(command, texts, says, tmp_path):
+    # As run --prompt '': exit 2 naming the option, before a weight is read.
+    from tests.conftest import toy_config
+    directory = toy_config(tmp_path, "bert")
+    result = runner.invoke(app, [command, "--checkpoint", str(directory), *texts_args(texts)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(says.split()) in " ".join(result.output.replace("│", " ").split()), \
+        result.output
+    assert "loading" not in result.output
+
+
+def test_text_dash_reads_stdin_and_says_the_blank_lines_skipped(minilm):
+    # --text - reads stdin, one text a line, as run --prompt - does (it embedded "-").
+    given = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "--text", "hello",
+                                "--text", "world"])
+    piped = runner.invoke(app, ["embed", BERT, "--checkpoint", str(minilm), "--text", "-"],
+                          input="hello\n\n  \nworld\n")
+    assert given.exit_code == 0 and piped.exit_code == 0, piped.output
+    assert piped.stdout == given.stdout
+    assert "[2 blank lines on stdin skipped: 2 texts]" in piped.stderr
+    assert "skipped" not in given.stderr
+
+
 def test_max_tokens_below_cls_and_sep_is_refused():
     result = runner.invoke(app, ["embed", BERT, "--max-tokens", "1", "--text", "hello"])
     assert result.exit_code == 2 and "Traceback" not in result.output

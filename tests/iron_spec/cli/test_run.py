@@ -208,7 +208,9 @@ def test_a_chat_turn_too_long_is_refused_alone(worded):
     (["--prompt", "-"], "", "the prompt on stdin is empty, its end before any text; give some"),
     (["--prompt-file", "-"], "", "the prompt on stdin is empty, its end before any text"),
     (["--prompt-file", "EMPTY"], None, "empty.txt is empty; give some text"),
-    (["--chat", "--prompt", ""], None, "--prompt is empty; give some text")])
+    (["--chat", "--prompt", ""], None, "--prompt is empty; give some text"),
+    (["--prompt", "   "], None, "--prompt is empty but for white space; give some text"),
+    (["--prompt", "-"], " \n\n", "the prompt on stdin is empty but for white space; give some")])
 def test_an_empty_prompt_is_a_usage_error_before_anything_loads(worded, flags, stdin, says):
     # Found by a new user's trial: refused with exit 1 only once the weights had loaded and
     # both plans compiled ("the prompt encodes to no tokens"), where --stop '' is exit 2 at once.
