@@ -112,6 +112,13 @@ def tidy(command) -> None:
             desc = param.type_descriptor
             param.metavar = "" if param.is_flag else "PATH" if desc.is_path else \
                 METAVARS.get(desc.annotation, "VALUE")
+            # A range or the choices a callback (number, whole, choice) holds the value to,
+            # shown as click's FloatRange, IntRange and Choice show theirs.
+            check = getattr(param.callback, "__wrapped__", param.callback)
+            if getattr(check, "range", None):
+                param.metavar = f"{param.metavar} {check.range}"
+            elif getattr(check, "choices", None):
+                param.metavar = check.choices
 
 
 class Group(_HelpSwitch, TyperGroup):
@@ -199,6 +206,11 @@ def number(low: Optional[float] = None, high: Optional[float] = None, *,
             raise typer.BadParameter(f"{value} is not a finite number "
                                      f"{' and '.join(s for s in (lo, hi) if s)}".rstrip())
         return value
+    # As click's FloatRange shows its range: [x>=0], [x>0], [0<x<=1], [x<=1]; none: None.
+    above = f"{'>' if low_open else '>='}{low:g}" if low is not None else ""
+    check.range = (f"[{low:g}{'<' if low_open else '<='}x<={high:g}]" if low is not None and
+                   high is not None else f"[x{above}]" if above else
+                   f"[x<={high:g}]" if high is not None else None)
     return check
 
 
@@ -210,6 +222,7 @@ def whole(low: int, high: int, what: str) -> Callable:
         if value is not None and not low <= value <= high:
             raise typer.BadParameter(f"{value} is not within {low}..{high} ({what})")
         return value
+    check.range = f"[{low}<=x<={high}]"  # as click's IntRange shows its range
     return check
 
 
@@ -231,6 +244,7 @@ def choice(valid: tuple[str, ...], several: bool = False) -> Callable:
                                      f"{', '.join(valid)} at most once")
         # As checked: " int8" is int8 (it reached the loader unstripped, a KeyError).
         return ",".join(values)
+    check.choices = f"[{'|'.join(valid)}]" + (",..." if several else "")  # as click's Choice
     return check
 
 

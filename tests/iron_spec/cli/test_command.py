@@ -46,7 +46,7 @@ def test_help_says_the_exit_statuses():
 
 def test_help_text_is_shown_as_written(monkeypatch):
     import typer.rich_utils
-    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 250)  # each help on one line
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 400)  # each help on one line (the choices widen a column)
     # markdown would eat <spec>, rich markup [x]: both kinds in these help strings
     text = " ".join(invoke("check", "-h").output.split())
     assert "recorded into the spec's checkout as <spec>/<inputs>.npz under tests/goldens" in text
@@ -87,6 +87,24 @@ def test_show_and_check_pick_the_spec_from_config_json_and_say_it(command, tmp_p
     assert result.exit_code in (0, 1) and "Traceback" not in result.output, result.output
     assert f"[spec llama3: {SPECS / 'llama3.yaml'}, picked by --checkpoint's config.json " \
         "architectures]" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command, shown", [
+    ("run", ["--temperature FLOAT [x>=0]", "--top-p FLOAT [0<x<=1]", "--min-p FLOAT [0<=x<=1]",
+             "--repetition-penalty FLOAT [x>0]", "--prefill-chunk INTEGER [1<=x<=65536]",
+             "--weights [stored|float32|bfloat16|", "--kv-cache [float32|bfloat16]",
+             "--decode-weights [float32|bfloat16|bfloat16-rounded|int8]"]),
+    ("bench", ["--decode-weights [float32|bfloat16|bfloat16-rounded|int8],...",
+               "--kv-cache [float32|bfloat16],..."])])
+def test_help_shows_each_flag_s_range_and_choices(command, shown, monkeypatch):
+    # As click's FloatRange, IntRange and Choice show theirs; the refusals stay the callbacks'.
+    import typer.rich_utils
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 400)
+    text = " ".join(invoke(command, "-h").output.split())
+    for s in shown:
+        assert s in text, (s, text)
+    result = invoke("run", "llama3", "--toy", "--random-weights", "0", "--top-p", "0")
+    assert result.exit_code == 2 and "0.0 is not a finite number > 0 and <= 1" in result.output
 
 
 @pytest.mark.parametrize("architectures", [None, ["NoSuchForCausalLM"]])
