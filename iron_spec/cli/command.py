@@ -23,7 +23,7 @@ from pathlib import Path
 from iron_spec.runtime.checkpoint import CheckpointError
 from iron_spec.spec.build import load_model
 from iron_spec.spec.errors import FlagError, SpecError, message, shorten
-from iron_spec.spec.registry import find, picked_by
+from iron_spec.spec.registry import entries, find, picked_by, specs_folder
 
 # Exit statuses, one rule for every command (README "Exit status"; each --help's epilog).
 DONE, REFUSED, USAGE, NOT_VERIFIED = 0, 1, 2, 3
@@ -347,9 +347,20 @@ def pick_spec(spec: Optional[str], checkpoint: Optional[str],
         return path
     try:
         return find(spec)
-    except FileNotFoundError as e:
-        if text_flag is None or Path(spec).suffix in (".yaml", ".yml"):
-            raise
-        raise FileNotFoundError(f"{e}. SPEC is the command's one argument; a text is given "
-                                f"with {text_flag}") from None
+    except FileNotFoundError:
+        path = Path(spec)
+        texty = any(c.isspace() for c in spec)
+        if not texty and (path.suffix in (".yaml", ".yml") or len(path.parts) != 1):
+            raise  # a spec file's path: find's "no such spec file"
+        # A name that is none (a typo, or a text meant for text_flag): the closest names,
+        # not every spec's (a 1,300-character line).
+        import difflib
+        names = sorted({e.path.stem for e in entries()} | {e.name for e in entries()})
+        close = difflib.get_close_matches(spec.lower(), names, n=3)
+        raise FileNotFoundError(
+            f"SPEC {spec!r} is no spec name or path"
+            + (f"; a text is given with {text_flag}" if text_flag is not None else "")
+            + (f"; the closest spec names: {', '.join(close)}" if close else "")
+            + f"; iron-spec list shows them all (the specs in {specs_folder()}; "
+            "IRON_SPEC_SPECS names another folder)") from None
 

@@ -107,6 +107,21 @@ def test_help_shows_each_flag_s_range_and_choices(command, shown, monkeypatch):
     assert result.exit_code == 2 and "0.0 is not a finite number > 0 and <= 1" in result.output
 
 
+@pytest.mark.parametrize("args, says", [
+    (["run", "The capital", "--toy", "--random-weights", "0"],
+     "SPEC 'The capital' is no spec name or path; a text is given with --prompt; iron-spec "
+     "list shows them all"),
+    (["embed", "hello world", "--checkpoint", "."],
+     "SPEC 'hello world' is no spec name or path; a text is given with --text; iron-spec list"),
+    (["show", "lama3"], "SPEC 'lama3' is no spec name or path; the closest spec names: llama3")])
+def test_an_unknown_spec_is_said_in_one_short_line(args, says):
+    # Found by a new user's trial: a 1,300-character line listing every spec.
+    result = invoke(*args)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error: " + says), result.output
+    assert len(result.output) < 400 and "gemma3" not in result.output, result.output
+
+
 @pytest.mark.parametrize("architectures", [None, ["NoSuchForCausalLM"]])
 def test_a_spec_picked_by_model_type_says_model_type(architectures, tmp_path):
     # config.json without architectures (or with none a spec serves): its model_type picks
