@@ -644,9 +644,11 @@ def _check_encoder(spec: Path, checkpoint, random_weights, toy, golden: Path | N
     (``golden_record.record_encoder``). ``linted``: lint's verdict on the spec, the first
     result; then the config defaults against the golden's record where one judges."""
     with stages() as s:
+        read = s.weights()
         loaded = load_encoder(spec, checkpoint=checkpoint, random_weights=random_weights,
                               toy=toy, allow_unread_config=allow_unread_config,
-                              progress=s.stage("loading weights"))
+                              progress=read)
+        read.ended()
     model, fp = loaded.model, inputs(loaded)
     if record_golden:
         path = golden or golden_path(loaded)

@@ -21,6 +21,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from pathlib import Path
 
 from iron_spec.runtime.checkpoint import CheckpointError
+from iron_spec.library.progress import LOADING
 from iron_spec.spec.build import load_model
 from iron_spec.spec.errors import FlagError, SpecError, message, shorten
 from iron_spec.spec.registry import entries, find, picked_by, specs_folder
@@ -270,16 +271,44 @@ class Stages:
             self._bar.update(self._task, completed=done, total=total)
         return advance
 
+    def weights(self) -> "_Weights":
+        """The ``loading weights`` stage for a loader's ``progress(done, total)``, started
+        only at its first tensor read, so a refusal before any weight is read (no
+        checkpoint, a spec's or config.json's error) is not preceded by it; its ``ended()``
+        when the load returns says it where none was read (weights drawn report no count)."""
+        return _Weights(self)
+
     def reporter(self) -> Callable[[str, int, int], None]:
         """A library load's ``progress(stage, done, total)`` (``iron_spec.library.progress``)
-        shown here: each stage it names started as it first reports."""
+        shown here: each stage it names started as it first reports, the weights' once a
+        tensor is read or drawn (``weights``), not at the 0 of 1 the load starts with."""
         current: dict = {}
 
         def report(stage: str, done: int, total: int) -> None:
+            if stage == LOADING and done == 0 and current.get("stage") != stage:
+                return  # said at its first tensor: a refusal before one is not preceded by it
             if current.get("stage") != stage:
                 current["stage"], current["advance"] = stage, self.stage(stage, total)
             current["advance"](done, total)
         return report
+
+
+class _Weights:
+    """``Stages.weights``: ``(done, total)`` calls shown from the first with ``done`` > 0."""
+
+    def __init__(self, stages: Stages):
+        self._stages, self._advance = stages, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._advance is None:
+            if done == 0:
+                return
+            self._advance = self._stages.stage(LOADING, total)
+        self._advance(done, total)
+
+    def ended(self) -> None:
+        if self._advance is None:  # drawn, not read: said once drawn
+            self(1, 1)
 
 
 def load_compiled(stages: Stages, spec, **kwargs):
@@ -290,7 +319,9 @@ def load_compiled(stages: Stages, spec, **kwargs):
     Raises:
         what ``load_model`` raises.
     """
-    loaded = load_model(spec, progress=stages.stage("loading weights"), **kwargs)
+    read = stages.weights()
+    loaded = load_model(spec, progress=read, **kwargs)
+    read.ended()
     for prompt, what in ((False, "compiling the decode step"), (True, "compiling the prompt chunk")):
         stages.stage(what)
         loaded.lm.version(prompt)

@@ -286,6 +286,24 @@ def test_check_says_each_stage_as_it_starts_when_piped():
     assert "━" not in result.output  # no bar where stderr is no terminal
 
 
+@pytest.mark.parametrize("args", [
+    ["run", "llama3", "--prompt-ids", "1,2"], ["show", "llama3"], ["check", "llama3", "--self-only"],
+    ["bench", "llama3", "--no-peer"], ["embed", "bert", "--text", "hi"],
+    ["classify", "bert", "--text", "hi"]])
+@pytest.mark.parametrize("fault", ["no weights", "config.json", "no checkpoint"])
+def test_no_loading_line_before_a_refusal_that_reads_no_weight(args, fault, tmp_path):
+    # Found by a new user's trial: "[loading weights]" before "no such weights file", a
+    # config.json error or a missing checkpoint: said only once a weight is read.
+    from tests.conftest import toy_config
+    name = "bert" if "bert" in args else "llama3"
+    directory = toy_config(tmp_path, name, **({"hidden_size": "x"} if fault == "config.json"
+                                              else {}))
+    checkpoint = str(tmp_path / "none") if fault == "no checkpoint" else str(directory)
+    result = invoke(*args, "--checkpoint", checkpoint)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "loading weights" not in result.output, result.output
+
+
 def test_run_says_its_stages_when_piped():
     result = invoke("run", LLAMA, "--random-weights", "0", "--toy", "--num-tokens", "2")
     assert result.exit_code == 0, result.output
