@@ -577,8 +577,13 @@ def report(r: dict) -> str:
                  + (f" (of it {'; '.join(parts)})" if parts else "")
                  + f" + KV cache {r['kv_cache_bytes'] / 2**20:.0f} MiB")
     if "process_peak_rss_bytes" in r:
+        # What ran beside ours, each named: a peer that did not run holds no memory.
+        engines = len(r.get(f"{ENGINE}_runs") or {})
+        held = ["the above", "the floor's two 1 GiB copy arrays"] + \
+            (["transformers' model"] if r.get("transformers") is not None else []) + \
+            ([f"{ENGINE}'s model{'s' * (engines > 1)}"] if engines else [])
         lines.append(f"peak RSS of the whole process {r['process_peak_rss_bytes'] / 2**20:.0f} "
-                     "MiB: the above, the floor's two 1 GiB copy arrays and the peers' models")
+                     f"MiB: {', '.join(held[:-1])} and {held[-1]}")
     for side, why in r.get("not_measured", {}).items():
         lines.append(f"{side}: not measured: {why}")
     lines.append("ratios: " + ", ".join(f"{k} {'n/a' if v is None else format(v, '.2f')}"

@@ -188,6 +188,12 @@ def test_the_lines_are_true_to_what_ran(short, monkeypatch):
     assert r["process_peak_rss_bytes"] >= r["ours"]["peak_rss_bytes"]
     text = bench.report(r)
     assert "through iron-spec's own figures" in text and "peak RSS of the whole process" in text
+    # No peer ran: none named (it said "and the peers' models").
+    assert "MiB: the above and the floor's two 1 GiB copy arrays\n" in text, text
+    assert "peers" not in text and "transformers' model" not in text
+    r["transformers"] = r["ours"]
+    assert "MiB: the above, the floor's two 1 GiB copy arrays and transformers' model\n" in \
+        bench.report(r)
     if native.LIB is not None:
         use_prefill_weights(loaded, "bfloat16")
         tiles = bench.measure(loaded, runs=1, peer=False, also_prefill=("bfloat16",))
