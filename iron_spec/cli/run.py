@@ -107,6 +107,9 @@ def command(
                                      "embeddings (iron-spec embed), it does not generate")
             _before_loading(checkpoint, random_weights, toy, text is not None or chat, chat,
                             settings, num_tokens)
+            # Turns piped on stdin: up to the first one read now, so a stdin holding none is
+            # refused before a minute's load, as an empty --prompt - is.
+            pending = _first_turn() if chat and text is None else []
             _within_context(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
                             num_tokens, len(ids) if ids is not None else
                             None if text is not None or chat else prompt_len,
@@ -125,7 +128,7 @@ def command(
                     raise ValueError(f"{flag} needs a checkpoint with an {kind} tower (its "
                                      f"spec's towers:); {model.spec} serves none for this one")
             if chat:
-                _chat(model, text, system, gen, out, images, sounds)
+                _chat(model, text, system, gen, out, images, sounds, pending)
                 return
             if ids is not None:
                 out.show(model.stream(ids, **gen), shown=None if model.tokenizer else
@@ -416,8 +419,31 @@ def _number(x: float):
     return None if x != x else x  # NaN is not JSON
 
 
+def _first_turn() -> list[tuple[str, int]]:
+    """stdin's lines up to its first that holds text (or is past ``MAX_TEXT``), as
+    ``_read_line`` gives them, read before the model loads, where stdin is no terminal (a
+    terminal's user types turns once the model is ready): [] on a terminal.
+
+    Raises:
+        FlagError: stdin ends before any line of text (no turns): a usage error, as an empty
+            ``--prompt -``.
+    """
+    if sys.stdin is None or sys.stdin.isatty():
+        return []
+    lines = []
+    while True:
+        line, past = _read_line()
+        if not line and not past:
+            raise FlagError("--chat: no turns on stdin (its end before any line of text); "
+                            "give the turns one a line on stdin, or the first with --prompt")
+        lines.append((line, past))
+        if past or line.strip():
+            return lines
+
+
 def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
-          out: _Output, images: Optional[list] = None, sounds: Optional[list] = None) -> None:
+          out: _Output, images: Optional[list] = None, sounds: Optional[list] = None,
+          pending: Optional[list] = None) -> None:
     """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
     assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
     the context is refused alone: said on stderr, the conversation goes on as it was; so is a
@@ -429,7 +455,8 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
     lines, most = 0, min(MAX_TEXT, model.max_prompt_bytes() or MAX_TEXT)
     while True:
         typer.echo("> ", nl=False, err=True)
-        line, past = _read_line(most)
+        # pending: read before loading (each within MAX_TEXT; the turn refuses the rest)
+        line, past = pending.pop(0) if pending else _read_line(most)
         if not line and not past:  # end of input ends the chat; an empty line is no turn
             return
         lines += 1

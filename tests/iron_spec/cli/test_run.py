@@ -223,6 +223,27 @@ def test_an_empty_prompt_is_a_usage_error_before_anything_loads(worded, flags, s
     assert "loading" not in result.output and "compiling" not in result.output
 
 
+@pytest.mark.parametrize("stdin", ["", "\n   \n"])
+def test_a_chat_with_no_turns_on_stdin_is_a_usage_error_before_anything_loads(worded, stdin):
+    # Found by a new user's trial: `: | iron-spec run ... --chat` loaded, compiled, printed
+    # "> " and exited 0.
+    directory, _ = worded
+    result = run("llama3", "--checkpoint", str(directory), "--chat", input=stdin)
+    assert result.exit_code == 2, result.output
+    assert "--chat: no turns on stdin (its end before any line of text); give the turns one a " \
+        "line on stdin, or the first with --prompt" in " ".join(
+            result.output.replace("│", " ").split()), result.output
+    assert "loading" not in result.output and "> " not in result.output
+
+
+def test_a_chat_s_turns_read_before_loading_are_each_answered(worded):
+    directory, _ = worded
+    result = run("llama3", "--checkpoint", str(directory), "--chat", "--num-tokens", "2",
+                 input="\nt1 t2\nt3\n")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("[prefill]") == 2, result.stderr
+
+
 def test_a_chat_turn_past_the_model_s_own_context_offers_a_new_conversation(worded):
     # Found by a new user's trial: "load with a larger max_seq_len=" where the context was
     # already the model's own (max_position_embeddings 512 here).
