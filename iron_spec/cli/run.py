@@ -114,7 +114,7 @@ def command(
                             num_tokens, len(ids) if ids is not None else
                             None if text is not None or chat else prompt_len,
                             allow_unread_config, "the {} --prompt-ids" if ids is not None else
-                            "--prompt-len {}")
+                            "--prompt-len {}", ids)
             model = _load(spec, checkpoint, random_weights, toy, max_seq_len, prefill_chunk,
                           decode_weights, prefill_weights, allow_unread_config, threads, kv_cache,
                           weights)
@@ -213,7 +213,7 @@ def _within_context(spec: Optional[str], checkpoint: Optional[str],
                     random_weights: Optional[int], toy: bool, max_seq_len: Optional[int],
                     prefill_chunk: Optional[int], num_tokens: Optional[int],
                     prompt_len: Optional[int], allow_unread_config: bool,
-                    flag: str = "--prompt-len {}") -> None:
+                    flag: str = "--prompt-len {}", ids: Optional[list[int]] = None) -> None:
     """Refuse, before a weight is read, a ``--num-tokens`` no context of this model holds
     (and with ``prompt_len`` random prompt ids, a ``--prompt-len`` with them): the context is
     ``--max-seq-len``, at most the model's own (config.json's, or the toy's, expanded as the
@@ -221,6 +221,7 @@ def _within_context(spec: Optional[str], checkpoint: Optional[str],
 
     Raises:
         FlagError: a prompt and the tokens to draw take more positions than the context.
+        IndexError: one of ``ids`` (``--prompt-ids``) is past the vocabulary.
     """
     if num_tokens is None and prompt_len is None:
         return
@@ -233,8 +234,14 @@ def _within_context(spec: Optional[str], checkpoint: Optional[str],
                                           allow_unread_config)
     if toy:  # the chunk the load expands with: the toy's own, not the spec's runtime one
         prefill_chunk = prefill_chunk or parsed.get("toy", "prefill_chunk")
-    own = expand(parsed, config_json, prefill_chunk=prefill_chunk,
-                 source=source).options.max_seq_len
+    options = expand(parsed, config_json, prefill_chunk=prefill_chunk, source=source).options
+    own = options.max_seq_len
+    past = [i for i, t in enumerate(ids or ()) if t >= options.vocab_size]
+    if past:  # as the model refuses it, but before a weight is read
+        raise IndexError(f"--prompt-ids: token id {ids[past[0]]} at position {past[0]} is "
+                         f"outside the vocabulary [0, {options.vocab_size}) ("
+                         + ("config.json's" if checkpoint is not None else "the toy's")
+                         + " vocab_size)")
     L = own if max_seq_len is None else min(max_seq_len, own)  # past own: the load says so
     where = f"--max-seq-len {L}" if max_seq_len is not None and L == max_seq_len else \
         f"the model's own context {own}"

@@ -104,6 +104,18 @@ def test_bad_usage_exits_2(args, says):
     assert says in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("where", ["toy", "checkpoint"])
+def test_prompt_ids_past_the_vocabulary_are_refused_before_anything_loads(where, tmp_path):
+    # Found by a new user's trial: --prompt-ids 99999999 refused only after load and compile.
+    from tests.conftest import toy_config
+    at = TOY if where == "toy" else ["--checkpoint", str(toy_config(tmp_path, "llama3"))]
+    result = run("llama3", *at, "--prompt-ids", "1,99999999")
+    assert result.exit_code == 1, result.output
+    assert result.output == ("error: --prompt-ids: token id 99999999 at position 1 is outside "
+                             "the vocabulary [0, 256) (" + ("the toy's" if where == "toy" else
+                                                           "config.json's") + " vocab_size)\n")
+
+
 @pytest.mark.parametrize("seed", [str(10**23), str(2**64), "1e23", "1.5", "x"])
 def test_a_seed_that_is_no_64_bit_whole_number_is_a_usage_error(seed):
     result = run("llama3", *TOY, "--seed", seed, env={"COLUMNS": "300"})
