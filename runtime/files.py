@@ -130,8 +130,9 @@ def parse_json(text: str | bytes, source: str) -> Any:
                         f"then {last!r}); json would keep the last silently: give it once") \
             from None
     except json.JSONDecodeError as e:
-        raise FileError(f"{source}: not valid JSON: {e.msg} at line {e.lineno} column "
-                        f"{e.colno}") from None
+        # json's "Unterminated string starting at" names its place itself: one "at".
+        raise FileError(f"{source}: not valid JSON: {e.msg.removesuffix(' at')} at line "
+                        f"{e.lineno} column {e.colno}") from None
     except UnicodeDecodeError as e:
         raise FileError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except RecursionError:

@@ -168,7 +168,10 @@ FILES = [
     ("not_json", lambda p: p.write_text("{vocab_size: 4}"), "not valid JSON"),
     ("truncated", lambda p: p.write_text('{"vocab_size": 4'), "not valid JSON"),
     ("a_list", lambda p: p.write_text("[1, 2]"), "holds a list, not a JSON object"),
-    ("empty", lambda p: p.write_text(""), "not valid JSON"),
+    ("empty", lambda p: p.write_text(""), "not valid JSON: Expecting value at line 1 column 1"),
+    # json's message ends "starting at": said "at at line" (a new user's trial).
+    ("unterminated", lambda p: p.write_text('{"model_type": "llama'),
+     "not valid JSON: Unterminated string starting at line 1 column 16"),
     ("deeply_nested", lambda p: p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"),
      "nested too deeply"),
     # json keeps the last of a key given twice: a config.json edited by hand says 64 and 96.
