@@ -390,8 +390,10 @@ def pick_spec(spec: Optional[str], checkpoint: Optional[str],
         close = difflib.get_close_matches(spec.lower(), names, n=3)
         raise FileNotFoundError(
             f"SPEC {spec!r} is no spec name or path"
-            + (f"; a text is given with {text_flag}" if text_flag is not None else "")
-            + (f"; the closest spec names: {', '.join(close)}" if close else "")
+            + (f"; did you mean {close[0]}?" + (f" (or {', '.join(close[1:])})"
+                                                if close[1:] else "") if close else "")
+            + (f"; a text is given with {text_flag}" if text_flag is not None and
+               (texty or not close) else "")
             + f"; iron-spec list shows them all (the specs in {specs_folder()}; "
             "IRON_SPEC_SPECS names another folder)") from None
 

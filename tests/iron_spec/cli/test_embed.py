@@ -267,7 +267,7 @@ def test_no_text_is_ever_taken_for_the_spec(minilm):
     # A text where SPEC goes is no spec: said, with where texts go.
     text = runner.invoke(app, ["embed", "--checkpoint", str(minilm), "a text"])
     assert text.exit_code == 1, text.output
-    assert "no such spec" in text.output and "a text is given with --text" in text.output
+    assert "is no spec name or path" in text.output and "a text is given with --text" in text.output
 
 
 def test_two_specs_of_one_architecture_are_told_apart_by_model_type():
