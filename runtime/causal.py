@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from functools import partial
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -378,8 +379,11 @@ class CausalLM(Module):
         arrays as the KV caches are, so each session restores only states it ran itself."""
         caches = self.caches
         if caches.snapshots is None:
-            caches.snapshots = Snapshots(self._recurrent_arrays, self.config.prefill_chunk,
-                                         self.config.snapshots)
+            # Given the states and the set's reference dict, not a bound method: the set
+            # would point at the model, a cycle living until the collector's rare full pass.
+            caches.snapshots = Snapshots(
+                partial(recurrent_arrays, self.recurrent_states, caches.reference),
+                self.config.prefill_chunk, self.config.snapshots)
         return caches.snapshots
 
     def _holdable(self) -> None:
@@ -397,14 +401,6 @@ class CausalLM(Module):
             table = getattr(self.model, name, None)
             if table is not None:
                 table.weight.holdable = False
-
-    def _recurrent_arrays(self, kind: str) -> list[np.ndarray]:
-        """The recurrent states' arrays: the compiled versions' (``kind`` ``compiled``) or
-        the float64 reference's own copies (``reference``)."""
-        if kind == "compiled":
-            return [s.array for s in self.recurrent_states]
-        return [self.reference_states.setdefault(id(s), np.zeros(s.shape, np.float64))
-                for s in self.recurrent_states]
 
     def use_kv_cache(self, dtype: str) -> None:
         """Hold every attention layer's keys and values as ``dtype`` from now on:
@@ -802,6 +798,16 @@ class Version:
                   extra: dict | None = None, caches: Caches | None = None):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler,
                           output, extra, caches, kind="reference")
+
+
+def recurrent_arrays(states: list[State], mirrors: dict[int, np.ndarray],
+                     kind: str) -> list[np.ndarray]:
+    """The arrays of recurrent ``states``: the compiled versions' (``kind`` ``compiled``)
+    or the float64 reference's own copies, kept in ``mirrors`` by the state's id
+    (``reference``; made as zeros where none is yet)."""
+    if kind == "compiled":
+        return [s.array for s in states]
+    return [mirrors.setdefault(id(s), np.zeros(s.shape, np.float64)) for s in states]
 
 
 def in_per_layer_table(config: CausalOptions, ids: np.ndarray, where: str) -> None:
