@@ -132,10 +132,47 @@ def test_the_reference_keeps_its_own_states_and_snapshots(lm):
     ref = Session(lm, reference=True)
     ref.logits(a)
     assert lm.snapshots.positions("reference")[-1] == C + 9
-    compiled = Session(lm).logits(a)
+    session = Session(lm)
+    compiled = session.logits(a)
     # The reference's states are float64 and its own: the compiled run did not move them.
-    assert lm.snapshots.at["reference"] == C + 9
+    # Each session's caches hold their own recurrent states and snapshots.
+    assert ref.caches.snapshots.at["reference"] == C + 9
+    assert session.caches.snapshots.at == {"compiled": C + 9, "reference": 0}
     np.testing.assert_allclose(compiled, ref.logits(a), rtol=1e-4, atol=1e-4)
+
+
+def test_two_sessions_never_share_recurrent_states_or_snapshots(lm):
+    # Each session's caches hold its recurrent states (bound for its calls as its KV caches
+    # are) and the snapshots of them: a session resumes from its own, never from states
+    # another conversation ran since, and its logits are a fresh session's making the same
+    # calls, bit for bit.
+    C = lm.config.prefill_chunk
+    a, b = tokens(2 * C + 5, 11), tokens(2 * C + 9, 12)
+    first, other = Session(lm), Session(lm)
+    first.logits(a)
+    other.logits(b)  # moves the model's bound states and takes its own snapshots
+
+    def fresh(history, before):
+        s = Session(lm)
+        s.logits(before)
+        s.calls.clear()
+        return s.logits(history).copy(), list(s.calls)
+
+    # One more token: a decode step from first's own live states.
+    first.calls.clear()
+    more = first.logits(a + [7]).copy()
+    assert first.calls == [("decode", 2 * C + 5, 1)]
+    assert (more.tobytes(), first.calls) == (lambda r: (r[0].tobytes(), r[1]))(fresh(a + [7], a))
+    # A history that differs inside the second chunk: restored from first's snapshot at C.
+    other.logits(b + [1, 2])
+    changed = a[:C + 3] + tokens(C, 13)
+    first.calls.clear()
+    got = first.logits(changed).copy()
+    assert first.calls[0][1] == C
+    want, calls = fresh(changed, a + [7])
+    assert got.tobytes() == want.tobytes() and calls == first.calls
+    assert first.caches.snapshots is not other.caches.snapshots
+    assert other.caches.snapshots.positions("compiled") == [0, C, 2 * C, 2 * C + 11]
 
 
 def test_a_hybrid_model_dropped_is_freed_without_the_garbage_collector():
