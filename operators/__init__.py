@@ -11,6 +11,8 @@ from .activation import GatedActivation, Activation
 from .altup import AddToStreams, AltUpCorrect, AltUpPredict, MatchRMS, StackStreams
 from .attention import Attention, KVWrite
 from .base import Operator, PerCall, Tolerance
+from .causal_conv import CausalConv
+from .delta_rule import GatedDeltaRule
 from .differential import DifferentialAttention
 from .disentangled import DisentangledAttention
 from .dynamic_mask import DynamicMask
@@ -18,6 +20,7 @@ from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .experts import Experts
 from .fourier import FourierMix
+from .gated_norm import GatedRMSNorm
 from .grouped import GroupedLinear
 from .global_attention import GlobalWindowAttention
 from .landmark import LandmarkAttention
@@ -30,12 +33,14 @@ from .pooling import L2Normalize, MeanRows, Tanh
 from .router import Router
 from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
+from .selective_scan import SelectiveScan
 from .self_attention import SelfAttention
 from .softcap import Softcap
 from .conv import Conv1d
 from .soft_tokens import AveragePool, CallRows, PairMean, PixelShuffle, PlaceRows, PrependRow, \
     ReachAttention, RowRange
 from .span_conv import DepthwiseConv, DynamicConv
+from .ssd import SSD
 from .sparsity import GaussianTopK, std_multiplier
 from .token_dropout import TokenDropoutRescale
 from .trigram import Trigram
@@ -56,6 +61,7 @@ OPERATORS: dict[str, Operator] = {
         AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(),
         CallRows(), PairMean(), PixelShuffle(),
         Router(), Experts(),
+        CausalConv(), SelectiveScan(), SSD(), GatedDeltaRule(), GatedRMSNorm(),
     )
 }
 
@@ -73,4 +79,5 @@ __all__ = [
     "GaussianTopK", "std_multiplier",
     "StackStreams", "MatchRMS", "AltUpPredict", "AltUpCorrect", "AddToStreams",
     "Router", "Experts",
+    "CausalConv", "SelectiveScan", "SSD", "GatedDeltaRule", "GatedRMSNorm",
 ]

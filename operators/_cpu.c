@@ -370,6 +370,7 @@ typedef struct {
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_chunk.h"
+#include "_cpu_recurrent.h"
 #undef SUFFIX
 #undef W
 
@@ -386,6 +387,7 @@ typedef struct {
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_chunk.h"
+#include "_cpu_recurrent.h"
 #undef SUFFIX
 #undef W
 #if defined(__clang__)
@@ -406,6 +408,7 @@ typedef struct {
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_chunk.h"
+#include "_cpu_recurrent.h"
 #undef SUFFIX
 #undef W
 #if defined(__clang__)

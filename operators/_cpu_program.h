@@ -60,7 +60,8 @@ enum {
     OP_LAYER_NORM,/* (out, x, w, b|None); (rows, d, weight rows, inner); (eps): (x - mean)
                    * / sqrt(mean((x - mean)^2) + eps) * w (+ b) per row of d, two passes; x
                    * and out (rows / inner, inner, d) rows apart, as OP_RMS_NORM's */
-    OP_COLUMNS,   /* (out, x); (width, begin, end, n); (): n rows' columns begin .. end */
+    OP_COLUMNS,   /* (out, x); (width, begin, end, n); (): n rows' columns begin .. end (x
+                   * rows apart) */
     OP_ACTIVATION,/* (out, x); (rows, width, act); (): act(x) */
     OP_CLAMP,     /* (out, x); (rows, width); (limit): x within [-limit, limit], rows apart */
     OP_SOFTCAP,   /* (out, x); (n); (cap): tanh(x / cap) * cap */
@@ -79,6 +80,17 @@ enum {
                    * has_limit, has_alpha); (limit, alpha, up_offset, norm_eps): one row
                    * through its k routed experts, _cpu_experts.h's experts_run; w_in (E, R,
                    * H) and w_down (E, Hout, I) in one GEMV form */
+    OP_CAUSAL_CONV, /* (out, x, w, b|None, state); (n, C, K, act); (): the causal convolution
+                   * of x (n, C) (rows apart) carrying state (K - 1, C), w packed (K, C), act 1
+                   * silu (_cpu_recurrent.h); start 0 reads the state as zeros */
+    OP_SCAN,      /* (out, x, dt, A, B, C, D, z|None, state); (n, D, N); (): Mamba's selective
+                   * scan (x, dt, z (n, D), B, C (n, N), each rows apart), state (D, N) */
+    OP_SSD,       /* (out, x, dt, A, B, C, D, dt_bias, state); (H, P, N, G); (dt_min, dt_max):
+                   * one row of Mamba2's SSD, state (H, P, N) */
+    OP_DELTA,     /* (out, q, k, v, a, b, A, dt_bias, state); (Hk, Dk, Hv, Dv, l2norm);
+                   * (scale): one row of the gated delta rule, state (Hv, Dk, Dv) */
+    OP_GATED_NORM,/* (out, x, z, w); (rows, W, group, weight size, gate_first); (eps): the
+                   * gated RMSNorm per group of each row (x, z rows apart) */
     OP_COUNT
 };
 
@@ -88,7 +100,9 @@ static const char *const OP_NAMES[OP_COUNT] = {
     [OP_EMBEDDING] = "embedding", [OP_LAYER_NORM] = "layer_norm", [OP_COLUMNS] = "columns",
     [OP_ACTIVATION] = "activation", [OP_CLAMP] = "clamp", [OP_SOFTCAP] = "softcap",
     [OP_ADD_ROWS] = "add_rows", [OP_GEMM] = "gemm", [OP_TAKE_ROW] = "take_row",
-    [OP_ROUTER] = "router", [OP_EXPERTS] = "experts"};
+    [OP_ROUTER] = "router", [OP_EXPERTS] = "experts",
+    [OP_CAUSAL_CONV] = "causal_conv", [OP_SCAN] = "selective_scan", [OP_SSD] = "ssd",
+    [OP_DELTA] = "gated_delta_rule", [OP_GATED_NORM] = "gated_rms_norm"};
 
 /* profile(True): each step's calls and wall time summed by its code, until profile(False)
  * hands them over (bench/profile.py). Off, a run reads the clock not at all. */
@@ -99,7 +113,12 @@ static long profile_calls[OP_COUNT], profile_ns[OP_COUNT];
 static const unsigned ROWS_APART[OP_COUNT] = {
     [OP_ATTEND] = 1u << 1, [OP_RMS_NORM] = 1u << 0 | 1u << 1,
     [OP_GATED] = 1u << 0 | 1u << 1 | 1u << 2, [OP_ROPE] = 1u << 1, [OP_KV_WRITE] = 1u << 1,
-    [OP_LAYER_NORM] = 1u << 0 | 1u << 1, [OP_CLAMP] = 1u << 0 | 1u << 1};
+    [OP_LAYER_NORM] = 1u << 0 | 1u << 1, [OP_CLAMP] = 1u << 0 | 1u << 1,
+    [OP_COLUMNS] = 1u << 1, [OP_CAUSAL_CONV] = 1u << 1,
+    [OP_SCAN] = 1u << 1 | 1u << 2 | 1u << 4 | 1u << 5 | 1u << 7,
+    [OP_SSD] = 1u << 1 | 1u << 2 | 1u << 4 | 1u << 5,
+    [OP_DELTA] = 1u << 1 | 1u << 2 | 1u << 3 | 1u << 4 | 1u << 5,
+    [OP_GATED_NORM] = 1u << 1 | 1u << 2};
 
 enum { ARRAYS = 9, INTS = 12, FLOATS = 4 };
 
@@ -151,6 +170,11 @@ static void weight_size(int kind, Py_ssize_t n, Py_ssize_t k, Py_ssize_t *bytes,
         *bytes = (kind == WEIGHTS_BF16 ? 2 : 4) * n * k;
         *fmt = kind == WEIGHTS_BF16 ? 'H' : 'f';
     }
+}
+
+/* The array a step updates in place beside its output (a recurrent state), else -1. */
+static int updated_array(int op) {
+    return op == OP_CAUSAL_CONV ? 4 : op == OP_SCAN || op == OP_SSD || op == OP_DELTA ? 8 : -1;
 }
 
 /* The expected bytes of each array a step reads or writes, from its ints; 0 for an absent
@@ -347,6 +371,47 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[8] = s->a[8] ? 4 * E * Ho : 0;
         return 0;
     }
+    case OP_CAUSAL_CONV:  /* (n, C, K, act) */
+        if (i[0] < 1 || i[1] < 1 || i[2] < 2 || i[3] < 0 || i[3] > 1)
+            break;
+        want[0] = want[1] = 4 * i[0] * i[1];
+        want[2] = 4 * i[2] * i[1];
+        want[3] = s->a[3] ? 4 * i[1] : 0;
+        want[4] = 4 * (i[2] - 1) * i[1];
+        return 0;
+    case OP_SCAN:  /* (n, D, N) */
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1)
+            break;
+        want[0] = want[1] = want[2] = 4 * i[0] * i[1];
+        want[3] = want[8] = 4 * i[1] * i[2];
+        want[4] = want[5] = 4 * i[0] * i[2];
+        want[6] = 4 * i[1];
+        want[7] = s->a[7] ? 4 * i[0] * i[1] : 0;
+        return 0;
+    case OP_SSD:  /* (H, P, N, G): one row */
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[3] < 1 || i[0] % i[3] ||
+            !(s->f[0] <= s->f[1]))
+            break;
+        want[0] = want[1] = 4 * i[0] * i[1];
+        want[2] = want[3] = want[6] = want[7] = 4 * i[0];
+        want[4] = want[5] = 4 * i[3] * i[2];
+        want[8] = 4 * i[0] * i[1] * i[2];
+        return 0;
+    case OP_DELTA:  /* (Hk, Dk, Hv, Dv, l2norm): one row */
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[3] < 1 || i[2] % i[0] || i[1] > 4096 ||
+            i[3] > 4096)
+            break;
+        want[0] = want[3] = 4 * i[2] * i[3];
+        want[1] = want[2] = 4 * i[0] * i[1];
+        want[4] = want[5] = want[6] = want[7] = 4 * i[2];
+        want[8] = 4 * i[2] * i[1] * i[3];
+        return 0;
+    case OP_GATED_NORM:  /* (rows, W, group, weight size, gate_first) */
+        if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[1] % i[2] || (i[3] != i[1] && i[3] != i[2]))
+            break;
+        want[0] = want[1] = want[2] = 4 * i[0] * i[1];
+        want[3] = 4 * i[3];
+        return 0;
     }
 none:
     PyErr_Format(PyExc_ValueError, "program: step of op %d has sizes that describe none",
@@ -440,7 +505,8 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
             if (obj == Py_None)
                 continue;
             Py_buffer view;
-            int flags = PyBUF_STRIDES | PyBUF_FORMAT | (k == 0 ? PyBUF_WRITABLE : 0);
+            int flags = PyBUF_STRIDES | PyBUF_FORMAT |
+                        (k == 0 || k == updated_array(s->op) ? PyBUF_WRITABLE : 0);
             int apart = (ROWS_APART[s->op] >> k) & 1, form = -1;
             if (PyObject_GetBuffer(obj, &view, flags) == 0) {
                 form = layout(&view, &s->ext[k], &s->rs[k]);
@@ -586,6 +652,55 @@ static const char *attend_any(float *out, const float *q, Py_ssize_t qstride, co
                     scale, softcap, alibi};
     pool_run(chunk_part, &a);
     return NULL;
+}
+
+static void conv_part(const void *args, int part, int parts) {
+    const conv_args *a = args;
+    Py_ssize_t c0, c1;
+    share(a->C, 16, part, parts, &c0, &c1);
+    if (c0 < c1)
+        BY_SIMD(conv_cols, a, c0, c1);
+}
+
+static void scan_part(const void *args, int part, int parts) {
+    const scan_args *a = args;
+    Py_ssize_t d0, d1;
+    share(a->D, 16, part, parts, &d0, &d1);
+    if (d0 < d1)
+        BY_SIMD(scan_chans, a, d0, d1);
+}
+
+static void ssd_part(const void *args, int part, int parts) {
+    const ssd_args *a = args;
+    Py_ssize_t h0, h1;
+    share(a->H, 1, part, parts, &h0, &h1);
+    if (h0 < h1)
+        BY_SIMD(ssd_heads, a, h0, h1);
+}
+
+static void delta_part(const void *args, int part, int parts) {
+    const delta_args *a = args;
+    Py_ssize_t h0, h1;
+    share(a->Hv, 1, part, parts, &h0, &h1);
+    if (h0 < h1)
+        BY_SIMD(delta_heads, a, h0, h1);
+}
+
+static void gnorm_part(const void *args, int part, int parts) {
+    const gnorm_args *a = args;
+    Py_ssize_t r0, r1;
+    share(a->rows, 1, part, parts, &r0, &r1);
+    if (r0 < r1)
+        BY_SIMD(gnorm_rows, a, r0, r1);
+}
+
+/* A recurrent step's work: on the pool where it is large (a prompt chunk's rows, a big
+ * state), else on the calling thread (a small decode step's wake-up costs more). */
+static void work_run(task_fn fn, const void *args, Py_ssize_t flops) {
+    if (flops >= 65536)
+        pool_run(fn, args);
+    else
+        fn(args, 0, 1);
 }
 
 /* One step at the call's (start, rows, position); 0, or an error message (a position or
@@ -758,9 +873,9 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         }
         return NULL;
     }
-    case OP_COLUMNS: {
+    case OP_COLUMNS: {  /* x's rows rs[1] apart: a fused projection's column view too */
         const float *x = (const float *)s->a[1] + i[1];
-        for (Py_ssize_t r = 0; r < i[3]; r++, x += i[0], out += i[2] - i[1])
+        for (Py_ssize_t r = 0; r < i[3]; r++, x += s->rs[1], out += i[2] - i[1])
             memcpy(out, x, sizeof(float) * (i[2] - i[1]));
         return NULL;
     }
@@ -816,6 +931,37 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         }
         memcpy(out, (const float *)s->a[1] + start * i[0], sizeof(float) * i[0]);
         return NULL;
+    case OP_CAUSAL_CONV: {
+        conv_args a = {s->a[1], s->a[2], s->a[3], out, s->a[4], i[0], i[1], i[2], s->rs[1],
+                       (int)i[3], start == 0};
+        work_run(conv_part, &a, i[0] * i[1] * i[2]);
+        return NULL;
+    }
+    case OP_SCAN: {
+        scan_args a = {s->a[1], s->a[2], s->a[3], s->a[4], s->a[5], s->a[6], s->a[7], out,
+                       s->a[8], i[0], i[1], i[2], s->rs[1], s->rs[2], s->rs[4], s->rs[5],
+                       s->a[7] ? s->rs[7] : 0, start == 0};
+        work_run(scan_part, &a, i[0] * i[1] * i[2] * 4);
+        return NULL;
+    }
+    case OP_SSD: {
+        ssd_args a = {s->a[1], s->a[2], s->a[3], s->a[4], s->a[5], s->a[6], s->a[7], out,
+                      s->a[8], i[0], i[1], i[2], i[3], s->f[0], s->f[1], start == 0};
+        work_run(ssd_part, &a, i[0] * i[1] * i[2] * 4);
+        return NULL;
+    }
+    case OP_DELTA: {
+        delta_args a = {s->a[1], s->a[2], s->a[3], s->a[4], s->a[5], s->a[6], s->a[7], out,
+                        s->a[8], i[0], i[1], i[2], i[3], s->f[0], start == 0, (int)i[4]};
+        work_run(delta_part, &a, i[2] * i[1] * i[3] * 4);
+        return NULL;
+    }
+    case OP_GATED_NORM: {
+        gnorm_args a = {s->a[1], s->a[2], s->a[3], out, i[0], i[1], i[2], i[3], s->rs[1],
+                        s->rs[2], s->f[0], (int)i[4]};
+        rows_run(gnorm_part, &a, i[0]);
+        return NULL;
+    }
     }
     return "an unknown step";
 }

@@ -59,6 +59,12 @@ class Operator:
     name: str = ""
     #: Which input the kernel writes in place (a cache write), else None.
     writes: int | None = None
+    #: Which input holds a recurrent state (a convolution's last rows, an SSM's or a delta
+    #: rule's matrix) the kernel updates in place beside its output, else None. Such an
+    #: operator reads its ``start`` attribute: at 0 the state before the call is zeros,
+    #: whatever the array holds (a sequence begins), else the state after the position
+    #: before ``start``. Its reference updates a float64 state the same way, in place.
+    updates: int | None = None
     #: Whether an output keeps its first input's per-call row bound (``rows``).
     keeps_bound: bool = True
     #: The attribute a native program gives the step from the call (``lower``).
@@ -134,6 +140,18 @@ class Operator:
         kernel's choice where that choice ties within float32's error, so a tie is judged
         by what follows from it, not failed."""
         return expected
+
+    def state_tolerance(self, *shapes: tuple[int, ...], **attrs: Any) -> Tolerance:
+        """The bound a float32 kernel's updated state (``updates``) meets against the
+        reference's, each element measured against its magnitude; the output's by default."""
+        return self.tolerance(*shapes, **attrs)
+
+    def state_scale(self, expected: np.ndarray) -> np.ndarray:
+        """The magnitude each element of the updated state (``updates``) is measured
+        against: its own, and the RMS of its last axis (a recurrent state's small entries
+        carry the rounding of its large ones)."""
+        a = np.abs(expected)
+        return a + np.sqrt(np.mean(a * a, axis=-1, keepdims=True)) if a.ndim else a
 
     def scratch(self, *shapes: tuple[int, ...], **attrs: Any) -> int:
         """float32 elements of working memory the kernel needs; none by default."""

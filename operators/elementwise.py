@@ -169,7 +169,8 @@ class Columns(Operator):
         np.copyto(out, x[:, begin:end])
 
     def lower(self, out, x, scratch=None, begin=0, end=0):
-        if not native.contiguous(out, x):
+        # x may be a fused projection's column view (rows apart): its rows' stride is read.
+        if not native.contiguous(out) or not (native.contiguous(x) or native.rows_apart(x)):
             return None
         return native.Step(native.OP_COLUMNS, (out, x), (x.shape[1], begin, end, x.shape[0]),
                            rows=3)

@@ -24,7 +24,10 @@ class Caches:
     ``reference``: the float64 reference's own caches, by ``id`` of the state. ``epoch``:
     the model's cache form the arrays are of (``CausalLM.use_kv_cache`` starts a new one:
     a set of an older one is emptied at its next bind). ``regime``: which RoPE tables the
-    held keys were turned by (``CausalLM.rope_regime``; None: none yet).
+    held keys were turned by (``CausalLM.rope_regime``; None: none yet). ``snapshots``: the
+    copies of the set's recurrent states a run may restart from (``runtime.snapshots``;
+    None: none made yet): a set's own, as its recurrent states are, so a session never
+    restores states another session ran.
 
     What a session recorded: ``tokens`` (int64) the caches hold, from position 0 (a run
     resumes at any of them ``CausalLM.resume_at`` allows); ``last`` the logits after
@@ -40,6 +43,7 @@ class Caches:
         self.reference: dict[int, np.ndarray] = {}
         self.epoch: int | None = None
         self.regime: tuple | None = None
+        self.snapshots = None
         self.forget()
 
     def forget(self) -> None:
@@ -55,7 +59,7 @@ class Caches:
         """Drop the arrays and the reference's caches (made afresh at the next bind) and
         what they held: the model's cache form changed to ``epoch``."""
         self.arrays, self.reserved, self.reference = None, 0, {}
-        self.epoch, self.regime = epoch, None
+        self.epoch, self.regime, self.snapshots = epoch, None, None
         self.forget()
 
     @property

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from functools import partial
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -42,6 +43,7 @@ from .module import STATE_DTYPES, Module, Param, State
 from .plan import Plan
 from .recurrence import DEFAULT_STACK, RecurrenceOptions, Schedule, Stack, run_schedule
 from .reference import Reference
+from .snapshots import Snapshots
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ class CausalOptions:
     schedule the layers run in, stacks run several times
     (``runtime.recurrence.RecurrenceOptions``; None: each layer once, in order).
     ``max_seq_len``: positions the KV caches
-    hold; ``prefill_chunk``: ids a prompt call holds.
+    hold; ``prefill_chunk``: ids a prompt call holds. ``snapshots``: how many of the last
+    prompt-chunk boundaries the recurrent states (token mixers other than attention) are
+    kept at, beside the prompt's end, for a session to restart from (``runtime.snapshots``).
     ``relative_rows``: rows of the relative position bias table ``model.relative_attention_bias``
     ``(rows, heads)`` the layers with ``attention.relative`` read (0: none). ``prefix``: ids
     prepended to every sequence (a session runs them first, in its first call: CpmAntModel's
@@ -107,6 +111,7 @@ class CausalOptions:
     recurrence: "RecurrenceOptions | None" = None
     max_seq_len: int = 2048
     prefill_chunk: int = 256
+    snapshots: int = 4
     relative_rows: int = 0
     prefix: tuple[int, ...] = ()
     segments: tuple[int, int, int] | None = None
@@ -197,6 +202,8 @@ class Decoder(Module):
                     raise ValueError(f"layer {i} reads the KV cache of layer {j}, not an earlier one")
                 readers.setdefault(j, []).append(i)
         for i, layer in enumerate(self.layers):
+            if layer.self_attn is None:
+                continue
             self._hold_window(layer.self_attn, [self.layers[r].self_attn for r in readers.get(i, [])],
                               o.prefill_chunk, o.max_seq_len)
         for j, rs in readers.items():
@@ -220,7 +227,7 @@ class Decoder(Module):
     def _layer(self, o: CausalOptions, i: int) -> DecoderLayer:
         """Layer ``i`` as the options say, its sliding-window cache a ring where it may be."""
         layer = DecoderLayer(o.hidden_size, o.layers[i], o.max_seq_len)
-        if o.recurrence is not None:
+        if o.recurrence is not None and layer.self_attn is not None:
             self._hold_window(layer.self_attn, [], o.prefill_chunk, o.max_seq_len)
         return layer
 
@@ -360,7 +367,24 @@ class CausalLM(Module):
         # What loading held the weights as (runtime.holding.WEIGHTS): check's gate follows a
         # conversion's rounding.
         self.weights = "stored"
+        # The states carried position to position (recurrent token mixers); the positions a
+        # run may restart them from are each set of caches' own (snapshots).
+        self.recurrent_states = [s for _, s in self.named_states() if s.recurrent]
         self.reserve(1)
+
+    @property
+    def snapshots(self) -> Snapshots:
+        """The snapshots of the recurrent states of the bound set of caches
+        (``Caches.snapshots``, made at its first use): the recurrent states are a set's
+        arrays as the KV caches are, so each session restores only states it ran itself."""
+        caches = self.caches
+        if caches.snapshots is None:
+            # Given the states and the set's reference dict, not a bound method: the set
+            # would point at the model, a cycle living until the collector's rare full pass.
+            caches.snapshots = Snapshots(
+                partial(recurrent_arrays, self.recurrent_states, caches.reference),
+                self.config.prefill_chunk, self.config.snapshots)
+        return caches.snapshots
 
     def _holdable(self) -> None:
         """Mark the matrices loading may hold as stored (``Param.holdable``,
@@ -504,12 +528,16 @@ class CausalLM(Module):
         oldest), else only 0. The prompt chunk's arithmetic (``kind``: the ``compiled``
         versions' or the float64 ``reference``'s) allows any position where its rows are
         computed alone (``Plan.rows_alone``: the native kernels), else only a multiple of
-        ``prefill_chunk``, where a fresh run's calls begin too. From any position allowed,
-        a run writes and returns what a fresh run making the same calls does, bit for bit.
-        (A state carried position to position, a recurrent one, adds the positions it has
-        a copy of.)"""
+        ``prefill_chunk``, where a fresh run's calls begin too. A state carried position to
+        position (a recurrent one: ``runtime.snapshots``) allows 0 and the positions it has
+        a copy of, which ``restore`` brings back before the run. From any position allowed,
+        a run writes and returns what a fresh run making the same calls does, bit for bit."""
+        every = 1
         if kind == "reference" or not self.prompt_chunk.plan.rows_alone:
-            start = start // self.config.prefill_chunk * self.config.prefill_chunk
+            every = self.config.prefill_chunk
+            start = start // every * every
+        if self.recurrent_states:
+            start = self.snapshots.restart(kind, start, every)
         for _, s in self.named_states():
             if s.ring is not None and start > 0:
                 window = s.ring - self.config.prefill_chunk + 1
@@ -523,6 +551,20 @@ class CausalLM(Module):
         regime, and a sequence of another must run them again."""
         return tuple(length <= switch for switch in
                      (rope_switch(r) for r in self.tables.values()) if switch is not None)
+    def restore(self, position: int, kind: str = "compiled") -> None:
+        """Make the recurrent states (where the model has any) those after ``position``, a
+        position ``resume_at`` gave, before a run from there.
+
+        Raises:
+            snapshots.StateError: no snapshot of ``position``.
+        """
+        if self.recurrent_states:
+            self.snapshots.restore(kind, position)
+
+    def restores(self, position: int, kind: str = "compiled") -> bool:
+        """Whether ``restore(position, kind)`` can make the recurrent states those after
+        ``position`` (always, where the model has none)."""
+        return not self.recurrent_states or position in self.snapshots.positions(kind)
 
     def fit_rope(self, length: int) -> bool:
         """Make the RoPE tables those transformers turns a sequence of ``length`` tokens by
@@ -674,13 +716,13 @@ class Version:
         self.vocab_size, self.max_seq_len = lm.config.vocab_size, lm.config.max_seq_len
 
     def _call(self, runner, ids, token, position, start, rows, sampler, output=True,
-              extra=None, caches=None):
+              extra=None, caches=None, kind="compiled"):
         with self.lm.lock:
             return self._locked(runner, ids, token, position, start, rows, sampler, output,
-                                extra, caches)
+                                extra, caches, kind)
 
     def _locked(self, runner, ids, token, position, start, rows, sampler, output, extra,
-                caches):
+                caches, kind):
         # Checked before anything runs, so a refused call leaves every cache as it was.
         V, L = self.vocab_size, self.max_seq_len
         if self.prompt:
@@ -711,10 +753,17 @@ class Version:
         else:
             self.lm.bind(caches)
         self.lm.reserve(call["position"] + 1)
+        recurrent = self.lm.snapshots if self.lm.recurrent_states else None
+        if recurrent is not None:
+            recurrent.before(kind, call["start"], self.prompt)
         if not output:
             runner(inputs, call, output=False)
+            if recurrent is not None:
+                recurrent.after(kind, call["start"], call["rows"], self.prompt)
             return None, None
         logits = runner(inputs, call).reshape(-1)
+        if recurrent is not None:
+            recurrent.after(kind, call["start"], call["rows"], self.prompt)
         draw = sampler if sampler is not None else greedy
         return logits, {"token": drawn(draw(logits), V), "position": call["position"] + 1}
 
@@ -748,7 +797,17 @@ class Version:
                   sampler: Callable[[np.ndarray], int] | None = None, output: bool = True,
                   extra: dict | None = None, caches: Caches | None = None):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler,
-                          output, extra, caches)
+                          output, extra, caches, kind="reference")
+
+
+def recurrent_arrays(states: list[State], mirrors: dict[int, np.ndarray],
+                     kind: str) -> list[np.ndarray]:
+    """The arrays of recurrent ``states``: the compiled versions' (``kind`` ``compiled``)
+    or the float64 reference's own copies, kept in ``mirrors`` by the state's id
+    (``reference``; made as zeros where none is yet)."""
+    if kind == "compiled":
+        return [s.array for s in states]
+    return [mirrors.setdefault(id(s), np.zeros(s.shape, np.float64)) for s in states]
 
 
 def in_per_layer_table(config: CausalOptions, ids: np.ndarray, where: str) -> None:

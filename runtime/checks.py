@@ -276,12 +276,13 @@ def chat_turn(lm: CausalLM, history: list[int], turn: list[int], steps: int = 2)
         chat = Session(lm)
         chat.logits(history)
         chat.calls.clear()
+        # Positions count the model's prefix too (a session runs it before every history).
+        # Asked before the turn runs: recurrent states keep copies of the positions held now.
+        held = len(lm.config.prefix) + len(history)
+        reused = lm.resume_at(held, held)
         resumed = greedy(chat, history + turn)
         ran = sum(rows for kind, _, rows in chat.calls if kind == "prompt")
         same = resumed.tobytes() == fresh.tobytes()
-        # Positions count the model's prefix too (a session runs it before every history).
-        held = len(lm.config.prefix) + len(history)
-        reused = lm.resume_at(held, held)
         figure = (f"resumed at {chat.calls[0][1]} of {held} held, ran {ran} tokens"
                   + ("" if reused == held else
                      f" (the prompt chunk's rows are not computed alone here: from the chunk "
@@ -329,7 +330,14 @@ def deep_decode(lm: CausalLM, prompt: list[int], position: int, bound: float,
         token = int(np.argmax(session.logits(prompt)))
         n = len(prompt)
         lm.reserve(position + 1)  # the caches grown to the position, as a sequence grows them
+        for state in lm.recurrent_states:
+            # A recurrent state holds no positions: the prompt's, as both runs read it.
+            lm.reference_states.setdefault(id(state), np.zeros(state.shape))[...] = state.array
+        for kind in ("compiled", "reference"):
+            lm.snapshots.place(kind, position)
         for _, state in lm.named_states():
+            if state.recurrent:
+                continue
             held = state.array[:, :min(n, state.capacity)].copy()
             # Positions 0 .. position - 1, or a ring's last ``ring`` of them in their rows.
             lo = 0 if state.ring is None else max(0, position - state.ring)

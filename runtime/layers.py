@@ -13,16 +13,27 @@ import numpy as np
 
 from .altup import AltUp, AltUpOptions, Laurel, stream
 from .blocks.attention import Attention, AttentionOptions
+from .blocks.delta_rule import GatedDeltaNet, GatedDeltaOptions
 from .blocks.experts import ExpertsOptions, MoE
+from .blocks.selective_scan import SelectiveScanMixer, SelectiveScanOptions
+from .blocks.ssd import SSDMixer, SSDOptions
 from .blocks.mlp import MLP, MLPOptions
 from .blocks.norms import Norm, NormOptions
 from .blocks.projections import Linear
+from .blocks.short_conv import ShortConv, ShortConvOptions
 from .graph import Handle, Recorder
 from .latent import LatentAttention
 from .module import Module, Param
 
 PLACEMENTS = ("pre", "post", "sandwich", "post_residual")
 KINDS = ("decoder", "sandwich", "ple")
+#: What a layer's token mixer may be (``LayerOptions.mixer``): attention (``blocks.attention``),
+#: one carrying a state (``blocks.short_conv``, ``selective_scan``, ``ssd``, ``delta_rule``), or
+#: none (a layer of its MLP alone).
+MIXER_KINDS = ("attention", "short_conv", "selective_scan", "ssd", "gated_delta", "none")
+#: The attribute each mixer is held under in a layer (its checkpoint names' part).
+MIXER_NAMES = {"attention": "self_attn", "short_conv": "conv", "selective_scan": "ssm",
+               "ssd": "ssm", "gated_delta": "linear_attn"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,16 @@ class LayerOptions:
     (``runtime.altup.Laurel``, Gemma3nTextLaurelBlock). ``altup``: the layer runs on one of
     several residual streams (``AltUpOptions``; None: one stream). ``experts``: a mixture of
     experts in place of the MLP, or beside it (``runtime.blocks.experts``; None: the dense
-    MLP alone)."""
+    MLP alone).
+
+    ``mixer``: the layer's token mixers (``MIXER_KINDS``), summed where more
+    than one (FalconH1DecoderLayer's Mamba2 beside its attention): ``attention``, a state
+    carrying mixer whose options are the field of its name (``short_conv``,
+    ``selective_scan``: Mamba's; ``ssd``: Mamba2's; ``gated_delta``), or ``none``, a layer of its MLP alone (NemotronHBlock's
+    MLP layers), whose norm is then ``input_layernorm``. An MLP of kind ``none`` leaves the
+    layer its mixer alone (MambaBlock, NemotronH's mixer layers). ``mixer_scales``: each
+    mixer's input and output times ``(in, out)`` (FalconH1's ``attention_in_multiplier``,
+    ``attention_out_multiplier``, ``ssm_in_multiplier``, ``ssm_out_multiplier``); None: 1."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -74,6 +94,12 @@ class LayerOptions:
     laurel_rank: int = 0
     altup: "AltUpOptions | None" = None
     experts: ExpertsOptions | None = None
+    mixer: tuple[str, ...] = ("attention",)
+    mixer_scales: tuple[tuple[float, float], ...] | None = None
+    short_conv: ShortConvOptions | None = None
+    selective_scan: SelectiveScanOptions | None = None
+    ssd: SSDOptions | None = None
+    gated_delta: GatedDeltaOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -167,13 +193,13 @@ class DecoderLayer(Module):
         E, n = hidden_size, o.norm
         held = placement not in ("post", "post_residual") and o.attention_norm
         self.input_layernorm = Norm(E, n) if held else None
-        attention = Attention if o.attention.latent is None else LatentAttention
-        self.self_attn = attention(E, o.attention, max_seq_len, n)
-        shared = o.parallel and o.shared_norm
+        self._mixers(E, o, max_seq_len, placement)
+        shared = (o.parallel and o.shared_norm) or o.mlp.kind == "none" or o.mixer == ("none",)
         self.post_attention_layernorm = None if shared else Norm(E, n)
         self.pre_feedforward_layernorm = Norm(E, n) if placement == "sandwich" else None
         x = o.experts
-        self.mlp = MoE(E, x, n) if x is not None and not x.beside else MLP(E, o.mlp)
+        self.mlp = MoE(E, x, n) if x is not None and not x.beside else \
+            MLP(E, o.mlp) if o.mlp.kind != "none" else None
         if x is not None and x.beside:
             if placement != "sandwich":
                 raise ValueError("experts beside the MLP have their norms around both: a "
@@ -213,6 +239,54 @@ class DecoderLayer(Module):
         self.placement = placement
         self.options = o
 
+    def _mixers(self, E: int, o: LayerOptions, max_seq_len: int, placement: str) -> None:
+        """The layer's token mixers, each under its name (``MIXER_NAMES``);
+        ``self_attn`` None where attention is not among them.
+
+        Raises:
+            ValueError: an unknown mixer, one named twice, ``none`` beside another, a
+                mixer without its options, or a layer of neither mixer nor MLP, or of only
+                one of them placed other than a pre decoder that is not parallel.
+        """
+        kinds = o.mixer
+        unknown = [k for k in kinds if k not in MIXER_KINDS]
+        if unknown or not kinds or len(set(kinds)) != len(kinds) or \
+                ("none" in kinds and len(kinds) > 1):
+            raise ValueError(f"layer mixers {list(kinds)} are not distinct ones of "
+                             f"{', '.join(MIXER_KINDS)} (none alone)")
+        alone = kinds == ("none",) or o.mlp.kind == "none"
+        if alone and (kinds == ("none",) and o.mlp.kind == "none"):
+            raise ValueError("a layer of no mixer and no MLP does nothing")
+        if alone and (placement != "pre" or o.parallel or o.kind != "decoder"):
+            raise ValueError("a layer of its mixer or its MLP alone is a decoder placed pre, "
+                             "not parallel")
+        if o.mixer_scales is not None and len(o.mixer_scales) != len(kinds):
+            raise ValueError(f"{len(o.mixer_scales)} mixer scales for {len(kinds)} mixers")
+        attention = Attention if o.attention.latent is None else LatentAttention
+        self.self_attn = attention(E, o.attention, max_seq_len, o.norm) \
+            if "attention" in kinds else None
+        build = {"short_conv": ShortConv, "selective_scan": SelectiveScanMixer, "ssd": SSDMixer,
+                 "gated_delta": GatedDeltaNet}
+        for kind in kinds:
+            if kind in build:
+                options = getattr(o, kind)
+                if options is None:
+                    raise ValueError(f"a {kind} mixer needs its options (layer {kind})")
+                setattr(self, MIXER_NAMES[kind], build[kind](E, options))
+
+    def _mix(self, rec: Recorder, h: Handle, ropes) -> Handle:
+        """The token mixers on ``h``, each's input and output scaled (``mixer_scales``),
+        summed in the order given."""
+        o, out = self.options, None
+        for i, kind in enumerate(o.mixer):
+            scale_in, scale_out = (1.0, 1.0) if o.mixer_scales is None else o.mixer_scales[i]
+            x = h if scale_in == 1.0 else rec.step("mul", h, where=self.path, scale=scale_in)
+            y = getattr(self, MIXER_NAMES[kind])(rec, x, ropes)
+            if scale_out != 1.0:
+                y = rec.step("mul", y, where=self.path, scale=scale_out)
+            out = y if out is None else rec.step("add", out, y, where=self.path)
+        return out
+
     def __call__(self, rec: Recorder, x: Handle, ropes, per_layer: Handle | None = None) -> Handle:
         """The attention then the MLP, each around its norms and added to ``x``; for kind
         ``ple``, then ``per_layer`` ``(n, size)`` gated in and the sum times the scalar."""
@@ -246,14 +320,16 @@ class DecoderLayer(Module):
                         where=self.path, begin=1)
 
     def _blocks(self, rec: Recorder, x: Handle, ropes) -> Handle:
+        if self.options.mixer == ("none",):  # the MLP alone, on the layer's input norm
+            return self.residual(rec, x, self.mlp(rec, self.input_layernorm(rec, x)))
         if self.options.parallel:
             h = self.input_layernorm(rec, x)
-            a = self.self_attn(rec, h, ropes)
+            a = self._mix(rec, h, ropes)
             n2 = self.post_attention_layernorm
             m = self.mlp(rec, h if n2 is None else n2(rec, x))
             return self.residual(rec, x, rec.step("add", a, m, where=self.path))
         if self.placement == "post_residual":
-            x = self.post_attention_layernorm(rec, self.residual(rec, x, self.self_attn(rec, x, ropes)))
+            x = self.post_attention_layernorm(rec, self.residual(rec, x, self._mix(rec, x, ropes)))
             return self.post_feedforward_layernorm(rec, self.residual(rec, x, self.mlp(rec, x)))
         pre = self.placement == "pre"
         before_attn = self.input_layernorm
@@ -261,11 +337,13 @@ class DecoderLayer(Module):
         before_mlp = self.post_attention_layernorm if pre else self.pre_feedforward_layernorm
         after_mlp = self.post_feedforward_layernorm
         h = before_attn(rec, x) if before_attn else x
-        a = self.self_attn(rec, h, ropes)
+        a = self._mix(rec, h, ropes)
         x = self.residual(rec, x, after_attn(rec, a) if after_attn else a, "input_residual")
         if self.options.laurel_rank:
             x = rec.step("mul", rec.step("add", x, self.laurel(rec, h), where=self.path),
                          where=self.path, scale=2 ** -0.5)
+        if self.mlp is None:  # the mixer alone
+            return x
         m = self.mlp(rec, before_mlp(rec, x) if before_mlp else x)
         if self.options.experts is not None and self.options.experts.beside:
             m = self._beside(rec, x, m)

@@ -29,9 +29,12 @@ class Param:
     ``from_stored`` and ``to_stored`` turn one layout into the other, exactly.
     """
 
-    def __init__(self, *shape: int, gain: bool = False):
+    def __init__(self, *shape: int, gain: bool = False, draw: tuple | None = None):
         self.shape = tuple(int(s) for s in shape)
         self.gain = gain
+        # How drawn weights draw it where a normal draw would not serve (a decay's log
+        # that must keep the state remembered): ``runtime.weights.draw_weights``.
+        self.draw = draw
         self.array: np.ndarray | None = None
         # Read only by operators that read every held form (a projection's or embedding's
         # matrix: operators.held): loading may keep it as the checkpoint stores it
@@ -105,12 +108,17 @@ class State:
     take it again (``runtime.plan.Plan.rebind``). ``ring``: the positions are slots of a
     ring of that many (a sliding window's cache, ``operators.attention``); ``shape`` along
     ``axis`` is then the ring's.
+
+    ``recurrent``: a state of fixed size carried from position to position (a convolution's
+    last rows, an SSM's or a delta rule's matrix: ``operators.causal_conv``, ``ssd``, ...),
+    which holds the sequence up to one position only: a session restarts it from a snapshot
+    (``runtime.snapshots``), not at any position it held.
     """
 
     def __init__(self, *shape: int, axis: int | None = None, initial: int | None = None,
-                 ring: int | None = None, kv: bool = False):
+                 ring: int | None = None, kv: bool = False, recurrent: bool = False):
         self.shape = tuple(int(s) for s in shape)
-        self.axis, self.ring, self.kv = axis, ring, kv
+        self.axis, self.ring, self.kv, self.recurrent = axis, ring, kv, recurrent
         held = list(self.shape)
         if axis is not None:
             held[axis] = self.shape[axis] if initial is None else min(initial, self.shape[axis])

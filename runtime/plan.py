@@ -356,7 +356,8 @@ class Plan:
             reads.append([producer[id(self._root(h))] for h in step.inputs
                           if h is not None and id(self._root(h)) in producer])
             producer[id(self._root(step.output))] = i
-        keep = {i for i, step in enumerate(self.steps) if step.op.writes is not None}
+        keep = {i for i, step in enumerate(self.steps)
+                if step.op.writes is not None or step.op.updates is not None}
         todo = list(keep)
         while todo:
             for j in reads[todo.pop()]:
@@ -449,7 +450,16 @@ class Plan:
             lowered()
         ref_ins = step.op.reference_inputs(
             [o if o is not None else b for o, b in zip(originals, before)], ins)
-        expected = step.op.reference(*ref_ins, **attrs)
+        updates = step.op.updates
+        if updates is not None:
+            # The reference updates its own copy of the state; the scale reads the state as
+            # it was before the call.
+            state = ref_ins[updates].copy()
+            expected = step.op.reference(*ref_ins[:updates], state, *ref_ins[updates + 1:],
+                                         **attrs)
+            self._check_state(r, step, ins, attrs, state)
+        else:
+            expected = step.op.reference(*ref_ins, **attrs)
         if writes is None:
             expected = step.op.reconcile(expected, np.asarray(out), ref_ins, attrs)
         if writes is not None and self._is_bfloat16_state(step.inputs[writes]):
@@ -472,6 +482,21 @@ class Plan:
                 f"(atol {tol.atol:.3g}, rtol {tol.rtol:.3g}) at "
                 f"{tuple(int(i) for i in np.unravel_index(at, err.shape))}")
         self.checked.append(step.where)
+
+    def _check_state(self, r: _Run, step: Step, ins, attrs, expected: np.ndarray) -> None:
+        """The state a recurrent step updated (``Operator.updates``) against the one its
+        reference updated from the same state and inputs."""
+        k = step.op.updates
+        got = np.asarray(ins[k], np.float64)
+        tol = step.op.state_tolerance(*[None if x is None else x.shape for x in ins], **attrs)
+        err = np.abs(got - expected)
+        excess = err - tol.bound(step.op.state_scale(expected))
+        if not np.isfinite(got).all() or (excess.size and float(np.max(excess)) > 0):
+            at = int(np.argmax(excess))
+            raise CheckError(
+                f"step {r.index} ({step.op.name} in {step.where or 'model'}): its state's max "
+                f"error {float(err.flat[at]):.3g} past its bound (atol {tol.atol:.3g}, rtol "
+                f"{tol.rtol:.3g}) at {tuple(int(i) for i in np.unravel_index(at, err.shape))}")
 
 
 def _held(bits: np.ndarray) -> np.ndarray:

@@ -233,10 +233,15 @@ class Session:
             self.reused = n
             return caches.last, sampler(caches.last)
         caches.last = None
-        if common == self.held and self.held in (n - 1, n):
+        kind = "reference" if self.reference else "compiled"
+        if common == self.held and (self.held == n - 1 or
+                                    self.held == n and lm.restores(n - 1, kind)):
             # One token past what the caches hold, or (after a decode step, whose logits
             # are not kept) the last one again: a decode step, as generation runs it, which
-            # writes the same keys and values again.
+            # writes the same keys and values again (recurrent states restored to before
+            # it, where a snapshot of them is; else a prompt call from where one is).
+            if self.held == n:
+                lm.restore(n - 1, kind)
             version = lm.decode_step
             run = version.reference if self.reference else version
             logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler,
@@ -247,7 +252,6 @@ class Session:
             version = lm.prompt_chunk
             run = version.reference if self.reference else version
             C = version.capacity
-            kind = "reference" if self.reference else "compiled"
             # The last token runs whatever the caches hold: its logits are the answer.
             start = min(common, n - 1)
             placed = self.placement
@@ -265,6 +269,7 @@ class Session:
                     if allowed == start:
                         break
                     start = allowed
+            lm.restore(start, kind)
             caches.tokens, self.reused = tokens[:start], start
             ids = np.zeros(C, np.int32)
             bounds = [b for b in starts if b >= start] + [n] if placed is not None else \

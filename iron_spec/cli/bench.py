@@ -371,7 +371,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
                                          "install -e '.[golden]')")
     files = [gguf] if isinstance(gguf, (str, Path)) else list(gguf or ())
     engines = {}  # side -> what it ran
-    for file in files if peer else ():
+    # A --gguf file is measured whatever --peer says (it names transformers alone).
+    for file in files:
         stage(f"loading {ENGINE} on {Path(file).name}")
         engine = gguf_peer(loaded, Path(file), n_threads)
         if engine is None:  # not installed: no file is measured

@@ -258,7 +258,8 @@ def _runs(layers: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]
 
 def _pattern_columns(layers: list[dict[str, Any]]) -> list[str]:
     """The options a reader looks for (kind, window, RoPE table), then any that vary."""
-    # Every layer's keys: a layer holding a mixture of experts has the experts' own.
+    # Every layer's keys, in order: a layer holding a mixture of experts has the experts'
+    # own, layers of another token mixer hold other options.
     keys = list(dict.fromkeys(k for lo in layers for k in lo))
     shown = [k for k in keys if k.rsplit(".", 1)[-1] in ("kind", "window", "rope", "placement")
              and not k.startswith(("norm.", "mlp.", "experts."))]
@@ -315,12 +316,15 @@ def _body(view: View) -> list[str]:
             which = f"{a}" if a == b else f"{a}-{b}"
             parts = []
             for k in cols:
-                v = lo.get(k)
                 if k == "experts":
                     parts.append(f"experts {lo['experts.count']} (top {lo['experts.router.top_k']}"
                                  f"{', shared' if lo.get('experts.shared_size') else ''})"
                                  if "experts.count" in lo else "dense mlp")
-                elif k.endswith("window"):
+                    continue
+                if k not in lo:  # an option of another token mixer's layers
+                    continue
+                v = lo[k]
+                if k.endswith("window"):
                     parts.append("full attention" if v is None else f"sliding window {v}")
                 elif k.endswith("rope"):
                     parts.append("no rope" if v is None else f"rope {v}")

@@ -248,6 +248,8 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
         if got is MISSING:
             raise spec.error(("config", name), f"{source} has no {e.get('json', name)!r} and "
                              f"field {name!r} declares no default or expr")
+        if "map" in e:
+            got = _mapped(spec, name, e, got, out.sources[name])
         busy.pop()
         out.values[name] = got
         return got
@@ -255,6 +257,22 @@ def resolve(spec: Spec, config_json: Mapping[str, Any], source: str = "config.js
     for name in fields:
         value(name)
     return out
+
+
+def _mapped(spec: Spec, name: str, e: Mapping[str, Any], got: Any, where: str) -> Any:
+    """``got`` through the field's ``map``, ``[[value, result], ...]``: a config value that
+    names a behaviour in a word (GraniteMoeHybridConfig's ``position_embedding_type`` rope or
+    null) as the number or boolean an expression reads.
+
+    Raises:
+        SpecError: at the field, a value the map does not list (naming it and those it does).
+    """
+    pairs = e["map"]
+    for value, result in pairs:
+        if same(got, value):
+            return result
+    raise spec.error(("config", name), f"{name} is {shown(got)} ({where}), which the spec does "
+                     f"not serve: it serves {', '.join(shown(v) for v, _ in pairs)}")
 
 
 def _declared(spec: Spec, fields: Mapping[str, Any]) -> None:

@@ -8,11 +8,13 @@ number, or a list of numbers a config key holds, as LongformerConfig's per-layer
 ``attention_window``), ``int(x)`` (one number truncated toward zero, as Python's ``int`` and
 so transformers' config classes and RoPE functions truncate: ``int(head_dim *
 partial_rotary_factor)``), ``log(x)`` (the natural log of a number above 0: YaRN's ``0.1 *
-mscale * log(factor) + 1``), comparisons ``== != < <= > >=`` (chained as in Python), ``in``
-and ``not in`` of a list a config key holds (``layer in moe_layers``: Llama4TextConfig's list
-of layer indices), ``and``/``or``/``not`` over booleans, and the conditional ``a if c else
-b``. Everything else (attribute access, subscripts, other calls, lambdas, comprehensions,
-``is``, bitwise operators) is refused with an error naming the expression. Expressions are
+mscale * log(factor) + 1``), ``len(x)`` (the items of a list or the characters of a text a
+config key holds: NemotronHConfig's layers are ``len(layers_block_type)``), comparisons
+``== != < <= > >=`` (chained as in Python), ``in`` and ``not in`` of a list a config key
+holds (``layer in moe_layers``: Llama4TextConfig's list of layer indices), ``and``/``or``/
+``not`` over booleans, and the conditional ``a if c else b``. Everything else (attribute
+access, subscripts, other calls, lambdas, comprehensions, ``is``, bitwise operators) is
+refused with an error naming the expression. Expressions are
 parsed by ``ast`` and walked here; nothing is ever ``eval``-ed.
 
 Strict where Python is loose: a condition and the operands of ``and``/``or``/``not`` are
@@ -38,13 +40,13 @@ _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _MEMBERSHIP = (ast.In, ast.NotIn)
 # int: one number, truncated; log: the natural log of one number above 0 (both in walk)
-_CALLS = {"min": min, "max": max, "int": None, "log": None}
+_CALLS = {"min": min, "max": max, "int": None, "log": None, "len": len}
 LITERALS = {"true": True, "false": False, "null": None}  # YAML's and JSON's spellings
 MAX_EXPONENT = 64  # a power past this is refused (2 ** 10 ** 10 would never end)
 MAX_BITS = 1024  # an integer result past this many bits is refused, so nesting cannot blow up
 MAX_LENGTH = 500
 _LANGUAGE = ("only numbers, field names, true/false/null, quoted words, + - * / // % **, "
-             "parentheses, min, max, int and log, == != < <= > >=, in and not in a list, "
+             "parentheses, min, max, int, log and len, == != < <= > >=, in and not in a list, "
              "and/or/not, a if c else b")
 
 
@@ -135,8 +137,8 @@ def parse(text: str) -> ast.Expression:
 
 
 def names(text: str) -> set[str]:
-    """The field names ``text`` reads (``min``, ``max``, ``int`` and ``log`` when called, and the literals
-    ``true``/``false``/``null``, are not fields)."""
+    """The field names ``text`` reads (``min``, ``max``, ``int``, ``log`` and ``len`` when
+    called, and the literals ``true``/``false``/``null``, are not fields)."""
     tree = parse(text)
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called
@@ -238,6 +240,12 @@ def evaluate(text: str, fields: Mapping[str, Any]) -> Any:
             return value
         if isinstance(node, ast.Call) and node.func.id == "int":
             return int(number(walk(node.args[0])))  # toward zero, as Python's int()
+        if isinstance(node, ast.Call) and node.func.id == "len":
+            values = [walk(a) for a in node.args]
+            if len(values) != 1 or not isinstance(values[0], (list, str)):
+                raise ExprError(f"expression {text!r}: len() takes one list or text a config "
+                                f"key holds, not {', '.join(map(_show, values))}")
+            return len(values[0])
         if isinstance(node, ast.Call):
             values = [walk(a) for a in node.args]
             if len(values) == 1:

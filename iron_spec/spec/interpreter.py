@@ -34,8 +34,10 @@ from .options.rope import _own_tables, rope_options
 from .schema import validate
 
 
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "max_position_embeddings")
+# Read by the attention's and the MLP's defaults, and checked as sizes where a spec declares
+# them: a model whose layers hold another token mixer or no MLP needs none.
+SIZES = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 DEFAULT_PREFILL_CHUNK = 256
 MAX_LAYERS = 2**16  # layers a model may have: each is a Python object tree of ~200 KB
 MAX_PREFILL_CHUNK = 2**16  # ids a prompt call holds: 64 Ki rows of every activation
@@ -102,7 +104,9 @@ def traced(spec: Spec, r: Resolved, e: SpecError, source: str) -> SpecError:
 def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len: int | None,
             prefill_chunk: int | None, source: str) -> Expanded:
     v = r.values
-    for name in REQUIRED:
+    for name in REQUIRED + tuple(f for f in SIZES if f in v):
+        if isinstance(v[name], float) and v[name].is_integer():
+            v[name] = int(v[name])  # an expression's whole float (Lfm2MLP's int(...) sizes)
         _typed(spec, ("config", name), v[name], int, f"a whole number (from {r.sources[name]})")
         if v[name] is None:
             raise spec.error(("config", name), f"{name} is null (from {r.sources[name]}), not a "
@@ -182,5 +186,6 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         head_transform=_head_transform(spec, r), altup=layers[0].altup,
         recurrence=recurrence(spec, r, v["num_hidden_layers"]),
         max_seq_len=L, prefill_chunk=min(C, L), relative_rows=parts.relative_rows,
+        snapshots=spec.get("runtime", "snapshots", default=4),
         prefix=parts.prefix, segments=parts.segments, padding_id=parts.padding_id)
     return Expanded(spec, r, options, *checkpoint_layout(spec, r), per_type=frozenset(per_type))

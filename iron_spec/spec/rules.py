@@ -21,7 +21,7 @@ from .config import (MISSING, aliased, entry, ignored_keys, lookup, mapped, refu
 from .encoder import REQUIRED as ENCODER, expand_encoder
 from .errors import SpecError
 from .gates import DEFAULT_KL
-from .interpreter import REQUIRED, expand
+from .interpreter import REQUIRED, SIZES, expand
 from .kinds import KINDS
 from .loader import Spec
 from .options.experts import LAYER_INDEX
@@ -161,7 +161,7 @@ def unread_fields(spec: Spec) -> list[SpecError]:
     config.json key mapped into such a field changes nothing: silently wrong."""
     fields = _fields(spec)
     encoder = spec.get("model") == "encoder"
-    read = set(ENCODER + ("num_key_value_heads",) if encoder else REQUIRED)
+    read = set(ENCODER + ("num_key_value_heads",) if encoder else REQUIRED + SIZES)
     for path, node in slots(spec.data):
         if node.get("$ref") == EXPRESSION:
             read |= _named(spec.get(*path))

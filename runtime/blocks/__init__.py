@@ -1,6 +1,7 @@
 """The building blocks a model's tree is made of, each recording its steps, one module per
-kind: token mixers (``attention``; short convolutions, SSMs and the gated delta rule each a
-module beside it), feed-forward blocks (``mlp``; a mixture of experts beside it), ``norms``,
+kind: token mixers (``attention``; those carrying a state beside it: ``short_conv``,
+``selective_scan`` (Mamba's), ``ssd`` (Mamba2's), ``delta_rule``, over the
+``causal_conv`` they share), feed-forward blocks (``mlp``; a mixture of experts beside it), ``norms``,
 ``embedding``, ``rope`` tables and ``projections``.
 
 Every block is generic: options (dataclasses) say what it does, never which family it

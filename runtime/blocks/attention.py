@@ -72,11 +72,13 @@ class AttentionOptions:
     keys, where it keeps every key). ``output_gate``: the attention's output (``heads *
     head_dim``, before ``attn_sub_norm`` and ``o_proj``) times ``sigmoid(gate_proj(x))`` of
     the layer's input ``x`` (``gate_proj`` ``(heads * head_dim, hidden)``, biased with
-    ``bias``): the gated attention of HrmTextAttention's and Qwen3-Next's ``gate``.
+    ``bias``): the gated attention of HrmTextAttention's.
     ``gate_in_queries`` (with ``output_gate``): the gate's rows are the query projection's,
     each head's queries then its gate, ``q_gate_proj`` ``(2 * heads * head_dim, hidden)``
     (MiniCPM5MoeAttention's ``view(..., 2 * head_dim).chunk(2)``), its rows regrouped at load
-    into the queries then the gates.
+    into the queries then the gates. ``gate_in_query``: the same layout under the name
+    ``q_proj`` (``(2 heads * head_dim, hidden)``, Qwen3NextAttention's
+    ``torch.chunk(q_proj(x).view(..., head_dim * 2), 2)``), no ``gate_proj``.
     ``relative``: a learned relative position bias on the scaled scores, read from the
     model's one table ``model.relative_attention_bias`` (``RELATIVE_TABLE`` among the
     tables a layer is given) as the attention operator's ``relative`` says (``(buckets,
@@ -116,6 +118,7 @@ class AttentionOptions:
     dynamic_mask: bool = False
     output_gate: bool = False
     gate_in_queries: bool = False
+    gate_in_query: bool = False
     relative: tuple | None = None
     sees: str = "own"
 
@@ -162,7 +165,14 @@ class Attention(Module):
             raise ValueError(f"qkv_layout {o.qkv_layout!r} orders a fused qkv_proj's rows: "
                              "only with fused_qkv")
         else:
-            self.q_proj = Linear(hidden_size, H * D, o.bias)
+            self.q_proj = Linear(hidden_size, (2 if o.gate_in_query else 1) * H * D, o.bias)
+            if o.gate_in_query:
+                # Stored per head, query then gate; held as every query, then every gate.
+                rows = np.concatenate([(np.arange(H)[:, None] * 2 * D + part * D +
+                                        np.arange(D)).reshape(-1) for part in (0, 1)])
+                self.q_proj.weight.rows = rows
+                if self.q_proj.bias is not None:
+                    self.q_proj.bias.rows = rows
             if own:
                 self.k_proj = Linear(hidden_size, G * D, o.bias)
             if own and not o.values_from_keys:
@@ -194,6 +204,9 @@ class Attention(Module):
                 setattr(self, name, Param(D))
             # The head norm's weight: none, times 1 - lambda_init (its output's scale).
             self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
+        if o.gate_in_query and (o.fused_qkv or not o.output_gate or o.gate_in_queries):
+            raise ValueError("gate_in_query is an output gate held in q_proj: with output_gate, "
+                             "not a fused qkv_proj nor gate_in_queries")
         if o.output_gate and o.gate_in_queries:
             if o.fused_qkv:
                 raise ValueError("a gate in the query projection is q_gate_proj's: not with "
@@ -206,7 +219,7 @@ class Attention(Module):
             self.q_gate_proj.weight.rows = rows
             if self.q_gate_proj.bias is not None:
                 self.q_gate_proj.bias.rows = rows
-        elif o.output_gate:
+        elif o.output_gate and not o.gate_in_query:
             self.gate_proj = Linear(hidden_size, H * D, o.bias)
         if o.sub_norm:
             self.attn_sub_norm = Norm(H * D, norm)
@@ -290,8 +303,13 @@ class Attention(Module):
         G, D = o.kv_heads, o.head_dim
         start = rec.call.start
         q, k, v = self._project(rec, x)
-        gate = None if not o.output_gate else self._gate if o.gate_in_queries \
-            else self.gate_proj(rec, x)
+        if o.gate_in_query:
+            HD = o.heads * o.head_dim
+            q, gate = (rec.step("columns", q, where=self.where("q_proj"), begin=b, end=b + HD)
+                       for b in (0, HD))
+        else:
+            gate = None if not o.output_gate else self._gate if o.gate_in_queries \
+                else self.gate_proj(rec, x)
         normed = o.clip_after_norm and o.clip_qkv is not None
         if normed:  # the whole projections' norms first, then the clamp (OlmoeAttention)
             q, k = self.q_norm(rec, q), self.k_norm(rec, k)

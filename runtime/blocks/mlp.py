@@ -28,7 +28,11 @@ class MLPOptions:
     over ``intermediate_size`` of what ``down_proj`` reads (BitNetMLP's; None: none).
     ``activation_sparsity`` (gated, not fused; 0: none): the gate projection's rows cut by
     the gaussian top-k at that sparsity before the activation (``operators.sparsity``), as
-    Gemma3nTextMLP where its entry of ``activation_sparsity_pattern`` is above 0."""
+    Gemma3nTextMLP where its entry of ``activation_sparsity_pattern`` is above 0.
+    ``gate_scale`` (gated, not fused): the gate projection's output times it before the
+    activation; ``down_scale``: ``down_proj``'s output times it (FalconH1MLP's
+    ``mlp_multipliers``, ``act(gate_proj(x) * gate_multiplier)`` and ``down_proj(...) *
+    down_multiplier``)."""
 
     intermediate_size: int
     kind: str = "gated"
@@ -37,6 +41,8 @@ class MLPOptions:
     fused: bool = False
     sub_norm: NormOptions | None = None
     activation_sparsity: float = 0.0
+    gate_scale: float = 1.0
+    down_scale: float = 1.0
 
 
 class ActivationParams(Module):
@@ -84,6 +90,9 @@ class MLP(Module):
             self.act_fn = ActivationParams(o.act)
         if o.sub_norm is not None:
             self.ffn_sub_norm = Norm(M, o.sub_norm)
+        if o.gate_scale != 1.0 and (o.kind != "gated" or o.fused):
+            raise ValueError("gate_scale multiplies a gated MLP's own gate_proj, not a "
+                             f"{'fused ' if o.fused else ''}{o.kind} MLP's")
         self.options = o
 
     def packs(self) -> list[tuple[Param, ...]]:
@@ -101,6 +110,8 @@ class MLP(Module):
                          where=self.path, act=o.act)
         else:
             gate = self.gate_proj(rec, x)
+            if o.gate_scale != 1.0:
+                gate = rec.step("mul", gate, where=self.path, scale=o.gate_scale)
             if o.activation_sparsity:
                 gate = rec.step("gaussian_topk", gate, where=self.path,
                                 std_multiplier=self.std_multiplier)
@@ -108,7 +119,9 @@ class MLP(Module):
                          where=self.path, act=o.act)
         if o.sub_norm is not None:
             h = self.ffn_sub_norm(rec, h)
-        return self.down_proj(rec, h)
+        y = self.down_proj(rec, h)
+        return y if o.down_scale == 1.0 else rec.step("mul", y, where=self.path,
+                                                       scale=o.down_scale)
 
 
-MLP_KINDS = ("gated", "plain")
+MLP_KINDS = ("gated", "plain", "none")

@@ -34,6 +34,9 @@ ids where the copy has no other address):
   num_hidden_layers, ...), so the toy holds both spellings at the shrunk sizes.
 - gemma-3-4b-it: https://huggingface.co/google/gemma-3-4b-it/resolve/main/config.json (id
   70224130757, and google/gemma-3-27b-it's in id 926331895 with the same keys).
+- Qwen3.5-0.8B: https://huggingface.co/Qwen/Qwen3.5-0.8B/resolve/main/config.json (quoted
+  whole in a public session log, id 54505217749; every Qwen3.5 dense size is a
+  Qwen3_5ForConditionalGeneration, id 57371183011).
 - Mistral-Small-3.1-24B-Instruct-2503: its text_config as transformers' Mistral3Config holds it
   for its default (configuration_mistral3.py, sub_configs_defaults), the top-level keys as
   Mistral3Config writes them (no copy of the hub's whole file was found).
@@ -152,6 +155,40 @@ MISTRAL_SMALL_31 = {
                       "rope_theta": 10000.0},
     "vision_feature_layer": -1}
 
+# Qwen/Qwen3.5-0.8B's config.json, every key as published: every Qwen3.5 dense checkpoint is a
+# Qwen3_5ForConditionalGeneration (the text model in text_config, a vision tower beside it,
+# and multi-token-prediction tensors, mtp.*, transformers' own class leaves unread).
+QWEN3_5_08B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 248056,
+    "model_type": "qwen3_5",
+    "text_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True,
+        "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": 4,
+        "head_dim": 256, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+        "intermediate_size": 3584,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"]
+        + (["linear_attention"] * 3 + ["full_attention"]) * 5,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16, "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_5_text",
+        "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": 8, "num_hidden_layers": 24, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "tie_word_embeddings": True, "use_cache": True,
+        "vocab_size": 248320, "mamba_ssm_dtype": "float32",
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                            "rope_type": "default", "rope_theta": 10000000,
+                            "partial_rotary_factor": 0.25}},
+    "tie_word_embeddings": True, "transformers_version": "4.57.0.dev0",
+    "video_token_id": 248057,
+    "vision_config": {"deepstack_visual_indexes": [], "depth": 12,
+                      "hidden_act": "gelu_pytorch_tanh", "hidden_size": 768, "in_channels": 3,
+                      "initializer_range": 0.02, "intermediate_size": 3072,
+                      "model_type": "qwen3_5", "num_heads": 12, "num_position_embeddings": 2304,
+                      "out_hidden_size": 1024, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2},
+    "vision_end_token_id": 248054, "vision_start_token_id": 248053}
+
+
 def gemma4_composite() -> dict:
     """No Gemma 4 composite config.json was found in a public copy: specs/gemma4.yaml's toy
     text config inside the config Gemma4Config writes around it (its own top-level keys and
@@ -238,6 +275,31 @@ def toys() -> dict[str, tuple[dict, str | None]]:
                                                      "num_attention_heads": 2,
                                                      "num_hidden_layers": 1}}, None),
         "gemma4-composite-toy": (gemma4_composite(), None),
+        # Four layers, the delta rule at 0-2 (2 key heads over 4 value heads) and gated
+        # attention at 3; a quarter of head_dim 32 turned, mrope_section halved twice to fit it.
+        "qwen3.5-0.8b-toy": ({**QWEN3_5_08B,
+                              "text_config": {**QWEN3_5_08B["text_config"], "head_dim": 32,
+                                              "hidden_size": 32, "intermediate_size": 64,
+                                              "layer_types": ["linear_attention"] * 3
+                                              + ["full_attention"],
+                                              "linear_key_head_dim": 8,
+                                              "linear_num_key_heads": 2,
+                                              "linear_num_value_heads": 4,
+                                              "linear_value_head_dim": 8,
+                                              "max_position_embeddings": 256,
+                                              "num_attention_heads": 2,
+                                              "num_hidden_layers": 4,
+                                              "num_key_value_heads": 1, "vocab_size": 256,
+                                              "eos_token_id": 255,
+                                              "rope_parameters": {
+                                                  **QWEN3_5_08B["text_config"]["rope_parameters"],
+                                                  "mrope_section": [2, 1, 1]}},
+                              "image_token_id": 250, "video_token_id": 251,
+                              "vision_start_token_id": 252, "vision_end_token_id": 253,
+                              "vision_config": {**QWEN3_5_08B["vision_config"], "depth": 1,
+                                                "hidden_size": 16, "intermediate_size": 32,
+                                                "num_heads": 2, "num_position_embeddings": 16,
+                                                "out_hidden_size": 32}}, None),
         "gemma-3-4b-it-toy": ({**GEMMA3_4B_IT,
                                "boi_token_index": 253, "eoi_token_index": 254,
                                "image_token_index": 255, "eos_token_id": [1, 106],

@@ -107,8 +107,10 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # call (attention.sees call: the C pool's chunk is causal) and the segment rows added by
     # position, a mixture's router and experts over a prompt chunk's rows (grouped by expert,
     # numpy's products), its experts with linear or per-slot forms (JetMoE's attention
-    # experts) and its shared expert's gate (a (rows, 1) sigmoid times the rows); where none
-    # is left, one call.
+    # experts) and its shared expert's gate (a (rows, 1) sigmoid times the rows), and a
+    # prompt chunk's chunked SSD and gated delta rule (their segment sums and triangular
+    # solves batched through numpy's BLAS; a decode step's row is native); where none is
+    # left, one call.
     loaded = load_model(spec, random_weights=0, toy=True)
     plan = (loaded.lm.prompt_chunk if prompt else loaded.lm.decode_step).plan
     left = [(r.step.op.name, r.step.static, r.step.inputs) for r in plan.runs
@@ -126,6 +128,7 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
                                                     or a.get("kind") == "linear"
                                                     or len(ins[0].shape) == 3))
                or (op == "mul" and ins[1] is not None and ins[1].shape[-1] == 1)
+               or (prompt and op in ("ssd", "gated_delta_rule"))
                for op, a, ins in left), left
     if not left:
         assert len(plan._order) == 1 and isinstance(plan._order[0], tuple), plan._order

@@ -28,6 +28,11 @@ from ..loader import Spec
 from .reading import _ABSENT, LayerReader, _flag, _number, _option, _positive, _whole
 
 
+# The options of a layer whose token mixer is not attention (``layer.mixer``): nothing of
+# them is built or read.
+NO_ATTENTION = AttentionOptions(heads=1, kv_heads=1, head_dim=1, rope=None)
+
+
 def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOptions:
     """The attention of a layer (``layer/attention``, per type as ``read`` reads it): its
     RoPE table, q/k norms, heads and the variants' options, each error at the option's own
@@ -69,6 +74,7 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
         output_gate=flag(*a, "output_gate"), gate_in_queries=flag(*a, "gate_in_queries"),
+        gate_in_query=flag(*a, "gate_in_query"),
         sees=_sees(spec, *word(*a, "sees", default="own")),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])

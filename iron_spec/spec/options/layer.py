@@ -18,8 +18,9 @@ from iron_spec.runtime.layers import LayerOptions, PerLayerInputOptions
 
 from ..config import Resolved
 from ..loader import Spec
-from .attention import attention_options
+from .attention import NO_ATTENTION, attention_options
 from .experts import experts_options
+from .mixers import mixer_options
 from .mlp import mlp_options
 from .norms import norm_options
 from .reading import LayerReader, _flag, _flag_option, _number, _option, _whole
@@ -45,6 +46,8 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     types = _option(spec, r, p + ("types",), None)
     options = spec.get(*p, "options", default={}) or {}
     if types is not None:
+        if isinstance(types, str) and len(types) == n:
+            types = list(types)  # one character a layer (NemotronH's hybrid_override_pattern)
         if not isinstance(types, list) or len(types) != n or not all(
                 isinstance(t, (str, int)) for t in types):
             raise spec.error(p + ("types",), f"layer types {types!r} are not {n} names, "
@@ -55,13 +58,14 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
         start = _whole(spec, p + ("from",), _option(spec, r, p + ("from",), None))
         offset = _whole(spec, p + ("offset",), _option(spec, r, p + ("offset",), 1))
         offset = 1 if offset is None else offset
+        listed = _listed(spec, r, p + ("at",), n)
         nth, other = spec.get(*p, "nth"), spec.get(*p, "other")
         if other is None or (every is not None and (nth is None or every < 1)) or (
-                start is not None and nth is None):
+                (start is not None or listed) and nth is None):
             raise spec.error(p, "without layer types, a pattern needs other (and nth with every "
-                                ">= 1 or from)")
+                                ">= 1, from or at)")
         types = [nth if (every and (i + offset) % every == 0) or (start is not None and i >= start)
-                 else other for i in range(n)]
+                 or i in listed else other for i in range(n)]
         where = p
     last = spec.get(*p, "last")
     if last is not None and types:
@@ -74,6 +78,23 @@ def _layer_types(spec: Spec, r: Resolved, n: int) -> list[Any]:
     return types
 
 
+def _listed(spec: Spec, r: Resolved, at: tuple, n: int) -> set[int]:
+    """``layer.pattern.at``: the layer indices a config lists (BambaConfig's
+    ``attn_layer_indices``), each of type ``nth``; null or absent: none.
+
+    Raises:
+        SpecError: at the option, a value that is not a list of layer indices 0..n - 1.
+    """
+    value = _option(spec, r, at, None)
+    if value is None:
+        return set()
+    if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in value):
+        raise spec.error(at, f"layer.pattern.at is {value!r}, not a list of layer indices "
+                             f"within 0..{n - 1}")
+    return set(value)
+
+
 def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> LayerOptions:
     """The options of a layer of type ``t``: ``layer/pattern/options/t``'s entries over
     ``layer``'s own; each option path read so (and so settable per type) is added to
@@ -81,7 +102,13 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
     read = LayerReader(spec, r, t, per_type)
     word, opt, number, flag = read.word, read.opt, read.number, read.flag
     norm = norm_options(spec, r, ("layer", "norm"))
-    attention = attention_options(spec, r, read)
+    mixers = mixer_options(spec, read)
+    # A layer of another token mixer reads no attention option (nor its config fields).
+    attention = attention_options(spec, r, read) if "attention" in mixers["mixer"] \
+        else NO_ATTENTION
+    if attention.gate_in_query and not attention.output_gate:
+        raise spec.error(opt("attention", "gate_in_query")[1], "gate_in_query holds the output "
+                         "gate in q_proj: only with attention.output_gate")
     mlp = mlp_options(spec, read, norm)
     experts = experts_options(spec, read, mlp, norm)
     parallel = flag("parallel")
@@ -90,7 +117,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
         raise spec.error(("layer", "parallel"), "a parallel layer is kind decoder, placement pre "
                          f"(not {spec.get('layer', 'kind')}, {placement})")
     shared_norm, at = opt("shared_norm", default=True)
-    return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"),
+    return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"), **mixers,
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
                         parallel=parallel, shared_norm=_flag(spec, at, shared_norm),

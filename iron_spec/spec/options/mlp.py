@@ -17,15 +17,22 @@ from ..loader import Spec
 from .reading import LayerReader, _number
 
 
+# The options of a layer without an MLP (kind none: its token mixer alone): nothing read.
+NO_MLP = MLPOptions(intermediate_size=0, kind="none")
+
+
 def mlp_options(spec: Spec, read: LayerReader, norm: NormOptions) -> MLPOptions:
     """The MLP of a layer (``layer/mlp``, per type as ``read`` reads it): its kind,
-    activation, widths and flags, its ``sub_norm`` the layer's ``norm``.
+    activation, widths, scales and flags, its ``sub_norm`` the layer's ``norm``; kind
+    ``none``, ``NO_MLP``.
 
     Raises:
         SpecError: at the option, an activation no operator has, or activation sparsity on
             an MLP other than gated and unfused.
     """
-    word, opt, whole, flag = read.word, read.opt, read.whole, read.flag
+    word, opt, whole, flag, number = read.word, read.opt, read.whole, read.flag, read.number
+    if word("mlp", "kind", default="gated")[0] == "none":
+        return NO_MLP
     act, at = opt("mlp", "act", default="hidden_act")
     if act not in ACTIVATIONS:
         raise spec.error(at, f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -34,7 +41,12 @@ def mlp_options(spec: Spec, read: LayerReader, norm: NormOptions) -> MLPOptions:
                      bias=flag("mlp", "bias"), fused=flag("mlp", "fused"),
                      sub_norm=norm if flag("mlp", "sub_norm") else None,
                      activation_sparsity=_sparsity(
-                         spec, *opt("mlp", "activation_sparsity", default=0.0)))
+                         spec, *opt("mlp", "activation_sparsity", default=0.0)),
+                     gate_scale=number("mlp", "gate_scale", default=1.0),
+                     down_scale=number("mlp", "down_scale", default=1.0))
+    if mlp.gate_scale != 1.0 and (mlp.kind != "gated" or mlp.fused):
+        raise spec.error(opt("mlp", "gate_scale")[1], "gate_scale multiplies a gated MLP's own "
+                         f"gate_proj, not a {'fused ' if mlp.fused else ''}{mlp.kind} MLP's")
     if mlp.activation_sparsity and (mlp.kind != "gated" or mlp.fused):
         raise spec.error(opt("mlp", "activation_sparsity")[1], "activation_sparsity cuts a "
                          f"gated MLP's own gate_proj, not a {'fused ' if mlp.fused else ''}"

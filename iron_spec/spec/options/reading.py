@@ -107,6 +107,6 @@ class LayerReader:
         value, at = self.opt(*path, default=default, expects="a whole number")
         return None if value is None else _whole(self.spec, at, value)
 
-    def flag(self, *path):
-        value, at = self.opt(*path, default=False, expects=FLAG)
+    def flag(self, *path, default=False):
+        value, at = self.opt(*path, default=default, expects=FLAG)
         return _flag(self.spec, at, value)
