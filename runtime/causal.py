@@ -467,13 +467,51 @@ class CausalLM(Module):
         L = self.config.max_seq_len
         if positions > L:
             raise ValueError(f"{positions} positions do not fit max_seq_len {L}")
-        B = self.block
-        grown = max(positions, self.reserved + self.reserved // 4)
-        grown = min(L, -(-grown // B) * B)
+        grown = self._blocks(positions, self.reserved)
         changed = [s.grow(grown) for s in self._states]
         self.reserved = grown
+        return any(changed), self._grow_tables(grown)
+
+    def _blocks(self, positions: int, reserved: int) -> int:
+        """Positions a set of caches holding ``reserved`` grows to, to hold ``positions``:
+        whole blocks, and at least a quarter more (``reserve``)."""
+        B = self.block
+        grown = max(positions, reserved + reserved // 4)
+        return min(self.config.max_seq_len, -(-grown // B) * B)
+
+    def reserve_caches(self, caches: Caches, positions: int) -> None:
+        """``reserve`` for ``caches``, bound or not (a batched decode step's sessions:
+        ``runtime.batch``): a set not bound grows its own arrays, as it would bound; the RoPE
+        tables grow for it too, every compiled version bound to them again.
+
+        Raises:
+            ValueError: ``positions`` past ``max_seq_len``, or a set holding no arrays of
+                this cache form (never bound).
+        """
+        with self.lock:
+            if caches is self.caches:
+                self.reserve(positions)
+                return
+            if caches.arrays is None or caches.epoch != self._epoch:
+                raise ValueError("these caches hold nothing of this model's cache form: "
+                                 "bind them (run a prompt on their session) first")
+            if positions <= caches.reserved:
+                return
+            if positions > self.config.max_seq_len:
+                raise ValueError(f"{positions} positions do not fit max_seq_len "
+                                 f"{self.config.max_seq_len}")
+            grown = self._blocks(positions, caches.reserved)
+            caches.arrays = [s.grown(a, grown) for s, a in zip(self._states, caches.arrays)]
+            caches.reserved = grown
+            if self._grow_tables(grown):
+                owners = {id(t) for pair in self.rope_tables.values() for t in pair}
+                for version in self._versions.values():
+                    version.plan.rebind(owners)
+
+    def _grow_tables(self, grown: int) -> bool:
+        """The RoPE tables holding ``grown`` rows; whether they were replaced."""
         if grown <= self._table_rows:  # another set of caches grew them so far already
-            return any(changed), False
+            return False
         # The tables computed afresh (their rows are a prefix of the whole context's), and
         # their packed forms dropped while the old arrays live, so no id is reused.
         stale = set()
@@ -486,7 +524,7 @@ class CausalLM(Module):
             for t, array in zip(tables, new):
                 t.array = array
         self._table_rows = grown
-        return any(changed), bool(stale)
+        return bool(stale)
 
     def cache_bytes(self) -> tuple[int, int]:
         """Bytes the bound KV caches hold now, and the most they can grow to (at
@@ -555,7 +593,7 @@ class CausalLM(Module):
     def body(self, rec: Recorder) -> Handle:
         """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""
         c = rec.call
-        ids = rec.input("ids", (c.capacity,), np.int32, bounded=c.prompt)
+        ids = rec.input("ids", (c.capacity,), np.int32, bounded=c.prompt or c.batch)
         ropes = {name: (rec.state(f"rope.{name}.cos", cos, "const"),
                         rec.state(f"rope.{name}.sin", sin, "const"))
                  for name, (cos, sin) in self.rope_tables.items()}

@@ -39,6 +39,7 @@ import numpy as np
 
 from iron_spec.operators.sampling import Sampler, log_softmax
 
+from .batch import BatchDecode, Unbatchable
 from .causal import CausalLM
 from .generation import Completion, StopText
 from .session import Session
@@ -244,13 +245,14 @@ class Engine:
         C = lm.config.prefill_chunk
         self.prefill_chunks = max(1, (prefill_tokens or 2 * C) // C)
         self.batch = None
-        if batched and max_batch > 1:
-            from .batch import BatchDecode, unbatchable
-            why = unbatchable(lm)
-            if why is None:
+        self.unbatched: str | None = "batched=False" if not batched else \
+            "max_batch is 1" if max_batch == 1 else None
+        if self.unbatched is None:
+            try:
                 self.batch = BatchDecode(lm, max_batch)
-            else:
-                log.info("decode steps run one session at a time: %s", why)
+            except Unbatchable as e:
+                self.unbatched = str(e)
+                log.info("decode steps run one session at a time: %s", e)
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._waiting: deque[tuple[Ticket, float]] = deque()

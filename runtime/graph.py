@@ -79,7 +79,10 @@ class CallSpec:
     ``prompt``: a prompt chunk (``capacity`` ids, of which a call runs ``rows``) or the
     decode step (one token at ``position``). ``start``, ``rows`` and ``position`` are
     ``PerCall`` values (``rows`` a plain 1 for the decode step). ``soft`` and ``reach``: a
-    prompt chunk's own inputs beside its ids (``runtime.towers.multimodal``).
+    prompt chunk's own inputs beside its ids (``runtime.towers.multimodal``). ``batch``: a
+    decode step over ``capacity`` sequences, a call running ``rows`` of them, each row its
+    own token at its own position in its own caches (``runtime.batch``: the steps at a
+    position run once a row).
     """
 
     prompt: bool
@@ -91,6 +94,7 @@ class CallSpec:
     # rows see the whole image).
     soft: bool = False
     reach: bool = False
+    batch: bool = False
 
     @property
     def last_row(self) -> PerCall | int:
