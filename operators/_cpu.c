@@ -463,6 +463,8 @@ static void gemv_batch_part(const void *args, int part, int parts) {
     const gemv_batch_args *b = args;
     Py_ssize_t r0, r1;
     share(b->a.n, GEMV_GROUP, part, parts, &r0, &r1);
+    if (r0 >= r1 || BY_SIMD(gemv_rows_multi, &b->a, r0, r1, b->m, b->xs, b->ys))
+        return;  /* float32 and bfloat16: each weight row loaded once for the x rows */
     Py_ssize_t block = GEMV_BLOCK / gemv_row_bytes(&b->a) / GEMV_GROUP * GEMV_GROUP;
     if (block < GEMV_GROUP)
         block = GEMV_GROUP;
