@@ -631,18 +631,25 @@ class CausalLM(Module):
         per_layer = [None] * len(self.model.layers)
         if o.per_layer_input is not None:
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
+        if c.hidden and (o.altup is not None or o.recurrence is not None):
+            raise ValueError("hidden states of a model whose layers run on several streams "
+                             "(AltUp) or on a recurrent schedule are not one per layer")
         if o.altup is not None:
             x = spread(rec, self.model, x)
         if o.recurrence is not None:
             x = run_schedule(rec, self.model, self.model.schedule, x, ropes)
         for layer, extra in zip(self.model.layers if o.recurrence is None else [], per_layer):
+            if c.hidden:  # each layer's input: the embeddings, then each layer's output
+                rec.kept.append(x)
             x = layer(rec, x, ropes, extra)
         if o.altup is not None:
             x = merge(rec, self.model, x)
-        if c.prompt:
+        if c.prompt and not c.every_row:
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
         if self.model.norm is not None:
             x = self.model.norm(rec, x)
+        if c.hidden:  # the last, after the final norm (transformers' last_hidden_state)
+            rec.kept.append(x)
         if o.head_transform is not None:
             x = self.head_transform(rec, x)
         logits = self.lm_head(rec, x)
@@ -652,15 +659,18 @@ class CausalLM(Module):
             logits = rec.step("softcap", logits, where="lm_head", cap=o.logit_softcap)
         return logits
 
-    def version(self, prompt: bool, check: bool = False) -> "Version":
-        """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
+    def version(self, prompt: bool, check: bool = False, every_row: bool = False) -> "Version":
+        """The compiled decode step (``prompt=False``) or prompt chunk, compiled once;
+        ``every_row``: the prompt chunk giving every row's logits and keeping the hidden
+        states (``Version.forward``)."""
         # Keyed by the decode weights too where they are reduced: a bench switches between
         # them by decode_weights, each decode step compiled once.
         weights = self.prefill_weights if prompt else self.decode_weights
         key = (prompt, check) if weights == "float32" else (prompt, check, weights)
+        key += ("every_row",) if every_row else ()
         with self.lock:  # compiled once, though two threads ask at once
             if key not in self._versions:
-                self._versions[key] = Version(self, prompt, check)
+                self._versions[key] = Version(self, prompt, check, every_row=every_row)
             return self._versions[key]
 
     @property
@@ -694,13 +704,13 @@ class Version:
     """
 
     def __init__(self, lm: CausalLM, prompt: bool, check: bool, soft: bool = False,
-                 reach: bool = False):
+                 reach: bool = False, every_row: bool = False):
         C = lm.config.prefill_chunk if prompt else 1
         call = CallSpec(prompt, C, start=PerCall("start" if prompt else "position"),
-                        soft=soft, reach=reach)
+                        soft=soft, reach=reach, every_row=every_row, hidden=every_row)
         rec = Recorder(call)
         out = lm.body(rec)
-        self.prompt, self.capacity = prompt, C
+        self.prompt, self.capacity, self.every_row = prompt, C, every_row
         # The model holds its versions: a reference back is weak, so no cycle keeps a
         # dropped model's arrays alive until the collector's rare full pass.
         self.lm = weakref.proxy(lm)
@@ -752,6 +762,11 @@ class Version:
         if not output:
             runner(inputs, call, output=False)
             return None, None
+        if self.every_row:  # every row's logits (rows, vocab) and the hidden states
+            if runner != self.plan.run:
+                raise ValueError("the float64 reference keeps no hidden states")
+            logits = runner(inputs, call)
+            return logits.reshape(call["rows"], -1), self.plan.kept(call["rows"])
         logits = runner(inputs, call).reshape(-1)
         draw = sampler if sampler is not None else greedy
         return logits, {"token": drawn(draw(logits), V), "position": call["position"] + 1}

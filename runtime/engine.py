@@ -229,7 +229,8 @@ class Engine:
             its lock).
         max_batch: requests running at once (the others wait, first come first served).
         held_sessions, held_bytes: the pool's bounds (``SessionPool``).
-        prefill_tokens: prompt rows a turn runs before the decode step (at least one chunk).
+        prefill_tokens: prompt rows a turn runs before the decode step (at least one chunk;
+            default four prompt chunks).
         batched: run the decode steps of several requests as one call where the model has
             a batched decode (``runtime.batch``); False: one call per session.
     """
@@ -242,8 +243,9 @@ class Engine:
         self.lm, self.max_batch = lm, max_batch
         self.pool = SessionPool(lm, max_batch if held_sessions is None else held_sessions,
                                 held_bytes)
-        C = lm.config.prefill_chunk
-        self.prefill_chunks = max(1, (prefill_tokens or 2 * C) // C)
+        # Prompt rows a turn runs before its decode step: new requests' first tokens come
+        # before the running ones' next (time to first token first), within a bound.
+        self.prefill_tokens = prefill_tokens or 4 * lm.config.prefill_chunk
         self.batch = None
         self.unbatched: str | None = "batched=False" if not batched else \
             "max_batch is 1" if max_batch == 1 else None
@@ -334,10 +336,10 @@ class Engine:
     def _turn(self) -> None:
         for r in [r for r in self._running if r.ticket.cancelled]:
             self._finish(r, "interrupted")
-        budget = self.prefill_chunks
+        budget = self.prefill_tokens
         for r in [r for r in self._running if r.reading]:
             while budget > 0 and r.reading:
-                budget -= 1
+                budget -= self._chunk_rows(r)
                 try:
                     logits = r.session.prefill(r.history, chunks=1)
                 except Exception as e:
@@ -348,7 +350,7 @@ class Engine:
                     self.metrics.prompt_tokens += len(r.request.ids)
                     self.metrics.prompt_tokens_run += len(r.request.ids) - r.reused
                     self._draw(r, logits)
-            if budget == 0:
+            if budget <= 0:
                 break
         ready = [r for r in self._running if not r.reading and r.drawn]
         if not ready:
@@ -374,6 +376,11 @@ class Engine:
         self.metrics.decode_steps += 1
         self.metrics.decode_rows += len(ready)
         self.metrics.decode_seconds += time.perf_counter() - begin
+
+    def _chunk_rows(self, r: _Running) -> int:
+        """Rows ``r``'s next prompt chunk runs (at most a chunk of what is left)."""
+        C = self.lm.config.prefill_chunk
+        return max(1, min(C, len(r.history) - max(r.session.held, r.reused)))
 
     def _draw(self, r: _Running, logits: np.ndarray) -> None:
         """Draw ``r``'s next token from ``logits`` and hand it over; end ``r`` where it

@@ -200,6 +200,47 @@ class Session:
         tokens = self._validate(tokens)
         return self._run(tokens, greedy)[0]
 
+    def forward(self, tokens: Iterable[int], hidden: bool = False
+                ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """Every position's logits ``(n, vocab)`` float32 after the history ``tokens`` (row
+        ``i`` predicts token ``i + 1``, as transformers' ``model(ids).logits[0]``), and with
+        ``hidden`` the hidden states, a list of ``num_hidden_layers + 1`` arrays ``(n,
+        hidden_size)``: the first layer's input, each layer's output, the last after the
+        final norm (transformers' ``output_hidden_states``). Rows of the model's prefix ids
+        (``CausalOptions.prefix``) are left out. Run from position 0 on this session's
+        caches, which then hold nothing to resume from.
+
+        Raises:
+            ValueError, IndexError: as ``logits``; ValueError for a model whose layers run
+                on several streams or a recurrent schedule, where hidden states are asked.
+        """
+        tokens = self._validate(tokens)
+        lm, n, P = self.lm, tokens.size, len(self.lm.config.prefix)
+        logits, states = [], []
+        with lm.lock:
+            version = lm.version(True, every_row=True)
+            C = version.capacity
+            lm.bind(self.caches)
+            lm.fit_rope(n)
+            self.caches.forget()
+            self.caches.regime = lm.rope_regime(n)
+            ids = np.zeros(C, np.int32)
+            try:
+                for s in range(0, n, C):
+                    rows = min(C, n - s)
+                    ids[:rows] = tokens[s: s + rows]
+                    out, kept = version(ids, start=s, rows=rows, caches=self.caches)
+                    self.calls.append(("forward", s, rows))
+                    logits.append(np.array(out))
+                    if hidden:
+                        states.append([np.array(k) for k in kept])
+            finally:
+                self.caches.forget()
+        out = np.concatenate(logits)[P:]
+        if not hidden:
+            return out, None
+        return out, [np.concatenate([c[i] for c in states])[P:] for i in range(len(states[0]))]
+
     def prefill(self, tokens: Iterable[int], chunks: int | None = None) -> np.ndarray | None:
         """Run at most ``chunks`` prompt chunks (None: all) of what the caches lack of
         ``tokens`` (a history): the logits after its last token (as ``logits``) once every

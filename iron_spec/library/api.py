@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -586,6 +587,37 @@ class Model:
             return [c.text for c in self._many(prompt, "generate", options)]
         return self.stream(prompt, **_stream_options(self.stream, "generate", options)).text()
 
+    def forward(self, prompt, *, output_hidden_states: bool = False) -> "Forward":
+        """The model over ``prompt`` (text, messages or ids, as ``encode``) at every position,
+        as transformers' ``model(ids, output_hidden_states=...)``: a ``Forward`` whose
+        ``logits`` are ``(n, vocab)`` float32 (row ``i`` the scores of token ``i + 1``) and,
+        where asked, ``hidden_states`` a tuple of ``num_hidden_layers + 1`` arrays ``(n,
+        hidden_size)`` float32: the embeddings (the first layer's input), each layer's
+        output, the last after the final norm (transformers' ``last_hidden_state``).
+
+        Raises:
+            ContextFull: the prompt does not fit ``max_seq_len``.
+            ValueError: hidden states of a model whose layers run on several streams (AltUp)
+                or a recurrent schedule; as ``encode``.
+            TypeError, IndexError: as ``encode``.
+        """
+        output_hidden_states = arguments.flag(output_hidden_states, "output_hidden_states")
+        ids = self.encode(prompt)
+        if len(ids) > self.max_seq_len:
+            raise _context_full(f"{len(ids)} tokens", self.max_seq_len, self._own_context,
+                                "give a shorter prompt")
+        logits, hidden = Session(self.loaded.lm).forward(ids, hidden=output_hidden_states)
+        return Forward(logits, None if hidden is None else tuple(hidden))
+
+    def logits(self, prompt) -> np.ndarray:
+        """Every position's logits ``(n, vocab)`` float32 (``forward(prompt).logits``)."""
+        return self.forward(prompt).logits
+
+    def hidden_states(self, prompt) -> tuple[np.ndarray, ...]:
+        """The hidden states of ``prompt`` (``forward(prompt, output_hidden_states=True)
+        .hidden_states``): ``num_hidden_layers + 1`` arrays ``(n, hidden_size)``."""
+        return self.forward(prompt, output_hidden_states=True).hidden_states
+
     def chat(self, system: str | None = None) -> "Conversation":
         """A conversation: each turn's reply resumes from the KV cache of the turns before.
 
@@ -600,6 +632,15 @@ class Model:
             raise ValueError("a chat needs the checkpoint's tokenizer.json and a chat template "
                              "(tokenizer_config.json's chat_template or chat_template.jinja)")
         return Conversation(self, system)
+
+
+@dataclass
+class Forward:
+    """``Model.forward``'s result: ``logits`` ``(n, vocab)``, ``hidden_states`` (None unless
+    asked), as transformers' ``CausalLMOutputWithPast``."""
+
+    logits: np.ndarray
+    hidden_states: tuple[np.ndarray, ...] | None = None
 
 
 class ContextFull(ValueError):
@@ -850,7 +891,8 @@ def _texts(texts, call: str) -> list[str]:
     return texts
 
 
-CAUSAL_METHODS = ("generate", "complete", "stream", "chat", "encode")
+CAUSAL_METHODS = ("generate", "complete", "stream", "chat", "encode", "forward", "logits",
+                  "hidden_states", "engine")
 ENCODER_METHODS = ("embed", "fill_mask", "classify", "classify_tokens")
 
 
