@@ -39,7 +39,7 @@ log = logging.getLogger("iron_spec")
 
 
 def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None = None,
-              engine: Mapping[str, Any] | None = None) -> Starlette:
+              engine: Mapping[str, Any] | None = None, replica: str | None = None):
     """The app serving ``models`` by name.
 
     Args:
@@ -48,6 +48,11 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
         api_key: where given, every ``/v1`` route asks for ``Authorization: Bearer
             <api_key>`` (``/health`` and ``/metrics`` do not).
         engine: each causal model's engine options (``Model.engine``: ``max_batch``, ...).
+        replica: where given, every response names it in an ``iron-spec-replica`` header
+            (the Ray Serve deployment's replicas: ``ray_serve``).
+
+    Returns:
+        The ASGI app (a callable ``app(scope, receive, send)``).
 
     Raises:
         ValueError: no models, or a name that is empty.
@@ -285,6 +290,7 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
                                                        HTTPException: http_error,
                                                        Exception: internal})
     key = None if api_key is None else api_key.encode()
+    name = None if replica is None else replica.encode()
 
     async def asgi(scope, receive, send):
         """The app behind the API key check and the request counters."""
@@ -306,6 +312,9 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
         async def counted(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                if name is not None:
+                    message = {**message, "headers": list(message.get("headers", [])) +
+                               [(b"iron-spec-replica", name)]}
             await send(message)
 
         begin = time.perf_counter()
