@@ -7,9 +7,12 @@ GGUF and threads): concurrent streams of streamed completions, through the ``ope
 
 Each stream sends ``--requests`` completions one after another (a prompt of
 ``--prompt-tokens`` tokens of its own, greedy, ``--max-tokens`` drawn); all streams start
-together. Per scenario it reports the aggregate tokens/s (every token drawn over the
-scenario's wall time), the mean time to first token, and the ratios the serving issue asks
-for (8 streams against one: tokens/s and TTFT). ``--prefix N`` sends two requests sharing a
+together, then again with their first requests spread over one request's time (as
+independent users arrive: streams started together with equal lengths stay in step, every
+prompt arriving beside seven others, whose prefills then run one after another). Per
+scenario it reports the aggregate tokens/s (every token drawn over the scenario's wall
+time), the mean time to first token, and the ratios the serving issue asks for (8 streams
+against one: tokens/s and TTFT). ``--prefix N`` sends two requests sharing a
 prompt of N tokens (their last tokens differ) and reports the second's TTFT over the
 first's: a held session's caches reused. ``--peer`` runs the same scenarios on
 ``llama_cpp.server`` (llama-cpp-python, ``pip install 'iron-spec[peer]'`` plus its server's
@@ -95,16 +98,20 @@ async def one(client, model: str, prompt: str, max_tokens: int) -> dict:
             "decode": ((usage or chunks) - 1) / (end - first) if first and end > first else 0.0}
 
 
-async def scenario(url: str, model: str, prompts: list[list[str]], max_tokens: int) -> dict:
+async def scenario(url: str, model: str, prompts: list[list[str]], max_tokens: int,
+                   stagger: float = 0.0) -> dict:
+    """Each list of ``prompts`` a stream, its requests one after another; stream ``s``
+    starts ``s * stagger`` seconds after the first (0: all at once)."""
     import openai
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                 timeout=3600)
 
-    async def stream(ps):
+    async def stream(ps, s):
+        await asyncio.sleep(s * stagger)
         return [await one(client, model, p, max_tokens) for p in ps]
 
     begin = time.perf_counter()
-    results = await asyncio.gather(*[stream(ps) for ps in prompts])
+    results = await asyncio.gather(*[stream(ps, s) for s, ps in enumerate(prompts)])
     wall = time.perf_counter() - begin
     done = [r for rs in results for r in rs]
     tokens = sum(r["tokens"] for r in done)
@@ -134,9 +141,20 @@ def run_side(name, cmd, port, env, model, args, tokenizer, log_dir) -> dict:
             prompts = [[text_of(tokenizer, args.prompt_tokens, 100 * s + r)
                         for r in range(args.requests)] for s in range(n)]
             out[f"streams_{n}"] = r = asyncio.run(scenario(url, model, prompts, args.max_tokens))
-            print(f"{name}: {n} stream(s): {r['tokens_per_s']:.1f} tok/s aggregate, TTFT mean "
-                  f"{r['ttft_mean'] * 1e3:.0f} ms (median {r['ttft_median'] * 1e3:.0f}), "
-                  f"per-stream decode {r['stream_decode_per_s']:.1f} tok/s", flush=True)
+            print(f"{name}: {n} stream(s) at once: {r['tokens_per_s']:.1f} tok/s aggregate, "
+                  f"TTFT mean {r['ttft_mean'] * 1e3:.0f} ms (median "
+                  f"{r['ttft_median'] * 1e3:.0f}), per-stream decode "
+                  f"{r['stream_decode_per_s']:.1f} tok/s", flush=True)
+            if n > 1 and f"streams_{min(args.streams)}" in out:
+                # Arrivals spread over one request's time, as independent users' are: the
+                # streams do not march in step, each new prompt meeting the others' decoding.
+                one_request = out[f"streams_{min(args.streams)}"]["wall"] / args.requests
+                out[f"staggered_{n}"] = r = asyncio.run(scenario(
+                    url, model, prompts, args.max_tokens, stagger=one_request / n))
+                print(f"{name}: {n} streams arriving {one_request / n:.2f} s apart: "
+                      f"{r['tokens_per_s']:.1f} tok/s aggregate (the ramp counted), TTFT mean "
+                      f"{r['ttft_mean'] * 1e3:.0f} ms (median {r['ttft_median'] * 1e3:.0f})",
+                      flush=True)
         if args.prefix:
             shared = text_of(tokenizer, args.prefix, 7)
             out["prefix"] = r = asyncio.run(prefix_reuse(url, model, shared, [
@@ -196,7 +214,12 @@ def main() -> None:
             s["ratio_tokens_per_s"] = b["tokens_per_s"] / a["tokens_per_s"]
             s["ratio_ttft"] = b["ttft_mean"] / a["ttft_mean"]
             print(f"{s['side']}: {hi} streams vs {lo}: tokens/s {s['ratio_tokens_per_s']:.2f}x, "
-                  f"TTFT {s['ratio_ttft']:.2f}x")
+                  f"TTFT {s['ratio_ttft']:.2f}x at once", end="")
+            c = s.get(f"staggered_{hi}")
+            if c:
+                s["ratio_ttft_staggered"] = c["ttft_mean"] / a["ttft_mean"]
+                print(f", {s['ratio_ttft_staggered']:.2f}x arriving apart", end="")
+            print()
     if len(sides) == 2:
         for n in args.streams:
             r = sides[0][f"streams_{n}"]["tokens_per_s"] / sides[1][f"streams_{n}"]["tokens_per_s"]
