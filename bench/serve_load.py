@@ -111,7 +111,8 @@ async def scenario(url: str, model: str, prompts: list[list[str]], max_tokens: i
         return [await one(client, model, p, max_tokens) for p in ps]
 
     begin = time.perf_counter()
-    results = await asyncio.gather(*[stream(ps, s) for s, ps in enumerate(prompts)])
+    async with client:
+        results = await asyncio.gather(*[stream(ps, s) for s, ps in enumerate(prompts)])
     wall = time.perf_counter() - begin
     done = [r for rs in results for r in rs]
     tokens = sum(r["tokens"] for r in done)
@@ -125,8 +126,9 @@ async def prefix_reuse(url: str, model: str, shared: str, tails: list[str]) -> d
     import openai
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                 timeout=3600)
-    a = await one(client, model, shared + tails[0], 4)
-    b = await one(client, model, shared + tails[1], 4)
+    async with client:
+        a = await one(client, model, shared + tails[0], 4)
+        b = await one(client, model, shared + tails[1], 4)
     return {"first_ttft": a["ttft"], "second_ttft": b["ttft"], "ratio": b["ttft"] / a["ttft"]}
 
 
