@@ -52,10 +52,9 @@ Threads. What is locked, what is per session, what a caller may share:
   on it run each other's positions again at every call. Give each thread its own session;
   ``claim``/``release`` say whether a session is in use (the library runs a generation on a
   session of its own where the model's is busy, and refuses a second turn of one chat).
-- For a batched decode over many sessions (a server's, not built): the unit it batches is
-  a session's ``Caches`` (its arrays and the tokens they hold); binding one set at a time
-  (``bind``) is what it would replace with a plan reading several sets in one call, under
-  the same lock.
+- A batched decode step over many sessions (``runtime.batch``, the server's engine:
+  ``runtime.engine``) runs each session's row on that session's own ``Caches``, read in
+  place by one native program under the same lock, instead of binding one set at a time.
 """
 
 from __future__ import annotations
