@@ -281,8 +281,8 @@ class BatchDecode:
             raise
         for s, t in zip(sessions, tokens):
             c = s.caches
-            c.last, c.tokens = None, t
-            c.exact = min(c.exact, t.size - 1)
+            c.last, c.tokens, c.stale = None, t, None
+            s.reused = t.size - 1  # as the session's own decode step
             s.calls.append(("decode", t.size - 1, 1))
         return logits
 
