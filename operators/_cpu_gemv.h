@@ -532,7 +532,7 @@ static inline __attribute__((always_inline)) void GEMV_FN(bf16_multi)(
  * weights' form has no such kernel (Q8_0: gemv_batch_part reads it a block at a time). */
 static int GEMV_FN(gemv_rows_multi)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1,
                                     Py_ssize_t m, Py_ssize_t xs, Py_ssize_t ys) {
-    if (a->wq)
+    if (a->wq || a->held)  /* Q8_0 row groups, held forms: gemv_batch_part's blocks */
         return 0;
     for (Py_ssize_t j = 0; j < m; j += GEMV_MB) {
         const int M = (int)(m - j < GEMV_MB ? m - j : GEMV_MB);

@@ -10,7 +10,8 @@ at its own position, and runs it as one native program:
   row with the weights read a block at a time for all of them (``OP_GEMV`` with ``m``
   rows: ``operators/_cpu.c``'s ``gemv_batch_part``), each row's sums the one-row GEMV's;
 - a step at a position or over a KV cache (RoPE, the cache writes, attention, learned
-  positions) runs once a row, lowered exactly as the decode step lowers it, on that row's
+  positions), and a mixture of experts' router and experts (``ROW_ONLY``), runs once a
+  row, lowered exactly as the decode step lowers it, on that row's
   slice, that session's caches and that row's position (``native.ROW + r``).
 
 So every row's logits are bit for bit those of the session's own decode step: a request
@@ -39,6 +40,12 @@ from .causal import CausalLM
 from .graph import CallSpec, Recorder
 from .plan import Plan
 from .session import Session
+
+
+#: Steps whose native form takes one row (a mixture of experts' router and experts: the
+#: routed experts differ from row to row): lowered once a row on the row's slice, as the
+#: decode step lowers them, so each row's choices and sums are its own decode step's.
+ROW_ONLY = frozenset({"router", "experts"})
 
 
 class Unbatchable(ValueError):
@@ -99,11 +106,18 @@ class BatchDecode:
             for r in plan.runs:  # every step must lower: refused now, not at a call
                 if not self._per_row[r.index]:
                     self._encode_rowwise(r)
+                elif r.step.op.name in ROW_ONLY:  # caches aside: lowered at row 0 now
+                    self._encode_row(r, 0, [None] * len(lm._states))
             self._out = plan._out
 
     def _at_position(self, r) -> bool:
-        """Whether step ``r`` runs once a row: at a position, or over a KV cache."""
+        """Whether step ``r`` runs once a row: at a position, over a KV cache, or a step
+        whose native form takes one row only (``ROW_ONLY``)."""
         plan = self.plan
+        if r.step.op.name in ROW_ONLY:
+            if not r.bounded_out and r.step.op.writes is None:
+                raise Unbatchable(f"{r.step.where}: {r.step.op.name} writes no row of its own")
+            return True
         states = [h for h in r.step.inputs + (r.step.output,)
                   if h is not None and plan._root(h).kind == "state"]
         if r.per_call or states:

@@ -59,6 +59,40 @@ def test_each_row_is_its_decode_step_on_reduced_forms(options):
     assert same, f"{options}: differs by {err}"
 
 
+@pytest.mark.parametrize("weights", ["bfloat16", "float16", "q8_0", "q4_0", "q4_1", "q5_0",
+                                     "q5_1"])
+def test_each_row_is_its_decode_step_on_weights_held_as_stored(weights):
+    # Weights held in a checkpoint's form (runtime.holding): the batched GEMV runs the held
+    # kernels over every row (gemv_held_batch_run), each row's sums the one-row GEMV's.
+    lm = iron_spec.load("llama3", random_weights=0, toy=True, weights=weights).loaded.lm
+    batch = BatchDecode(lm, 4)
+    gemvs = [e for e in batch._rowwise.values() if e[1][0] == native.OP_GEMV]
+    assert gemvs and all(len(e[1][4]) == 4 and e[1][4][2] >= 0 for e in gemvs)  # held forms
+    same, err = _decode_side_by_side(lm, (4, 20, 9), steps=12)
+    assert same, f"{weights}: differs by {err}"
+
+
+@pytest.mark.parametrize("spec,weights", [("qwen3_moe", "stored"), ("qwen3_moe", "q8_0"),
+                                          ("mixtral", "stored"), ("gemma4", "stored"),
+                                          ("dbrx", "stored"), ("granitemoe", "stored")])
+def test_each_row_is_its_decode_step_through_a_mixture_of_experts(spec, weights):
+    # The router and the experts lowered once a row (batch.ROW_ONLY): each row's experts
+    # are its own, as in its decode step.
+    lm = iron_spec.load(spec, random_weights=0, toy=True, weights=weights).loaded.lm
+    same, err = _decode_side_by_side(lm, (4, 20, 9), steps=12)
+    assert same, f"{spec} {weights}: differs by {err}"
+
+
+def test_a_mixture_whose_decode_step_has_no_native_router_is_refused_at_start():
+    # PhiMoE's sparsemixer routing stays numpy's: no batched step, said at construction,
+    # and the engine decodes its sessions one at a time.
+    lm = iron_spec.load("phimoe", random_weights=0, toy=True).loaded.lm
+    with pytest.raises(Unbatchable, match=r"mlp\.gate \(router\): no native form at one row"):
+        BatchDecode(lm, 4)
+    engine = Engine(lm, max_batch=4)
+    assert engine.batch is None and "router" in engine.unbatched
+
+
 def test_rows_past_the_capacity_run_in_several_calls():
     lm = iron_spec.load("llama3", random_weights=0, toy=True).loaded.lm
     same, _ = _decode_side_by_side(lm, (3, 4, 5, 6, 7), steps=5, capacity=2)
