@@ -446,6 +446,44 @@ static void gemv_part(const void *args, int part, int parts) {
         BY_SIMD(gemv_rows, a, r0, r1);
 }
 
+/* A GEMV over m rows of x at once (a batched decode step's: runtime/batch.py): each row's
+ * sums are gemv_rows' own, bit for bit (the same group kernel on the same x), so a row's
+ * result is the one-row GEMV's; what changes is the order the weights are read in. A part
+ * takes its rows a block at a time (GEMV_BLOCK bytes of weights, whole row groups) and runs
+ * the block for every x before the next, so each weight comes from memory once a step and
+ * from the cache for the other rows. */
+#define GEMV_BLOCK (48 * 1024)
+typedef struct {
+    gemv_args a;
+    Py_ssize_t m, xs, ys;  /* rows of x, and elements from one row of x (of y) to the next */
+} gemv_batch_args;
+
+static Py_ssize_t gemv_row_bytes(const gemv_args *a) {
+    return a->held ? a->rb : a->wq ? a->k / Q8_BLOCK * Q8_BYTES : a->w16 ? 2 * a->k : 4 * a->k;
+}
+
+static void gemv_batch_part(const void *args, int part, int parts) {
+    const gemv_batch_args *b = args;
+    Py_ssize_t r0, r1;
+    share(b->a.n, GEMV_GROUP, part, parts, &r0, &r1);
+    if (r0 >= r1 || BY_SIMD(gemv_rows_multi, &b->a, r0, r1, b->m, b->xs, b->ys))
+        return;  /* float32 and bfloat16: each weight row loaded once for the x rows */
+    Py_ssize_t block = GEMV_BLOCK / gemv_row_bytes(&b->a) / GEMV_GROUP * GEMV_GROUP;
+    if (block < GEMV_GROUP)
+        block = GEMV_GROUP;
+    for (Py_ssize_t r = r0; r < r1; r += block) {
+        const Py_ssize_t e = r + block < r1 ? r + block : r1;
+        for (Py_ssize_t j = 0; j < b->m; j++) {
+            gemv_args a = b->a;
+            a.x += j * b->xs;
+            a.y += j * b->ys;
+            if (a.xp)  /* a held bfloat16 weight: each row's x in the kernel's order */
+                a.xp += j * b->xs;
+            BY_SIMD(gemv_rows, &a, r, e);
+        }
+    }
+}
+
 static int simd_lanes(void) { return simd == SIMD_AVX512 ? 16 : simd == SIMD_AVX2 ? 8 : 4; }
 
 static void gemm_part(const void *args, int part, int parts) {
@@ -1090,6 +1128,8 @@ static Py_ssize_t attend_need(int H, int G, int D, Py_ssize_t start, Py_ssize_t 
     return (Py_ssize_t)H * D + (Py_ssize_t)T * (H / G) * span + (Py_ssize_t)T * H * (D + 2);
 }
 
+static void attend_merge(float *out, const attend_args *a0, int T);
+
 /* One query (H, D) at ``start`` over caches (G, L, D) into out (H, D): q scaled into the
  * scratch (attend_need floats), the positions shared by the pool's threads, their softmax
  * numerators merged. Called with the GIL released; shapes checked by the caller. */
@@ -1108,6 +1148,45 @@ static void attend_run(float *out, const float *q, const void *keys, const void 
                      H, G, D, kv16, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap,
                      alibi};
     pool_run(attend_part, &a);
+    attend_merge(out, &a, T);
+}
+
+/* attend_run's first half for one of several queries run as one dispatch (attend_rows): q
+ * scaled into the scratch and the query's attend_args, the same values attend_run makes. */
+static void attend_setup(attend_args *a, const float *q, const void *keys, const void *values,
+                         int kv16, float *scratch, int H, int G, int D, Py_ssize_t L,
+                         Py_ssize_t start, Py_ssize_t window, float scale, float softcap,
+                         Py_ssize_t ring, const float *alibi) {
+    int T = pool.threads ? pool.threads : 1;
+    Py_ssize_t HD = (Py_ssize_t)H * D;
+    Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
+    Py_ssize_t span = (t - lo + T - 1) / T + 1;
+    float *qs = scratch;
+    for (Py_ssize_t i = 0; i < HD; i++)
+        qs[i] = q[i] * scale;
+    attend_args made = {qs, keys, values, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
+                        H, G, D, kv16, L, lo, t, span, ring > 0 && ring <= L ? ring : L,
+                        softcap, alibi};
+    *a = made;
+}
+
+typedef struct {
+    const attend_args *a;
+    Py_ssize_t n;
+} attend_rows_args;
+
+/* Part ``part`` of each query's positions, query after query: each (query, part) is what
+ * attend_run's dispatch computes for that query, so every query's result is its own. */
+static void attend_rows_part(const void *args, int part, int parts) {
+    const attend_rows_args *r = args;
+    for (Py_ssize_t k = 0; k < r->n; k++)
+        attend_part(&r->a[k], part, parts);
+}
+
+/* The parts' softmax numerators of one query (attend_args a, T parts) merged into out. */
+static void attend_merge(float *out, const attend_args *a0, int T) {
+    const attend_args a = *a0;
+    const int H = a.H, D = a.D;
     /* The parts' softmax numerators merged, each scaled by exp(its max - the max). */
     float *o = out;
     for (int h = 0; h < H; h++) {
@@ -1138,6 +1217,8 @@ static int gemm_held_run(float *out, const float *x, const void *w, int form, co
                          Py_ssize_t m, Py_ssize_t n, Py_ssize_t k);
 static int gemv_held_run(float *y, const float *x, const void *w, int form, const float *b,
                          Py_ssize_t n, Py_ssize_t k);
+static int gemv_held_batch_run(float *y, const float *x, const void *w, int form,
+                               const float *b, Py_ssize_t n, Py_ssize_t k, Py_ssize_t m);
 static void held_widen(int form, const uint8_t *w, Py_ssize_t rb, Py_ssize_t r0, Py_ssize_t r1,
                        Py_ssize_t k, float *out);
 
@@ -1643,6 +1724,36 @@ static int gemv_held_run(float *y, const float *x, const void *w, int form, cons
     pool_run(gemv_part, &a);
     if (xp && xp != stack)
         free(xp);
+    return 0;
+}
+
+/* gemv_held_run over m rows of x (m, k) into y (m, n) (a batched decode step's): each
+ * row's sums the one-row call's, bit for bit (the same kernels on the same x, each row's x
+ * in the bfloat16 kernel's order of its own), the weights read a block at a time for all
+ * the rows (gemv_batch_part). -1 where the rows' reordered x find no memory. */
+static int gemv_held_batch_run(float *y, const float *x, const void *w, int form,
+                               const float *b, Py_ssize_t n, Py_ssize_t k, Py_ssize_t m) {
+    gemv_batch_args g = {{NULL, x, b, NULL, NULL, y, n, k}, m, k, n};
+    if (form == HELD_F32) {
+        g.a.w = w;
+        pool_run(gemv_batch_part, &g);
+        return 0;
+    }
+    g.a.held = 1;
+    g.a.form = form;
+    g.a.wh = w;
+    g.a.rb = held_row_bytes(form, k);
+    float *xp = NULL;
+    if (form == HELD_BF16) {
+        xp = malloc(sizeof(float) * k * m);
+        if (!xp)
+            return -1;
+        for (Py_ssize_t j = 0; j < m; j++)
+            held_bf16_order(x + j * k, k, simd_lanes(), xp + j * k);
+        g.a.xp = xp;
+    }
+    pool_run(gemv_batch_part, &g);
+    free(xp);
     return 0;
 }
 

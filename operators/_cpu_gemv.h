@@ -424,6 +424,140 @@ static void GEMV_FN(gemm_cols)(const gemm_args *a, Py_ssize_t j0, Py_ssize_t j1,
     }
 }
 
+/* ---- several x rows against each weight row (a batched decode step's) -------------------
+ * Each (weight row, x row) pair's sum runs in the lanes, order and roundings of the one-row
+ * kernels above (f32_group's, bf16_group's), so every result is the one-row GEMV's bit for
+ * bit; the weight row is loaded once for up to GEMV_MB rows of x, whose 2 x M sums run as
+ * independent chains. x rows lie xs floats apart, y rows ys. */
+#define GEMV_MB (W == 16 ? 8 : 4)
+
+/* hsum(lo[m] + hi[m]) of each of M sums into s[m], the same adds in the same order, but
+ * lane by lane across the M sums (M independent chains: the M one after another waited on
+ * each chain's 15 dependent adds, ~350 cycles a weight row at M = 8, more than its FMAs). */
+static inline __attribute__((always_inline)) void GEMV_FN(hsums)(const FV *lo, const FV *hi,
+                                                                const int M, float *s) {
+    float lanes[8][W];
+    for (int m = 0; m < M; m++) {
+        FV v = lo[m] + hi[m];
+        memcpy(lanes[m], &v, sizeof v);
+    }
+    for (int m = 0; m < M; m++)
+        s[m] = lanes[m][0];
+    for (int i = 1; i < W; i++)
+        for (int m = 0; m < M; m++)
+            s[m] += lanes[m][i];
+}
+
+static inline __attribute__((always_inline)) void GEMV_FN(f32_multi)(
+        const gemv_args *a, Py_ssize_t r, const float *X, Py_ssize_t xs, float *Y,
+        Py_ssize_t ys, const int M) {
+    const Py_ssize_t K = a->k, C = K / 32, T = K % 32;
+    const float *w = a->w + r * K;
+    FV lo[GEMV_MB], hi[GEMV_MB];
+    for (int m = 0; m < M; m++)
+        lo[m] = hi[m] = (FV){0};
+    for (Py_ssize_t c = 0; c < C; c++) {
+        const float *wc = w + c * 32;
+        GEMV_AHEAD(wc, AHEAD_F32);
+        GEMV_AHEAD(wc + 16, AHEAD_F32);
+        for (int j = 0; j < 16; j += W) {
+            FV w0 = GEMV_FN(xload)(wc + j), w1 = GEMV_FN(xload)(wc + 16 + j);
+            for (int m = 0; m < M; m++) {
+                const float *x = X + m * xs + c * 32;
+                lo[m] = GEMV_FN(madd)(w0, GEMV_FN(xload)(x + j), lo[m]);
+                hi[m] = GEMV_FN(madd)(w1, GEMV_FN(xload)(x + 16 + j), hi[m]);
+            }
+        }
+    }
+    float sums[8];
+    GEMV_FN(hsums)(lo, hi, M, sums);
+    for (int m = 0; m < M; m++) {
+        const float *x = X + m * xs;
+        float t = sums[m];
+        for (Py_ssize_t c = 0; c < T; c++)
+            t = fmaf(w[C * 32 + c], x[C * 32 + c], t);
+        Y[m * ys + r] = a->b ? t + a->b[r] : t;
+    }
+}
+
+/* Row i of the bfloat16 group at row g (R rows: its chunks R * 32 values apart, its tail
+ * after the group's chunks), as bf16_group computes it. */
+static inline __attribute__((always_inline)) void GEMV_FN(bf16_multi)(
+        const gemv_args *a, Py_ssize_t g, const int R, int i, const float *X, Py_ssize_t xs,
+        float *Y, Py_ssize_t ys, const int M) {
+    const Py_ssize_t K = a->k, C = K / 32, T = K % 32;
+    const uint16_t *base = a->w16 + g * K;
+    FV lo[GEMV_MB], hi[GEMV_MB];
+    for (int m = 0; m < M; m++)
+        lo[m] = hi[m] = (FV){0};
+    for (Py_ssize_t c = 0; c < C; c++) {
+        const uint16_t *p = base + c * R * 32 + i * 32;
+        GEMV_AHEAD(p, AHEAD_BF16);
+        for (int j = 0; j < 16; j += W) {
+            GEMV_FN(uv) v;
+            memcpy(&v, p + 2 * j, sizeof v);
+            FV w0 = (FV)(v << 16), w1 = (FV)(v & 0xffff0000u);
+            for (int m = 0; m < M; m++) {
+                const float *x = X + m * xs + c * 32;
+                lo[m] = GEMV_FN(madd)(w0, GEMV_FN(xload)(x + j), lo[m]);
+                hi[m] = GEMV_FN(madd)(w1, GEMV_FN(xload)(x + 16 + j), hi[m]);
+            }
+        }
+    }
+    const uint16_t *tail = base + C * R * 32 + i * T;
+    float sums[8];
+    GEMV_FN(hsums)(lo, hi, M, sums);
+    for (int m = 0; m < M; m++) {
+        const float *x = X + m * xs;
+        float t = sums[m];
+        for (Py_ssize_t c = 0; c < T; c++)
+            t = fmaf(bf16_to_float(tail[c]), x[C * 32 + c], t);
+        Y[m * ys + g + i] = a->b ? t + a->b[g + i] : t;
+    }
+}
+
+#define GEMV_MULTI(fn, M, ...)                                                              \
+    switch (M) {                                                                            \
+    case 1: fn(__VA_ARGS__, 1); break;                                                      \
+    case 2: fn(__VA_ARGS__, 2); break;                                                      \
+    case 3: fn(__VA_ARGS__, 3); break;                                                      \
+    case 4: fn(__VA_ARGS__, 4); break;                                                      \
+    case 5: fn(__VA_ARGS__, GEMV_MB >= 5 ? 5 : 1); break;                                   \
+    case 6: fn(__VA_ARGS__, GEMV_MB >= 6 ? 6 : 1); break;                                   \
+    case 7: fn(__VA_ARGS__, GEMV_MB >= 7 ? 7 : 1); break;                                   \
+    default: fn(__VA_ARGS__, GEMV_MB >= 8 ? 8 : 1); break;                                  \
+    }
+
+/* Rows [r0, r1) (whole groups, as gemv_rows takes them) against m rows of x; 0 where the
+ * weights' form has no such kernel (Q8_0: gemv_batch_part reads it a block at a time). */
+static int GEMV_FN(gemv_rows_multi)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1,
+                                    Py_ssize_t m, Py_ssize_t xs, Py_ssize_t ys) {
+    if (a->wq || a->held)  /* Q8_0 row groups, held forms: gemv_batch_part's blocks */
+        return 0;
+    for (Py_ssize_t j = 0; j < m; j += GEMV_MB) {
+        const int M = (int)(m - j < GEMV_MB ? m - j : GEMV_MB);
+        const float *X = a->x + j * xs;
+        float *Y = a->y + j * ys;
+        if (!a->w16) {
+            for (Py_ssize_t r = r0; r < r1; r++)
+                GEMV_MULTI(GEMV_FN(f32_multi), M, a, r, X, xs, Y, ys)
+            continue;
+        }
+        for (Py_ssize_t g = r0; g < r1; g += GEMV_GROUP) {
+            const int R = (int)(a->n - g < GEMV_GROUP ? a->n - g : GEMV_GROUP);
+            for (int i = 0; i < R; i++) {
+                if (R == GEMV_GROUP)
+                    GEMV_MULTI(GEMV_FN(bf16_multi), M, a, g, GEMV_GROUP, i, X, xs, Y, ys)
+                else
+                    GEMV_MULTI(GEMV_FN(bf16_multi), M, a, g, R, i, X, xs, Y, ys)
+            }
+        }
+    }
+    return 1;
+}
+#undef GEMV_MULTI
+#undef GEMV_MB
+
 /* Rows [r0, r1): r0 a multiple of GEMV_GROUP, r1 too or the last row (gemv_part). */
 static void GEMV_FN(gemv_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
     if (a->held) {

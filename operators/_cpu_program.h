@@ -20,7 +20,9 @@
  * A step is a tuple ``(op, start_from, start_offset, arrays, ints, floats, rows_at,
  * capacity)``: ``op`` one of the OP_* codes below; its ``start`` attribute (RoPE's row, a
  * cache write's position, the query's position, the row take_row takes) is
- * ``call[start_from] + start_offset``, where ``call`` is the run's (start, rows, position),
+ * ``call[start_from] + start_offset``, where ``call`` is the run's (start, rows, position)
+ * followed by the run's per-row positions where it gives them (a batched decode step's:
+ * start_from 3 + r is row r's, each row its own sequence at its own position),
  * or ``start_offset`` alone where ``start_from`` is -1 (a step whose start is the same at
  * every call, or which has none); ``arrays`` its output first, then its inputs (None for
  * an absent one); ``ints`` and ``floats`` as each OP_ code says.
@@ -34,7 +36,10 @@
  */
 
 enum {
-    OP_GEMV,      /* (y, x, w, b|None); (n, k); y (n) = w (n, k) x (+ b): the gemv kernel */
+    OP_GEMV,      /* (y, x, w, b|None); (n, k[, held[, m]]); y (n) = w (n, k) x (+ b): the
+                   * gemv kernel (held: the weight's held form, -1 for none); with m > 1,
+                   * x (m, k) and y (m, n), each row the one-row GEMV's bit for bit, the
+                   * weights read once for the m rows (gemv_batch_part) */
     OP_ATTEND,    /* (out, q, keys, values, scratch, alibi|None); (H, G, D, L, window, ring,
                    * n); (scale, softcap): n queries q (n, H, D) (rows apart) at start ..
                    * start + n into out (n, H * D): attend at one, attend_chunk at more (a
@@ -121,6 +126,8 @@ static const unsigned ROWS_APART[OP_COUNT] = {
     [OP_GATED_NORM] = 1u << 1 | 1u << 2};
 
 enum { ARRAYS = 9, INTS = 12, FLOATS = 4 };
+/* Per-row positions a run may give (a batched decode step's rows: runtime/batch.py). */
+#define CALL_ROWS 256
 
 typedef struct {
     int op, start_from, rows_at;
@@ -187,14 +194,15 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
     }
     if (s->held >= 0) {  /* a held weight: its rows' bytes, of any buffer format */
         const Py_ssize_t rb = held_row_bytes(s->held, i[1]);
-        if (rb < 0 || i[0] < 1 || (s->op != OP_EMBEDDING && i[2] < 1))
+        if (rb < 0 || i[0] < 1 || (s->op == OP_GEMM && i[2] < 1) ||
+            (s->op == OP_GEMV && i[3] < 0))
             goto none;
         want[2] = i[0] * rb;
         fmt[2] = '*';
         switch (s->op) {
-        case OP_GEMV:
-            want[0] = 4 * i[0];
-            want[1] = 4 * i[1];
+        case OP_GEMV:  /* i[3]: the batched rows m (0 or 1: one) */
+            want[0] = 4 * i[0] * (i[3] > 1 ? i[3] : 1);
+            want[1] = 4 * i[1] * (i[3] > 1 ? i[3] : 1);
             want[3] = s->a[3] ? 4 * i[0] : 0;
             return 0;
         case OP_GEMM:
@@ -213,11 +221,12 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         goto none;
     }
     switch (s->op) {
-    case OP_GEMV:
-        if (i[0] < 1 || i[1] < 1)
+    case OP_GEMV: {  /* i[2] the held form (-1 here), i[3] the batched rows m */
+        if (i[0] < 1 || i[1] < 1 || i[3] < 0)
             break;
-        want[0] = 4 * i[0];
-        want[1] = 4 * i[1];
+        const Py_ssize_t m = i[3] > 1 ? i[3] : 1;
+        want[0] = 4 * i[0] * m;
+        want[1] = 4 * i[1] * m;
         if (s->kind == 2) {
             if (i[1] % Q8_BLOCK)
                 break;
@@ -229,6 +238,7 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         }
         want[3] = s->a[3] ? 4 * i[0] : 0;
         return 0;
+    }
     case OP_GEMM:
         if (i[0] < 1 || i[1] < 1 || i[2] < 1)
             break;
@@ -464,7 +474,8 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
                               &PyTuple_Type, &arrays, &PyTuple_Type, &ints, &PyTuple_Type,
                               &floats, &s->rows_at, &s->capacity))
             goto fail;
-        if (s->op < 0 || s->op >= OP_COUNT || s->start_from < -1 || s->start_from > 2 ||
+        if (s->op < 0 || s->op >= OP_COUNT || s->start_from < -1 ||
+            s->start_from > 2 + CALL_ROWS ||
             PyTuple_GET_SIZE(arrays) > ARRAYS || PyTuple_GET_SIZE(ints) > INTS ||
             PyTuple_GET_SIZE(floats) > FLOATS || s->rows_at < -1 ||
             s->rows_at >= PyTuple_GET_SIZE(ints)) {
@@ -476,7 +487,7 @@ static PyObject *py_program(PyObject *self, PyObject *arg) {
                 goto fail;
         {  /* a last int past the legacy ones: the weight's held form */
             const Py_ssize_t nints = PyTuple_GET_SIZE(ints);
-            s->held = (s->op == OP_GEMV && nints == 3) ? (int)s->i[2]
+            s->held = (s->op == OP_GEMV && (nints == 3 || nints == 4)) ? (int)s->i[2]
                       : ((s->op == OP_GEMM || s->op == OP_EMBEDDING) && nints == 4) ? (int)s->i[3]
                       : -1;
             if (s->held < -1 || (s->held >= 0 && held_row_bytes(s->held, 32 * QK_K) < 0)) {
@@ -606,10 +617,16 @@ __attribute__((target("avx2,fma"))) static Py_ssize_t softcap_avx2(float *out, c
 
 #endif
 
-/* The pool for a step of more than one row (a prompt chunk's), the calling thread for one
- * (a decode step's: a small step's wake-up would cost more than it shares). */
-static void rows_run(task_fn fn, const void *args, Py_ssize_t rows) {
-    if (rows > 1)
+/* Values below which a row step runs on the calling thread: a batched decode step's few
+ * rows (8 x 576 on SmolLM2) cost less than waking the pool, whose wake-up a busy machine
+ * stretches to a scheduler slice. A row's values are the same either way. */
+#define ROWS_POOL_WORK 32768
+
+/* The pool for a step of more than one row (a prompt chunk's) and at least ROWS_POOL_WORK
+ * values, the calling thread otherwise (a decode step's: a small step's wake-up would cost
+ * more than it shares). */
+static void rows_run(task_fn fn, const void *args, Py_ssize_t rows, Py_ssize_t work) {
+    if (rows > 1 && work >= ROWS_POOL_WORK)
         pool_run(fn, args);
     else
         fn(args, 0, 1);
@@ -705,7 +722,8 @@ static void work_run(task_fn fn, const void *args, Py_ssize_t flops) {
 
 /* One step at the call's (start, rows, position); 0, or an error message (a position or
  * rows past what the step's arrays hold, an id outside the vocabulary) in msg. */
-static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg, size_t size) {
+static const char *step_run(const step_t *s, const Py_ssize_t *call, Py_ssize_t ncall,
+                            char *msg, size_t size) {
     Py_ssize_t i[INTS];
     memcpy(i, s->i, sizeof i);
     if (s->rows_at >= 0) {
@@ -716,17 +734,30 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         }
         i[s->rows_at] = s->unit * call[1];
     }
+    if (s->start_from >= ncall) {
+        snprintf(msg, size, "the step reads row %d's position, and the run gives %zd rows",
+                 s->start_from - 3, ncall - 3);
+        return msg;
+    }
     Py_ssize_t start = s->start_offset + (s->start_from < 0 ? 0 : call[s->start_from]);
     float *out = s->a[0];
     switch (s->op) {
     case OP_GEMV: {
+        const Py_ssize_t m = i[3] > 1 ? i[3] : 1;  /* a batched decode step's rows */
         if (s->held >= 0)
-            return gemv_held_run(out, s->a[1], s->a[2], s->held, s->a[3], i[0], i[1]) < 0
-                       ? "gemv: no memory for x's order" : NULL;
+            return (m > 1 ? gemv_held_batch_run(out, s->a[1], s->a[2], s->held, s->a[3], i[0],
+                                                i[1], m)
+                          : gemv_held_run(out, s->a[1], s->a[2], s->held, s->a[3], i[0], i[1]))
+                           < 0 ? "gemv: no memory for x's order" : NULL;
         gemv_args a = {s->kind == WEIGHTS_F32 ? s->a[2] : NULL, s->a[1], s->a[3],
                        s->kind == WEIGHTS_BF16 ? s->a[2] : NULL, s->kind == 2 ? s->a[2] : NULL,
                        out, i[0], i[1]};
-        pool_run(gemv_part, &a);
+        if (m > 1) {
+            gemv_batch_args b = {a, m, i[1], i[0]};
+            pool_run(gemv_batch_part, &b);
+        } else {
+            pool_run(gemv_part, &a);
+        }
         return NULL;
     }
     case OP_GEMM:
@@ -750,7 +781,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
     case OP_RMS_NORM: {
         rows_args a = {s->a[1], s->a[2], out, i[0], i[1], s->rs[1], 0, s->rs[0], i[3], i[2],
                        0, 1, s->f[0]};
-        rows_run(rows_part, &a, i[0] / i[3]);
+        rows_run(rows_part, &a, i[0] / i[3], i[0] * i[1]);
         return NULL;
     }
     case OP_ADD: {
@@ -777,12 +808,12 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         const float *g = s->a[1], *u = s->a[2];
         rows_args a = {g, u ? u : g + i[1], out, i[0], i[1], s->rs[1], u ? s->rs[2] : s->rs[1],
                        s->rs[0], 1, 1, (int)i[2], 0, 0.0f};
-        rows_run(rows_part, &a, i[0]);
+        rows_run(rows_part, &a, i[0], i[0] * i[1]);
         return NULL;
     }
     case OP_ACTIVATION: {
         rows_args a = {s->a[1], NULL, out, i[0], i[1], i[1], 0, i[1], 1, 1, (int)i[2], 0, 0.0f};
-        rows_run(rows_part, &a, i[0]);
+        rows_run(rows_part, &a, i[0], i[0] * i[1]);
         return NULL;
     }
     case OP_ROPE: {
@@ -793,7 +824,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
         }
         rope_args a = {s->a[1], s->a[2], s->a[3], out, i[5], i[0], i[1], i[2], s->rs[1], start,
                        (int)i[3]};
-        rows_run(rope_part, &a, i[5]);
+        rows_run(rope_part, &a, i[5], i[5] * i[0] * i[1]);
         return NULL;
     }
     case OP_KV_WRITE: {
@@ -966,21 +997,71 @@ static const char *step_run(const step_t *s, const Py_ssize_t call[3], char *msg
     return "an unknown step";
 }
 
-/* run(program, start, rows, position, first, last): steps first .. last, GIL released.
+/* One-query attention steps from ``at`` on (a batched decode step's rows of one layer:
+ * runtime/batch.py puts them side by side, each on a scratch of its own) run as one
+ * dispatch of the pool: each query's parts and merge are attend_run's, so each result is
+ * the one its step alone gives. Returns how many steps ran (0: fewer than two such steps,
+ * or one that attend_any would refuse: the steps then run one at a time, as ever). */
+static Py_ssize_t attend_rows(const program_t *p, Py_ssize_t at, Py_ssize_t last,
+                              const Py_ssize_t *call, Py_ssize_t ncall) {
+    attend_args args[CALL_ROWS];
+    Py_ssize_t n = 0;
+    for (Py_ssize_t k = at; k < last && n < CALL_ROWS; k++, n++) {
+        const step_t *s = &p->steps[k];
+        if (s->op != OP_ATTEND || s->i[6] != 1 || s->start_from >= ncall)
+            break;
+        const Py_ssize_t start = s->start_offset + (s->start_from < 0 ? 0 : call[s->start_from]);
+        const Py_ssize_t L = s->i[3], ring = s->i[5];
+        if (start < 0 || (start >= L && !(ring > 0 && L == ring)) ||
+            s->len[4] / 4 < attend_need((int)s->i[0], (int)s->i[1], (int)s->i[2], start, s->i[4]))
+            break;
+        int shared = 0;
+        for (Py_ssize_t j = at; j < k; j++)
+            shared |= p->steps[j].a[4] == s->a[4] || p->steps[j].a[0] == s->a[0];
+        if (shared)
+            break;
+        attend_setup(&args[n], s->a[1], s->a[2], s->a[3], s->kind == WEIGHTS_BF16, s->a[4],
+                     (int)s->i[0], (int)s->i[1], (int)s->i[2], L, start, s->i[4], s->f[0],
+                     s->f[1], ring, s->a[5]);
+    }
+    if (n < 2)
+        return 0;
+    attend_rows_args r = {args, n};
+    pool_run(attend_rows_part, &r);
+    const int T = pool.threads ? pool.threads : 1;
+    for (Py_ssize_t k = 0; k < n; k++)
+        attend_merge(p->steps[at + k].a[0], &args[k], T);
+    return n;
+}
+
+/* run(program, start, rows, position, first, last[, positions]): steps first .. last, GIL
+ * released; positions, a tuple of ints, each row's position (a batched decode step's).
  * ValueError (naming the step) where a step's position or rows are past its arrays; the
  * steps before it have run. */
 static PyObject *py_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "run(program, start, rows, position, first, last)");
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "run(program, start, rows, position, first, last"
+                                         "[, positions])");
         return NULL;
     }
     program_t *p = PyCapsule_GetPointer(args[0], PROGRAM_CAPSULE);
     if (!p)
         return NULL;
-    Py_ssize_t call[3], first, last;
+    Py_ssize_t call[3 + CALL_ROWS], ncall = 3, first, last;
     for (int k = 0; k < 3; k++)
         if ((call[k] = PyLong_AsSsize_t(args[1 + k])) == -1 && PyErr_Occurred())
             return NULL;
+    if (nargs == 7) {
+        if (!PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) > CALL_ROWS) {
+            PyErr_Format(PyExc_TypeError, "run: positions is a tuple of at most %d ints",
+                         CALL_ROWS);
+            return NULL;
+        }
+        for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(args[6]); r++)
+            if ((call[ncall++] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[6], r))) == -1 &&
+                PyErr_Occurred())
+                return NULL;
+    }
     if (((first = PyLong_AsSsize_t(args[4])) == -1 || (last = PyLong_AsSsize_t(args[5])) == -1)
         && PyErr_Occurred())
         return NULL;
@@ -996,13 +1077,26 @@ static PyObject *py_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (profile_on) {
         for (; at < last && !error; at++) {
             const long t0 = now_ns();
-            error = step_run(&p->steps[at], call, msg, sizeof msg);
+            Py_ssize_t grouped = ncall > 3 ? attend_rows(p, at, last, call, ncall) : 0;
+            if (grouped) {
+                profile_ns[OP_ATTEND] += now_ns() - t0;
+                profile_calls[OP_ATTEND] += grouped;
+                at += grouped - 1;
+                continue;
+            }
+            error = step_run(&p->steps[at], call, ncall, msg, sizeof msg);
             profile_ns[p->steps[at].op] += now_ns() - t0;
             profile_calls[p->steps[at].op]++;
         }
     } else {
-        for (; at < last && !error; at++)
-            error = step_run(&p->steps[at], call, msg, sizeof msg);
+        for (; at < last && !error; at++) {
+            Py_ssize_t grouped = ncall > 3 ? attend_rows(p, at, last, call, ncall) : 0;
+            if (grouped) {
+                at += grouped - 1;
+                continue;
+            }
+            error = step_run(&p->steps[at], call, ncall, msg, sizeof msg);
+        }
     }
     Py_END_ALLOW_THREADS
     if (error) {

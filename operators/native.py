@@ -186,9 +186,21 @@ def encoded_program(encoded: list[tuple]):
     return lib().program(tuple(encoded))
 
 
-def run(prog, call, first: int, last: int) -> None:
-    """Steps ``first .. last`` of ``prog`` at ``call``'s per-call values."""
-    LIB.run(prog, call.get("start", 0), call.get("rows", 1), call.get("position", 0), first, last)
+def run(prog, call, first: int, last: int, positions: tuple | None = None) -> None:
+    """Steps ``first .. last`` of ``prog`` at ``call``'s per-call values; ``positions``: each
+    row's position, which a step encoded with start ``ROW + r`` reads (a batched decode
+    step's rows, each its own sequence: ``runtime.batch``)."""
+    if positions is None:
+        LIB.run(prog, call.get("start", 0), call.get("rows", 1), call.get("position", 0),
+                first, last)
+    else:
+        LIB.run(prog, call.get("start", 0), call.get("rows", 1), call.get("position", 0),
+                first, last, positions)
+
+
+#: A step's ``start_from`` for row 0's position of a run's ``positions`` (row r: ROW + r),
+#: and how many rows a run may give (``operators/_cpu_program.h``'s CALL_ROWS).
+ROW, CALL_ROWS = len(CALL), 256
 
 class Profile(dict):
     """Each compiled step's calls and wall seconds by its code (``gemm``, ``attend``, ...),

@@ -2,8 +2,8 @@
 
 The scores pass through the rules in transformers' order (``GenerationMixin.
 _get_logits_processor``): the repetition penalty (a logits processor, applied greedy or not),
-then the presence penalty (not in transformers: the OpenAI/vLLM rule, applied where vLLM
-applies it, after the repetition penalty), then, when sampling, the warpers temperature,
+then the frequency and presence penalties (not in transformers: the OpenAI/vLLM rules,
+applied where vLLM applies them, after the repetition penalty), then, when sampling, the warpers temperature,
 top-k, top-p and min-p, and a draw from the softmax of what is kept. Greedy (temperature 0,
 transformers' ``do_sample=False``) is the argmax of the penalized scores: warpers do not
 apply. Draws come from ``numpy.random.default_rng(seed)``, one uniform per token, so a seed
@@ -41,6 +41,19 @@ def presence_penalty(scores: np.ndarray, generated: Iterable[int], penalty: floa
     ids = np.unique(np.asarray(list(generated), np.int64))
     if ids.size and penalty != 0.0:
         out[ids] -= penalty
+    return out
+
+
+def frequency_penalty(scores: np.ndarray, generated: Iterable[int], penalty: float) -> np.ndarray:
+    """``scores`` ``(vocab,)`` less ``penalty`` times how often each token occurs in
+    ``generated`` (the tokens drawn so far), as the OpenAI API defines it and vLLM computes
+    it (``apply_penalties``: ``logits -= frequency_penalties * output_bin_counts``, before
+    the presence penalty). A copy."""
+    out = np.array(scores, np.float64)
+    ids, counts = np.unique(np.asarray(list(generated), np.int64), return_counts=True)
+    keep = ids < out.shape[-1]
+    if ids.size and penalty != 0.0:
+        out[ids[keep]] -= penalty * counts[keep]
     return out
 
 
@@ -115,23 +128,28 @@ class Sampler:
             drawn tokens), as transformers penalizes ``input_ids``.
         presence_penalty: subtracted once from every token drawn so far (``generated``);
             0.0 is none, a negative value favours them.
+        frequency_penalty: subtracted from every token drawn so far as many times as it was
+            drawn (``generated``), before the presence penalty; 0.0 is none.
 
     Raises:
         TypeError: a setting that is not a real number (a bool, text), a top_k or seed that
             is not a whole number.
         ValueError: a negative or non-finite temperature, a negative top_k, top_p outside
             (0, 1], min_p outside [0, 1], a repetition penalty that is not a finite number
-            > 0, a presence penalty that is not finite, a seed outside [0, 2**64).
+            > 0, a presence or frequency penalty that is not finite, a seed outside
+            [0, 2**64).
     """
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int | None = 0, *, min_p: float | None = None,
-                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0):
+                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0):
         # Types first: a bool is an int to Python and a str compares with nothing, so
         # either would otherwise pass as a number or fail deep in numpy.
         for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
                             ("repetition_penalty", repetition_penalty),
-                            ("presence_penalty", presence_penalty)):
+                            ("presence_penalty", presence_penalty),
+                            ("frequency_penalty", frequency_penalty)):
             if value is not None and (isinstance(value, (bool, np.bool_)) or
                                       not isinstance(value, (int, float, np.integer, np.floating))):
                 raise TypeError(f"{name} {value!r} is not a number")
@@ -150,9 +168,10 @@ class Sampler:
         if not (np.isfinite(repetition_penalty) and repetition_penalty > 0):
             raise ValueError(f"repetition_penalty {repetition_penalty} is not a finite number "
                              "> 0 (1.0 is none)")
-        if not np.isfinite(presence_penalty):
-            raise ValueError(f"presence_penalty {presence_penalty} is not a finite number "
-                             "(0.0 is none)")
+        for name, value in (("presence_penalty", presence_penalty),
+                            ("frequency_penalty", frequency_penalty)):
+            if not np.isfinite(value):
+                raise ValueError(f"{name} {value} is not a finite number (0.0 is none)")
         if seed is None:
             seed = fresh_seed()
         if not 0 <= seed < 2**64:
@@ -161,6 +180,7 @@ class Sampler:
         self.min_p = None if min_p is None else float(min_p)
         self.repetition_penalty = float(repetition_penalty)
         self.presence_penalty = float(presence_penalty)
+        self.frequency_penalty = float(frequency_penalty)
         self.seed = int(seed)
         self.rng = np.random.default_rng(self.seed)
 
@@ -171,7 +191,8 @@ class Sampler:
     @property
     def penalized(self) -> bool:
         """Whether the scores depend on the tokens seen, not on the logits alone."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
 
     def scores(self, logits: np.ndarray, seen: Iterable[int] = (),
                generated: Iterable[int] = ()) -> np.ndarray:
@@ -182,11 +203,13 @@ class Sampler:
         Args:
             logits: ``(vocab,)`` the model's logits.
             seen: every token of the sequence so far (for the repetition penalty).
-            generated: the tokens drawn so far (for the presence penalty).
+            generated: the tokens drawn so far (for the frequency and presence penalties).
         """
         x = np.asarray(logits, np.float64).reshape(-1)
         if self.repetition_penalty != 1.0:
             x = repetition_penalty(x, seen, self.repetition_penalty)
+        if self.frequency_penalty != 0.0:
+            x = frequency_penalty(x, generated, self.frequency_penalty)
         if self.presence_penalty != 0.0:
             x = presence_penalty(x, generated, self.presence_penalty)
         if self.greedy:

@@ -491,13 +491,51 @@ class CausalLM(Module):
         L = self.config.max_seq_len
         if positions > L:
             raise ValueError(f"{positions} positions do not fit max_seq_len {L}")
-        B = self.block
-        grown = max(positions, self.reserved + self.reserved // 4)
-        grown = min(L, -(-grown // B) * B)
+        grown = self._blocks(positions, self.reserved)
         changed = [s.grow(grown) for s in self._states]
         self.reserved = grown
+        return any(changed), self._grow_tables(grown)
+
+    def _blocks(self, positions: int, reserved: int) -> int:
+        """Positions a set of caches holding ``reserved`` grows to, to hold ``positions``:
+        whole blocks, and at least a quarter more (``reserve``)."""
+        B = self.block
+        grown = max(positions, reserved + reserved // 4)
+        return min(self.config.max_seq_len, -(-grown // B) * B)
+
+    def reserve_caches(self, caches: Caches, positions: int) -> None:
+        """``reserve`` for ``caches``, bound or not (a batched decode step's sessions:
+        ``runtime.batch``): a set not bound grows its own arrays, as it would bound; the RoPE
+        tables grow for it too, every compiled version bound to them again.
+
+        Raises:
+            ValueError: ``positions`` past ``max_seq_len``, or a set holding no arrays of
+                this cache form (never bound).
+        """
+        with self.lock:
+            if caches is self.caches:
+                self.reserve(positions)
+                return
+            if caches.arrays is None or caches.epoch != self._epoch:
+                raise ValueError("these caches hold nothing of this model's cache form: "
+                                 "bind them (run a prompt on their session) first")
+            if positions <= caches.reserved:
+                return
+            if positions > self.config.max_seq_len:
+                raise ValueError(f"{positions} positions do not fit max_seq_len "
+                                 f"{self.config.max_seq_len}")
+            grown = self._blocks(positions, caches.reserved)
+            caches.arrays = [s.grown(a, grown) for s, a in zip(self._states, caches.arrays)]
+            caches.reserved = grown
+            if self._grow_tables(grown):
+                owners = {id(t) for pair in self.rope_tables.values() for t in pair}
+                for version in self._versions.values():
+                    version.plan.rebind(owners)
+
+    def _grow_tables(self, grown: int) -> bool:
+        """The RoPE tables holding ``grown`` rows; whether they were replaced."""
         if grown <= self._table_rows:  # another set of caches grew them so far already
-            return any(changed), False
+            return False
         # The tables computed afresh (their rows are a prefix of the whole context's), and
         # their packed forms dropped while the old arrays live, so no id is reused.
         stale = set()
@@ -510,7 +548,7 @@ class CausalLM(Module):
             for t, array in zip(tables, new):
                 t.array = array
         self._table_rows = grown
-        return any(changed), bool(stale)
+        return bool(stale)
 
     def cache_bytes(self) -> tuple[int, int]:
         """Bytes the bound KV caches hold now, and the most they can grow to (at
@@ -597,7 +635,7 @@ class CausalLM(Module):
     def body(self, rec: Recorder) -> Handle:
         """Record the model for ``rec``'s call: ids to the logits ``(1, vocab)`` of the last row."""
         c = rec.call
-        ids = rec.input("ids", (c.capacity,), np.int32, bounded=c.prompt)
+        ids = rec.input("ids", (c.capacity,), np.int32, bounded=c.prompt or c.batch)
         ropes = {name: (rec.state(f"rope.{name}.cos", cos, "const"),
                         rec.state(f"rope.{name}.sin", sin, "const"))
                  for name, (cos, sin) in self.rope_tables.items()}
@@ -635,18 +673,25 @@ class CausalLM(Module):
         per_layer = [None] * len(self.model.layers)
         if o.per_layer_input is not None:
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
+        if c.hidden and (o.altup is not None or o.recurrence is not None):
+            raise ValueError("hidden states of a model whose layers run on several streams "
+                             "(AltUp) or on a recurrent schedule are not one per layer")
         if o.altup is not None:
             x = spread(rec, self.model, x)
         if o.recurrence is not None:
             x = run_schedule(rec, self.model, self.model.schedule, x, ropes)
         for layer, extra in zip(self.model.layers if o.recurrence is None else [], per_layer):
+            if c.hidden:  # each layer's input: the embeddings, then each layer's output
+                rec.kept.append(x)
             x = layer(rec, x, ropes, extra)
         if o.altup is not None:
             x = merge(rec, self.model, x)
-        if c.prompt:
+        if c.prompt and not c.every_row:
             x = rec.step("take_row", x, where=self.model.path, index=c.last_row)
         if self.model.norm is not None:
             x = self.model.norm(rec, x)
+        if c.hidden:  # the last, after the final norm (transformers' last_hidden_state)
+            rec.kept.append(x)
         if o.head_transform is not None:
             x = self.head_transform(rec, x)
         logits = self.lm_head(rec, x)
@@ -656,15 +701,18 @@ class CausalLM(Module):
             logits = rec.step("softcap", logits, where="lm_head", cap=o.logit_softcap)
         return logits
 
-    def version(self, prompt: bool, check: bool = False) -> "Version":
-        """The compiled decode step (``prompt=False``) or prompt chunk, compiled once."""
+    def version(self, prompt: bool, check: bool = False, every_row: bool = False) -> "Version":
+        """The compiled decode step (``prompt=False``) or prompt chunk, compiled once;
+        ``every_row``: the prompt chunk giving every row's logits and keeping the hidden
+        states (``Version.forward``)."""
         # Keyed by the decode weights too where they are reduced: a bench switches between
         # them by decode_weights, each decode step compiled once.
         weights = self.prefill_weights if prompt else self.decode_weights
         key = (prompt, check) if weights == "float32" else (prompt, check, weights)
+        key += ("every_row",) if every_row else ()
         with self.lock:  # compiled once, though two threads ask at once
             if key not in self._versions:
-                self._versions[key] = Version(self, prompt, check)
+                self._versions[key] = Version(self, prompt, check, every_row=every_row)
             return self._versions[key]
 
     @property
@@ -698,13 +746,13 @@ class Version:
     """
 
     def __init__(self, lm: CausalLM, prompt: bool, check: bool, soft: bool = False,
-                 reach: bool = False):
+                 reach: bool = False, every_row: bool = False):
         C = lm.config.prefill_chunk if prompt else 1
         call = CallSpec(prompt, C, start=PerCall("start" if prompt else "position"),
-                        soft=soft, reach=reach)
+                        soft=soft, reach=reach, every_row=every_row, hidden=every_row)
         rec = Recorder(call)
         out = lm.body(rec)
-        self.prompt, self.capacity = prompt, C
+        self.prompt, self.capacity, self.every_row = prompt, C, every_row
         # The model holds its versions: a reference back is weak, so no cycle keeps a
         # dropped model's arrays alive until the collector's rare full pass.
         self.lm = weakref.proxy(lm)
@@ -761,6 +809,11 @@ class Version:
             if recurrent is not None:
                 recurrent.after(kind, call["start"], call["rows"], self.prompt)
             return None, None
+        if self.every_row:  # every row's logits (rows, vocab) and the hidden states
+            if runner != self.plan.run:
+                raise ValueError("the float64 reference keeps no hidden states")
+            logits = runner(inputs, call)
+            return logits.reshape(call["rows"], -1), self.plan.kept(call["rows"])
         logits = runner(inputs, call).reshape(-1)
         if recurrent is not None:
             recurrent.after(kind, call["start"], call["rows"], self.prompt)

@@ -538,7 +538,6 @@ def routing_against(lm: CausalLM, golden: Golden) -> Result:
         finally:
             for r in refs:
                 r.capture = None
-        lm.holder = None
         order: dict[str, list] = {}
         for where, ins, out, attrs in captured:
             order.setdefault(where, []).append((ins, out, attrs))

@@ -23,7 +23,8 @@ from iron_spec.runtime.values import CHECKS, GENERATION, TOKEN_KEYS, token_ids
 from iron_spec.runtime.tokenizer import TextStream
 
 #: The sampling settings a caller may give; None leaves each to generation_config.json.
-SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty")
+SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty")
 FINISH_REASONS = ("eos", "stop", "length", "context", "interrupted")
 log = logging.getLogger("iron_spec")
 
@@ -107,6 +108,7 @@ def sampler_for(gen: dict, path: Path | None, *, seed: int | None = None,
         from_file["repetition_penalty"] = setting(gen, path, "repetition_penalty", 1.0, 1.0)
     settings = {**from_file, **{k: v for k, v in given.items() if v is not None}}
     settings.setdefault("presence_penalty", 0.0)
+    settings.setdefault("frequency_penalty", 0.0)
     # The caller's own values first, refused as they are; what fails after is the file's.
     Sampler(**{k: v for k, v in settings.items() if k not in from_file},
             seed=0 if seed is None else seed)

@@ -79,7 +79,13 @@ class CallSpec:
     ``prompt``: a prompt chunk (``capacity`` ids, of which a call runs ``rows``) or the
     decode step (one token at ``position``). ``start``, ``rows`` and ``position`` are
     ``PerCall`` values (``rows`` a plain 1 for the decode step). ``soft`` and ``reach``: a
-    prompt chunk's own inputs beside its ids (``runtime.towers.multimodal``).
+    prompt chunk's own inputs beside its ids (``runtime.towers.multimodal``). ``batch``: a
+    decode step over ``capacity`` sequences, a call running ``rows`` of them, each row its
+    own token at its own position in its own caches (``runtime.batch``: the steps at a
+    position run once a row). ``every_row``: a prompt chunk giving every row's logits, not
+    the last's alone. ``hidden``: its body names the hidden states to keep
+    (``Recorder.kept``: the first layer's input, then each layer's output, the last after
+    the final norm, as transformers' ``output_hidden_states``).
     """
 
     prompt: bool
@@ -91,6 +97,9 @@ class CallSpec:
     # rows see the whole image).
     soft: bool = False
     reach: bool = False
+    batch: bool = False
+    every_row: bool = False
+    hidden: bool = False
 
     @property
     def last_row(self) -> PerCall | int:
@@ -105,6 +114,7 @@ class Recorder:
         self.steps: list[Step] = []
         self.inputs: dict[str, Handle] = {}
         self._held: dict[int, Handle] = {}
+        self.kept: list[Handle] = []  # values a plan keeps past its steps (CallSpec.hidden)
 
     def input(self, name: str, shape: tuple[int, ...], dtype=np.int32, bounded=False) -> Handle:
         h = Handle(tuple(shape), "input", name, bounded, dtype)

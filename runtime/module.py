@@ -154,17 +154,26 @@ class State:
     def grow(self, capacity: int) -> bool:
         """Hold ``capacity`` positions (at most ``shape``'s): a new array, the old values
         copied to its first positions. Returns whether ``array`` changed."""
-        if self.axis is None:
-            return False
-        capacity = min(int(capacity), self.shape[self.axis])
-        if capacity <= self.capacity:
-            return False
-        held = list(self.array.shape)
-        held[self.axis] = capacity
-        array = np.zeros(tuple(held), self.array.dtype)
-        array[(slice(None),) * self.axis + (slice(0, self.capacity),)] = self.array
+        array = self.grown(self.array, capacity)
+        changed = array is not self.array
         self.array = array
-        return True
+        return changed
+
+    def grown(self, array: np.ndarray, capacity: int) -> np.ndarray:
+        """``array`` (this state's, or another sequence's set of it: ``runtime.caches``)
+        holding ``capacity`` positions (at most ``shape``'s): ``array`` itself where it
+        holds as many, else a new array, the old values copied to its first positions."""
+        if self.axis is None:
+            return array
+        capacity = min(int(capacity), self.shape[self.axis])
+        held = array.shape[self.axis]
+        if capacity <= held:
+            return array
+        shape = list(array.shape)
+        shape[self.axis] = capacity
+        new = np.zeros(tuple(shape), array.dtype)
+        new[(slice(None),) * self.axis + (slice(0, held),)] = array
+        return new
 
     @property
     def nbytes(self) -> int:

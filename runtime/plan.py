@@ -228,6 +228,8 @@ class Plan:
             if need:
                 spans[("scratch", i)] = Span(("scratch", i), aligned(need), i, i)
         touch(self.output, len(self.steps))
+        for h in self.recorder.kept:  # read after the run: none of their memory reused
+            touch(h, len(self.steps))
         return spans
 
     def _array(self, h: Handle) -> np.ndarray:
@@ -416,6 +418,12 @@ class Plan:
         if not output:
             return None
         return self._out[:rows] if self.output.bounded else self._out
+
+    def kept(self, rows: int) -> list[np.ndarray]:
+        """The values the recording keeps (``Recorder.kept``), views of the arena after the
+        last call (its first ``rows`` where bounded), valid until the next call."""
+        return [self._array(h)[:rows] if h.bounded else self._array(h)
+                for h in self.recorder.kept]
 
     def _is_bfloat16_state(self, h: Handle | None) -> bool:
         """Whether ``h`` is (a view of) a state holding bfloat16 (``State.use``)."""

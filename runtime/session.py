@@ -52,10 +52,9 @@ Threads. What is locked, what is per session, what a caller may share:
   on it run each other's positions again at every call. Give each thread its own session;
   ``claim``/``release`` say whether a session is in use (the library runs a generation on a
   session of its own where the model's is busy, and refuses a second turn of one chat).
-- For a batched decode over many sessions (a server's, not built): the unit it batches is
-  a session's ``Caches`` (its arrays and the tokens they hold); binding one set at a time
-  (``bind``) is what it would replace with a plan reading several sets in one call, under
-  the same lock.
+- A batched decode step over many sessions (``runtime.batch``, the server's engine:
+  ``runtime.engine``) runs each session's row on that session's own ``Caches``, read in
+  place by one native program under the same lock, instead of binding one set at a time.
 """
 
 from __future__ import annotations
@@ -200,13 +199,118 @@ class Session:
         tokens = self._validate(tokens)
         return self._run(tokens, greedy)[0]
 
-    def _run(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
+    def forward(self, tokens: Iterable[int], hidden: bool = False
+                ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """Every position's logits ``(n, vocab)`` float32 after the history ``tokens`` (row
+        ``i`` predicts token ``i + 1``, as transformers' ``model(ids).logits[0]``), and with
+        ``hidden`` the hidden states, a list of ``num_hidden_layers + 1`` arrays ``(n,
+        hidden_size)``: the first layer's input, each layer's output, the last after the
+        final norm (transformers' ``output_hidden_states``). Rows of the model's prefix ids
+        (``CausalOptions.prefix``) are left out. Run from position 0 on this session's
+        caches, which then hold nothing to resume from.
+
+        Raises:
+            ValueError, IndexError: as ``logits``; ValueError for a model whose layers run
+                on several streams or a recurrent schedule, where hidden states are asked.
+        """
+        tokens = self._validate(tokens)
+        lm, n, P = self.lm, tokens.size, len(self.lm.config.prefix)
+        logits, states = [], []
+        with lm.lock:
+            version = lm.version(True, every_row=True)
+            C = version.capacity
+            lm.bind(self.caches)
+            lm.fit_rope(n)
+            self.caches.forget()
+            self.caches.regime = lm.rope_regime(n)
+            ids = np.zeros(C, np.int32)
+            try:
+                for s in range(0, n, C):
+                    rows = min(C, n - s)
+                    ids[:rows] = tokens[s: s + rows]
+                    out, kept = version(ids, start=s, rows=rows, caches=self.caches)
+                    self.calls.append(("forward", s, rows))
+                    logits.append(np.array(out))
+                    if hidden:
+                        states.append([np.array(k) for k in kept])
+            finally:
+                self.caches.forget()
+        out = np.concatenate(logits)[P:]
+        if not hidden:
+            return out, None
+        return out, [np.concatenate([c[i] for c in states])[P:] for i in range(len(states[0]))]
+
+    def prefill(self, tokens: Iterable[int], chunks: int | None = None) -> np.ndarray | None:
+        """Run at most ``chunks`` prompt chunks (None: all) of what the caches lack of
+        ``tokens`` (a history): the logits after its last token (as ``logits``) once every
+        chunk has run, else None, the caches holding the tokens the chunks ran. A server
+        interleaves a long prompt's chunks with other sessions' decode steps so; the calls
+        are the ones ``logits`` makes, so the logits are bit for bit the same.
+
+        Raises:
+            ValueError, IndexError: as ``logits``.
+        """
+        tokens = self._validate(tokens)
+        if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int)
+                                   or chunks < 1):
+            raise ValueError(f"chunks is {chunks!r}: a count >= 1, or None for all")
+        return self._run(tokens, greedy, chunks)[0]
+
+    def reusable(self, tokens: Iterable[int]) -> int:
+        """How many leading tokens of ``tokens`` (a history) a call for it would not run again:
+        where this session's caches let it restart (``restart``), 0 where they hold
+        nothing of it. What a pool of held sessions (``runtime.engine``) ranks them by: the
+        session is asked, not assumed to restart at any position its tokens match
+        (``CausalLM.resume_at``: a prompt chunk whose rows are not computed alone restarts
+        at a chunk boundary, a sliding window's ring may hold too little, a recurrent state
+        only where it kept a copy).
+
+        Raises:
+            ValueError, IndexError: as ``logits``.
+        """
+        tokens = self._validate(tokens)
+        with self.lm.lock:
+            if self.held == 0 or self.caches.regime not in (None, self.lm.rope_regime(tokens.size)):
+                return 0
+            common = self._common(tokens)
+            n = tokens.size
+            if self.held == n == common and self.caches.last is not None:
+                return n
+            if common == self.held and self.held in (n - 1, n):
+                return n - 1  # a decode step
+            return self._restart(tokens, common)
+
+    def _restart(self, tokens: np.ndarray, common: int) -> int:
+        """The position a prompt run for ``tokens`` restarts at, ``common`` of them held: the
+        earliest every state of the model allows (``CausalLM.resume_at``)."""
+        lm, caches = self.lm, self.caches
+        kind = "reference" if self.reference else "compiled"
+        # The last token runs whatever the caches hold: its logits are the answer.
+        start = min(common, tokens.size - 1)
+        placed = self.placement
+        if placed is None:
+            return lm.resume_at(start, self.held, kind)
+        # A placement's chunks keep an image's rows together: resumed at a start the held
+        # run and this one share (a fresh run's calls from there), and which every state
+        # allows.
+        starts = placed.starts(tokens, lm.config.prefill_chunk)
+        held = set(caches.starts) if self.held else {0}
+        while True:
+            start = max(b for b in starts if b <= start and (b in held or b == 0))
+            allowed = lm.resume_at(start, self.held, kind)
+            if allowed == start:
+                return start
+            start = allowed
+
+    def _run(self, tokens: np.ndarray, sampler, chunks: int | None = None
+             ) -> tuple[np.ndarray | None, int | None]:
         """The logits after ``tokens`` (a copy, the caller's own) and the token ``sampler``
-        draws from them, the whole call under the model's lock on this session's caches."""
+        draws from them, the whole call under the model's lock on this session's caches;
+        with ``chunks``, (None, None) where more prompt chunks remain (``prefill``)."""
         with self.lm.lock:
             self.lm.bind(self.caches)
             try:
-                logits, token = self._step(tokens, sampler)
+                logits, token = self._step(tokens, sampler, chunks)
             except BaseException:
                 # Stopped part-way (an interrupt's KeyboardInterrupt, an error in a kernel):
                 # the caches may hold positions past what the session records, and a sliding
@@ -216,9 +320,10 @@ class Session:
                 self.caches.forget()
                 raise
             # Copied while the lock is held: the plan's arena is the next caller's after it.
-            return np.array(logits), token
+            return (None, None) if logits is None else (np.array(logits), token)
 
-    def _step(self, tokens: np.ndarray, sampler) -> tuple[np.ndarray, int]:
+    def _step(self, tokens: np.ndarray, sampler, chunks: int | None = None
+              ) -> tuple[np.ndarray | None, int | None]:
         lm, n, caches = self.lm, tokens.size, self.caches
         regime = lm.rope_regime(n)
         lm.fit_rope(n)
@@ -252,28 +357,16 @@ class Session:
             version = lm.prompt_chunk
             run = version.reference if self.reference else version
             C = version.capacity
-            # The last token runs whatever the caches hold: its logits are the answer.
-            start = min(common, n - 1)
-            placed = self.placement
-            starts = placed.starts(tokens, C) if placed is not None else None
-            if placed is None:
-                start = lm.resume_at(start, self.held, kind)
-            else:
-                # A placement's chunks keep an image's rows together: resumed at a start the
-                # held run and this one share (a fresh run's calls from there), and which
-                # every state allows.
-                held = set(caches.starts) if self.held else {0}
-                while True:
-                    start = max(b for b in starts if b <= start and (b in held or b == 0))
-                    allowed = lm.resume_at(start, self.held, kind)
-                    if allowed == start:
-                        break
-                    start = allowed
+            start = self._restart(tokens, common)
             lm.restore(start, kind)
             caches.tokens, self.reused = tokens[:start], start
             ids = np.zeros(C, np.int32)
+            placed = self.placement
+            starts = placed.starts(tokens, C) if placed is not None else None
             bounds = [b for b in starts if b >= start] + [n] if placed is not None else \
                 list(range(start, n, C)) + [n]
+            if chunks is not None:
+                bounds = bounds[:chunks + 1]
             for s, end in zip(bounds, bounds[1:]):
                 rows = end - s
                 ids[:rows] = tokens[s: s + rows]
@@ -291,6 +384,9 @@ class Session:
                                        extra=extra, caches=caches)
                 self.calls.append(("placed" if extra is not None else "prompt", s, rows))
             caches.starts = starts if starts is not None else list(range(0, n, C))
+            if bounds[-1] < n:  # more chunks to run (prefill): the caches hold what these ran
+                caches.tokens, caches.stale = tokens[:bounds[-1]], None
+                return None, None
             caches.last = np.array(logits)
         caches.tokens, caches.stale = tokens, None
         return logits, carry["token"]

@@ -53,3 +53,6 @@ app.command("classify", cls=Command)(_tasks.classify_command)
 from . import list as _list  # noqa: E402
 
 app.command("list", cls=Command)(_list.command)
+from . import serve as _serve  # noqa: E402
+
+app.command("serve", cls=Command)(_serve.command)

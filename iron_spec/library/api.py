@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -32,7 +33,8 @@ from iron_spec.operators.threads import set_threads
 from iron_spec.runtime.session import Busy, Session
 from iron_spec.runtime.tokenizer import PIECE
 
-from iron_spec.runtime.generation import (Completion, Stream, busy_message,
+from iron_spec.runtime.engine import Engine, Request
+from iron_spec.runtime.generation import (SETTINGS, Completion, Stream, busy_message,
                                           read_generation_config, sampler_for, setting)
 from iron_spec.spec import arguments
 from iron_spec.spec.build import (DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, WEIGHTS, Loaded,
@@ -52,6 +54,8 @@ log = logging.getLogger("iron_spec")
 DEFAULT_NEW_TOKENS = 64
 #: Tokens a chat reply draws at most by default (it ends at the end of its turn).
 DEFAULT_REPLY_TOKENS = 512
+# Two threads asking for a model's engine at once get one engine.
+_ENGINE_LOCK = threading.Lock()
 
 
 def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *,
@@ -277,6 +281,8 @@ class Model:
         self._session = Session(loaded.lm)
         # The towers' soft tokens placed at their placeholders (None: a text model).
         self.multimodal = multimodal.multimodal(loaded)
+        self._engine: Engine | None = None
+        self._engine_options: dict = {}
 
     @property
     def max_seq_len(self) -> int:
@@ -389,6 +395,7 @@ class Model:
                temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None,
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
+               frequency_penalty: float | None = None,
                stop: str | Sequence[str] | None = None, seed: int | None = None,
                logprobs: bool = False, session: Session | None = None,
                on_finish=None, images: Sequence | None = None,
@@ -403,6 +410,8 @@ class Model:
                 transformers' warpers and processors (``operators.sampling``); each None is
                 generation_config.json's (greedy unless it says ``do_sample``).
             presence_penalty: subtracted from every token drawn so far (OpenAI/vLLM).
+            frequency_penalty: subtracted from every token drawn so far once for each time
+                it was drawn (OpenAI/vLLM).
             stop: text that ends the generation; the text stops before it. A piece that
                 could begin one is held back until the next token decides.
             seed: the sampler's seed; None draws a fresh one (``result.seed`` says which).
@@ -443,23 +452,12 @@ class Model:
             ids, inputs = multimodal.encode(self, prompt, {"image": images, "audio": audio})
         else:
             ids = self.encode(prompt)
-        sampler = self.sampler(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                               min_p=min_p, repetition_penalty=repetition_penalty,
-                               presence_penalty=presence_penalty)
-        stops = _stops(stop)
-        room = self.max_seq_len - len(ids) + 1
-        if max_new_tokens is not None:
-            n = arguments.whole(max_new_tokens, "max_new_tokens", what="most tokens to draw")
-            bound = False
-        else:
-            default = setting(self.generation_config, self._gen_path, "max_new_tokens",
-                              DEFAULT_NEW_TOKENS, DEFAULT_NEW_TOKENS)
-            n, bound = max(1, min(default, room)), default > room
-        if len(ids) + n - 1 > self.max_seq_len:
-            raise _context_full(f"{len(ids)} token{'s' * (len(ids) != 1)}" + (
-                f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len,
-                self._own_context, "give a shorter prompt" + (
-                    f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
+        n, sampler, stops, bound = self._prepare(
+            ids, max_new_tokens, dict(seed=seed, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, min_p=min_p,
+                                      repetition_penalty=repetition_penalty,
+                                      presence_penalty=presence_penalty,
+                                      frequency_penalty=frequency_penalty), stop)
         busy = "share" if session is not None else "own"
         session = session if session is not None else self._session
         placed = ids
@@ -476,16 +474,149 @@ class Model:
             stream.prepare = lambda s: towers.adopt(s, placement)
         return stream
 
-    def complete(self, prompt, **options) -> Completion:
+    def _prepare(self, ids, max_new_tokens, settings: dict, stop):
+        """A generation's tokens to draw, sampler, stop strings and whether the count was
+        cut to the context, every argument checked (``stream``'s errors)."""
+        sampler = self.sampler(**settings)
+        stops = _stops(stop)
+        room = self.max_seq_len - len(ids) + 1
+        if max_new_tokens is not None:
+            n = arguments.whole(max_new_tokens, "max_new_tokens", what="most tokens to draw")
+            bound = False
+        else:
+            default = setting(self.generation_config, self._gen_path, "max_new_tokens",
+                              DEFAULT_NEW_TOKENS, DEFAULT_NEW_TOKENS)
+            n, bound = max(1, min(default, room)), default > room
+        if len(ids) + n - 1 > self.max_seq_len:
+            raise _context_full(f"{len(ids)} token{'s' * (len(ids) != 1)}" + (
+                f" and {n - 1} more to draw" if n > 1 else ""), self.max_seq_len,
+                self._own_context, "give a shorter prompt" + (
+                    f", or draw at most {room} token{'s' * (room != 1)}" if n > 1 and room >= 1 else ""))
+        return n, sampler, stops, bound
+
+    def request(self, prompt, *, max_new_tokens: int | None = None,
+                stop: str | Sequence[str] | None = None, seed: int | None = None,
+                top_logprobs: int | None = None, on_piece=None, on_finish=None,
+                **settings) -> Request:
+        """A ``runtime.engine.Request`` for ``prompt``, for ``engine().submit``: its
+        arguments as ``stream``'s (the sampling settings by name), every one checked here;
+        ``top_logprobs``: None for no log-probabilities, else how many of the most likely
+        tokens each piece names beside the drawn one's (``runtime.engine.TokenLogprob``).
+
+        Raises:
+            As ``stream``.
+        """
+        unknown = set(settings) - set(SETTINGS)
+        if unknown:
+            raise TypeError(f"request() got an unexpected keyword argument "
+                            f"{sorted(unknown)[0]!r} (the sampling settings: "
+                            f"{', '.join(SETTINGS)})")
+        if top_logprobs is not None:
+            top_logprobs = arguments.whole(top_logprobs, "top_logprobs", 0,
+                                           what="most likely tokens named beside each")
+        if multimodal.has_images(prompt):
+            raise ValueError("the engine runs text prompts: messages whose content is a list "
+                             "of parts (images, sounds) run through stream() one at a time")
+        ids = self.encode(prompt)
+        n, sampler, stops, bound = self._prepare(ids, max_new_tokens,
+                                                 dict(seed=seed, **settings), stop)
+        self._session.check(ids, more=n - 1)  # refused here, before the engine holds it
+        return Request(ids, n, sampler, self.eos_ids, self.tokenizer, stops, top_logprobs,
+                       bound, on_piece, on_finish)
+
+    def engine(self, **options) -> Engine:
+        """The model's ``runtime.engine.Engine`` (made at the first call, with ``options``:
+        ``max_batch`` (8), ``held_sessions``, ``held_bytes``, ``prefill_tokens``,
+        ``batched``): it runs the requests submitted to it together, a decode step over
+        all of them at once, and keeps finished requests' sessions for requests that begin
+        the same way. ``generate``/``complete`` of a list of prompts run on it.
+
+        Raises:
+            ValueError: options given once the engine exists, other than its own.
+        """
+        with _ENGINE_LOCK:
+            if self._engine is None:
+                self._engine = Engine(self.loaded.lm, **options)
+                self._engine_options = options
+            elif options and options != self._engine_options:
+                raise ValueError(f"the engine runs with {self._engine_options or 'defaults'} "
+                                 f"already; it cannot take {options}")
+            return self._engine
+
+    def _many(self, prompts, caller: str, options: dict) -> list[Completion]:
+        """Each of ``prompts`` generated on the engine, together; each Completion as the
+        prompt alone gives it."""
+        if "session" in options:
+            raise TypeError(f"{caller}() of a list of prompts runs them on the model's engine, "
+                            "each on a session of its own: no session=")
+        logprobs = arguments.flag(options.pop("logprobs", False), "logprobs")
+        _stream_options(self.stream, caller, options)
+        on_finish = options.pop("on_finish", None)
+        arguments.callable_or_none(on_finish, "on_finish", "each Completion once it ends")
+        requests = [self.request(p, top_logprobs=0 if logprobs else None, **options)
+                    for p in prompts]  # every prompt checked before any runs
+        engine = self.engine()
+        tickets = [engine.submit(r) for r in requests]
+        try:
+            results = [t.wait() for t in tickets]
+        except BaseException:
+            for t in tickets:
+                t.cancel()
+            raise
+        if on_finish is not None:
+            for r in results:
+                on_finish(r)
+        return results
+
+    def complete(self, prompt, **options) -> "Completion | list[Completion]":
         """The whole generation as a ``Completion`` (text, token ids, finish reason,
-        log-probabilities, seed, timings); options and errors as ``stream``."""
+        log-probabilities, seed, timings); options and errors as ``stream``. A list of
+        prompts (texts, lists of ids, or lists of messages) gives a list of Completions,
+        generated together on the model's engine (``engine``), each the one its prompt
+        gives alone (the same tokens, bit for bit, with the same seed)."""
+        if _many(prompt):
+            return self._many(prompt, "complete", options)
         s = self.stream(prompt, **_stream_options(self.stream, "complete", options))
         s.text()
         return s.result
 
-    def generate(self, prompt, **options) -> str:
-        """The text drawn after ``prompt``; options and errors as ``stream``."""
+    def generate(self, prompt, **options) -> "str | list[str]":
+        """The text drawn after ``prompt``; options and errors as ``stream``. A list of
+        prompts gives a list of texts, generated together (``complete``)."""
+        if _many(prompt):
+            return [c.text for c in self._many(prompt, "generate", options)]
         return self.stream(prompt, **_stream_options(self.stream, "generate", options)).text()
+
+    def forward(self, prompt, *, output_hidden_states: bool = False) -> "Forward":
+        """The model over ``prompt`` (text, messages or ids, as ``encode``) at every position,
+        as transformers' ``model(ids, output_hidden_states=...)``: a ``Forward`` whose
+        ``logits`` are ``(n, vocab)`` float32 (row ``i`` the scores of token ``i + 1``) and,
+        where asked, ``hidden_states`` a tuple of ``num_hidden_layers + 1`` arrays ``(n,
+        hidden_size)`` float32: the embeddings (the first layer's input), each layer's
+        output, the last after the final norm (transformers' ``last_hidden_state``).
+
+        Raises:
+            ContextFull: the prompt does not fit ``max_seq_len``.
+            ValueError: hidden states of a model whose layers run on several streams (AltUp)
+                or a recurrent schedule; as ``encode``.
+            TypeError, IndexError: as ``encode``.
+        """
+        output_hidden_states = arguments.flag(output_hidden_states, "output_hidden_states")
+        ids = self.encode(prompt)
+        if len(ids) > self.max_seq_len:
+            raise _context_full(f"{len(ids)} tokens", self.max_seq_len, self._own_context,
+                                "give a shorter prompt")
+        logits, hidden = Session(self.loaded.lm).forward(ids, hidden=output_hidden_states)
+        return Forward(logits, None if hidden is None else tuple(hidden))
+
+    def logits(self, prompt) -> np.ndarray:
+        """Every position's logits ``(n, vocab)`` float32 (``forward(prompt).logits``)."""
+        return self.forward(prompt).logits
+
+    def hidden_states(self, prompt) -> tuple[np.ndarray, ...]:
+        """The hidden states of ``prompt`` (``forward(prompt, output_hidden_states=True)
+        .hidden_states``): ``num_hidden_layers + 1`` arrays ``(n, hidden_size)``."""
+        return self.forward(prompt, output_hidden_states=True).hidden_states
 
     def chat(self, system: str | None = None) -> "Conversation":
         """A conversation: each turn's reply resumes from the KV cache of the turns before.
@@ -501,6 +632,15 @@ class Model:
             raise ValueError("a chat needs the checkpoint's tokenizer.json and a chat template "
                              "(tokenizer_config.json's chat_template or chat_template.jinja)")
         return Conversation(self, system)
+
+
+@dataclass
+class Forward:
+    """``Model.forward``'s result: ``logits`` ``(n, vocab)``, ``hidden_states`` (None unless
+    asked), as transformers' ``CausalLMOutputWithPast``."""
+
+    logits: np.ndarray
+    hidden_states: tuple[np.ndarray, ...] | None = None
 
 
 class ContextFull(ValueError):
@@ -751,7 +891,8 @@ def _texts(texts, call: str) -> list[str]:
     return texts
 
 
-CAUSAL_METHODS = ("generate", "complete", "stream", "chat", "encode")
+CAUSAL_METHODS = ("generate", "complete", "stream", "chat", "encode", "forward", "logits",
+                  "hidden_states", "engine")
 ENCODER_METHODS = ("embed", "fill_mask", "classify", "classify_tokens")
 
 
@@ -780,6 +921,14 @@ def _stream_options(stream, caller: str, options: dict) -> dict:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
                         f"(it takes {', '.join(takes)})")
     return options
+
+
+def _many(prompt) -> bool:
+    """Whether ``prompt`` is a list of prompts: a list or tuple of texts, or of sequences
+    (each a list of ids or of messages); a list of ids or of messages is one prompt."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and (
+        all(isinstance(p, str) for p in prompt) or
+        all(isinstance(p, (list, tuple, np.ndarray)) for p in prompt))
 
 
 def _messages(prompt) -> bool:

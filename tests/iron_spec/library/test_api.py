@@ -130,9 +130,11 @@ def test_load_with_nothing_to_load_says_so_in_the_librarys_words():
 
 
 def test_a_nested_list_prompt_says_what_it_held():
+    # A list of lists alone is a list of prompts (complete([[1, 2]]) runs one); one mixing
+    # ids and lists is neither.
     model = iron_spec.load("llama3", random_weights=0, toy=True)
-    with pytest.raises(TypeError, match="sequence of integer token ids .*; not list of list"):
-        model.complete([[1, 2]])
+    with pytest.raises(TypeError, match="sequence of integer token ids .*; not list of int, list"):
+        model.complete([[1, 2], 3])
 
 
 def test_a_two_turn_chat_runs_only_the_new_turn_on_smollm2(smollm2):
