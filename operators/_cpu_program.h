@@ -990,7 +990,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t *call, Py_ssize_t 
     case OP_GATED_NORM: {
         gnorm_args a = {s->a[1], s->a[2], s->a[3], out, i[0], i[1], i[2], i[3], s->rs[1],
                         s->rs[2], s->f[0], (int)i[4]};
-        rows_run(gnorm_part, &a, i[0]);
+        rows_run(gnorm_part, &a, i[0], i[0] * i[1]);
         return NULL;
     }
     }
