@@ -51,6 +51,15 @@ def test_each_row_is_its_sessions_own_decode_step(spec):
     assert same, f"{spec}: a batched row differs from its decode step by {err}"
 
 
+@pytest.mark.parametrize("spec", ["lfm2", "mamba", "qwen3_next", "falcon_h1"])
+def test_each_row_carries_its_own_recurrent_state(spec):
+    # A short convolution, a selective scan, the gated delta rule and attention beside SSD:
+    # each row's state is its session's own, stepped as that session's decode step steps it.
+    lm = iron_spec.load(spec, random_weights=0, toy=True).loaded.lm
+    same, err = _decode_side_by_side(lm, (5, 17, 3), steps=10)
+    assert same, f"{spec}: a batched row differs from its decode step by {err}"
+
+
 @pytest.mark.parametrize("options", [dict(kv_cache="bfloat16"), dict(decode_weights="int8"),
                                      dict(decode_weights="bfloat16-rounded")])
 def test_each_row_is_its_decode_step_on_reduced_forms(options):
