@@ -802,16 +802,7 @@ class EncoderModel:
                 one).
             TypeError: a text that is not a str.
         """
-        if not isinstance(texts, str) and not isinstance(texts, Iterable):
-            raise TypeError(f"embed takes a str or an iterable of str, not "
-                            f"{type(texts).__name__}")
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts:
-            raise ValueError("give at least one text")
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise TypeError(f"texts[{i}] is {type(t).__name__}, not str")
-        return embed_texts(self.loaded, texts, lang)
+        return embed_texts(self.loaded, _texts(texts, "embed"), lang)
 
     @property
     def task(self) -> str | None:
