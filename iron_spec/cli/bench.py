@@ -504,13 +504,22 @@ def _back(lm, decode_weights: str, prefill_weights: str, kv_cache: str) -> None:
         lm.use_kv_cache(kv_cache)
 
 
+def _weights_said(r: dict) -> str:
+    """The weights the versions read: a reduced copy where one was asked for, else the held
+    form (a run holding bfloat16 weights read them as held, not as float32)."""
+    held = r.get("weights_held")
+    if r["decode_weights"] == r["prefill_weights"] == "float32" and held and \
+            not held.startswith("F32 100%"):
+        return f"weights read as held ({held}) by both versions"
+    return f"{r['decode_weights']} decode weights, {r['prefill_weights']} prefill weights"
+
+
 def report(r: dict) -> str:
     o, f, t, q = r["ours"], r["floor"], r["transformers"], r["ratios"]
     lines = [f"threads {r['threads']}, median of {r['runs']} run{'s' * (r['runs'] != 1)} after "
              "a warm-up, "
              f"max_seq_len {r['max_seq_len']}, prefill_chunk {r['prefill_chunk']}; decode "
-             f"kernels: {r['decode_kernels']}; {r['decode_weights']} decode weights, "
-             f"{r['prefill_weights']} prefill weights, {r['kv_cache']} KV cache",
+             f"kernels: {r['decode_kernels']}; {_weights_said(r)}, {r['kv_cache']} KV cache",
              f"{'':28}{'iron-spec':>12}{'transformers':>14}{'ratio':>8}"]
 
     def row(label, key, rkey=None, unit="tok/s"):

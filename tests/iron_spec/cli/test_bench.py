@@ -222,3 +222,7 @@ def test_quick_measures_the_short_prompt_and_decode_alone(short, monkeypatch):
     assert r["weights_held"].startswith("Q8_0")
     text = bench.report(r)
     assert "decode at 8" in text and "decode at 40" not in text and "as held (Q8_0" in text
+    # The header names the weights the versions read, not the float32 of no reduced copy
+    # (found on a bf16-held 1B run whose header said "float32 decode weights").
+    assert "weights read as held (Q8_0" in text.splitlines()[0], text.splitlines()[0]
+    assert "float32 decode weights" not in text
