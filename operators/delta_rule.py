@@ -26,7 +26,7 @@ import numpy as np
 from . import native
 from .activation import _softplus64
 from .base import EPS32, Operator, Tolerance, as64
-from .selective_scan import softplus32
+from .selective_scan import per_head_scale, softplus32
 
 CHUNK = 64  # rows the chunked form takes at once (transformers' chunk_size)
 L2_EPS = 1e-6
@@ -140,9 +140,7 @@ class GatedDeltaRule(Operator):
         return Tolerance(atol=2e-6, rtol=128 * EPS32)
 
     def scale(self, reference, q, k, v, a, b, A_log, dt_bias, state, v_heads=1, **attrs):
-        r = np.abs(reference).reshape(reference.shape[0], v_heads, -1)
-        rms = np.sqrt(np.mean(r * r, axis=(1, 2), keepdims=True))
-        return (r + rms).reshape(reference.shape)
+        return per_head_scale(reference, v_heads)
 
     def state_tolerance(self, q, k, v, a, b, A_log, dt_bias, state, **attrs):
         return Tolerance(atol=2e-6, rtol=128 * EPS32)

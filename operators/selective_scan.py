@@ -132,3 +132,11 @@ class SelectiveScan(Operator):
 
     def state_tolerance(self, x, dt, A_log, B, C, Dskip, z, state, start=0):
         return Tolerance(atol=2e-6, rtol=64 * EPS32)
+
+
+def per_head_scale(reference: np.ndarray, heads: int) -> np.ndarray:
+    """A recurrent mixer's error scale: each element's magnitude plus its row's RMS within
+    its head, so a head whose outputs are small (a fast decay) is judged at its own size."""
+    r = np.abs(reference).reshape(reference.shape[0], heads, -1)
+    rms = np.sqrt(np.mean(r * r, axis=(1, 2), keepdims=True))
+    return (r + rms).reshape(reference.shape)

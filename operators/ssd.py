@@ -29,7 +29,7 @@ import numpy as np
 from . import native
 from .activation import _softplus64
 from .base import EPS32, Operator, Tolerance, as64
-from .selective_scan import softplus32
+from .selective_scan import per_head_scale, softplus32
 
 CHUNK = 64  # rows a prompt's chunked form takes at once
 
@@ -132,9 +132,7 @@ class SSD(Operator):
         return Tolerance(atol=2e-6, rtol=64 * EPS32)
 
     def scale(self, reference, x, dt, A_log, B, C, D, dt_bias, state, heads=1, **attrs):
-        r = np.abs(reference).reshape(reference.shape[0], heads, -1)
-        rms = np.sqrt(np.mean(r * r, axis=(1, 2), keepdims=True))
-        return (r + rms).reshape(reference.shape)
+        return per_head_scale(reference, heads)
 
     def state_tolerance(self, x, dt, A_log, B, C, D, dt_bias, state, **attrs):
         return Tolerance(atol=2e-6, rtol=64 * EPS32)
