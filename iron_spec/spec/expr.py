@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 from typing import Any, Mapping
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -62,6 +63,11 @@ def _describe(node: ast.AST) -> str:
             ast.DictComp: "a comprehension"}.get(type(node), type(node).__name__)
 
 
+# CPython 3.11 counts ast.parse's depth in interpreter-wide state: two threads parsing at once
+# (two models loading) can fail with SystemError "AST constructor recursion depth mismatch".
+_PARSING = threading.Lock()
+
+
 def _show(v: Any) -> str:
     return {True: "true", False: "false", None: "null"}.get(v, repr(v)) \
         if v is None or isinstance(v, bool) else repr(v)
@@ -74,7 +80,8 @@ def parse(text: str) -> ast.Expression:
     if len(text) > MAX_LENGTH:
         raise ExprError(f"expression of {len(text)} characters is longer than {MAX_LENGTH}")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        with _PARSING:
+            tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"expression {text!r} is not valid: {e.msg}") from None
     except (RecursionError, MemoryError):

@@ -146,8 +146,13 @@ def test_images_from_threads_each_give_what_they_give_alone():
 
     from iron_spec.library.multimodal_golden import messages_with
     toys = Path(__file__).resolve().parents[1] / "checkpoints"
-    golden = np.load(Path(__file__).resolve().parents[1] / "goldens" / "towers" / "gemma3"
-                     / "gemma3-vision-toy.npz")
+    # Read whole before the threads start: an NpzFile reads each array lazily from one shared
+    # zip handle, and numpy parses each array's header with ast.literal_eval, which CPython
+    # 3.11 does not allow from two threads at once (SystemError "AST constructor recursion
+    # depth mismatch", CI's failure of this test at stop 37).
+    with np.load(Path(__file__).resolve().parents[1] / "goldens" / "towers" / "gemma3"
+                 / "gemma3-vision-toy.npz") as stored:
+        golden = dict(stored)
     model = iron_spec.load("gemma3", toys / "gemma3-vision-toy", prefill_chunk=16)
     image = golden["image"]
     images = [image, image[::-1].copy(), image[:, ::-1].copy(), (255 - image).astype(image.dtype)]
