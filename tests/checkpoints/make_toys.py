@@ -40,6 +40,13 @@ ids where the copy has no other address):
 - Mistral-Small-3.1-24B-Instruct-2503: its text_config as transformers' Mistral3Config holds it
   for its default (configuration_mistral3.py, sub_configs_defaults), the top-level keys as
   Mistral3Config writes them (no copy of the hub's whole file was found).
+- Ministral-3-3B-Instruct-2512 (mistralai; Devstral 2 and every Ministral 3 size are the same
+  composite): a Mistral3ForConditionalGeneration whose text_config is a ministral3 model, as
+  transformers' Mistral3Config(text_config={"model_type": "ministral3"}) writes it (its yarn
+  rope_parameters with llama_4_scaling_beta), the 3B's text sizes as a public evaluation
+  script quotes them (search id 68507971559: hidden 3072, 26 layers, intermediate 9216, 32
+  heads, 8 key-value heads); the rope_parameters' keys as public loaders quote the hub's
+  (ids 71024905976, 63417845068). No copy of the hub's whole file was found.
 
 The task-head toys (sequence and token classification) are bert-base-uncased's config with
 the architecture and the labels a fine-tuned checkpoint's config.json adds (``id2label``,
@@ -153,6 +160,35 @@ MISTRAL_SMALL_31 = {
                       "image_size": 1540, "intermediate_size": 4096, "model_type": "pixtral",
                       "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14,
                       "rope_theta": 10000.0},
+    "vision_feature_layer": -1}
+
+# Ministral-3-3B-Instruct-2512: the composite as Mistral3Config writes it around a ministral3
+# text model (see the module's docstring for the sources of each key).
+MINISTRAL_3_3B = {
+    "architectures": ["Mistral3ForConditionalGeneration"], "dtype": "bfloat16",
+    "image_token_index": 10, "model_type": "mistral3", "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+    "text_config": {"attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+                    "head_dim": 128, "hidden_act": "silu", "hidden_size": 3072,
+                    "initializer_range": 0.02, "intermediate_size": 9216,
+                    "max_position_embeddings": 262144, "model_type": "ministral3",
+                    "num_attention_heads": 32, "num_hidden_layers": 26,
+                    "num_key_value_heads": 8, "pad_token_id": 11, "rms_norm_eps": 1e-05,
+                    "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 16.0,
+                                        "llama_4_scaling_beta": 0.1, "mscale": 1.0,
+                                        "mscale_all_dim": 1.0,
+                                        "original_max_position_embeddings": 16384,
+                                        "rope_theta": 1000000.0, "rope_type": "yarn",
+                                        "type": "yarn"},
+                    "sliding_window": None, "tie_word_embeddings": True, "use_cache": True,
+                    "vocab_size": 131072},
+    "tie_word_embeddings": True, "transformers_version": "5.0.0",
+    "vision_config": {"attention_dropout": 0.0, "head_dim": 64, "hidden_act": "silu",
+                      "hidden_size": 1024, "image_size": 1540, "initializer_range": 0.02,
+                      "intermediate_size": 4096, "model_type": "pixtral",
+                      "num_attention_heads": 16, "num_channels": 3, "num_hidden_layers": 24,
+                      "patch_size": 14,
+                      "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}},
     "vision_feature_layer": -1}
 
 # Qwen/Qwen3.5-0.8B's config.json, every key as published: every Qwen3.5 dense checkpoint is a
@@ -274,6 +310,26 @@ def toys() -> dict[str, tuple[dict, str | None]]:
                                                      "image_size": 28, "intermediate_size": 32,
                                                      "num_attention_heads": 2,
                                                      "num_hidden_layers": 1}}, None),
+        # original_max_position_embeddings shrunk to 16 so that the query scale's
+        # floor(position / 16) steps (1, 1 + 0.1 log 2, ...) within the golden's positions.
+        "ministral-3-3b-toy": ({**MINISTRAL_3_3B,
+                                "text_config": {**MINISTRAL_3_3B["text_config"],
+                                                "head_dim": 8, "hidden_size": 32,
+                                                "intermediate_size": 64,
+                                                "num_attention_heads": 4,
+                                                "num_hidden_layers": 2,
+                                                "num_key_value_heads": 2,
+                                                "max_position_embeddings": 256,
+                                                "vocab_size": 128,
+                                                "rope_parameters": {
+                                                    **MINISTRAL_3_3B["text_config"][
+                                                        "rope_parameters"],
+                                                    "original_max_position_embeddings": 16}},
+                                "vision_config": {**MINISTRAL_3_3B["vision_config"],
+                                                  "head_dim": 8, "hidden_size": 16,
+                                                  "image_size": 28, "intermediate_size": 32,
+                                                  "num_attention_heads": 2,
+                                                  "num_hidden_layers": 1}}, None),
         "gemma4-composite-toy": (gemma4_composite(), None),
         # Four layers, the delta rule at 0-2 (2 key heads over 4 value heads) and gated
         # attention at 3; a quarter of head_dim 32 turned, mrope_section halved twice to fit it.
@@ -369,7 +425,8 @@ def make(name: str, config: dict, tokenizer: str | None) -> Path:
     torch.manual_seed(0)
     parsed = transformers.AutoConfig.from_pretrained(directory / "raw-config.json")
     cls = getattr(transformers, config["architectures"][0])
-    dtype = {"bfloat16": torch.bfloat16}.get(config.get("torch_dtype"), torch.float32)
+    dtype = {"bfloat16": torch.bfloat16}.get(config.get("torch_dtype") or config.get("dtype"),
+                                              torch.float32)
     model = cls(parsed).eval()
     spread(model)
     model = model.to(dtype)

@@ -93,6 +93,7 @@ def test_the_masked_lm_toy_is_the_acceptance_pair():
 @pytest.mark.parametrize("spec,name,cls,tower", [
     ("gemma3", "gemma-3-4b-it-toy", "Gemma3ForConditionalGeneration", "vision_tower."),
     ("mistral", "mistral-small-3.1-toy", "Mistral3ForConditionalGeneration", "vision_tower."),
+    ("ministral3", "ministral-3-3b-toy", "Mistral3ForConditionalGeneration", "vision_tower."),
     ("gemma4", "gemma4-composite-toy", "Gemma4ForConditionalGeneration", "vision_tower."),
     ("qwen3_5_text", "qwen3.5-0.8b-toy", "Qwen3_5ForConditionalGeneration", "model.visual.")])
 def test_a_text_model_from_its_conditional_generation_checkpoint(spec, name, cls, tower):
@@ -257,6 +258,7 @@ def test_the_commands():
 def test_the_registry_picks_a_spec_by_its_parts():
     assert find(None, TOYS / "gemma-3-4b-it-toy").name == "gemma3.yaml"
     assert find(None, TOYS / "mistral-small-3.1-toy").name == "mistral.yaml"
+    assert find(None, TOYS / "ministral-3-3b-toy").name == "ministral3.yaml"
     assert find(None, TOYS / "qwen3.5-0.8b-toy").name == "qwen3_5_text.yaml"
     assert find(None, TOYS / "roberta-sequence-classification-toy").name == "roberta.yaml"
     assert find(None, TOYS / "xlm-roberta-base-toy").name == "xlm_roberta.yaml"
