@@ -111,7 +111,7 @@ def qwen_vl_processor():
                       tokenizer=tokenizer, chat_template=QWEN_VL_CHAT_TEMPLATE)
 
 
-TOYS = {"qwen2.5-vl-toy": ("qwen2_5_vl", QWEN2_5_VL_TOY, qwen_vl_processor)}
+TOYS = {"qwen2.5-vl-toy": ("qwen2", QWEN2_5_VL_TOY, qwen_vl_processor)}
 
 
 def make(name: str, fingerprint: bool = True) -> Path:
