@@ -4,7 +4,8 @@ pixels and its model takes M-RoPE positions transformers computes from that grid
 
 Run where torch and transformers are installed (not in CI, which reads the files):
 
-    python -m tests.checkpoints.make_qwen_vl
+    python -m tests.checkpoints.make_qwen_vl               # the toy, its golden, the front ends
+    python -m tests.checkpoints.make_qwen_vl front_ends    # transformers' pixels alone
 
 The config: Qwen/Qwen2.5-VL-3B-Instruct's config.json
 (https://huggingface.co/Qwen/Qwen2.5-VL-3B-Instruct/resolve/main/config.json), every key as
@@ -189,8 +190,51 @@ def record(spec: str, directory: Path, steps: int = 8, fingerprint: bool = True)
     return path
 
 
+# Qwen2VLImageProcessor as Qwen2.5-VL-3B-Instruct's preprocessor_config.json sets it (its
+# class defaults but min_pixels and max_pixels, which the published file names), and as the
+# toy's: the golden holds a digest and every 1009th value of each.
+FRONT_ENDS = {
+    "qwen2.5-vl-3b": {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14,
+                      "temporal_patch_size": 2, "merge_size": 2,
+                      "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "image_std": [0.26862954, 0.26130258, 0.27577711]},
+    "qwen2.5-vl-toy": QWEN_VL_IMAGES,
+}
+
+
+def record_front_ends() -> Path:
+    """transformers' pixel values and grid for ``make_towers.photograph()`` through
+    Qwen2VLImageProcessorPil with each of ``FRONT_ENDS``' settings."""
+    import hashlib
+
+    import transformers
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
+        Qwen2VLImageProcessorPil
+
+    from .make_towers import photograph
+
+    out = {}
+    with Image.open(photograph()) as im:
+        for name, settings in FRONT_ENDS.items():
+            got = Qwen2VLImageProcessorPil(**settings)(im, return_tensors="np")
+            pixels = got["pixel_values"].astype(np.float32)
+            out[f"{name}.settings"] = json.dumps(settings)
+            out[f"{name}.grid"] = got["image_grid_thw"][0]
+            out[f"{name}.shape"] = np.asarray(pixels.shape)
+            out[f"{name}.sha256"] = hashlib.sha256(pixels.tobytes()).hexdigest()
+            out[f"{name}.samples"] = pixels.reshape(-1)[::1009]
+    path = GOLDENS / "front_ends" / "qwen2vl_grace_hopper.npz"
+    np.savez_compressed(path, names=np.asarray(list(FRONT_ENDS)),
+                        transformers=transformers.__version__,
+                        pillow=__import__("PIL").__version__, **out)
+    return path
+
+
 def main(names: list[str]) -> None:
-    for name in names or list(TOYS):
+    if not names or "front_ends" in names:
+        print(record_front_ends())
+    for name in [n for n in names if n != "front_ends"] if names else list(TOYS):
         print(make(name))
 
 
