@@ -88,8 +88,26 @@ QWEN_VL_IMAGES = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": Tr
                   "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2}
 
 
-def qwen_vl_processor():
-    from transformers import Qwen2_5_VLProcessor
+# Qwen2-VL: transformers' own Qwen2VLConfig keys (no published config.json was found in a
+# public copy to cite; the class's fields, flat as Qwen2-VL's files publish them), small
+# sizes. Its tower: LayerNorm blocks, fc1/quick_gelu/fc2, every block over the whole image.
+QWEN2_VL_TOY = {
+    "architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
+    "bos_token_id": 0, "eos_token_id": 2, "vision_start_token_id": 3, "vision_end_token_id": 4,
+    "vision_token_id": 5, "image_token_id": 6, "video_token_id": 7, "hidden_act": "silu",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+    "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "vocab_size": len(QWEN_VL_SPECIALS) + 256,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "vision_config": {"depth": 3, "embed_dim": 32, "mlp_ratio": 2, "num_heads": 2,
+                      "in_channels": 3, "hidden_size": 64, "patch_size": 4,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2,
+                      "hidden_act": "quick_gelu"}}
+
+
+def qwen_vl_processor(cls: str = "Qwen2_5_VLProcessor"):
+    import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
         Qwen2VLImageProcessorPil
 
@@ -99,20 +117,21 @@ def qwen_vl_processor():
                                               "vision_eos_token": "<|vision_end|>"},
                            bos=None, eos="<|im_end|>", pad="<|endoftext|>",
                            unk="<|endoftext|>")
-    class ImagesOnly(Qwen2_5_VLProcessor):
-        """Qwen2_5_VLProcessor without its video processor (which needs torchvision, not
+    class ImagesOnly(getattr(transformers, cls)):
+        """Qwen2_5_VLProcessor (or Qwen2VLProcessor) without its video processor (which needs torchvision, not
         usable beside this torch build); images and text are processed as by the class."""
 
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             self.video_processor = None
             super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
-    ImagesOnly.__name__ = ImagesOnly.__qualname__ = "Qwen2_5_VLProcessor"
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = cls
     return ImagesOnly(image_processor=Qwen2VLImageProcessorPil(**QWEN_VL_IMAGES),
                       tokenizer=tokenizer, chat_template=QWEN_VL_CHAT_TEMPLATE)
 
 
-TOYS = {"qwen2.5-vl-toy": ("qwen2", QWEN2_5_VL_TOY, qwen_vl_processor)}
+TOYS = {"qwen2.5-vl-toy": ("qwen2", QWEN2_5_VL_TOY, qwen_vl_processor),
+        "qwen2-vl-toy": ("qwen2", QWEN2_VL_TOY, lambda: qwen_vl_processor("Qwen2VLProcessor"))}
 
 
 def make(name: str, fingerprint: bool = True) -> Path:

@@ -1,5 +1,6 @@
 """Qwen2.5-VL through specs/qwen2.yaml (its parts and towers entries) on its composite toy
-(Qwen/Qwen2.5-VL-3B-Instruct's config.json, every key kept, the sizes shrunk:
+(Qwen/Qwen2.5-VL-3B-Instruct's config.json, every key kept, the sizes shrunk; and a
+Qwen2-VL toy of Qwen2VLConfig's keys:
 tests/checkpoints/make_qwen_vl.py), judged by the golden transformers' own processor and
 Qwen2_5_VLForConditionalGeneration recorded: the ids (the chat template and the processor's
 expansion of <|image_pad|>), the pixel values, the soft tokens, the M-RoPE positions
@@ -48,13 +49,15 @@ def within(kl: dict) -> bool:
     return kl["mean"] <= g["mean"] and kl["p90"] <= g["p90"] and kl["max"] <= g["max"]
 
 
+@pytest.mark.parametrize("toy", ["qwen2.5-vl-toy", "qwen2-vl-toy"])
 @pytest.mark.parametrize("chunk", [None, 24])
-def test_logits_over_a_prompt_with_an_image_meet_transformers(golden, chunk):
+def test_logits_over_a_prompt_with_an_image_meet_transformers(toy, chunk):
     # A chunk of 24 ids cuts the image's 28 soft tokens (rows 58..85) at 72: its rows are
-    # causal, each chunk turning its own by their M-RoPE positions.
-    model = load("qwen2", TOY, prefill_chunk=chunk)
+    # causal, each chunk turning its own by their M-RoPE positions. Qwen2-VL: LayerNorm
+    # blocks, a plain MLP, no windows, the same M-RoPE.
+    model = load("qwen2", TOY.parent / toy, prefill_chunk=chunk)
     session = Session(model.loaded.lm)
-    j = judge(model, np.load(GOLDEN), session=session)
+    j = judge(model, np.load(GOLDENS / "qwen2" / f"{toy}.npz"), session=session)
     assert j.ids_equal
     assert j.pixels == 0.0  # Pillow's bicubic resize, as transformers' PIL backend
     assert j.soft < 1e-5
@@ -65,7 +68,9 @@ def test_logits_over_a_prompt_with_an_image_meet_transformers(golden, chunk):
         assert [c[1] for c in placed[:2]] == [48, 72]
 
 
-def test_m_rope_positions_are_get_rope_indexs(golden):
+@pytest.mark.parametrize("toy", ["qwen2.5-vl-toy", "qwen2-vl-toy"])
+def test_m_rope_positions_are_get_rope_indexs(toy):
+    golden = dict(np.load(GOLDENS / "qwen2" / f"{toy}.npz"))
     ids = golden["ids"]
     at = np.flatnonzero(ids == QWEN2_5_VL_TOY["image_token_id"])
     (t, h, w), = golden["image_grid_thw"]
@@ -136,7 +141,8 @@ def test_the_toy_is_the_published_config_with_the_sizes_shrunk():
 def test_the_published_3b_config_builds_its_tower():
     # Every key of the published file accounted, its tower's tree at full size (no weights).
     spec = load_spec(SPECS / "qwen2.yaml")
-    (entry,) = [e for e in tower_options.entries(spec) if e.name == "vision"]
+    (entry,) = [e for e in tower_options.entries(spec)
+                if "Qwen2_5_VLForConditionalGeneration" in e.architectures]
     built = tower_tree(spec, entry, QWEN2_5_VL_3B_INSTRUCT, None, 2048)
     o = built.options
     assert (o.hidden, o.heads, o.depth, o.intermediate, o.out) == (1280, 16, 32, 3420, 2048)
