@@ -163,3 +163,23 @@ def test_an_image_of_another_size_gives_its_own_grid(golden):
     assert tower.count(np.zeros((64, 64, 3), np.uint8)) == 25
     soft = tower.soft_tokens(np.zeros((64, 64, 3), np.uint8))
     assert soft.shape == (25, 64) and np.isfinite(soft).all()
+
+
+def test_transformers_5s_tensor_names_load_the_same_model(tmp_path):
+    # transformers 5 names the text model's tensors model.language_model.* and the tower's
+    # model.visual.* (Qwen2_5_VLModel's own tree); published files name them model.* and
+    # visual.*. Either loads the same numbers.
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    copy = tmp_path / "qwen2.5-vl-toy"
+    shutil.copytree(TOY, copy)
+    tensors = load_file(copy / "model.safetensors")
+    renamed = {("model.language_model." + k[len("model."):] if k.startswith("model.") else
+                "model." + k if k.startswith("visual.") else k): v for k, v in tensors.items()}
+    assert any(k.startswith("model.visual.") for k in renamed)
+    save_file(renamed, copy / "model.safetensors", metadata={"format": "pt"})
+    j = judge(load("qwen2", copy), np.load(GOLDEN), other_inputs=True)
+    assert j.ids_equal and j.pixels == 0.0 and j.soft < 1e-5
+    assert within(j.kl) and j.kl["top1_mismatches"] == 0
