@@ -183,3 +183,26 @@ def test_transformers_5s_tensor_names_load_the_same_model(tmp_path):
     j = judge(load("qwen2", copy), np.load(GOLDEN), other_inputs=True)
     assert j.ids_equal and j.pixels == 0.0 and j.soft < 1e-5
     assert within(j.kl) and j.kl["top1_mismatches"] == 0
+
+
+def test_two_images_positions_by_hand():
+    # Rows 0-1 text; image A (1x2x2) at 2..5 from position 2; row 6 text at 2 + max(2, 2) = 4;
+    # image B (1x1x2) at 7..8 from 5; row 9 at 5 + 2 = 7; later rows: index - 2.
+    positions, delta = rope_positions(10, [(7, (1, 1, 2)), (2, (1, 2, 2))])
+    assert positions.tolist() == [
+        [0, 0, 0], [1, 1, 1], [2, 2, 2], [2, 2, 3], [2, 3, 2], [2, 3, 3], [4, 4, 4],
+        [5, 5, 5], [5, 5, 6], [7, 7, 7]]
+    assert delta == -2
+    with pytest.raises(ValueError, match="overlaps"):
+        rope_positions(10, [(2, (1, 2, 2)), (4, (1, 1, 1))])
+
+
+def test_greedy_generation_draws_transformers_tokens(golden):
+    # Through the library's generation (its engine: M-RoPE sessions decode one at a time),
+    # the tokens transformers' generate drew after the prompt.
+    from iron_spec.library.multimodal_golden import messages_with
+
+    model = load("qwen2", TOY)
+    done = model.complete(messages_with(golden), max_new_tokens=8, temperature=0)
+    assert done.prompt_tokens == len(golden["prompt_ids"])
+    assert done.token_ids == golden["ids"][len(golden["prompt_ids"]):].tolist()
