@@ -206,3 +206,27 @@ def test_greedy_generation_draws_transformers_tokens(golden):
     done = model.complete(messages_with(golden), max_new_tokens=8, temperature=0)
     assert done.prompt_tokens == len(golden["prompt_ids"])
     assert done.token_ids == golden["ids"][len(golden["prompt_ids"]):].tolist()
+
+
+def test_a_later_turn_reuses_the_caches_and_equals_a_fresh_run(golden):
+    # A second turn's history past the image and its text: the held session runs only the
+    # new rows (positions past the image by the delta) and gives what a fresh session does.
+    from iron_spec.library import multimodal as library_multimodal
+    from iron_spec.library.multimodal_golden import messages_with
+
+    model = load("qwen2", TOY, prefill_chunk=16)
+    ids, inputs = library_multimodal.encode(model, messages_with(golden))
+    later = ids + golden["ids"][len(ids):].tolist() + [1, 92, 90, 76, 89, 206]
+    held = Session(model.loaded.lm)
+    calls = []
+    for history in (ids, later):
+        model.multimodal.place(held, history, inputs)
+        got = held.logits(model.multimodal.lookup(history))
+        calls.append(list(held.calls))
+    # The second turn resumes at a chunk start the first held (112), past the image.
+    last_placeholder = int(np.flatnonzero(np.asarray(ids) == 6)[-1])
+    assert min(c[1] for c in calls[1][len(calls[0]):]) > last_placeholder
+    fresh = Session(model.loaded.lm)
+    model.multimodal.place(fresh, later, inputs)
+    want = fresh.logits(model.multimodal.lookup(later))
+    np.testing.assert_allclose(got, want, atol=1e-4)
