@@ -248,9 +248,15 @@ class Rope(Operator):
         n, half = x.shape[0], cos.shape[1]
         c = as64(cos)[start:start + n, None, :]
         s = as64(sin)[start:start + n, None, :]
+        return self.turned(x, c, s, half, interleaved)
+
+    @classmethod
+    def turned(cls, x, c, s, half, interleaved):
+        """``x`` (float64) with each column pair turned by angles whose cos and sin are
+        ``c``, ``s`` (broadcast over its rows and heads): the references' rotation."""
         out = x.copy()
-        x1, x2 = self._pairs(x, half, interleaved)
-        o1, o2 = self._pairs(out, half, interleaved)
+        x1, x2 = cls._pairs(x, half, interleaved)
+        o1, o2 = cls._pairs(out, half, interleaved)
         o1[...] = x1 * c - x2 * s
         o2[...] = x2 * c + x1 * s
         return out
@@ -354,12 +360,7 @@ class RopeSections(Operator):
         rows = self._rows(positions, sections)
         cols = np.arange(half)[None, :]
         c, s = as64(cos)[rows, cols][:, None, :], as64(sin)[rows, cols][:, None, :]
-        out = x.copy()
-        x1, x2 = Rope._pairs(x, half, interleaved)
-        o1, o2 = Rope._pairs(out, half, interleaved)
-        o1[...] = x1 * c - x2 * s
-        o2[...] = x2 * c + x1 * s
-        return out
+        return Rope.turned(x, c, s, half, interleaved)
 
     def pack(self, index, array, sections=(), interleaved=False):
         if index in (1, 2):
