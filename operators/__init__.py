@@ -31,14 +31,14 @@ from .norm import RMSNorm
 from .positions import AddRows, SegmentRows, sinusoidal_table
 from .pooling import L2Normalize, MeanRows, Tanh
 from .router import Router
-from .rope import Rope, rope_inv_freq, rope_switch, rope_table, rope_tables
+from .rope import Rope, RopeSections, rope_inv_freq, rope_switch, rope_table, rope_tables
 from .sampling import Sampler
 from .selective_scan import SelectiveScan
 from .self_attention import SelfAttention
 from .softcap import Softcap
 from .conv import Conv1d
-from .soft_tokens import AveragePool, CallRows, PairMean, PixelShuffle, PlaceRows, PrependRow, \
-    ReachAttention, RowRange
+from .soft_tokens import AveragePool, CallRows, GatherRows, PairMean, PixelShuffle, PlaceRows, \
+    PrependRow, ReachAttention, RowRange
 from .span_conv import DepthwiseConv, DynamicConv
 from .ssd import SSD
 from .sparsity import GaussianTopK, std_multiplier
@@ -59,7 +59,7 @@ OPERATORS: dict[str, Operator] = {
         GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
         AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(),
-        CallRows(), PairMean(), PixelShuffle(),
+        CallRows(), PairMean(), PixelShuffle(), GatherRows(), RopeSections(),
         Router(), Experts(),
         CausalConv(), SelectiveScan(), SSD(), GatedDeltaRule(), GatedRMSNorm(),
     )

@@ -20,7 +20,8 @@ import numpy as np
 from . import native
 from .base import EPS32, Operator, Tolerance, as64
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional",
+              "mrope")
 
 
 def rope_inv_freq(dim: int, theta: float,
@@ -46,8 +47,9 @@ def rope_inv_freq(dim: int, theta: float,
     kind = "default" if not scaling else scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ValueError(f"rope_scaling type {kind!r} is not one of {', '.join(ROPE_TYPES)}")
-    if kind in ("default", "dynamic", "longrope"):
-        # dynamic and longrope equal default within their original context (rope_table).
+    if kind in ("default", "dynamic", "longrope", "mrope"):
+        # dynamic and longrope equal default within their original context (rope_table);
+        # mrope is default's frequencies (Qwen2VLTextConfig renames it so), by sections.
         return inv, 1.0
     try:
         if kind == "yarn":
@@ -246,9 +248,15 @@ class Rope(Operator):
         n, half = x.shape[0], cos.shape[1]
         c = as64(cos)[start:start + n, None, :]
         s = as64(sin)[start:start + n, None, :]
+        return self.turned(x, c, s, half, interleaved)
+
+    @classmethod
+    def turned(cls, x, c, s, half, interleaved):
+        """``x`` (float64) with each column pair turned by angles whose cos and sin are
+        ``c``, ``s`` (broadcast over its rows and heads): the references' rotation."""
         out = x.copy()
-        x1, x2 = self._pairs(x, half, interleaved)
-        o1, o2 = self._pairs(out, half, interleaved)
+        x1, x2 = cls._pairs(x, half, interleaved)
+        o1, o2 = cls._pairs(out, half, interleaved)
         o1[...] = x1 * c - x2 * s
         o2[...] = x2 * c + x1 * s
         return out
@@ -316,3 +324,74 @@ class Rope(Operator):
         m1[...] = pair
         m2[...] = pair
         return mag
+
+
+class RopeSections(Operator):
+    """``x`` ``(n, heads, head_dim)`` turned as ``rope`` turns it, each row's angles taken
+    from table rows of its own by section: ``positions`` ``(n, S)`` whole numbers (bounded,
+    a call's rows), and the table's ``rotary // 2`` columns cut into ``sections`` (summing
+    to them) cycling through the ``S`` position columns: column ``j`` of row ``i`` turns by
+    table row ``positions[i, s(j) % S]`` where section ``s(j)`` holds ``j``. Multimodal RoPE
+    (M-RoPE: Qwen2-VL's ``mrope_section``, time, height and width), as
+    ``Qwen2_5_VLRotaryEmbedding.recomposition_frequencies`` composes cos and sin; a text's
+    rows, whose columns are equal, turn exactly as ``rope`` at those positions. Tables in
+    ``rope``'s packed form (``Rope.pack``)."""
+
+    name = "rope_sections"
+
+    def shape(self, x, cos, sin, positions, sections=(), interleaved=False):
+        if len(x) != 3 or cos != sin or 2 * cos[1] > x[2] or len(positions) != 2 \
+                or positions[0] != x[0] or sum(sections) != cos[1] or min(sections, default=0) < 1:
+            raise ValueError(f"rope_sections: x {x} (n, heads, head_dim), table {cos}, "
+                             f"positions {positions} (n, S) and sections {sections} (summing "
+                             "to the table's columns) do not meet")
+        return x
+
+    @staticmethod
+    def _rows(positions, sections):
+        """``(n, half)``: each column's table row for each row."""
+        S = positions.shape[1]
+        which = np.repeat(np.arange(len(sections)) % S, sections)
+        return np.asarray(positions, np.int64)[:, which]
+
+    def reference(self, x, cos, sin, positions, sections=(), interleaved=False):
+        x = as64(x)
+        half = cos.shape[1]
+        rows = self._rows(positions, sections)
+        cols = np.arange(half)[None, :]
+        c, s = as64(cos)[rows, cols][:, None, :], as64(sin)[rows, cols][:, None, :]
+        return Rope.turned(x, c, s, half, interleaved)
+
+    def pack(self, index, array, sections=(), interleaved=False):
+        if index in (1, 2):
+            return Rope().pack(index, array, interleaved=interleaved)
+        return super().pack(index, array)
+
+    def kernel(self, out, x, cos, sin, positions, scratch=None, sections=(), interleaved=False):
+        # The packed tables hold a value per column (Rope.pack): each column's row gathered,
+        # then the products and sums rope's kernel takes, in its order.
+        n, heads, D = x.shape
+        R = cos.shape[1]
+        rows = self._rows(positions[:n], sections)  # (n, R // 2)
+        if interleaved:
+            rows = np.repeat(rows, 2, axis=1)
+        else:
+            rows = np.concatenate([rows, rows], axis=1)
+        cols = np.arange(R)[None, :]
+        c, s = cos[rows, cols][:, None, :], sin[rows, cols][:, None, :]
+        half = R // 2
+        xr = x[..., :R]
+        if interleaved:
+            partner = xr.reshape(n, heads, half, 2)[..., ::-1].reshape(n, heads, R)
+        else:
+            partner = xr.reshape(n, heads, 2, half)[:, :, ::-1].reshape(n, heads, R)
+        np.multiply(xr, c, out=out[..., :R])
+        out[..., :R] += partner * s
+        if R < D:
+            out[..., R:] = x[..., R:]
+
+    def tolerance(self, x, cos, sin, positions, sections=(), interleaved=False):
+        return Tolerance(atol=1e-6, rtol=4 * EPS32)
+
+    def scale(self, reference, x, cos, sin, positions, sections=(), interleaved=False):
+        return Rope().scale(reference, x, cos, sin)

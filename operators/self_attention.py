@@ -30,7 +30,10 @@ class SelfAttention(Operator):
     ``repeat_kv``. Attribute ``scale``: the logit scale (default ``head_dim ** -0.5``, as
     transformers' ``eager_attention_forward``); ``window``: row ``i`` sees only rows ``j``
     with ``|i - j| <= window`` (None: all), as transformers'
-    ``sliding_window_bidirectional_overlay``. Softmax in float32 (float64 in the reference).
+    ``sliding_window_bidirectional_overlay``; ``segments``: the rows cut at these boundaries
+    (``(0, b1, ..., n)``, increasing; None: one segment), each row seeing the rows of its own
+    segment alone, as transformers' packed attention over ``cu_seqlens`` (a vision tower's
+    windows, Qwen2_5_VLVisionAttention's). Softmax in float32 (float64 in the reference).
 
     A fourth input ``table`` ``(rows, heads)`` (None: none) adds a relative position bias
     to the scaled scores: row ``i``'s score of row ``j`` in head ``h`` gains
@@ -41,17 +44,22 @@ class SelfAttention(Operator):
     name = "self_attention"
 
     def shape(self, q, k, v, table=None, scale=None, window=None, buckets=32, max_distance=128,
-              bidirectional=True):
+              bidirectional=True, segments=None):
         if len(q) != 3 or len(k) != 3 or k != v or q[0] != k[0] or q[2] != k[2] or q[1] % k[1]:
             raise ValueError(f"self_attention: q {q} (n, heads, head_dim) does not meet k {k} "
                              f"and v {v} (n, kv_heads, head_dim)")
         if table is not None and (len(table) != 2 or table[1] != q[1]):
             raise ValueError(f"self_attention: a relative bias table {table} is not (rows, "
                              f"{q[1]} heads)")
+        if segments is not None and (
+                table is not None or len(segments) < 2 or segments[0] != 0
+                or segments[-1] != q[0] or any(b <= a for a, b in zip(segments, segments[1:]))):
+            raise ValueError(f"self_attention: segments {segments} do not cut {q[0]} rows "
+                             "from 0 (increasing; not beside a relative bias)")
         return (q[0], q[1] * q[2])
 
     def reference(self, q, k, v, table=None, scale=None, window=None, buckets=32,
-                  max_distance=128, bidirectional=True):
+                  max_distance=128, bidirectional=True, segments=None):
         n, H, D = q.shape
         G = k.shape[1]
         scale = D ** -0.5 if scale is None else scale
@@ -62,12 +70,21 @@ class SelfAttention(Operator):
             s = s + relative_bias(as64(table), n, buckets, max_distance, bidirectional)
         if window is not None:
             s[:, _outside(n, window)] = -np.inf
+        if segments is not None:
+            seg = np.searchsorted(np.asarray(segments), np.arange(n), side="right")
+            s[:, seg[:, None] != seg[None, :]] = -np.inf
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("hnt,htd->nhd", p, vh).reshape(n, H * D)
 
     def kernel(self, out, q, k, v, table=None, scratch=None, scale=None, window=None,
-               buckets=32, max_distance=128, bidirectional=True):
+               buckets=32, max_distance=128, bidirectional=True, segments=None):
+        if segments is not None:
+            # Each segment on its own (transformers splits the rows so too), in the same
+            # scratch: the work grows with the segments' squares, not the rows'.
+            for a, b in zip(segments, segments[1:]):
+                self.kernel(out[a:b], q[a:b], k[a:b], v[a:b], None, scratch, scale, window)
+            return
         n, H, D = q.shape
         G = k.shape[1]
         R = H // G
@@ -106,17 +123,19 @@ class SelfAttention(Operator):
         np.copyto(out.reshape(n, G, R, D), o.reshape(G, R, n, D).transpose(2, 0, 1, 3))
 
     def scratch(self, q, k, v, table=None, scale=None, window=None, buckets=32,
-              max_distance=128, bidirectional=True):
+              max_distance=128, bidirectional=True, segments=None):
         n, H, D = q
         G = k[1]
+        if segments is not None:
+            n = max(b - a for a, b in zip(segments, segments[1:]))
         return H * n * D + 2 * G * n * D + H * n * n + H * n
 
     def tolerance(self, q, k, v, table=None, scale=None, window=None, buckets=32,
-                max_distance=128, bidirectional=True):
+                max_distance=128, bidirectional=True, segments=None):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
     def scale(self, reference, q, k, v, table=None, scale=None, window=None, buckets=32,
-              max_distance=128, bidirectional=True):
+              max_distance=128, bidirectional=True, segments=None):
         # A convex combination of values: bounded by the largest |value| of its kv head.
         n, H, D = q.shape
         G = k.shape[1]

@@ -3,6 +3,7 @@ placeholder rows, and attention in which one image's rows see each other.
 
 - ``prepend_row``, ``row_range``: a class row before an image's patch rows, and rows cut
   from a tower's output (CLIP's class embedding, LLaVA's feature selection).
+- ``gather_rows``: rows taken in a given order (a vision tower's windows, and back).
 - ``average_pool``: a vision tower's rows, a row-major grid of patches, averaged over square
   windows (torch's ``nn.AvgPool2d(kernel, stride=kernel)``, Gemma3MultiModalProjector's).
 - ``pixel_shuffle``: a square grid's rows, each ``factor`` x ``factor`` window's side by side
@@ -87,6 +88,35 @@ class PixelShuffle(Operator):
                   x.reshape(w, factor, w, factor, d).transpose(0, 2, 1, 3, 4))
 
     def tolerance(self, x, side=1, factor=1):
+        return Tolerance(atol=0.0, rtol=0.0)
+
+
+class GatherRows(Operator):
+    """Rows ``index[0], index[1], ...`` of ``x`` ``(n, d)``: ``(len(index), d)``, with
+    ``index`` ``(m,)`` a whole-number table (a const: a permutation of a vision tower's rows
+    into its windows, Qwen2_5_VisionTransformerPretrainedModel's ``window_index``, and back).
+    Exact."""
+
+    name = "gather_rows"
+    keeps_bound = False
+
+    def shape(self, x, index):
+        if len(x) != 2 or len(index) != 1:
+            raise ValueError(f"gather_rows: x {x} (n, d) and an index {index} (m,)")
+        return (index[0], x[1])
+
+    def reference(self, x, index):
+        return as64(x)[np.asarray(index, np.int64)]
+
+    def pack(self, index, array, **attrs):
+        if index == 1:
+            return np.ascontiguousarray(array, np.int64)
+        return super().pack(index, array)
+
+    def kernel(self, out, x, index, scratch=None):
+        np.take(x, index, axis=0, out=out)
+
+    def tolerance(self, x, index):
         return Tolerance(atol=0.0, rtol=0.0)
 
 

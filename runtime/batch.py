@@ -61,6 +61,9 @@ def unbatchable(lm: CausalLM) -> str | None:
         if rope_switch(r) is not None:
             return (f"the RoPE table {name!r} switches with the sequence's length (a longrope "
                     "table): rows at different lengths would need different tables")
+    if lm.sections:
+        return ("M-RoPE (RoPE sections): each row turns by positions of its own (an image's "
+                "grid, the text after it), which the batched step does not take")
     return None
 
 

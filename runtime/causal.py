@@ -36,7 +36,7 @@ from .blocks.embedding import Embedding, Sinusoidal
 from .blocks.mlp import ActivationParams
 from .blocks.norms import Norm, NormOptions
 from .blocks.projections import Linear
-from .blocks.rope import QUERIES, RopeOptions, rope_switch, rope_table
+from .blocks.rope import POSITIONS, QUERIES, RopeOptions, rope_switch, rope_table
 from .graph import CallSpec, Handle, Recorder
 from .layers import DecoderLayer, LayerOptions, PerLayerInputOptions
 from .module import STATE_DTYPES, Module, Param, State
@@ -339,6 +339,14 @@ class CausalLM(Module):
                                    Table((o.max_seq_len, r.rotary_dim // 2)))
                             for name, r in self.tables.items()}
         self.rope_length = 1  # the sequence length the tables are for (fit_rope)
+        # Tables whose rows turn by positions of their own per section (M-RoPE), and how
+        # many position axes a row has: every version then takes each row's positions.
+        self.sections = {name: r.sections for name, r in self.tables.items() if r.sections}
+        axes = {len(s) for s in self.sections.values()}
+        if len(axes) > 1:
+            raise ValueError(f"RoPE tables with sections of {sorted(axes)} axes: one count of "
+                             "position axes per model")
+        self.axes = axes.pop() if axes else 0
         self.name_tree()
         self._holdable()
         self._versions: dict[tuple, "Version"] = {}
@@ -639,6 +647,11 @@ class CausalLM(Module):
         ropes = {name: (rec.state(f"rope.{name}.cos", cos, "const"),
                         rec.state(f"rope.{name}.sin", sin, "const"))
                  for name, (cos, sin) in self.rope_tables.items()}
+        if self.sections:
+            # M-RoPE: each row's positions by axis, given per call (Version: a text's, equal,
+            # by default; runtime.towers.multimodal's Placement: an image's by its grid).
+            given = rec.input(POSITIONS, (c.capacity, self.axes), np.int32, bounded=c.prompt)
+            ropes[POSITIONS] = (given, dict(self.sections))
         x = self.model.embed_tokens(rec, ids)
         if c.soft:
             # The placeholder rows take a tower's soft tokens, as masked_scatter does to the
@@ -787,7 +800,7 @@ class Version:
                                  f"vocabulary 0..{V - 1}")
             in_per_layer_table(self.lm.config, ids[:rows], "ids[{}]")
             call = {"start": start, "rows": rows, "position": start + rows - 1}
-            inputs = {"ids": ids.astype(np.int32), **self._extra(extra)}
+            inputs = {"ids": ids.astype(np.int32), **self._extra(extra, start)}
         else:
             if token is None or position is None:
                 raise TypeError("a decode step takes token and position")
@@ -795,7 +808,7 @@ class Version:
             in_per_layer_table(self.lm.config, np.asarray([token]), "token")
             position = _index(position, "position", 0, L - 1)
             call = {"start": position, "rows": 1, "position": position}
-            inputs = {"ids": np.asarray([token], np.int32)}
+            inputs = {"ids": np.asarray([token], np.int32), **self._extra(extra, position)}
         if caches is None:
             self.lm.caches.forget()
         else:
@@ -820,15 +833,21 @@ class Version:
         draw = sampler if sampler is not None else greedy
         return logits, {"token": drawn(draw(logits), V), "position": call["position"] + 1}
 
-    def _extra(self, extra) -> dict:
-        """A prompt chunk's inputs beside its ids (``soft``, ``mask``, ``reach``: those its
-        recording takes), each of the shape and dtype it was recorded with.
+    def _extra(self, extra, start: int) -> dict:
+        """A call's inputs beside its ids (a prompt chunk's ``soft``, ``mask``, ``reach``;
+        M-RoPE's ``positions``: those its recording takes), each of the shape and dtype it
+        was recorded with; M-RoPE's positions, where not given, a text's from ``start``
+        (every axis at the row's position).
 
         Raises:
-            ValueError: one missing, one the chunk does not take, or of another shape.
+            ValueError: one missing, one the call does not take, or of another shape.
         """
         extra = dict(extra or {})
         want = {k: h for k, h in self.plan.recorder.inputs.items() if k != "ids"}
+        if POSITIONS in want and POSITIONS not in extra:
+            n, axes = want[POSITIONS].shape
+            extra[POSITIONS] = np.repeat(np.arange(start, start + n, dtype=np.int32)[:, None],
+                                         axes, axis=1)
         if set(extra) != set(want):
             raise ValueError(f"a prompt chunk of this version takes {sorted(want) or 'ids alone'}"
                              f" beside its ids, not {sorted(extra) or 'none'}")

@@ -349,8 +349,10 @@ class Session:
                 lm.restore(n - 1, kind)
             version = lm.decode_step
             run = version.reference if self.reference else version
+            placed = self.placement
             logits, carry = run(token=int(tokens[-1]), position=n - 1, sampler=sampler,
-                                caches=caches)
+                                caches=caches, extra=None if placed is None
+                                else placed.decode_inputs(n - 1))
             self.calls.append(("decode", n - 1, 1))
             self.reused = n - 1
         else:
@@ -374,15 +376,15 @@ class Session:
                 # caches alone (the head and the last layer past its cache write skipped).
                 last = end >= n
                 extra = placed.inputs(tokens, s, rows, C) if placed is not None else None
-                if extra is None:
+                if extra is None or "soft" not in extra:  # no placeholder (M-RoPE's rows)
                     logits, carry = run(ids, start=s, rows=rows, sampler=sampler, output=last,
-                                        caches=caches)
+                                        extra=extra, caches=caches)
                 else:
                     version = placed.version(lm)
                     go = version.reference if self.reference else version
                     logits, carry = go(ids, start=s, rows=rows, sampler=sampler, output=last,
                                        extra=extra, caches=caches)
-                self.calls.append(("placed" if extra is not None else "prompt", s, rows))
+                self.calls.append(("placed" if extra and "soft" in extra else "prompt", s, rows))
             caches.starts = starts if starts is not None else list(range(0, n, C))
             if bounds[-1] < n:  # more chunks to run (prefill): the caches hold what these ran
                 caches.tokens, caches.stale = tokens[:bounds[-1]], None

@@ -96,7 +96,10 @@ def shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
+# mrope: Qwen2-VL's multimodal RoPE, the default frequencies (its config classes rename it
+# default; the sections are mrope_section's, read by a field).
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional",
+              "mrope")
 # Each rope type's numbers: (key, needed, check) with check "positive" (finite, above 0),
 # "number" (finite), "whole" (1..MAX_INT), "flag", or "factors" (a list of positive numbers).
 ROPE_KEYS = {

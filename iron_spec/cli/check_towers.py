@@ -81,6 +81,10 @@ def _compiled_vs_reference(tower: LoadedTower, seed: int) -> checks.Result:
         features, frames = tower.processor(rng.uniform(-0.5, 0.5, DRAWN_SECONDS * rate))
         pairs = [(version(features, frames), version.reference(features, frames))]
         drawn = f"{DRAWN_SECONDS} s of drawn noise"
+    elif tower.gridded:  # a grid of the image's own (Qwen2-VL's smart resize)
+        rows, (h, w) = tower.processor(rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8))
+        pairs = [(version(h, w)(rows), version(h, w).reference(rows))]
+        drawn = f"a drawn {DRAWN_IMAGE[0]}x{DRAWN_IMAGE[1]} image ({h}x{w} patches)"
     else:
         image = rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8)
         pixels = tower.processor(image)

@@ -105,7 +105,8 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
     ids, inputs = multimodal.encode(model, messages_with(golden))
     raw = golden["image"] if tower.modality == "image" else golden["audio"]
     front = tower.processor(raw)
-    front = front if tower.modality == "image" else front[0]
+    # An audio front end gives (features, frames), a grid one (patch rows, grid).
+    front = front[0] if tower.modality == "audio" or tower.gridded else front
     pixels = front
     soft = tower.soft_tokens(raw)
     session = session or Session(model.loaded.lm)

@@ -22,12 +22,15 @@ from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
 from iron_spec.runtime.towers.images import TileProcessor, patches
 from iron_spec.runtime.towers.multimodal import TowerRun
+from iron_spec.runtime.towers.qwen_images import GridProcessor
+from iron_spec.runtime.towers.qwen_vision import QwenVisionTower
 from iron_spec.runtime.towers.tower import Tower
 from iron_spec.runtime.weights import draw_weights
 
 from .accounting import account
 from .encoder import expand_encoder
 from .options import towers as options
+from .options.qwen_vision import grid_processor, qwen_vision_options
 from .shapes import explainer
 
 log = logging.getLogger("iron_spec")
@@ -52,6 +55,19 @@ class LoadedTower:
     modality: str = "image"
 
     @property
+    def gridded(self) -> bool:
+        """Whether the front end resizes an image to a grid of its own (Qwen2-VL's: soft
+        tokens as many as the grid's merged blocks, M-RoPE positions by the grid)."""
+        return isinstance(self.processor, GridProcessor)
+
+    def grid(self, raw) -> tuple[int, int, int]:
+        """The (time, height, width) grid of ``raw``'s soft tokens (merged blocks), the
+        M-RoPE positions' axes (``runtime.towers.mrope``); gridded front ends alone."""
+        h, w = self.processor.grid(raw)
+        m = self.tower.options.merge
+        return 1, h // m, w // m
+
+    @property
     def tiled(self) -> bool:
         """Whether the front end cuts an image into tiles (each a run of the tower)."""
         return isinstance(self.processor, TileProcessor)
@@ -64,6 +80,9 @@ class LoadedTower:
         if self.modality == "audio":
             features, frames = self.processor(raw)
             return self.tower.version(features, frames)
+        if self.gridded:
+            rows, (h, w) = self.processor(raw)
+            return self.tower.version(h, w)(rows)
         p = self.tower.options.patch
         if self.tiled:
             return np.concatenate([self.tower.version(patches(tile, p))
@@ -75,6 +94,8 @@ class LoadedTower:
         where untiled), and the rows and columns of tiles (0, 0: none)."""
         if self.modality == "audio":
             return self.tower.options.soft(self.processor(raw)[1]), 0, 0
+        if self.gridded:
+            return self.tower.soft(*self.processor.grid(raw)), 0, 0
         if self.tiled:
             _, rows, cols = self.processor.tiles(raw)
             return self.tower.options.soft, rows, cols
@@ -87,7 +108,8 @@ class LoadedTower:
 
     def run(self) -> TowerRun:
         """The tower as ``runtime.towers.multimodal.Multimodal`` meets it."""
-        return TowerRun(self.soft_tokens, self.count, self.bidirectional)
+        return TowerRun(self.soft_tokens, self.count, self.bidirectional,
+                        self.grid if self.gridded else None)
 
 
 def processor_settings(directory: Path | None, key: str = "image_processor"
@@ -174,7 +196,10 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
     audio = options.front_kind(entry) == "log_mel"
     settings, where = processor_settings(directory,
                                          "feature_extractor" if audio else "image_processor")
-    if audio:
+    if options.front_kind(entry) == "grid":
+        o = qwen_vision_options(entry, expanded.resolved, text_hidden)
+        front = grid_processor(entry, settings, where, o)
+    elif audio:
         front = options.log_mel(entry, settings, where)
         o = options.audio_options(entry, expanded.resolved, expanded.options, text_hidden,
                                   front)
@@ -185,7 +210,8 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
         else:
             front = options.processor(entry, settings, where)
     try:
-        tower = AudioTower(o) if audio else Tower(o)
+        tower = AudioTower(o) if audio else QwenVisionTower(o) \
+            if isinstance(front, GridProcessor) else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
@@ -213,6 +239,9 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     if audio:
         log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
                  entry.name, o.mels, o.frames, len(o.encoder.layers), token)
+    elif isinstance(front, GridProcessor):
+        log.info("tower %s: patches of %d pixels, %d blocks, grids of any size, at placeholder "
+                 "%d", entry.name, o.patch, o.depth, token)
     else:
         log.info("tower %s: %d patches of %d pixels, %d layers, %d soft tokens per image at "
                  "placeholder %d", entry.name, o.patches, o.patch, len(o.encoder.layers),

@@ -18,7 +18,7 @@ from ..graph import Handle, Recorder
 from ..module import Module, Param, State
 from .norms import HeadNorms, Norm, NormOptions
 from .projections import Linear, fused_qkv
-from .rope import QUERIES
+from .rope import POSITIONS, QUERIES
 
 
 @dataclass(frozen=True)
@@ -334,9 +334,7 @@ class Attention(Module):
         if o.v_norm:
             v = self.v_norm(rec, v)
         if o.rope is not None:
-            cos, sin = ropes[o.rope]
-            k = rec.step("rope", k, cos, sin, where=self.where("k"), start=start,
-                         interleaved=o.rope_interleaved)
+            k = self._turn(rec, k, ropes[o.rope], "k", ropes)
         if o.qk_norm_after_rope:
             k = self.k_norm(rec, k)
         q = self._queries(rec, q, ropes, normed)
@@ -346,6 +344,19 @@ class Attention(Module):
         rec.step("kv_write", v, values, where=self.where("values"), start=start,
                  ring=self.values.ring)
         return self._attend(rec, q, self.keys, self.values, gate, ropes)
+
+    def _turn(self, rec: Recorder, x: Handle, table: tuple[Handle, Handle], which: str,
+              ropes) -> Handle:
+        """``x`` ``(n, heads, head_dim)`` turned by ``table`` (cos, sin): at the call's
+        positions, or where the table has sections (M-RoPE), at each row's own positions
+        (``POSITIONS``)."""
+        o = self.options
+        given = ropes.get(POSITIONS)
+        if given is not None and o.rope in given[1]:
+            return rec.step("rope_sections", x, *table, given[0], where=self.where(which),
+                            sections=given[1][o.rope], interleaved=o.rope_interleaved)
+        return rec.step("rope", x, *table, where=self.where(which), start=rec.call.start,
+                        interleaved=o.rope_interleaved)
 
     def _queries(self, rec: Recorder, q: Handle, ropes, normed: bool = False) -> Handle:
         """The projected queries ``(n, H * D)`` normed (unless ``normed`` already) and
@@ -357,9 +368,7 @@ class Attention(Module):
         if o.qk_norm in PER_HEAD_QK_NORMS and not o.qk_norm_after_rope:
             q = self.q_norm(rec, q)
         if o.rope is not None:
-            cos, sin = ropes.get(o.rope + QUERIES, ropes[o.rope])
-            q = rec.step("rope", q, cos, sin, where=self.where("q"), start=rec.call.start,
-                         interleaved=o.rope_interleaved)
+            q = self._turn(rec, q, ropes.get(o.rope + QUERIES, ropes[o.rope]), "q", ropes)
         if o.qk_norm_after_rope:
             q = self.q_norm(rec, q)
         return q

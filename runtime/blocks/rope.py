@@ -31,6 +31,10 @@ class RopeOptions:
     log(1 + floor(position / period))`` after RoPE (Ministral3Attention's
     ``get_llama_4_attn_scale``, ``period`` its original context): a table of its own for the
     queries, cos and sin times that scale (``rope_table``), the keys' unscaled (None: none).
+    ``sections``: multimodal RoPE (M-RoPE, Qwen2-VL's ``mrope_section``): the table's
+    ``rotary_dim // 2`` columns cut into these sections, each turning by a position of its
+    own (time, height, width), given per row (``POSITIONS``; ``operators.rope.RopeSections``);
+    a text's rows, all three equal, turn as without sections (None: none).
     """
 
     theta: float
@@ -40,6 +44,7 @@ class RopeOptions:
     interleaved: bool = False
     negated: bool = False
     query_scale: tuple[float, int] | None = None
+    sections: tuple[int, ...] | None = None
 
 
 def rope_table(o: RopeOptions, positions: int, length: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -58,6 +63,9 @@ def rope_table(o: RopeOptions, positions: int, length: int = 1) -> tuple[np.ndar
 
 
 QUERIES = ":queries"  # a table's name + this: the queries' own table (RopeOptions.query_scale)
+# Among the tables every layer is given: each row's positions, one per section's axis, and
+# the tables that read them (``RopeOptions.sections``): ``(handle, {name: sections})``.
+POSITIONS = "positions"
 
 
 def query_scale(beta: float, period: int, positions: int) -> np.ndarray:

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..causal import CausalLM, Version
+from .mrope import rope_positions
 
 
 @dataclass
@@ -33,11 +34,13 @@ class TowerRun:
     tokens ``(soft, hidden)`` float32 (the front end and the compiled tower), ``count(raw)``
     how many it gives (an image's are fixed, a sound's follow its length),
     ``bidirectional`` whether one input's rows attend to each other both ways in the text
-    model."""
+    model; ``grid(raw)``, where the text model turns its rows by M-RoPE, the (time, height,
+    width) grid of an input's soft tokens (``mrope``; None: none)."""
 
     soft_tokens: Callable[[object], np.ndarray]
     count: Callable[[object], int]
     bidirectional: bool = False
+    grid: Callable[[object], tuple[int, int, int]] | None = None
 
 
 def runs(where: np.ndarray) -> list[tuple[int, int]]:
@@ -61,6 +64,11 @@ class Placement:
     digests: list[tuple[int, str]] = field(default_factory=list)
     reach: bool = False
     _version: Version | None = None
+    # M-RoPE (``mrope``): each row's (time, height, width) positions over the history the
+    # placement was made for, and the delta a row past it adds to its index; None: RoPE by
+    # the row's index.
+    rope: np.ndarray | None = None
+    delta: int = 0
 
     def starts(self, tokens: np.ndarray, C: int) -> list[int]:
         """Each prompt chunk's first position for ``tokens`` from position 0: every ``C``
@@ -90,7 +98,7 @@ class Placement:
         ``reach`` ``(C,)``; None where the chunk holds no placeholder."""
         lo, hi = np.searchsorted(self.positions, [s, s + rows])
         if lo == hi:
-            return None
+            return None if self.rope is None else {"positions": self.rope_rows(s, C)}
         soft = np.zeros((C, self.rows.shape[1]), np.float32)
         mask = np.zeros(C, np.int32)
         at = self.positions[lo:hi] - s
@@ -102,7 +110,24 @@ class Placement:
                 if a < s + rows and b > s:
                     reach[max(a, s) - s: min(b, s + rows) - s] = b - 1
             out["reach"] = reach
+        if self.rope is not None:
+            out["positions"] = self.rope_rows(s, C)
         return out
+
+    def rope_rows(self, s: int, C: int) -> np.ndarray:
+        """M-RoPE positions ``(C, 3)`` int32 of rows ``s .. s + C - 1``: the history's, and
+        past it each row's index plus ``delta``."""
+        n = len(self.rope)
+        idx = np.arange(s, s + C)
+        out = np.repeat((idx + self.delta)[:, None], 3, axis=1).astype(np.int32)
+        inside = idx < n
+        out[inside] = self.rope[idx[inside]]
+        return out
+
+    def decode_inputs(self, position: int) -> dict | None:
+        """A decode step's inputs beside its token at ``position``: M-RoPE's positions
+        (None where the model turns rows by their index)."""
+        return None if self.rope is None else {"positions": self.rope_rows(position, 1)}
 
     def version(self, lm: CausalLM) -> Version:
         """The prompt chunk that takes these inputs, compiled once per model."""
@@ -176,9 +201,11 @@ class Multimodal:
         """Where every input's soft tokens sit in ``tokens`` (module docstring)."""
         tokens = np.asarray(tokens)
         positions, rows, groups, digests, reach = [], [], [], [], False
+        grids = []  # M-RoPE: each input's (first placeholder, grid)
         for token, tower in self.towers.items():
             where = np.flatnonzero(tokens == token)
             given = [self.soft_tokens(token, raw) for raw in inputs.get(token, [])]
+            raw_of = {key: raw for (_, key), raw in zip(given, inputs.get(token, []))}
             total = sum(len(soft) for soft, _ in given)
             if where.size != total:
                 raise ValueError(f"{where.size} placeholders {token} for {len(given)} "
@@ -192,6 +219,8 @@ class Multimodal:
                 positions.append(at)
                 rows.append(soft)
                 digests.append((int(at[0]), key))
+                if tower.grid is not None and self.lm.sections:
+                    grids.append((int(at[0]), tower.grid(raw_of[key])))
                 if tower.bidirectional:
                     groups += runs(at)
                     reach = True
@@ -200,8 +229,9 @@ class Multimodal:
                                                             np.float32))
         positions = np.concatenate(positions)
         order = np.argsort(positions, kind="stable")
+        rope, delta = rope_positions(len(tokens), grids) if self.lm.sections else (None, 0)
         return Placement(positions[order], np.concatenate(rows)[order], sorted(groups),
-                         sorted(digests), reach)
+                         sorted(digests), reach, rope=rope, delta=delta)
 
     def place(self, session, tokens: Sequence[int], inputs: dict[int, list]) -> None:
         """Ready ``session`` for ``tokens`` with ``inputs`` at their placeholders: its

@@ -80,10 +80,18 @@ def test_llama3_matches_meta_formula(dim, theta):
         assert ((expected != base) & (expected != base / 8)).any()
 
 
-@pytest.mark.parametrize("kind", ["ntk", "su", "mrope"])
+@pytest.mark.parametrize("kind", ["ntk", "su", "mrope2"])
 def test_unknown_rope_type_raises(kind):
     with pytest.raises(ValueError, match=kind):
         rope_inv_freq(8, 10000.0, {"rope_type": kind, "factor": 2.0})
+
+
+def test_mrope_is_defaults_frequencies():
+    # Qwen2-VL's published rope_scaling {"type": "mrope", "mrope_section": [...]}: its config
+    # classes read it as rope_type default (the sections cut the columns, not the frequencies).
+    inv, scale = rope_inv_freq(8, 10000.0, {"type": "mrope", "mrope_section": [1, 1, 2]})
+    np.testing.assert_allclose(inv, 10000.0 ** (-np.arange(0, 8, 2) / 8), rtol=1e-6)
+    assert scale == 1.0
 
 
 @pytest.mark.parametrize("scaling", [

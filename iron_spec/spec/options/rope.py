@@ -71,7 +71,8 @@ def rope_options(spec: Spec, r: Resolved, name: str, source: str) -> RopeOptions
             spec, r, p + ("max_position_embeddings",), "max_position_embeddings")),
         interleaved=_flag_option(spec, r, p + ("interleaved",), False),
         negated=_flag_option(spec, r, p + ("negated",), False),
-        query_scale=_query_scale(spec, r, p))
+        query_scale=_query_scale(spec, r, p),
+        sections=_sections(spec, r, p, rotary_dim))
     _finite_frequencies(spec, p, rope, f"{_key(spec, r, p + ('theta',), source)} "
                         f"and {_key(spec, r, p + ('scaling',), source)}")
     return rope
@@ -96,6 +97,26 @@ def _query_scale(spec: Spec, r: Resolved, path: tuple) -> tuple[float, int] | No
         raise spec.error(at + ("period",), f"query_scale.period is {period}, not a whole number "
                          ">= 1 (the context past which queries grow)")
     return beta, period
+
+
+def _sections(spec: Spec, r: Resolved, path: tuple, rotary_dim: int) -> tuple[int, ...] | None:
+    """``rope/NAME/sections``: the M-RoPE sections of the table's ``rotary_dim // 2``
+    columns (``RopeOptions.sections``, Qwen2-VL's ``mrope_section``); None where null.
+
+    Raises:
+        SpecError: at the option, sections that are no list of whole numbers from 1
+            summing to ``rotary_dim // 2``.
+    """
+    at = path + ("sections",)
+    value = _option(spec, r, at, None)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not value or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value) \
+            or sum(value) != rotary_dim // 2:
+        raise spec.error(at, f"sections is {value!r}: whole numbers from 1 summing to the "
+                             f"table's {rotary_dim // 2} column pairs (rotary_dim // 2)")
+    return tuple(value)
 
 
 def _ntk_alpha(spec: Spec, r: Resolved, path: tuple, theta: float, scaling: dict | None,

@@ -50,7 +50,7 @@ from .norms import norm_options
 from .reading import _flag_option, _option, _whole
 
 
-FRONT_ENDS = ("image", "tiles", "log_mel")
+FRONT_ENDS = ("image", "tiles", "log_mel", "grid")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,9 @@ def entries(spec: Spec) -> list[TowerEntry]:
             "config": config, "ignore": list(e.get("ignore") or []),
             "layer": e.get("layer"), "pooling": {"kind": "none"},
             "embedding": {"norm": False},
-            "runtime": {"max_tokens": e["rows"] if "rows" in e else
+            # A grid's rows follow the image (runtime.towers.qwen_vision): no bound here.
+            "runtime": {"max_tokens": e["rows"] if "rows" in e else 1 << 20
+                        if (e.get("front") or {}).get("kind") == "grid" else
                         f"({_expr(e, 'image')} // {_expr(e, 'size')}) ** 2"},
         }
         for key in ("refuse", "checkpoint"):
