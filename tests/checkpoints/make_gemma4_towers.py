@@ -1,0 +1,111 @@
+"""Gemma 4's vision tower toy and its golden, as transformers 5.25 computes them.
+
+    python tests/checkpoints/make_gemma4_towers.py        # writes gemma4-vision-toy and its golden
+
+The toy is specs/gemma4.yaml's toy text model (experts beside every MLP, KV sharing, per-layer
+inputs) inside Gemma4Config with a small Gemma4VisionConfig (2 layers, 32 wide, 2 heads of 16,
+patches of 16 pixels pooled 3x3, a 64-row position table, axial RoPE theta 100), float32,
+weights drawn as make_toys.spread draws them, its image processor saved as
+Gemma4ImageProcessorPil writes it (max_soft_tokens 70: the smallest the processor takes).
+
+The golden (tests/goldens/towers/gemma4/gemma4-vision-toy.npz) holds the image (40x70, seed 0:
+resized by the processor to 288x528, 18x33 patches, 66 soft tokens), the processor's
+``pixel_values`` and ``image_position_ids`` (its padding cut), the soft tokens
+``get_image_features`` gives (after ``embed_vision``), ``ids`` (text ids around
+``<boi> <image>*66 <eoi>``, as Gemma4Processor.replace_image_token expands a marker) and the
+logits of Gemma4ForConditionalGeneration at every position. No tokenizer or chat template:
+the ids are given, so the golden judges the tower and the text model's placement alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+IMAGE_TOKEN, BOI, EOI, VIDEO, AUDIO, BOA, EOA = 250, 251, 252, 249, 253, 254, 255
+
+
+def config() -> dict:
+    import yaml
+
+    text = yaml.safe_load((HERE.parents[1] / "specs" / "gemma4.yaml").read_text())["toy"]["config"]
+    return {"architectures": ["Gemma4ForConditionalGeneration"], "audio_config": None,
+            "audio_token_id": AUDIO, "boa_token_id": BOA, "boi_token_id": BOI,
+            "eoa_token_index": EOA, "eoi_token_id": EOI, "image_token_id": IMAGE_TOKEN,
+            "initializer_range": 0.02, "model_type": "gemma4",
+            "text_config": {k: v for k, v in text.items() if k != "architectures"},
+            "tie_word_embeddings": True, "torch_dtype": "float32", "video_token_id": VIDEO,
+            "vision_config": {"hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 2, "num_attention_heads": 2,
+                              "num_key_value_heads": 2, "head_dim": 16, "patch_size": 16,
+                              "pooling_kernel_size": 3, "position_embedding_size": 64,
+                              "model_type": "gemma4_vision"}}
+
+
+def image() -> np.ndarray:
+    """40x70 RGB, drawn at seed 0 (make_towers.image's)."""
+    return np.random.default_rng(0).integers(0, 256, (40, 70, 3), dtype=np.uint8)
+
+
+def make(directory: Path) -> None:
+    import shutil
+
+    import torch
+    import transformers
+    from make_toys import spread
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    torch.manual_seed(0)
+    parsed = transformers.Gemma4Config(**{k: v for k, v in config().items()
+                                          if k not in ("architectures", "model_type",
+                                                       "torch_dtype")})
+    model = transformers.Gemma4ForConditionalGeneration(parsed).eval()
+    spread(model)
+    model.save_pretrained(directory)
+    (directory / "config.json").write_text(json.dumps(config(), indent=2) + "\n")
+    transformers.Gemma4ImageProcessorPil(max_soft_tokens=70).save_pretrained(directory)
+
+
+def record(directory: Path, golden: Path) -> None:
+    import torch
+    import transformers
+
+    model = transformers.Gemma4ForConditionalGeneration.from_pretrained(
+        directory, dtype=torch.float32).eval()
+    processor = transformers.Gemma4ImageProcessorPil.from_pretrained(directory)
+    picture = image()
+    out = processor(picture, return_tensors="pt")
+    n = int(out["num_soft_tokens_per_image"][0])
+    real = (out["image_position_ids"][0] >= 0).all(-1)
+    ids = [2, 17, 40, 33, BOI] + [IMAGE_TOKEN] * n + [EOI, 60, 71, 9, 120, 4]
+    with torch.no_grad():
+        soft = model.model.get_image_features(out["pixel_values"], out["image_position_ids"],
+                                              return_dict=True).pooler_output[0]
+        logits = model(input_ids=torch.tensor([ids]), pixel_values=out["pixel_values"],
+                       image_position_ids=out["image_position_ids"]).logits[0]
+    golden.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        golden, image=picture, ids=np.array(ids, np.int64),
+        pixel_values=out["pixel_values"][0][real].numpy().astype(np.float32),
+        image_position_ids=out["image_position_ids"][0][real].numpy().astype(np.int64),
+        soft_tokens=soft.numpy().astype(np.float32), logits=logits.numpy().astype(np.float32),
+        transformers=np.array(transformers.__version__))
+    print(f"{golden}: {n} soft tokens, {len(ids)} ids, grid "
+          f"{out['image_position_ids'][0][real].max(0).values.tolist()}")
+
+
+def main() -> None:
+    directory = HERE / "gemma4-vision-toy"
+    make(directory)
+    record(directory, HERE.parent / "goldens" / "towers" / "gemma4" / "gemma4-vision-toy.npz")
+
+
+if __name__ == "__main__":
+    main()
