@@ -20,6 +20,7 @@ from iron_spec.runtime.checkpoint import Checkpoint, LoadReport, fill, load, mar
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
+from iron_spec.runtime.towers.gemma4_vision import Gemma4VisionTower
 from iron_spec.runtime.towers.images import TileProcessor, patches
 from iron_spec.runtime.towers.multimodal import TowerRun
 from iron_spec.runtime.towers.tower import Tower
@@ -27,6 +28,7 @@ from iron_spec.runtime.weights import draw_weights
 
 from .accounting import account
 from .encoder import expand_encoder
+from .options import gemma4_towers
 from .options import towers as options
 from .shapes import explainer
 
@@ -50,6 +52,7 @@ class LoadedTower:
     prompt: Any
     report: LoadReport
     modality: str = "image"
+    read_as: int | None = None
 
     @property
     def tiled(self) -> bool:
@@ -64,6 +67,9 @@ class LoadedTower:
         if self.modality == "audio":
             features, frames = self.processor(raw)
             return self.tower.version(features, frames)
+        if isinstance(self.tower, Gemma4VisionTower):
+            pixels, grid = self.processor(raw)
+            return self.tower.version(grid)(pixels)
         p = self.tower.options.patch
         if self.tiled:
             return np.concatenate([self.tower.version(patches(tile, p))
@@ -75,6 +81,8 @@ class LoadedTower:
         where untiled), and the rows and columns of tiles (0, 0: none)."""
         if self.modality == "audio":
             return self.tower.options.soft(self.processor(raw)[1]), 0, 0
+        if isinstance(self.tower, Gemma4VisionTower):
+            return self.tower.soft(self.processor(raw)[1]), 0, 0
         if self.tiled:
             _, rows, cols = self.processor.tiles(raw)
             return self.tower.options.soft, rows, cols
@@ -87,7 +95,7 @@ class LoadedTower:
 
     def run(self) -> TowerRun:
         """The tower as ``runtime.towers.multimodal.Multimodal`` meets it."""
-        return TowerRun(self.soft_tokens, self.count, self.bidirectional)
+        return TowerRun(self.soft_tokens, self.count, self.bidirectional, self.read_as)
 
 
 def processor_settings(directory: Path | None, key: str = "image_processor"
@@ -174,10 +182,16 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
     audio = options.front_kind(entry) == "log_mel"
     settings, where = processor_settings(directory,
                                          "feature_extractor" if audio else "image_processor")
+    gemma4 = gemma4_towers.kind(entry) == "gemma4_vision"
     if audio:
         front = options.log_mel(entry, settings, where)
         o = options.audio_options(entry, expanded.resolved, expanded.options, text_hidden,
                                   front)
+    elif gemma4:
+        o = gemma4_towers.vision_options(entry, expanded.resolved, expanded.options,
+                                         text_hidden)
+        front = gemma4_towers.image_front(entry, settings, where, options._front_settings)
+        gemma4_towers.check_front(entry, front, o, where)
     else:
         o = options.tower_options(entry, expanded.resolved, expanded.options, text_hidden)
         if options.front_kind(entry) == "tiles":
@@ -185,7 +199,7 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
         else:
             front = options.processor(entry, settings, where)
     try:
-        tower = AudioTower(o) if audio else Tower(o)
+        tower = AudioTower(o) if audio else Gemma4VisionTower(o) if gemma4 else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
@@ -213,10 +227,14 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     if audio:
         log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
                  entry.name, o.mels, o.frames, len(o.encoder.layers), token)
+    elif isinstance(tower, Gemma4VisionTower):
+        log.info("tower %s: patches of %d pixels at their places, %d layers, pooled %dx%d, "
+                 "at placeholder %d", entry.name, o.patch, o.layers, o.pool, o.pool, token)
     else:
         log.info("tower %s: %d patches of %d pixels, %d layers, %d soft tokens per image at "
                  "placeholder %d", entry.name, o.patches, o.patch, len(o.encoder.layers),
                  o.soft, token)
+    read_as = options.read_as(entry, expanded.resolved, text.vocab_size)
     return LoadedTower(entry.name, tower, front, token,
                        options.bidirectional(entry, expanded.resolved), prompt, report,
-                       "audio" if audio else "image")
+                       "audio" if audio else "image", read_as)

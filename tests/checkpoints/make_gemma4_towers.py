@@ -101,10 +101,50 @@ def record(directory: Path, golden: Path) -> None:
           f"{out['image_position_ids'][0][real].max(0).values.tolist()}")
 
 
+#: Image sizes (height, width) whose resized size get_aspect_ratio_preserving_size gives, per
+#: budget: tall, wide, square, tiny, a thin strip (its edge case) and a photograph's.
+SIZES = [(40, 70), (70, 40), (512, 600), (600, 512), (224, 224), (17, 1000), (1000, 17),
+         (3000, 4000), (48, 48), (100, 3)]
+
+
+def record_front_end(golden: Path) -> None:
+    """transformers' Gemma4ImageProcessorPil on a real photograph (make_towers.photograph:
+    matplotlib's grace_hopper.jpg) at budgets 70 and 280 (the class default): the unpadded
+    pixel rows' digest, every 1009th value and the grid; and the resized sizes of ``SIZES``."""
+    import hashlib
+
+    import matplotlib
+    import transformers
+    from PIL import Image
+    from transformers.models.gemma4.image_processing_pil_gemma4 import \
+        get_aspect_ratio_preserving_size
+
+    out = {}
+    photograph = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    with Image.open(photograph) as im:
+        for budget in (70, 280):
+            processor = transformers.Gemma4ImageProcessorPil(max_soft_tokens=budget)
+            got = processor(im, return_tensors="np")
+            real = (got["image_position_ids"][0] >= 0).all(-1)
+            pixels = got["pixel_values"][0][real].astype(np.float32)
+            out[f"{budget}.sha256"] = hashlib.sha256(pixels.tobytes()).hexdigest()
+            out[f"{budget}.samples"] = pixels.reshape(-1)[::1009]
+            out[f"{budget}.grid"] = got["image_position_ids"][0][real].max(0)[::-1] + 1
+            out[f"{budget}.soft"] = int(got["num_soft_tokens_per_image"][0])
+    for budget in (70, 280, 1120):
+        out[f"sizes.{budget}"] = np.array([
+            get_aspect_ratio_preserving_size(h, w, 16, budget * 9, 3) for h, w in SIZES])
+    np.savez_compressed(golden, sizes=np.array(SIZES), transformers=transformers.__version__,
+                        pillow=__import__("PIL").__version__, **out)
+    print(golden)
+
+
 def main() -> None:
     directory = HERE / "gemma4-vision-toy"
     make(directory)
-    record(directory, HERE.parent / "goldens" / "towers" / "gemma4" / "gemma4-vision-toy.npz")
+    goldens = HERE.parent / "goldens" / "towers"
+    record(directory, goldens / "gemma4" / "gemma4-vision-toy.npz")
+    record_front_end(goldens / "front_ends" / "gemma4_grace_hopper.npz")
 
 
 if __name__ == "__main__":

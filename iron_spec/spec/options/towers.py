@@ -50,7 +50,7 @@ from .norms import norm_options
 from .reading import _flag_option, _option, _whole
 
 
-FRONT_ENDS = ("image", "tiles", "log_mel")
+FRONT_ENDS = ("image", "tiles", "log_mel", "aspect_patches")
 
 
 @dataclass(frozen=True)
@@ -303,6 +303,20 @@ def placeholder(entry: TowerEntry, r: Resolved, vocab: int) -> int:
     if token is None or token < 0:
         raise v.error(("placeholder",), f"placeholder is {token!r}, not a token id from 0")
     return token
+
+
+def read_as(entry: TowerEntry, r: Resolved, vocab: int) -> int | None:
+    """The id the text model's embeddings read at a placeholder (``read_as``; None: absent).
+
+    Raises:
+        SpecError: not a whole number within the vocabulary.
+    """
+    v = entry.view
+    value = _whole(v, ("read_as",), _option(v, r, ("read_as",), None))
+    if value is not None and not 0 <= value < vocab:
+        raise v.error(("read_as",), f"read_as is {value}: an id within the text model's "
+                                    f"{vocab} rows")
+    return value
 
 
 def bidirectional(entry: TowerEntry, r: Resolved) -> bool:

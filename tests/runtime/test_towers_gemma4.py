@@ -1,0 +1,100 @@
+"""Gemma 4's vision tower (specs/gemma4.yaml ``towers``) against transformers 5.25: its front
+end against Gemma4ImageProcessorPil on a real photograph (matplotlib's grace_hopper.jpg) and
+on the sizes its resize gives, its soft tokens against ``get_image_features``, and the model
+with its image against Gemma4ForConditionalGeneration's logits (goldens recorded by
+tests/checkpoints/make_gemma4_towers.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iron_spec.library.api import load
+from iron_spec.library.multimodal_golden import divergence
+from iron_spec.runtime.golden import kl_stats
+from iron_spec.runtime.session import Session
+from iron_spec.runtime.towers.gemma4_images import Gemma4ImageProcessor, aspect_preserving_size
+from tests.conftest import SPECS, edited_spec
+
+TESTS = Path(__file__).resolve().parents[1]
+TOY = TESTS / "checkpoints" / "gemma4-vision-toy"
+GOLDEN = TESTS / "goldens" / "towers" / "gemma4" / "gemma4-vision-toy.npz"
+FRONT = TESTS / "goldens" / "towers" / "front_ends" / "gemma4_grace_hopper.npz"
+IMAGE, EOI = 250, 252
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return dict(np.load(GOLDEN))
+
+
+@pytest.fixture(scope="module")
+def front():
+    return dict(np.load(FRONT))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load(SPECS / "gemma4.yaml", TOY)
+
+
+def judge(model, golden) -> dict:
+    """KL of our logits against transformers' at every position from the image's last
+    placeholder on (each a history holding the whole image)."""
+    ids = golden["ids"].tolist()
+    session = Session(model.loaded.lm)
+    results = []
+    for k in range(ids.index(EOI), len(ids) + 1):
+        history = ids[:k]
+        model.multimodal.place(session, history, {IMAGE: [golden["image"]]})
+        logits = session.logits(model.multimodal.lookup(history))
+        results.append(divergence(golden["logits"][k - 1], logits))
+    return kl_stats(results)
+
+
+@pytest.mark.parametrize("budget", [70, 280, 1120])
+def test_the_resized_sizes_are_the_processors(front, budget):
+    sizes = [aspect_preserving_size(h, w, 16, budget * 9, 3) for h, w in front["sizes"]]
+    assert sizes == [tuple(s) for s in front[f"sizes.{budget}"].tolist()]
+
+
+@pytest.mark.parametrize("budget", [70, 280])
+def test_a_photographs_patches_equal_the_processors(front, budget):
+    matplotlib = pytest.importorskip("matplotlib")
+    photograph = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    pixels, grid = Gemma4ImageProcessor(max_soft_tokens=budget)(photograph)
+    assert grid == tuple(front[f"{budget}.grid"].tolist())
+    assert grid[0] * grid[1] // 9 == int(front[f"{budget}.soft"])
+    assert np.array_equal(pixels.reshape(-1)[::1009], front[f"{budget}.samples"])
+    assert hashlib.sha256(pixels.tobytes()).hexdigest() == str(front[f"{budget}.sha256"])
+
+
+def test_the_toys_pixels_and_soft_tokens_are_transformers(model, golden):
+    tower = model.loaded.towers[0]
+    pixels, grid = tower.processor(golden["image"])
+    assert np.array_equal(pixels, golden["pixel_values"])  # max difference 0
+    positions = golden["image_position_ids"]
+    assert grid == (positions[:, 1].max() + 1, positions[:, 0].max() + 1) == (18, 33)
+    soft = tower.soft_tokens(golden["image"])
+    want = golden["soft_tokens"]
+    assert soft.shape == want.shape == (66, 64)
+    assert np.abs(soft - want).max() <= 1e-5 * np.abs(want).max()
+    assert tower.count(golden["image"]) == list(golden["ids"]).count(IMAGE)
+    reference = tower.tower.version(grid).reference(pixels)
+    assert np.abs(reference - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def test_the_model_with_its_image_is_transformers(model, golden):
+    kl = judge(model, golden)
+    assert kl["mean"] <= 1e-6 and kl["max"] <= 1e-5 and kl["top1_mismatches"] == 0, kl
+
+
+def test_placeholders_read_as_pad_for_the_per_layer_inputs(tmp_path, golden):
+    # Gemma4Model reads pad_token_id's per-layer embedding at every placeholder: read as the
+    # placeholder itself, the same soft tokens give other logits, past the gate (mean 1e-6).
+    spec = edited_spec(tmp_path, "gemma4", "    read_as: 0\n", "")
+    kl = judge(load(spec, TOY), golden)
+    assert kl["mean"] > 1e-5, kl
