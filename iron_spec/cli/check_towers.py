@@ -22,8 +22,10 @@ from iron_spec.library import goldens
 from iron_spec.library.api import Model
 from iron_spec.library.multimodal_golden import inputs_fingerprint, judge
 from iron_spec.runtime import checks
+from iron_spec.runtime.towers.gemma4_vision import Gemma4VisionTower
 from iron_spec.runtime.towers.images import patches
 from iron_spec.spec.gates import kl_gate
+from iron_spec.spec.options.gemma4_towers import check_front
 from iron_spec.spec.towers import LoadedTower, load_towers
 
 # The drawn image: neither square nor a whole number of any tile, so a front end's resize,
@@ -81,6 +83,13 @@ def _compiled_vs_reference(tower: LoadedTower, seed: int) -> checks.Result:
         features, frames = tower.processor(rng.uniform(-0.5, 0.5, DRAWN_SECONDS * rate))
         pairs = [(version(features, frames), version.reference(features, frames))]
         drawn = f"{DRAWN_SECONDS} s of drawn noise"
+    elif isinstance(tower.tower, Gemma4VisionTower):
+        image = rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8)
+        rows, grid = tower.processor(image)
+        check_front(tower.processor, tower.tower.options)
+        version = tower.tower.version(grid)
+        pairs = [(version(rows), version.reference(rows))]
+        drawn = f"a drawn {DRAWN_IMAGE[0]}x{DRAWN_IMAGE[1]} image ({grid[0]}x{grid[1]} patches)"
     else:
         image = rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8)
         pixels = tower.processor(image)

@@ -69,6 +69,7 @@ class LoadedTower:
             return self.tower.version(features, frames)
         if isinstance(self.tower, Gemma4VisionTower):
             pixels, grid = self.processor(raw)
+            gemma4_towers.check_front(self.processor, self.tower.options)
             return self.tower.version(grid)(pixels)
         p = self.tower.options.patch
         if self.tiled:
@@ -191,7 +192,6 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
         o = gemma4_towers.vision_options(entry, expanded.resolved, expanded.options,
                                          text_hidden)
         front = gemma4_towers.image_front(entry, settings, where, options._front_settings)
-        gemma4_towers.check_front(entry, front, o, where)
     else:
         o = options.tower_options(entry, expanded.resolved, expanded.options, text_hidden)
         if options.front_kind(entry) == "tiles":

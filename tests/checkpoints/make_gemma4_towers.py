@@ -12,9 +12,11 @@ The golden (tests/goldens/towers/gemma4/gemma4-vision-toy.npz) holds the image (
 resized by the processor to 288x528, 18x33 patches, 66 soft tokens), the processor's
 ``pixel_values`` and ``image_position_ids`` (its padding cut), the soft tokens
 ``get_image_features`` gives (after ``embed_vision``), ``ids`` (text ids around
-``<boi> <image>*66 <eoi>``, as Gemma4Processor.replace_image_token expands a marker) and the
-logits of Gemma4ForConditionalGeneration at every position. No tokenizer or chat template:
-the ids are given, so the golden judges the tower and the text model's placement alone.
+``<boi> <image>*66 <eoi>``, as Gemma4Processor.replace_image_token expands a marker,
+``prompt_ids``, then 6 tokens drawn greedily: ``ids``) and the logits of
+Gemma4ForConditionalGeneration at every position of ``ids``, with the ``fingerprint`` of the
+inputs (``multimodal_golden.inputs_fingerprint``). No tokenizer or chat template: the ids are
+given (no ``messages``), so the golden judges the tower and the text model's placement alone.
 """
 
 from __future__ import annotations
@@ -84,19 +86,26 @@ def record(directory: Path, golden: Path) -> None:
     out = processor(picture, return_tensors="pt")
     n = int(out["num_soft_tokens_per_image"][0])
     real = (out["image_position_ids"][0] >= 0).all(-1)
-    ids = [2, 17, 40, 33, BOI] + [IMAGE_TOKEN] * n + [EOI, 60, 71, 9, 120, 4]
+    prompt = [2, 17, 40, 33, BOI] + [IMAGE_TOKEN] * n + [EOI, 60, 71, 9, 120]
+    image_inputs = {"pixel_values": out["pixel_values"],
+                    "image_position_ids": out["image_position_ids"]}
     with torch.no_grad():
-        soft = model.model.get_image_features(out["pixel_values"], out["image_position_ids"],
-                                              return_dict=True).pooler_output[0]
-        logits = model(input_ids=torch.tensor([ids]), pixel_values=out["pixel_values"],
-                       image_position_ids=out["image_position_ids"]).logits[0]
+        soft = model.model.get_image_features(**image_inputs, return_dict=True).pooler_output[0]
+        ids = model.generate(input_ids=torch.tensor([prompt]), **image_inputs,
+                             max_new_tokens=6, do_sample=False)[0]
+        logits = model(input_ids=ids[None], **image_inputs).logits[0]
+    from iron_spec import load
+    from iron_spec.library.multimodal_golden import inputs_fingerprint
+
+    fp = inputs_fingerprint(load(HERE.parents[1] / "specs" / "gemma4.yaml", directory).loaded)
     golden.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
-        golden, image=picture, ids=np.array(ids, np.int64),
-        pixel_values=out["pixel_values"][0][real].numpy().astype(np.float32),
+        golden, image=picture, prompt_ids=np.array(prompt, np.int64), ids=ids.numpy(),
+        pixel_values=out["pixel_values"][:, real].numpy().astype(np.float32),
         image_position_ids=out["image_position_ids"][0][real].numpy().astype(np.int64),
         soft_tokens=soft.numpy().astype(np.float32), logits=logits.numpy().astype(np.float32),
-        transformers=np.array(transformers.__version__))
+        fingerprint=fp, transformers=np.array(transformers.__version__),
+        torch=np.array(torch.__version__))
     print(f"{golden}: {n} soft tokens, {len(ids)} ids, grid "
           f"{out['image_position_ids'][0][real].max(0).values.tolist()}")
 

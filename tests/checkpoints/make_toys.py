@@ -147,9 +147,17 @@ GEMMA3_4B_IT_PREPROCESSOR = {
     "processor_class": "Gemma3Processor", "resample": 2,
     "rescale_factor": 0.00392156862745098, "size": {"height": 896, "width": 896}}
 
-# The processor files a toy keeps beside its weights (preprocessor_config.json), by toy.
-PREPROCESSORS = {"gemma-3-4b-it-toy": {**GEMMA3_4B_IT_PREPROCESSOR, "image_seq_length": 4,
-                                       "size": {"height": 28, "width": 28}}}
+# The processor files a toy keeps beside its weights (preprocessor_config.json), by toy;
+# Gemma 4's composite toy: Gemma4ImageProcessorPil(patch_size=4, max_soft_tokens=70) as
+# save_pretrained writes it (its tower's 4-pixel patches; 70 the smallest budget).
+PREPROCESSORS = {
+    "gemma-3-4b-it-toy": {**GEMMA3_4B_IT_PREPROCESSOR, "image_seq_length": 4,
+                          "size": {"height": 28, "width": 28}},
+    "gemma4-composite-toy": {
+        "do_convert_rgb": True, "do_normalize": False, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.0, 0.0, 0.0], "image_processor_type": "Gemma4ImageProcessor",
+        "image_std": [1.0, 1.0, 1.0], "max_soft_tokens": 70, "patch_size": 4,
+        "pooling_kernel_size": 3, "resample": 3, "rescale_factor": 0.00392156862745098}}
 
 # Mistral-Small-3.1-24B-Instruct-2503's text_config, as transformers' own Mistral3Config
 # holds it for its default (configuration_mistral3.py, sub_configs_defaults); the composite's

@@ -90,14 +90,17 @@ def image_front(entry, settings: Mapping[str, Any], source: str, front_settings
         raise entry.view.error(("front",), f"{source}: {e}") from None
 
 
-def check_front(entry, front: Gemma4ImageProcessor, o: Gemma4VisionOptions, source: str) -> None:
-    """The front end's patches and pooling are the tower's.
+def check_front(front: Gemma4ImageProcessor, o: Gemma4VisionOptions) -> None:
+    """The front end's patches and pooling are the tower's (checked where an image is
+    given, not at load: a composite checkpoint without its processor's files still serves
+    text).
 
     Raises:
-        SpecError: at ``front``, a patch_size or pooling_kernel_size other than the tower's.
+        ValueError: a patch_size or pooling_kernel_size other than the tower's.
     """
     if (front.patch_size, front.pooling_kernel_size) != (o.patch, o.pool):
-        raise entry.view.error(("front",), f"{source}: patches of {front.patch_size} pixels "
-                               f"pooled {front.pooling_kernel_size}x (patch_size, "
-                               f"pooling_kernel_size) for a tower of {o.patch}-pixel patches "
-                               f"pooled {o.pool}x")
+        raise ValueError(f"the image processor gives patches of {front.patch_size} pixels "
+                         f"pooled {front.pooling_kernel_size}x (patch_size, "
+                         f"pooling_kernel_size), the tower takes {o.patch}-pixel patches "
+                         f"pooled {o.pool}x (preprocessor_config.json, else the class "
+                         "defaults, against vision_config)")

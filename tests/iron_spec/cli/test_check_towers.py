@@ -92,3 +92,17 @@ def test_the_published_processor_file_meets_its_tower():
     assert result.exit_code == 0, result.output
     assert re.search(r"PASS  image tower = reference .* on a drawn 56x72 image", result.output), \
         result.output
+
+
+def test_gemma4s_image_tower_is_checked_against_its_golden():
+    # Gemma 4's tower (kind gemma4_vision): a version per patch grid, its golden over given
+    # ids (make_gemma4_towers.py: no tokenizer), found by the inputs' fingerprint.
+    out = check("gemma4", "--checkpoint", TOYS / "gemma4-vision-toy").output
+    assert re.search(r"PASS  image tower = reference .* on a drawn 56x72 image \(21x27 "
+                     r"patches\)", out), out
+    line = re.search(r"PASS  towers KL vs golden +(.*)", out).group(1)
+    assert line.startswith("ids equal, pixels within 0, soft tokens within ")
+    assert "0 top-1 mismatches over 7 positions" in line
+    # The composite toy's processor file gives its tower's 4-pixel patches.
+    result = check("gemma4", "--checkpoint", TOYS / "gemma4-composite-toy", "--self-only")
+    assert result.exit_code == 0, result.output
