@@ -148,12 +148,60 @@ def record_front_end(golden: Path) -> None:
     print(golden)
 
 
+#: Feature extractors as recorded: the class defaults, and one with every optional step on
+#: (HTK preemphasis, per-bin mean and deviation, an input scale), by name.
+EXTRACTORS = {"default": {},
+              "every-step": {"preemphasis": 0.97, "input_scale_factor": 0.5,
+                             "per_bin_mean": [0.01 * i for i in range(128)],
+                             "per_bin_stddev": [1.0 + 0.02 * i for i in range(128)]},
+              "plain-preemphasis": {"preemphasis": 0.9, "preemphasis_htk_flavor": False}}
+#: Recorded sounds shipped in pygame's wheel (examples/data), read at 16 kHz by
+#: runtime.towers.audio.read_audio (soundfile and soxr).
+SOUNDS = ("boom.wav", "punch.wav", "house_lo.wav")
+
+
+def record_sounds(golden: Path) -> None:
+    """transformers' Gemma4AudioFeatureExtractor on ``SOUNDS`` with each of ``EXTRACTORS``:
+    the features (their digest and every 97th value), the mask's count, and the soft tokens
+    Gemma4Processor.replace_audio_token counts from the mask."""
+    import hashlib
+    import importlib.util
+
+    import transformers
+    from iron_spec.runtime.towers.audio import read_audio
+
+    data = Path(importlib.util.find_spec("pygame").origin).parent / "examples" / "data"
+    out = {}
+    for sound in SOUNDS:
+        wave = read_audio(data / sound, 16000)
+        out[f"{sound}.wave_sha256"] = hashlib.sha256(wave.tobytes()).hexdigest()
+        for name, settings in EXTRACTORS.items():
+            got = transformers.Gemma4AudioFeatureExtractor(**settings)([wave],
+                                                                      return_tensors="np")
+            features = got["input_features"][0].astype(np.float32)
+            mask = got["input_features_mask"][0]
+            t = len(mask)
+            for _ in range(2):
+                t = (t + 2 - 3) // 2 + 1
+                mask = mask[::2][:t]
+            key = f"{sound}.{name}"
+            out[f"{key}.sha256"] = hashlib.sha256(features.tobytes()).hexdigest()
+            out[f"{key}.samples"] = features.reshape(-1)[::97]
+            out[f"{key}.shape"] = np.array(features.shape)
+            out[f"{key}.frames"] = int(got["input_features_mask"][0].sum())
+            out[f"{key}.soft"] = int(mask.sum())
+    np.savez_compressed(golden, extractors=json.dumps(EXTRACTORS), sounds=np.array(SOUNDS),
+                        transformers=transformers.__version__, **out)
+    print(golden)
+
+
 def main() -> None:
     directory = HERE / "gemma4-vision-toy"
     make(directory)
     goldens = HERE.parent / "goldens" / "towers"
     record(directory, goldens / "gemma4" / "gemma4-vision-toy.npz")
     record_front_end(goldens / "front_ends" / "gemma4_grace_hopper.npz")
+    record_sounds(goldens / "front_ends" / "gemma4_sounds.npz")
 
 
 if __name__ == "__main__":

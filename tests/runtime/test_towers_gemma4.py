@@ -98,3 +98,53 @@ def test_placeholders_read_as_pad_for_the_per_layer_inputs(tmp_path, golden):
     spec = edited_spec(tmp_path, "gemma4", "    read_as: 0\n", "")
     kl = judge(load(spec, TOY), golden)
     assert kl["mean"] > 1e-5, kl
+
+
+SOUNDS = TESTS / "goldens" / "towers" / "front_ends" / "gemma4_sounds.npz"
+
+
+@pytest.fixture(scope="module")
+def sounds():
+    return dict(np.load(SOUNDS))
+
+
+def pygame_sound(name: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pygame")
+    if spec is None:
+        pytest.skip("pygame (the test extra) ships the recorded sounds")
+    return Path(spec.origin).parent / "examples" / "data" / name
+
+
+@pytest.mark.parametrize("sound", ["boom.wav", "punch.wav", "house_lo.wav"])
+@pytest.mark.parametrize("name", ["default", "every-step", "plain-preemphasis"])
+def test_log_mel_equals_gemma4_audio_feature_extractor(sounds, sound, name):
+    import json
+
+    from iron_spec.runtime.towers.audio import read_audio
+    from iron_spec.runtime.towers.gemma4_audio import Gemma4LogMel
+
+    wave = read_audio(pygame_sound(sound), 16000)
+    assert hashlib.sha256(wave.tobytes()).hexdigest() == str(sounds[f"{sound}.wave_sha256"]), \
+        "soundfile and soxr read the sound otherwise than when the golden was recorded"
+    settings = json.loads(str(sounds["extractors"]))[name]
+    front = Gemma4LogMel(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in settings.items()})
+    features, frames = front(wave)
+    key = f"{sound}.{name}"
+    assert features.shape == tuple(sounds[f"{key}.shape"])
+    # Within 1e-5 (the bound); in fact equal to the bit, as the extractor computes.
+    assert np.abs(features.reshape(-1)[::97] - sounds[f"{key}.samples"]).max() <= 1e-5
+    assert hashlib.sha256(features.tobytes()).hexdigest() == str(sounds[f"{key}.sha256"])
+    assert frames == int(sounds[f"{key}.frames"])
+    assert Gemma4LogMel.soft(frames, len(features)) == int(sounds[f"{key}.soft"])
+
+
+def test_log_mel_refuses_dither_and_a_per_bin_table_of_another_width():
+    from iron_spec.runtime.towers.gemma4_audio import Gemma4LogMel
+
+    with pytest.raises(ValueError, match="dither 0.1: random noise"):
+        Gemma4LogMel(dither=0.1)
+    with pytest.raises(ValueError, match="per_bin_mean holds 3 values for 128 mel bins"):
+        Gemma4LogMel(per_bin_mean=(0.0, 0.0, 0.0))
