@@ -110,7 +110,7 @@ def entries(spec: Spec) -> list[TowerEntry]:
     """The spec's ``towers`` entries (the schema has checked their form)."""
     out = []
     for i, e in enumerate(spec.get("towers", default=[]) or []):
-        if not isinstance(e, dict):
+        if not isinstance(e, dict) or "not_built" in e:
             continue
         at = ("towers", i)
         outer = dict(e.get("outer") or {})
@@ -133,6 +133,19 @@ def entries(spec: Spec) -> list[TowerEntry]:
         out.append(TowerEntry(i, str(e.get("name", i)), tuple(e.get("architectures") or ()),
                               e.get("from"), outer, dict(e.get("tensors") or {}),
                               _rebased(spec, at, data), _rebased(spec, at, e)))
+    return out
+
+
+def not_built(spec: Spec, whole: Mapping[str, Any]) -> dict[str, str]:
+    """The towers ``spec`` declares but does not build (``not_built``) that a checkpoint's
+    whole config.json ``whole`` holds (its ``from`` key not null, its architectures the
+    entry's): by the tower's name (image, audio), why, naming the key."""
+    archs = set(whole.get("architectures") or [])
+    out = {}
+    for e in spec.get("towers", default=[]) or []:
+        if isinstance(e, dict) and "not_built" in e and archs & set(e.get("architectures") or ()) \
+                and whole.get(e.get("from")) is not None:
+            out[str(e.get("name"))] = f"{e['from']}: {' '.join(str(e['not_built']).split())}"
     return out
 
 
