@@ -102,17 +102,17 @@ def _torch(layers: int, side: int):
 
 def _ours_gemma4(layers: int, budget: int):
     from iron_spec.runtime.checkpoint import fill
-    from iron_spec.runtime.towers.gemma4_images import aspect_preserving_size
-    from iron_spec.runtime.towers.gemma4_vision import Gemma4VisionOptions, Gemma4VisionTower
+    from iron_spec.runtime.towers.aspect_images import aspect_preserving_size
+    from iron_spec.runtime.towers.axial import AxialTowerOptions, AxialTower
     from iron_spec.runtime.weights import draw_weights
     import numpy as np
 
-    o = Gemma4VisionOptions(hidden_size=G4_HIDDEN, layers=layers, heads=G4_HEADS,
+    o = AxialTowerOptions(hidden_size=G4_HIDDEN, layers=layers, heads=G4_HEADS,
                             kv_heads=G4_HEADS, head_dim=G4_HEAD_DIM,
                             intermediate_size=G4_INTERMEDIATE, eps=1e-6,
                             act="gelu_pytorch_tanh", patch=16, pool=3, positions=10240,
                             rope_theta=100.0, text_hidden=G4_TEXT)
-    tower = Gemma4VisionTower(o)
+    tower = AxialTower(o)
     fill(tower, draw_weights(tower, 0))
     h, w = aspect_preserving_size(*G4_IMAGE, 16, budget * 9, 3)
     grid = (h // 16, w // 16)

@@ -22,10 +22,10 @@ from iron_spec.library import goldens
 from iron_spec.library.api import Model
 from iron_spec.library.multimodal_golden import inputs_fingerprint, judge
 from iron_spec.runtime import checks
-from iron_spec.runtime.towers.gemma4_vision import Gemma4VisionTower
+from iron_spec.runtime.towers.axial import AxialTower
 from iron_spec.runtime.towers.images import patches
 from iron_spec.spec.gates import kl_gate
-from iron_spec.spec.options.gemma4_towers import check_front
+from iron_spec.spec.options.axial_towers import check_front
 from iron_spec.spec.towers import LoadedTower, load_towers
 
 # The drawn image: neither square nor a whole number of any tile, so a front end's resize,
@@ -83,7 +83,7 @@ def _compiled_vs_reference(tower: LoadedTower, seed: int) -> checks.Result:
         features, frames = tower.processor(rng.uniform(-0.5, 0.5, DRAWN_SECONDS * rate))
         pairs = [(version(features, frames), version.reference(features, frames))]
         drawn = f"{DRAWN_SECONDS} s of drawn noise"
-    elif isinstance(tower.tower, Gemma4VisionTower):
+    elif isinstance(tower.tower, AxialTower):
         image = rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8)
         rows, grid = tower.processor(image)
         check_front(tower.processor, tower.tower.options)

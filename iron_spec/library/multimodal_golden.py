@@ -4,7 +4,7 @@ soft tokens, and the logits at every position from the last image's placeholders
 teacher-forced over the tokens transformers drew (KL, top-1).
 
 A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the inputs left
-out; absent where the golden gives its prompt's ids itself, make_gemma4_towers.py's), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
+out; absent where the golden gives its prompt's ids itself, make_axial_towers.py's), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
 ``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features``,
 ``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32, and the ``fingerprint`` of the
 inputs it was recorded on (``inputs_fingerprint``: config.json, the tensors, and the

@@ -20,7 +20,7 @@ from iron_spec.runtime.checkpoint import Checkpoint, LoadReport, fill, load, mar
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
-from iron_spec.runtime.towers.gemma4_vision import Gemma4VisionTower
+from iron_spec.runtime.towers.axial import AxialTower
 from iron_spec.runtime.towers.images import TileProcessor, patches
 from iron_spec.runtime.towers.multimodal import TowerRun
 from iron_spec.runtime.towers.tower import Tower
@@ -28,7 +28,7 @@ from iron_spec.runtime.weights import draw_weights
 
 from .accounting import account
 from .encoder import expand_encoder
-from .options import gemma4_towers
+from .options import axial_towers
 from .options import towers as options
 from .shapes import explainer
 
@@ -67,9 +67,9 @@ class LoadedTower:
         if self.modality == "audio":
             features, frames = self.processor(raw)
             return self.tower.version(features, frames)
-        if isinstance(self.tower, Gemma4VisionTower):
+        if isinstance(self.tower, AxialTower):
             pixels, grid = self.processor(raw)
-            gemma4_towers.check_front(self.processor, self.tower.options)
+            axial_towers.check_front(self.processor, self.tower.options)
             return self.tower.version(grid)(pixels)
         p = self.tower.options.patch
         if self.tiled:
@@ -82,7 +82,7 @@ class LoadedTower:
         where untiled), and the rows and columns of tiles (0, 0: none)."""
         if self.modality == "audio":
             return self.tower.options.soft(self.processor(raw)[1]), 0, 0
-        if isinstance(self.tower, Gemma4VisionTower):
+        if isinstance(self.tower, AxialTower):
             return self.tower.soft(self.processor(raw)[1]), 0, 0
         if self.tiled:
             _, rows, cols = self.processor.tiles(raw)
@@ -183,15 +183,15 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
     audio = options.front_kind(entry) == "log_mel"
     settings, where = processor_settings(directory,
                                          "feature_extractor" if audio else "image_processor")
-    gemma4 = gemma4_towers.kind(entry) == "gemma4_vision"
+    axial = axial_towers.kind(entry) == "axial"
     if audio:
         front = options.log_mel(entry, settings, where)
         o = options.audio_options(entry, expanded.resolved, expanded.options, text_hidden,
                                   front)
-    elif gemma4:
-        o = gemma4_towers.vision_options(entry, expanded.resolved, expanded.options,
+    elif axial:
+        o = axial_towers.vision_options(entry, expanded.resolved, expanded.options,
                                          text_hidden)
-        front = gemma4_towers.image_front(entry, settings, where, options._front_settings)
+        front = axial_towers.image_front(entry, settings, where, options._front_settings)
     else:
         o = options.tower_options(entry, expanded.resolved, expanded.options, text_hidden)
         if options.front_kind(entry) == "tiles":
@@ -199,7 +199,7 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
         else:
             front = options.processor(entry, settings, where)
     try:
-        tower = AudioTower(o) if audio else Gemma4VisionTower(o) if gemma4 else Tower(o)
+        tower = AudioTower(o) if audio else AxialTower(o) if axial else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
@@ -227,7 +227,7 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     if audio:
         log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
                  entry.name, o.mels, o.frames, len(o.encoder.layers), token)
-    elif isinstance(tower, Gemma4VisionTower):
+    elif isinstance(tower, AxialTower):
         log.info("tower %s: patches of %d pixels at their places, %d layers, pooled %dx%d, "
                  "at placeholder %d", entry.name, o.patch, o.layers, o.pool, o.pool, token)
     else:

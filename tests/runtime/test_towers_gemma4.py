@@ -2,7 +2,7 @@
 end against Gemma4ImageProcessorPil on a real photograph (matplotlib's grace_hopper.jpg) and
 on the sizes its resize gives, its soft tokens against ``get_image_features``, and the model
 with its image against Gemma4ForConditionalGeneration's logits (goldens recorded by
-tests/checkpoints/make_gemma4_towers.py)."""
+tests/checkpoints/make_axial_towers.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from iron_spec.library.api import load
 from iron_spec.library.multimodal_golden import divergence
 from iron_spec.runtime.golden import kl_stats
 from iron_spec.runtime.session import Session
-from iron_spec.runtime.towers.gemma4_images import Gemma4ImageProcessor, aspect_preserving_size
+from iron_spec.runtime.towers.aspect_images import AspectPatchProcessor, aspect_preserving_size
 from tests.conftest import SPECS, edited_spec
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_the_resized_sizes_are_the_processors(front, budget):
 def test_a_photographs_patches_equal_the_processors(front, budget):
     matplotlib = pytest.importorskip("matplotlib")
     photograph = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
-    pixels, grid = Gemma4ImageProcessor(max_soft_tokens=budget)(photograph)
+    pixels, grid = AspectPatchProcessor(max_soft_tokens=budget)(photograph)
     assert grid == tuple(front[f"{budget}.grid"].tolist())
     assert grid[0] * grid[1] // 9 == int(front[f"{budget}.soft"])
     assert np.array_equal(pixels.reshape(-1)[::1009], front[f"{budget}.samples"])
@@ -123,13 +123,13 @@ def test_log_mel_equals_gemma4_audio_feature_extractor(sounds, sound, name):
     import json
 
     from iron_spec.runtime.towers.audio import read_audio
-    from iron_spec.runtime.towers.gemma4_audio import Gemma4LogMel
+    from iron_spec.runtime.towers.semicausal_log_mel import SemicausalLogMel
 
     wave = read_audio(pygame_sound(sound), 16000)
     assert hashlib.sha256(wave.tobytes()).hexdigest() == str(sounds[f"{sound}.wave_sha256"]), \
         "soundfile and soxr read the sound otherwise than when the golden was recorded"
     settings = json.loads(str(sounds["extractors"]))[name]
-    front = Gemma4LogMel(**{k: tuple(v) if isinstance(v, list) else v
+    front = SemicausalLogMel(**{k: tuple(v) if isinstance(v, list) else v
                             for k, v in settings.items()})
     features, frames = front(wave)
     key = f"{sound}.{name}"
@@ -138,16 +138,16 @@ def test_log_mel_equals_gemma4_audio_feature_extractor(sounds, sound, name):
     assert np.abs(features.reshape(-1)[::97] - sounds[f"{key}.samples"]).max() <= 1e-5
     assert hashlib.sha256(features.tobytes()).hexdigest() == str(sounds[f"{key}.sha256"])
     assert frames == int(sounds[f"{key}.frames"])
-    assert Gemma4LogMel.soft(frames, len(features)) == int(sounds[f"{key}.soft"])
+    assert SemicausalLogMel.soft(frames, len(features)) == int(sounds[f"{key}.soft"])
 
 
 def test_log_mel_refuses_dither_and_a_per_bin_table_of_another_width():
-    from iron_spec.runtime.towers.gemma4_audio import Gemma4LogMel
+    from iron_spec.runtime.towers.semicausal_log_mel import SemicausalLogMel
 
     with pytest.raises(ValueError, match="dither 0.1: random noise"):
-        Gemma4LogMel(dither=0.1)
+        SemicausalLogMel(dither=0.1)
     with pytest.raises(ValueError, match="per_bin_mean holds 3 values for 128 mel bins"):
-        Gemma4LogMel(per_bin_mean=(0.0, 0.0, 0.0))
+        SemicausalLogMel(per_bin_mean=(0.0, 0.0, 0.0))
 
 
 def test_sound_for_gemma4s_audio_tower_is_refused_naming_audio_config(tmp_path):

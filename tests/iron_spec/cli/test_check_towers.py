@@ -95,8 +95,8 @@ def test_the_published_processor_file_meets_its_tower():
 
 
 def test_gemma4s_image_tower_is_checked_against_its_golden():
-    # Gemma 4's tower (kind gemma4_vision): a version per patch grid, its golden over given
-    # ids (make_gemma4_towers.py: no tokenizer), found by the inputs' fingerprint.
+    # Gemma 4's tower (kind axial): a version per patch grid, its golden over given
+    # ids (make_axial_towers.py: no tokenizer), found by the inputs' fingerprint.
     out = check("gemma4", "--checkpoint", TOYS / "gemma4-vision-toy").output
     assert re.search(r"PASS  image tower = reference .* on a drawn 56x72 image \(21x27 "
                      r"patches\)", out), out

@@ -1,6 +1,6 @@
-"""A ``towers`` entry of ``kind: gemma4_vision``: Gemma 4's vision tower
-(``runtime.towers.gemma4_vision``) and its ``aspect_patches`` front end
-(``runtime.towers.gemma4_images``).
+"""A ``towers`` entry of ``kind: axial``: Gemma 4's vision tower
+(``runtime.towers.axial``) and its ``aspect_patches`` front end
+(``runtime.towers.aspect_images``).
 
 Its encoder is read from the entry's ``layer`` as any tower's (heads, kv heads, head_dim,
 intermediate size, the RMSNorm's eps, the MLP's act: ``encoder.expand_encoder``); beside it:
@@ -15,18 +15,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from iron_spec.runtime.towers.gemma4_images import Gemma4ImageProcessor
-from iron_spec.runtime.towers.gemma4_vision import Gemma4VisionOptions
+from iron_spec.runtime.towers.aspect_images import AspectPatchProcessor
+from iron_spec.runtime.towers.axial import AxialTowerOptions
 
 from ..config import Resolved
 from .reading import _flag_option, _number, _option, _whole
 
-KINDS = ("encoder", "gemma4_vision")
+KINDS = ("encoder", "axial")
 
 
 def kind(entry) -> str:
     """The tower's kind: ``encoder`` (default: ``runtime.towers.tower``) or
-    ``gemma4_vision``.
+    ``axial``.
 
     Raises:
         SpecError: another.
@@ -37,8 +37,8 @@ def kind(entry) -> str:
     return k
 
 
-def vision_options(entry, r: Resolved, encoder, text_hidden: int) -> Gemma4VisionOptions:
-    """The options of a ``gemma4_vision`` tower over its resolved fields ``r`` and encoder
+def vision_options(entry, r: Resolved, encoder, text_hidden: int) -> AxialTowerOptions:
+    """The options of a ``axial`` tower over its resolved fields ``r`` and encoder
     options ``encoder`` (``runtime.encoder_options.EncoderOptions``).
 
     Raises:
@@ -60,8 +60,8 @@ def vision_options(entry, r: Resolved, encoder, text_hidden: int) -> Gemma4Visio
     if any((lo.heads, lo.kv_heads, lo.head_dim, lo.intermediate_size, lo.act)
            != (first.heads, first.kv_heads, first.head_dim, first.intermediate_size, first.act)
            for lo in layers):
-        raise v.error(("layer",), "a gemma4_vision tower's layers share one shape")
-    return Gemma4VisionOptions(
+        raise v.error(("layer",), "a axial tower's layers share one shape")
+    return AxialTowerOptions(
         hidden_size=encoder.hidden_size, layers=len(layers), heads=first.heads,
         kv_heads=first.kv_heads or first.heads, head_dim=first.head_dim,
         intermediate_size=first.intermediate_size, eps=first.norm.eps, act=first.act,
@@ -71,7 +71,7 @@ def vision_options(entry, r: Resolved, encoder, text_hidden: int) -> Gemma4Visio
 
 
 def image_front(entry, settings: Mapping[str, Any], source: str, front_settings
-                ) -> Gemma4ImageProcessor:
+                ) -> AspectPatchProcessor:
     """The ``aspect_patches`` front end on ``settings`` (preprocessor_config.json's, or
     processor_config.json's ``image_processor``) over ``front.defaults``, each key read,
     ignored or refused (``front_settings``: ``towers._front_settings``).
@@ -84,13 +84,13 @@ def image_front(entry, settings: Mapping[str, Any], source: str, front_settings
              "do_convert_rgb"}
     merged = front_settings(entry, settings, source, known)
     try:
-        return Gemma4ImageProcessor(**{k: tuple(x) if isinstance(x, list) else x
+        return AspectPatchProcessor(**{k: tuple(x) if isinstance(x, list) else x
                                        for k, x in merged.items()})
     except (TypeError, ValueError) as e:
         raise entry.view.error(("front",), f"{source}: {e}") from None
 
 
-def check_front(front: Gemma4ImageProcessor, o: Gemma4VisionOptions) -> None:
+def check_front(front: AspectPatchProcessor, o: AxialTowerOptions) -> None:
     """The front end's patches and pooling are the tower's (checked where an image is
     given, not at load: a composite checkpoint without its processor's files still serves
     text).

@@ -1,11 +1,11 @@
-"""Gemma 4's vision tower: an image's patch rows at their (x, y) places to soft tokens.
+"""An axial-RoPE vision tower (Gemma 4's): patch rows at their (x, y) places to soft tokens.
 
 As transformers 5.25's ``Gemma4VisionModel`` and ``Gemma4MultimodalEmbedder``
 (models/gemma4/modeling_gemma4.py), its tree named as the checkpoint's (under
 ``model.vision_tower``, the ``.linear`` of its ClippableLinears renamed away by the spec):
 
 - ``patch_embedder.input_proj`` ``(hidden, patch * patch * 3)``: each patch's pixels (rows
-  as ``Gemma4ImageProcessor`` cuts them, channels last) taken to ``2 * (x - 0.5)`` and
+  as ``AspectPatchProcessor`` cuts them, channels last) taken to ``2 * (x - 0.5)`` and
   projected, no bias; ``patch_embedder.position_embedding_table`` ``(2, positions, hidden)``:
   the row of the patch's column in table 0 plus that of its row in table 1;
 - ``encoder.layers``: sandwich-normed layers (RMSNorm scaling by ``w``, not ``1 + w``):
@@ -27,7 +27,7 @@ per grid (``rows`` x ``cols`` patches) and kept. The processor pads patches to i
 with position (-1, -1); transformers masks them out of attention and pooling, so only the
 image's own patches are run here (the same soft tokens).
 
-Not for: the pixels (``gemma4_images``), where soft tokens go (``multimodal``).
+Not for: the pixels (``aspect_images``), where soft tokens go (``multimodal``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ..reference import Reference
 
 
 @dataclass(frozen=True)
-class Gemma4VisionOptions:
+class AxialTowerOptions:
     """The tower's shape (``Gemma4VisionConfig``'s names): ``hidden_size``, ``layers``,
     ``heads``, ``kv_heads``, ``head_dim``, ``intermediate_size``, ``eps`` (every RMSNorm's),
     ``act`` (the MLP gate's ACT2FN name), ``patch`` (pixels a side), ``pool``
@@ -77,7 +77,7 @@ class Gemma4VisionOptions:
 
 
 class _Attention(Module):
-    def __init__(self, o: Gemma4VisionOptions):
+    def __init__(self, o: AxialTowerOptions):
         E, H, G, D = o.hidden_size, o.heads, o.kv_heads, o.head_dim
         self.q_proj = Linear(E, H * D)
         self.k_proj = Linear(E, G * D)
@@ -108,7 +108,7 @@ class _Attention(Module):
 
 
 class _MLP(Module):
-    def __init__(self, o: Gemma4VisionOptions):
+    def __init__(self, o: AxialTowerOptions):
         E, F = o.hidden_size, o.intermediate_size
         self.gate_proj = Linear(E, F)
         self.up_proj = Linear(E, F)
@@ -122,7 +122,7 @@ class _MLP(Module):
 
 
 class _Layer(Module):
-    def __init__(self, o: Gemma4VisionOptions):
+    def __init__(self, o: AxialTowerOptions):
         rms = NormOptions("rms", o.eps)
         E = o.hidden_size
         self.input_layernorm = Norm(E, rms)
@@ -139,7 +139,7 @@ class _Layer(Module):
         return rec.step("add", x, self.post_feedforward_layernorm(rec, m), where=self.path)
 
 
-class Gemma4VisionTower(Module):
+class AxialTower(Module):
     """``patch_embedder``, ``encoder.layers``, (``std_bias``, ``std_scale``) and
     ``embed_vision`` (module docstring). ``version(grid)`` is the tower compiled for a grid
     of ``(rows, cols)`` patches.
@@ -149,7 +149,7 @@ class Gemma4VisionTower(Module):
             pooling window under 1.
     """
 
-    def __init__(self, o: Gemma4VisionOptions):
+    def __init__(self, o: AxialTowerOptions):
         if o.head_dim % 4:
             raise ValueError(f"head_dim {o.head_dim}: axial RoPE turns each half of a head "
                              "half against half, a multiple of 4")
@@ -170,7 +170,7 @@ class Gemma4VisionTower(Module):
         self.embed_vision.embedding_projection = Linear(E, o.text_hidden)
         self.options = o
         self.name_tree()
-        self._versions: dict[tuple[int, int], Gemma4VisionVersion] = {}
+        self._versions: dict[tuple[int, int], AxialTowerVersion] = {}
         self._lock = threading.Lock()
 
     def soft(self, grid: tuple[int, int]) -> int:
@@ -238,7 +238,7 @@ class Gemma4VisionTower(Module):
         e = self.embed_vision
         return e.embedding_projection(rec, e.embedding_pre_projection_norm(rec, x))
 
-    def version(self, grid: tuple[int, int]) -> "Gemma4VisionVersion":
+    def version(self, grid: tuple[int, int]) -> "AxialTowerVersion":
         """The tower compiled for ``grid``, compiled once.
 
         Raises:
@@ -250,11 +250,11 @@ class Gemma4VisionTower(Module):
                              f"{self.options.pool}x{self.options.pool} pooling windows")
         with self._lock:
             if grid not in self._versions:
-                self._versions[grid] = Gemma4VisionVersion(self, grid)
+                self._versions[grid] = AxialTowerVersion(self, grid)
             return self._versions[grid]
 
 
-class Gemma4VisionVersion:
+class AxialTowerVersion:
     """The tower compiled over one grid. ``version(pixels)`` gives the soft tokens
     ``(soft, text_hidden)`` float32 (a copy) of pixel rows ``(rows * cols, patch * patch *
     3)`` in [0, 1] as the processor gives them; ``reference(pixels)`` runs the same
@@ -264,7 +264,7 @@ class Gemma4VisionVersion:
         ValueError: rows of another shape.
     """
 
-    def __init__(self, tower: Gemma4VisionTower, grid: tuple[int, int], check: bool = False):
+    def __init__(self, tower: AxialTower, grid: tuple[int, int], check: bool = False):
         rec = Recorder(CallSpec(True, grid[0] * grid[1]))
         out = tower.body(rec, grid)
         self.grid = grid

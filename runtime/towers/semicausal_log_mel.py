@@ -1,4 +1,5 @@
-"""A sound to Gemma 4's audio tower input, as transformers' ``Gemma4AudioFeatureExtractor``
+"""A sound to semicausal log-mel frames (Gemma 4's audio front end), as transformers'
+``Gemma4AudioFeatureExtractor``
 (models/gemma4/feature_extraction_gemma4.py, the Universal Speech Model's front end): the
 seeds' ``LogMel`` with its defaults (frames of 320 samples every 160, a 512-point rfft, 128
 mel bins to 8 kHz, mel floor 0.001).
@@ -49,7 +50,7 @@ def htk_mel_filters(bins: int, mels: int, sampling_rate: int, low: float,
 
 
 @dataclass(frozen=True)
-class Gemma4LogMel:
+class SemicausalLogMel:
     """``Gemma4AudioFeatureExtractor``'s settings, as its preprocessor_config.json names them
     (module docstring). ``dither`` (random noise) and ``fft_overdrive`` are refused but at 0
     and false."""

@@ -1,4 +1,5 @@
-"""An image to Gemma 4's vision tower input, as transformers' ``Gemma4ImageProcessorPil``.
+"""An image to an axial tower's patch rows, resized keeping its aspect ratio within a patch budget,
+as transformers' ``Gemma4ImageProcessorPil`` (Gemma 4's).
 
 Resized (Pillow, ``resample``; bicubic by default) to the largest size of its aspect ratio
 whose sides are multiples of ``pooling_kernel_size * patch_size`` and whose patches number at
@@ -8,7 +9,7 @@ patches of ``patch_size ** 2 * 3`` values, channels last (``convert_image_to_pat
 The processor pads the rows to its budget with positions (-1, -1), which its tower masks
 out: here the image's own rows and its grid are given.
 
-Not for: the tower (``gemma4_vision``), other families' processors (``images``).
+Not for: the tower (``axial``), other families' processors (``images``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from .images import ImageProcessor, resized
 
-#: The soft-token budgets Gemma4ImageProcessor takes (its ``_SUPPORTED_SOFT_TOKENS``).
+#: The soft-token budgets AspectPatchProcessor takes (its ``_SUPPORTED_SOFT_TOKENS``).
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 
 
@@ -51,7 +52,7 @@ def aspect_preserving_size(height: int, width: int, patch: int, max_patches: int
 
 
 @dataclass(frozen=True)
-class Gemma4ImageProcessor:
+class AspectPatchProcessor:
     """``Gemma4ImageProcessorPil``'s settings (its preprocessor_config.json over the class
     defaults): ``patch_size``, ``max_soft_tokens`` (one of ``SOFT_TOKEN_BUDGETS``),
     ``pooling_kernel_size``, ``resample``, ``do_resize``, ``do_rescale``, ``rescale_factor``,
@@ -72,7 +73,7 @@ class Gemma4ImageProcessor:
     def __post_init__(self):
         if self.max_soft_tokens not in SOFT_TOKEN_BUDGETS:
             raise ValueError(f"max_soft_tokens {self.max_soft_tokens!r} is not one of "
-                             f"{SOFT_TOKEN_BUDGETS} (Gemma4ImageProcessor's)")
+                             f"{SOFT_TOKEN_BUDGETS} (AspectPatchProcessor's)")
 
     @property
     def max_patches(self) -> int:
