@@ -39,7 +39,7 @@ TOWER_RTOL = 1e-4
 # Against transformers' golden: pixel values equal where both resize with Pillow (its PIL
 # backend), log-mel features and soft tokens within float32 rounding of a different order.
 FRONT_ATOL = 1e-5
-SOFT_ATOL = 1e-5
+SOFT_ATOL = 1e-5  # of the largest soft token where it passes 1
 
 
 def plan(loaded, spec_path: Path, self_only: bool, allow_unread_config: bool
@@ -143,10 +143,13 @@ def against_golden(loaded, spec_path: Path) -> checks.Result:
     with np.load(path) as golden:
         j = judge(Model(loaded, spec_path), golden)
         front = "pixels" if "pixel_values" in golden.files else "features"
+        # Soft tokens within SOFT_ATOL, of the largest where it passes 1 (float32 rounding
+        # scales with the values: Gemma 4's reach 3.5 on its toy).
+        soft_bound = SOFT_ATOL * max(1.0, float(np.abs(golden["soft_tokens"]).max()))
     bounds = kl_gate(loaded)
     kl = j.kl
     allowed = int(bounds.get("top1_mismatches", 0))
-    passed = (j.ids_equal and j.pixels <= FRONT_ATOL and j.soft <= SOFT_ATOL
+    passed = (j.ids_equal and j.pixels <= FRONT_ATOL and j.soft <= soft_bound
               and all(kl[k] <= bounds[k] for k in ("mean", "p90", "max"))
               and kl["top1_mismatches"] <= allowed)
     figure = (f"ids {'equal' if j.ids_equal else 'DIFFER'}, {front} within {j.pixels:.2g}, soft "

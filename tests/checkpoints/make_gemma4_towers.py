@@ -5,13 +5,14 @@
 The toy is specs/gemma4.yaml's toy text model (experts beside every MLP, KV sharing, per-layer
 inputs) inside Gemma4Config with a small Gemma4VisionConfig (2 layers, 32 wide, 2 heads of 16,
 patches of 16 pixels pooled 3x3, a 64-row position table, axial RoPE theta 100), float32,
-weights drawn as make_toys.spread draws them, its image processor saved as
+weights drawn as make_toys.spread draws them (Gemma 4's norms around 1),
+its image processor saved as
 Gemma4ImageProcessorPil writes it (max_soft_tokens 70: the smallest the processor takes).
 
 The golden (tests/goldens/towers/gemma4/gemma4-vision-toy.npz) holds the image (40x70, seed 0:
 resized by the processor to 288x528, 18x33 patches, 66 soft tokens), the processor's
 ``pixel_values`` and ``image_position_ids`` (its padding cut), the soft tokens
-``get_image_features`` gives (after ``embed_vision``), ``ids`` (text ids around
+``get_image_features`` gives (after ``embed_vision``; the model in float64), ``ids`` (text ids around
 ``<boi> <image>*66 <eoi>``, as Gemma4Processor.replace_image_token expands a marker,
 ``prompt_ids``, then 6 tokens drawn greedily: ``ids``) and the logits of
 Gemma4ForConditionalGeneration at every position of ``ids``, with the ``fingerprint`` of the
@@ -70,6 +71,13 @@ def make(directory: Path) -> None:
                                                        "torch_dtype")})
     model = transformers.Gemma4ForConditionalGeneration(parsed).eval()
     spread(model)
+    # Gemma 4's norms multiply by their weight as it is (not 1 + w, as spread assumes of a
+    # Gemma's): drawn around 1, so every layer and every mask counts in the logits (around
+    # 0.1 the text's logits barely feel the image).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.add_(1.0)
     model.save_pretrained(directory)
     (directory / "config.json").write_text(json.dumps(config(), indent=2) + "\n")
     transformers.Gemma4ImageProcessorPil(max_soft_tokens=70).save_pretrained(directory)
@@ -90,7 +98,13 @@ def record(directory: Path, golden: Path) -> None:
     image_inputs = {"pixel_values": out["pixel_values"],
                     "image_position_ids": out["image_position_ids"]}
     with torch.no_grad():
-        soft = model.model.get_image_features(**image_inputs, return_dict=True).pooler_output[0]
+        # The soft tokens in float64 (the float32 tower's own rounding reaches 1e-5 of
+        # values near 3.5: the truth a float32 tower is judged by is float64's).
+        exact = transformers.Gemma4ForConditionalGeneration.from_pretrained(
+            directory, dtype=torch.float64).eval()
+        soft = exact.model.get_image_features(
+            image_inputs["pixel_values"].double(), image_inputs["image_position_ids"],
+            return_dict=True).pooler_output[0]
         ids = model.generate(input_ids=torch.tensor([prompt]), **image_inputs,
                              max_new_tokens=6, do_sample=False)[0]
         logits = model(input_ids=ids[None], **image_inputs).logits[0]
@@ -108,6 +122,56 @@ def record(directory: Path, golden: Path) -> None:
         torch=np.array(torch.__version__))
     print(f"{golden}: {n} soft tokens, {len(ids)} ids, grid "
           f"{out['image_position_ids'][0][real].max(0).values.tolist()}")
+
+
+def vision_mode(directory: Path, into: Path) -> Path:
+    """The toy with text_config.use_bidirectional_attention "vision", no final softcap and a
+    window of 128 (the same weights), in ``into``: an image's rows see each other both ways in the sliding
+    layers alone."""
+    import shutil
+
+    shutil.copytree(directory, into, dirs_exist_ok=True)
+    config = json.loads((into / "config.json").read_text())
+    config["text_config"]["use_bidirectional_attention"] = "vision"
+    # Logits not soft-capped, so the image rows' other masks reach the text's logits by more
+    # than the gate (capped at 3.0 the two masks' logits differ by 1e-3 at most).
+    config["text_config"]["final_logit_softcapping"] = None
+    # A window holding the whole image, so what the full layers let the image's rows see
+    # reaches the text through the sliding layers.
+    config["text_config"]["sliding_window"] = 128
+    (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return into
+
+
+def record_vision_mode(directory: Path, golden: Path, first: Path) -> None:
+    """Gemma4ForConditionalGeneration's logits over ``first``'s golden ids (the image's
+    tokens typed 1 in mm_token_type_ids, as Gemma4Processor gives them) on the toy under
+    use_bidirectional_attention "vision" (``vision_mode``), with its fingerprint."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    base = dict(np.load(first))
+    with tempfile.TemporaryDirectory() as tmp:
+        mode = vision_mode(directory, Path(tmp) / "toy")
+        model = transformers.Gemma4ForConditionalGeneration.from_pretrained(
+            mode, dtype=torch.float32).eval()
+        processor = transformers.Gemma4ImageProcessorPil.from_pretrained(mode)
+        out = processor(base["image"], return_tensors="pt")
+        ids = torch.tensor(base["ids"])[None]
+        with torch.no_grad():
+            logits = model(input_ids=ids, pixel_values=out["pixel_values"],
+                           image_position_ids=out["image_position_ids"],
+                           mm_token_type_ids=(ids == IMAGE_TOKEN).long()).logits[0]
+        from iron_spec import load
+        from iron_spec.library.multimodal_golden import inputs_fingerprint
+
+        fp = inputs_fingerprint(load(HERE.parents[1] / "specs" / "gemma4.yaml", mode).loaded)
+    np.savez_compressed(golden, ids=base["ids"], prompt_ids=base["prompt_ids"],
+                        logits=logits.numpy().astype(np.float32), fingerprint=fp,
+                        transformers=np.array(transformers.__version__))
+    print(golden)
 
 
 #: Image sizes (height, width) whose resized size get_aspect_ratio_preserving_size gives, per
@@ -200,6 +264,8 @@ def main() -> None:
     make(directory)
     goldens = HERE.parent / "goldens" / "towers"
     record(directory, goldens / "gemma4" / "gemma4-vision-toy.npz")
+    record_vision_mode(directory, goldens / "gemma4" / "gemma4-vision-toy-vision-mode.npz",
+                       goldens / "gemma4" / "gemma4-vision-toy.npz")
     record_front_end(goldens / "front_ends" / "gemma4_grace_hopper.npz")
     record_sounds(goldens / "front_ends" / "gemma4_sounds.npz")
 
