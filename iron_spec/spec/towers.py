@@ -223,7 +223,8 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
         report = load(tower, part, expanded.renames, None, expanded.unused,
                       explainer(expanded.resolved.values, shapes))
     token = options.placeholder(entry, expanded.resolved, text.vocab_size)
-    prompt = options.prompt_text(entry)
+    prompt = options.with_token_texts(entry, options.prompt_text(entry), expanded.resolved,
+                                      loaded.directory)
     if audio:
         log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
                  entry.name, o.mels, o.frames, len(o.encoder.layers), token)

@@ -204,3 +204,33 @@ def test_vision_mode_lets_an_images_rows_see_each_other_in_sliding_layers_alone(
     assert judge(load(every, toy), want)["mean"] > 1e-3
     causal = edited_spec(tmp_path, "gemma4", "    bidirectional: true\n", "")
     assert judge(load(causal, toy), want)["mean"] > 1e-3
+
+
+def test_the_image_marker_expands_as_gemma4_processor_writes_it(tmp_path, golden):
+    # Gemma4Processor.replace_image_token: f"{boi_token}{image_token * n}{eoi_token}" for each
+    # image token of the text; the spec names the tokens by id (boi_token_id, image_token_id,
+    # eoi_token_id), their texts read from the checkpoint's tokenizer.
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from iron_spec.library.multimodal import encode
+
+    copy = tmp_path / "toy"
+    shutil.copytree(TOY, copy)
+    vocab = {f"w{i}": i for i in range(256)}
+    for text, i in (("<pad>", 0), ("<bos>", 2), ("<|image|>", IMAGE), ("<|image>", 251),
+                    ("<image|>", EOI)):
+        del vocab[f"w{i}"]
+        vocab[text] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w3"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<pad>", "<bos>", "<|image|>", "<|image>", "<image|>"])
+    tok.save(str(copy / "tokenizer.json"))
+    model = load(SPECS / "gemma4.yaml", copy)
+    tower = model.loaded.towers[0]
+    assert tower.prompt.marker == "<|image|>"
+    assert tower.prompt.of(66) == "<|image>" + "<|image|>" * 66 + "<image|>"
+    ids, inputs = encode(model, "w17 <|image|> w60", {"image": [golden["image"]]})
+    assert ids == [17, 251] + [IMAGE] * 66 + [EOI, 60]
+    assert list(inputs) == [IMAGE]

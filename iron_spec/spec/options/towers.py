@@ -422,6 +422,49 @@ def _front_settings(entry: TowerEntry, settings: Mapping[str, Any], source: str,
     return merged
 
 
+def with_token_texts(entry: TowerEntry, prompt: Expansion | None, r: Resolved,
+                     directory) -> Expansion | None:
+    """``prompt`` with each ``{id:FIELD}`` replaced by the text of the token whose id the
+    tower's field ``FIELD`` holds (Gemma 4's ``{id:boi_token_id}``), read from the
+    checkpoint's tokenizer.json: the processor writes its tokenizer's ``boi_token``,
+    ``image_token`` and ``eoi_token``, whose texts the spec need not know. Left as it is
+    where the checkpoint has no tokenizer (a prompt then needs one anyway).
+
+    Raises:
+        SpecError: at ``prompt``, a field that is no id, or an id the tokenizer lacks.
+    """
+    import re
+
+    if prompt is None or directory is None or not (directory / "tokenizer.json").is_file():
+        return prompt
+    fields = {f for text in (prompt.marker, prompt.text, prompt.soft, prompt.tile or "",
+                             prompt.tiled or "", prompt.row_end)
+              for f in re.findall(r"\{id:([A-Za-z_][A-Za-z0-9_]*)\}", text)}
+    if not fields:
+        return prompt
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    texts = {}
+    for f in sorted(fields):
+        value = r.values.get(f)
+        token = tokenizer.id_to_token(value) if isinstance(value, int) else None
+        if token is None:
+            raise entry.view.error(("prompt",), f"{{id:{f}}}: {f} is {value!r}, not an id "
+                                   f"of {directory / 'tokenizer.json'}")
+        texts[f"{{id:{f}}}"] = token
+        r.read.add(f)
+
+    def sub(text):
+        for k, v in texts.items():
+            text = text.replace(k, v)
+        return text
+
+    return Expansion(sub(prompt.marker), sub(prompt.text), sub(prompt.soft),
+                     None if prompt.tile is None else sub(prompt.tile), sub(prompt.row_end),
+                     None if prompt.tiled is None else sub(prompt.tiled))
+
+
 def prompt_text(entry: TowerEntry) -> Expansion | None:
     """The processor's expansion of the text's marker (``Expansion``); None where the spec
     says none.
