@@ -146,6 +146,12 @@ class Multimodal:
 
     def __init__(self, lm: CausalLM, towers: dict[int, TowerRun], keep: int = 16):
         self.lm, self.towers, self.keep = lm, towers, keep
+        # Whether any layer lets an input's rows see each other (an attention's reach): where
+        # none does (Gemma 4 without use_bidirectional_attention vision), a bidirectional
+        # tower's rows are placed as any others' (a chunk may split them).
+        layers = getattr(lm.config, "layers", ())
+        self._reaches = any(getattr(getattr(lo, "attention", None), "reach", True)
+                            for lo in layers) if layers else True
         self._soft: OrderedDict[str, np.ndarray] = OrderedDict()
         # The towers' compiled versions (one arena each) and the kept soft tokens, shared by
         # every thread's calls: one input's tower run at a time.
@@ -197,7 +203,7 @@ class Multimodal:
                 positions.append(at)
                 rows.append(soft)
                 digests.append((int(at[0]), key))
-                if tower.bidirectional:
+                if tower.bidirectional and self._reaches:
                     groups += runs(at)
                     reach = True
         if not positions:

@@ -234,3 +234,16 @@ def test_the_image_marker_expands_as_gemma4_processor_writes_it(tmp_path, golden
     ids, inputs = encode(model, "w17 <|image|> w60", {"image": [golden["image"]]})
     assert ids == [17, 251] + [IMAGE] * 66 + [EOI, 60]
     assert list(inputs) == [IMAGE]
+
+
+def test_an_image_splits_across_prompt_chunks_where_no_layer_sees_it_both_ways(tmp_path,
+                                                                              golden):
+    # Without use_bidirectional_attention vision no layer reaches: an image of 66 soft tokens
+    # runs through prompt chunks of 16 as transformers' causal mask sees it.
+    kl = judge(load(SPECS / "gemma4.yaml", TOY, prefill_chunk=16), golden)
+    assert kl["mean"] <= 1e-6 and kl["max"] <= 1e-5 and kl["top1_mismatches"] == 0, kl
+    # Under vision mode its rows see each other in the sliding layers: a chunk must hold them.
+    want = {**golden, **dict(np.load(VISION_MODE))}
+    with pytest.raises(ValueError, match="an image's 66 soft tokens .* give a prefill_chunk "
+                                         "of at least 66"):
+        judge(load(SPECS / "gemma4.yaml", vision_mode_toy(tmp_path), prefill_chunk=16), want)
