@@ -247,3 +247,18 @@ def test_an_image_splits_across_prompt_chunks_where_no_layer_sees_it_both_ways(t
     with pytest.raises(ValueError, match="an image's 66 soft tokens .* give a prefill_chunk "
                                          "of at least 66"):
         judge(load(SPECS / "gemma4.yaml", vision_mode_toy(tmp_path), prefill_chunk=16), want)
+
+
+def test_a_rope_other_than_axial_is_refused(tmp_path):
+    import json
+    import shutil
+
+    from iron_spec.spec.errors import SpecError
+
+    copy = tmp_path / "toy"
+    shutil.copytree(TOY, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["vision_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 100.0}
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecError, match="rope_type is 'default': an axial tower's RoPE is axial"):
+        load(SPECS / "gemma4.yaml", copy)

@@ -6,7 +6,7 @@ Its encoder is read from the entry's ``layer`` as any tower's (heads, kv heads, 
 intermediate size, the RMSNorm's eps, the MLP's act: ``encoder.expand_encoder``); beside it:
 ``patches.size`` (pixels a side), ``pool`` (``pooling_kernel_size``), ``positions`` (the 2-D
 position table's places a side, ``position_embedding_size``), ``rope`` (the axial RoPE's
-theta) and ``standardize`` (``(x - std_bias) * std_scale`` after pooling).
+theta), ``rope_type`` (``axial``, the only one) and ``standardize`` (``(x - std_bias) * std_scale`` after pooling).
 
 Not for: SigLIP- and CLIP-style towers (``towers``), building the tree (``spec.towers``).
 """
@@ -52,6 +52,10 @@ def vision_options(entry, r: Resolved, encoder, text_hidden: int) -> AxialTowerO
         if value is None or value < 1:
             raise v.error(path, f"{'.'.join(path)} is {value!r}, not a whole number from 1")
         values[path[-1]] = value
+    kind = _option(v, r, ("rope_type",), "axial")
+    if kind != "axial":
+        raise v.error(("rope_type",), f"rope_type is {kind!r}: an axial tower's RoPE is axial "
+                                      "(Gemma4VisionRotaryEmbedding supports no other)")
     theta = _number(v, ("rope",), _option(v, r, ("rope",), None))
     if theta is None or theta <= 0:
         raise v.error(("rope",), f"rope is {theta!r}: the axial RoPE's theta, a number above 0")
