@@ -176,19 +176,10 @@ VISION_MODE = TESTS / "goldens" / "towers" / "gemma4" / "gemma4-vision-toy-visio
 
 
 def vision_mode_toy(tmp_path) -> Path:
-    """The toy as make_gemma4_towers.vision_mode makes it: use_bidirectional_attention
-    "vision", no final softcap, a window of 128, the same weights."""
-    import json
-    import shutil
+    """The toy as its golden was recorded under use_bidirectional_attention "vision"."""
+    from tests.checkpoints.make_gemma4_towers import vision_mode
 
-    copy = tmp_path / "vision-mode"
-    shutil.copytree(TOY, copy)
-    config = json.loads((copy / "config.json").read_text())
-    config["text_config"]["use_bidirectional_attention"] = "vision"
-    config["text_config"]["final_logit_softcapping"] = None
-    config["text_config"]["sliding_window"] = 128
-    (copy / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return copy
+    return vision_mode(TOY, tmp_path / "vision-mode")
 
 
 def test_vision_mode_lets_an_images_rows_see_each_other_in_sliding_layers_alone(tmp_path,
