@@ -251,5 +251,5 @@ def test_a_rope_other_than_axial_is_refused(tmp_path):
     config = json.loads((copy / "config.json").read_text())
     config["vision_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 100.0}
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SpecError, match="rope_type is 'default': an axial tower's RoPE is axial"):
+    with pytest.raises(SpecError, match="rope_type is 'default': an axial tower's RoPE is axial, no other"):
         load(SPECS / "gemma4.yaml", copy)

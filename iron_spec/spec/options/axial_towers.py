@@ -54,8 +54,9 @@ def vision_options(entry, r: Resolved, encoder, text_hidden: int) -> AxialTowerO
         values[path[-1]] = value
     kind = _option(v, r, ("rope_type",), "axial")
     if kind != "axial":
-        raise v.error(("rope_type",), f"rope_type is {kind!r}: an axial tower's RoPE is axial "
-                                      "(Gemma4VisionRotaryEmbedding supports no other)")
+        # Gemma4VisionRotaryEmbedding raises on any other.
+        raise v.error(("rope_type",), f"rope_type is {kind!r}: an axial tower's RoPE is axial, "
+                                      "no other")
     theta = _number(v, ("rope",), _option(v, r, ("rope",), None))
     if theta is None or theta <= 0:
         raise v.error(("rope",), f"rope is {theta!r}: the axial RoPE's theta, a number above 0")
