@@ -25,36 +25,38 @@ from .base import EPS32, Operator, Tolerance, as64
 
 
 class AveragePool(Operator):
-    """``x`` ``(side * side, d)``, a row-major square grid of rows, averaged over
-    ``kernel`` x ``kernel`` windows: ``((side // kernel) ** 2, d)``, row-major over the
-    windows (``nn.AvgPool2d(kernel, stride=kernel)`` on ``(d, side, side)``, flattened
-    and transposed back)."""
+    """``x`` ``(side * width, d)``, a row-major grid of ``side`` rows of ``width`` (0: a
+    square, ``side``), averaged over ``kernel`` x ``kernel`` windows: ``((side // kernel) *
+    (width // kernel), d)``, row-major over the windows (``nn.AvgPool2d(kernel,
+    stride=kernel)`` on ``(d, side, width)``, flattened and transposed back; Gemma 4's
+    ``_avg_pool_by_positions`` on a whole grid)."""
 
     name = "average_pool"
     keeps_bound = False
 
-    def shape(self, x, side=1, kernel=1):
-        if len(x) != 2 or x[0] != side * side or kernel < 1 or side % kernel:
-            raise ValueError(f"average_pool: {x} is not a {side}x{side} grid of rows that "
+    def shape(self, x, side=1, kernel=1, width=0):
+        w = width or side
+        if len(x) != 2 or x[0] != side * w or kernel < 1 or side % kernel or w % kernel:
+            raise ValueError(f"average_pool: {x} is not a {side}x{w} grid of rows that "
                              f"{kernel}x{kernel} windows tile")
-        return ((side // kernel) ** 2, x[1])
+        return ((side // kernel) * (w // kernel), x[1])
 
-    def reference(self, x, side=1, kernel=1):
-        w, d = side // kernel, x.shape[1]
-        return as64(x).reshape(w, kernel, w, kernel, d).mean(axis=(1, 3)).reshape(w * w, d)
+    def reference(self, x, side=1, kernel=1, width=0):
+        h, w, d = side // kernel, (width or side) // kernel, x.shape[1]
+        return as64(x).reshape(h, kernel, w, kernel, d).mean(axis=(1, 3)).reshape(h * w, d)
 
-    def kernel(self, out, x, scratch=None, side=1, kernel=1):
-        w, d = side // kernel, x.shape[1]
-        grid = x.reshape(w, kernel, w, kernel, d)
-        o = out.reshape(w, w, d)
+    def kernel(self, out, x, scratch=None, side=1, kernel=1, width=0):
+        h, w, d = side // kernel, (width or side) // kernel, x.shape[1]
+        grid = x.reshape(h, kernel, w, kernel, d)
+        o = out.reshape(h, w, d)
         np.sum(grid, axis=(1, 3), out=o)
         o *= np.float32(1.0 / (kernel * kernel))
 
-    def tolerance(self, x, side=1, kernel=1):
+    def tolerance(self, x, side=1, kernel=1, width=0):
         return Tolerance(atol=1e-7, rtol=max(4.0, kernel * kernel / 4) * EPS32)
 
-    def scale(self, reference, x, side=1, kernel=1):
-        return self.reference(np.abs(as64(x)), side=side, kernel=kernel)
+    def scale(self, reference, x, side=1, kernel=1, width=0):
+        return self.reference(np.abs(as64(x)), side=side, kernel=kernel, width=width)
 
 
 class PixelShuffle(Operator):

@@ -22,8 +22,10 @@ from iron_spec.library import goldens
 from iron_spec.library.api import Model
 from iron_spec.library.multimodal_golden import inputs_fingerprint, judge
 from iron_spec.runtime import checks
+from iron_spec.runtime.towers.axial import AxialTower
 from iron_spec.runtime.towers.images import patches
 from iron_spec.spec.gates import kl_gate
+from iron_spec.spec.options.axial_towers import check_front
 from iron_spec.spec.towers import LoadedTower, load_towers
 
 # The drawn image: neither square nor a whole number of any tile, so a front end's resize,
@@ -37,7 +39,7 @@ TOWER_RTOL = 1e-4
 # Against transformers' golden: pixel values equal where both resize with Pillow (its PIL
 # backend), log-mel features and soft tokens within float32 rounding of a different order.
 FRONT_ATOL = 1e-5
-SOFT_ATOL = 1e-5
+SOFT_ATOL = 1e-5  # of the largest soft token where it passes 1
 
 
 def plan(loaded, spec_path: Path, self_only: bool, allow_unread_config: bool
@@ -85,6 +87,13 @@ def _compiled_vs_reference(tower: LoadedTower, seed: int) -> checks.Result:
         rows, (h, w) = tower.processor(rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8))
         pairs = [(version(h, w)(rows), version(h, w).reference(rows))]
         drawn = f"a drawn {DRAWN_IMAGE[0]}x{DRAWN_IMAGE[1]} image ({h}x{w} patches)"
+    elif isinstance(tower.tower, AxialTower):
+        image = rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8)
+        rows, grid = tower.processor(image)
+        check_front(tower.processor, tower.tower.options)
+        version = tower.tower.version(grid)
+        pairs = [(version(rows), version.reference(rows))]
+        drawn = f"a drawn {DRAWN_IMAGE[0]}x{DRAWN_IMAGE[1]} image ({grid[0]}x{grid[1]} patches)"
     else:
         image = rng.integers(0, 256, (*DRAWN_IMAGE, 3), dtype=np.uint8)
         pixels = tower.processor(image)
@@ -138,10 +147,13 @@ def against_golden(loaded, spec_path: Path) -> checks.Result:
     with np.load(path) as golden:
         j = judge(Model(loaded, spec_path), golden)
         front = "pixels" if "pixel_values" in golden.files else "features"
+        # Soft tokens within SOFT_ATOL, of the largest where it passes 1 (float32 rounding
+        # scales with the values: Gemma 4's reach 3.5 on its toy).
+        soft_bound = SOFT_ATOL * max(1.0, float(np.abs(golden["soft_tokens"]).max()))
     bounds = kl_gate(loaded)
     kl = j.kl
     allowed = int(bounds.get("top1_mismatches", 0))
-    passed = (j.ids_equal and j.pixels <= FRONT_ATOL and j.soft <= SOFT_ATOL
+    passed = (j.ids_equal and j.pixels <= FRONT_ATOL and j.soft <= soft_bound
               and all(kl[k] <= bounds[k] for k in ("mean", "p90", "max"))
               and kl["top1_mismatches"] <= allowed)
     figure = (f"ids {'equal' if j.ids_equal else 'DIFFER'}, {front} within {j.pixels:.2g}, soft "

@@ -121,10 +121,11 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
         TypeError: as ``message_media``.
     """
     towers = getattr(model.loaded, "towers", None) or []
+    given = {kind: list(v or []) for kind, v in (media or {}).items() if v}
+    _refuse_missing(model, towers, given)
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ValueError("a prompt with images or audio needs the checkpoint's tokenizer")
-    given = {kind: list(v or []) for kind, v in (media or {}).items() if v}
     if isinstance(prompt, str):
         text = prompt
     else:
@@ -136,10 +137,7 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
         given = inside or given
         text = tokenizer.chat_text(messages)
     by_kind = {t.modality: t for t in towers}
-    missing = [kind for kind in given if kind not in by_kind]
-    if missing:
-        raise ValueError(f"this model has no {missing[0]} tower (its checkpoint is a text "
-                         "model, or its spec declares no such towers:)")
+    _refuse_missing(model, towers, given)
     inputs = {}
     for kind, tower in by_kind.items():
         text = expand(text, tower, given.get(kind, []))
@@ -150,6 +148,30 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
     special = isinstance(prompt, str) or not (bos is not None and text.startswith(bos))
     model._within_bound(text)  # bounded before it is tokenized, as a text prompt is
     return tokenizer.encode(text, add_special_tokens=special), inputs
+
+
+def _refuse_missing(model, towers, given: dict) -> None:
+    """Inputs of a modality no loaded tower reads are refused: a tower the spec declares
+    ``not_built`` says why."""
+    have = {t.modality for t in towers}
+    missing = [kind for kind in given if kind not in have]
+    if missing:
+        refused = not_built_towers(model.loaded).get(missing[0])
+        if refused is not None:
+            raise ValueError(f"this model's {missing[0]} tower is not built ({refused})")
+        raise ValueError(f"this model has no {missing[0]} tower (its checkpoint is a text "
+                         "model, or its spec declares no such towers:)")
+
+
+def not_built_towers(loaded) -> dict[str, str]:
+    """The towers ``loaded``'s checkpoint holds that its spec declares ``not_built``, by
+    name, with why (``options.towers.not_built``); none for a text checkpoint."""
+    from iron_spec.spec.options.towers import not_built
+
+    part = getattr(loaded, "part", None)
+    if part is None:
+        return {}
+    return not_built(loaded.expanded.spec, part.whole)
 
 
 def has_images(prompt) -> bool:

@@ -4,7 +4,7 @@ soft tokens, and the logits at every position from the last image's placeholders
 teacher-forced over the tokens transformers drew (KL, top-1).
 
 A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the inputs left
-out), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
+out; absent where the golden gives its prompt's ids itself, make_axial_towers.py's), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
 ``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features``,
 ``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32, and the ``fingerprint`` of the
 inputs it was recorded on (``inputs_fingerprint``: config.json, the tensors, and the
@@ -102,12 +102,15 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
                           "the tokenizer's and processor's files differ")
 
     tower = model.loaded.towers[0]
-    ids, inputs = multimodal.encode(model, messages_with(golden))
     raw = golden["image"] if tower.modality == "image" else golden["audio"]
+    if "messages" in golden.files:
+        ids, inputs = multimodal.encode(model, messages_with(golden))
+    else:  # a golden over given ids (no tokenizer): its placeholders as they are
+        ids, inputs = golden["prompt_ids"].tolist(), {tower.placeholder: [raw]}
     front = tower.processor(raw)
-    # An audio front end gives (features, frames), a grid one (patch rows, grid).
-    front = front[0] if tower.modality == "audio" or tower.gridded else front
-    pixels = front
+    # An image's pixels, a sound's features (with its frames), or an image's patch rows
+    # (with their grid: Gemma 4's).
+    pixels = front[0] if isinstance(front, tuple) else front
     soft = tower.soft_tokens(raw)
     session = session or Session(model.loaded.lm)
     every = golden["ids"].tolist()

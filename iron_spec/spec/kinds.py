@@ -41,7 +41,7 @@ KINDS: tuple[Row, ...] = (
                "v_norm", "values_from_keys", "clip_qkv", "qk_norm_after_rope",
                "alibi", "alibi_scaled", "alibi_bfloat16", "sinks", "rope_on",
                "qkv_shards", "qkv_order", "latent", "differential", "sub_norm",
-               "dynamic_mask", "output_gate", "sees")
+               "dynamic_mask", "output_gate", "sees", "reach")
            for k in CAUSAL_LAYERS},
         "encoder": ("disentangled", "span_conv", "landmarks",
                     "value_conv", "lsh_expectation", "global_tokens")}),

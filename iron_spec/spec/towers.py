@@ -20,6 +20,7 @@ from iron_spec.runtime.checkpoint import Checkpoint, LoadReport, fill, load, mar
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
+from iron_spec.runtime.towers.axial import AxialTower
 from iron_spec.runtime.towers.images import TileProcessor, patches
 from iron_spec.runtime.towers.multimodal import TowerRun
 from iron_spec.runtime.towers.qwen_images import GridProcessor
@@ -29,6 +30,7 @@ from iron_spec.runtime.weights import draw_weights
 
 from .accounting import account
 from .encoder import expand_encoder
+from .options import axial_towers
 from .options import towers as options
 from .options.qwen_vision import grid_processor, qwen_vision_options
 from .shapes import explainer
@@ -53,6 +55,7 @@ class LoadedTower:
     prompt: Any
     report: LoadReport
     modality: str = "image"
+    read_as: int | None = None
 
     @property
     def gridded(self) -> bool:
@@ -83,6 +86,10 @@ class LoadedTower:
         if self.gridded:
             rows, (h, w) = self.processor(raw)
             return self.tower.version(h, w)(rows)
+        if isinstance(self.tower, AxialTower):
+            pixels, grid = self.processor(raw)
+            axial_towers.check_front(self.processor, self.tower.options)
+            return self.tower.version(grid)(pixels)
         p = self.tower.options.patch
         if self.tiled:
             return np.concatenate([self.tower.version(patches(tile, p))
@@ -96,6 +103,8 @@ class LoadedTower:
             return self.tower.options.soft(self.processor(raw)[1]), 0, 0
         if self.gridded:
             return self.tower.soft(*self.processor.grid(raw)), 0, 0
+        if isinstance(self.tower, AxialTower):
+            return self.tower.soft(self.processor(raw)[1]), 0, 0
         if self.tiled:
             _, rows, cols = self.processor.tiles(raw)
             return self.tower.options.soft, rows, cols
@@ -109,7 +118,8 @@ class LoadedTower:
     def run(self) -> TowerRun:
         """The tower as ``runtime.towers.multimodal.Multimodal`` meets it."""
         return TowerRun(self.soft_tokens, self.count, self.bidirectional,
-                        self.grid if self.gridded else None)
+                        grid=self.grid if self.gridded else None,
+                        read_as=self.read_as)
 
 
 def processor_settings(directory: Path | None, key: str = "image_processor"
@@ -196,6 +206,7 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
     audio = options.front_kind(entry) == "log_mel"
     settings, where = processor_settings(directory,
                                          "feature_extractor" if audio else "image_processor")
+    axial = axial_towers.kind(entry) == "axial"
     if options.front_kind(entry) == "grid":
         o = qwen_vision_options(entry, expanded.resolved, text_hidden)
         front = grid_processor(entry, settings, where, o)
@@ -203,6 +214,10 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
         front = options.log_mel(entry, settings, where)
         o = options.audio_options(entry, expanded.resolved, expanded.options, text_hidden,
                                   front)
+    elif axial:
+        o = axial_towers.vision_options(entry, expanded.resolved, expanded.options,
+                                         text_hidden)
+        front = axial_towers.image_front(entry, settings, where, options._front_settings)
     else:
         o = options.tower_options(entry, expanded.resolved, expanded.options, text_hidden)
         if options.front_kind(entry) == "tiles":
@@ -211,7 +226,7 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
             front = options.processor(entry, settings, where)
     try:
         tower = AudioTower(o) if audio else QwenVisionTower(o) \
-            if isinstance(front, GridProcessor) else Tower(o)
+            if isinstance(front, GridProcessor) else AxialTower(o) if axial else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
@@ -235,17 +250,22 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
         report = load(tower, part, expanded.renames, None, expanded.unused,
                       explainer(expanded.resolved.values, shapes))
     token = options.placeholder(entry, expanded.resolved, text.vocab_size)
-    prompt = options.prompt_text(entry)
+    prompt = options.with_token_texts(entry, options.prompt_text(entry), expanded.resolved,
+                                      loaded.directory)
     if audio:
         log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
                  entry.name, o.mels, o.frames, len(o.encoder.layers), token)
     elif isinstance(front, GridProcessor):
         log.info("tower %s: patches of %d pixels, %d blocks, grids of any size, at placeholder "
                  "%d", entry.name, o.patch, o.depth, token)
+    elif isinstance(tower, AxialTower):
+        log.info("tower %s: patches of %d pixels at their places, %d layers, pooled %dx%d, "
+                 "at placeholder %d", entry.name, o.patch, o.layers, o.pool, o.pool, token)
     else:
         log.info("tower %s: %d patches of %d pixels, %d layers, %d soft tokens per image at "
                  "placeholder %d", entry.name, o.patches, o.patch, len(o.encoder.layers),
                  o.soft, token)
+    read_as = options.read_as(entry, expanded.resolved, text.vocab_size)
     return LoadedTower(entry.name, tower, front, token,
                        options.bidirectional(entry, expanded.resolved), prompt, report,
-                       "audio" if audio else "image")
+                       "audio" if audio else "image", read_as)

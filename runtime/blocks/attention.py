@@ -85,6 +85,10 @@ class AttentionOptions:
     max_distance, bidirectional, segments)``: T5Attention's ``compute_bias``,
     CpmAntSegmentPositionEmbedding's); None: none. ``sees``: ``own`` (causal) or ``call``
     (a query sees every row of its own call, CpmAntModel's mask; the operator's ``sees``).
+    ``reach``: where a prompt chunk's rows may see past their own position (an image's rows,
+    ``runtime.towers``), this layer lets them (``attention_reach``); false: the layer stays
+    causal, as Gemma4Model's full-attention layers under ``use_bidirectional_attention``
+    ``vision`` (``create_masks_for_vision_model``).
     """
 
     heads: int
@@ -121,6 +125,7 @@ class AttentionOptions:
     gate_in_query: bool = False
     relative: tuple | None = None
     sees: str = "own"
+    reach: bool = True
 
 
 @dataclass(frozen=True)
@@ -387,7 +392,7 @@ class Attention(Module):
         if o.alibi_bf16 is not None:
             bias["alibi_bf16"] = o.alibi_bf16
         if o.differential is not None:
-            if ropes is not None and REACH in ropes:
+            if ropes is not None and REACH in ropes and o.reach:
                 raise ValueError(f"{self.path}: rows reaching past their own position (an "
                                  "image's) are not built with differential attention")
             a = self._differential(rec, q, keys, values, ring)
@@ -403,7 +408,7 @@ class Attention(Module):
                 bias["sees"] = o.sees
             while extra and extra[-1] is None:
                 extra.pop()
-            if ropes is not None and REACH in ropes:
+            if ropes is not None and REACH in ropes and o.reach:
                 if extra or bias:
                     raise ValueError(f"{self.path}: rows reaching past their own position "
                                      "(an image's) are not built beside sinks, a dynamic "

@@ -10,6 +10,10 @@ placeholder tokens (the seeds' ``Tower``, ``ImagePatches``, ``LogMel`` and ``Mul
   layers of ``runtime.encoder``, pooling, projector) and its compiled version.
 - ``audio_tower``: an audio tower's (Conv1d front, positions, encoder layers on the sound's
   rows, pair pooling, projector).
+- ``axial``: an axial-RoPE vision tower (Gemma 4's: patches at their (x, y) places, sandwich-
+  normed layers, pooling by position), a version per patch grid; ``aspect_images``: its front
+  end (an image resized keeping its aspect ratio within a patch budget).
+- ``semicausal_log_mel``: Gemma 4's audio front end (Gemma4AudioFeatureExtractor's log-mel).
 - ``multimodal``: a causal text model with its towers; the prompt chunk that takes soft
   tokens at placeholder rows, and a session's placement (a tower runs once per image).
 

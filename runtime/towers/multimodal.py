@@ -41,6 +41,9 @@ class TowerRun:
     count: Callable[[object], int]
     bidirectional: bool = False
     grid: Callable[[object], tuple[int, int, int]] | None = None
+    # The id the text model's embeddings read at a placeholder (None: the placeholder, or 0
+    # past the vocabulary): Gemma 4's per-layer inputs read pad_token_id's rows there.
+    read_as: int | None = None
 
 
 def runs(where: np.ndarray) -> list[tuple[int, int]]:
@@ -168,6 +171,12 @@ class Multimodal:
 
     def __init__(self, lm: CausalLM, towers: dict[int, TowerRun], keep: int = 16):
         self.lm, self.towers, self.keep = lm, towers, keep
+        # Whether any layer lets an input's rows see each other (an attention's reach): where
+        # none does (Gemma 4 without use_bidirectional_attention vision), a bidirectional
+        # tower's rows are placed as any others' (a chunk may split them).
+        layers = getattr(lm.config, "layers", ())
+        self._reaches = any(getattr(getattr(lo, "attention", None), "reach", True)
+                            for lo in layers) if layers else True
         self._soft: OrderedDict[str, np.ndarray] = OrderedDict()
         # The towers' compiled versions (one arena each) and the kept soft tokens, shared by
         # every thread's calls: one input's tower run at a time.
@@ -177,12 +186,14 @@ class Multimodal:
         """``tokens`` as the text model's embedding reads them: a placeholder outside its
         vocabulary (Gemma 3's ``<image_soft_token>`` beside a 262144-row table) read as id 0,
         as Gemma3Model's ``llm_input_ids[special_image_mask] = 0`` (its row is replaced by a
-        soft token anyway); the others as they are."""
+        soft token anyway); a tower's ``read_as`` where it has one (Gemma4Model's
+        ``pad_token_id``, which its per-layer inputs read); the others as they are."""
         V = self.lm.config.vocab_size
-        outside = [t for t in self.towers if t >= V]
-        if not outside:
+        read = {t: run.read_as for t, run in self.towers.items() if run.read_as is not None}
+        read |= {t: 0 for t in self.towers if t >= V and t not in read}
+        if not read:
             return list(tokens)
-        return [0 if t in outside else t for t in tokens]
+        return [read.get(t, t) for t in tokens]
 
     def soft_tokens(self, token: int, raw) -> tuple[np.ndarray, str]:
         """The soft tokens of one input of placeholder ``token``'s tower, and its digest."""
@@ -221,7 +232,7 @@ class Multimodal:
                 digests.append((int(at[0]), key))
                 if tower.grid is not None and self.lm.sections:
                     grids.append((int(at[0]), tower.grid(raw_of[key])))
-                if tower.bidirectional:
+                if tower.bidirectional and self._reaches:
                     groups += runs(at)
                     reach = True
         if not positions:

@@ -142,6 +142,30 @@ GEMMA3_4B_IT = {
                       "model_type": "siglip_vision_model", "num_attention_heads": 16,
                       "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}}
 
+# gemma-3-4b-it's preprocessor_config.json as published (every key kept, nulls too), its size
+# shrunk to the toy tower's image_size and image_seq_length to its mm_tokens_per_image: without
+# it Gemma3ImageProcessor's class default (224x224) meets a 28x28 tower and check fails.
+GEMMA3_4B_IT_PREPROCESSOR = {
+    "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True,
+    "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Gemma3ImageProcessor", "image_seq_length": 256,
+    "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": None,
+    "pan_and_scan_min_crop_size": None, "pan_and_scan_min_ratio_to_activate": None,
+    "processor_class": "Gemma3Processor", "resample": 2,
+    "rescale_factor": 0.00392156862745098, "size": {"height": 896, "width": 896}}
+
+# The processor files a toy keeps beside its weights (preprocessor_config.json), by toy;
+# Gemma 4's composite toy: Gemma4ImageProcessorPil(patch_size=4, max_soft_tokens=70) as
+# save_pretrained writes it (its tower's 4-pixel patches; 70 the smallest budget).
+PREPROCESSORS = {
+    "gemma-3-4b-it-toy": {**GEMMA3_4B_IT_PREPROCESSOR, "image_seq_length": 4,
+                          "size": {"height": 28, "width": 28}},
+    "gemma4-composite-toy": {
+        "do_convert_rgb": True, "do_normalize": False, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.0, 0.0, 0.0], "image_processor_type": "Gemma4ImageProcessor",
+        "image_std": [1.0, 1.0, 1.0], "max_soft_tokens": 70, "patch_size": 4,
+        "pooling_kernel_size": 3, "resample": 3, "rescale_factor": 0.00392156862745098}}
+
 # Mistral-Small-3.1-24B-Instruct-2503's text_config, as transformers' own Mistral3Config
 # holds it for its default (configuration_mistral3.py, sub_configs_defaults); the composite's
 # top-level keys as Mistral3Config writes them.
@@ -436,6 +460,9 @@ def make(name: str, config: dict, tokenizer: str | None) -> Path:
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer == "wordpiece":
         wordpiece(directory, config["max_position_embeddings"])
+    if name in PREPROCESSORS:
+        (directory / "preprocessor_config.json").write_text(
+            json.dumps(PREPROCESSORS[name], indent=2) + "\n")
     return directory
 
 

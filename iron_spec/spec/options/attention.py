@@ -76,6 +76,7 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         output_gate=flag(*a, "output_gate"), gate_in_queries=flag(*a, "gate_in_queries"),
         gate_in_query=flag(*a, "gate_in_query"),
         sees=_sees(spec, *word(*a, "sees", default="own")),
+        reach=flag(*a, "reach", default=True),
         latent=_latent(spec, r))
     _qkv_shards(spec, attention, word(*a, "qkv_shards")[1], word(*a, "qkv_order")[1])
     _heads_group(spec, r, attention, word(*a, "heads", default="num_attention_heads"),

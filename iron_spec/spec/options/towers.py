@@ -50,7 +50,7 @@ from .norms import norm_options
 from .reading import _flag_option, _option, _whole
 
 
-FRONT_ENDS = ("image", "tiles", "log_mel", "grid")
+FRONT_ENDS = ("image", "tiles", "log_mel", "grid", "aspect_patches")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def entries(spec: Spec) -> list[TowerEntry]:
     """The spec's ``towers`` entries (the schema has checked their form)."""
     out = []
     for i, e in enumerate(spec.get("towers", default=[]) or []):
-        if not isinstance(e, dict):
+        if not isinstance(e, dict) or "not_built" in e:
             continue
         at = ("towers", i)
         outer = dict(e.get("outer") or {})
@@ -135,6 +135,19 @@ def entries(spec: Spec) -> list[TowerEntry]:
         out.append(TowerEntry(i, str(e.get("name", i)), tuple(e.get("architectures") or ()),
                               e.get("from"), outer, dict(e.get("tensors") or {}),
                               _rebased(spec, at, data), _rebased(spec, at, e)))
+    return out
+
+
+def not_built(spec: Spec, whole: Mapping[str, Any]) -> dict[str, str]:
+    """The towers ``spec`` declares but does not build (``not_built``) that a checkpoint's
+    whole config.json ``whole`` holds (its ``from`` key not null, its architectures the
+    entry's): by the tower's name (image, audio), why, naming the key."""
+    archs = set(whole.get("architectures") or [])
+    out = {}
+    for e in spec.get("towers", default=[]) or []:
+        if isinstance(e, dict) and "not_built" in e and archs & set(e.get("architectures") or ()) \
+                and whole.get(e.get("from")) is not None:
+            out[str(e.get("name"))] = f"{e['from']}: {' '.join(str(e['not_built']).split())}"
     return out
 
 
@@ -307,6 +320,20 @@ def placeholder(entry: TowerEntry, r: Resolved, vocab: int) -> int:
     return token
 
 
+def read_as(entry: TowerEntry, r: Resolved, vocab: int) -> int | None:
+    """The id the text model's embeddings read at a placeholder (``read_as``; None: absent).
+
+    Raises:
+        SpecError: not a whole number within the vocabulary.
+    """
+    v = entry.view
+    value = _whole(v, ("read_as",), _option(v, r, ("read_as",), None))
+    if value is not None and not 0 <= value < vocab:
+        raise v.error(("read_as",), f"read_as is {value}: an id within the text model's "
+                                    f"{vocab} rows")
+    return value
+
+
 def bidirectional(entry: TowerEntry, r: Resolved) -> bool:
     """Whether one image's placeholder rows attend to each other both ways."""
     return _flag_option(entry.view, r, ("bidirectional",), False)
@@ -395,6 +422,49 @@ def _front_settings(entry: TowerEntry, settings: Mapping[str, Any], source: str,
         raise v.error(f + ("defaults",), f"front.defaults names {', '.join(unknown)}, which "
                                          f"the front end does not read ({', '.join(sorted(known))})")
     return merged
+
+
+def with_token_texts(entry: TowerEntry, prompt: Expansion | None, r: Resolved,
+                     directory) -> Expansion | None:
+    """``prompt`` with each ``{id:FIELD}`` replaced by the text of the token whose id the
+    tower's field ``FIELD`` holds (Gemma 4's ``{id:boi_token_id}``), read from the
+    checkpoint's tokenizer.json: the processor writes its tokenizer's ``boi_token``,
+    ``image_token`` and ``eoi_token``, whose texts the spec need not know. Left as it is
+    where the checkpoint has no tokenizer (a prompt then needs one anyway).
+
+    Raises:
+        SpecError: at ``prompt``, a field that is no id, or an id the tokenizer lacks.
+    """
+    import re
+
+    if prompt is None or directory is None or not (directory / "tokenizer.json").is_file():
+        return prompt
+    fields = {f for text in (prompt.marker, prompt.text, prompt.soft, prompt.tile or "",
+                             prompt.tiled or "", prompt.row_end)
+              for f in re.findall(r"\{id:([A-Za-z_][A-Za-z0-9_]*)\}", text)}
+    if not fields:
+        return prompt
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    texts = {}
+    for f in sorted(fields):
+        value = r.values.get(f)
+        token = tokenizer.id_to_token(value) if isinstance(value, int) else None
+        if token is None:
+            raise entry.view.error(("prompt",), f"{{id:{f}}}: {f} is {value!r}, not an id "
+                                   f"of {directory / 'tokenizer.json'}")
+        texts[f"{{id:{f}}}"] = token
+        r.read.add(f)
+
+    def sub(text):
+        for k, v in texts.items():
+            text = text.replace(k, v)
+        return text
+
+    return Expansion(sub(prompt.marker), sub(prompt.text), sub(prompt.soft),
+                     None if prompt.tile is None else sub(prompt.tile), sub(prompt.row_end),
+                     None if prompt.tiled is None else sub(prompt.tiled))
 
 
 def prompt_text(entry: TowerEntry) -> Expansion | None:

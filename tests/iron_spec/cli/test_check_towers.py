@@ -71,12 +71,38 @@ def test_a_golden_of_other_inputs_does_not_judge_the_towers(tmp_path):
     assert result.exit_code == 3, result.output
 
 
-def test_a_front_end_unlike_the_tower_fails_its_check():
-    # Gemma 3 4B's toy keeps the published config's shape with image_size 28 and no
-    # processor file: Gemma3ImageProcessor's class default size is 224x224, which no image
-    # given to this model could pass through its tower.
-    result = check("gemma3", "--checkpoint", TOYS / "gemma-3-4b-it-toy", "--self-only")
+def test_a_front_end_unlike_the_tower_fails_its_check(tmp_path):
+    # Gemma 3 4B's toy keeps the published config's shape with image_size 28; without its
+    # preprocessor_config.json, Gemma3ImageProcessor's class default size is 224x224, which no
+    # image given to this model could pass through its tower.
+    copy = tmp_path / "toy"
+    shutil.copytree(TOYS / "gemma-3-4b-it-toy", copy)
+    (copy / "preprocessor_config.json").unlink()
+    result = check("gemma3", "--checkpoint", copy, "--self-only")
     assert result.exit_code == 1, result.output
     assert ("FAIL  image tower = reference          the front end does not meet the tower: it "
             "gives 224x224 pixels, the tower takes 28x28 (image_size)") in result.output
     assert "towers KL vs golden" not in result.output  # --self-only judges by no golden
+
+
+def test_the_published_processor_file_meets_its_tower():
+    # The toy's preprocessor_config.json is gemma-3-4b-it's, every key kept (nulls are the
+    # class defaults; do_pan_and_scan null is off), its size shrunk with the tower's.
+    result = check("gemma3", "--checkpoint", TOYS / "gemma-3-4b-it-toy", "--self-only")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"PASS  image tower = reference .* on a drawn 56x72 image", result.output), \
+        result.output
+
+
+def test_gemma4s_image_tower_is_checked_against_its_golden():
+    # Gemma 4's tower (kind axial): a version per patch grid, its golden over given
+    # ids (make_axial_towers.py: no tokenizer), found by the inputs' fingerprint.
+    out = check("gemma4", "--checkpoint", TOYS / "gemma4-vision-toy").output
+    assert re.search(r"PASS  image tower = reference .* on a drawn 56x72 image \(21x27 "
+                     r"patches\)", out), out
+    line = re.search(r"PASS  towers KL vs golden +(.*)", out).group(1)
+    assert line.startswith("ids equal, pixels within 0, soft tokens within ")
+    assert "0 top-1 mismatches over 7 positions" in line
+    # The composite toy's processor file gives its tower's 4-pixel patches.
+    result = check("gemma4", "--checkpoint", TOYS / "gemma4-composite-toy", "--self-only")
+    assert result.exit_code == 0, result.output
