@@ -114,12 +114,17 @@ class BatchDecode:
             self._out = plan._out
 
     def _at_position(self, r) -> bool:
-        """Whether step ``r`` runs once a row: at a position, over a KV cache, or a step
-        whose native form takes one row only (``ROW_ONLY``)."""
+        """Whether step ``r`` runs once a row: at a position, over a KV cache, a step whose
+        native form takes one row only (``ROW_ONLY``), or a product by a value a row."""
         plan = self.plan
         if r.step.op.name in ROW_ONLY:
             if not r.bounded_out and r.step.op.writes is None:
                 raise Unbatchable(f"{r.step.where}: {r.step.op.name} writes no row of its own")
+            return True
+        if r.step.op.name == "mul" and r.bounded_out and plan._lower_run(r) is None:
+            # A (rows, 1) column times the rows (a shared expert's sigmoid gate, Qwen3-Next's
+            # and Qwen2-MoE's): OP_MUL repeats b along a row, not down the rows, so each
+            # row runs its own, a (1, 1) value, as its decode step does.
             return True
         states = [h for h in r.step.inputs + (r.step.output,)
                   if h is not None and plan._root(h).kind == "state"]

@@ -219,7 +219,8 @@ def pattern_options(spec: Spec) -> list[SpecError]:
             not isinstance(toy, dict):
         return []
     try:
-        per_type = expand(spec, toy).per_type
+        # a section's key read anywhere below it (experts.router.top_k) is read per type
+        per_type = {path[:2] for path in expand(spec, toy).per_type}
     except (SpecError, ValueError, TypeError):
         return []  # a spec that does not expand: its own error, and nothing judged here
     out = []

@@ -73,12 +73,11 @@ class AttentionOptions:
     head_dim``, before ``attn_sub_norm`` and ``o_proj``) times ``sigmoid(gate_proj(x))`` of
     the layer's input ``x`` (``gate_proj`` ``(heads * head_dim, hidden)``, biased with
     ``bias``): the gated attention of HrmTextAttention's.
-    ``gate_in_queries`` (with ``output_gate``): the gate's rows are the query projection's,
-    each head's queries then its gate, ``q_gate_proj`` ``(2 * heads * head_dim, hidden)``
-    (MiniCPM5MoeAttention's ``view(..., 2 * head_dim).chunk(2)``), its rows regrouped at load
-    into the queries then the gates. ``gate_in_query``: the same layout under the name
-    ``q_proj`` (``(2 heads * head_dim, hidden)``, Qwen3NextAttention's
-    ``torch.chunk(q_proj(x).view(..., head_dim * 2), 2)``), no ``gate_proj``.
+    ``gate_in_query`` (with ``output_gate``): the gate's rows are the query projection's,
+    ``q_proj`` ``(2 heads * head_dim, hidden)`` holding each head's queries then its gate
+    (Qwen3NextAttention's ``torch.chunk(q_proj(x).view(..., head_dim * 2), 2)``,
+    MiniCPM5MoeAttention's q_gate_proj ``view(..., 2 * head_dim).chunk(2)``), its rows
+    regrouped at load into every query then every gate; no ``gate_proj``.
     ``relative``: a learned relative position bias on the scaled scores, read from the
     model's one table ``model.relative_attention_bias`` (``RELATIVE_TABLE`` among the
     tables a layer is given) as the attention operator's ``relative`` says (``(buckets,
@@ -121,7 +120,6 @@ class AttentionOptions:
     sub_norm: bool = False
     dynamic_mask: bool = False
     output_gate: bool = False
-    gate_in_queries: bool = False
     gate_in_query: bool = False
     relative: tuple | None = None
     sees: str = "own"
@@ -209,22 +207,10 @@ class Attention(Module):
                 setattr(self, name, Param(D))
             # The head norm's weight: none, times 1 - lambda_init (its output's scale).
             self.head_scale = np.full(2 * D, 1.0 - o.differential.lambda_init, np.float32)
-        if o.gate_in_query and (o.fused_qkv or not o.output_gate or o.gate_in_queries):
+        if o.gate_in_query and (o.fused_qkv or not o.output_gate):
             raise ValueError("gate_in_query is an output gate held in q_proj: with output_gate, "
-                             "not a fused qkv_proj nor gate_in_queries")
-        if o.output_gate and o.gate_in_queries:
-            if o.fused_qkv:
-                raise ValueError("a gate in the query projection is q_gate_proj's: not with "
-                                 "fused_qkv")
-            del self.q_proj
-            self.q_gate_proj = Linear(hidden_size, 2 * H * D, o.bias)
-            # Stored per head [queries; gate]; held as every head's queries, then every gate.
-            heads = np.arange(H)[:, None] * 2 * D + np.arange(D)
-            rows = np.concatenate([heads.reshape(-1), (heads + D).reshape(-1)])
-            self.q_gate_proj.weight.rows = rows
-            if self.q_gate_proj.bias is not None:
-                self.q_gate_proj.bias.rows = rows
-        elif o.output_gate and not o.gate_in_query:
+                             "not a fused qkv_proj")
+        if o.output_gate and not o.gate_in_query:
             self.gate_proj = Linear(hidden_size, H * D, o.bias)
         if o.sub_norm:
             self.attn_sub_norm = Norm(H * D, norm)
@@ -266,30 +252,12 @@ class Attention(Module):
         o = self.options
         if o.fused_qkv or o.kv_from is not None:
             return []
-        if o.gate_in_queries and o.output_gate:
-            return [(self.q_gate_proj.weight, self.k_proj.weight, self.v_proj.weight)]
         if o.values_from_keys:
             return [(self.q_proj.weight, self.k_proj.weight)]
         return [(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)]
 
     def _project(self, rec: Recorder, x: Handle) -> tuple[Handle, Handle | None, Handle | None]:
         o = self.options
-        if o.gate_in_queries and o.output_gate:
-            # q_gate_proj's rows (regrouped at load): every head's queries, then every gate;
-            # two projections over consecutive rows of its packed array, so a compiled plan
-            # runs them with k and v as one GEMM whose outputs are column views (Plan._fuse).
-            HD = o.heads * o.head_dim
-            w, bias = self.q_gate_proj.weight.array, self.q_gate_proj.bias
-            where = self.q_gate_proj.path
-            q, self._gate = (
-                rec.step("linear", x, rec.hold("param", f"{where}.weight[{part}]", w[a:z]),
-                         None if bias is None else rec.hold("param", f"{where}.bias[{part}]",
-                                                            bias.array[a:z]),
-                         where=f"{where}[{part}]")
-                for part, a, z in (("q", 0, HD), ("gate", HD, 2 * HD)))
-            k, v = (None, None) if o.kv_from is not None else (self.k_proj(rec, x),
-                                                               self.v_proj(rec, x))
-            return q, k, v
         if o.kv_from is not None:
             return self.q_proj(rec, x), None, None
         if o.values_from_keys:
@@ -313,8 +281,7 @@ class Attention(Module):
             q, gate = (rec.step("columns", q, where=self.where("q_proj"), begin=b, end=b + HD)
                        for b in (0, HD))
         else:
-            gate = None if not o.output_gate else self._gate if o.gate_in_queries \
-                else self.gate_proj(rec, x)
+            gate = self.gate_proj(rec, x) if o.output_gate else None
         normed = o.clip_after_norm and o.clip_qkv is not None
         if normed:  # the whole projections' norms first, then the clamp (OlmoeAttention)
             q, k = self.q_norm(rec, q), self.k_norm(rec, k)

@@ -40,15 +40,6 @@ class CausalConv1d(Module):
                         act=self.act)
 
 
-def _columns(rec: Recorder, x: Handle, where: str, widths: list[int]) -> list[Handle]:
-    """``x``'s columns cut into runs of ``widths``, each a step of its own."""
-    out, at = [], 0
-    for w in widths:
-        out.append(rec.step("columns", x, where=where, begin=at, end=at + w))
-        at += w
-    return out
-
-
 def columns(rec: Recorder, x: Handle, where: str, widths: list[int]) -> list[Handle]:
     """``x``'s columns cut into runs of ``widths``, each a step of its own."""
     out, at = [], 0

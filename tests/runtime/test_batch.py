@@ -53,8 +53,9 @@ def test_each_row_is_its_sessions_own_decode_step(spec):
 
 @pytest.mark.parametrize("spec", ["lfm2", "mamba", "qwen3_next", "falcon_h1"])
 def test_each_row_carries_its_own_recurrent_state(spec):
-    # A short convolution, a selective scan, the gated delta rule and attention beside SSD:
-    # each row's state is its session's own, stepped as that session's decode step steps it.
+    # A short convolution, a selective scan, the gated delta rule (Qwen3-Next's toy with
+    # routed experts and a gated shared expert) and attention beside SSD: each row's state is
+    # its session's own, stepped as that session's decode step steps it.
     lm = iron_spec.load(spec, random_weights=0, toy=True).loaded.lm
     same, err = _decode_side_by_side(lm, (5, 17, 3), steps=10)
     assert same, f"{spec}: a batched row differs from its decode step by {err}"
@@ -83,7 +84,8 @@ def test_each_row_is_its_decode_step_on_weights_held_as_stored(weights):
 
 @pytest.mark.parametrize("spec,weights", [("qwen3_moe", "stored"), ("qwen3_moe", "q8_0"),
                                           ("mixtral", "stored"), ("gemma4", "stored"),
-                                          ("dbrx", "stored"), ("granitemoe", "stored")])
+                                          ("dbrx", "stored"), ("granitemoe", "stored"),
+                                          ("qwen2_moe", "stored")])
 def test_each_row_is_its_decode_step_through_a_mixture_of_experts(spec, weights):
     # The router and the experts lowered once a row (batch.ROW_ONLY): each row's experts
     # are its own, as in its decode step.

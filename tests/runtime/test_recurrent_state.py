@@ -2,7 +2,8 @@
 snapshots at prompt-chunk boundaries, and sessions resuming from them bit for bit.
 
 The toys are the specs' own (LFM2: a short convolution beside attention; Qwen3-Next: the
-gated delta rule beside gated attention), drawn at seed 0; what is judged is the session's
+gated delta rule beside gated attention, routed experts on three layers; Nemotron-H: Mamba2's
+SSD, attention, an MLP layer and a mixture layer), drawn at seed 0; what is judged is the session's
 calls and its logits against a fresh run's, never against themselves alone.
 """
 
@@ -17,7 +18,7 @@ from iron_spec.runtime.snapshots import StateError
 from tests.conftest import SPECS
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_next"])
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_next", "nemotron_h"])
 def lm(request):
     return load_model(SPECS / f"{request.param}.yaml", random_weights=0, toy=True,
                       prefill_chunk=32).lm

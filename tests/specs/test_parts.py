@@ -127,6 +127,30 @@ def test_qwen3_5s_multi_token_prediction_tensors_are_left_unread(tmp_path):
     assert Session(loaded.lm).logits(ids).tobytes() == Session(base.lm).logits(ids).tobytes()
 
 
+def test_a_qwen3_5_moe_composite_reads_its_text_model(tmp_path):
+    # Every published Qwen3.5 MoE checkpoint is a Qwen3_5MoeForConditionalGeneration (text
+    # model in text_config, a vision tower beside it): it loads through the spec's part, and
+    # its text model is the text config's own (specs/qwen3_5_moe_text.yaml's toy, whose golden
+    # judges it against transformers), the same weights drawn under the composite's names.
+    import yaml
+
+    text = {k: v for k, v in yaml.safe_load((SPECS / "qwen3_5_moe_text.yaml").read_text())
+            ["toy"]["config"].items() if k != "architectures"}
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"],
+              "model_type": "qwen3_5_moe", "image_token_id": 248056, "video_token_id": 248057,
+              "vision_start_token_id": 248053, "vision_end_token_id": 248054,
+              "tie_word_embeddings": False, "text_config": text,
+              "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                                "num_heads": 4, "out_hidden_size": 64,
+                                "model_type": "qwen3_5_moe"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    composite = load_model(SPECS / "qwen3_5_moe_text.yaml", checkpoint=tmp_path, random_weights=0)
+    toy = load_model(SPECS / "qwen3_5_moe_text.yaml", random_weights=0, toy=True)
+    assert composite.part is not None
+    ids = list(range(1, 60))
+    assert Session(composite.lm).logits(ids).tobytes() == Session(toy.lm).logits(ids).tobytes()
+
+
 def test_the_part_config_reads_text_config_and_the_composites_keys(tmp_path):
     shutil.copytree(TOYS / "gemma-3-4b-it-toy", tmp_path / "c")
     config = json.loads((tmp_path / "c" / "config.json").read_text())

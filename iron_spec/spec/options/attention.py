@@ -73,8 +73,7 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
-        output_gate=flag(*a, "output_gate"), gate_in_queries=flag(*a, "gate_in_queries"),
-        gate_in_query=flag(*a, "gate_in_query"),
+        output_gate=flag(*a, "output_gate"), gate_in_query=flag(*a, "gate_in_query"),
         sees=_sees(spec, *word(*a, "sees", default="own")),
         reach=flag(*a, "reach", default=True),
         latent=_latent(spec, r))
