@@ -653,6 +653,8 @@ static inline __attribute__((always_inline)) float HELD_FN(row_dot)(const gemv_a
     return HELD_FN(hsum)(acc[0] + acc[1]) + macc;
 }
 
+static void HELD_FN(x8_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
+
 /* Rows [r0, r1) of a held weight (gemv_rows's, for a->held): groups of GEMV_GROUP rows, the
  * last of the rest. */
 static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
@@ -677,37 +679,14 @@ static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1)
         for (; r < r1; r++)
             HELD_FN(f16_rows)(a, r, 1);
         return;
-    default: {  /* x as x16, once per part (no part waits for another), then row by row:
-                 * a part's rows are one run of the file, one row at a time one stream */
-        const Py_ssize_t K = a->k, B = K / 32;
-        int16_t qs[X16_STACK];
-        float ds[X16_STACK / 32], ss[X16_STACK / 32];
-        int16_t *xq = K <= X16_STACK ? qs : malloc(sizeof(int16_t) * K);
-        float *dx = K <= X16_STACK ? ds : malloc(sizeof(float) * B);
-        float *xs = K <= X16_STACK ? ss : malloc(sizeof(float) * B);
-        if (!xq || !dx || !xs) {  /* no memory for a long row's x: NaN, never a wrong number */
-            for (; r < r1; r++)
-                a->y[r] = NAN;
-        } else {
-            HELD_FN(quantize_x)(a->x, K, xq, dx);
-            for (Py_ssize_t b = 0; b < B; b++) {
-                int32_t t = 0;
-                for (int j = 0; j < 32; j++)
-                    t += xq[32 * b + j];
-                xs[b] = (float)t;  /* exact: |t| < 2^21 */
-            }
-            for (; r < r1; r++) {
-                const float t = HELD_FN(row_dot)(a, a->wh + r * a->rb, xq, dx, xs);
-                a->y[r] = a->b ? t + a->b[r] : t;
-            }
+    default:  /* the block forms: x as 8-bit blocks (_cpu_held_x8.h) */
+#if W == 16
+        if (held_vnni) {
+            x8_rows_vnni(a, r, r1);
+            return;
         }
-        if (xq != qs)
-            free(xq);
-        if (dx != ds)
-            free(dx);
-        if (xs != ss)
-            free(xs);
-    }
+#endif
+        HELD_FN(x8_rows)(a, r, r1);
     }
 }
 
