@@ -661,7 +661,13 @@ static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1)
     Py_ssize_t r = r0;
     switch (a->form) {
     case HELD_BF16:
-        if (a->k < 1024) {  /* R a constant in each call: the loops unrolled */
+#if W == 16
+        if (held_bf16dp) {
+            bf16dp_rows(a, r, r1);
+            return;
+        }
+#endif
+        if (a->k < 1024 || held_bf16_seq) {  /* R a constant in each call: the loops unrolled */
             for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
                 HELD_FN(bf16_rows_seq)(a, r, GEMV_GROUP);
             for (; r < r1; r++)
