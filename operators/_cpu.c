@@ -367,9 +367,6 @@ typedef struct {
  * place of the AVX-512 one where the CPU has VNNI (PyInit) and ``vnni`` has not turned it off. */
 static int held_vnni = 0, held_vnni_offered = 0;
 static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
-/* Held bfloat16's decode GEMV on AVX-512 BF16 (_cpu_held_bf16dp.h), likewise (bf16dp). */
-static int held_bf16dp = 0, held_bf16dp_offered = 0, held_bf16_seq = 0;
-static void bf16dp_rows(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 
 /* One body (_cpu_vec.h, _cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
@@ -441,25 +438,6 @@ static void bf16dp_rows(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #undef X8_VNNI
 #undef SUFFIX
 #undef W
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
-#endif
-#define GEMV_AHEAD_BF16(p)                                                                   \
-    do {                                                                                     \
-        if (gemv_ahead[AHEAD_BF16])                                                          \
-            __builtin_prefetch((const char *)(p) + gemv_ahead[AHEAD_BF16], 0, 3);            \
-    } while (0)
-#include "_cpu_held_bf16dp.h"
-#undef GEMV_AHEAD_BF16
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -2356,11 +2334,6 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         simd_best = SIMD_AVX512;
     simd = simd_best;
     held_vnni = held_vnni_offered = simd_best == SIMD_AVX512 && __builtin_cpu_supports("avx512vnni");
-    held_bf16dp_offered = simd_best == SIMD_AVX512 && __builtin_cpu_supports("avx512bf16");
-    if (getenv("WDECODE_BF16")) {  /* experiment only */
-        held_bf16dp = held_bf16dp_offered && getenv("WDECODE_BF16")[0] == 'd';
-        held_bf16_seq = getenv("WDECODE_BF16")[0] == 's';
-    }
 #endif
     tiles_init();
     pthread_atfork(NULL, NULL, pool_after_fork);

@@ -267,45 +267,12 @@ static inline __attribute__((always_inline)) void HELD_FN(hsum4)(const HFV *v, c
 
 /* bfloat16 rows: a row's 2W values from c * 2W are W 32-bit lanes, lane l its values 2l (low
  * half: shifted up, a float32 exactly) and 2l + 1 (high half: masked), so x is met in the
- * order held_bf16_order puts it (per 2W values: the even ones, then the odd ones). Rows
- * side by side in groups of R, as the float32 kernel's. */
-static inline __attribute__((always_inline)) void HELD_FN(bf16_rows)(const gemv_args *a,
-                                                                    Py_ssize_t r, const int R) {
-    const Py_ssize_t K = a->k, C = K / (2 * W);
-    HFV lo[GEMV_GROUP], hi[GEMV_GROUP];
-    for (int i = 0; i < R; i++)
-        lo[i] = hi[i] = (HFV){0};
-    const uint16_t *row0 = (const uint16_t *)(a->wh + r * a->rb);
-    const Py_ssize_t pitch = a->rb / 2;
-    for (Py_ssize_t c = 0; c < C; c++) {
-        const HFV xe = HELD_FN(xload)(a->xp + c * 2 * W), xo = HELD_FN(xload)(a->xp + c * 2 * W + W);
-        for (int i = 0; i < R; i++) {
-            const uint16_t *p = row0 + i * pitch + c * 2 * W;
-            if ((c & (16 / W - 1)) == 0)  /* a line (64 bytes) every 32 values */
-                GEMV_AHEAD(p, AHEAD_BF16);
-            HUV v;
-            memcpy(&v, p, sizeof v);
-            lo[i] = HELD_FN(madd)((HFV)(v << 16), xe, lo[i]);
-            hi[i] = HELD_FN(madd)((HFV)(v & 0xffff0000u), xo, hi[i]);
-        }
-    }
-    HFV both[GEMV_GROUP];
-    float sums[4];
-    for (int i = 0; i < R; i++)
-        both[i] = lo[i] + hi[i];
-    HELD_FN(hsum4)(both, R, sums);
-    for (int i = 0; i < R; i++) {
-        const uint16_t *w = row0 + i * pitch;
-        float t = sums[i];
-        for (Py_ssize_t c = C * 2 * W; c < K; c++)
-            t = fmaf(bf16_to_float(w[c]), a->x[c], t);
-        a->y[r + i] = a->b ? t + a->b[r + i] : t;
-    }
-}
-
-/* bfloat16 rows one after another (rows shorter than 1024 values): each row read whole before
- * the next, so a part reads one stream, as the float32 kernel does below 1024 (the
- * prefetcher follows four interleaved streams of a few KB poorly); four chains a row. */
+ * order held_bf16_order puts it (per 2W values: the even ones, then the odd ones). Rows one
+ * after another, each read whole before the next, so a part reads one stream (four rows side
+ * by side, as the float32 kernel's groups, read four streams the prefetcher follows worse:
+ * one stream ran 1.09x on Llama-3.2-1B-shaped rows of 2048 and 8192, 1.16x on SmolLM2's,
+ * interleaved on the same tensors of the GGUF files, 2 threads, 2026-12-05); four chains a
+ * row. */
 static inline __attribute__((always_inline)) void HELD_FN(bf16_rows_seq)(const gemv_args *a,
                                                                         Py_ssize_t r,
                                                                         const int R) {
@@ -403,24 +370,11 @@ static void HELD_FN(x8_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
     Py_ssize_t r = r0;
     switch (a->form) {
-    case HELD_BF16:
-#if W == 16
-        if (held_bf16dp) {
-            bf16dp_rows(a, r, r1);
-            return;
-        }
-#endif
-        if (a->k < 1024 || held_bf16_seq) {  /* R a constant in each call: the loops unrolled */
-            for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
-                HELD_FN(bf16_rows_seq)(a, r, GEMV_GROUP);
-            for (; r < r1; r++)
-                HELD_FN(bf16_rows_seq)(a, r, 1);
-            return;
-        }
+    case HELD_BF16:  /* R a constant in each call: the loops unrolled */
         for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
-            HELD_FN(bf16_rows)(a, r, GEMV_GROUP);
+            HELD_FN(bf16_rows_seq)(a, r, GEMV_GROUP);
         for (; r < r1; r++)
-            HELD_FN(bf16_rows)(a, r, 1);
+            HELD_FN(bf16_rows_seq)(a, r, 1);
         return;
     case HELD_F16:
         for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
