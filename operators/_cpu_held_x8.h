@@ -131,6 +131,41 @@ static inline __attribute__((always_inline)) F32V X8_FN(fl)(I32V v) {
     return __builtin_convertvector(v, F32V);
 }
 
+/* acc + v * s, fused where the instruction set has it. */
+static inline __attribute__((always_inline)) F32V X8_FN(fma)(I32V v, float s, F32V acc) {
+#if W >= 8
+    return (F32V)_mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)v), _mm256_set1_ps(s), (__m256)acc);
+#else
+    return acc + X8_FN(fl)(v) * s;
+#endif
+}
+
+/* Block b of a 32-value form's row into acc (and its offset's or minimum's term into m). */
+static inline __attribute__((always_inline)) void X8_FN(block32)(int form, const uint8_t *row,
+                                                                Py_ssize_t b, const int8_t *xq,
+                                                                const float *dx, const float *xs,
+                                                                F32V *acc, float *m) {
+    const int five = form == HELD_Q5_0 || form == HELD_Q5_1;
+    const int mins = form == HELD_Q4_1 || form == HELD_Q5_1;
+    const int bytes = form == HELD_Q8_0 ? 34 : form == HELD_Q4_0 ? 18 : form == HELD_Q4_1 ? 20
+                      : form == HELD_Q5_0 ? 22 : 24;
+    const uint8_t *blk = row + bytes * b;
+    const float s = X8_BASE(half)(blk) * dx[b];
+    if (form == HELD_Q8_0) {
+        *acc = X8_FN(fma)(X8_FN(dot_ss)(blk + 2, xq + 32 * b), s, *acc);
+        return;
+    }
+    const int at = 2 + 2 * mins + 4 * five;  /* the nibbles */
+    U8V u = X8_FN(nibbles)(blk + at);
+    if (five) {
+        uint32_t qh;
+        memcpy(&qh, blk + at - 4, 4);
+        u |= X8_FN(fifth)(qh);
+    }
+    *acc = X8_FN(fma)(X8_FN(dot_us)(u, xq + 32 * b), s, *acc);
+    *m += mins ? X8_BASE(half)(blk + 2) * dx[b] * xs[b] : s * xs[b];
+}
+
 /* x as formats.quantize_x8 rounds it (the same float32 operations): per 32 values dx (NaN
  * where a value is not finite) and 32 int8; xs the exact sum of each 32's int8, xh of each
  * 16's (as float32: |sum| <= 32 * 127). */
@@ -188,49 +223,20 @@ static inline __attribute__((always_inline)) float X8_FN(x8_dot)(int form, const
     F32V acc0 = {0}, acc1 = {0};
     float m0 = 0.0f, m1 = 0.0f, off = 0.0f;
     switch (form) {
-    case HELD_Q8_0:
-        for (Py_ssize_t b = 0; b < K / 32; b++) {
-            const uint8_t *blk = row + 34 * b;
-            if ((b & 1) == 0)
-                X8_AHEAD(blk);
-            const F32V t = X8_FN(fl)(X8_FN(dot_ss)(blk + 2, xq + 32 * b)) * (X8_BASE(half)(blk) * dx[b]);
-            if (b & 1)
-                acc1 += t;
-            else
-                acc0 += t;
+    case HELD_Q8_0: case HELD_Q4_0: case HELD_Q4_1: case HELD_Q5_0: case HELD_Q5_1: {
+        /* sum d dx (q . x) (- offset * sum d dx xs, or + sum m dx xs); two blocks a turn */
+        const int bytes = form == HELD_Q8_0 ? 34 : form == HELD_Q4_0 ? 18 : form == HELD_Q4_1 ? 20
+                          : form == HELD_Q5_0 ? 22 : 24;
+        Py_ssize_t b = 0;
+        for (; b + 1 < K / 32; b += 2) {
+            X8_AHEAD(row + bytes * b);
+            X8_FN(block32)(form, row, b, xq, dx, xs, &acc0, &m0);
+            X8_FN(block32)(form, row, b + 1, xq, dx, xs, &acc1, &m1);
         }
-        break;
-    case HELD_Q4_0: case HELD_Q5_0:  /* sum d dx (q . x) - offset * sum d dx xs */
-        off = form == HELD_Q4_0 ? -8.0f : -16.0f;
-        /* fall through */
-    case HELD_Q4_1: case HELD_Q5_1: {
-        const int five = form == HELD_Q5_0 || form == HELD_Q5_1;
-        const int mins = form == HELD_Q4_1 || form == HELD_Q5_1;
-        const int bytes = form == HELD_Q4_0 ? 18 : form == HELD_Q4_1 ? 20 : form == HELD_Q5_0 ? 22 : 24;
-        const int at = 2 + 2 * mins + 4 * five;  /* the nibbles */
-        for (Py_ssize_t b = 0; b < K / 32; b++) {
-            const uint8_t *blk = row + bytes * b;
-            if ((b & 1) == 0)
-                X8_AHEAD(blk);
-            U8V u = X8_FN(nibbles)(blk + at);
-            if (five) {
-                uint32_t qh;
-                memcpy(&qh, blk + at - 4, 4);
-                u |= X8_FN(fifth)(qh);
-            }
-            const float s = X8_BASE(half)(blk) * dx[b];
-            const F32V t = X8_FN(fl)(X8_FN(dot_us)(u, xq + 32 * b)) * s;
-            const float m = mins ? X8_BASE(half)(blk + 2) * dx[b] * xs[b] : s * xs[b];
-            if (b & 1) {
-                acc1 += t;
-                m1 += m;
-            } else {
-                acc0 += t;
-                m0 += m;
-            }
-        }
-        if (mins)
-            off = 1.0f;
+        if (b < K / 32)
+            X8_FN(block32)(form, row, b, xq, dx, xs, &acc0, &m0);
+        off = form == HELD_Q4_0 ? -8.0f : form == HELD_Q5_0 ? -16.0f
+              : form == HELD_Q8_0 ? 0.0f : 1.0f;
         break;
     }
     case HELD_Q4_K: case HELD_Q5_K: {
