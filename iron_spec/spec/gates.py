@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from iron_spec.operators import held
 from iron_spec.runtime import checks
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden
@@ -71,14 +72,32 @@ REDUCED_TIE = 0.1
 # it follows llama.cpp's on the same file, tests/runtime/test_gguf_checkpoints.py); Gemma 3
 # 270M --weights q4_1's deep decode chose 0.18 nats below the reference's first.
 BLOCK_TIE = 0.3
+# The gate a block form held as stored (a GGUF file's) is judged by: its bit width's
+# conversion gate. Against the float64 reference on the same blocks the 8-bit activations
+# alone cost SmolLM2's Q4_0 file KL mean 0.0023, max 0.0069 (float32's gate: 1e-6).
+HELD_GATES = {"Q8_0": "q8_0", "Q6_K": "q8_0", "Q5_0": "q5_0", "Q5_1": "q5_0", "Q5_K": "q5_0",
+              "Q4_0": "q4_0", "Q4_1": "q4_0", "Q4_K": "q4_0"}
+
+
+def held_blocks(lm) -> str | None:
+    """The conversion gate (a ``WEIGHTS_KL`` key) of the fewest-bit block form ``lm`` holds
+    as stored, or None where it holds none (or its weights were converted at load)."""
+    if getattr(lm, "weights", "stored") != "stored" or not hasattr(lm, "named_params"):
+        return None
+    found = {HELD_GATES.get(held.form(p.array)) for _, p in lm.named_params()
+             if p.array is not None and held.is_block(p.array)}
+    for name in ("q4_0", "q5_0", "q8_0"):
+        if name in found:
+            return name
+    return None
 
 
 def tie(lm) -> float:
     """How far apart (nats) two tokens may swap in ``lm``'s greedy order and count as a tie:
-    ``BLOCK_TIE`` where weights are converted to a block form, ``REDUCED_TIE`` under any other
-    reduced precision, 0 at float32."""
-    if getattr(lm, "weights", "stored") in WEIGHTS_KL and \
-            getattr(lm, "weights", "stored").startswith("q"):
+    ``BLOCK_TIE`` where weights are held in a block form (converted or stored),
+    ``REDUCED_TIE`` under any other reduced precision, 0 at float32."""
+    weights = getattr(lm, "weights", "stored")
+    if (weights in WEIGHTS_KL and weights.startswith("q")) or held_blocks(lm):
         return BLOCK_TIE
     return REDUCED_TIE if reduced(lm) else 0.0
 # float32 against transformers' float32 gives KL mean 1e-10 .. 2e-8 on every shipped spec's
@@ -134,9 +153,12 @@ def float64_gate(golden: Golden, steps: int | None = None, spec=None) -> dict[st
 
 def reduced(lm) -> bool:
     """Whether ``lm`` (a CausalLM) computes in reduced precision somewhere check judges by a
-    reduced gate: decode weights that round, a bfloat16 prompt chunk, a bfloat16 KV cache."""
+    reduced gate: decode weights that round, a bfloat16 prompt chunk, a bfloat16 KV cache,
+    weights converted at load, a block form held as stored (its decode GEMV rounds x to 8
+    bits: ``held_blocks``)."""
     return lm.decode_weights in REDUCED_KL or lm.prefill_weights != "float32" or \
-        lm.kv_cache != "float32" or getattr(lm, "weights", "stored") in WEIGHTS_KL
+        lm.kv_cache != "float32" or getattr(lm, "weights", "stored") in WEIGHTS_KL or \
+        held_blocks(lm) is not None
 
 
 def kl_gate(loaded: Loaded) -> dict[str, float]:
@@ -144,9 +166,10 @@ def kl_gate(loaded: Loaded) -> dict[str, float]:
     by: the reduced decode weights' own (``REDUCED_KL``), else a bfloat16 prompt chunk's
     (``PREFILL_KL``), else a bfloat16 KV cache's (``KV_CACHE_KL``), else the spec's
     ``validation.kl`` bound by bound over float32's default (``DEFAULT_KL``); weights
-    converted at load (``WEIGHTS_KL``) first, bound by bound the looser of theirs and the
-    others'."""
-    converted = WEIGHTS_KL.get(getattr(loaded.lm, "weights", "stored"))
+    converted at load (``WEIGHTS_KL``), or the gate of the fewest-bit block form held as
+    stored (``held_blocks``), first, bound by bound the looser of theirs and the others'."""
+    converted = WEIGHTS_KL.get(getattr(loaded.lm, "weights", "stored")) or \
+        WEIGHTS_KL.get(held_blocks(loaded.lm))
     if converted is not None:
         others = [REDUCED_KL.get(loaded.lm.decode_weights)] + \
             [PREFILL_KL if loaded.lm.prefill_weights != "float32" else None] + \
