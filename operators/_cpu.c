@@ -363,12 +363,18 @@ typedef struct {
     int interleaved;
 } rope_args;
 
+/* A held block form's decode GEMV on AVX-512 VNNI (_cpu_held_x8.h's _vnni instance): used in
+ * place of the AVX-512 one where the CPU has VNNI (PyInit) and ``vnni`` has not turned it off. */
+static int held_vnni = 0, held_vnni_offered = 0;
+static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
+
 /* One body (_cpu_vec.h, _cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
 #define W 4
 #include "_cpu_vec.h"
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
+#include "_cpu_held_x8.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -386,6 +392,7 @@ typedef struct {
 #include "_cpu_vec.h"
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
+#include "_cpu_held_x8.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -407,8 +414,28 @@ typedef struct {
 #include "_cpu_vec.h"
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
+#include "_cpu_held_x8.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
+#undef SUFFIX
+#undef W
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#endif
+#define SUFFIX _vnni
+#define W 16
+#define X8_VNNI 1
+#include "_cpu_held_x8.h"
+#undef X8_VNNI
 #undef SUFFIX
 #undef W
 #if defined(__clang__)
@@ -2186,6 +2213,22 @@ static PyObject *py_prefetch(PyObject *self, PyObject *args) {
     return was;
 }
 
+/* vnni([on]): whether a held block form's decode GEMV runs on AVX-512 VNNI (the default where
+ * the CPU has it); with ``on``, set it (tests run the other paths too) and return what was. */
+static PyObject *py_vnni(PyObject *self, PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on))
+        return NULL;
+    const int was = held_vnni;
+    if (on == 1 && !held_vnni_offered) {
+        PyErr_SetString(PyExc_ValueError, "vnni kernels need AVX-512 VNNI, which this CPU lacks");
+        return NULL;
+    }
+    if (on >= 0)
+        held_vnni = on; /* between calls: the pool is idle */
+    return PyBool_FromLong(was);
+}
+
 static PyObject *py_tiles(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(TILES_NAMES[tiles_running()]);
 }
@@ -2212,6 +2255,9 @@ static PyObject *py_use_tiles(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"start", py_start, METH_O, "start(threads): start the pool once; returns its threads"},
     {"threads", py_threads, METH_NOARGS, "the pool's threads (0: not started)"},
+    {"vnni", py_vnni, METH_VARARGS, "vnni([on]): whether a held block form's decode GEMV runs "
+     "on AVX-512 VNNI (VPDPBUSD); with on, set it and return what was (ValueError where the "
+     "CPU lacks it)"},
     {"simd", py_simd, METH_NOARGS, "the kernels' instruction set: portable, avx2 or avx512"},
     {"available", py_available, METH_NOARGS,
      "the instruction sets this CPU runs, portable first, the best last"},
@@ -2287,6 +2333,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         __builtin_cpu_supports("avx512dq"))
         simd_best = SIMD_AVX512;
     simd = simd_best;
+    held_vnni = held_vnni_offered = simd_best == SIMD_AVX512 && __builtin_cpu_supports("avx512vnni");
 #endif
     tiles_init();
     pthread_atfork(NULL, NULL, pool_after_fork);

@@ -6,10 +6,10 @@
  * for the stored bytes, by the same float32 operations (so the same bits: a scale times an
  * integer is exact in float32 for every block form but Q6_K's, whose one rounding is
  * llama.cpp's too; a Q4_1 / Q5_1 / K-form minimum is added with one rounding, as there), then
- * float32 products with x, summed in float32 in W lanes. x is never rounded: a GEMV on Q8_0
- * here is a float32 dot product with Q8_0's values, not llama.cpp's int8 x int8 one. The
- * block forms are widened a span of a row at a time into an L1 buffer and read from there;
- * bfloat16 and float16 are widened in the registers as they are loaded.
+ * float32 products with x, summed in float32 in W lanes, x as it is (the prompt chunk's
+ * GEMM, and a decode GEMV on bfloat16 and float16, widened in the registers as loaded).
+ * A decode GEMV on a block form is _cpu_held_x8.h's: x rounded to 8-bit blocks, integer dot
+ * products, as llama.cpp's.
  */
 
 #define HELD_CAT_(a, b) a##b
@@ -267,45 +267,12 @@ static inline __attribute__((always_inline)) void HELD_FN(hsum4)(const HFV *v, c
 
 /* bfloat16 rows: a row's 2W values from c * 2W are W 32-bit lanes, lane l its values 2l (low
  * half: shifted up, a float32 exactly) and 2l + 1 (high half: masked), so x is met in the
- * order held_bf16_order puts it (per 2W values: the even ones, then the odd ones). Rows
- * side by side in groups of R, as the float32 kernel's. */
-static inline __attribute__((always_inline)) void HELD_FN(bf16_rows)(const gemv_args *a,
-                                                                    Py_ssize_t r, const int R) {
-    const Py_ssize_t K = a->k, C = K / (2 * W);
-    HFV lo[GEMV_GROUP], hi[GEMV_GROUP];
-    for (int i = 0; i < R; i++)
-        lo[i] = hi[i] = (HFV){0};
-    const uint16_t *row0 = (const uint16_t *)(a->wh + r * a->rb);
-    const Py_ssize_t pitch = a->rb / 2;
-    for (Py_ssize_t c = 0; c < C; c++) {
-        const HFV xe = HELD_FN(xload)(a->xp + c * 2 * W), xo = HELD_FN(xload)(a->xp + c * 2 * W + W);
-        for (int i = 0; i < R; i++) {
-            const uint16_t *p = row0 + i * pitch + c * 2 * W;
-            if ((c & (16 / W - 1)) == 0)  /* a line (64 bytes) every 32 values */
-                GEMV_AHEAD(p, AHEAD_BF16);
-            HUV v;
-            memcpy(&v, p, sizeof v);
-            lo[i] = HELD_FN(madd)((HFV)(v << 16), xe, lo[i]);
-            hi[i] = HELD_FN(madd)((HFV)(v & 0xffff0000u), xo, hi[i]);
-        }
-    }
-    HFV both[GEMV_GROUP];
-    float sums[4];
-    for (int i = 0; i < R; i++)
-        both[i] = lo[i] + hi[i];
-    HELD_FN(hsum4)(both, R, sums);
-    for (int i = 0; i < R; i++) {
-        const uint16_t *w = row0 + i * pitch;
-        float t = sums[i];
-        for (Py_ssize_t c = C * 2 * W; c < K; c++)
-            t = fmaf(bf16_to_float(w[c]), a->x[c], t);
-        a->y[r + i] = a->b ? t + a->b[r + i] : t;
-    }
-}
-
-/* bfloat16 rows one after another (rows shorter than 1024 values): each row read whole before
- * the next, so a part reads one stream, as the float32 kernel does below 1024 (the
- * prefetcher follows four interleaved streams of a few KB poorly); four chains a row. */
+ * order held_bf16_order puts it (per 2W values: the even ones, then the odd ones). Rows one
+ * after another, each read whole before the next, so a part reads one stream (four rows side
+ * by side, as the float32 kernel's groups, read four streams the prefetcher follows worse:
+ * one stream ran 1.09x on Llama-3.2-1B-shaped rows of 2048 and 8192, 1.16x on SmolLM2's,
+ * interleaved on the same tensors of the GGUF files, 2 threads, 2026-12-05); four chains a
+ * row. */
 static inline __attribute__((always_inline)) void HELD_FN(bf16_rows_seq)(const gemv_args *a,
                                                                         Py_ssize_t r,
                                                                         const int R) {
@@ -394,282 +361,20 @@ static inline __attribute__((always_inline)) void HELD_FN(f16_rows)(const gemv_a
     }
 }
 
-/* ---- one row of x (a decode step's GEMV) on the block forms ------------------------------
- * x is met as the Q8_0 GEMV meets it (formats.quantize_x16): per 32 values an int16 each
- * and a float32 scale dx. A block's (or K sub-block's) 32 integers against x's 32 are summed
- * exactly in int32 lanes (pmaddwd: every form's |q| times 32767, twice, is far below 2^31),
- * each lane converted exactly to float32, then times d * dx into the row's lanes; a minimum
- * (Q4_1, Q5_1, the K forms' -dmin * m) meets dx times the exact integer sum of x's 32. So
- * the sum is of the stored values times x16's values, as llama.cpp's integer dot products
- * are of its values times x rounded to 8 bits (here 16: the error a value is at most
- * 2^-16 of its block's largest). */
-
-#if W == 16
-typedef __m512i HELD_FN(w32);  /* a block's 32 integers, int16, in order */
-static inline __attribute__((always_inline)) HFV HELD_FN(dot32)(HELD_FN(w32) w, const int16_t *x) {
-    return HF((HSV)_mm512_madd_epi16(w, _mm512_loadu_si512((const void *)x)));
-}
-#elif W == 8
-typedef struct { __m256i lo, hi; } HELD_FN(w32);
-static inline __attribute__((always_inline)) HFV HELD_FN(dot32)(HELD_FN(w32) w, const int16_t *x) {
-    return HF((HSV)_mm256_add_epi32(_mm256_madd_epi16(w.lo, _mm256_loadu_si256((const __m256i *)x)),
-                                    _mm256_madd_epi16(w.hi, _mm256_loadu_si256((const __m256i *)(x + 16)))));
-}
-#else
-typedef struct { int16_t v[32]; } HELD_FN(w32);
-static inline __attribute__((always_inline)) HFV HELD_FN(dot32)(HELD_FN(w32) w, const int16_t *x) {
-    int32_t t = 0;
-    for (int j = 0; j < 32; j++)
-        t += (int32_t)w.v[j] * x[j];
-    HFV v = {0};
-    v[0] = (float)t;
-    return v;
-}
-#endif
-
-/* The 32 integers of a 32-value block form's block (Q4_0's and Q5_0's offsets taken off). */
-static inline __attribute__((always_inline)) HELD_FN(w32) HELD_FN(q32_ints)(int form,
-                                                                         const uint8_t *blk) {
-    HELD_FN(w32) w;
-    if (form == HELD_Q8_0) {
-#if W == 16
-        w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 2)));
-#elif W == 8
-        w.lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
-        w.hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
-#else
-        for (int j = 0; j < 32; j++)
-            w.v[j] = (int8_t)blk[2 + j];
-#endif
-        return w;
-    }
-    const int at = form == HELD_Q4_0 ? 2 : form == HELD_Q4_1 ? 4 : form == HELD_Q5_0 ? 6 : 8;
-    const int offset = form == HELD_Q4_0 ? 8 : form == HELD_Q5_0 ? 16 : 0;
-    const int five = form == HELD_Q5_0 || form == HELD_Q5_1;
-    uint32_t qh = 0;
-    if (five)
-        memcpy(&qh, blk + at - 4, 4);
-#if W == 16
-    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512i v = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + at))));
-    v = _mm512_and_si512(_mm512_srlv_epi16(v, shifts), _mm512_set1_epi16(0xF));
-    if (five)
-        v = _mm512_or_si512(v, _mm512_maskz_mov_epi16((__mmask32)qh, _mm512_set1_epi16(16)));
-    w = _mm512_sub_epi16(v, _mm512_set1_epi16((short)offset));
-#elif W == 8
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + at)));
-    __m256i lo = _mm256_and_si256(b, _mm256_set1_epi16(0xF)), hi = _mm256_srli_epi16(b, 4);
-    if (five) {
-        const __m256i bits = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
-                                               2048, 4096, 8192, 16384, (short)0x8000);
-        const __m256i l = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xffff)), bits);
-        const __m256i h = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bits);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(l, bits), _mm256_set1_epi16(16)));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(h, bits), _mm256_set1_epi16(16)));
-    }
-    w.lo = _mm256_sub_epi16(lo, _mm256_set1_epi16((short)offset));
-    w.hi = _mm256_sub_epi16(hi, _mm256_set1_epi16((short)offset));
-#else
-    for (int j = 0; j < 16; j++) {
-        w.v[j] = (int16_t)(((blk[at + j] & 0xF) | ((qh >> j) & 1) << 4) - offset);
-        w.v[j + 16] = (int16_t)(((blk[at + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - offset);
-    }
-#endif
-    return w;
-}
-
-/* A K super-block's sub-blocks 2i and 2i + 1 (32 bytes of nibbles; Q5_K: and bits 2i, 2i + 1
- * of the 32 qh bytes), as two blocks of 32 integers. */
-static inline __attribute__((always_inline)) void HELD_FN(k_ints)(int form, const uint8_t *blk,
-                                                                 int i, HELD_FN(w32) *a,
-                                                                 HELD_FN(w32) *b) {
-    const uint8_t *q = blk + (form == HELD_Q4_K ? 16 : 48) + 32 * i, *qh = blk + 16;
-#if W == 16
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)q));
-    *a = _mm512_and_si512(v, _mm512_set1_epi16(0xF));
-    *b = _mm512_srli_epi16(v, 4);
-    if (form == HELD_Q5_K) {
-        const __m512i h = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qh));
-        const __m512i one = _mm512_set1_epi16(1);
-        *a = _mm512_or_si512(*a, _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * i)), one), 4));
-        *b = _mm512_or_si512(*b, _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * i + 1)), one), 4));
-    }
-#elif W == 8
-    const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)q));
-    const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + 16)));
-    const __m256i f = _mm256_set1_epi16(0xF);
-    a->lo = _mm256_and_si256(v0, f);
-    a->hi = _mm256_and_si256(v1, f);
-    b->lo = _mm256_srli_epi16(v0, 4);
-    b->hi = _mm256_srli_epi16(v1, 4);
-    if (form == HELD_Q5_K) {
-        const __m256i h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qh));
-        const __m256i h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)));
-        const __m256i one = _mm256_set1_epi16(1);
-        const __m128i sa = _mm_cvtsi32_si128(2 * i), sb = _mm_cvtsi32_si128(2 * i + 1);
-        a->lo = _mm256_or_si256(a->lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h0, sa), one), 4));
-        a->hi = _mm256_or_si256(a->hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h1, sa), one), 4));
-        b->lo = _mm256_or_si256(b->lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h0, sb), one), 4));
-        b->hi = _mm256_or_si256(b->hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h1, sb), one), 4));
-    }
-#else
-    for (int l = 0; l < 32; l++) {
-        int hb = form == HELD_Q5_K ? ((qh[l] >> (2 * i)) & 1) << 4 : 0;
-        int hb2 = form == HELD_Q5_K ? ((qh[l] >> (2 * i + 1)) & 1) << 4 : 0;
-        a->v[l] = (int16_t)((q[l] & 0xF) | hb);
-        b->v[l] = (int16_t)((q[l] >> 4) | hb2);
-    }
-#endif
-}
-
-/* Q6_K's run r (of 4, 32 values) of half h, as 32 integers (minus 32). */
-static inline __attribute__((always_inline)) HELD_FN(w32) HELD_FN(q6_ints)(const uint8_t *blk,
-                                                                        int h, int r) {
-    const uint8_t *ql = blk + 64 * h + 32 * (r & 1), *qh = blk + 128 + 32 * h;
-    HELD_FN(w32) w;
-#if W == 16
-    const __m512i l = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)ql));
-    const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)qh));
-    const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(l, _mm_cvtsi32_si128(4 * (r >> 1))),
-                                        _mm512_set1_epi16(0xF));
-    const __m512i hi = _mm512_and_si512(_mm512_srl_epi16(hb, _mm_cvtsi32_si128(2 * r)),
-                                        _mm512_set1_epi16(3));
-    w = _mm512_sub_epi16(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), _mm512_set1_epi16(32));
-#elif W == 8
-    const __m128i sl = _mm_cvtsi32_si128(4 * (r >> 1)), sh = _mm_cvtsi32_si128(2 * r);
-    for (int half = 0; half < 2; half++) {
-        const __m256i l = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + 16 * half)));
-        const __m256i hb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 16 * half)));
-        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(l, sl), _mm256_set1_epi16(0xF));
-        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(hb, sh), _mm256_set1_epi16(3));
-        const __m256i q = _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
-                                           _mm256_set1_epi16(32));
-        if (half)
-            w.hi = q;
-        else
-            w.lo = q;
-    }
-#else
-    for (int l = 0; l < 32; l++)
-        w.v[l] = (int16_t)((((ql[l] >> (4 * (r >> 1))) & 0xF) | ((qh[l] >> (2 * r)) & 3) << 4) - 32);
-#endif
-    return w;
-}
-
-/* Q6_K's two scales of a run (values 0-15, 16-31) against dot32's lanes: on 16 lanes, lanes
- * 0-7 hold values 0-15's pairs; on 8, the two halves' sums are added, so they are taken
- * apart (q6_dot). */
-static inline __attribute__((always_inline)) HFV HELD_FN(q6_dot)(HELD_FN(w32) w, const int16_t *x,
-                                                                float s0, float s1) {
-#if W == 16
-    const __m512 s = _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
-    return (HFV)s * HELD_FN(dot32)(w, x);
-#elif W == 8
-    const HFV a = HF((HSV)_mm256_madd_epi16(w.lo, _mm256_loadu_si256((const __m256i *)x)));
-    const HFV b = HF((HSV)_mm256_madd_epi16(w.hi, _mm256_loadu_si256((const __m256i *)(x + 16))));
-    return HELD_FN(madd)(b, HELD_FN(fsplat)(s1), a * s0);
-#else
-    int32_t t0 = 0, t1 = 0;
-    for (int j = 0; j < 16; j++) {
-        t0 += (int32_t)w.v[j] * x[j];
-        t1 += (int32_t)w.v[j + 16] * x[j + 16];
-    }
-    HFV v = {0};
-    v[0] = fmaf((float)t1, s1, (float)t0 * s0);
-    return v;
-#endif
-}
-
-/* One row of a block form against x16 (xq, dx per 32 values; xs: the exact sums of xq per
- * 32, as float32, for the forms with a minimum). Two chains of lanes, alternate blocks. */
-static inline __attribute__((always_inline)) float HELD_FN(row_dot)(const gemv_args *a,
-                                                                   const uint8_t *row,
-                                                                   const int16_t *xq,
-                                                                   const float *dx,
-                                                                   const float *xs) {
-    const Py_ssize_t K = a->k;
-    HFV acc[2] = {{0}, {0}};
-    float macc = 0.0f;
-    switch (a->form) {
-    case HELD_Q8_0: case HELD_Q4_0: case HELD_Q4_1: case HELD_Q5_0: case HELD_Q5_1: {
-        const int form = a->form, mins = form == HELD_Q4_1 || form == HELD_Q5_1;
-        int bytes;
-        held_block(form, &bytes);
-        for (Py_ssize_t b = 0; b < K / 32; b++) {
-            const uint8_t *blk = row + b * bytes;
-            if ((b & 1) == 0)
-                GEMV_AHEAD(blk, AHEAD_Q8);
-            const HFV sum = HELD_FN(dot32)(HELD_FN(q32_ints)(form, blk), xq + 32 * b);
-            acc[b & 1] = HELD_FN(madd)(sum, HELD_FN(fsplat)(HELD_FN(half)(blk) * dx[b]), acc[b & 1]);
-            if (mins)
-                macc = fmaf(HELD_FN(half)(blk + 2) * dx[b], xs[b], macc);
-        }
-        break;
-    }
-    case HELD_Q4_K: case HELD_Q5_K: {
-        const int form = a->form, bytes = form == HELD_Q4_K ? 144 : 176;
-        for (Py_ssize_t b = 0; b < K / QK_K; b++) {
-            const uint8_t *blk = row + b * bytes;
-            for (int l = 0; l < bytes; l += 64)
-                GEMV_AHEAD(blk + l, AHEAD_Q8);
-            const float d = HELD_FN(half)(blk), dmin = HELD_FN(half)(blk + 2);
-            uint8_t sm[16];
-            HELD_FN(k_scales)(blk + 4, sm);
-            float D[8];  /* each sub-block's d * sc * dx; the minimums' dmin * m * dx summed */
-            const float *dxb = dx + 8 * b, *xsb = xs + 8 * b;
-            for (int j = 0; j < 8; j++) {
-                D[j] = d * sm[j] * dxb[j];
-                macc = fmaf(-(dmin * sm[8 + j]) * dxb[j], xsb[j], macc);
-            }
-            for (int i = 0; i < 4; i++) {
-                HELD_FN(w32) qa, qb;
-                HELD_FN(k_ints)(form, blk, i, &qa, &qb);
-                const int16_t *xb = xq + QK_K * b + 64 * i;
-                acc[0] = HELD_FN(madd)(HELD_FN(dot32)(qa, xb), HELD_FN(fsplat)(D[2 * i]), acc[0]);
-                acc[1] = HELD_FN(madd)(HELD_FN(dot32)(qb, xb + 32), HELD_FN(fsplat)(D[2 * i + 1]),
-                                       acc[1]);
-            }
-        }
-        break;
-    }
-    case HELD_Q6_K:
-        for (Py_ssize_t b = 0; b < K / QK_K; b++) {
-            const uint8_t *blk = row + b * 210;
-            for (int l = 0; l < 210; l += 64)
-                GEMV_AHEAD(blk + l, AHEAD_Q8);
-            const float d = HELD_FN(half)(blk + 208);
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            for (int h = 0; h < 2; h++)
-                for (int r = 0; r < 4; r++) {
-                    const Py_ssize_t s = 8 * b + 4 * h + r;  /* x's 32-value block */
-                    const int at = 8 * h + 2 * r;            /* the run's two scales */
-                    const HFV t = HELD_FN(q6_dot)(HELD_FN(q6_ints)(blk, h, r), xq + 32 * s,
-                                                  d * sc[at] * dx[s], d * sc[at + 1] * dx[s]);
-                    acc[r & 1] += t;
-                }
-        }
-        break;
-    }
-    return HELD_FN(hsum)(acc[0] + acc[1]) + macc;
-}
+/* ---- one row of x (a decode step's GEMV) on the block forms: _cpu_held_x8.h (x as 8-bit
+ * blocks, integer dot products, as llama.cpp's). */
+static void HELD_FN(x8_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 
 /* Rows [r0, r1) of a held weight (gemv_rows's, for a->held): groups of GEMV_GROUP rows, the
  * last of the rest. */
 static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
     Py_ssize_t r = r0;
     switch (a->form) {
-    case HELD_BF16:
-        if (a->k < 1024) {  /* R a constant in each call: the loops unrolled */
-            for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
-                HELD_FN(bf16_rows_seq)(a, r, GEMV_GROUP);
-            for (; r < r1; r++)
-                HELD_FN(bf16_rows_seq)(a, r, 1);
-            return;
-        }
+    case HELD_BF16:  /* R a constant in each call: the loops unrolled */
         for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
-            HELD_FN(bf16_rows)(a, r, GEMV_GROUP);
+            HELD_FN(bf16_rows_seq)(a, r, GEMV_GROUP);
         for (; r < r1; r++)
-            HELD_FN(bf16_rows)(a, r, 1);
+            HELD_FN(bf16_rows_seq)(a, r, 1);
         return;
     case HELD_F16:
         for (; r + GEMV_GROUP <= r1; r += GEMV_GROUP)
@@ -677,37 +382,14 @@ static void HELD_FN(held_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1)
         for (; r < r1; r++)
             HELD_FN(f16_rows)(a, r, 1);
         return;
-    default: {  /* x as x16, once per part (no part waits for another), then row by row:
-                 * a part's rows are one run of the file, one row at a time one stream */
-        const Py_ssize_t K = a->k, B = K / 32;
-        int16_t qs[X16_STACK];
-        float ds[X16_STACK / 32], ss[X16_STACK / 32];
-        int16_t *xq = K <= X16_STACK ? qs : malloc(sizeof(int16_t) * K);
-        float *dx = K <= X16_STACK ? ds : malloc(sizeof(float) * B);
-        float *xs = K <= X16_STACK ? ss : malloc(sizeof(float) * B);
-        if (!xq || !dx || !xs) {  /* no memory for a long row's x: NaN, never a wrong number */
-            for (; r < r1; r++)
-                a->y[r] = NAN;
-        } else {
-            HELD_FN(quantize_x)(a->x, K, xq, dx);
-            for (Py_ssize_t b = 0; b < B; b++) {
-                int32_t t = 0;
-                for (int j = 0; j < 32; j++)
-                    t += xq[32 * b + j];
-                xs[b] = (float)t;  /* exact: |t| < 2^21 */
-            }
-            for (; r < r1; r++) {
-                const float t = HELD_FN(row_dot)(a, a->wh + r * a->rb, xq, dx, xs);
-                a->y[r] = a->b ? t + a->b[r] : t;
-            }
+    default:  /* the block forms: x as 8-bit blocks (_cpu_held_x8.h) */
+#if W == 16
+        if (held_vnni) {
+            x8_rows_vnni(a, r, r1);
+            return;
         }
-        if (xq != qs)
-            free(xq);
-        if (dx != ds)
-            free(dx);
-        if (xs != ss)
-            free(xs);
-    }
+#endif
+        HELD_FN(x8_rows)(a, r, r1);
     }
 }
 

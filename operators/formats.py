@@ -15,6 +15,12 @@
   block's 32 products sum exactly in int32 (``operators/_cpu_gemv.h``, as llama.cpp's Q8_0
   dot quantizes its input, at 16 bits instead of 8: the error, at most ``dx / 2`` a value,
   is 2^-16 of the block's largest, well under Q8_0's own 2^-8).
+- ``x8``: what a decode step's GEMV on a held block form (Q8_0, Q4_0, ..., the K forms:
+  ``operators/_cpu_held_x8.h``) multiplies the stored integers by (``quantize_x8``): the same
+  blocks at 8 bits, ``dx = max|x| / 127``, ``q = rint(x * (1 / dx))``, as llama.cpp quantizes
+  a GEMV's input to Q8_0 before its integer dot products (``quantize_row_q8_0``; its ``d`` is
+  then rounded to float16 and its Q8_K per 256 values, ours kept in float32 per 32, so an
+  error of at most ``dx / 2`` a value: 1/254 of the block's largest).
 
 The decode step's GEMV (``operators/_cpu_gemv.h``) reads either in **row groups**
 (``group_bfloat16``, ``group_q8_0``): the rows in groups of ``ROW_GROUP`` (the last group
@@ -35,6 +41,7 @@ import numpy as np
 
 Q8_BLOCK, Q8_BYTES = 32, 34  # weights per block; bytes per block (a float16 d, 32 int8)
 X16_MAX = 32767  # the largest int16 a block's x is scaled to
+X8_MAX = 127  # the largest int8 a block's x is scaled to (x8)
 X16_TINY = np.float32(2.0 ** -100)  # a block whose max |x| is below this is zeros (its 1 / dx
 #                                     would overflow float32 near 2^-126)
 ROW_GROUP = 4  # rows a group of the decode forms holds (_cpu.c's GEMV_GROUP)
@@ -233,6 +240,22 @@ def ungroup_q8_0(grouped: np.ndarray) -> np.ndarray:
     return _regroup(np.ascontiguousarray(grouped, np.uint8), _q8_0_groups, True)
 
 
+def _quantize_x(x: np.ndarray, top: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """x per 32-value block as integers within +-``top`` and a float32 scale each (see
+    ``quantize_x16``)."""
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % Q8_BLOCK:
+        raise ValueError(f"{name} quantizes rows of a multiple of {Q8_BLOCK} values, not {x.shape}")
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // Q8_BLOCK, Q8_BLOCK))
+    with np.errstate(invalid="ignore", over="ignore"):
+        amax = np.abs(blocks).max(axis=-1)
+        d = np.where(amax >= X16_TINY, amax / np.float32(top), np.float32(0))
+        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+        q = np.rint(blocks * inv[..., None])
+        dx = d + (blocks * np.float32(0)).sum(axis=-1, dtype=np.float32)  # NaN where not finite
+    return q.reshape(x.shape), dx
+
+
 def quantize_x16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """An input row (or rows) ``(..., k)`` float32, ``k`` a multiple of 32, as the Q8_0 GEMV
     reads it: the int16 values ``q`` (as float32, ``(..., k)``) and each block's scale ``dx``
@@ -243,24 +266,34 @@ def quantize_x16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         ValueError: ``k`` is not a multiple of 32.
     """
-    x = np.asarray(x, np.float32)
-    if x.shape[-1] % Q8_BLOCK:
-        raise ValueError(f"x16 quantizes rows of a multiple of {Q8_BLOCK} values, not {x.shape}")
-    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // Q8_BLOCK, Q8_BLOCK))
-    with np.errstate(invalid="ignore", over="ignore"):
-        amax = np.abs(blocks).max(axis=-1)
-        d = np.where(amax >= X16_TINY, amax / np.float32(X16_MAX), np.float32(0))
-        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-        q = np.rint(blocks * inv[..., None])
-        dx = d + (blocks * np.float32(0)).sum(axis=-1, dtype=np.float32)  # NaN where not finite
-    return q.reshape(x.shape), dx
+    return _quantize_x(x, X16_MAX, "x16")
+
+
+def quantize_x8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``quantize_x16`` at 8 bits (``X8_MAX``): how a decode step's GEMV on a held block form
+    reads its input row, by the kernel's own float32 operations (``_cpu_held_x8.h``'s
+    quantize_x8): ``q`` (as float32, within +-127) and ``dx`` (float32, per 32 values).
+
+    Raises:
+        ValueError: ``k`` is not a multiple of 32.
+    """
+    return _quantize_x(x, X8_MAX, "x8")
+
+
+def _values(q: np.ndarray, dx: np.ndarray) -> np.ndarray:
+    k = q.shape[-1]
+    blocks = q.astype(np.float64).reshape(q.shape[:-1] + (k // Q8_BLOCK, Q8_BLOCK))
+    with np.errstate(invalid="ignore"):
+        return (blocks * dx.astype(np.float64)[..., None]).reshape(q.shape)
 
 
 def x16_values(x: np.ndarray) -> np.ndarray:
     """The values ``quantize_x16`` makes of ``x``, ``q * dx``, exactly (float64, ``x``'s
     shape): what the Q8_0 GEMV's sums stand for."""
-    q, dx = quantize_x16(x)
-    k = q.shape[-1]
-    blocks = q.astype(np.float64).reshape(q.shape[:-1] + (k // Q8_BLOCK, Q8_BLOCK))
-    with np.errstate(invalid="ignore"):
-        return (blocks * dx.astype(np.float64)[..., None]).reshape(q.shape)
+    return _values(*quantize_x16(x))
+
+
+def x8_values(x: np.ndarray) -> np.ndarray:
+    """The values ``quantize_x8`` makes of ``x``, ``q * dx``, exactly (float64, ``x``'s
+    shape): what a held block form's GEMV sums stand for."""
+    return _values(*quantize_x8(x))

@@ -14,10 +14,11 @@ Every kernel reads each form as it is (``operators/_cpu_held.h``) and computes i
 the values llama.cpp's ``dequantize_row_*`` gives (``widen``: the same float32 operations, so
 the same values, bit for bit). What a kernel rounds beyond the stored form:
 
-- one row of x (a decode step's GEMV) on a block form meets x as ``formats.quantize_x16``
-  rounds it (per 32 values an int16 each and a float32 scale, at most 2^-16 of the block's
+- one row of x (a decode step's GEMV) on a block form meets x as ``formats.quantize_x8``
+  rounds it (per 32 values an int8 each and a float32 scale, at most 1/254 of the block's
   largest off), so each block's products sum exactly in integers, as llama.cpp's integer dot
-  products do with x rounded to 8 bits; ``reference_x`` gives the values it stands for;
+  products do (``operators/_cpu_held_x8.h``: VNNI where the CPU has it);
+  ``reference_x`` gives the values it stands for;
 - more rows (a prompt chunk's GEMM) on any form, and one row on a float form, meet x as it
   is: float32 products of x and the stored values, summed in float32.
 
@@ -114,7 +115,7 @@ def is_held(weight) -> bool:
 
 
 def is_block(weight) -> bool:
-    """Whether ``weight`` is held as GGML blocks (a decode step's GEMV meets x16)."""
+    """Whether ``weight`` is held as GGML blocks (a decode step's GEMV meets x8)."""
     return isinstance(weight, Blocks)
 
 
@@ -173,9 +174,9 @@ def gather(weight, ids: np.ndarray) -> np.ndarray:
 
 def reference_x(x: np.ndarray, weight) -> np.ndarray:
     """The values a kernel multiplies ``weight`` by for input rows ``x`` (float64): one row on
-    a block form, x16's (``formats.x16_values``); else x itself."""
+    a block form, x8's (``formats.x8_values``); else x itself."""
     if is_block(weight) and x.shape[0] == 1:
-        return formats.x16_values(x)
+        return formats.x8_values(x)
     return np.asarray(x, np.float64)
 
 

@@ -113,7 +113,7 @@ class Linear(Operator):
     def reference_inputs(self, inputs, kernel_inputs):
         """On Q8_0 weights, x as the kernel quantizes it (``formats.x16_values``, exact); on
         bfloat16 tiles, x rounded to bfloat16 as the GEMM rounds it; on a held weight, x as
-        its kernel meets it (``held.reference_x``: one row on a block form, x16's)."""
+        its kernel meets it (``held.reference_x``: one row on a block form, x8's)."""
         if held.is_held(kernel_inputs[1]):
             return [held.reference_x(inputs[0], kernel_inputs[1])] + list(inputs[1:])
         if kernel_inputs[1].ndim == 4:

@@ -84,7 +84,9 @@ def describe(tiles: bool = True) -> str:
         return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu stale: rebuild "
                             "with pip install -e ." if STALE else "operators._cpu not built") + ")"
     return (f"operators._cpu, {lib().threads()} threads, {LIB.simd()} (this CPU: "
-            f"{', '.join(LIB.available())}); prompt GEMMs: "
+            f"{', '.join(LIB.available())})"
+            + (", block forms' GEMV on VNNI" if LIB.simd() == "avx512" and LIB.vnni() else "")
+            + "; prompt GEMMs: "
             + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
             + (f", on bfloat16 tiles {LIB.tiles()}" if tiles else "")
             + "; compiled steps: " + ("one native call" if PROGRAM else

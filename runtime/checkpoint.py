@@ -437,10 +437,11 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
         raise CheckpointError(f"{checkpoint.path}: {len(wrong)} tensor{'s' * (len(wrong) != 1)} "
                               f"where float weights belong hold integers or booleans: "
                               f"{_some(wrong)} (weights are {', '.join(FLOATS)})")
+    output = {holding.OUTPUT, found.tied.get(holding.OUTPUT, holding.OUTPUT)}
     for i, (name, source) in enumerate(found.sources.items()):
         param = found.params[name]
-        kept = _hold(param, checkpoint, source, form) if param.holdable and form != "F32" \
-            else None
+        kept = _hold(param, checkpoint, source, holding.form_for(name, form, output)) \
+            if param.holdable and form != "F32" else None
         if kept is not None:
             param.array = kept  # no longer a row view of a stack (runtime.module.pack)
             bad = holding.not_finite(kept)

@@ -249,7 +249,7 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
     bounds = kl_gate(loaded)
     # Reduced precision may swap two near-equal tokens (found by a new user's trial: toys'
     # int8 and bfloat16-cache checks failed on reference gaps of 0.007-0.045 nats).
-    tie = gates.REDUCED_TIE if gates.reduced(lm) else 0.0
+    tie = gates.tie(lm)
     prompt = [int(t) for t in golden.tokens[:golden.prompt_len]] if golden else check_prompt(loaded)
     C, L = lm.config.prefill_chunk, lm.config.max_seq_len
     calls = (golden.meta.get("calls") or {}) if golden is not None else {}

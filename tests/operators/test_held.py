@@ -52,15 +52,29 @@ def weight(form: str, rows: int, k: int, rng):
 
 
 def instruction_sets():
-    return list(native.LIB.available()) if native.LIB is not None else []
+    """Every path this CPU runs: each instruction set (VNNI off), and AVX-512 with VNNI's
+    integer dot products (a held block form's GEMV) where the CPU has them."""
+    if native.LIB is None:
+        return []
+    sets = list(native.LIB.available())
+    was = native.LIB.vnni()
+    try:
+        native.LIB.vnni(True)
+        sets.append("avx512+vnni")
+    except ValueError:
+        pass
+    native.LIB.vnni(was)
+    return sets
 
 
 @pytest.fixture(params=instruction_sets())
 def on(request):
-    before = native.LIB.simd()
-    native.LIB.use(request.param)
+    before, vnni = native.LIB.simd(), native.LIB.vnni()
+    native.LIB.use(request.param.split("+")[0])
+    native.LIB.vnni(request.param.endswith("+vnni"))
     yield request.param
     native.LIB.use(before)
+    native.LIB.vnni(vnni)
 
 
 @pytest.mark.parametrize("form", BLOCK_FORMS + FLOAT_FORMS)
@@ -81,6 +95,9 @@ def bound(x: np.ndarray, values: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("form", BLOCK_FORMS + FLOAT_FORMS)
 @pytest.mark.parametrize("k", [256, 576, 1024 + 256])
 def test_gemv_is_the_product_of_the_stored_values(form, k, on):
+    """One row: a float form's against x itself; a block form's against x8's values
+    (formats.x8_values: x per 32 values at 8 bits, as llama.cpp's integer dot products meet
+    it), the float32 sums' bound around them."""
     if form in held.BLOCKS and k % held.BLOCKS[form][0]:
         pytest.skip("rows of whole blocks only")
     rng = np.random.default_rng(k)
@@ -90,8 +107,7 @@ def test_gemv_is_the_product_of_the_stored_values(form, k, on):
     b = rng.standard_normal(rows).astype(np.float32)
     y = np.empty((1, rows), np.float32)
     native.LIB.gemv(y[0], x[0], held.raw(w), b, held.code(w))
-    # One row of a block form meets x16 (formats.x16_values, exact), a float form x itself.
-    xv = formats.x16_values(x) if form in BLOCK_FORMS else x.astype(np.float64)
+    xv = formats.x8_values(x) if form in BLOCK_FORMS else x.astype(np.float64)
     want = xv @ values.T + b
     assert np.all(np.abs(y - want) <= bound(xv, values) + 1e-6)
 
@@ -210,3 +226,21 @@ def test_nonfinite_counts_what_gguf_py_widens_to_nan_or_inf(form):
     want = int(np.count_nonzero(~np.isfinite(values)))
     assert want > 0
     assert native.LIB.nonfinite(raw, held.code(w)) == want
+
+
+@pytest.mark.parametrize("form", BLOCK_FORMS)
+def test_gemv_on_x8_is_within_half_a_step_of_x_a_block(form, on):
+    """The stated cost of 8-bit activations (docs/checking.md): against x itself, a block
+    form's one-row product is off by at most sum over blocks of (dx / 2) * sum |w| (each of
+    x's values at most half of its block's step dx = max|x| / 127 away), plus the float32
+    sums' bound."""
+    rng = np.random.default_rng(5)
+    rows, k = 29, 512
+    w, values = weight(form, rows, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32) * rng.uniform(0.1, 10, (1, k)).astype(np.float32)
+    y = np.empty((1, rows), np.float32)
+    native.LIB.gemv(y[0], x[0], held.raw(w), None, held.code(w))
+    _, dx = formats.quantize_x8(x)
+    step = np.repeat(dx.astype(np.float64) / 2, 32, axis=-1)  # (1, k): each value's half step
+    xv = x.astype(np.float64)
+    assert np.all(np.abs(y - xv @ values.T) <= step @ np.abs(values).T + bound(xv, values) * 2)

@@ -241,7 +241,7 @@ def test_exact_bfloat16_of_float32_weights_is_refused_naming_the_rounded_choice(
     assert "--decode-weights bfloat16-rounded rounds them" in result.output
 
 
-@pytest.mark.parametrize("weights, mean", [("q8_0", 1e-3), ("q4_0", 0.1)])
+@pytest.mark.parametrize("weights, mean", [("q8_0", 7e-3), ("q4_0", 0.37)])  # gates.WEIGHTS_KL
 def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_more(weights, mean):
     # The toy's float32 weights quantized at load (runtime.holding): every kernel within its
     # tolerance of its reference on the blocks it reads, the rounding within the conversion's
