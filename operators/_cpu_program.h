@@ -77,9 +77,9 @@ enum {
     OP_TAKE_ROW,  /* (out, x); (d, rows); (): row start of x (rows, d) */
     OP_ROUTER,    /* (out, x, w, scratch, bias|None, selection|None, expert_scale|None); (E, H,
                    * k, score, select_logits, weights_softmax, n_group, topk_group,
-                   * group_max, normalize); (norm_eps, norm_min, norm_p, scale): one row's
-                   * experts and weights (2, k), _cpu_experts.h's router_run; w (E, H) in a
-                   * GEMV's form */
+                   * group_max, normalize, m); (norm_eps, norm_min, norm_p, scale): m rows'
+                   * experts and weights (m, 2, k), _cpu_experts.h's router_run a row at a
+                   * time; w (E, H) in a GEMV's form */
     OP_EXPERTS,   /* (out, x, routing, w_in, w_down, scratch, b_in|None, b_down|None,
                    * norm|None); (E, k, R, H, I, Hout, kind, act, flags (1 interleaved, 2
                    * weight_input, 4 has_limit, 8 has_alpha), m, held); (limit, alpha,
@@ -355,10 +355,10 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[2] > i[0] || i[2] > 64 || i[3] < 0 ||
             i[3] > 2 || i[9] < 0 || i[9] > 2 ||
             (i[6] > 0 && (i[0] % i[6] || i[7] < 1 || i[7] > i[6] || i[6] > 256)) ||
-            (s->kind == 2 && i[1] % Q8_BLOCK))
+            (s->kind == 2 && i[1] % Q8_BLOCK) || i[10] < 1)
             break;
-        want[0] = 4 * 2 * i[2];
-        want[1] = 4 * i[1];
+        want[0] = 4 * 2 * i[2] * i[10];
+        want[1] = 4 * i[1] * i[10];
         weight_size(s->kind, i[0], i[1], &want[2], &fmt[2]);
         want[3] = s->len[3] >= 4 * 3 * i[0] ? s->len[3] : 4 * 3 * i[0];
         want[4] = s->a[4] ? 4 * i[0] : 0;
@@ -954,10 +954,16 @@ static const char *step_run(const step_t *s, const Py_ssize_t *call, Py_ssize_t 
         return NULL;
     }
     case OP_ROUTER: {
+        /* m rows (a prompt chunk's) one at a time: each row's choice the decode step's */
         router_call c = {out, s->a[1], s->a[2], s->kind, s->a[4], s->a[5], s->a[6], s->a[3],
                          i[0], i[1], i[2], i[6], i[7], (int)i[3], (int)i[4], (int)i[5],
                          (int)i[8], (int)i[9], s->f[0], s->f[1], s->f[2], s->f[3]};
-        return router_run(&c);
+        for (Py_ssize_t r = 0; r < i[10]; r++, c.out += 2 * i[2], c.x += i[1]) {
+            const char *why = router_run(&c);
+            if (why)
+                return why;
+        }
+        return NULL;
     }
     case OP_EXPERTS: {
         experts_call c = {out, s->a[1], s->a[2], s->a[6], s->a[7], s->a[8], s->a[3], s->a[4],

@@ -225,3 +225,13 @@ def test_by_hand_a_chunk_adds_each_rows_experts_weighted():
     want = np.stack([0.25 * silu(1 * x[0]) * x[0] + 0.75 * silu(3 * x[0]) * x[0],
                      0.5 * silu(2 * x[1]) * x[1] + 0.5 * silu(3 * x[1]) * x[1]])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", NATIVE_ROUTERS)
+def test_router_step_over_a_chunks_rows_chooses_as_transformers(case):
+    x, *rest = rt._inputs(case)
+    attrs = rt._attrs(case)
+    got = lowered(ROUTER, x, *rest, **attrs)
+    np.testing.assert_array_equal(got[:, 0], rt.GOLDEN[f"{case}.indices"], err_msg=case)
+    np.testing.assert_allclose(got[:, 1], rt.GOLDEN[f"{case}.weights"], rtol=2e-5, atol=1e-6,
+                               err_msg=case)
