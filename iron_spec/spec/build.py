@@ -24,6 +24,7 @@ from iron_spec.runtime.golden import fingerprint
 from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
 from iron_spec.runtime import holding
 from iron_spec.runtime.module import pack_tree
+from iron_spec.runtime.blocks.experts import expert_stacks, hold_experts
 from iron_spec.runtime.tokenizer import Tokenizer
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.generation import read_generation_config
@@ -641,9 +642,11 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
              "window)" if rings else "")
     mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
+    hold_experts(lm, weights, when_filled=True)  # each layer's as its tensors are read
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, expanded.unused, progress, spec,
                                       config_json, expanded.resolved.values, part, weights)
+    hold_experts(lm, weights, when_filled=False)  # drawn weights' (--weights)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     lm.weights = weights
     held_now, seen = {}, set()
@@ -652,6 +655,9 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             seen.add(id(p))
             f = holding.held_form(p.array)
             held_now[f] = held_now.get(f, 0) + holding.held.nbytes(p.array)
+    for stack in expert_stacks(lm):
+        f = getattr(stack, "form", "F32")
+        held_now[f] = held_now.get(f, 0) + stack.nbytes
     log.info("weights held as %s (--weights %s)", ", ".join(
         f"{f} {_size(n)}" for f, n in sorted(held_now.items(), key=lambda kv: -kv[1])), weights)
     if decode_weights != "float32" or prefill_weights != "float32":
