@@ -28,6 +28,7 @@
 
 /* _cpu.c's and _cpu_program.h's, defined after this file. */
 static void held_bf16_order(const float *x, Py_ssize_t k, int lanes, float *xp);
+static void rows_run(task_fn fn, const void *args, Py_ssize_t rows, Py_ssize_t work);
 
 /* An expert's weight form: the GEMV's (WEIGHTS_F32, WEIGHTS_BF16, 2: Q8_0). */
 static inline const void *expert_slice(const void *base, int form, Py_ssize_t e, Py_ssize_t n,
@@ -192,6 +193,9 @@ static const char *experts_chunk(const experts_call *c) {
         goto done;
     }
     float *xs = buf, *h = xs + most * H, *hid = h + most * R, *y = hid + most * I;
+    const int vector = c->kind == EXPERT_GATED && !c->interleaved && !c->has_limit &&
+                       !c->has_alpha && c->up_offset == 0.0f &&
+                       (c->act == ACT_SILU || c->act == ACT_GELU_TANH);
     memset(c->out, 0, sizeof(float) * m * Ho);
     for (Py_ssize_t e = 0; e < E; e++) {
         const Py_ssize_t n = start[e + 1] - start[e];
@@ -209,10 +213,18 @@ static const char *experts_chunk(const experts_call *c) {
             }
         }
         if (gemm_held_run(h, xs, held_slice(c->w_in, form, e, R, H), form,
-                          c->b_in ? c->b_in + e * R : NULL, n, R, H) < 0 ||
-            (experts_hidden(c, h, hid, n),
-             gemm_held_run(y, hid, held_slice(c->w_down, form, e, Ho, I), form,
-                           c->b_down ? c->b_down + e * Ho : NULL, n, Ho, I)) < 0) {
+                          c->b_in ? c->b_in + e * R : NULL, n, R, H) < 0) {
+            why = "experts: no memory for the GEMM's panels";
+            goto done;
+        }
+        if (vector) {  /* act(gate) * up of halves: the chunk's gated kernel (_cpu_chunk.h) */
+            rows_args g = {h, h + I, hid, n, I, R, R, I, 1, 1, c->act, 0, 0.0f};
+            rows_run(rows_part, &g, n, n * I);
+        } else {
+            experts_hidden(c, h, hid, n);
+        }
+        if (gemm_held_run(y, hid, held_slice(c->w_down, form, e, Ho, I), form,
+                          c->b_down ? c->b_down + e * Ho : NULL, n, Ho, I) < 0) {
             why = "experts: no memory for the GEMM's panels";
             goto done;
         }

@@ -175,8 +175,9 @@ def test_experts_on_held_stacks(form, rows):
     got = _run([x, routing, held_in, held_down], {}, rows)
     widened = [x, routing, np.stack([held_in[e] for e in range(E)]),
                np.stack([held_down[e] for e in range(E)])]
-    _judge(got, EXPERTS.reference_inputs(widened, [x, routing, held_in, held_down]), {},
-           reduced=form.startswith("Q"))
+    with np.errstate(over="ignore"):  # drawn K blocks' large values: silu's exp(-x) -> inf
+        _judge(got, EXPERTS.reference_inputs(widened, [x, routing, held_in, held_down]), {},
+               reduced=form.startswith("Q"))
 
 
 def test_a_chunk_runs_the_calls_rows_of_its_capacity():
