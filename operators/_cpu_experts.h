@@ -187,7 +187,10 @@ static const char *experts_chunk(const experts_call *c) {
                 pairs[at[(Py_ssize_t)c->route[r * 2 * k + j]]++] = r * k + j;
         free(at);
     }
-    buf = malloc(sizeof(float) * (most > 0 ? most : 1) * (H + R + I + Ho));
+    /* An expert one row chose runs as two (the row twice): every product of a chunk is the
+     * GEMM's, never the one-row GEMV's, whose x a block form rounds (operators/held.py). */
+    most = most < 2 ? 2 : most;
+    buf = malloc(sizeof(float) * most * (H + R + I + Ho));
     if (!buf) {
         why = "experts: no memory for an expert's rows";
         goto done;
@@ -212,19 +215,22 @@ static const char *experts_chunk(const experts_call *c) {
                 memcpy(xs + t * H, xr, sizeof(float) * H);
             }
         }
+        const Py_ssize_t rows = n > 1 ? n : 2;
+        if (n == 1)
+            memcpy(xs + H, xs, sizeof(float) * H);
         if (gemm_held_run(h, xs, held_slice(c->w_in, form, e, R, H), form,
-                          c->b_in ? c->b_in + e * R : NULL, n, R, H) < 0) {
+                          c->b_in ? c->b_in + e * R : NULL, rows, R, H) < 0) {
             why = "experts: no memory for the GEMM's panels";
             goto done;
         }
         if (vector) {  /* act(gate) * up of halves: the chunk's gated kernel (_cpu_chunk.h) */
-            rows_args g = {h, h + I, hid, n, I, R, R, I, 1, 1, c->act, 0, 0.0f};
-            rows_run(rows_part, &g, n, n * I);
+            rows_args g = {h, h + I, hid, rows, I, R, R, I, 1, 1, c->act, 0, 0.0f};
+            rows_run(rows_part, &g, rows, rows * I);
         } else {
-            experts_hidden(c, h, hid, n);
+            experts_hidden(c, h, hid, rows);
         }
         if (gemm_held_run(y, hid, held_slice(c->w_down, form, e, Ho, I), form,
-                          c->b_down ? c->b_down + e * Ho : NULL, n, Ho, I) < 0) {
+                          c->b_down ? c->b_down + e * Ho : NULL, rows, Ho, I) < 0) {
             why = "experts: no memory for the GEMM's panels";
             goto done;
         }

@@ -367,14 +367,19 @@ class Experts(Operator):
         return packed
 
     def reference_inputs(self, inputs, kernel_inputs):
-        """On Q8_0 weights the GEMV meets x as int16 blocks (``formats.x16_values``): the
-        kernel's own products, for the decode step's one row. The hidden values the second
+        """On Q8_0 weights (a decode form's, or a held stack's block form) the GEMV meets x as
+        int16 blocks (``formats.x16_values``, ``held.reference_x``): the kernel's own
+        products, for the decode step's one row; a chunk's rows meet the GEMM, x as it is. The hidden values the second
         product reads are rounded so too, which the reference cannot know row by row: its
         tolerance covers them (2^-16 of a block's largest)."""
-        w = kernel_inputs[2]
-        block = w.form in held.BLOCKS if isinstance(w, HeldStack) else w.dtype == np.uint8
-        if block and inputs[0].ndim == 2 and inputs[0].shape[0] == 1:
-            return [formats.x16_values(inputs[0])] + list(inputs[1:])
+        w, x = kernel_inputs[2], inputs[0]
+        if isinstance(w, HeldStack):  # as a held projection's x (held.reference_x): one row
+            # a decode step's GEMVs, more a chunk's GEMMs (an expert one row chose too)
+            if x.ndim == 2 and w.form != "F32":
+                return [held.reference_x(x, w.matrix)] + list(inputs[1:])
+            return inputs
+        if w.dtype == np.uint8 and x.ndim == 2 and x.shape[0] == 1:
+            return [formats.x16_values(x)] + list(inputs[1:])
         return inputs
 
 
