@@ -37,10 +37,10 @@ from .norms import Norm, NormOptions
 from .projections import Linear
 
 PARAMS = ("fused", "split", "per_expert")
-#: The forms a stack is held in as a file stores it (``weights="stored"``): a float form
-#: as it is, a block form gguf-py's quantizers write again from its values (each block's
-#: scale is its largest value's, so the blocks come back as they were stored).
-STORED_FORMS = ("BF16", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+#: The forms a stack is held in as a file stores it (``weights="stored"``): a safetensors
+#: file's bfloat16 or float16 (its bits: the values were read widened, exactly). A mixture's
+#: GGUF file no spec reads yet; float32 files stay float32.
+STORED_FORMS = ("BF16", "F16")
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +279,8 @@ class Experts(Module):
             seen.append(getattr(t, "stored", None) or t.dtype)
             waiting.discard(id(param))
             if not waiting:
+                for p in self.stack_params():  # no cycle left from the params to the module
+                    vars(p).pop("filled", None)
                 self.hold(form or _stored_form(seen, self.where()))
 
         for p in self.stack_params():
