@@ -159,22 +159,23 @@ def _memory() -> dict:
 
 
 def _held_bytes(loaded) -> int:
-    """The bytes the model's weights are held in (every param's, each stack's once)."""
+    """The bytes the model's weights are held in: every param's array once, a mixture's
+    expert stacks (whose per-expert params are views of them) once each."""
     from iron_spec.operators import held
-    seen, total = set(), 0
+    from iron_spec.runtime.blocks.experts import Experts
+    stacks, views, todo = [], set(), [loaded.lm]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Experts):
+            stacks += [m.w_in, m.w_down]
+            views |= {id(p) for p in m.stack_params()}
+        todo += [child for _, child in m.children()]
+    seen, total = set(), sum(s.nbytes for s in stacks)
     for _, p in loaded.lm.named_params():
-        a = p.array
-        if a is None or id(a) in seen:
+        if p.array is None or id(p) in views or id(p.array) in seen:
             continue
-        seen.add(id(a))
-        base = getattr(a, "base", None)
-        if isinstance(a, np.ndarray) and base is not None and id(base) in seen:
-            continue
-        total += held.nbytes(a) if hasattr(a, "nbytes") else 0
-    from iron_spec.runtime.blocks.experts import expert_stacks
-    for stack in expert_stacks(loaded.lm):  # per-expert params are views of these
-        if id(stack) not in seen:
-            total += stack.nbytes
+        seen.add(id(p.array))
+        total += held.nbytes(p.array)
     return total
 
 

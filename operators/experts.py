@@ -333,6 +333,13 @@ class Experts(Operator):
         return mag + np.abs(reference)
 
     # -- weights in reduced precision ----------------------------------------------------
+    def pack(self, index, array, **attrs):
+        """A held stack (``HeldStack``) as it is: every kernel here reads it so (never a
+        float32 copy); anything else as ``Operator.pack``."""
+        if isinstance(array, HeldStack):
+            return array
+        return super().pack(index, array, **attrs)
+
     def pack_reduced(self, index, array, dtype, rows=None):
         """A decode step's expert weights (``w_in``, ``w_down``) in a reduced form, each
         expert's matrix grouped as a GEMV reads it (``formats.group_bfloat16``,

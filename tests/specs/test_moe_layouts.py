@@ -171,3 +171,17 @@ def test_experts_converted_to_q8_0_are_gguf_pys_blocks():
     assert b.w_in.form == "Q8_0"
     np.testing.assert_array_equal(b.w_in.raw(), want)
     assert b.w_in.nbytes == E * R * H // 32 * 34
+
+
+@pytest.mark.parametrize("weights", ["q8_0", "bfloat16"])
+def test_compiled_steps_read_the_held_stacks_themselves(weights):
+    """The decode step's and the prompt chunk's experts steps read the held stacks as they
+    are: no float32 copy made at compile (a copy would read four bytes a weight)."""
+    from iron_spec.operators.experts import HeldStack
+    loaded = load_model(SPECS / "olmoe.yaml", random_weights=0, toy=True, weights=weights)
+    experts = loaded.lm.model.layers[0].mlp.experts
+    for version in (loaded.lm.decode_step, loaded.lm.prompt_chunk):
+        runs = [r for r in version.plan.runs if r.step.op.name == "experts"]
+        assert runs and all(isinstance(r.ins[2], HeldStack) and isinstance(r.ins[3], HeldStack)
+                            for r in runs)
+        assert any(r.ins[2] is experts.w_in for r in runs)
