@@ -650,14 +650,14 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     lm.weights = weights
     held_now, seen = {}, set()
+    for stack in expert_stacks(lm):  # a mixture's stacks (their experts' params are views)
+        f = holding.held_form(stack)
+        held_now[f] = held_now.get(f, 0) + stack.nbytes
     for _, p in lm.named_params():
         if p.holdable and p.array is not None and id(p) not in seen:  # a tied head once
             seen.add(id(p))
             f = holding.held_form(p.array)
             held_now[f] = held_now.get(f, 0) + holding.held.nbytes(p.array)
-    for stack in expert_stacks(lm):
-        f = getattr(stack, "form", "F32")
-        held_now[f] = held_now.get(f, 0) + stack.nbytes
     log.info("weights held as %s (--weights %s)", ", ".join(
         f"{f} {_size(n)}" for f, n in sorted(held_now.items(), key=lambda kv: -kv[1])), weights)
     if decode_weights != "float32" or prefill_weights != "float32":
