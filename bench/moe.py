@@ -2,7 +2,7 @@
 llama.cpp on the same weights, at OLMoE-1B-7B's shape (drawn weights):
 
     python bench/moe.py make DIR [--layers 2]   # checkpoints and Q8_0 GGUFs under DIR
-    python bench/moe.py run DIR [--runs 3]      # iron-spec bench on each, int8 decode weights
+    python bench/moe.py run DIR [--runs 3] [--weights q8_0]   # iron-spec bench on each
 
 ``make`` draws two checkpoints of OLMoE-1B-7B's widths (hidden 2048, 16 heads, vocab
 50304) and ``--layers`` layers (the 16-layer model's 28 GB of float32 do not fit beside
@@ -19,8 +19,12 @@ the router kept float32, matrices Q8_0). Weights are normal with standard deviat
 1 / sqrt(in), drawn at seed 0 one tensor at a time, so the writing never holds a model.
 
 ``run`` times each with ``iron-spec bench``'s own measurements (decode after a 128-token
-prompt, TTFT of 128 and 512 tokens; ``--decode-weights int8``: Q8_0's blocks, against
-llama.cpp on the Q8_0 file), transformers left out (its eager experts loop in float32 is
+prompt, TTFT of 128 and 512 tokens; ``--weights q8_0``, the default: every projection and
+expert stack held as Q8_0's blocks, read so by the decode step's GEMVs and the prompt
+chunk's GEMMs, against llama.cpp on the Q8_0 file; ``--weights float32``: the float32
+weights, the decode step's packed to Q8_0 (``--decode-weights int8``)), and each model's
+memory after its load (resident, and the peak of the load, against the bytes its weights
+are held in), transformers left out (its eager experts loop in float32 is
 not the bar, and its model would double the memory), and prints the ratios side by side:
 ours / llama.cpp on each model, and the mixture's decode / the dense one's on each engine.
 Threads: ``OMP_NUM_THREADS`` or every core. Run it under ``nice -n 10``; on a machine whose
@@ -144,7 +148,38 @@ def make(directory: Path, layers: int) -> None:
         w.close()
 
 
-def run(directory: Path, runs: int) -> None:
+def _memory() -> dict:
+    """This process's resident and peak resident bytes (Linux's /proc/self/status)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return {"rss_bytes": out.get("VmRSS"), "peak_rss_bytes": out.get("VmHWM")}
+
+
+def _held_bytes(loaded) -> int:
+    """The bytes the model's weights are held in: every param's array once, a mixture's
+    expert stacks (whose per-expert params are views of them) once each."""
+    from iron_spec.operators import held
+    from iron_spec.runtime.blocks.experts import Experts
+    stacks, views, todo = [], set(), [loaded.lm]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Experts):
+            stacks += [m.w_in, m.w_down]
+            views |= {id(p) for p in m.stack_params()}
+        todo += [child for _, child in m.children()]
+    seen, total = set(), sum(s.nbytes for s in stacks)
+    for _, p in loaded.lm.named_params():
+        if p.array is None or id(p) in views or id(p.array) in seen:
+            continue
+        seen.add(id(p.array))
+        total += held.nbytes(p.array)
+    return total
+
+
+def run(directory: Path, runs: int, weights: str = "q8_0") -> None:
     """Decode tokens/s after a 128-token prompt and TTFT of 128 and 512 tokens, ours (Q8_0's
     blocks held for the decode step: ``--decode-weights int8``) and llama.cpp's on the Q8_0
     file, each figure taken in turn, ours then llama.cpp's, within each of ``runs`` runs
@@ -161,7 +196,10 @@ def run(directory: Path, runs: int) -> None:
     results = {}
     for kind, spec in (("olmoe", "olmoe"), ("dense", "olmo2")):
         loaded = load_model(ROOT / "specs" / f"{spec}.yaml", checkpoint=str(directory / kind),
-                            max_seq_len=1024, decode_weights="int8")
+                            max_seq_len=1024, weights=weights,
+                            decode_weights="int8" if weights == "float32" else "float32")
+        memory = dict(_memory(), held_bytes=_held_bytes(loaded))
+        print(json.dumps({kind: {"memory after load": memory}}), flush=True)
         sides = {"ours": bench.ours(loaded)}
         peer = bench.gguf_peer(loaded, directory / f"{kind}.q8_0.gguf", threads())
         if peer is None:
@@ -179,19 +217,23 @@ def run(directory: Path, runs: int) -> None:
         out["ratios"] = {k: statistics.median(
             o / p if k.startswith("decode") else p / o
             for o, p in zip(taken["ours"][k], taken["llama.cpp"][k])) for k in keys}
+        out["memory"] = memory
         results[kind] = out
         del loaded, sides, peer
         print(json.dumps({kind: out}), flush=True)
-    results["threads"], results["runs"] = threads(), runs
+    results["threads"], results["runs"], results["weights"] = threads(), runs, weights
     (directory / "moe.bench.json").write_text(json.dumps(results, indent=1))
     key = "decode_short_tokens_per_s"
-    print(f"{threads()} threads, median of {runs} runs after a warm-up; ours / llama.cpp "
-          "(TTFT: llama.cpp's seconds / ours)")
+    print(f"{threads()} threads, weights {weights}, median of {runs} runs after a warm-up; "
+          "ours / llama.cpp (TTFT: llama.cpp's seconds / ours)")
     for kind in ("olmoe", "dense"):
         r = results[kind]
         print(f"  {kind:6} decode tok/s ours {r['ours'][key]:7.1f}, llama.cpp "
               f"{r['llama.cpp'][key]:7.1f}: {r['ratios'][key]:.2f}; TTFT128 "
-              f"{r['ratios']['ttft128_s']:.2f}, TTFT512 {r['ratios']['ttft512_s']:.2f}")
+              f"{r['ratios']['ttft128_s']:.2f}, TTFT512 {r['ratios']['ttft512_s']:.2f}; "
+              f"held {r['memory']['held_bytes'] / 2**30:.2f} GiB, resident after load "
+              f"{r['memory']['rss_bytes'] / 2**30:.2f} GiB (peak so far "
+              f"{r['memory']['peak_rss_bytes'] / 2**30:.2f})")
     m, d = results["olmoe"], results["dense"]
     print(f"  mixture / dense decode tok/s: ours {m['ours'][key] / d['ours'][key]:.2f}, "
           f"llama.cpp {m['llama.cpp'][key] / d['llama.cpp'][key]:.2f}")
@@ -204,5 +246,6 @@ if __name__ == "__main__":
     parser.add_argument("directory", type=Path)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--weights", default="q8_0", choices=("q8_0", "float32", "bfloat16"))
     a = parser.parse_args()
-    make(a.directory, a.layers) if a.what == "make" else run(a.directory, a.runs)
+    make(a.directory, a.layers) if a.what == "make" else run(a.directory, a.runs, a.weights)

@@ -12,9 +12,23 @@
  * slots' order (ascending experts, transformers' order) on the calling thread: two pool
  * wake-ups a layer, as a dense MLP's gate/up and down GEMVs.
  *
+ * A prompt chunk's rows (experts_chunk) go by expert, as llama.cpp's mul_mat_id: the rows that
+ * chose expert e gathered into one panel, one GEMM on e's slice of w_in (gemm_held_run: the
+ * dense prompt GEMM, on any held form) and one on its slice of w_down, each output row added
+ * into its row's sum weighted; the experts in ascending order, so each row's slots are added
+ * in the decode step's order. Experts no row chose are not read.
+ *
+ * The stacks are in a decode form (``form``: the GEMV's row groups, a decode step's alone) or
+ * held (``held`` >= 0: _cpu.c's HELD_* code, each expert's rows the held form's rows one after
+ * another: (E * rows) rows of held_row_bytes(held, cols) bytes), which both steps read.
+ *
  * Every result is the operators' float64 references' to within their tolerance; a row's
  * values do not depend on the thread count (the GEMV's sums never do).
  */
+
+/* _cpu.c's and _cpu_program.h's, defined after this file. */
+static void held_bf16_order(const float *x, Py_ssize_t k, int lanes, float *xp);
+static void rows_run(task_fn fn, const void *args, Py_ssize_t rows, Py_ssize_t work);
 
 /* An expert's weight form: the GEMV's (WEIGHTS_F32, WEIGHTS_BF16, 2: Q8_0). */
 static inline const void *expert_slice(const void *base, int form, Py_ssize_t e, Py_ssize_t n,
@@ -26,6 +40,12 @@ static inline const void *expert_slice(const void *base, int form, Py_ssize_t e,
     return (const float *)base + e * n * k;
 }
 
+/* Expert e's matrix (n, k) of a held stack (rows of held_row_bytes(held, k) bytes). */
+static inline const uint8_t *held_slice(const void *base, int held, Py_ssize_t e, Py_ssize_t n,
+                                        Py_ssize_t k) {
+    return (const uint8_t *)base + e * n * held_row_bytes(held, k);
+}
+
 typedef struct {
     const void *w;        /* the stacked matrices (E, n, k) in form ``form`` */
     int form;
@@ -35,6 +55,8 @@ typedef struct {
     float *y;             /* slot j's output at y + j * n */
     const int *experts;   /* the k experts */
     Py_ssize_t slots, n, k;
+    int held;             /* >= 0: w held in that form (HELD_*), ``form`` unread */
+    const float *xp;      /* held bfloat16: slot j's x in the kernel's order at xp + j * k */
 } experts_gemv;
 
 /* Every slot's rows [lo, hi) of its expert's product, lo and hi whole row groups. */
@@ -46,6 +68,14 @@ static void experts_part(const void *args, int part, int parts) {
         return;
     for (Py_ssize_t j = 0; j < a->slots; j++) {
         const Py_ssize_t e = a->experts[j];
+        if (a->held >= 0) {
+            gemv_args g = {NULL, a->x + j * a->xstride, a->b ? a->b + e * a->n : NULL, NULL, NULL,
+                           a->y + j * a->n, a->n, a->k, 1, a->held,
+                           held_slice(a->w, a->held, e, a->n, a->k),
+                           held_row_bytes(a->held, a->k), a->xp ? a->xp + j * a->k : NULL};
+            BY_SIMD(gemv_rows, &g, lo, hi);
+            continue;
+        }
         const void *w = expert_slice(a->w, a->form, e, a->n, a->k);
         gemv_args g = {a->form == WEIGHTS_F32 ? w : NULL, a->x + j * a->xstride,
                        a->b ? a->b + e * a->n : NULL, a->form == WEIGHTS_BF16 ? w : NULL,
@@ -65,10 +95,11 @@ static inline float expert_act(float x, int act) {
 
 enum { EXPERT_GATED, EXPERT_PLAIN };
 
-/* One row through its k experts (operators/experts.py's Experts, slots summed). ints: E, k,
- * R (w_in's rows), H, I, Hout, kind, act, interleaved, weight_input, has_limit, has_alpha;
- * floats: limit, alpha, up_offset, norm_eps. scratch: k * (H + R + I + Hout) floats. NULL, or
- * why not (an expert index outside 0 .. E - 1, as the router never writes). */
+/* Rows through their k experts (operators/experts.py's Experts, slots summed). ints: E, k,
+ * R (w_in's rows), H, I, Hout, kind, act, flags (1 interleaved, 2 weight_input, 4 has_limit,
+ * 8 has_alpha), m (rows), held (-1: the decode forms by ``form``); floats: limit, alpha,
+ * up_offset, norm_eps. scratch (one row): k * (H + R + I + Hout) floats. NULL, or why not (an
+ * expert index outside 0 .. E - 1, as the router never writes; no memory). */
 typedef struct {
     float *out;
     const float *x, *route, *b_in, *b_down, *norm;
@@ -78,33 +109,13 @@ typedef struct {
     Py_ssize_t E, k, R, H, I, Hout;
     int kind, act, interleaved, weight_input, has_limit, has_alpha;
     float limit, alpha, up_offset, norm_eps;
+    Py_ssize_t m;
+    int held;
 } experts_call;
 
-static const char *experts_run(const experts_call *c) {
-    int experts[64];
-    const Py_ssize_t k = c->k;
-    if (k < 1 || k > 64)
-        return "experts: k is not within 1 .. 64";
-    for (Py_ssize_t j = 0; j < k; j++) {
-        const float v = c->route[j];
-        if (!(v >= 0.0f && v < (float)c->E))
-            return "experts: a routed expert is outside the experts";
-        experts[j] = (int)v;
-    }
-    const float *w = c->route + k;
-    float *xs = c->scratch, *h = xs + k * c->H, *hid = h + k * c->R, *y = hid + k * c->I;
-    const float *x = c->x;
-    Py_ssize_t xstride = 0;
-    if (c->weight_input) {  /* each slot's input times its weight (Llama4TextMoe) */
-        for (Py_ssize_t j = 0; j < k; j++)
-            for (Py_ssize_t q = 0; q < c->H; q++)
-                xs[j * c->H + q] = c->x[q] * w[j];
-        x = xs;
-        xstride = c->H;
-    }
-    experts_gemv first = {c->w_in, c->form, c->b_in, x, xstride, h, experts, k, c->R, c->H};
-    pool_run(experts_part, &first);
-    for (Py_ssize_t j = 0; j < k; j++) {
+/* The hidden values (rows, I) of first products h (rows, R), rows apart by R and I. */
+static void experts_hidden(const experts_call *c, const float *h, float *hid, Py_ssize_t rows) {
+    for (Py_ssize_t j = 0; j < rows; j++) {
         const float *hj = h + j * c->R;
         float *o = hid + j * c->I;
         if (c->kind == EXPERT_PLAIN) {
@@ -123,22 +134,171 @@ static const char *experts_run(const experts_call *c) {
             o[q] = c->up_offset != 0.0f ? a * (u + c->up_offset) : a * u;
         }
     }
+}
+
+/* Expert e's output row y (Hout) RMS-normed times its row of the norm (Ergo), in place. */
+static void experts_norm(const experts_call *c, Py_ssize_t e, float *y) {
+    float ss = 0.0f;
+    for (Py_ssize_t q = 0; q < c->Hout; q++)
+        ss += y[q] * y[q];
+    const float r = 1.0f / sqrtf(ss / (float)c->Hout + c->norm_eps);
+    const float *nw = c->norm + e * c->Hout;
+    for (Py_ssize_t q = 0; q < c->Hout; q++)
+        y[q] = y[q] * r * nw[q];
+}
+
+/* A prompt chunk's m rows (the file's opening comment): one GEMM per expert hit. */
+static const char *experts_chunk(const experts_call *c) {
+    const Py_ssize_t m = c->m, k = c->k, E = c->E, H = c->H, R = c->R, I = c->I, Ho = c->Hout;
+    const int form = c->held >= 0 ? c->held : c->form == WEIGHTS_F32 ? HELD_F32 : -1;
+    if (form < 0)
+        return "experts: a prompt chunk's experts are float32 or held, not a decode form";
+    Py_ssize_t *start = calloc(E + 1, sizeof(Py_ssize_t));
+    Py_ssize_t *pairs = malloc(sizeof(Py_ssize_t) * (m * k > 0 ? m * k : 1));
+    const char *why = NULL;
+    float *buf = NULL;
+    if (!start || !pairs) {
+        why = "experts: no memory for a chunk's routing";
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < m; r++)  /* each expert's rows counted, checked */
+        for (Py_ssize_t j = 0; j < k; j++) {
+            const float v = c->route[r * 2 * k + j];
+            if (!(v >= 0.0f && v < (float)E)) {
+                why = "experts: a routed expert is outside the experts";
+                goto done;
+            }
+            start[(Py_ssize_t)v + 1]++;
+        }
+    Py_ssize_t most = 0;
+    for (Py_ssize_t e = 0; e < E; e++) {
+        most = start[e + 1] > most ? start[e + 1] : most;
+        start[e + 1] += start[e];
+    }
+    {  /* each expert's (row, slot) pairs, rows ascending */
+        Py_ssize_t *at = malloc(sizeof(Py_ssize_t) * E);
+        if (!at) {
+            why = "experts: no memory for a chunk's routing";
+            goto done;
+        }
+        memcpy(at, start, sizeof(Py_ssize_t) * E);
+        for (Py_ssize_t r = 0; r < m; r++)
+            for (Py_ssize_t j = 0; j < k; j++)
+                pairs[at[(Py_ssize_t)c->route[r * 2 * k + j]]++] = r * k + j;
+        free(at);
+    }
+    /* An expert one row chose runs as two (the row twice): every product of a chunk is the
+     * GEMM's, never the one-row GEMV's, whose x a block form rounds (operators/held.py). */
+    most = most < 2 ? 2 : most;
+    buf = malloc(sizeof(float) * most * (H + R + I + Ho));
+    if (!buf) {
+        why = "experts: no memory for an expert's rows";
+        goto done;
+    }
+    float *xs = buf, *h = xs + most * H, *hid = h + most * R, *y = hid + most * I;
+    const int vector = c->kind == EXPERT_GATED && !c->interleaved && !c->has_limit &&
+                       !c->has_alpha && c->up_offset == 0.0f &&
+                       (c->act == ACT_SILU || c->act == ACT_GELU_TANH);
+    memset(c->out, 0, sizeof(float) * m * Ho);
+    for (Py_ssize_t e = 0; e < E; e++) {
+        const Py_ssize_t n = start[e + 1] - start[e];
+        if (n == 0)
+            continue;  /* an expert no row chose: never read */
+        const Py_ssize_t *p = pairs + start[e];
+        for (Py_ssize_t t = 0; t < n; t++) {
+            const float *xr = c->x + (p[t] / k) * H;
+            if (c->weight_input) {
+                const float wt = c->route[(p[t] / k) * 2 * k + k + p[t] % k];
+                for (Py_ssize_t q = 0; q < H; q++)
+                    xs[t * H + q] = xr[q] * wt;
+            } else {
+                memcpy(xs + t * H, xr, sizeof(float) * H);
+            }
+        }
+        const Py_ssize_t rows = n > 1 ? n : 2;
+        if (n == 1)
+            memcpy(xs + H, xs, sizeof(float) * H);
+        if (gemm_held_run(h, xs, held_slice(c->w_in, form, e, R, H), form,
+                          c->b_in ? c->b_in + e * R : NULL, rows, R, H) < 0) {
+            why = "experts: no memory for the GEMM's panels";
+            goto done;
+        }
+        if (vector) {  /* act(gate) * up of halves: the chunk's gated kernel (_cpu_chunk.h) */
+            rows_args g = {h, h + I, hid, rows, I, R, R, I, 1, 1, c->act, 0, 0.0f};
+            rows_run(rows_part, &g, rows, rows * I);
+        } else {
+            experts_hidden(c, h, hid, rows);
+        }
+        if (gemm_held_run(y, hid, held_slice(c->w_down, form, e, Ho, I), form,
+                          c->b_down ? c->b_down + e * Ho : NULL, rows, Ho, I) < 0) {
+            why = "experts: no memory for the GEMM's panels";
+            goto done;
+        }
+        for (Py_ssize_t t = 0; t < n; t++) {
+            float *yt = y + t * Ho, *o = c->out + (p[t] / k) * Ho;
+            if (c->norm)
+                experts_norm(c, e, yt);
+            const float wt = c->weight_input ? 1.0f : c->route[(p[t] / k) * 2 * k + k + p[t] % k];
+            for (Py_ssize_t q = 0; q < Ho; q++)
+                o[q] += yt[q] * wt;
+        }
+    }
+done:
+    free(start);
+    free(pairs);
+    free(buf);
+    return why;
+}
+
+static const char *experts_run(const experts_call *c) {
+    int experts[64];
+    const Py_ssize_t k = c->k;
+    if (k < 1 || k > 64)
+        return "experts: k is not within 1 .. 64";
+    if (c->m > 1)
+        return experts_chunk(c);
+    for (Py_ssize_t j = 0; j < k; j++) {
+        const float v = c->route[j];
+        if (!(v >= 0.0f && v < (float)c->E))
+            return "experts: a routed expert is outside the experts";
+        experts[j] = (int)v;
+    }
+    const float *w = c->route + k;
+    float *xs = c->scratch, *h = xs + k * c->H, *hid = h + k * c->R, *y = hid + k * c->I;
+    const float *x = c->x;
+    Py_ssize_t xstride = 0;
+    if (c->weight_input) {  /* each slot's input times its weight (Llama4TextMoe) */
+        for (Py_ssize_t j = 0; j < k; j++)
+            for (Py_ssize_t q = 0; q < c->H; q++)
+                xs[j * c->H + q] = c->x[q] * w[j];
+        x = xs;
+        xstride = c->H;
+    }
+    /* A held bfloat16 stack's GEMV meets each slot's x in its own order (held_bf16_order). */
+    float *xp = NULL;
+    const Py_ssize_t wide = c->H > c->I ? c->H : c->I;
+    if (c->held == HELD_BF16 && !(xp = malloc(sizeof(float) * k * wide)))
+        return "experts: no memory for x in the bfloat16 kernel's order";
+    if (xp)
+        for (Py_ssize_t j = 0; j < k; j++)
+            held_bf16_order(x + j * xstride, c->H, simd_lanes(), xp + j * c->H);
+    experts_gemv first = {c->w_in, c->form, c->b_in, x, xstride, h, experts, k, c->R, c->H,
+                          c->held, xp};
+    pool_run(experts_part, &first);
+    experts_hidden(c, h, hid, k);
+    if (xp)
+        for (Py_ssize_t j = 0; j < k; j++)
+            held_bf16_order(hid + j * c->I, c->I, simd_lanes(), xp + j * c->I);
     experts_gemv second = {c->w_down, c->form, c->b_down, hid, c->I, y, experts, k, c->Hout,
-                           c->I};
+                           c->I, c->held, xp};
     pool_run(experts_part, &second);
+    free(xp);
     for (Py_ssize_t q = 0; q < c->Hout; q++)
         c->out[q] = 0.0f;
     for (Py_ssize_t j = 0; j < k; j++) {
         float *yj = y + j * c->Hout;
-        if (c->norm) {  /* each slot's output RMS-normed times its expert's row (Ergo) */
-            float ss = 0.0f;
-            for (Py_ssize_t q = 0; q < c->Hout; q++)
-                ss += yj[q] * yj[q];
-            const float r = 1.0f / sqrtf(ss / (float)c->Hout + c->norm_eps);
-            const float *nw = c->norm + experts[j] * c->Hout;
-            for (Py_ssize_t q = 0; q < c->Hout; q++)
-                yj[q] = yj[q] * r * nw[q];
-        }
+        if (c->norm)  /* each slot's output RMS-normed times its expert's row (Ergo) */
+            experts_norm(c, experts[j], yj);
         const float wj = c->weight_input ? 1.0f : w[j];
         for (Py_ssize_t q = 0; q < c->Hout; q++)
             c->out[q] += yj[q] * wj;

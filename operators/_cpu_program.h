@@ -77,14 +77,17 @@ enum {
     OP_TAKE_ROW,  /* (out, x); (d, rows); (): row start of x (rows, d) */
     OP_ROUTER,    /* (out, x, w, scratch, bias|None, selection|None, expert_scale|None); (E, H,
                    * k, score, select_logits, weights_softmax, n_group, topk_group,
-                   * group_max, normalize); (norm_eps, norm_min, norm_p, scale): one row's
-                   * experts and weights (2, k), _cpu_experts.h's router_run; w (E, H) in a
-                   * GEMV's form */
+                   * group_max, normalize, m); (norm_eps, norm_min, norm_p, scale): m rows'
+                   * experts and weights (m, 2, k), _cpu_experts.h's router_run a row at a
+                   * time; w (E, H) in a GEMV's form */
     OP_EXPERTS,   /* (out, x, routing, w_in, w_down, scratch, b_in|None, b_down|None,
-                   * norm|None); (E, k, R, H, I, Hout, kind, act, interleaved, weight_input,
-                   * has_limit, has_alpha); (limit, alpha, up_offset, norm_eps): one row
-                   * through its k routed experts, _cpu_experts.h's experts_run; w_in (E, R,
-                   * H) and w_down (E, Hout, I) in one GEMV form */
+                   * norm|None); (E, k, R, H, I, Hout, kind, act, flags (1 interleaved, 2
+                   * weight_input, 4 has_limit, 8 has_alpha), m, held); (limit, alpha,
+                   * up_offset, norm_eps): m rows (x (m, H), routing (m, 2, k)) through their
+                   * routed experts, _cpu_experts.h's experts_run (one row: k GEMVs; more: a
+                   * GEMM per expert hit); w_in (E, R, H) and w_down (E, Hout, I) in one GEMV
+                   * form (held -1), or held (E * R, H) and (E * Hout, I) rows in HELD_* form
+                   * held */
     OP_CAUSAL_CONV, /* (out, x, w, b|None, state); (n, C, K, act); (): the causal convolution
                    * of x (n, C) (rows apart) carrying state (K - 1, C), w packed (K, C), act 1
                    * silu (_cpu_recurrent.h); start 0 reads the state as zeros */
@@ -352,10 +355,10 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         if (i[0] < 1 || i[1] < 1 || i[2] < 1 || i[2] > i[0] || i[2] > 64 || i[3] < 0 ||
             i[3] > 2 || i[9] < 0 || i[9] > 2 ||
             (i[6] > 0 && (i[0] % i[6] || i[7] < 1 || i[7] > i[6] || i[6] > 256)) ||
-            (s->kind == 2 && i[1] % Q8_BLOCK))
+            (s->kind == 2 && i[1] % Q8_BLOCK) || i[10] < 1)
             break;
-        want[0] = 4 * 2 * i[2];
-        want[1] = 4 * i[1];
+        want[0] = 4 * 2 * i[2] * i[10];
+        want[1] = 4 * i[1] * i[10];
         weight_size(s->kind, i[0], i[1], &want[2], &fmt[2]);
         want[3] = s->len[3] >= 4 * 3 * i[0] ? s->len[3] : 4 * 3 * i[0];
         want[4] = s->a[4] ? 4 * i[0] : 0;
@@ -363,17 +366,25 @@ static int step_sizes(const step_t *s, Py_ssize_t want[ARRAYS], char fmt[ARRAYS]
         want[6] = s->a[6] ? 4 * i[0] : 0;
         return 0;
     case OP_EXPERTS: {
-        const Py_ssize_t E = i[0], k = i[1], R = i[2], H = i[3], I = i[4], Ho = i[5];
+        const Py_ssize_t E = i[0], k = i[1], R = i[2], H = i[3], I = i[4], Ho = i[5], m = i[9],
+                         held = i[10];
         if (E < 1 || k < 1 || k > 64 || k > E || R < 1 || H < 1 || I < 1 || Ho < 1 ||
-            i[6] < 0 || i[6] > 1 || i[7] < 0 || i[7] >= ACT_COUNT ||
-            R != (i[6] == EXPERT_GATED ? 2 * I : I) ||
-            (s->kind == 2 && (H % Q8_BLOCK || I % Q8_BLOCK)))
+            i[6] < 0 || i[6] > 1 || i[7] < 0 || i[7] >= ACT_COUNT || i[8] < 0 || i[8] > 15 ||
+            m < 1 || held < -1 || R != (i[6] == EXPERT_GATED ? 2 * I : I) ||
+            (held < 0 && s->kind == 2 && (H % Q8_BLOCK || I % Q8_BLOCK)) ||
+            (held >= 0 && (held_row_bytes(held, H) < 0 || held_row_bytes(held, I) < 0)))
             break;
-        want[0] = 4 * Ho;
-        want[1] = 4 * H;
-        want[2] = 4 * 2 * k;
-        weight_size(s->kind, E * R, H, &want[3], &fmt[3]);
-        weight_size(s->kind, E * Ho, I, &want[4], &fmt[4]);
+        want[0] = 4 * m * Ho;
+        want[1] = 4 * m * H;
+        want[2] = 4 * m * 2 * k;
+        if (held >= 0) {  /* held stacks: their rows' bytes, of any buffer format */
+            want[3] = E * R * held_row_bytes(held, H);
+            want[4] = E * Ho * held_row_bytes(held, I);
+            fmt[3] = fmt[4] = '*';
+        } else {
+            weight_size(s->kind, E * R, H, &want[3], &fmt[3]);
+            weight_size(s->kind, E * Ho, I, &want[4], &fmt[4]);
+        }
         const Py_ssize_t need = 4 * k * (H + R + I + Ho);
         want[5] = s->len[5] >= need ? s->len[5] : need;
         want[6] = s->a[6] ? 4 * E * R : 0;
@@ -943,16 +954,23 @@ static const char *step_run(const step_t *s, const Py_ssize_t *call, Py_ssize_t 
         return NULL;
     }
     case OP_ROUTER: {
+        /* m rows (a prompt chunk's) one at a time: each row's choice the decode step's */
         router_call c = {out, s->a[1], s->a[2], s->kind, s->a[4], s->a[5], s->a[6], s->a[3],
                          i[0], i[1], i[2], i[6], i[7], (int)i[3], (int)i[4], (int)i[5],
                          (int)i[8], (int)i[9], s->f[0], s->f[1], s->f[2], s->f[3]};
-        return router_run(&c);
+        for (Py_ssize_t r = 0; r < i[10]; r++, c.out += 2 * i[2], c.x += i[1]) {
+            const char *why = router_run(&c);
+            if (why)
+                return why;
+        }
+        return NULL;
     }
     case OP_EXPERTS: {
         experts_call c = {out, s->a[1], s->a[2], s->a[6], s->a[7], s->a[8], s->a[3], s->a[4],
                           s->kind, s->a[5], i[0], i[1], i[2], i[3], i[4], i[5], (int)i[6],
-                          (int)i[7], (int)i[8], (int)i[9], (int)i[10], (int)i[11], s->f[0],
-                          s->f[1], s->f[2], s->f[3]};
+                          (int)i[7], (int)(i[8] & 1), (int)(i[8] >> 1 & 1), (int)(i[8] >> 2 & 1),
+                          (int)(i[8] >> 3 & 1), s->f[0], s->f[1], s->f[2], s->f[3], i[9],
+                          (int)i[10]};
         return experts_run(&c);
     }
     case OP_TAKE_ROW:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import formats, native
+from . import formats, held, native
 from .activation import act_kernel, act_magnitude, act_reference, act_scratch, check_params
 from .base import EPS32, Operator, Tolerance, as64
 
@@ -55,6 +55,48 @@ def _halves(h: np.ndarray, gate_up: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))
+
+
+class HeldStack:
+    """A stack of ``E`` expert matrices ``(E, rows, cols)`` held as one matrix ``(E * rows,
+    cols)`` in a held form (``operators.held``: float32, bfloat16, float16 or GGML blocks),
+    expert ``e`` its rows ``e * rows .. (e + 1) * rows``: what the native step reads as it is
+    (``raw``), and what the numpy kernel and the reference widen an expert at a time
+    (``stack[e]``: float32 ``(rows, cols)``).
+
+    Raises:
+        ValueError: ``matrix`` does not hold ``E`` experts' rows.
+    """
+
+    ndim = 3
+
+    def __init__(self, matrix, experts: int):
+        if len(matrix) % experts:
+            raise ValueError(f"a stack of {experts} experts from {len(matrix)} rows")
+        self.matrix, self.shape = matrix, (experts, len(matrix) // experts, matrix.shape[1])
+        self.form = held.form(matrix)
+        self.dtype = matrix.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return held.nbytes(self.matrix)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, e) -> np.ndarray:
+        e = int(e)
+        if not 0 <= e < self.shape[0]:
+            raise IndexError(f"expert {e} of {self.shape[0]}")
+        rows = self.shape[1]
+        return held.widen(self.matrix, e * rows, (e + 1) * rows)
+
+    def raw(self) -> np.ndarray:
+        """The bytes the kernels read (``held.raw``), ``(E * rows, ...)``."""
+        return held.raw(self.matrix)
+
+    def __repr__(self) -> str:
+        return f"HeldStack({self.form}, {self.shape})"
 
 
 class Experts(Operator):
@@ -187,7 +229,8 @@ class Experts(Operator):
     def kernel(self, out, x, routing, w_in, w_down=None, b_in=None, b_down=None,
                out_norm=None, scratch=None, **attrs):
         a = self._attrs(**attrs)
-        if w_in.dtype != np.float32 or (w_down is not None and w_down.dtype != np.float32):
+        if not isinstance(w_in, HeldStack) and (
+                w_in.dtype != np.float32 or (w_down is not None and w_down.dtype != np.float32)):
             w_in, w_down = self.widen_reduced(2, w_in), \
                 None if w_down is None else self.widen_reduced(3, w_down)
         with np.errstate(over="ignore"):
@@ -203,24 +246,40 @@ class Experts(Operator):
 
     def lower(self, out, x, routing, w_in, w_down=None, b_in=None, b_down=None,
               out_norm=None, scratch=None, **attrs):
-        """One row through its routed experts as a native step (``_cpu_experts.h``'s
-        ``experts_run``: only those experts' slices read, in the weights' GEMV form); a
-        prompt chunk's rows, linear experts and per-slot inputs or outputs stay numpy's."""
+        """Rows through their routed experts as a native step (``_cpu_experts.h``'s
+        ``experts_run``): one row (a decode step's) by its k experts' GEMVs, more (a prompt
+        chunk's, ``rows`` bounded) by one GEMM per expert hit on its slice, as llama.cpp's
+        ``mul_mat_id``; only the experts chosen are read, in the form the stacks are held in
+        (a decode form's row groups, or a held form: ``HeldStack``). Linear experts and
+        per-slot inputs or outputs stay numpy's."""
         a = self._attrs(**attrs)
         act = _NATIVE_ACTS.get(a["act"])
-        if native.LIB is None or x.ndim != 2 or x.shape[0] != 1 or a["slots"] != "sum" \
-                or a["kind"] == "linear" or (act is None and a["alpha"] is None) \
-                or w_in.dtype != w_down.dtype \
-                or not native.contiguous(out, x, routing, w_in, w_down, b_in, b_down, out_norm):
+        if native.LIB is None or x.ndim != 2 or a["slots"] != "sum" \
+                or a["kind"] == "linear" or (act is None and a["alpha"] is None):
+            return None
+        stacked = isinstance(w_in, HeldStack)
+        if stacked != isinstance(w_down, HeldStack) or \
+                (stacked and w_in.form != w_down.form):
+            return None
+        if stacked:
+            # float32 rows are the decode form float32 (-1: read as an array of floats)
+            code = -1 if w_in.form == "F32" else held.code(w_in.matrix)
+            w_in_raw, w_down_raw = w_in.raw(), w_down.raw()
+        else:
+            if w_in.dtype != w_down.dtype or (x.shape[0] > 1 and w_in.dtype != np.float32):
+                return None
+            code, w_in_raw, w_down_raw = -1, w_in, w_down
+        if not native.contiguous(out, x, routing, w_in_raw, w_down_raw, b_in, b_down, out_norm):
             return None
         E, R, H = w_in.shape[0], w_in.shape[1], x.shape[1]
         inner, Hout = (R // 2 if a["kind"] == "gated" else R), out.shape[1]
+        flags = (int(a["gate_up"] == "interleaved") | int(a["weight_input"]) << 1
+                 | int(a["limit"] is not None) << 2 | int(a["alpha"] is not None) << 3)
         ints = (E, routing.shape[2], R, H, inner, Hout, 0 if a["kind"] == "gated" else 1,
-                act if act is not None else 0, int(a["gate_up"] == "interleaved"),
-                int(a["weight_input"]), int(a["limit"] is not None), int(a["alpha"] is not None))
+                act if act is not None else 0, flags, x.shape[0], code)
         floats = (a["limit"] or 0.0, a["alpha"] or 0.0, a["up_offset"], a["norm_eps"])
-        return native.Step(native.OP_EXPERTS, (out, x, routing, w_in, w_down, scratch, b_in,
-                                               b_down, out_norm), ints, floats)
+        return native.Step(native.OP_EXPERTS, (out, x, routing, w_in_raw, w_down_raw, scratch,
+                                               b_in, b_down, out_norm), ints, floats, rows=9)
 
     # -- judging -------------------------------------------------------------------------
     def tolerance(self, x, routing, w_in, w_down=None, *rest, **attrs):
@@ -274,6 +333,13 @@ class Experts(Operator):
         return mag + np.abs(reference)
 
     # -- weights in reduced precision ----------------------------------------------------
+    def pack(self, index, array, **attrs):
+        """A held stack (``HeldStack``) as it is: every kernel here reads it so (never a
+        float32 copy); anything else as ``Operator.pack``."""
+        if isinstance(array, HeldStack):
+            return array
+        return super().pack(index, array, **attrs)
+
     def pack_reduced(self, index, array, dtype, rows=None):
         """A decode step's expert weights (``w_in``, ``w_down``) in a reduced form, each
         expert's matrix grouped as a GEMV reads it (``formats.group_bfloat16``,
@@ -284,7 +350,8 @@ class Experts(Operator):
         Raises:
             ValueError: as ``Linear.pack_reduced``.
         """
-        if index not in (2, 3) or array.ndim != 3 or dtype == "bfloat16-tiles":
+        if index not in (2, 3) or isinstance(array, HeldStack) or array.ndim != 3 \
+                or dtype == "bfloat16-tiles":
             return None
         if dtype == "bfloat16":
             bits, inexact = formats.bfloat16_exact(array)
@@ -307,12 +374,19 @@ class Experts(Operator):
         return packed
 
     def reference_inputs(self, inputs, kernel_inputs):
-        """On Q8_0 weights the GEMV meets x as int16 blocks (``formats.x16_values``): the
-        kernel's own products, for the decode step's one row. The hidden values the second
+        """On Q8_0 weights (a decode form's, or a held stack's block form) the GEMV meets x as
+        int16 blocks (``formats.x16_values``, ``held.reference_x``): the kernel's own
+        products, for the decode step's one row; a chunk's rows meet the GEMM, x as it is. The hidden values the second
         product reads are rounded so too, which the reference cannot know row by row: its
         tolerance covers them (2^-16 of a block's largest)."""
-        if kernel_inputs[2].dtype == np.uint8 and inputs[0].ndim == 2:
-            return [formats.x16_values(inputs[0])] + list(inputs[1:])
+        w, x = kernel_inputs[2], inputs[0]
+        if isinstance(w, HeldStack):  # as a held projection's x (held.reference_x): one row
+            # a decode step's GEMVs, more a chunk's GEMMs (an expert one row chose too)
+            if x.ndim == 2 and w.form != "F32":
+                return [held.reference_x(x, w.matrix)] + list(inputs[1:])
+            return inputs
+        if w.dtype == np.uint8 and x.ndim == 2 and x.shape[0] == 1:
+            return [formats.x16_values(x)] + list(inputs[1:])
         return inputs
 
 

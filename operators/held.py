@@ -100,6 +100,8 @@ def form(weight) -> str:
     """
     if isinstance(weight, Blocks):
         return weight.form
+    if hasattr(weight, "matrix"):  # a stack of matrices held as one (experts.HeldStack)
+        return form(weight.matrix)
     if isinstance(weight, np.ndarray):
         for name, dtype in ARRAY_FORMS.items():
             if weight.dtype == dtype:
@@ -110,6 +112,8 @@ def form(weight) -> str:
 
 def is_held(weight) -> bool:
     """Whether ``weight`` is held in a form other than float32 (kernels read it as it is)."""
+    if hasattr(weight, "matrix"):  # a stack of matrices held as one (experts.HeldStack)
+        return is_held(weight.matrix)
     return isinstance(weight, Blocks) or (
         isinstance(weight, np.ndarray) and weight.dtype in (ARRAY_FORMS["F16"], ARRAY_FORMS["BF16"]))
 

@@ -228,20 +228,21 @@ class Router(Operator):
 
     def lower(self, out, x, weight, bias=None, selection_bias=None, expert_scale=None,
               scratch=None, **attrs):
-        """One row's routing as a native step (``_cpu_experts.h``'s ``router_run``, the
-        same choices and float32 operations as ``kernel``); a prompt chunk's rows and
-        sparsemixer stay numpy's."""
+        """Rows' routing as a native step (``_cpu_experts.h``'s ``router_run`` a row at a
+        time, the same choices and float32 operations as ``kernel``; a prompt chunk's rows
+        bounded by the call's); sparsemixer stays numpy's."""
         a = self._attrs(**attrs)
-        if native.LIB is None or x.shape[0] != 1 or a["sparsemixer"] is not None \
+        if native.LIB is None or x.ndim != 2 or a["sparsemixer"] is not None \
                 or not native.contiguous(out, x, weight, bias, selection_bias, expert_scale):
             return None
         groups = a["groups"] or (0, 0)
         ints = (weight.shape[0], x.shape[1], a["top_k"], SCORES.index(a["score"]),
                 int(a["select"] == "logits"), int(a["weights"] == "softmax"), groups[0],
-                groups[1], int(a["group_score"] == "max"), NORMALIZE.index(a["normalize"]))
+                groups[1], int(a["group_score"] == "max"), NORMALIZE.index(a["normalize"]),
+                x.shape[0])
         floats = (a["norm_eps"], a["norm_min"], a["norm_p"], a["scale"])
         return native.Step(native.OP_ROUTER, (out, x, weight, scratch, bias, selection_bias,
-                                              expert_scale), ints, floats)
+                                              expert_scale), ints, floats, rows=10)
 
     def selection(self, x, weight, bias=None, selection_bias=None, **attrs):
         """The values each row's experts are chosen by ``(n, E)`` (float64): the scores or

@@ -460,6 +460,9 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
         # past float64's range), and takes no array of the tensor's size.
         if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
             raise CheckpointError(_not_finite(checkpoint, source, array))
+        filled = getattr(param, "filled", None)  # a stack held once its tensors are read
+        if filled is not None:
+            filled(param, checkpoint, source)
         if progress is not None:
             progress(i + 1, len(found.sources))
     checkpoint.close()

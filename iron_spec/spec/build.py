@@ -24,6 +24,7 @@ from iron_spec.runtime.golden import fingerprint
 from iron_spec.runtime.host import checkpoint_directory, fit, host_budget
 from iron_spec.runtime import holding
 from iron_spec.runtime.module import pack_tree
+from iron_spec.runtime.blocks.experts import expert_stacks, hold_experts
 from iron_spec.runtime.tokenizer import Tokenizer
 from iron_spec.runtime.files import read_object
 from iron_spec.runtime.generation import read_generation_config
@@ -641,12 +642,17 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
              "window)" if rings else "")
     mark_transposed(lm, expanded.transposed)
     pack_tree(lm)  # before the weights: they are read straight into the stacked arrays
+    hold_experts(lm, weights, when_filled=True)  # each layer's as its tensors are read
     report, checkpoint = fill_weights(lm, directory, random_weights, draw_weights,
                                       expanded.renames, expanded.unused, progress, spec,
                                       config_json, expanded.resolved.values, part, weights)
+    hold_experts(lm, weights, when_filled=False)  # drawn weights' (--weights)
     lm.decode_weights, lm.prefill_weights = decode_weights, prefill_weights
     lm.weights = weights
     held_now, seen = {}, set()
+    for stack in expert_stacks(lm):  # a mixture's stacks (their experts' params are views)
+        f = holding.held_form(stack)
+        held_now[f] = held_now.get(f, 0) + stack.nbytes
     for _, p in lm.named_params():
         if p.holdable and p.array is not None and id(p) not in seen:  # a tied head once
             seen.add(id(p))

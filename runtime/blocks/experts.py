@@ -22,8 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import logging
+
 import numpy as np
 
+from iron_spec.operators.experts import HeldStack
+from iron_spec.operators.held import Blocks
+
+from .. import holding
 from ..graph import Handle, Recorder
 from ..module import Module, Param
 from .mlp import MLP, MLPOptions
@@ -31,6 +37,12 @@ from .norms import Norm, NormOptions
 from .projections import Linear
 
 PARAMS = ("fused", "split", "per_expert")
+#: The forms a stack is held in as a file stores it (``weights="stored"``): a safetensors
+#: file's bfloat16 or float16 (its bits: the values were read widened, exactly). A mixture's
+#: GGUF file no spec reads yet; float32 files stay float32.
+STORED_FORMS = ("BF16", "F16")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -241,6 +253,78 @@ class Experts(Module):
             self.post_expert_norm.weight = Param(E, H, gain=True)
         self.options = o
 
+    # -- held as stored ---------------------------------------------------------------------
+    def stack_params(self) -> list[Param]:
+        """The params that are views of the stacks (every expert's matrices), not the
+        biases or norms."""
+        o = self.options
+        if o.params == "per_expert":
+            return [lin.weight for e in self.each
+                    for lin in (getattr(e, "gate_proj", None), e.up_proj, e.down_proj) if lin]
+        return [p for n in ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
+                if isinstance(p := getattr(self, n, None), Param)]
+
+    def hold_when_filled(self, weights: str) -> None:
+        """Hold the stacks as ``weights`` says (``runtime.holding.WEIGHTS``) as soon as a
+        checkpoint's load has filled every one of their tensors (``Param.filled``): one
+        layer's experts in float32 at a time, never the model's."""
+        form = holding.choice(weights)
+        if form == "F32" or self.options.params == "split":
+            return
+        waiting = {id(p) for p in self.stack_params()}
+        seen: list[str] = []
+
+        def filled(param, checkpoint, source):
+            t = checkpoint.tensors[source]
+            seen.append(getattr(t, "stored", None) or t.dtype)
+            waiting.discard(id(param))
+            if not waiting:
+                for p in self.stack_params():  # no cycle left from the params to the module
+                    vars(p).pop("filled", None)
+                self.hold(form or _stored_form(seen, self.where()))
+
+        for p in self.stack_params():
+            p.filled = filled
+
+    def hold(self, form: str) -> None:
+        """The stacks (float32, filled) held in ``form`` (``operators.held``'s names), each
+        ``HeldStack`` of ``(E * rows, cols)`` rows, converted a piece at a time
+        (``holding.convert``); each expert's params become row views of it (a held form,
+        as a projection's), so the float32 stacks are freed. Nothing where ``form`` is
+        ``F32``, the stacks are held already, or their params are split views (DBRX's:
+        gate and up halves of one stack, kept float32).
+
+        Raises:
+            ValueError: rows that are not whole blocks of ``form`` (naming the stack).
+        """
+        o = self.options
+        if form == "F32" or isinstance(self.w_in, HeldStack) or o.params == "split":
+            return
+        E, R, H = self.w_in.shape
+        Ho, I = self.w_down.shape[1:]
+        w_in = HeldStack(holding.convert(self.w_in.reshape(E * R, H), form, self.where("w_in")),
+                         E)
+        w_down = HeldStack(holding.convert(self.w_down.reshape(E * Ho, I), form,
+                                           self.where("w_down")), E)
+        if o.params == "fused":
+            getattr(self, "gate_up_proj" if o.kind == "gated" else "up_proj").array = w_in
+            self.down_proj.array = w_down
+        else:
+            I_ = R // 2 if o.kind == "gated" else R
+            for e, expert in enumerate(self.each):
+                at = e * R
+                if o.kind == "gated" and o.gate_up == "interleaved":
+                    gate, up = _rows(w_in.matrix, at, at + R, 2), _rows(w_in.matrix, at + 1, at + R, 2)
+                elif o.kind == "gated":
+                    gate, up = _rows(w_in.matrix, at, at + I_), _rows(w_in.matrix, at + I_, at + R)
+                else:
+                    gate, up = None, _rows(w_in.matrix, at, at + R)
+                if gate is not None:
+                    expert.gate_proj.weight.array = gate
+                expert.up_proj.weight.array = up
+                expert.down_proj.weight.array = _rows(w_down.matrix, e * Ho, (e + 1) * Ho)
+        self.w_in, self.w_down = w_in, w_down
+
     def children(self):
         """The per-expert modules as ``0``, ``1``, ...: ``mlp.experts.3.gate_proj``, as a
         checkpoint names them (the module's own children besides)."""
@@ -266,6 +350,53 @@ class Experts(Module):
             "param", self.where("post_expert_norm.weight"), self.post_expert_norm.weight.array)
         return rec.step("experts", x, routing, w_in, w_down, b_in, b_down, norm,
                         where=self.path, **o.attrs(eps))
+
+
+def _rows(matrix, lo: int, hi: int, step: int = 1):
+    """Rows ``lo:hi:step`` of a held matrix, a view in its form."""
+    if isinstance(matrix, Blocks):
+        data = matrix.data[lo:hi:step]
+        return Blocks(matrix.form, data, (len(data), matrix.shape[1]), matrix.dequantize)
+    return matrix[lo:hi:step]
+
+
+def _stored_form(stored: list[str], where: str) -> str:
+    """The form stacks are held in whose tensors a file stores as ``stored``: theirs where
+    every one is stored so and it is one of ``STORED_FORMS``, else float32 (said)."""
+    forms = set(stored)
+    if len(forms) == 1 and (form := forms.pop()) in STORED_FORMS:
+        return form
+    if forms - {"F32", "F64"}:
+        log.info("%s: experts stored as %s are held float32 (held as stored: %s)", where,
+                 ", ".join(sorted(set(stored))), ", ".join(STORED_FORMS))
+    return "F32"
+
+
+def hold_experts(model: Module, weights: str, when_filled: bool) -> None:
+    """Every mixture's routed experts of ``model`` held as ``weights`` says: as each
+    layer's tensors are filled (``when_filled``: before a checkpoint's load), or now (drawn
+    weights, filled float32: ``stored`` keeps them so)."""
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Experts):
+            if when_filled:
+                m.hold_when_filled(weights)
+            elif holding.choice(weights) is not None:
+                m.hold(holding.choice(weights))
+        todo += [child for _, child in m.children()]
+
+
+def expert_stacks(model: Module) -> list:
+    """Every mixture's expert stacks (``w_in``, ``w_down``) of ``model``: float32 arrays or
+    ``HeldStack``s."""
+    out, todo = [], [model]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Experts):
+            out += [m.w_in, m.w_down]
+        todo += [child for _, child in m.children()]
+    return out
 
 
 class MoE(Module):

@@ -114,3 +114,125 @@ def test_a_routed_index_outside_the_experts_is_refused():
     routing = np.array([[[0, 5], [0.5, 0.5]]], np.float32)
     with pytest.raises(ValueError, match="outside the experts"):
         lowered(EXPERTS, x, routing, w_in, w_down)
+
+
+# ---- a prompt chunk's rows: one GEMM per expert hit --------------------------------------
+
+@pytest.mark.parametrize("case", NATIVE_EXPERTS)
+def test_experts_chunk_within_reference(case):
+    """Every recorded row at once (the chunk's GEMM per expert), each row within the float64
+    reference's tolerance of transformers' inputs."""
+    inputs, attrs, _ = ex._case(case)
+    assert inputs[0].shape[0] > 1
+    got = lowered(EXPERTS, *inputs, **attrs)
+    _judge(got, inputs, attrs)
+
+
+def _held_stack(stack: np.ndarray, form: str, rng):
+    """``stack`` as one held matrix of its E * rows rows: quantized by gguf-py where it
+    quantizes the form, drawn blocks where it does not (the K forms)."""
+    from iron_spec.operators.experts import HeldStack
+    from iron_spec.runtime import holding
+    from tests.operators.test_held import drawn_blocks
+    E, R, H = stack.shape
+    if form in ("Q4_K", "Q6_K"):
+        matrix = holding.blocks(form, drawn_blocks(form, E * R, H, rng), (E * R, H))
+    else:
+        matrix = holding.convert(stack.reshape(E * R, H), form, "w")
+    return HeldStack(matrix, E)
+
+
+def _run(inputs, attrs, rows, capacity=None):
+    """The step over ``inputs`` (x, routing at ``capacity`` rows, else their own), the
+    call's ``rows`` of them run."""
+    shapes = tuple(None if v is None else v.shape for v in inputs)
+    out = np.full(EXPERTS.shape(*shapes, **attrs), np.nan, np.float32)
+    scratch = np.full(EXPERTS.scratch(*shapes, **attrs), np.nan, np.float32)
+    step = EXPERTS.lower(out, *inputs, scratch=scratch, **attrs)
+    assert step is not None
+    bound = () if capacity is None else (capacity,)
+    native.run(native.program([(step, None, *bound)]), {"start": 0, "rows": rows,
+                                                        "position": 0}, 0, 1)
+    return out
+
+
+@pytest.mark.parametrize("form", ["F32", "BF16", "F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_experts_on_held_stacks(form, rows):
+    """Stacks held as stored (one matrix of E * rows rows in a held form, each expert's
+    slice read as it is) in a decode step's row and a chunk's rows: the reference on the
+    values the held form stands for (llama.cpp's dequantization), within tolerance; one row
+    on a block form meets x as int16 blocks."""
+    rng = np.random.default_rng(11)
+    E, I, H, k = 6, 256, 256, 2
+    x = rng.standard_normal((rows, H)).astype(np.float32)
+    w_in = (rng.standard_normal((E, 2 * I, H)) / 16).astype(np.float32)
+    w_down = (rng.standard_normal((E, H, I)) / 16).astype(np.float32)
+    chosen = np.stack([np.sort(rng.choice([0, 2, 3, 5], k, replace=False)) for _ in range(rows)])
+    weights = rng.uniform(0.1, 1.0, (rows, k))
+    routing = np.stack([chosen, weights], axis=1).astype(np.float32)
+    held_in, held_down = _held_stack(w_in, form, rng), _held_stack(w_down, form, rng)
+    got = _run([x, routing, held_in, held_down], {}, rows)
+    widened = [x, routing, np.stack([held_in[e] for e in range(E)]),
+               np.stack([held_down[e] for e in range(E)])]
+    with np.errstate(over="ignore"):  # drawn K blocks' large values: silu's exp(-x) -> inf
+        _judge(got, EXPERTS.reference_inputs(widened, [x, routing, held_in, held_down]), {},
+               reduced=form.startswith("Q"))
+
+
+def test_a_chunk_runs_the_calls_rows_of_its_capacity():
+    """A bounded step (a prompt chunk's arrays at their capacity of 8 rows) run on 3 rows:
+    those rows' outputs as 3 rows alone give, the rest untouched."""
+    rng = np.random.default_rng(5)
+    E, I, H = 4, 16, 32
+    x = rng.standard_normal((8, H)).astype(np.float32)
+    w_in = rng.standard_normal((E, 2 * I, H)).astype(np.float32)
+    w_down = rng.standard_normal((E, H, I)).astype(np.float32)
+    routing = np.stack([np.tile([[0, 2]], (8, 1)), np.full((8, 2), 0.5)], 1).astype(np.float32)
+    routing[:, 0, 1] = np.arange(8) % 3 + 1
+    routing[:, 0].sort(axis=-1)
+    got = _run([x, routing, w_in, w_down], {}, 3, capacity=8)
+    alone = _run([x[:3], routing[:3], w_in, w_down], {}, 3)
+    np.testing.assert_array_equal(got[:3], alone)
+    assert np.isnan(got[3:]).all()
+
+
+def test_a_chunk_reads_no_expert_its_rows_did_not_choose():
+    rng = np.random.default_rng(3)
+    E, I, H = 5, 8, 32
+    x = rng.standard_normal((4, H)).astype(np.float32)
+    w_in = rng.standard_normal((E, 2 * I, H)).astype(np.float32)
+    w_down = rng.standard_normal((E, H, I)).astype(np.float32)
+    w_in[[0, 2]] = np.nan
+    w_down[[0, 2]] = np.nan
+    routing = np.array([[[1, 3], [0.6, 0.4]], [[3, 4], [0.5, 0.5]], [[1, 4], [0.1, 0.9]],
+                        [[1, 3], [0.3, 0.7]]], np.float32)
+    got = lowered(EXPERTS, x, routing, w_in, w_down)
+    assert np.isfinite(got).all()
+    _judge(got, [x, routing, np.nan_to_num(w_in), np.nan_to_num(w_down)], {})
+
+
+def test_by_hand_a_chunk_adds_each_rows_experts_weighted():
+    """Two rows, identity-like experts: row 0 = 0.25 * 2 x + 0.75 * 3 x ... computed by hand
+    (silu(g) * u with g, u the halves of each expert's product, then down = identity)."""
+    H = I = 32
+    x = np.linspace(-1, 1, 2 * H, dtype=np.float32).reshape(2, H)
+    eye = np.eye(H, dtype=np.float32)
+    w_in = np.stack([np.concatenate([eye * (e + 1), eye]) for e in range(3)])  # g = (e+1) x, u = x
+    w_down = np.stack([eye] * 3)
+    routing = np.array([[[0, 2], [0.25, 0.75]], [[1, 2], [0.5, 0.5]]], np.float32)
+    got = lowered(EXPERTS, x, routing, w_in, w_down)
+    silu = lambda v: v / (1 + np.exp(-v))  # noqa: E731
+    want = np.stack([0.25 * silu(1 * x[0]) * x[0] + 0.75 * silu(3 * x[0]) * x[0],
+                     0.5 * silu(2 * x[1]) * x[1] + 0.5 * silu(3 * x[1]) * x[1]])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", NATIVE_ROUTERS)
+def test_router_step_over_a_chunks_rows_chooses_as_transformers(case):
+    x, *rest = rt._inputs(case)
+    attrs = rt._attrs(case)
+    got = lowered(ROUTER, x, *rest, **attrs)
+    np.testing.assert_array_equal(got[:, 0], rt.GOLDEN[f"{case}.indices"], err_msg=case)
+    np.testing.assert_allclose(got[:, 1], rt.GOLDEN[f"{case}.weights"], rtol=2e-5, atol=1e-6,
+                               err_msg=case)

@@ -105,9 +105,8 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # state's one row to every row (a recurrence's), a relative position bias (a sixth input,
     # its table, which the C pool has no term for), a prompt chunk whose rows see the whole
     # call (attention.sees call: the C pool's chunk is causal) and the segment rows added by
-    # position, a mixture's router and experts over a prompt chunk's rows (grouped by expert,
-    # numpy's products), its experts with linear or per-slot forms (JetMoE's attention
-    # experts) and its shared expert's gate (a (rows, 1) sigmoid times the rows), and a
+    # position, a mixture's sparsemixer router, its experts with linear or per-slot forms
+    # (JetMoE's attention experts) and its shared expert's gate (a (rows, 1) sigmoid times the rows), and a
     # prompt chunk's chunked SSD and gated delta rule (their segment sums and triangular
     # solves batched through numpy's BLAS; a decode step's row is native); where none is
     # left, one call.
@@ -124,7 +123,7 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
                or (op == "attention" and (len(ins) in (4, 5, 6) or a.get("sees") == "call"
                                           or ins[0].shape[2] != ins[2].shape[2]))
                or (op == "add" and ins[0].shape != ins[1].shape)
-               or (op in ("router", "experts") and (prompt or a.get("sparsemixer") is not None
+               or (op in ("router", "experts") and (a.get("sparsemixer") is not None
                                                     or a.get("kind") == "linear"
                                                     or len(ins[0].shape) == 3))
                or (op == "mul" and ins[1] is not None and ins[1].shape[-1] == 1)

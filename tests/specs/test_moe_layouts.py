@@ -110,3 +110,78 @@ def test_a_changed_routing_fails_and_names_where(tmp_path):
     result = checks.routing_against(loaded.lm, other)
     assert not result.passed
     assert result.numbers["mismatches"] == 1 and "at position 5" in result.figure, result.figure
+
+
+def _bfloat16_file(spec, tmp_path):
+    """A toy checkpoint of ``spec`` whose matrices are stored bfloat16 (rounded from the
+    drawn values), and the bfloat16 tensors."""
+    import ml_dtypes
+    drawn = load_model(SPECS / f"{spec}.yaml", random_weights=0, toy=True)
+    tensors = {k: np.ascontiguousarray(v) for k, v in drawn.checkpoint_tensors().items()}
+    tensors = {k: v.astype(ml_dtypes.bfloat16) if v.ndim >= 2 else v
+               for k, v in tensors.items()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(drawn.config_json))
+    return tensors
+
+
+@pytest.mark.parametrize("spec,name,expert", [
+    ("mixtral", "model.layers.1.block_sparse_moe.experts.7.w1.weight", None),  # per expert
+    ("granitemoe", "model.layers.0.block_sparse_moe.input_linear.weight", 3),  # fused
+    ("gpt_oss", "model.layers.0.mlp.experts.down_proj", 5),  # fused, stored transposed
+])
+def test_experts_stored_bfloat16_are_held_as_stored(spec, name, expert, tmp_path):
+    """Under weights "stored" a bfloat16 file's expert stacks stay bfloat16 (the file's
+    bits, in the model's layout), and the model gives the float32 model's logits on the
+    same values to within float32's error."""
+    import ml_dtypes
+    from iron_spec.operators.experts import HeldStack
+    from iron_spec.runtime.blocks.experts import expert_stacks
+    tensors = _bfloat16_file(spec, tmp_path)
+    held = load_model(SPECS / f"{spec}.yaml", checkpoint=tmp_path, prefill_chunk=16)
+    wide = load_model(SPECS / f"{spec}.yaml", checkpoint=tmp_path, prefill_chunk=16,
+                      weights="float32")
+    stacks = expert_stacks(held.lm)
+    assert stacks and all(isinstance(s, HeldStack) and s.form == "BF16" for s in stacks)
+    assert not any(isinstance(s, HeldStack) for s in expert_stacks(wide.lm))
+    p = dict(held.lm.named_params())
+    stored = tensors[name]
+    if expert is None:  # a per-expert tensor: its param is a row view of the held stack
+        param = next(v for k, v in p.items() if k.endswith("layers.1.mlp.experts.7.gate_proj.weight"))
+        np.testing.assert_array_equal(param.array.view(np.uint16), stored.view(np.uint16))
+    else:  # a fused stack: expert ``expert`` of the held stack is the file's
+        experts = held.lm.model.layers[0]
+        experts = getattr(experts, "mlp", None) or experts.block_sparse_moe
+        stack = experts.experts.w_down if spec == "gpt_oss" else experts.experts.w_in
+        want = stored[expert].T if spec == "gpt_oss" else stored[expert]
+        np.testing.assert_array_equal(stack[expert], want.astype(np.float32))
+    a, b = Session(held.lm).logits(IDS), Session(wide.lm).logits(IDS)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
+def test_experts_converted_to_q8_0_are_gguf_pys_blocks():
+    """weights "q8_0": each expert stack is the blocks gguf-py's quantizer (llama.cpp's
+    reference) writes for its float32 rows."""
+    import gguf
+    drawn = load_model(SPECS / "qwen3_moe.yaml", random_weights=0, toy=True)
+    held = load_model(SPECS / "qwen3_moe.yaml", random_weights=0, toy=True, weights="q8_0")
+    a, b = drawn.lm.model.layers[0].mlp.experts, held.lm.model.layers[0].mlp.experts
+    E, R, H = a.w_in.shape
+    want = gguf.quants.quantize(a.w_in.reshape(E * R, H), gguf.GGMLQuantizationType.Q8_0)
+    assert b.w_in.form == "Q8_0"
+    np.testing.assert_array_equal(b.w_in.raw(), want)
+    assert b.w_in.nbytes == E * R * H // 32 * 34
+
+
+@pytest.mark.parametrize("weights", ["q8_0", "bfloat16"])
+def test_compiled_steps_read_the_held_stacks_themselves(weights):
+    """The decode step's and the prompt chunk's experts steps read the held stacks as they
+    are: no float32 copy made at compile (a copy would read four bytes a weight)."""
+    from iron_spec.operators.experts import HeldStack
+    loaded = load_model(SPECS / "olmoe.yaml", random_weights=0, toy=True, weights=weights)
+    experts = loaded.lm.model.layers[0].mlp.experts
+    for version in (loaded.lm.decode_step, loaded.lm.prompt_chunk):
+        runs = [r for r in version.plan.runs if r.step.op.name == "experts"]
+        assert runs and all(isinstance(r.ins[2], HeldStack) and isinstance(r.ins[3], HeldStack)
+                            for r in runs)
+        assert any(r.ins[2] is experts.w_in for r in runs)
