@@ -176,3 +176,31 @@ def test_a_finished_requests_session_serves_a_prompt_beginning_the_same_way():
     fresh = iron_spec.load("llama3", random_weights=0, toy=True)
     assert again.token_ids == fresh.complete(prefix + [9], max_new_tokens=3).token_ids
     assert first.token_ids == fresh.complete(prefix + [7], max_new_tokens=3).token_ids
+
+
+def test_a_dropped_model_is_collected_and_its_engine_thread_ends():
+    import gc
+    import weakref
+    model = iron_spec.load("llama3", random_weights=0, toy=True)
+    model.complete([[1, 2, 3], [4, 5]], max_new_tokens=3)  # the engine's thread started
+    thread, lm = model.engine()._thread, weakref.ref(model.loaded.lm)
+    engine = weakref.ref(model.engine())
+    assert thread.is_alive()
+    del model
+    gc.collect()
+    thread.join(30)
+    assert not thread.is_alive() and engine() is None and lm() is None
+
+
+def test_a_request_in_flight_ends_although_its_model_was_dropped():
+    import gc
+    model = iron_spec.load("llama3", random_weights=0, toy=True)
+    want = model.complete([1, 2, 3], max_new_tokens=20).token_ids
+    engine = model.engine()
+    ticket = engine.submit(model.request([1, 2, 3], max_new_tokens=20))
+    thread = engine._thread
+    del model, engine
+    gc.collect()
+    assert ticket.wait(60).token_ids == want
+    thread.join(30)
+    assert not thread.is_alive()
