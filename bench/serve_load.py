@@ -179,6 +179,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--weights", help="what our server holds the weights as (iron-spec serve "
+                   "--weights: stored, float32, ...; default: its own, stored)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--prefix", type=int, default=0, help="tokens of a repeated prefix (0: none)")
     p.add_argument("--only", choices=("ours", "peer"), help="one side only")
@@ -198,7 +200,8 @@ def main() -> None:
         cmd = [str(Path(sys.executable).parent / "iron-spec"), "serve", "--checkpoint", served,
                "--name", "model", "--threads", str(args.threads), "--max-batch",
                str(max(args.streams)), "--max-seq-len", str(args.max_seq_len), "--host",
-               "127.0.0.1", "--port", str(port)]
+               "127.0.0.1", "--port", str(port)] + (["--weights", args.weights]
+                                                      if args.weights else [])
         sides.append(run_side("iron-spec", cmd, port, env, "model", args, tokenizer, logs))
     if args.peer or args.only == "peer":
         if not args.gguf:
