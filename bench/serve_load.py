@@ -210,7 +210,11 @@ def main() -> None:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--model_alias",
                "model", "--n_threads", str(args.threads), "--n_threads_batch",
                str(args.threads), "--n_ctx", str(args.max_seq_len), "--host", "127.0.0.1",
-               "--port", str(port)]
+               "--port", str(port),
+               # Its default cuts a streaming request short as soon as another arrives: each
+               # request is served to its end, one at a time (llama_cpp.server has one
+               # model behind a lock, no parallel slots).
+               "--interrupt_requests", "False"]
         sides.append(run_side("llama.cpp", cmd, port, env, "model", args, tokenizer, logs))
     lo, hi = min(args.streams), max(args.streams)
     for s in sides:
