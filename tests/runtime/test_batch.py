@@ -83,10 +83,12 @@ def test_each_row_is_its_decode_step_on_weights_held_as_stored(weights):
 
 @pytest.mark.parametrize("spec,weights", [("qwen3_moe", "stored"), ("qwen3_moe", "q8_0"),
                                           ("mixtral", "stored"), ("gemma4", "stored"),
-                                          ("dbrx", "stored"), ("granitemoe", "stored")])
+                                          ("dbrx", "stored"), ("granitemoe", "stored"),
+                                          ("qwen2_moe", "stored")])
 def test_each_row_is_its_decode_step_through_a_mixture_of_experts(spec, weights):
     # The router and the experts lowered once a row (batch.ROW_ONLY): each row's experts
-    # are its own, as in its decode step.
+    # are its own, as in its decode step. qwen2_moe's shared-expert gate (a multiply by
+    # each row's own sigmoid, no native form over the rows) runs once a row too.
     lm = iron_spec.load(spec, random_weights=0, toy=True, weights=weights).loaded.lm
     same, err = _decode_side_by_side(lm, (4, 20, 9), steps=12)
     assert same, f"{spec} {weights}: differs by {err}"
