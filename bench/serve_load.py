@@ -190,7 +190,9 @@ def main() -> None:
     from tokenizers import Tokenizer
     checkpoint = Path(args.checkpoint).expanduser()
     tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
+    # llama.cpp's OpenMP threads spin at every barrier by default, and on a machine whose
+    # cores other jobs hold lose them (iron-spec bench's peer runs so too).
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load.{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     sides = []
