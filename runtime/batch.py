@@ -106,6 +106,7 @@ class BatchDecode:
             self._scratches: dict[int, np.ndarray] = {}
             self._program, self._key = None, None
             self._per_row = [self._at_position(r) for r in plan.runs]
+            own = [st.array for st in lm._states]
             for r in plan.runs:  # every step must lower: refused now, not at a call
                 if not self._per_row[r.index]:
                     try:
@@ -118,9 +119,9 @@ class BatchDecode:
                         if not self._row_by_row(r):
                             raise
                         self._per_row[r.index] = True
-                        self._encode_row(r, 0, [None] * len(lm._states))
-                elif r.step.op.name in ROW_ONLY:  # caches aside: lowered at row 0 now
-                    self._encode_row(r, 0, [None] * len(lm._states))
+                        self._encode_row(r, 0, own)
+                else:  # lowered at row 0 now, on the model's own caches
+                    self._encode_row(r, 0, own)
             self._out = plan._out
 
     def _at_position(self, r) -> bool:

@@ -104,6 +104,20 @@ def test_a_mixture_whose_decode_step_has_no_native_router_is_refused_at_start():
     assert engine.batch is None and "router" in engine.unbatched
 
 
+def test_a_step_with_no_native_form_at_one_row_is_refused_at_start_not_at_a_call():
+    # gpt-oss's attention with sinks runs on numpy in the decode step: found when the
+    # batched step is built (it once passed construction and failed every request of the
+    # engine's first batched step), and the engine serves each request as it is served alone.
+    model = iron_spec.load("gpt_oss", random_weights=0, toy=True)
+    with pytest.raises(Unbatchable, match=r"self_attn \(attention\): no native form at one row"):
+        BatchDecode(model.loaded.lm, 4)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    alone = [model.complete(p, max_new_tokens=6).token_ids for p in prompts]
+    together = model.complete(prompts, max_new_tokens=6)
+    assert model.engine().batch is None
+    assert [c.token_ids for c in together] == alone
+
+
 def test_rows_past_the_capacity_run_in_several_calls():
     lm = iron_spec.load("llama3", random_weights=0, toy=True).loaded.lm
     same, _ = _decode_side_by_side(lm, (3, 4, 5, 6, 7), steps=5, capacity=2)
