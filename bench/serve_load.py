@@ -179,6 +179,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--weights", help="what our server holds the weights as (iron-spec serve "
+                   "--weights: stored, float32, ...; default: its own, stored)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--prefix", type=int, default=0, help="tokens of a repeated prefix (0: none)")
     p.add_argument("--only", choices=("ours", "peer"), help="one side only")
@@ -188,7 +190,9 @@ def main() -> None:
     from tokenizers import Tokenizer
     checkpoint = Path(args.checkpoint).expanduser()
     tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
+    # llama.cpp's OpenMP threads spin at every barrier by default, and on a machine whose
+    # cores other jobs hold lose them (iron-spec bench's peer runs so too).
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load.{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     sides = []
@@ -198,7 +202,8 @@ def main() -> None:
         cmd = [str(Path(sys.executable).parent / "iron-spec"), "serve", "--checkpoint", served,
                "--name", "model", "--threads", str(args.threads), "--max-batch",
                str(max(args.streams)), "--max-seq-len", str(args.max_seq_len), "--host",
-               "127.0.0.1", "--port", str(port)]
+               "127.0.0.1", "--port", str(port)] + (["--weights", args.weights]
+                                                      if args.weights else [])
         sides.append(run_side("iron-spec", cmd, port, env, "model", args, tokenizer, logs))
     if args.peer or args.only == "peer":
         if not args.gguf:
@@ -207,7 +212,11 @@ def main() -> None:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--model_alias",
                "model", "--n_threads", str(args.threads), "--n_threads_batch",
                str(args.threads), "--n_ctx", str(args.max_seq_len), "--host", "127.0.0.1",
-               "--port", str(port)]
+               "--port", str(port),
+               # Its default cuts a streaming request short as soon as another arrives: each
+               # request is served to its end, one at a time (llama_cpp.server has one
+               # model behind a lock, no parallel slots).
+               "--interrupt_requests", "False"]
         sides.append(run_side("llama.cpp", cmd, port, env, "model", args, tokenizer, logs))
     lo, hi = min(args.streams), max(args.streams)
     for s in sides:

@@ -106,11 +106,22 @@ class BatchDecode:
             self._scratches: dict[int, np.ndarray] = {}
             self._program, self._key = None, None
             self._per_row = [self._at_position(r) for r in plan.runs]
+            own = [st.array for st in lm._states]
             for r in plan.runs:  # every step must lower: refused now, not at a call
                 if not self._per_row[r.index]:
-                    self._encode_rowwise(r)
-                elif r.step.op.name in ROW_ONLY:  # caches aside: lowered at row 0 now
-                    self._encode_row(r, 0, [None] * len(lm._states))
+                    try:
+                        self._encode_rowwise(r)
+                    except Unbatchable:
+                        # No native form over the batch's rows (a per-row gate broadcast
+                        # over its row: qwen2_moe's shared-expert gate): once a row, on the
+                        # row's slice, as the decode step lowers it, where every value it
+                        # reads and writes has the batch's rows.
+                        if not self._row_by_row(r):
+                            raise
+                        self._per_row[r.index] = True
+                        self._encode_row(r, 0, own)
+                else:  # lowered at row 0 now, on the model's own caches
+                    self._encode_row(r, 0, own)
             self._out = plan._out
 
     def _at_position(self, r) -> bool:
@@ -136,6 +147,13 @@ class BatchDecode:
                 raise Unbatchable(f"{r.step.where}: {r.step.op.name} writes no row of its own")
             return True
         return False
+
+    def _row_by_row(self, r) -> bool:
+        """Whether step ``r`` (one that treats every row alike) can run once a row: an
+        operator computing each row alone whose inputs and output all have the batch's rows
+        (no weight or table shared by the rows, which a row's slice would cut)."""
+        return (getattr(r.step.op, "rows_alone", False) and r.bounded_out
+                and all(b for h, b in zip(r.step.inputs, r.bounded_in) if h is not None))
 
     def _encode_rowwise(self, r) -> tuple:
         """Step ``r`` (the same for every row) encoded over the capacity's rows."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -221,6 +222,30 @@ class Metrics:
                 self.ttft_buckets[i] += 1
 
 
+def _wake(cond: threading.Condition) -> None:
+    with cond:
+        cond.notify_all()
+
+
+def _serve(ref: weakref.ref) -> None:
+    """The engine's thread: turns of ``ref()``'s loop while it has work (the engine held
+    meanwhile: what runs and waits ends); idle, it waits holding only the weak reference, so
+    an engine (and its model) its owner dropped is collected, its finalizer waking this
+    thread to end."""
+    engine = ref()
+    while engine is not None:
+        cond = engine._cond
+        with cond:
+            if engine._idle():
+                del engine  # may run the finalizer here (the lock is re-entrant): ref() is None
+                if ref() is not None:
+                    cond.wait()
+                engine = ref()
+                continue
+        if not engine._loop():
+            return
+
+
 class Engine:
     """Runs ``Request``s over ``lm`` on a thread of its own (module docstring).
 
@@ -261,6 +286,9 @@ class Engine:
         self._running: list[_Running] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        # The loop's thread holds the engine only while it works (``_serve``): an engine
+        # its owner dropped is collected, and this wakes the idle thread to end.
+        weakref.finalize(self, _wake, self._cond)
 
     # -- callers' side -----------------------------------------------------------------
     def submit(self, request: Request) -> Ticket:
@@ -276,8 +304,8 @@ class Engine:
             self._waiting.append((ticket, time.perf_counter()))
             self.metrics.requests += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="iron-spec-engine",
-                                                daemon=True)
+                self._thread = threading.Thread(target=_serve, args=(weakref.ref(self),),
+                                                name="iron-spec-engine", daemon=True)
                 self._thread.start()
             self._cond.notify()
         return ticket
@@ -307,31 +335,34 @@ class Engine:
             self.pool.bytes()
 
     # -- the loop ----------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._waiting and not self._running and not self._closed:
-                    self._cond.wait()
-                if self._closed and not self._waiting and not self._running:
-                    return
-                admitted = []
-                while self._waiting and len(self._running) + len(admitted) < self.max_batch:
-                    admitted.append(self._waiting.popleft())
-            for ticket, submitted in admitted:
-                if ticket.cancelled:
-                    self._end_unstarted(ticket, submitted)
-                    continue
-                try:
-                    session = self.pool.take(ticket.request.ids)
-                    self._running.append(_Running(ticket, session, submitted))
-                except BaseException as e:  # a refused request ends alone
-                    self._fail_ticket(ticket, e)
+    def _idle(self) -> bool:
+        return not self._waiting and not self._running and not self._closed
+
+    def _loop(self) -> bool:
+        """One turn of the loop (module docstring); False once the engine is closed and
+        nothing runs or waits. Called with work to do (``_serve``)."""
+        with self._cond:
+            if self._closed and not self._waiting and not self._running:
+                return False
+            admitted = []
+            while self._waiting and len(self._running) + len(admitted) < self.max_batch:
+                admitted.append(self._waiting.popleft())
+        for ticket, submitted in admitted:
+            if ticket.cancelled:
+                self._end_unstarted(ticket, submitted)
+                continue
             try:
-                self._turn()
-            except BaseException as e:  # never expected: every request ends, not the thread
-                log.exception("engine: a turn failed")
-                for r in list(self._running):
-                    self._fail(r, e)
+                session = self.pool.take(ticket.request.ids)
+                self._running.append(_Running(ticket, session, submitted))
+            except BaseException as e:  # a refused request ends alone
+                self._fail_ticket(ticket, e)
+        try:
+            self._turn()
+        except BaseException as e:  # never expected: every request ends, not the thread
+            log.exception("engine: a turn failed")
+            for r in list(self._running):
+                self._fail(r, e)
+        return True
 
     def _turn(self) -> None:
         for r in [r for r in self._running if r.ticket.cancelled]:

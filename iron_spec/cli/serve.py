@@ -18,7 +18,9 @@ import typer
 
 from iron_spec.spec.errors import FlagError
 
-from .command import log_to_stderr, refuse
+from iron_spec.spec.build import WEIGHTS, WEIGHTS_HELP
+
+from .command import choice, log_to_stderr, refuse
 from .server.config import ENGINE_OPTIONS, ConfigError, ModelEntry, ServeConfig, load_models, read_config
 
 #: The environment variable an API key is read from where --api-key is not given.
@@ -75,6 +77,8 @@ def command(
                                                      "prefix reuse (default: --max-batch)"),
     max_seq_len: Optional[int] = typer.Option(None, min=1, help="each model's context"),
     threads: Optional[int] = typer.Option(None, min=1, help="threads for the kernels"),
+    weights: Optional[str] = typer.Option(None, "--weights", callback=choice(WEIGHTS),
+                                          help=WEIGHTS_HELP),
     random_weights: Optional[int] = typer.Option(None, min=0, metavar="SEED",
                                                  help="draw the weights (a test server)"),
     toy: bool = typer.Option(False, "--toy", help="the spec's toy shape (with "
@@ -90,7 +94,8 @@ def command(
         refuse(ValueError(EXTRA))
     try:
         options = {k: v for k, v in (("max_seq_len", max_seq_len),
-                                      ("random_weights", random_weights)) if v is not None}
+                                      ("random_weights", random_weights),
+                                      ("weights", weights)) if v is not None}
         if toy:
             options["toy"] = True
         cfg = read_config(config) if config is not None else ServeConfig([])

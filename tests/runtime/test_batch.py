@@ -88,7 +88,8 @@ def test_each_row_is_its_decode_step_on_weights_held_as_stored(weights):
                                           ("qwen2_moe", "stored")])
 def test_each_row_is_its_decode_step_through_a_mixture_of_experts(spec, weights):
     # The router and the experts lowered once a row (batch.ROW_ONLY): each row's experts
-    # are its own, as in its decode step.
+    # are its own, as in its decode step. qwen2_moe's shared-expert gate (a multiply by
+    # each row's own sigmoid, no native form over the rows) runs once a row too.
     lm = iron_spec.load(spec, random_weights=0, toy=True, weights=weights).loaded.lm
     same, err = _decode_side_by_side(lm, (4, 20, 9), steps=12)
     assert same, f"{spec} {weights}: differs by {err}"
@@ -102,6 +103,20 @@ def test_a_mixture_whose_decode_step_has_no_native_router_is_refused_at_start():
         BatchDecode(lm, 4)
     engine = Engine(lm, max_batch=4)
     assert engine.batch is None and "router" in engine.unbatched
+
+
+def test_a_step_with_no_native_form_at_one_row_is_refused_at_start_not_at_a_call():
+    # gpt-oss's attention with sinks runs on numpy in the decode step: found when the
+    # batched step is built (it once passed construction and failed every request of the
+    # engine's first batched step), and the engine serves each request as it is served alone.
+    model = iron_spec.load("gpt_oss", random_weights=0, toy=True)
+    with pytest.raises(Unbatchable, match=r"self_attn \(attention\): no native form at one row"):
+        BatchDecode(model.loaded.lm, 4)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    alone = [model.complete(p, max_new_tokens=6).token_ids for p in prompts]
+    together = model.complete(prompts, max_new_tokens=6)
+    assert model.engine().batch is None
+    assert [c.token_ids for c in together] == alone
 
 
 def test_rows_past_the_capacity_run_in_several_calls():
@@ -178,3 +193,31 @@ def test_a_finished_requests_session_serves_a_prompt_beginning_the_same_way():
     fresh = iron_spec.load("llama3", random_weights=0, toy=True)
     assert again.token_ids == fresh.complete(prefix + [9], max_new_tokens=3).token_ids
     assert first.token_ids == fresh.complete(prefix + [7], max_new_tokens=3).token_ids
+
+
+def test_a_dropped_model_is_collected_and_its_engine_thread_ends():
+    import gc
+    import weakref
+    model = iron_spec.load("llama3", random_weights=0, toy=True)
+    model.complete([[1, 2, 3], [4, 5]], max_new_tokens=3)  # the engine's thread started
+    thread, lm = model.engine()._thread, weakref.ref(model.loaded.lm)
+    engine = weakref.ref(model.engine())
+    assert thread.is_alive()
+    del model
+    gc.collect()
+    thread.join(30)
+    assert not thread.is_alive() and engine() is None and lm() is None
+
+
+def test_a_request_in_flight_ends_although_its_model_was_dropped():
+    import gc
+    model = iron_spec.load("llama3", random_weights=0, toy=True)
+    want = model.complete([1, 2, 3], max_new_tokens=20).token_ids
+    engine = model.engine()
+    ticket = engine.submit(model.request([1, 2, 3], max_new_tokens=20))
+    thread = engine._thread
+    del model, engine
+    gc.collect()
+    assert ticket.wait(60).token_ids == want
+    thread.join(30)
+    assert not thread.is_alive()

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 #: iron_spec.load's options a model entry may give (beside spec and checkpoint).
-LOAD_OPTIONS = ("max_seq_len", "prefill_chunk", "decode_weights", "prefill_weights",
+LOAD_OPTIONS = ("max_seq_len", "prefill_chunk", "weights", "decode_weights", "prefill_weights",
                 "kv_cache", "max_tokens", "random_weights", "toy", "allow_unread_config")
 #: The engine's options a file may give (top level: every model's).
 ENGINE_OPTIONS = ("max_batch", "held_sessions", "held_bytes", "prefill_tokens", "batched")

@@ -247,3 +247,16 @@ def test_embeddings_on_minilm_are_the_librarys(real):
     assert r.usage.prompt_tokens == 4  # [CLS] a text [SEP]
     raw = base64.b64encode(want[0].astype("<f4").tobytes()).decode()
     assert len(raw) > 0
+
+
+def test_a_serve_files_weights_hold_the_models_weights_so(tmp_path):
+    from iron_spec.cli.server.config import load_models, read_config
+    path = tmp_path / "serve.yaml"
+    path.write_text("models:\n  toy: {spec: llama3, random_weights: 0, toy: true, "
+                    "weights: q8_0}\n")
+    served = load_models(read_config(path))["toy"]
+    ids = [1, 2, 3, 4, 5]
+    q8 = iron_spec.load("llama3", random_weights=0, toy=True, weights="q8_0")
+    f32 = iron_spec.load("llama3", random_weights=0, toy=True, weights="float32")
+    got = served.logits(ids)
+    assert np.array_equal(got, q8.logits(ids)) and not np.array_equal(got, f32.logits(ids))
