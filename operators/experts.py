@@ -165,13 +165,18 @@ class Experts(Operator):
         a = g * _sigmoid(g * alpha) if alpha is not None else activate(g)
         return a * (u + up_offset) if up_offset else a * u
 
-    def _expert(self, xs, e, w_in, w_down, b_in, b_down, out_norm, attrs, activate, dtype):
-        """Expert ``e`` on rows ``xs`` ``(m, H)``: ``(m, H_out)``."""
+    def _expert(self, xs, e, w_in, w_down, b_in, b_down, out_norm, attrs, activate, dtype,
+                x8=False):
+        """Expert ``e`` on rows ``xs`` ``(m, H)``: ``(m, H_out)``. ``x8``: the hidden values
+        rounded to 8 bits a block (``formats.x8_values`` of their float32), as a decode
+        step's GEMV on a held block stack meets them."""
         h = xs @ np.asarray(w_in[e], dtype).T
         if b_in is not None:
             h = h + np.asarray(b_in[e], dtype)
         hid = self._hidden(h, attrs["kind"], attrs["act"], attrs["gate_up"], attrs["limit"],
                            attrs["alpha"], attrs["up_offset"], activate)
+        if x8 and attrs["kind"] != "linear":
+            hid = formats.x8_values(np.asarray(hid, np.float32)).astype(dtype)
         if attrs["kind"] == "linear":
             y = hid
         else:
@@ -191,7 +196,7 @@ class Experts(Operator):
                     norm_eps=norm_eps)
 
     def _run(self, out, x, routing, w_in, w_down, b_in, b_down, out_norm, attrs, activate,
-             dtype):
+             dtype, x8=False):
         """Every row through its chosen experts, grouped by expert: ``out`` filled."""
         idx = np.rint(routing[:, 0]).astype(np.int64)
         wts = np.asarray(routing[:, 1], dtype)
@@ -207,7 +212,8 @@ class Experts(Operator):
             xs = np.asarray(xs, dtype)
             if attrs["weight_input"]:
                 xs = xs * wts[rows, slots][:, None]
-            y = self._expert(xs, e, w_in, w_down, b_in, b_down, out_norm, attrs, activate, dtype)
+            y = self._expert(xs, e, w_in, w_down, b_in, b_down, out_norm, attrs, activate, dtype,
+                             x8)
             if each:
                 out[rows, slots] = y
             elif attrs["weight_input"]:
@@ -223,8 +229,34 @@ class Experts(Operator):
                            None if w_down is None else w_down.shape, **attrs)
         out = np.zeros(shape, np.float64)
         self._run(out, x, as64(routing), w_in, w_down, b_in, b_down, out_norm, a,
-                  lambda v: act_reference(v, a["act"]), np.float64)
+                  lambda v: act_reference(v, a["act"]), np.float64, _meets_x8(x, w_down))
         return out
+
+    def reconcile(self, expected, got, inputs, attrs):
+        """Where the hidden values meet a held block stack's GEMV as 8-bit blocks (one row),
+        a value at a rounding midpoint rounds either way by the kernel's float32 and the
+        reference's float64: each output may move by one step of each block's quantum
+        (its largest over 127) times the block's largest weight, the experts' weights
+        applied; what ``got`` lies within that of ``expected`` is taken as it is."""
+        x, routing, w_in, w_down = inputs[:4]
+        if not _meets_x8(x, w_down):
+            return expected
+        a = self._attrs(**attrs)
+        slack = np.zeros(expected.shape, np.float64)
+        idx = np.rint(as64(routing)[0, 0]).astype(np.int64)
+        wts = np.abs(as64(routing)[0, 1])
+        for e, wt in zip(idx, wts):
+            # weight_input: the weight scales the expert's input, not its output
+            xin, wt = (as64(x) * wt, 1.0) if a["weight_input"] else (as64(x), wt)
+            h = xin @ np.asarray(w_in[e], np.float64).T
+            if inputs[4] is not None:
+                h = h + np.asarray(inputs[4][e], np.float64)
+            hid = self._hidden(h, a["kind"], a["act"], a["gate_up"], a["limit"], a["alpha"],
+                               a["up_offset"], lambda v: act_reference(v, a["act"]))
+            step = np.abs(hid).reshape(-1, 32).max(axis=1) / formats.X8_MAX
+            w = np.abs(np.asarray(w_down[e], np.float64))
+            slack[0] += wt * (w.reshape(w.shape[0], -1, 32).max(axis=2) @ step)
+        return expected + np.clip(got - expected, -slack, slack)
 
     def kernel(self, out, x, routing, w_in, w_down=None, b_in=None, b_down=None,
                out_norm=None, scratch=None, **attrs):
@@ -376,9 +408,10 @@ class Experts(Operator):
     def reference_inputs(self, inputs, kernel_inputs):
         """On Q8_0 weights (a decode form's, or a held stack's block form) the GEMV meets x as
         int16 blocks (``formats.x16_values``, ``held.reference_x``): the kernel's own
-        products, for the decode step's one row; a chunk's rows meet the GEMM, x as it is. The hidden values the second
-        product reads are rounded so too, which the reference cannot know row by row: its
-        tolerance covers them (2^-16 of a block's largest)."""
+        products, for the decode step's one row; a chunk's rows meet the GEMM, x as it is. The hidden
+        values the second product reads are rounded so too on a held block stack: the
+        reference rounds its own (``_expert``'s ``x8``) and ``reconcile`` allows a value at a
+        rounding midpoint to round either way."""
         w, x = kernel_inputs[2], inputs[0]
         if isinstance(w, HeldStack):  # as a held projection's x (held.reference_x): one row
             # a decode step's GEMVs, more a chunk's GEMMs (an expert one row chose too)
@@ -388,6 +421,13 @@ class Experts(Operator):
         if w.dtype == np.uint8 and x.ndim == 2 and x.shape[0] == 1:
             return [formats.x16_values(x)] + list(inputs[1:])
         return inputs
+
+
+def _meets_x8(x, w_down) -> bool:
+    """Whether a step's second GEMV meets its hidden values as 8-bit blocks: one row (a
+    decode step's) on a held stack of GGML blocks."""
+    return isinstance(w_down, HeldStack) and held.is_block(w_down.matrix) \
+        and np.ndim(x) == 2 and np.shape(x)[0] == 1
 
 
 #: The activations the native step runs (_cpu_experts.h's expert_act).
