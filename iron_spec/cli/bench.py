@@ -25,7 +25,7 @@ import typer
 from iron_spec.operators import held, native
 from iron_spec.operators.native import describe, threads
 from iron_spec.runtime.causal import PROMPT_FORMS, drawn_ids
-from iron_spec.runtime.gguf import is_gguf
+from iron_spec.runtime.gguf import GGUFCheckpoint, is_gguf
 from iron_spec.runtime.session import Session
 
 from iron_spec.spec.build import (DECODE_WEIGHTS, DECODE_WEIGHTS_HELP, KV_CACHE_HELP, KV_CACHES,
@@ -360,12 +360,19 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     peak = peak_rss()  # ours, every figure run, before the floor's arrays or the peers' models
     sides["floor"], floor_static = floor(loaded)
     installed = transformers_installed()
-    if peer and installed:  # said only where it is about to happen
+    # transformers builds its model from a checkpoint directory's config.json; a GGUF file
+    # has none (llama.cpp's figures on it stand beside ours instead).
+    from_gguf = isinstance(loaded.checkpoint, GGUFCheckpoint)
+    if peer and installed and not from_gguf:  # said only where it is about to happen
         stage("loading transformers' model")
-    peer_figures = transformers_peer(loaded, n_threads) if peer and installed else None
+    peer_figures = transformers_peer(loaded, n_threads) \
+        if peer and installed and not from_gguf else None
     not_measured = result["not_measured"] = {}
     if peer_figures is not None:
         sides["transformers"] = peer_figures
+    elif peer and from_gguf:
+        not_measured["transformers"] = ("the checkpoint is a GGUF file, which transformers' "
+                                        "model is not built from here")
     elif peer:
         not_measured["transformers"] = ("torch and transformers are not installed (pip "
                                          "install -e '.[golden]')")

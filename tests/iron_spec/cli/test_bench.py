@@ -226,3 +226,22 @@ def test_quick_measures_the_short_prompt_and_decode_alone(short, monkeypatch):
     # (found on a bf16-held 1B run whose header said "float32 decode weights").
     assert "weights read as held (Q8_0" in text.splitlines()[0], text.splitlines()[0]
     assert "float32 decode weights" not in text
+
+
+@pytest.mark.skipif(native.LIB is None, reason="reduced decode weights need the decode pool")
+def test_a_gguf_checkpoint_has_no_transformers_peer(short, monkeypatch):
+    # Found at this stop: bench on a GGUF checkpoint with transformers installed failed
+    # building transformers' model from a config.json the file does not have.
+    import dataclasses
+
+    from iron_spec.runtime.gguf import GGUFCheckpoint
+
+    def built(loaded, n):
+        raise AssertionError("transformers' model built for a GGUF checkpoint")
+    monkeypatch.setattr(bench, "transformers_installed", lambda: True)
+    monkeypatch.setattr(bench, "transformers_peer", built)
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    loaded = dataclasses.replace(loaded, checkpoint=object.__new__(GGUFCheckpoint))
+    r = bench.measure(loaded, runs=1, peer=True)
+    assert r["not_measured"] == {"transformers": "the checkpoint is a GGUF file, which "
+                                                 "transformers' model is not built from here"}
