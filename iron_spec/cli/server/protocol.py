@@ -14,6 +14,8 @@ Not for: HTTP and streaming (``app``), the model calls (``iron_spec.library``).
 from __future__ import annotations
 
 import base64
+import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -93,14 +95,26 @@ def _number(body: dict, key: str, low: float | None = None, high: float | None =
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             whole and not (isinstance(value, int) or float(value).is_integer())):
-        raise ApiError(f"'{key}' is {value!r}: {'an integer' if whole else 'a number'}", key,
-                       code="invalid_type")
-    if not np.isfinite(value) or (low is not None and value < low) or \
-            (high is not None and value > high):
+        raise ApiError(f"'{key}' is {_json(value)}: {'an integer' if whole else 'a number'}",
+                       key, code="invalid_type")
+    # A JSON integer is a Python int of any size (never NaN): compared as it is, never
+    # through numpy, whose int64 cannot hold 2^64.
+    if (isinstance(value, float) and not math.isfinite(value)) or \
+            (low is not None and value < low) or (high is not None and value > high):
         bounds = (f"within [{low}, {high}]" if low is not None and high is not None
                   else f">= {low}" if low is not None else f"<= {high}")
-        raise ApiError(f"'{key}' is {value!r}: it must be {bounds}", key, code="invalid_value")
+        raise ApiError(f"'{key}' is {_json(value)}: it must be {bounds}", key,
+                       code="invalid_value")
     return int(value) if whole else float(value)
+
+
+def _json(value: Any) -> str:
+    """``value`` as the request spelled it (JSON's true, null, ...), short."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _flag(body: dict, key: str) -> bool:
@@ -108,7 +122,7 @@ def _flag(body: dict, key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ApiError(f"'{key}' is {value!r}: true or false", key, code="invalid_type")
+        raise ApiError(f"'{key}' is {_json(value)}: true or false", key, code="invalid_type")
     return value
 
 
@@ -188,9 +202,12 @@ def _common(body: dict, chat: bool) -> tuple[dict, bool, bool]:
 
 def _model(body: dict) -> str:
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None or model == "":
         raise ApiError("'model' is required: the name of a served model (GET /v1/models)",
                        "model", code="missing_required_parameter")
+    if not isinstance(model, str):
+        raise ApiError(f"'model' is {_json(model)}: the name of a served model, a string "
+                       "(GET /v1/models)", "model", code="invalid_type")
     return model
 
 

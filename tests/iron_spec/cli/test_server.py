@@ -167,6 +167,34 @@ def test_refusals(client, toy):
     assert e.value.body["code"] == "wrong_model_kind"
 
 
+# Found by a new user's trial: a whole number of 2^64 or more in a numeric field was a 500
+# (numpy's isfinite cannot take it). Past its range it is a 400 naming the field (max_tokens:
+# more than the context holds, never cut silently); in range (top_k past the vocabulary keeps
+# every token; a repetition penalty of any size) it is served.
+@pytest.mark.parametrize("key,refused", [
+    ("seed", "seed"), ("min_p", "min_p"), ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"), ("max_tokens", "context_length_exceeded"),
+    ("top_k", None), ("repetition_penalty", None)])
+def test_a_number_past_int64_is_refused_naming_its_field_or_served(client, key, refused):
+    body = {"max_tokens": 2, key: 2**64 + 1}
+    if refused is None:
+        done = client.completions.create(model="toy", prompt=[1, 2], extra_body=body)
+        assert done.choices[0].finish_reason in ("length", "stop")
+        return
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="toy", prompt=[1, 2], extra_body=body)
+    assert refused in (e.value.body["param"], e.value.body["code"]), e.value.body
+
+
+def test_a_wrong_type_is_said_in_jsons_words(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="toy", prompt=[1, 2], extra_body={"max_tokens": True})
+    assert "'max_tokens' is true" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=5, prompt=[1, 2])
+    assert e.value.body["code"] == "invalid_type" and "'model' is 5" in e.value.body["message"]
+
+
 def test_metrics_count_what_ran(client, toy_url):
     client.completions.create(model="toy", prompt=[4, 4, 4], max_tokens=3, temperature=0)
     values = metrics(toy_url)
