@@ -75,6 +75,10 @@ class Operator:
     #: row); a BLAS product, or a kernel with a path of its own for one row, need not
     #: (``runtime.plan.Plan.rows_alone``, which lets a session resume at any position).
     rows_alone: bool = False
+    #: Whether its native step computes a row with other rows of the call it groups them by
+    #: (the experts' one GEMM per expert hit: a row's bits follow how many share its expert),
+    #: so a session resumes only where a fresh run's calls begin.
+    groups_rows: bool = False
 
     def shape(self, *shapes: tuple[int, ...], **attrs: Any) -> tuple[int, ...]:
         """The output shape for inputs of ``shapes``. Raises ValueError on a mismatch."""

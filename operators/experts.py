@@ -111,6 +111,7 @@ class Experts(Operator):
     """
 
     name = "experts"
+    groups_rows = True  # the chunk's GEMM per expert hit
 
     def shape(self, x, routing, w_in, w_down=None, b_in=None, b_down=None, out_norm=None,
               kind="gated", act="silu", gate_up="halves", limit=None, alpha=None,

@@ -381,9 +381,10 @@ class Plan:
         the GEMM's sums run along k per row, the chunk's attention per query lane) or is an
         operator whose numpy kernel does (``Operator.rows_alone``). A session may then
         resume at any position the caches hold; else only where a fresh run's calls begin
-        (numpy's BLAS sums a row by how many rows its call holds)."""
-        return all(
-            r.index in self._native or r.step.op.rows_alone for r in self.runs if r.bounded)
+        (numpy's BLAS sums a row by how many rows its call holds; a native step that groups
+        a call's rows, ``Operator.groups_rows``, the experts' GEMM per expert hit)."""
+        return all((r.index in self._native and not r.step.op.groups_rows)
+                   or r.step.op.rows_alone for r in self.runs if r.bounded)
 
     # -- call ------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], call: Mapping[str, int],
