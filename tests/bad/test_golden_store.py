@@ -278,8 +278,10 @@ def test_a_golden_path_under_a_file_is_refused_before_anything_is_recorded(tmp_p
     result = runner.invoke(app, ["check", LLAMA, "--toy", "--random-weights", "0",
                                  "--record-golden", "--golden", str(parent / "g.npz")])
     assert result.exit_code == 2, result.output
-    assert f"--golden {parent / 'g.npz'}: cannot be written, {parent} is not a folder" in \
-        " ".join(result.output.replace("│", " ").split())
+    # Compared without white space: rich's box breaks a long path at any character, where
+    # the temporary folder's name makes it long enough.
+    want = f"--golden {parent / 'g.npz'}: cannot be written, {parent} is not a folder"
+    assert "".join(want.split()) in "".join(result.output.replace("│", " ").split())
     assert "recording" not in result.output and "loading" not in result.output
 
 
