@@ -11,6 +11,7 @@ Not for: the app itself (``server.app``), one generation (``run``).
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import List, Optional
 
@@ -115,6 +116,9 @@ def command(
         bad = set(cfg.engine) - set(ENGINE_OPTIONS)
         if bad:
             raise ConfigError(f"unknown engine options {sorted(bad)}")
+        # The address is taken before the weights load (found by a new user's trial: a port
+        # in use was found only after loading, and after "serving ... on" was printed).
+        sock = _listen(cfg.host, cfg.port)
         with log_to_stderr():
             served = load_models(cfg)
             app = build_app(served, api_key=cfg.api_key, engine=cfg.engine)
@@ -122,4 +126,19 @@ def command(
         refuse(e)
     typer.echo(f"serving {', '.join(served)} on http://{cfg.host}:{cfg.port}/v1"
                + (" (API key required)" if cfg.api_key else ""), err=True)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (IPv6 where ``host`` has a colon), the one uvicorn
+    then serves on.
+
+    Raises:
+        OSError: the address cannot be taken, saying which and why (in use, not this host's).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e} (--host, --port "
+                      "or the serve file's host and port)") from None

@@ -288,3 +288,23 @@ def test_a_serve_files_weights_hold_the_models_weights_so(tmp_path):
     f32 = iron_spec.load("llama3", random_weights=0, toy=True, weights="float32")
     got = served.logits(ids)
     assert np.array_equal(got, q8.logits(ids)) and not np.array_equal(got, f32.logits(ids))
+
+
+def test_a_port_in_use_is_refused_before_anything_loads():
+    # Found by a new user's trial: the weights loaded and "serving ... on" was printed, then
+    # uvicorn failed to bind (exit 3).
+    import socket
+
+    from typer.testing import CliRunner
+
+    from iron_spec.cli.app import app
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    try:
+        result = CliRunner().invoke(app, ["serve", "llama3", "--toy", "--random-weights", "0",
+                                          "--port", str(port)])
+    finally:
+        taken.close()
+    assert result.exit_code == 1, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "serving" not in result.output and "weights held" not in result.output
