@@ -213,10 +213,10 @@ def _tower(spec: Spec, entry, whole: dict, directory: Path, hidden: int,
 
 
 def sizes(view: View) -> dict[str, Any]:
-    """The parameters as the model holds them, a tied one once: ``{"count", "bytes",
-    "by_dtype": {dtype: {"count", "bytes"}}}`` (every parameter float32 today, whatever the
-    checkpoint stores); given a checkpoint, ``"stored"``: its tensors by the dtype they are
-    stored in, bytes as in its files."""
+    """The parameters widened to float32 (``--weights float32``), a tied one once:
+    ``{"count", "bytes", "by_dtype": {dtype: {"count", "bytes"}}}``; given a checkpoint,
+    ``"stored"``: its tensors by the dtype they are stored in, bytes as in its files (what
+    ``--weights stored``, the default, holds of the weights)."""
     held: dict[str, dict[str, int]] = {}
     seen: set[int] = set()
     for _, param in view.tree.named_params():
@@ -292,12 +292,14 @@ def _body(view: View) -> list[str]:
     out = []
     size = sizes(view)
     out.append("params    " + ", ".join(_amount(r["count"], r["bytes"], d)
-                                       for d, r in size["by_dtype"].items()) + " as held"
+                                       for d, r in size["by_dtype"].items())
+               + " widened (--weights float32)"
                + (f" ({size['count']:,} in all)" if len(size["by_dtype"]) > 1 else ""))
     if "stored" in size:
         out.append("stored    " + ", ".join(_amount(r["count"], r["bytes"], d)
                                            for d, r in size["stored"].items())
-                   + " in the checkpoint's files")
+                   + " in the checkpoint's files, held so by --weights stored (the default;"
+                   " norms and biases float32)")
     out += ["", "config fields"]
     width = max(map(len, view.config), default=0)
     for name, c in view.config.items():
