@@ -18,8 +18,9 @@ _spec.loader.exec_module(_sources)
 setup(ext_modules=[Extension(
     "iron_spec.operators._cpu", ["operators/_cpu.c"],
     depends=["operators/_cpu_vec.h", "operators/_cpu_gemv.h", "operators/_cpu_program.h",
-             "operators/_cpu_chunk.h", "operators/_cpu_tiles.h", "operators/_cpu_held.h", "operators/_cpu_held_x8.h",
-             "operators/_cpu_experts.h", "operators/_cpu_recurrent.h"],
+             "operators/_cpu_chunk.h", "operators/_cpu_tiles.h", "operators/_cpu_held.h",
+             "operators/_cpu_held_x8.h", "operators/_cpu_experts.h", "operators/_cpu_recurrent.h",
+             "operators/_cpu_held_gemm.h"],
     optional=True,
     define_macros=[("IRON_SPEC_SOURCE_DIGEST", f'"{_sources.digest("operators")}"')],
     extra_compile_args=["-O3", "-pthread", "-fno-strict-aliasing"],

@@ -1250,6 +1250,7 @@ static void held_widen(int form, const uint8_t *w, Py_ssize_t rb, Py_ssize_t r0,
                        Py_ssize_t k, float *out);
 
 #include "_cpu_tiles.h"
+#include "_cpu_held_gemm.h"
 #include "_cpu_experts.h"
 #include "_cpu_program.h"
 
@@ -1675,6 +1676,19 @@ static int gemm_held_run(float *out, const float *x, const void *w, int form, co
      * of a block form meets x16 wherever it runs: operators/held.py). */
     if (m == 1 && form != HELD_F32)
         return gemv_held_run(out, x, w, form, b, n, k);
+    /* bfloat16 rows: x rounded to bfloat16; Q8_0 rows: x quantized to 8 bits a block; as
+     * llama.cpp's GEMMs (_cpu_held_gemm.h). Where the CPU has no kernel for it, the same
+     * rounded x through the widening GEMM below. */
+    float *rounded = NULL;
+    if (form == HELD_BF16 || form == HELD_Q8_0) {
+        const int done = form == HELD_BF16 ? hgemm_bf16_run(out, x, w, b, m, n, k)
+                                           : hq8_run(out, x, w, b, m, n, k);
+        if (done <= 0)
+            return done;
+        rounded = form == HELD_BF16 ? hgemm_rounded(x, m, k) : hq8_values(x, m, k);
+        if (!(x = rounded))
+            return -1;
+    }
     gemm_args a = {form == HELD_F32 ? w : NULL, b, x, NULL, out, m, n, k, 0};
     int failed = 0;
     pthread_mutex_lock(&gemm_lock);
@@ -1706,6 +1720,7 @@ static int gemm_held_run(float *out, const float *x, const void *w, int form, co
         pool_run(gemm_part, &a);
     }
     pthread_mutex_unlock(&gemm_lock);
+    free(rounded);
     return failed ? -1 : 0;
 }
 

@@ -295,5 +295,6 @@ def x16_values(x: np.ndarray) -> np.ndarray:
 
 def x8_values(x: np.ndarray) -> np.ndarray:
     """The values ``quantize_x8`` makes of ``x``, ``q * dx``, exactly (float64, ``x``'s
-    shape): what a held block form's GEMV sums stand for."""
+    shape): what a held block form's GEMV sums stand for, and a prompt chunk's Q8_0 GEMM's
+    (operators/_cpu_held_gemm.h: llama.cpp's quantize_row_q8_0 with the scale kept float32)."""
     return _values(*quantize_x8(x))

@@ -19,8 +19,14 @@ the same values, bit for bit). What a kernel rounds beyond the stored form:
   largest off), so each block's products sum exactly in integers, as llama.cpp's integer dot
   products do (``operators/_cpu_held_x8.h``: VNNI where the CPU has it);
   ``reference_x`` gives the values it stands for;
-- more rows (a prompt chunk's GEMM) on any form, and one row on a float form, meet x as it
-  is: float32 products of x and the stored values, summed in float32.
+- more rows (a prompt chunk's GEMM) on bfloat16 meet x rounded to the nearest bfloat16
+  (ties to even), as llama.cpp's bfloat16 GEMM rounds it: float32 sums of
+  bfloat16 products (AVX-512 BF16's VDPBF16PS where the CPU has it; ``_cpu_held_gemm.h``);
+- more rows on Q8_0 meet x quantized per 32-value block to 8 bits and a float32 scale
+  (``formats.x8_values``), so each block's products sum exactly in integers (AVX-512 VNNI's
+  VPDPBUSD where the CPU has it), as llama.cpp's Q8_0 GEMM;
+- more rows on any other form, and one row on a float form, meet x as it is: float32
+  products of x and the stored values, summed in float32.
 
 The float64 reference widens a held weight a block of rows at a time (``widen``), never the
 whole of it.
@@ -178,8 +184,14 @@ def gather(weight, ids: np.ndarray) -> np.ndarray:
 
 def reference_x(x: np.ndarray, weight) -> np.ndarray:
     """The values a kernel multiplies ``weight`` by for input rows ``x`` (float64): one row on
-    a block form, x8's (``formats.x8_values``); else x itself."""
+    a block form, x8's (``formats.x8_values``); more rows on bfloat16, x rounded to the
+    nearest bfloat16 (ties to even, a NaN kept), on Q8_0 x8's too: the prompt chunk's GEMMs
+    round x so, as llama.cpp's do; else x itself."""
     if is_block(weight) and x.shape[0] == 1:
+        return formats.x8_values(x)
+    if form(weight) == "BF16" and x.shape[0] > 1:
+        return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    if form(weight) == "Q8_0" and x.shape[0] > 1:
         return formats.x8_values(x)
     return np.asarray(x, np.float64)
 

@@ -375,6 +375,10 @@ class CausalLM(Module):
         # What loading held the weights as (runtime.holding.WEIGHTS): check's gate follows a
         # conversion's rounding.
         self.weights = "stored"
+        # Whether a prompt chunk's GEMMs round x (weights held as bfloat16 or Q8_0: x
+        # rounded to bfloat16 or 8 bits, as llama.cpp's GEMMs; operators/_cpu_held_gemm.h):
+        # check's gate follows.
+        self.prompt_rounds = False
         # The states carried position to position (recurrent token mixers); the positions a
         # run may restart them from are each set of caches' own (snapshots).
         self.recurrent_states = [s for _, s in self.named_states() if s.recurrent]

@@ -151,28 +151,36 @@ def float64_gate(golden: Golden, steps: int | None = None, spec=None) -> dict[st
             for k, b in gate.items()}
 
 
+def _prompt_rounds(lm) -> bool:
+    """Whether ``lm``'s prompt chunk rounds x: bfloat16 tiles (``--prefill-weights
+    bfloat16``), or weights held as bfloat16 or Q8_0, whose GEMMs round x (to bfloat16, to 8
+    bits a block) as llama.cpp's do (operators/_cpu_held_gemm.h)."""
+    return lm.prefill_weights != "float32" or getattr(lm, "prompt_rounds", False)
+
+
 def reduced(lm) -> bool:
     """Whether ``lm`` (a CausalLM) computes in reduced precision somewhere check judges by a
-    reduced gate: decode weights that round, a bfloat16 prompt chunk, a bfloat16 KV cache,
-    weights converted at load, a block form held as stored (its decode GEMV rounds x to 8
-    bits: ``held_blocks``)."""
-    return lm.decode_weights in REDUCED_KL or lm.prefill_weights != "float32" or \
+    reduced gate: decode weights that round, a prompt chunk that rounds x, a bfloat16 KV
+    cache, weights converted at load, a block form held as stored (its decode GEMV rounds x to
+    8 bits: ``held_blocks``)."""
+    return lm.decode_weights in REDUCED_KL or _prompt_rounds(lm) or \
         lm.kv_cache != "float32" or getattr(lm, "weights", "stored") in WEIGHTS_KL or \
         held_blocks(lm) is not None
 
 
 def kl_gate(loaded: Loaded) -> dict[str, float]:
     """The KL bounds (mean, p90, max; top1_mismatches where some are allowed) check judges
-    by: the reduced decode weights' own (``REDUCED_KL``), else a bfloat16 prompt chunk's
-    (``PREFILL_KL``), else a bfloat16 KV cache's (``KV_CACHE_KL``), else the spec's
-    ``validation.kl`` bound by bound over float32's default (``DEFAULT_KL``); weights
-    converted at load (``WEIGHTS_KL``), or the gate of the fewest-bit block form held as
-    stored (``held_blocks``), first, bound by bound the looser of theirs and the others'."""
+    by: the reduced decode weights' own (``REDUCED_KL``), else that of a prompt chunk that
+    rounds x (``PREFILL_KL``: ``_prompt_rounds``), else a bfloat16 KV cache's
+    (``KV_CACHE_KL``), else the spec's ``validation.kl`` bound by bound over float32's
+    default (``DEFAULT_KL``); weights converted at load (``WEIGHTS_KL``), or the gate of the
+    fewest-bit block form held as stored (``held_blocks``), first, bound by bound the looser
+    of theirs and the others'."""
     converted = WEIGHTS_KL.get(getattr(loaded.lm, "weights", "stored")) or \
         WEIGHTS_KL.get(held_blocks(loaded.lm))
     if converted is not None:
         others = [REDUCED_KL.get(loaded.lm.decode_weights)] + \
-            [PREFILL_KL if loaded.lm.prefill_weights != "float32" else None] + \
+            [PREFILL_KL if _prompt_rounds(loaded.lm) else None] + \
             [KV_CACHE_KL if loaded.lm.kv_cache != "float32" else None]
         gate = dict(converted)
         for o in others:
@@ -181,7 +189,7 @@ def kl_gate(loaded: Loaded) -> dict[str, float]:
         return gate
     if loaded.lm.decode_weights in REDUCED_KL:
         return dict(REDUCED_KL[loaded.lm.decode_weights])
-    if loaded.lm.prefill_weights != "float32":
+    if _prompt_rounds(loaded.lm):
         return dict(PREFILL_KL)
     if loaded.lm.kv_cache != "float32":
         return dict(KV_CACHE_KL)
