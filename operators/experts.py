@@ -35,6 +35,7 @@ Not for: choosing the experts (``router``).
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from . import formats, held, native
@@ -167,17 +168,16 @@ class Experts(Operator):
         return a * (u + up_offset) if up_offset else a * u
 
     def _expert(self, xs, e, w_in, w_down, b_in, b_down, out_norm, attrs, activate, dtype,
-                x8=False):
-        """Expert ``e`` on rows ``xs`` ``(m, H)``: ``(m, H_out)``. ``x8``: the hidden values
-        rounded to 8 bits a block (``formats.x8_values`` of their float32), as a decode
-        step's GEMV on a held block stack meets them."""
+                x8=None):
+        """Expert ``e`` on rows ``xs`` ``(m, H)``: ``(m, H_out)``. ``x8``: None, or how the
+        second product's kernel rounds the hidden values (``_hidden_rounding``)."""
         h = xs @ np.asarray(w_in[e], dtype).T
         if b_in is not None:
             h = h + np.asarray(b_in[e], dtype)
         hid = self._hidden(h, attrs["kind"], attrs["act"], attrs["gate_up"], attrs["limit"],
                            attrs["alpha"], attrs["up_offset"], activate)
-        if x8 and attrs["kind"] != "linear":
-            hid = formats.x8_values(np.asarray(hid, np.float32)).astype(dtype)
+        if x8 is not None and attrs["kind"] != "linear":
+            hid = x8[0](np.asarray(hid, np.float32)).astype(dtype)
         if attrs["kind"] == "linear":
             y = hid
         else:
@@ -197,7 +197,7 @@ class Experts(Operator):
                     norm_eps=norm_eps)
 
     def _run(self, out, x, routing, w_in, w_down, b_in, b_down, out_norm, attrs, activate,
-             dtype, x8=False):
+             dtype, x8=None):
         """Every row through its chosen experts, grouped by expert: ``out`` filled."""
         idx = np.rint(routing[:, 0]).astype(np.int64)
         wts = np.asarray(routing[:, 1], dtype)
@@ -230,33 +230,38 @@ class Experts(Operator):
                            None if w_down is None else w_down.shape, **attrs)
         out = np.zeros(shape, np.float64)
         self._run(out, x, as64(routing), w_in, w_down, b_in, b_down, out_norm, a,
-                  lambda v: act_reference(v, a["act"]), np.float64, _meets_x8(x, w_down))
+                  lambda v: act_reference(v, a["act"]), np.float64, _hidden_rounding(x, w_down))
         return out
 
     def reconcile(self, expected, got, inputs, attrs):
-        """Where the hidden values meet a held block stack's GEMV as 8-bit blocks (one row),
-        a value at a rounding midpoint rounds either way by the kernel's float32 and the
-        reference's float64: each output may move by one step of each block's quantum
-        (its largest over 127) times the block's largest weight, the experts' weights
-        applied; what ``got`` lies within that of ``expected`` is taken as it is."""
+        """Where the second product's kernel rounds the hidden values (``_hidden_rounding``:
+        8 bits a block, or bfloat16), a value at a rounding midpoint rounds either way by the
+        kernel's float32 and the reference's float64: each output may move by one rounding
+        step of each 32-value block (its largest over 127, or 2^-7 of it) times the block's
+        largest weight, the experts' weights applied; what ``got`` lies within that of
+        ``expected`` is taken as it is."""
         x, routing, w_in, w_down = inputs[:4]
-        if not _meets_x8(x, w_down):
+        rounding = _hidden_rounding(x, w_down)
+        if rounding is None or np.ndim(x) != 2:
             return expected
         a = self._attrs(**attrs)
         slack = np.zeros(expected.shape, np.float64)
-        idx = np.rint(as64(routing)[0, 0]).astype(np.int64)
-        wts = np.abs(as64(routing)[0, 1])
-        for e, wt in zip(idx, wts):
-            # weight_input: the weight scales the expert's input, not its output
-            xin, wt = (as64(x) * wt, 1.0) if a["weight_input"] else (as64(x), wt)
-            h = xin @ np.asarray(w_in[e], np.float64).T
-            if inputs[4] is not None:
-                h = h + np.asarray(inputs[4][e], np.float64)
-            hid = self._hidden(h, a["kind"], a["act"], a["gate_up"], a["limit"], a["alpha"],
-                               a["up_offset"], lambda v: act_reference(v, a["act"]))
-            step = np.abs(hid).reshape(-1, 32).max(axis=1) / formats.X8_MAX
-            w = np.abs(np.asarray(w_down[e], np.float64))
-            slack[0] += wt * (w.reshape(w.shape[0], -1, 32).max(axis=2) @ step)
+        idx = np.rint(as64(routing)[:, 0]).astype(np.int64)
+        wts = np.abs(as64(routing)[:, 1])
+        for r in range(idx.shape[0]):
+            for e, wt in zip(idx[r], wts[r]):
+                # weight_input: the weight scales the expert's input, not its output
+                xin, wt = (as64(x[r:r + 1]) * wt, 1.0) if a["weight_input"] else \
+                    (as64(x[r:r + 1]), wt)
+                h = xin @ np.asarray(w_in[e], np.float64).T
+                if inputs[4] is not None:
+                    h = h + np.asarray(inputs[4][e], np.float64)
+                hid = self._hidden(h, a["kind"], a["act"], a["gate_up"], a["limit"],
+                                   a["alpha"], a["up_offset"],
+                                   lambda v: act_reference(v, a["act"]))
+                step = np.abs(hid).reshape(-1, 32).max(axis=1) * rounding[1]
+                w = np.abs(np.asarray(w_down[e], np.float64))
+                slack[r] += wt * (w.reshape(w.shape[0], -1, 32).max(axis=2) @ step)
         return expected + np.clip(got - expected, -slack, slack)
 
     def kernel(self, out, x, routing, w_in, w_down=None, b_in=None, b_down=None,
@@ -424,11 +429,21 @@ class Experts(Operator):
         return inputs
 
 
-def _meets_x8(x, w_down) -> bool:
-    """Whether a step's second GEMV meets its hidden values as 8-bit blocks: one row (a
-    decode step's) on a held stack of GGML blocks."""
-    return isinstance(w_down, HeldStack) and held.is_block(w_down.matrix) \
-        and np.ndim(x) == 2 and np.shape(x)[0] == 1
+def _hidden_rounding(x, w_down):
+    """How the second product's kernel meets the hidden values on a held stack, as
+    ``held.reference_x`` says of a projection's x (by the call's rows: a decode step's one row
+    or a chunk's GEMMs, whatever each expert's share): ``(round, step)``, ``round`` the values
+    it multiplies (float64) and ``step`` one rounding step over a block's largest; None where
+    it meets them as they are."""
+    if not isinstance(w_down, HeldStack) or np.ndim(x) != 2:
+        return None
+    one = np.shape(x)[0] == 1
+    if (one and held.is_block(w_down.matrix)) or (not one and w_down.form == "Q8_0"):
+        return formats.x8_values, 1.0 / formats.X8_MAX
+    if not one and w_down.form == "BF16":
+        return (lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16)
+                .astype(np.float64)), 2.0 ** -7
+    return None
 
 
 #: The activations the native step runs (_cpu_experts.h's expert_act).
