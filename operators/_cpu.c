@@ -221,14 +221,18 @@ enum { WEIGHTS_F32, WEIGHTS_BF16 };  /* a program step's weight kind (Q8_0: 2) *
  * float32 from there: nothing is rounded that the stored form did not round. */
 enum { HELD_F32 = 0, HELD_F16 = 1, HELD_Q4_0 = 2, HELD_Q4_1 = 3, HELD_Q5_0 = 6,
        HELD_Q5_1 = 7, HELD_Q8_0 = 8, HELD_Q4_K = 12, HELD_Q5_K = 13, HELD_Q6_K = 14,
-       HELD_BF16 = 30 };
+       HELD_BF16 = 30,
+       /* bfloat16 rows whose GEMM rounds x to bfloat16 too, as llama.cpp's does (VDPBF16PS:
+        * _cpu_held_gemm.h): a prompt chunk's under --prefill-weights bfloat16; not a GGML
+        * type, the held rows BF16's */
+       HELD_BF16_X = 1030 };
 #define QK_K 256
 
 /* Values a block of ``form`` holds (its bytes into *bytes), or 0 where the code is no form. */
 static int held_block(Py_ssize_t form, int *bytes) {
     switch (form) {
     case HELD_F32: *bytes = 4; return 1;
-    case HELD_F16: case HELD_BF16: *bytes = 2; return 1;
+    case HELD_F16: case HELD_BF16: case HELD_BF16_X: *bytes = 2; return 1;
     case HELD_Q8_0: *bytes = 34; return 32;
     case HELD_Q4_0: *bytes = 18; return 32;
     case HELD_Q4_1: *bytes = 20; return 32;
@@ -1672,15 +1676,20 @@ static Py_ssize_t held_wbuf_floats = 0;
  * no memory. */
 static int gemm_held_run(float *out, const float *x, const void *w, int form, const float *b,
                          Py_ssize_t m, Py_ssize_t n, Py_ssize_t k) {
+    /* HELD_BF16_X: bfloat16 rows whose x is rounded to bfloat16 (asked for); HELD_BF16's x
+     * is met as it is, float32 products of the stored values. */
+    const int round_bf16 = form == HELD_BF16_X;
+    if (round_bf16)
+        form = HELD_BF16;
     /* One row of a held form's product is the GEMV's, whichever entry it came by (so one row
-     * of a block form meets x16 wherever it runs: operators/held.py). */
+     * of a block form meets x8 wherever it runs: operators/held.py). */
     if (m == 1 && form != HELD_F32)
         return gemv_held_run(out, x, w, form, b, n, k);
-    /* bfloat16 rows: x rounded to bfloat16; Q8_0 rows: x quantized to 8 bits a block; as
-     * llama.cpp's GEMMs (_cpu_held_gemm.h). Where the CPU has no kernel for it, the same
-     * rounded x through the widening GEMM below. */
+    /* bfloat16 rows asked to round x: x rounded to bfloat16; Q8_0 rows: x quantized to 8 bits
+     * a block; as llama.cpp's GEMMs (_cpu_held_gemm.h). Where the CPU has no kernel for it,
+     * the same rounded x through the widening GEMM below. */
     float *rounded = NULL;
-    if (form == HELD_BF16 || form == HELD_Q8_0) {
+    if (round_bf16 || form == HELD_Q8_0) {
         const int done = form == HELD_BF16 ? hgemm_bf16_run(out, x, w, b, m, n, k)
                                            : hq8_run(out, x, w, b, m, n, k);
         if (done <= 0)
@@ -1746,6 +1755,8 @@ static void held_bf16_order(const float *x, Py_ssize_t k, int lanes, float *xp) 
 static int gemv_held_run(float *y, const float *x, const void *w, int form, const float *b,
                          Py_ssize_t n, Py_ssize_t k) {
     gemv_args a = {NULL, x, b, NULL, NULL, y, n, k};
+    if (form == HELD_BF16_X)  /* one row: the GEMV's, x as it is (the decode step's) */
+        form = HELD_BF16;
     if (form == HELD_F32) {
         a.w = w;
         pool_run(gemv_part, &a);

@@ -19,9 +19,10 @@ the same values, bit for bit). What a kernel rounds beyond the stored form:
   largest off), so each block's products sum exactly in integers, as llama.cpp's integer dot
   products do (``operators/_cpu_held_x8.h``: VNNI where the CPU has it);
   ``reference_x`` gives the values it stands for;
-- more rows (a prompt chunk's GEMM) on bfloat16 meet x rounded to the nearest bfloat16
-  (ties to even), as llama.cpp's bfloat16 GEMM rounds it: float32 sums of
-  bfloat16 products (AVX-512 BF16's VDPBF16PS where the CPU has it; ``_cpu_held_gemm.h``);
+- more rows (a prompt chunk's GEMM) on bfloat16 rows asked to (``RoundingX``: under
+  ``--prefill-weights bfloat16``) meet x rounded to the nearest bfloat16 (ties to even), as
+  llama.cpp's bfloat16 GEMM rounds it: float32 sums of bfloat16 products (AVX-512 BF16's
+  VDPBF16PS where the CPU has it; ``_cpu_held_gemm.h``);
 - more rows on Q8_0 meet x quantized per 32-value block to 8 bits and a float32 scale
   (``formats.x8_values``), so each block's products sum exactly in integers (AVX-512 VNNI's
   VPDPBUSD where the CPU has it), as llama.cpp's Q8_0 GEMM;
@@ -129,9 +130,27 @@ def is_block(weight) -> bool:
     return isinstance(weight, Blocks)
 
 
+class RoundingX(np.ndarray):
+    """bfloat16 rows a prompt chunk's GEMM meets with x rounded to bfloat16 too, as
+    llama.cpp's bfloat16 GEMM does (AVX-512 BF16's VDPBF16PS, ``_cpu_held_gemm.h``): the held
+    rows themselves (a view, no copy), asked for by ``--prefill-weights bfloat16``. Plain
+    bfloat16 rows meet x as it is."""
+
+
+#: The kernels' code for ``RoundingX`` rows (``_cpu.c``'s HELD_BF16_X: not a GGML type).
+ROUNDING_X = 1030
+
+
+def rounding_x(weight) -> "RoundingX":
+    """``weight`` (bfloat16 rows) as ``RoundingX`` rows: a view."""
+    if form(weight) != "BF16":
+        raise ValueError(f"x is rounded to bfloat16 against bfloat16 rows, not {form(weight)}")
+    return weight.view(RoundingX)
+
+
 def code(weight) -> int:
-    """``weight``'s form as the kernels name it (``CODES``)."""
-    return CODES[form(weight)]
+    """``weight``'s form as the kernels name it (``CODES``; ``ROUNDING_X`` for RoundingX)."""
+    return ROUNDING_X if isinstance(weight, RoundingX) else CODES[form(weight)]
 
 
 def raw(weight) -> np.ndarray:
@@ -184,12 +203,12 @@ def gather(weight, ids: np.ndarray) -> np.ndarray:
 
 def reference_x(x: np.ndarray, weight) -> np.ndarray:
     """The values a kernel multiplies ``weight`` by for input rows ``x`` (float64): one row on
-    a block form, x8's (``formats.x8_values``); more rows on bfloat16, x rounded to the
-    nearest bfloat16 (ties to even, a NaN kept), on Q8_0 x8's too: the prompt chunk's GEMMs
-    round x so, as llama.cpp's do; else x itself."""
+    a block form, x8's (``formats.x8_values``); more rows on ``RoundingX`` bfloat16 rows, x
+    rounded to the nearest bfloat16 (ties to even, a NaN kept), on Q8_0 x8's too: the prompt
+    chunk's GEMMs round x so, as llama.cpp's do; else x itself."""
     if is_block(weight) and x.shape[0] == 1:
         return formats.x8_values(x)
-    if form(weight) == "BF16" and x.shape[0] > 1:
+    if isinstance(weight, RoundingX) and x.shape[0] > 1:
         return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     if form(weight) == "Q8_0" and x.shape[0] > 1:
         return formats.x8_values(x)

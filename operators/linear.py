@@ -80,6 +80,9 @@ class Linear(Operator):
             if (dtype in ("bfloat16", "bfloat16-rounded") and held.form(array) == "BF16") or \
                     (dtype == "int8" and held.form(array) == "Q8_0"):
                 return None
+            if dtype == "bfloat16-tiles" and held.form(array) == "BF16":
+                # the held rows themselves, their GEMM rounding x (no tiles, no copy)
+                return None if rows == 1 else held.rounding_x(array)
             array = held.widen_all(array)
         if dtype == "bfloat16-tiles":
             if rows == 1:

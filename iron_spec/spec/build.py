@@ -658,7 +658,7 @@ def load_model(spec_path: str | Path, *, checkpoint: str | Path | None = None,
             seen.add(id(p))
             f = holding.held_form(p.array)
             held_now[f] = held_now.get(f, 0) + holding.held.nbytes(p.array)
-    lm.prompt_rounds = "BF16" in held_now or "Q8_0" in held_now
+    lm.prompt_rounds = "Q8_0" in held_now  # bfloat16 rows round x only under --prefill-weights bfloat16
     log.info("weights held as %s (--weights %s)", ", ".join(
         f"{f} {_size(n)}" for f, n in sorted(held_now.items(), key=lambda kv: -kv[1])), weights)
     if decode_weights != "float32" or prefill_weights != "float32":

