@@ -171,6 +171,8 @@ def _images(files: Optional[List[Path]], ids: bool, flag: str) -> list[Path]:
         raise FlagError(f"{flag} goes with --prompt or --chat (the processor places its soft "
                         "tokens), not --prompt-ids")
     for f in files:
+        if f.expanduser().is_dir():  # found by a new user's trial: it said "no such file"
+            raise FlagError(f"{flag} {f} is a directory, not a file")
         if not f.expanduser().is_file():
             raise FileNotFoundError(f"{flag} {f}: no such file")
     return [f.expanduser() for f in files]

@@ -132,6 +132,15 @@ def test_a_missing_prompt_file_is_refused(tmp_path):
     assert result.exit_code == 1 and "nope.txt: no such file" in result.output
 
 
+def test_an_image_that_is_a_directory_is_a_usage_error(tmp_path):
+    # Found by a new user's trial: "--image DIR: no such file".
+    toy = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "gemma3-vision-toy")
+    result = run("gemma3", "--checkpoint", toy, "--image", str(tmp_path), "--chat",
+                 "--prompt", "x", env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert f"--image {tmp_path} is a directory, not a file" in result.output
+
+
 def test_a_prompt_file_that_is_a_directory_is_a_usage_error(tmp_path):
     result = run("llama3", *TOY, "--prompt-file", str(tmp_path), env={"COLUMNS": "300"})
     assert result.exit_code == 2, result.output
