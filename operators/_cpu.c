@@ -1164,26 +1164,24 @@ static void attend_merge(float *out, const attend_args *a0, int T);
 /* One query (H, D) at ``start`` over caches (G, L, D) into out (H, D): q scaled into the
  * scratch (attend_need floats), the positions shared by the pool's threads, their softmax
  * numerators merged. Called with the GIL released; shapes checked by the caller. */
+static void attend_setup(attend_args *a, const float *q, const void *keys, const void *values,
+                         int kv16, float *scratch, int H, int G, int D, Py_ssize_t L,
+                         Py_ssize_t start, Py_ssize_t window, float scale, float softcap,
+                         Py_ssize_t ring, const float *alibi);
+
 static void attend_run(float *out, const float *q, const void *keys, const void *values,
                        int kv16, float *scratch, int H, int G, int D, Py_ssize_t L,
                        Py_ssize_t start, Py_ssize_t window, float scale, float softcap,
                        Py_ssize_t ring, const float *alibi) {
-    int T = pool.threads ? pool.threads : 1;
-    Py_ssize_t HD = (Py_ssize_t)H * D;
-    Py_ssize_t t = start + 1, lo = window > 0 && t > window ? t - window : 0;
-    Py_ssize_t span = (t - lo + T - 1) / T + 1;
-    float *qs = scratch;
-    for (Py_ssize_t i = 0; i < HD; i++)
-        qs[i] = q[i] * scale;
-    attend_args a = {qs, keys, values, qs + HD, qs + HD + (Py_ssize_t)T * (H / G) * span,
-                     H, G, D, kv16, L, lo, t, span, ring > 0 && ring <= L ? ring : L, softcap,
-                     alibi};
+    attend_args a;
+    attend_setup(&a, q, keys, values, kv16, scratch, H, G, D, L, start, window, scale, softcap,
+                 ring, alibi);
     pool_run(attend_part, &a);
-    attend_merge(out, &a, T);
+    attend_merge(out, &a, pool.threads ? pool.threads : 1);
 }
 
-/* attend_run's first half for one of several queries run as one dispatch (attend_rows): q
- * scaled into the scratch and the query's attend_args, the same values attend_run makes. */
+/* A query's q scaled into the scratch and its attend_args: attend_run's first half, and each
+ * query's of several run as one dispatch (attend_rows). */
 static void attend_setup(attend_args *a, const float *q, const void *keys, const void *values,
                          int kv16, float *scratch, int H, int G, int D, Py_ssize_t L,
                          Py_ssize_t start, Py_ssize_t window, float scale, float softcap,
