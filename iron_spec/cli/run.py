@@ -286,7 +286,8 @@ def _prompt_ids(given: Optional[str]) -> Optional[list[int]]:
 
 def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional[str]:
     """The prompt from ``--prompt`` (``-``: stdin) or ``--prompt-file`` (``-``: stdin), its
-    bytes read as a command line's are (surrogateescape), so what is not UTF-8 is named.
+    bytes read as a command line's are (surrogateescape), so what is not UTF-8 is named. A
+    file's or stdin's one trailing newline is not prompt text (llama.cpp's ``-f`` drops it too).
 
     Raises:
         FlagError: the prompt file is a directory, or the prompt is empty (a usage error,
@@ -313,6 +314,10 @@ def _prompt_text(prompt: Optional[str], prompt_file: Optional[Path]) -> Optional
         text, what = prompt, "--prompt"
     else:
         return None
+    if what != "--prompt" and text.endswith("\n"):
+        # A file's (or a pipe's) last line ends in a newline its writer never meant as prompt
+        # text: llama.cpp's `-f` drops one, and so do we (only one: a blank line is kept).
+        text = text[:-1]
     if not text.strip():  # white space alone encodes to nothing a prompt means
         stdin = prompt_file is None and prompt == "-" or str(prompt_file) == "-"
         raise FlagError(f"{what} is empty" + (" but for white space" if text else

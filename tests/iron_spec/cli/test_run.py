@@ -399,3 +399,17 @@ def test_a_chat_takes_on_finish_after_its_own_and_refuses_a_session(worded):
         with pytest.raises(TypeError, match=says):
             chat.send("t3", max_new_tokens=2, **bad)
         assert chat.messages == before and chat.session.held == held
+
+
+@pytest.mark.parametrize("written, prompt", [
+    ("Tell me a story.\n", "Tell me a story."),     # an editor's last newline is not the prompt's
+    ("Tell me a story.", "Tell me a story."),
+    ("Two lines.\n\n", "Two lines.\n"),              # one dropped, as llama.cpp's -f: a blank line kept
+    ("Windows line.\r\n", "Windows line.\r")])
+def test_a_prompt_files_one_trailing_newline_is_dropped_as_llama_cpps_f_drops_it(tmp_path, written,
+                                                                                  prompt):
+    from iron_spec.cli.run import _prompt_text
+    path = tmp_path / "p.txt"
+    path.write_bytes(written.encode())
+    assert _prompt_text(None, path) == prompt
+    assert _prompt_text("Tell me a story.\n", None) == "Tell me a story.\n"  # --prompt is as typed
