@@ -553,8 +553,12 @@ class Model:
         _stream_options(self.stream, caller, options)
         on_finish = options.pop("on_finish", None)
         arguments.callable_or_none(on_finish, "on_finish", "each Completion once it ends")
-        requests = [self.request(p, top_logprobs=0 if logprobs else None, **options)
-                    for p in prompts]  # every prompt checked before any runs
+        requests = []
+        for i, p in enumerate(prompts):  # every prompt checked before any runs
+            try:
+                requests.append(self.request(p, top_logprobs=0 if logprobs else None, **options))
+            except (TypeError, ValueError, IndexError) as e:
+                raise _of_prompt(e, i, len(prompts)) from e
         engine = self.engine()
         tickets = [engine.submit(r) for r in requests]
         try:
@@ -912,6 +916,15 @@ def _stream_options(stream, caller: str, options: dict) -> dict:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
                         f"(it takes {', '.join(takes)})")
     return options
+
+
+def _of_prompt(error: Exception, i: int, n: int) -> Exception:
+    """``error`` raised by prompt ``i`` of ``n`` given together, its message naming which (the
+    same class, so a caller's ``except ContextFull`` still holds)."""
+    try:
+        return type(error)(f"prompt {i} (of {n}, counted from 0): {error}")
+    except Exception:  # a class whose constructor takes more than a message
+        return error
 
 
 def _many(prompt) -> bool:

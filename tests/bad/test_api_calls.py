@@ -410,3 +410,18 @@ def test_a_checkpoint_that_is_nowhere_is_named_as_load_s_argument(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"^checkpoint='{tmp_path / 'nope'}': not a "
                                                 "checkpoint directory"):
         iron_spec.load(LLAMA, str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("prompts, error, says", [
+    ([[5, 17], []], ValueError, "prompt 1 (of 2, counted from 0): the prompt holds no token ids"),
+    ([[5, 17], [5, -1], [5]], IndexError, "prompt 1 (of 3, counted from 0): token id -1 at position 1"),
+    ([[5], [5], [10**6]], IndexError, "prompt 2 (of 3, counted from 0): token id 1000000 at")])
+def test_a_bad_prompt_among_several_is_named_by_its_index_and_none_runs(library, prompts, error,
+                                                                        says):
+    # Found by a new user's trial: generate(["Hi", ""]) said "the prompt encodes to no
+    # tokens" without saying which of the prompts.
+    before = library.engine().metrics.requests
+    with pytest.raises(error) as raised:
+        library.generate(prompts, max_new_tokens=2)
+    assert says in str(raised.value)
+    assert library.engine().metrics.requests == before  # the good prompts before it never ran
