@@ -291,6 +291,25 @@ class Tokenizer:
         return self.encode(self.chat_text(messages, add_generation_prompt),
                            add_special_tokens=False)
 
+    def check_chat_template(self) -> None:
+        """Parse the chat template without rendering it, so a conversation is refused when it
+        starts rather than at its first turn (transformers compiles it at the first
+        ``apply_chat_template``; a chat wants the error before anyone types).
+
+        Raises:
+            ValueError: the checkpoint has no chat template.
+            jinja2.TemplateError: the template is not valid jinja, naming where it was read
+                and the line.
+        """
+        if self.chat_template is None:
+            raise ValueError("this checkpoint has no chat template (tokenizer_config.json's "
+                             "chat_template or chat_template.jinja); use a plain --prompt")
+        try:
+            _environment().parse(self.chat_template)
+        except jinja2.TemplateSyntaxError as e:
+            raise jinja2.TemplateError(f"{self.chat_template_source}: line {e.lineno}: "
+                                       f"{e.message}") from None
+
     def chat_text(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The text the chat template renders ``messages`` into (``chat`` encodes it);
         raises as ``chat``."""

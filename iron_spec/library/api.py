@@ -628,6 +628,7 @@ class Model:
         Raises:
             TypeError: ``system`` is not text (nor None).
             ValueError: the checkpoint has no tokenizer or no chat template.
+            jinja2.TemplateError: the chat template is not valid jinja (named with its line).
         """
         if system is not None and not isinstance(system, str):
             raise TypeError(f"system is {type(system).__name__}; it is the system message's "
@@ -635,6 +636,7 @@ class Model:
         if self.tokenizer is None or self.tokenizer.chat_template is None:
             raise ValueError("a chat needs the checkpoint's tokenizer.json and a chat template "
                              "(tokenizer_config.json's chat_template or chat_template.jinja)")
+        self.tokenizer.check_chat_template()
         return Conversation(self, system)
 
 

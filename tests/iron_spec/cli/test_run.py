@@ -413,3 +413,18 @@ def test_a_prompt_files_one_trailing_newline_is_dropped_as_llama_cpps_f_drops_it
     path.write_bytes(written.encode())
     assert _prompt_text(None, path) == prompt
     assert _prompt_text("Tell me a story.\n", None) == "Tell me a story.\n"  # --prompt is as typed
+
+
+def test_a_chat_template_that_is_not_jinja_is_refused_before_the_first_turn(worded):
+    # Found by a new user's trial: a template with a syntax error was refused at every turn,
+    # after the user had typed it, never when the chat began.
+    directory, _ = worded
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{{ m['content'] }}\n{% if m %}")}))  # two blocks never closed
+    result = run("llama3", "--checkpoint", str(directory), "--chat", "--num-tokens", "2",
+                 input="t1 t2\n", env={"COLUMNS": "300"})
+    assert result.exit_code != 0
+    assert "tokenizer_config.json" in result.output and "line 2" in result.output
+    assert "> " not in result.output  # no prompt for a turn was ever shown
+    assert run("llama3", "--checkpoint", str(directory), "--prompt", "t1 t2",
+               "--num-tokens", "2").exit_code == 0  # a plain prompt needs no template
