@@ -34,7 +34,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -246,6 +246,35 @@ def _serve(ref: weakref.ref) -> None:
             return
 
 
+#: The least each of the engine's count options may be (held_sessions 0: no prefix reuse).
+_LEAST = {"max_batch": 1, "held_sessions": 0, "held_bytes": 0, "prefill_tokens": 1}
+
+
+def check_options(**options: Any) -> None:
+    """Refuse engine options (``Engine``'s keyword arguments) that are not what they must be,
+    before any model is built for them (``iron-spec serve`` checks its file with this before
+    loading weights).
+
+    Raises:
+        ValueError: an option is unknown, a count that is not an int at least its least
+            (``max_batch`` >= 1, ``held_sessions`` and ``held_bytes`` >= 0,
+            ``prefill_tokens`` >= 1; None for the three last: the default), or ``batched``
+            is not a bool; the message names the option and what is valid.
+    """
+    for name, value in options.items():
+        if name == "batched":
+            if not isinstance(value, bool):
+                raise ValueError(f"batched is {value!r}: true or false")
+            continue
+        if name not in _LEAST:
+            raise ValueError(f"unknown engine option {name!r} (the options: "
+                             f"{', '.join([*_LEAST, 'batched'])})")
+        if value is None and name != "max_batch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < _LEAST[name]:
+            raise ValueError(f"{name} is {value!r}: a count >= {_LEAST[name]}")
+
+
 class Engine:
     """Runs ``Request``s over ``lm`` on a thread of its own (module docstring).
 
@@ -263,8 +292,8 @@ class Engine:
     def __init__(self, lm: CausalLM, *, max_batch: int = 8, held_sessions: int | None = None,
                  held_bytes: int | None = None, prefill_tokens: int | None = None,
                  batched: bool = True):
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch is {max_batch!r}: a count >= 1")
+        check_options(max_batch=max_batch, held_sessions=held_sessions, held_bytes=held_bytes,
+                      prefill_tokens=prefill_tokens, batched=batched)
         self.lm, self.max_batch = lm, max_batch
         self.pool = SessionPool(lm, max_batch if held_sessions is None else held_sessions,
                                 held_bytes)

@@ -17,12 +17,12 @@ from typing import List, Optional
 
 import typer
 
+from iron_spec.runtime.engine import check_options
+from iron_spec.spec.build import WEIGHTS, WEIGHTS_HELP
 from iron_spec.spec.errors import FlagError
 
-from iron_spec.spec.build import WEIGHTS, WEIGHTS_HELP
-
 from .command import choice, log_to_stderr, refuse
-from .server.config import ENGINE_OPTIONS, ConfigError, ModelEntry, ServeConfig, load_models, read_config
+from .server.config import ConfigError, ModelEntry, ServeConfig, load_models, read_config
 
 #: The environment variable an API key is read from where --api-key is not given.
 API_KEY_VARIABLE = "IRON_SPEC_API_KEY"
@@ -113,9 +113,7 @@ def command(
         for k, v in (("max_batch", max_batch), ("held_sessions", held_sessions)):
             if v is not None:
                 cfg.engine[k] = v
-        bad = set(cfg.engine) - set(ENGINE_OPTIONS)
-        if bad:
-            raise ConfigError(f"unknown engine options {sorted(bad)}")
+        check_options(**cfg.engine)
         # The address is taken before the weights load (found by a new user's trial: a port
         # in use was found only after loading, and after "serving ... on" was printed).
         sock = _listen(cfg.host, cfg.port)

@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from iron_spec.runtime.engine import check_options
+
 #: iron_spec.load's options a model entry may give (beside spec and checkpoint).
 LOAD_OPTIONS = ("max_seq_len", "prefill_chunk", "weights", "decode_weights", "prefill_weights",
                 "kv_cache", "max_tokens", "random_weights", "toy", "allow_unread_config")
@@ -115,8 +117,15 @@ def read_config(path: str | Path) -> ServeConfig:
     if not isinstance(host, str):
         raise ConfigError(f"{path}: host {host!r} is not an address")
     threads = data.get("threads")
-    return ServeConfig(entries, host, port, key, threads,
-                       {k: data[k] for k in ENGINE_OPTIONS if k in data})
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ConfigError(f"{path}: threads {threads!r} is not a count >= 1")
+    engine = {k: data[k] for k in ENGINE_OPTIONS if k in data}
+    try:
+        check_options(**engine)  # before any weights load, not after
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return ServeConfig(entries, host, port, key, threads, engine)
 
 
 def load_models(config: ServeConfig, progress: bool = False) -> dict[str, Any]:

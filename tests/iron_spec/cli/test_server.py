@@ -308,3 +308,26 @@ def test_a_port_in_use_is_refused_before_anything_loads():
     assert result.exit_code == 1, result.output
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
     assert "serving" not in result.output and "weights held" not in result.output
+
+
+@pytest.mark.parametrize("line, says", [
+    ("max_batch: 0", "max_batch is 0: a count >= 1"),
+    ("max_batch: two", "max_batch is 'two': a count >= 1"),
+    ("held_sessions: -1", "held_sessions is -1: a count >= 0"),
+    ("prefill_tokens: 0", "prefill_tokens is 0: a count >= 1"),
+    ("held_bytes: 1.5", "held_bytes is 1.5: a count >= 0"),
+    ("batched: 'no'", "batched is 'no': true or false"),
+    ("threads: 0", "threads 0 is not a count >= 1")])
+def test_a_serve_files_bad_engine_option_is_refused_naming_the_file_before_anything_loads(
+        tmp_path, line, says):
+    # Found by a new user's trial: max_batch 0 was refused only once the weights had loaded.
+    from typer.testing import CliRunner
+
+    from iron_spec.cli.app import app
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"{line}\nmodels:\n  toy: {{spec: llama3, random_weights: 0, toy: true}}\n")
+    result = CliRunner().invoke(app, ["serve", "--config", str(path), "--port", "0"],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 1, result.output
+    assert f"{path}: {says}" in " ".join(result.output.split())
+    assert "weights held" not in result.output and "serving" not in result.output
