@@ -26,6 +26,7 @@ from .arguments import said
 from .build import read_config
 from .errors import FlagError, SpecError, message, shorten
 from .loader import load_spec
+from .schema import schema
 
 log = logging.getLogger("iron_spec")
 
@@ -107,6 +108,15 @@ def _entries(files: tuple) -> tuple[tuple[Entry, ...], tuple[tuple[Path, str], .
             spec = load_spec(path)
         except (SpecError, OSError) as e:
             broken.append((path, " ".join(message(e).split())))
+            continue
+        # Another tool's YAML in the folder (a serve file, a CI config) parses too: without a
+        # spec's top-level keys it is no spec, not a spec of model "?".
+        missing = [k for k in schema()["required"]
+                   if not isinstance(spec.data, dict) or k not in spec.data]
+        if missing:
+            keys = ", ".join(schema()["required"])
+            broken.append((path, f"none of a spec's keys ({keys})" if len(missing) == len(
+                schema()["required"]) else f"no {', '.join(missing)} (a spec has {keys})"))
             continue
         archs = spec.get("architectures", default=[])
         archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []

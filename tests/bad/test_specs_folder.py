@@ -29,6 +29,11 @@ BROKEN = {  # file -> (a maker, what its warning says)
     "big.yaml": (lambda p: p.write_text("# " + "x" * (300 * 1024) + "\n" + BASE),
                  f"larger than a spec may be ({MAX_BYTES} bytes, 256 KiB)"),
     "dangling.yaml": (lambda p: p.symlink_to(p.parent / "nowhere.yaml"), "no such spec file"),
+    # Found by a new user's trial: another tool's YAML mapping was listed as a spec of model `?`.
+    "serve.yaml": (lambda p: p.write_text("port: 8000\nmodels:\n  a: b\n"),
+                   "none of a spec's keys (spec, name, architectures, model, config, layer)"),
+    "half.yaml": (lambda p: p.write_text("spec: 1\nname: half\n"),
+                  "no architectures, model, config, layer (a spec has spec, name,"),
 }
 
 
