@@ -22,7 +22,7 @@ from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
 from iron_spec.runtime.towers.axial import AxialTower
 from iron_spec.runtime.towers.images import TileProcessor, patches
-from iron_spec.runtime.towers.multimodal import TowerRun
+from iron_spec.runtime.towers.multimodal import TowerRun, naming
 from iron_spec.runtime.towers.qwen_images import GridProcessor
 from iron_spec.runtime.towers.qwen_vision import QwenVisionTower
 from iron_spec.runtime.towers.tower import Tower
@@ -66,7 +66,8 @@ class LoadedTower:
     def grid(self, raw) -> tuple[int, int, int]:
         """The (time, height, width) grid of ``raw``'s soft tokens (merged blocks), the
         M-RoPE positions' axes (``runtime.towers.mrope``); gridded front ends alone."""
-        h, w = self.processor.grid(raw)
+        with naming(raw):
+            h, w = self.processor.grid(raw)
         m = self.tower.options.merge
         return 1, h // m, w // m
 
@@ -80,6 +81,10 @@ class LoadedTower:
         PIL image or a uint8 array; a sound: a path or samples at the extractor's rate): the
         front end, then the compiled tower (once per tile, in the processor's order, where
         the front end cuts tiles)."""
+        with naming(raw):
+            return self._soft_tokens(raw)
+
+    def _soft_tokens(self, raw) -> "Any":
         if self.modality == "audio":
             features, frames = self.processor(raw)
             return self.tower.version(features, frames)
@@ -99,6 +104,10 @@ class LoadedTower:
     def layout(self, raw) -> tuple[int, int, int]:
         """How the processor writes ``raw``'s placeholders: soft tokens per tile (per input
         where untiled), and the rows and columns of tiles (0, 0: none)."""
+        with naming(raw):
+            return self._layout(raw)
+
+    def _layout(self, raw) -> tuple[int, int, int]:
         if self.modality == "audio":
             return self.tower.options.soft(self.processor(raw)[1]), 0, 0
         if self.gridded:

@@ -32,8 +32,8 @@ def read_audio(source, sampling_rate: int) -> np.ndarray:
 
     Raises:
         FileNotFoundError: a path that is not there.
-        ValueError: a file that is no sound soundfile reads, an array that is not one
-            channel of float or integer samples.
+        ValueError: a file that is no sound soundfile reads or holds no samples, an array
+            that is not one channel of float or integer samples.
         ImportError: soundfile or soxr is not installed (the ``audio`` extra).
     """
     if isinstance(source, np.ndarray):
@@ -54,6 +54,8 @@ def read_audio(source, sampling_rate: int) -> np.ndarray:
         samples, rate = soundfile.read(str(path), dtype="float64", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError) as e:
         raise ValueError(f"{path}: not a sound soundfile can read ({e})") from None
+    if not len(samples):  # soundfile reads a header-only file as no samples, no error
+        raise ValueError(f"{path}: holds no samples (an empty sound)")
     mono = samples.mean(axis=1)
     if rate != sampling_rate:
         mono = soxr.resample(mono, rate, sampling_rate)

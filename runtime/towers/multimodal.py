@@ -16,10 +16,13 @@ Not for: a tower's numbers (``tower``), an image's pixels (``images``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -44,6 +47,26 @@ class TowerRun:
     # The id the text model's embeddings read at a placeholder (None: the placeholder, or 0
     # past the vocabulary): Gemma 4's per-layer inputs read pad_token_id's rows there.
     read_as: int | None = None
+
+
+@contextlib.contextmanager
+def naming(raw):
+    """Where ``raw`` (an input as given) is a path, a ValueError raised inside names its file
+    before its message, unless the message already does: the front ends see pixels and
+    samples, not where they came from (an image's aspect ratio, an empty sound)."""
+    try:
+        yield
+    except ValueError as e:
+        if not isinstance(raw, (str, os.PathLike)):
+            raise
+        name = str(Path(raw).expanduser())
+        if name in str(e):
+            raise
+        try:
+            named = type(e)(f"{name}: {e}")
+        except Exception:  # a class whose constructor takes more than a message
+            raise e from None
+        raise named from None
 
 
 def runs(where: np.ndarray) -> list[tuple[int, int]]:
@@ -149,7 +172,6 @@ def digest(raw) -> str:
         h.update(repr((raw.shape, raw.dtype.str)).encode())
         h.update(np.ascontiguousarray(raw).tobytes())
     elif isinstance(raw, (str, bytes)) or hasattr(raw, "__fspath__"):
-        from pathlib import Path
         h.update(Path(raw).expanduser().read_bytes())
     else:  # a PIL image
         h.update(repr((raw.mode, raw.size)).encode())

@@ -90,3 +90,13 @@ def test_pair_mean_and_call_rows():
     got = np.empty((4, 2), np.float32)
     CallRows().kernel(got, full, np.zeros(4, np.int32))
     np.testing.assert_array_equal(got, full[:4])
+
+
+def test_an_empty_sound_file_is_refused_naming_it(tmp_path):
+    # Found by a new user's trial: a .wav of no samples was refused with no word of which file.
+    soundfile = pytest.importorskip("soundfile")
+    pytest.importorskip("soxr")
+    path = tmp_path / "silence.wav"
+    soundfile.write(str(path), np.zeros(0, np.float32), 16000)
+    with pytest.raises(ValueError, match=f"^{path}: holds no samples"):
+        read_audio(path, 16000)

@@ -230,3 +230,17 @@ def test_a_later_turn_reuses_the_caches_and_equals_a_fresh_run(golden):
     model.multimodal.place(fresh, later, inputs)
     want = fresh.logits(model.multimodal.lookup(later))
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_an_image_files_refusal_names_the_file(tmp_path):
+    # Found by a new user's trial: an image of aspect ratio over 200 was refused as "an image
+    # of 2x500" with no word of which file.
+    from PIL import Image
+
+    path = tmp_path / "strip.png"
+    Image.new("RGB", (500, 2)).save(path)
+    tower = load("qwen2", TOY).loaded.towers[0]
+    for call in (tower.count, tower.soft_tokens):
+        with pytest.raises(ValueError) as raised:
+            call(str(path))
+        assert str(raised.value).startswith(f"{path}: an image of 2x500: its aspect ratio 250")
