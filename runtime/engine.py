@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from iron_spec.operators import native
 from iron_spec.operators.sampling import Sampler, log_softmax
 
 from .batch import BatchDecode, Unbatchable
@@ -258,8 +259,9 @@ def check_options(**options: Any) -> None:
     Raises:
         ValueError: an option is unknown, a count that is not an int at least its least
             (``max_batch`` >= 1, ``held_sessions`` and ``held_bytes`` >= 0,
-            ``prefill_tokens`` >= 1; None for the three last: the default), or ``batched``
-            is not a bool; the message names the option and what is valid.
+            ``prefill_tokens`` >= 1; None for the three last: the default), ``max_batch``
+            past the batched decode's rows (``native.CALL_ROWS``) unless ``batched`` is False,
+            or ``batched`` is not a bool; the message names the option and what is valid.
     """
     for name, value in options.items():
         if name == "batched":
@@ -273,6 +275,10 @@ def check_options(**options: Any) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < _LEAST[name]:
             raise ValueError(f"{name} is {value!r}: a count >= {_LEAST[name]}")
+    most = native.CALL_ROWS
+    if options.get("batched", True) and options.get("max_batch", 1) > most:
+        raise ValueError(f"max_batch is {options['max_batch']}: at most {most} requests decode "
+                         "together in one step (batched: false runs more, one at a time)")
 
 
 class Engine:

@@ -117,6 +117,7 @@ def command(
         # The address is taken before the weights load (found by a new user's trial: a port
         # in use was found only after loading, and after "serving ... on" was printed).
         sock = _listen(cfg.host, cfg.port)
+        cfg.port = sock.getsockname()[1]  # port 0: the one the system gave
         with log_to_stderr():
             served = load_models(cfg)
             app = build_app(served, api_key=cfg.api_key, engine=cfg.engine)

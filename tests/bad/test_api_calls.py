@@ -425,3 +425,19 @@ def test_a_bad_prompt_among_several_is_named_by_its_index_and_none_runs(library,
         library.generate(prompts, max_new_tokens=2)
     assert says in str(raised.value)
     assert library.engine().metrics.requests == before  # the good prompts before it never ran
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(prefill_tokens=-3), "prefill_tokens is -3: a count >= 1"),
+    (dict(held_sessions=-1), "held_sessions is -1: a count >= 0"),
+    (dict(batched="maybe"), "batched is 'maybe': true or false"),
+    (dict(max_batch=1000), "max_batch is 1000: at most")])
+def test_a_bad_engine_option_is_refused_before_any_request_hangs_on_it(options, says):
+    # Found by a new user's trial: engine(prefill_tokens=-3) was taken, and every request
+    # then hung (no prompt row ever ran).
+    import iron_spec
+
+    model = iron_spec.load(LLAMA, random_weights=0, toy=True)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        model.engine(**options)
+    assert model.generate([[5, 17], [5]], max_new_tokens=2)  # the default engine still serves

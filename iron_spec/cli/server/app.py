@@ -38,6 +38,16 @@ from .protocol import ApiError
 log = logging.getLogger("iron_spec")
 
 
+#: Bytes of a request body read at most: past it, 413 (a context of a million tokens is
+#: ~4 MB of text, or ~8 MB of token ids as JSON).
+MAX_BODY = 16 * 2**20
+
+
+def too_large() -> ApiError:
+    return ApiError(f"the request body is larger than this server reads ({MAX_BODY} bytes, "
+                    f"{MAX_BODY // 2**20} MiB)", None, 413, "request_too_large")
+
+
 def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None = None,
               engine: Mapping[str, Any] | None = None, replica: str | None = None):
     """The app serving ``models`` by name.
@@ -82,11 +92,22 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
         return m
 
     async def body_of(request: Request) -> Any:
-        raw = await request.body()
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            raise too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():  # bounded as it arrives, never read whole first
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise too_large()
+            chunks.append(chunk)
         try:
-            return json.loads(raw)
+            return json.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(f"the request body is not JSON: {e}") from None
+        except RecursionError:  # json's decoder recurses once per nested list or object
+            raise ApiError("the request body is not JSON this server reads: nested past "
+                           "Python's recursion limit") from None
 
     async def chat(request: Request) -> Response:
         gen = protocol.chat_request(await body_of(request))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures as futures
 import json
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -313,6 +314,7 @@ def test_a_port_in_use_is_refused_before_anything_loads():
 @pytest.mark.parametrize("line, says", [
     ("max_batch: 0", "max_batch is 0: a count >= 1"),
     ("max_batch: two", "max_batch is 'two': a count >= 1"),
+    ("max_batch: 1000", "max_batch is 1000: at most 256 requests decode together"),
     ("held_sessions: -1", "held_sessions is -1: a count >= 0"),
     ("prefill_tokens: 0", "prefill_tokens is 0: a count >= 1"),
     ("held_bytes: 1.5", "held_bytes is 1.5: a count >= 0"),
@@ -331,3 +333,64 @@ def test_a_serve_files_bad_engine_option_is_refused_naming_the_file_before_anyth
     assert result.exit_code == 1, result.output
     assert f"{path}: {says}" in " ".join(result.output.split())
     assert "weights held" not in result.output and "serving" not in result.output
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_body_nested_past_the_recursion_limit_or_past_the_size_bound_is_refused(toy_url):
+    # Found by a new user's trial: 100000 nested lists were a 500 with a traceback in the log
+    # (json's decoder recurses), and a 50 MB body was read whole before anything was said.
+    from iron_spec.cli.server.app import MAX_BODY
+    status, body = _post(toy_url, b"[" * 100000 + b"]" * 100000)
+    assert status == 400 and "nested past Python's recursion limit" in body["error"]["message"]
+    # A body declared past the bound is refused before a byte of it is read: the headers alone.
+    import http.client
+    host, port = toy_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.putrequest("POST", "/v1/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(MAX_BODY + 1))
+    connection.endheaders()
+    answer = connection.getresponse()
+    assert answer.status == 413
+    assert json.loads(answer.read())["error"]["code"] == "request_too_large"
+    connection.close()
+    with urllib.request.urlopen(toy_url + "/health") as r:
+        assert r.status == 200  # and the server goes on
+
+
+def test_port_0_serves_on_the_port_the_system_gave_and_says_which(tmp_path):
+    # Found by a new user's trial: `serve --port 0` said "on http://127.0.0.1:0/v1".
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "from iron_spec.cli.app import app; app()",
+                             "serve", "llama3", "--toy", "--random-weights", "0", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        said = ""
+        for line in proc.stderr:
+            if line.startswith("serving"):
+                said = line
+                break
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", said)
+        assert port and port.group(1) != "0", said
+        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/health") as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
