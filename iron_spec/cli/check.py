@@ -184,7 +184,7 @@ def fit_shape(spec, checkpoint, random_weights, toy: bool, max_seq_len: int | No
         ValueError: the model's own context too short for even a one-token chunk.
     """
     config_json, source, directory = model_inputs(spec, checkpoint, random_weights, toy,
-                                                  allow_unread_config)
+                                                  allow_unread_config, say_unread=False)
     C = prefill_chunk or (toy and spec.get("toy", "prefill_chunk")) or \
         spec.get("runtime", "prefill_chunk", default=DEFAULT_PREFILL_CHUNK)
     expanded_ = expand(spec, config_json, prefill_chunk=C, source=source)

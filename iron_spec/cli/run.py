@@ -233,7 +233,7 @@ def _within_context(spec: Optional[str], checkpoint: Optional[str],
         return
     parsed = load_spec(spec if spec is not None else find(None, checkpoint))
     config_json, source, _ = model_inputs(parsed, checkpoint, random_weights, toy,
-                                          allow_unread_config)
+                                          allow_unread_config, say_unread=False)
     if toy:  # the chunk the load expands with: the toy's own, not the spec's runtime one
         prefill_chunk = prefill_chunk or parsed.get("toy", "prefill_chunk")
     options = expand(parsed, config_json, prefill_chunk=prefill_chunk, source=source).options

@@ -6,6 +6,8 @@ spec, fits the context to the host, builds the module tree and fills its weights
 
 from __future__ import annotations
 
+import difflib
+
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -303,22 +305,25 @@ def weights_source(checkpoint, random_weights: int | None, toy: bool) -> None:
 
 
 def model_inputs(spec, checkpoint: str | Path | None, random_weights: int | None,
-                 toy: bool, allow_unread_config: bool = False) -> tuple[dict, str, Path | None]:
+                 toy: bool, allow_unread_config: bool = False, say_unread: bool = True
+                 ) -> tuple[dict, str, Path | None]:
     """``inputs``' config.json, its source and the checkpoint directory (the part's, where
     the checkpoint holds the model as a part of a bigger one)."""
     config_json, source, directory, _ = inputs(spec, checkpoint, random_weights, toy,
-                                               allow_unread_config)
+                                               allow_unread_config, say_unread)
     return config_json, source, directory
 
 
 def inputs(spec, checkpoint: str | Path | None, random_weights: int | None, toy: bool,
-           allow_unread_config: bool = False
+           allow_unread_config: bool = False, say_unread: bool = True
            ) -> tuple[dict, str, Path | None, PartOf | None]:
     """The config.json a model is built on (a checkpoint's, or the spec's toy), where it came
     from, and the checkpoint directory (None for a toy); every key of it accounted for by
     the spec (``accounting.account``) unless ``allow_unread_config``; and, where config.json's
     ``architectures`` is one of the spec's ``parts``, that part (``parts.PartOf``): the
-    config.json returned is then the part's (``parts.config_of``).
+    config.json returned is then the part's (``parts.config_of``). The keys transformers
+    leaves unread are said on the ``iron_spec`` logger (INFO) unless ``say_unread`` is False
+    (a command's check before its load, which says them).
 
     Raises:
         FlagError: no weights source, or ``--toy`` with a checkpoint or without a seed.
@@ -351,10 +356,22 @@ def inputs(spec, checkpoint: str | Path | None, random_weights: int | None, toy:
     else:
         refuse_other_architecture(spec, config_json, source)
     accounted = account(spec, config_json, source, allow_unread_config)
-    if accounted.unread:  # loaded as they are: transformers reads none of them either
+    if accounted.unread and say_unread:  # loaded as they are: transformers reads none either
         log.info("%s: unread, as transformers leaves them (iron-spec show lists them): %s",
-                 source, ", ".join(k for k, _, _ in accounted.unread))
+                 source, ", ".join(k + _near(k, accounted.reads, config_json)
+                                   for k, _, _ in accounted.unread))
     return config_json, source, directory, None if part is None else PartOf(part, whole)
+
+
+def _near(key: str, reads, config_json: dict) -> str:
+    """`` (did you mean X?)`` where ``key``, left unread, is one letter or two from a key
+    transformers reads that config.json lacks (``rope_thetta``: its default is used, as
+    transformers would, and a typo is the likelier story); else nothing."""
+    if reads is None or key.startswith("_"):
+        return ""
+    known = [k for k in (*reads.fields, *reads.aliases) if k not in config_json]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def other_architecture(spec, config_json: dict, source: str) -> str | None:

@@ -428,3 +428,18 @@ def test_a_chat_template_that_is_not_jinja_is_refused_before_the_first_turn(word
     assert "> " not in result.output  # no prompt for a turn was ever shown
     assert run("llama3", "--checkpoint", str(directory), "--prompt", "t1 t2",
                "--num-tokens", "2").exit_code == 0  # a plain prompt needs no template
+
+
+def test_a_config_key_transformers_leaves_unread_is_said_once(worded):
+    # Found by a new user's trial: run said it twice (its context check before the load read
+    # config.json too).
+    directory, _ = worded
+    config = json.loads((directory / "config.json").read_text())
+    config["rms_norm_epss"] = config.pop("rms_norm_eps")  # a typo: transformers keeps it
+    # as an attribute, unread, and builds the model with rms_norm_eps's default
+    (directory / "config.json").write_text(json.dumps(config))
+    result = run("llama3", "--checkpoint", str(directory), "--prompt", "t1 t2", "--num-tokens",
+                 "2", env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert result.output.count("unread, as transformers leaves them") == 1, result.output
+    assert "rms_norm_epss (did you mean rms_norm_eps?)" in result.output
