@@ -32,11 +32,14 @@ EXTRA = ("the server needs the serve extra: pip install 'iron-spec[serve]' (star
 
 def _entries(spec: Optional[str], checkpoint: Optional[str], name: Optional[str],
              models: list[str], options: dict) -> list[ModelEntry]:
+    # A context (--max-seq-len) is a causal model's: an encoder served beside it keeps its own.
+    causal = {k: options.pop(k) for k in ("max_seq_len",) if k in options}
     entries = []
     if spec is not None or checkpoint is not None:
         where = checkpoint if checkpoint is not None else spec
         entries.append(ModelEntry(name or Path(str(where)).expanduser().name.removesuffix(".yaml")
-                                  .removesuffix(".gguf"), spec, checkpoint, dict(options)))
+                                  .removesuffix(".gguf"), spec, checkpoint, dict(options),
+                                  dict(causal)))
     elif name is not None:
         raise FlagError("--name names the model of SPEC/--checkpoint; with --model give "
                         "NAME=CHECKPOINT")
@@ -45,7 +48,7 @@ def _entries(spec: Optional[str], checkpoint: Optional[str], name: Optional[str]
         if not sep or not label or not path:
             raise FlagError(f"--model {m!r}: NAME=CHECKPOINT (the spec picked by its "
                             "config.json's architectures)")
-        entries.append(ModelEntry(label, None, path, dict(options)))
+        entries.append(ModelEntry(label, None, path, dict(options), dict(causal)))
     return entries
 
 
@@ -76,7 +79,7 @@ def command(
     held_sessions: Optional[int] = typer.Option(None, min=0,
                                                 help="finished requests' sessions kept for "
                                                      "prefix reuse (default: --max-batch)"),
-    max_seq_len: Optional[int] = typer.Option(None, min=1, help="each model's context"),
+    max_seq_len: Optional[int] = typer.Option(None, min=1, help="each causal model's context (an encoder keeps its own)"),
     threads: Optional[int] = typer.Option(None, min=1, help="threads for the kernels"),
     weights: Optional[str] = typer.Option(None, "--weights", callback=choice(WEIGHTS),
                                           help=WEIGHTS_HELP),

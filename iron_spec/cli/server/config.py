@@ -43,10 +43,13 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelEntry:
+    """A model to serve; ``causal``: options that apply where it is a causal model alone
+    (``serve --max-seq-len`` beside an encoder: a context is a causal model's)."""
     name: str
     spec: str | None = None
     checkpoint: str | None = None
     options: dict = field(default_factory=dict)
+    causal: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -141,7 +144,18 @@ def load_models(config: ServeConfig, progress: bool = False) -> dict[str, Any]:
         if e.name in out:
             raise ConfigError(f"two models are named {e.name!r}")
         try:
-            out[e.name] = load(e.spec, e.checkpoint, threads=config.threads, **e.options)
+            options = dict(e.options)
+            if e.causal and _is_causal(e):
+                options.update(e.causal)
+            out[e.name] = load(e.spec, e.checkpoint, threads=config.threads, **options)
         except (ValueError, TypeError, OSError) as err:
             raise ConfigError(f"model {e.name!r}: {err}") from None
     return out
+
+
+def _is_causal(entry: ModelEntry) -> bool:
+    """Whether ``entry``'s spec (named, or picked by its checkpoint) is a causal model's."""
+    from iron_spec.spec.loader import load_spec
+    from iron_spec.spec.registry import find
+
+    return load_spec(find(entry.spec, entry.checkpoint)).get("model") == "causal"

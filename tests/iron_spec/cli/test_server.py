@@ -394,3 +394,14 @@ def test_port_0_serves_on_the_port_the_system_gave_and_says_which(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_max_seq_len_is_each_causal_models_and_an_encoder_beside_them_keeps_its_own():
+    # Found by a new user's trial: `serve ... --model minilm=DIR --max-seq-len 512` loaded the
+    # causal model, then refused everything: an encoder has no context to set.
+    from iron_spec.cli.server.config import ModelEntry, ServeConfig, load_models
+    served = load_models(ServeConfig([
+        ModelEntry("toy", "llama3", None, {"random_weights": 0, "toy": True}, {"max_seq_len": 48}),
+        ModelEntry("enc", "bert", None, {"random_weights": 0, "toy": True}, {"max_seq_len": 48})]))
+    assert served["toy"].max_seq_len == 48
+    assert type(served["enc"]).__name__ != "Model"  # the encoder loaded, its own context
