@@ -32,9 +32,14 @@ def checkpoint_directory(checkpoint: str | Path, named: str | None = None) -> Pa
     text = str(checkpoint)
     named = named or text
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise FileNotFoundError(f"{named}: not a checkpoint directory (one holding "
-                                "config.json and model.safetensors), a GGUF file, nor a hub id "
-                                "like org/name")
+        # Say what is there: nothing, an empty file, or a file of another kind.
+        there = "nothing is there" if not path.exists() and not path.is_symlink() else \
+            "a link to nothing" if not path.exists() else \
+            "an empty file" if path.is_file() and path.stat().st_size == 0 else \
+            "a file that is not GGUF (no GGUF magic)" if path.is_file() else None
+        raise FileNotFoundError(f"{named}: " + (f"{there}; " if there else "")
+                                + "give a checkpoint directory (one holding config.json and "
+                                "model.safetensors), a GGUF file, or a hub id like org/name")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     try:

@@ -332,7 +332,8 @@ def test_a_golden_or_checkpoint_that_cannot_be_is_refused_before_anything_loads(
         assert says in _unboxed(result.output) and "loading" not in result.output
     result = runner.invoke(app, ["run", LLAMA, "--checkpoint", SPECS_FILE, "--prompt", "hi"])
     assert result.exit_code == 1, result.output
-    assert "not a checkpoint directory" in result.output and "loading" not in result.output
+    assert "a file that is not GGUF (no GGUF magic); give a checkpoint directory" in \
+        _unboxed(result.output) and "loading" not in result.output
 
 
 def test_a_prompt_file_that_is_a_device_is_read_not_called_missing():

@@ -50,17 +50,26 @@ def test_a_relative_existing_directory_is_returned_unchanged(tmp_path, monkeypat
 
 @pytest.mark.parametrize("text", ["./nope", "/tmp/none", "../nope/x", "~/nope", "a/b/c", "plain"])
 def test_a_path_that_is_no_directory_is_file_not_found(text, offline_hub):
-    with pytest.raises(FileNotFoundError, match="not a checkpoint directory") as info:
+    with pytest.raises(FileNotFoundError, match="nothing is there; give a checkpoint directory"
+                       ) as info:
         checkpoint_directory(text)
     assert text in str(info.value)
     assert not offline_hub.exists()  # the hub was not consulted
 
 
 def test_an_existing_file_is_not_a_checkpoint(tmp_path):
+    # Found by a new user's trial: nothing there, an empty file and a file of another kind
+    # were all "not a checkpoint directory ..., a GGUF file, nor a hub id".
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="an empty file; give a checkpoint directory"):
         checkpoint_directory(f)
+    f.write_bytes(b"not gguf")
+    with pytest.raises(FileNotFoundError, match=r"a file that is not GGUF \(no GGUF magic\); give"):
+        checkpoint_directory(f)
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match="a link to nothing; give a checkpoint"):
+        checkpoint_directory(tmp_path / "link")
 
 
 def test_an_uncached_hub_id_offline_is_file_not_found_naming_it(offline_hub):
