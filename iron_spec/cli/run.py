@@ -10,6 +10,7 @@ Not for: checking a spec (``check``), measuring speed (``bench``).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -270,13 +271,17 @@ def _prompt_ids(given: Optional[str]) -> Optional[list[int]]:
     (their range is the vocabulary's, checked by the model). None where not given.
 
     Raises:
-        FlagError: empty, or an entry that is not a whole number >= 0 (naming it).
+        FlagError: empty, an empty entry (``1,,2``), or an entry that is not a whole number
+            >= 0 (naming it).
     """
     if given is None:
         return None
-    parts = given.replace(",", " ").split()
-    if not parts:
+    if not given.replace(",", " ").split():
         raise FlagError("--prompt-ids is empty; give one id or more, as \"1,2,3\"")
+    parts = re.split(r"\s*,\s*|\s+", given.strip())
+    if "" in parts:  # "1,,2" or "1,2,": an id left out, not a separator to pass over
+        raise FlagError(f"--prompt-ids {given!r}: an empty entry (two commas with no id "
+                        "between, or a comma at an end); give them as \"1,2,3\" or \"1 2 3\"")
     for part in parts:
         if not part.isdigit():
             raise FlagError(f"--prompt-ids: {part!r} is not a token id (a whole number >= 0); "

@@ -89,6 +89,8 @@ def test_prompt_ids_continue_as_transformers_does(tmp_path):
 @pytest.mark.parametrize("args,says", [
     (["--prompt-ids", "1,x"], "--prompt-ids: 'x' is not a token id"),
     (["--prompt-ids", " , "], "--prompt-ids is empty"),
+    (["--prompt-ids", "1,,2"], "--prompt-ids '1,,2': an empty entry"),  # an id left out
+    (["--prompt-ids", "1, 2,"], "--prompt-ids '1, 2,': an empty entry"),
     (["--prompt-ids", "1", "--chat"], "--prompt-ids is the prompt"),
     (["--prompt-ids", "1,2", "--num-tokens", "100000"],
      "the 2 --prompt-ids and --num-tokens 100000 do not fit"),
