@@ -11,7 +11,8 @@ from .command import HELP_OPTIONS, Command, Group, version
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True,
                   rich_markup_mode="rich", context_settings={"help_option_names": HELP_OPTIONS},
                   help="Declarative YAML specs for language models: lint, show, check, run, "
-                       "embed (fill-mask, classify) and bench them.")
+                       "embed (fill-mask, classify), bench and serve them, on a checkpoint "
+                       "as published (a Hugging Face folder or hub id, or a GGUF file).")
 
 
 @app.callback()
