@@ -41,7 +41,7 @@ from iron_spec.spec.build import (DECODE_WEIGHTS, KV_CACHES, PREFILL_WEIGHTS, WE
                                   load_model)
 from iron_spec.spec.encoder import load_encoder
 from iron_spec.spec.loader import load_spec
-from iron_spec.spec.registry import find
+from iron_spec.spec.registry import find, picked_by
 from iron_spec.spec.towers import load_towers
 
 from . import multimodal, tasks
@@ -152,7 +152,8 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
                         "load('NAME', 'path/to/checkpoint')")
     path = find(spec, checkpoint)
     if spec is None:  # which spec runs, where the caller did not say (INFO, as the rest of load)
-        log.info("spec %s (%s), picked by the checkpoint's architectures", path.stem, path)
+        log.info("[spec %s: %s, picked by the checkpoint's %s]", path.stem, path,
+                 picked_by(checkpoint, path))
     parsed = load_spec(path)
     if parsed.get("model") == "encoder":
         arguments.only_for("encoder", {

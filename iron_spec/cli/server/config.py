@@ -74,8 +74,11 @@ def read_config(path: str | Path) -> ServeConfig:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not YAML: {e}") from None
+    except yaml.YAMLError as e:  # FILE:LINE:COL as a spec's errors are said
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{where}: not YAML: {what}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a mapping of {', '.join(TOP)}")
     for key in data:

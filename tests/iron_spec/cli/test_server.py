@@ -405,3 +405,14 @@ def test_max_seq_len_is_each_causal_models_and_an_encoder_beside_them_keeps_its_
         ModelEntry("enc", "bert", None, {"random_weights": 0, "toy": True}, {"max_seq_len": 48})]))
     assert served["toy"].max_seq_len == 48
     assert type(served["enc"]).__name__ != "Model"  # the encoder loaded, its own context
+
+
+def test_a_serve_file_that_is_not_yaml_is_said_at_its_line_and_column(tmp_path):
+    # Found by a new user's trial: PyYAML's own dump of several lines, not FILE:LINE:COL.
+    from iron_spec.cli.server.config import ConfigError, read_config
+    path = tmp_path / "serve.yaml"
+    path.write_text("port: 8000\nmodels:\n  toy: {spec: llama3\n")
+    with pytest.raises(ConfigError) as raised:
+        read_config(path)
+    said = str(raised.value)
+    assert said.startswith(f"{path}:4:1: not YAML: ") and "\n" not in said, said
