@@ -172,6 +172,9 @@ def unread_fields(spec: Spec) -> list[SpecError]:
     entries = spec.get("refuse")
     for e in entries if isinstance(entries, list) else []:
         read |= _named(e.get("when")) if isinstance(e, dict) else set()
+    # A choice's condition reads its fields whichever way the toy goes: a choice nested in
+    # another's branch is no schema slot of its own, and the toy may never take that branch.
+    read |= {name for when in _whens(spec.data) for name in _named(when)}
     toy = spec.get("toy", "config")
     if isinstance(toy, dict):
         try:
@@ -183,6 +186,20 @@ def unread_fields(spec: Spec) -> list[SpecError]:
                        "mapped here changes nothing (use it where it acts, or drop the field "
                        "and list the key under ignore:)")
             for name in fields if name not in read]
+
+
+def _whens(node) -> list:
+    """The ``when`` of every choice (``{when, then, else}``) anywhere under ``node``."""
+    out = []
+    if isinstance(node, dict):
+        if {"when", "then", "else"} <= node.keys():
+            out.append(node["when"])
+        for value in node.values():
+            out += _whens(value)
+    elif isinstance(node, list):
+        for value in node:
+            out += _whens(value)
+    return out
 
 
 def kinds(spec: Spec) -> list[SpecError]:

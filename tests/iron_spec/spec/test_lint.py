@@ -251,3 +251,17 @@ def test_an_option_a_pattern_would_ignore_is_refused_at_its_line(tmp_path, name,
     problems = [p for p in lint_spec(spec) if "is never read" in p.message]
     assert [(p.line, p.message.split(":")[0]) for p in problems] == [
         (line, f"layer.pattern.options.one.attention.{key} is never read")], problems
+
+
+def test_a_field_read_only_by_a_nested_choice_the_toy_does_not_take_is_read(tmp_path):
+    # falcon_h1's gated norm: `norm: {when: "not mamba_rms_norm", then: none, else: {when:
+    # mamba_norm_before_gate, ...}}`. A toy without the norm never reaches the inner choice,
+    # and lint called mamba_norm_before_gate "read by nothing" (found writing a spec from the
+    # docs alone).
+    text = (SPECS / "falcon_h1.yaml").read_text()
+    assert "    mamba_rms_norm: true" in text
+    path = tmp_path / "falcon_h1.yaml"
+    path.write_text(text.replace("    mamba_rms_norm: true", "    mamba_rms_norm: false"))
+    result = lint(str(path))
+    assert result.exit_code == 0, result.output
+    assert "read by nothing" not in result.output
