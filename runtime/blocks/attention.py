@@ -51,7 +51,10 @@ class AttentionOptions:
     ``clip_qkv``: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` right after their
     projections, as OlmoAttention (None: none). ``qk_norm_bias``: whether a LayerNorm q/k
     norm holds a bias, where it differs from the layer's norms (StableLmLayerNormPerHead's
-    ``bias=False`` beside biased layer norms; None: as the layer's). ``qk_norm_after_rope``:
+    ``bias=False`` beside biased layer norms; None: as the layer's). ``qk_norm_weight``:
+    whether the q/k norms hold a weight where it differs from the layer's norms
+    (Llama4TextAttention's ``Llama4TextWeightlessRMSNorm``: none; None: as the layer's).
+    ``qk_norm_after_rope``:
     a per-head q/k norm runs on the turned queries and keys, not before RoPE
     (HunYuanDenseV1Attention, NanoChatAttention: ``apply_rotary_pos_emb`` then ``q_norm``).
     ``alibi``: per-head ALiBi slopes added to the scores by distance (the attention
@@ -88,6 +91,13 @@ class AttentionOptions:
     ``runtime.towers``), this layer lets them (``attention_reach``); false: the layer stays
     causal, as Gemma4Model's full-attention layers under ``use_bidirectional_attention``
     ``vision`` (``create_masks_for_vision_model``).
+    ``chunk``: chunked attention, each query seeing the keys of its own ``chunk`` positions
+    alone (the attention operator's ``chunk``: Llama4TextAttention's layers of layer type
+    ``chunked_attention``, ``create_chunked_causal_mask`` of ``attention_chunk_size``); None:
+    none. ``temperature``: ``(attn_scale, floor_scale)``, each query times ``1 + attn_scale *
+    log1p(floor((p + 1) / floor_scale))`` at its position ``p`` after RoPE and the q norm
+    (Llama4TextAttention's ``attn_temperature_tuning``, the operator's ``temperature``);
+    None: none.
     """
 
     heads: int
@@ -111,6 +121,7 @@ class AttentionOptions:
     clip_qkv: float | None = None
     clip_after_norm: bool = False
     qk_norm_bias: bool | None = None
+    qk_norm_weight: bool | None = None
     qk_norm_after_rope: bool = False
     alibi: tuple[float, ...] | None = None
     alibi_bf16: float | None = None
@@ -124,6 +135,8 @@ class AttentionOptions:
     relative: tuple | None = None
     sees: str = "own"
     reach: bool = True
+    chunk: int | None = None
+    temperature: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,8 @@ class Attention(Module):
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
         if o.qk_norm_bias is not None:
             norm = replace(norm, bias=o.qk_norm_bias)
+        if o.qk_norm_weight is not None:
+            norm = replace(norm, weight=o.qk_norm_weight)
         if o.qk_norm == "per_head_stacked":
             self.q_norm = Norm((H, D), norm)
             if own:
@@ -199,6 +214,10 @@ class Attention(Module):
             self.v_norm = Norm(D, NormOptions("rms", norm.eps, weight=False))
         if o.sinks:
             self.sinks = Param(H)
+        if (o.chunk is not None or o.temperature is not None) and (
+                o.differential is not None or o.sees != "own"):
+            raise ValueError("chunked attention and a query temperature are the attention "
+                             "operator's: not with differential attention or sees call")
         if o.differential is not None:
             if H % 2 or G % 2 or o.sinks or o.alibi is not None or o.softcap is not None:
                 raise ValueError(f"differential attention pairs heads: an even number of heads "
@@ -373,13 +392,18 @@ class Attention(Module):
                 bias["relative"] = o.relative
             if o.sees != "own":
                 bias["sees"] = o.sees
+            if o.chunk is not None:
+                bias["chunk"] = o.chunk
+            if o.temperature is not None:
+                bias["temperature"] = o.temperature
             while extra and extra[-1] is None:
                 extra.pop()
             if ropes is not None and REACH in ropes and o.reach:
                 if extra or bias:
                     raise ValueError(f"{self.path}: rows reaching past their own position "
                                      "(an image's) are not built beside sinks, a dynamic "
-                                     "mask, a relative bias, ALiBi or another key reach")
+                                     "mask, a relative bias, ALiBi, chunks, a temperature "
+                                     "or another key reach")
                 a = rec.step("attention_reach", q, keys, values, ropes[REACH], where=self.path,
                              start=start, scale=o.scale, window=o.window, softcap=o.softcap,
                              ring=ring)

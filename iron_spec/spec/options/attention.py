@@ -71,6 +71,8 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         clip_after_norm=flag(*a, "clip_after_norm"),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
+        qk_norm_weight=_maybe_flag(*opt(*a, "qk_norm_weight")),
+        chunk=_window(spec, *opt(*a, "chunk")), temperature=_temperature(spec, read),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
         output_gate=flag(*a, "output_gate"), gate_in_query=flag(*a, "gate_in_query"),
@@ -86,6 +88,11 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         raise spec.error(opt(*a, "clip_after_norm")[1], "clip_after_norm clamps what the "
                          "whole projections' norms give: it needs qk_norm all (not "
                          f"{attention.qk_norm!r})")
+    if (attention.chunk is not None or attention.temperature is not None) and (
+            attention.sees != "own" or attention.latent is not None):
+        raise spec.error(opt(*a, "chunk" if attention.chunk is not None else "temperature")[1],
+                         "attention.chunk and attention.temperature are built for causal "
+                         "attention (sees own), not latent attention")
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
         raise spec.error(opt(*a, "qk_norm_after_rope")[1], "qk_norm_after_rope norms each "
                          f"turned head: it needs qk_norm one of {', '.join(PER_HEAD_QK_NORMS)} "
@@ -172,6 +179,30 @@ def _alibi(spec: Spec, a: AttentionOptions, max_bias: Any, at: tuple, scaled: An
     if scaled:
         slopes = tuple(float(np.float32(x * scale)) for x in slopes)
     return replace(a, alibi=slopes)
+
+
+def _temperature(spec: Spec, read: LayerReader) -> tuple[float, float] | None:
+    """``attention.temperature``: ``(attn_scale, floor_scale)`` of Llama 4's query
+    temperature (``runtime.blocks.attention.AttentionOptions``), None where absent or
+    ``attention.temperature_on`` is false.
+
+    Raises:
+        SpecError: at the option, a mapping without a number for its scale, or a floor not
+            above 0.
+    """
+    t = ("attention", "temperature")
+    on = read.flag("attention", "temperature_on", default=True)
+    raw, at = read.word(*t)
+    if raw is None or not on:
+        return None
+    if not isinstance(raw, dict):
+        raise spec.error(at, "attention.temperature is a mapping {scale, floor}")
+    scale, floor = read.number(*t, "scale"), read.number(*t, "floor")
+    if scale is None or floor is None or not floor > 0:
+        raise spec.error(at, f"attention.temperature's scale {scale} and floor {floor}: "
+                             "numbers, the floor above 0 (Llama4TextConfig's attn_scale, "
+                             "floor_scale)")
+    return (float(scale), float(floor))
 
 
 def _latent(spec: Spec, r: Resolved) -> LatentOptions | None:
