@@ -278,14 +278,17 @@ class Attention(Operator):
     floor_scale)``, each query times ``temperatures`` of its position before its scores
     (Llama4TextAttention's ``attn_temperature_tuning`` on its NoPE layers); None: none.
     Both run on the numpy kernels (``lower`` gives no native step), over a cache without a
-    ring.
+    ring. ``kv_tiled``: query head ``h`` reads kv head ``h % kv_heads``, the kv heads tiled
+    rather than repeated (JetMoeAttention's ``key_states.repeat(1, top_k, 1, 1)``: its
+    queries are ``top_k`` slots of ``kv_heads`` heads each, slot-major), on the numpy
+    kernels; false: ``repeat_kv``'s ``h // (heads // kv_heads)``.
     """
 
     name = "attention"
 
     def shape(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
               window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None, relative=None,
-              sees="own", chunk=None, temperature=None):
+              sees="own", chunk=None, temperature=None, kv_tiled=False):
         if sinks is not None and tuple(sinks) != (q[1],):
             raise ValueError(f"attention: sinks {sinks} are not one per head ({q[1]},)")
         if bias is not None and tuple(bias) != (keys[0], keys[1], 1):
@@ -304,6 +307,9 @@ class Attention(Operator):
                                   or ring is not None):
             raise ValueError(f"attention: chunk {chunk!r} is a whole number >= 1, causal "
                              "(sees own) over a cache without a ring")
+        if kv_tiled and (sinks is not None or alibi is not None or table is not None):
+            raise ValueError("attention: kv_tiled heads take no per-head sinks, ALiBi or "
+                             "relative bias")
         if temperature is not None and (len(temperature) != 2 or not temperature[1] > 0):
             raise ValueError(f"attention: temperature {temperature!r} is (attn_scale, "
                              "floor_scale), floor_scale above 0")
@@ -330,7 +336,7 @@ class Attention(Operator):
 
     def reference(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
                   window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-                  relative=None, sees="own", chunk=None, temperature=None):
+                  relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
@@ -338,8 +344,11 @@ class Attention(Operator):
         # A ring holds the last ``ring`` positions: those before are out of every window.
         lo = 0 if ring is None else max(0, t - ring)
         held = rows_of(lo, t - lo, ring)
-        k = np.repeat(as64(keys)[:, held], H // G, axis=0)  # (H, t - lo, D)
-        v = np.repeat(as64(values)[:, held], H // G, axis=0)
+        # Query head h reads kv head h // (H // G) (repeat_kv), or h % G where kv_tiled.
+        spread = (lambda a: np.tile(a, (H // G, 1, 1))) if kv_tiled else \
+            (lambda a: np.repeat(a, H // G, axis=0))
+        k = spread(as64(keys)[:, held])  # (H, t - lo, D)
+        v = spread(as64(values)[:, held])
         q = as64(q)
         if temperature is not None:
             q = q * temperatures(temperature, np.arange(start, t), np.float64)[:, None, None]
@@ -369,7 +378,7 @@ class Attention(Operator):
 
     def kernel(self, out, q, keys, values, sinks=None, bias=None, table=None, scratch=None, start=0,
                scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-               relative=None, sees="own", chunk=None, temperature=None):
+               relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
@@ -378,7 +387,7 @@ class Attention(Operator):
         # The pool's: plain slopes, no sink term, values as wide as the keys.
         lib = native.lib() if alibi_bf16 is None and sinks is None and bias is None \
             and table is None and Dv == D and (sees == "own" or n == 1) \
-            and chunk is None and temperature is None else None
+            and chunk is None and temperature is None and not kv_tiled else None
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -402,7 +411,10 @@ class Attention(Operator):
         # Queries are grouped by kv head, then row, (G, n, R, D): a block of rows is one
         # GEMM per kv head, and its output is written over its queries.
         qg = scratch[: H * n * D].reshape(G, n, R, D)
-        np.multiply(q.reshape(n, G, R, D).transpose(1, 0, 2, 3), scale, out=qg)
+        # (kv_tiled: head r * G + g reads kv head g, so the heads are (R, G), not (G, R).)
+        qh = q.reshape(n, R, G, D).transpose(2, 0, 1, 3) if kv_tiled else \
+            q.reshape(n, G, R, D).transpose(1, 0, 2, 3)
+        np.multiply(qh, scale, out=qg)
         if temperature is not None:
             qg *= temperatures(temperature, np.arange(start, start + n))[None, :, None, None]
         at = H * n * D
@@ -426,7 +438,10 @@ class Attention(Operator):
             for i in range(0, n, BLOCK):
                 self._block(qg, og, i, min(n, i + BLOCK), cache, rest, start, window, softcap,
                             alibi, sg)
-        np.copyto(out.reshape(n, G, R, Dv), og.transpose(1, 0, 2, 3))
+        if kv_tiled:
+            np.copyto(out.reshape(n, R, G, Dv), og.transpose(1, 2, 0, 3))
+        else:
+            np.copyto(out.reshape(n, G, R, Dv), og.transpose(1, 0, 2, 3))
 
     def _block(self, qg, og, i0, i1, cache, scratch, start, window, softcap, alibi=None,
                sinks=None):
@@ -524,13 +539,13 @@ class Attention(Operator):
 
     def lower(self, out, q, keys, values, sinks=None, bias=None, table=None, scratch=None,
               scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-              relative=None, sees="own", chunk=None, temperature=None):
+              relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
         # lib.attend_chunk's; FalconModel's bfloat16 form of the bias and sinks on numpy's only.
         if alibi_bf16 is not None or sinks is not None or bias is not None or \
                 table is not None or (sees == "call" and q.shape[0] > 1) or \
-                chunk is not None or temperature is not None or \
+                chunk is not None or temperature is not None or kv_tiled or \
                 values.shape[2] != q.shape[2] or \
                 native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
@@ -545,7 +560,7 @@ class Attention(Operator):
 
     def scratch(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
                 window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None, relative=None,
-                sees="own", chunk=None, temperature=None):
+                sees="own", chunk=None, temperature=None, kv_tiled=False):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
@@ -560,12 +575,12 @@ class Attention(Operator):
 
     def tolerance(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
                   window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-                  relative=None, sees="own", chunk=None, temperature=None):
+                  relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
     def scale(self, reference, q, keys, values, sinks=None, bias=None, table=None, start=0,
               scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-              relative=None, sees="own", chunk=None, temperature=None):
+              relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape
@@ -573,5 +588,6 @@ class Attention(Operator):
         t = start + n
         vmax = np.abs(as64(values)[:, :t]).max(axis=(1, 2))  # (G,)
         Dv = values.shape[2]
-        return np.broadcast_to(np.repeat(vmax, H // G)[None, :, None], (n, H, Dv)).reshape(n, H * Dv) \
+        per_head = np.tile(vmax, H // G) if kv_tiled else np.repeat(vmax, H // G)
+        return np.broadcast_to(per_head[None, :, None], (n, H, Dv)).reshape(n, H * Dv) \
             + np.abs(reference)

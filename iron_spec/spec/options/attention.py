@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from iron_spec.operators.attention import alibi_slopes
-from iron_spec.runtime.blocks.attention import (PER_HEAD_QK_NORMS, AttentionOptions,
-                                                DifferentialOptions)
+from iron_spec.runtime.blocks.attention import (PER_HEAD_QK_NORMS, AttentionExpertsOptions,
+                                                AttentionOptions, DifferentialOptions)
 from iron_spec.runtime.latent import LatentOptions
 from iron_spec.runtime.layers import LayerOptions
 from iron_spec.runtime.values import MAX_INT
@@ -73,6 +73,7 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
         qk_norm_weight=_maybe_flag(*opt(*a, "qk_norm_weight")),
         chunk=_window(spec, *opt(*a, "chunk")), temperature=_temperature(spec, read),
+        experts=_experts(spec, read),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
         output_gate=flag(*a, "output_gate"), gate_in_query=flag(*a, "gate_in_query"),
@@ -203,6 +204,27 @@ def _temperature(spec: Spec, read: LayerReader) -> tuple[float, float] | None:
                              "numbers, the floor above 0 (Llama4TextConfig's attn_scale, "
                              "floor_scale)")
     return (float(scale), float(floor))
+
+
+def _experts(spec: Spec, read: LayerReader) -> AttentionExpertsOptions | None:
+    """``attention.experts``: a mixture of attention heads' ``count`` and ``top_k``
+    (``runtime.blocks.attention.AttentionExpertsOptions``, JetMoeMoA), None where absent.
+
+    Raises:
+        SpecError: at the option, a count or top_k that is not a whole number >= 1, or a
+            top_k above the count.
+    """
+    t = ("attention", "experts")
+    raw, at = read.word(*t)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise spec.error(at, "attention.experts is a mapping {count, top_k}")
+    count, top_k = read.whole(*t, "count"), read.whole(*t, "top_k")
+    if count is None or top_k is None or not 1 <= top_k <= count:
+        raise spec.error(at, f"attention.experts' count {count} and top_k {top_k}: whole "
+                             "numbers, 1 <= top_k <= count")
+    return AttentionExpertsOptions(count=count, top_k=top_k)
 
 
 def _latent(spec: Spec, r: Resolved) -> LatentOptions | None:
