@@ -660,3 +660,14 @@ def test_chunk_refuses_a_ring_or_seeing_the_call():
         OP.shape((2, 2, 4), (1, 8, 4), (1, 8, 4), chunk=4, ring=8, window=4)
     with pytest.raises(ValueError, match="chunk"):
         OP.shape((2, 2, 4), (1, 8, 4), (1, 8, 4), chunk=4, sees="call")
+
+
+def test_kv_tiled_is_transformers_repeat_of_the_kv_heads(run_kernel, randn):
+    # JetMoeAttention: key_states.repeat(1, top_k, 1, 1): query head h reads kv head h % G.
+    q, keys, values = randn(5, 6, 8), randn(2, 5, 8), randn(2, 5, 8)
+    want = OP.reference(q, np.tile(keys, (3, 1, 1)), np.tile(values, (3, 1, 1)))
+    assert not np.allclose(want, OP.reference(q, keys, values))
+    for got in _both(run_kernel, q, keys, values, kv_tiled=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got in _both(run_kernel, q[3:4], keys, values, start=3, kv_tiled=True):
+        np.testing.assert_allclose(got, want[3:4], rtol=1e-5, atol=1e-6)
