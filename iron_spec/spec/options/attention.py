@@ -201,8 +201,7 @@ def _temperature(spec: Spec, read: LayerReader) -> tuple[float, float] | None:
     scale, floor = read.number(*t, "scale"), read.number(*t, "floor")
     if scale is None or floor is None or not floor > 0:
         raise spec.error(at, f"attention.temperature's scale {scale} and floor {floor}: "
-                             "numbers, the floor above 0 (Llama4TextConfig's attn_scale, "
-                             "floor_scale)")
+                             "numbers, the floor above 0 (a config's attn_scale, floor_scale)")
     return (float(scale), float(floor))
 
 
