@@ -209,6 +209,16 @@ def _add_alibi(rows: np.ndarray, alibi: tuple, qpos: np.ndarray, kpos: np.ndarra
         rows[h // R, :, h % R] += bias[h]
 
 
+def temperatures(temperature: tuple, qpos: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Each query's factor ``1 + attn_scale * log1p(floor((p + 1) / floor_scale))`` at its
+    position ``p`` (``temperature``: ``(attn_scale, floor_scale)``), ``(len(qpos),)`` in
+    ``dtype``: Llama4TextAttention's ``attn_temperature_tuning``, in float32 as it computes
+    it (``positions.float()``, then ``torch.log1p(torch.floor(...)) * attn_scale + 1.0``)."""
+    a, f = temperature
+    p = qpos.astype(dtype) + dtype(1.0)
+    return np.log1p(np.floor(p / dtype(f))) * dtype(a) + dtype(1.0)
+
+
 class Attention(Operator):
     """Causal GQA attention of queries at positions ``start .. start + n`` over a cache.
 
@@ -260,13 +270,25 @@ class Attention(Operator):
     CpmAntModel's mask (``context`` all ones: every row of a call sees the whole call and
     the cache). One query (a decode step) sees the same either way; a prompt chunk's rows
     with ``call`` run on the numpy kernels, and never with a window.
+
+    ``chunk``: chunked attention, a query at position ``p`` sees the keys of its own chunk
+    of ``chunk`` positions alone, from ``p - p % chunk`` to ``p`` (transformers'
+    ``create_chunked_causal_mask``, ``kv_idx // chunk == q_idx // chunk``: Llama 4's
+    ``attention_chunk_size`` layers); None: none. ``temperature``: ``(attn_scale,
+    floor_scale)``, each query times ``temperatures`` of its position before its scores
+    (Llama4TextAttention's ``attn_temperature_tuning`` on its NoPE layers); None: none.
+    Both run on the numpy kernels (``lower`` gives no native step), over a cache without a
+    ring. ``kv_tiled``: query head ``h`` reads kv head ``h % kv_heads``, the kv heads tiled
+    rather than repeated (JetMoeAttention's ``key_states.repeat(1, top_k, 1, 1)``: its
+    queries are ``top_k`` slots of ``kv_heads`` heads each, slot-major), on the numpy
+    kernels; false: ``repeat_kv``'s ``h // (heads // kv_heads)``.
     """
 
     name = "attention"
 
     def shape(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
               window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None, relative=None,
-              sees="own"):
+              sees="own", chunk=None, temperature=None, kv_tiled=False):
         if sinks is not None and tuple(sinks) != (q[1],):
             raise ValueError(f"attention: sinks {sinks} are not one per head ({q[1]},)")
         if bias is not None and tuple(bias) != (keys[0], keys[1], 1):
@@ -281,6 +303,16 @@ class Attention(Operator):
         if sees not in ("own", "call") or (sees == "call" and window is not None):
             raise ValueError(f"attention: sees {sees!r} is own or call (call: not with a "
                              f"window, here {window})")
+        if chunk is not None and (not isinstance(chunk, int) or chunk < 1 or sees != "own"
+                                  or ring is not None):
+            raise ValueError(f"attention: chunk {chunk!r} is a whole number >= 1, causal "
+                             "(sees own) over a cache without a ring")
+        if kv_tiled and (sinks is not None or alibi is not None or table is not None):
+            raise ValueError("attention: kv_tiled heads take no per-head sinks, ALiBi or "
+                             "relative bias")
+        if temperature is not None and (len(temperature) != 2 or not temperature[1] > 0):
+            raise ValueError(f"attention: temperature {temperature!r} is (attn_scale, "
+                             "floor_scale), floor_scale above 0")
         if len(q) != 3 or len(keys) != 3 or len(values) != 3 or keys[:2] != values[:2] or \
                 q[1] % keys[0] or q[2] != keys[2]:
             raise ValueError(f"attention: q {q} (n, heads, head_dim) does not meet cache "
@@ -290,7 +322,7 @@ class Attention(Operator):
                              f"window of {window} before {q[0]} rows")
         return (q[0], q[1] * values[2])
 
-    def _mask(self, n, start, window, lo=0):
+    def _mask(self, n, start, window, lo=0, chunk=None):
         """Which keys from ``lo`` to the last query's position each of ``n`` queries at
         ``start ..`` sees: ``(n, start + n - lo)`` bool."""
         qpos = np.arange(start, start + n)[:, None]
@@ -298,11 +330,13 @@ class Attention(Operator):
         allowed = kpos <= qpos
         if window is not None:
             allowed &= kpos > qpos - window
+        if chunk is not None:
+            allowed &= kpos >= qpos - qpos % chunk
         return allowed
 
     def reference(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
                   window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-                  relative=None, sees="own"):
+                  relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         n, H, D = q.shape
         G = keys.shape[0]
         t = start + n
@@ -310,9 +344,15 @@ class Attention(Operator):
         # A ring holds the last ``ring`` positions: those before are out of every window.
         lo = 0 if ring is None else max(0, t - ring)
         held = rows_of(lo, t - lo, ring)
-        k = np.repeat(as64(keys)[:, held], H // G, axis=0)  # (H, t - lo, D)
-        v = np.repeat(as64(values)[:, held], H // G, axis=0)
-        s = np.einsum("nhd,htd->hnt", as64(q), k) * scale
+        # Query head h reads kv head h // (H // G) (repeat_kv), or h % G where kv_tiled.
+        spread = (lambda a: np.tile(a, (H // G, 1, 1))) if kv_tiled else \
+            (lambda a: np.repeat(a, H // G, axis=0))
+        k = spread(as64(keys)[:, held])  # (H, t - lo, D)
+        v = spread(as64(values)[:, held])
+        q = as64(q)
+        if temperature is not None:
+            q = q * temperatures(temperature, np.arange(start, t), np.float64)[:, None, None]
+        s = np.einsum("nhd,htd->hnt", q, k) * scale
         if softcap is not None:
             s = np.tanh(s / softcap) * softcap
         if alibi is not None and alibi_bf16 is None:
@@ -325,7 +365,7 @@ class Attention(Operator):
         if table is not None:
             s = s + position_bias(as64(table), np.arange(start, t), np.arange(lo, t), *relative)
         if sees == "own":
-            s = np.where(self._mask(n, start, window, lo)[None], s, -np.inf)
+            s = np.where(self._mask(n, start, window, lo, chunk)[None], s, -np.inf)
         m = s.max(-1, keepdims=True)
         if sinks is not None:  # the sink's logit is one more column of the softmax
             m = np.maximum(m, as64(sinks)[:, None, None])
@@ -338,7 +378,7 @@ class Attention(Operator):
 
     def kernel(self, out, q, keys, values, sinks=None, bias=None, table=None, scratch=None, start=0,
                scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-               relative=None, sees="own"):
+               relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         n, H, D = q.shape
         G = keys.shape[0]
         R = H // G
@@ -346,7 +386,8 @@ class Attention(Operator):
         Dv = values.shape[2]
         # The pool's: plain slopes, no sink term, values as wide as the keys.
         lib = native.lib() if alibi_bf16 is None and sinks is None and bias is None \
-            and table is None and Dv == D and (sees == "own" or n == 1) else None
+            and table is None and Dv == D and (sees == "own" or n == 1) \
+            and chunk is None and temperature is None and not kv_tiled else None
         slopes = None if alibi is None else _slopes32(alibi)
         if lib is not None and n == 1 and all(
                 a.flags.c_contiguous for a in (out, q, keys, values)):
@@ -370,7 +411,12 @@ class Attention(Operator):
         # Queries are grouped by kv head, then row, (G, n, R, D): a block of rows is one
         # GEMM per kv head, and its output is written over its queries.
         qg = scratch[: H * n * D].reshape(G, n, R, D)
-        np.multiply(q.reshape(n, G, R, D).transpose(1, 0, 2, 3), scale, out=qg)
+        # (kv_tiled: head r * G + g reads kv head g, so the heads are (R, G), not (G, R).)
+        qh = q.reshape(n, R, G, D).transpose(2, 0, 1, 3) if kv_tiled else \
+            q.reshape(n, G, R, D).transpose(1, 0, 2, 3)
+        np.multiply(qh, scale, out=qg)
+        if temperature is not None:
+            qg *= temperatures(temperature, np.arange(start, start + n))[None, :, None, None]
         at = H * n * D
         # Values narrower or wider than the keys: their sums have a buffer of their own.
         og = qg if Dv == D else scratch[at: at + H * n * Dv].reshape(G, n, R, Dv)
@@ -380,7 +426,8 @@ class Attention(Operator):
         kbuf, vbuf = scratch[at: at + kspan], scratch[at + kspan: at + kspan + vspan]
         rest = scratch[at + kspan + vspan:]
         cache = (keys, values, kbuf, vbuf, ring, bias,
-                 None if table is None else (table, relative), sees == "call" and start + n)
+                 None if table is None else (table, relative), sees == "call" and start + n,
+                 chunk)
         if alibi is not None:
             alibi = (alibi, alibi_bf16)  # the slopes and the bfloat16 form's scale (_add_alibi)
         sg = None if sinks is None else sinks.reshape(G, 1, R)  # head g * R + r
@@ -391,7 +438,10 @@ class Attention(Operator):
             for i in range(0, n, BLOCK):
                 self._block(qg, og, i, min(n, i + BLOCK), cache, rest, start, window, softcap,
                             alibi, sg)
-        np.copyto(out.reshape(n, G, R, Dv), og.transpose(1, 0, 2, 3))
+        if kv_tiled:
+            np.copyto(out.reshape(n, R, G, Dv), og.transpose(1, 2, 0, 3))
+        else:
+            np.copyto(out.reshape(n, G, R, Dv), og.transpose(1, 0, 2, 3))
 
     def _block(self, qg, og, i0, i1, cache, scratch, start, window, softcap, alibi=None,
                sinks=None):
@@ -400,10 +450,12 @@ class Attention(Operator):
         keys up to its last row's position (no further: causal), from its first row's window
         on, and its scores, at most (heads, BLOCK, positions), stay in a core's L2."""
         G, _, R, D = qg.shape
-        keys, values, kbuf, vbuf, ring, bias, relative, end = cache
+        keys, values, kbuf, vbuf, ring, bias, relative, end, chunk = cache
         # Seeing the call: every row reads the keys up to the call's last row, unmasked.
         nb, hi = i1 - i0, end or start + i1
         lo = 0 if window is None else max(0, start + i0 - window + 1)
+        if chunk is not None:  # from the first row's chunk on
+            lo = max(lo, start + i0 - (start + i0) % chunk)
         w = hi - lo
         qb = qg[:, i0:i1].reshape(G, nb * R, D)
         s = scratch[: G * nb * R * w].reshape(G, nb * R, w)
@@ -419,12 +471,14 @@ class Attention(Operator):
             _add_relative(rows, relative, np.arange(start + i0, start + i1), np.arange(lo, hi))
         # Only the columns some row of the block may not see: its own (causal) and, under a
         # window, those before its last row's window.
-        allowed = self._mask(nb, start + i0, window, lo)
+        allowed = self._mask(nb, start + i0, window, lo, chunk)
         causal = w if end else start + i0 - lo + 1
         if causal < w:
             np.copyto(rows[..., causal:], np.float32(-np.inf),
                       where=~allowed[:, None, causal:])
         early = 0 if window is None else max(0, hi - window - lo)
+        if chunk is not None:  # the keys before the last row's chunk
+            early = max(early, hi - 1 - (hi - 1) % chunk - lo)
         if early > 0:
             np.copyto(rows[..., :early], np.float32(-np.inf), where=~allowed[:, None, :early])
         m = scratch[G * nb * R * w: G * nb * R * (w + 1)].reshape(G, nb * R, 1)
@@ -443,9 +497,11 @@ class Attention(Operator):
         Dv)`` (``qg`` itself where ``Dv == D``): it sees every key from its window's first on,
         so nothing is masked."""
         G, R, D = qg.shape
-        keys, values, kbuf, vbuf, ring, bias, relative, _ = cache
+        keys, values, kbuf, vbuf, ring, bias, relative, _, chunk = cache
         t = start + 1
         lo = 0 if window is None else max(0, t - window)
+        if chunk is not None:  # its own chunk's keys
+            lo = max(lo, start - start % chunk)
         w = t - lo
         keys, values = _span(keys, lo, t, ring, kbuf), _span(values, lo, t, ring, vbuf)
         s = scratch[: G * R * w].reshape(G, R, w)
@@ -483,12 +539,13 @@ class Attention(Operator):
 
     def lower(self, out, q, keys, values, sinks=None, bias=None, table=None, scratch=None,
               scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-              relative=None, sees="own"):
+              relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         # As kernel runs it on the pool: one query (a decode step's) by lib.attend's code,
         # more (a prompt chunk's, q maybe the fused projection's column view) by
         # lib.attend_chunk's; FalconModel's bfloat16 form of the bias and sinks on numpy's only.
         if alibi_bf16 is not None or sinks is not None or bias is not None or \
                 table is not None or (sees == "call" and q.shape[0] > 1) or \
+                chunk is not None or temperature is not None or kv_tiled or \
                 values.shape[2] != q.shape[2] or \
                 native.LIB is None or scratch is None or \
                 not native.rows_apart(q) or not native.contiguous(out, keys, values, scratch):
@@ -503,7 +560,7 @@ class Attention(Operator):
 
     def scratch(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
                 window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None, relative=None,
-                sees="own"):
+                sees="own", chunk=None, temperature=None, kv_tiled=False):
         n, H, D = q
         G, L = keys[0], keys[1]
         rows = H * min(n, BLOCK)
@@ -518,12 +575,12 @@ class Attention(Operator):
 
     def tolerance(self, q, keys, values, sinks=None, bias=None, table=None, start=0, scale=None,
                   window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-                  relative=None, sees="own"):
+                  relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         return Tolerance(atol=1e-6, rtol=max(16.0, q[2] / 4) * EPS32)
 
     def scale(self, reference, q, keys, values, sinks=None, bias=None, table=None, start=0,
               scale=None, window=None, softcap=None, ring=None, alibi=None, alibi_bf16=None,
-              relative=None, sees="own"):
+              relative=None, sees="own", chunk=None, temperature=None, kv_tiled=False):
         # A convex combination of values: bounded by the largest |value| of its kv head
         # (with a ring, of every row it holds: a looser bound, never a tighter one).
         n, H, D = q.shape
@@ -531,5 +588,6 @@ class Attention(Operator):
         t = start + n
         vmax = np.abs(as64(values)[:, :t]).max(axis=(1, 2))  # (G,)
         Dv = values.shape[2]
-        return np.broadcast_to(np.repeat(vmax, H // G)[None, :, None], (n, H, Dv)).reshape(n, H * Dv) \
+        per_head = np.tile(vmax, H // G) if kv_tiled else np.repeat(vmax, H // G)
+        return np.broadcast_to(per_head[None, :, None], (n, H, Dv)).reshape(n, H * Dv) \
             + np.abs(reference)

@@ -71,9 +71,11 @@ def rope_inv_freq(dim: int, theta: float,
     low_wavelen, high_wavelen = old / low, old / high
     wavelen = (np.float32(2 * math.pi) / inv).astype(np.float32)
     scaled = np.where(wavelen > low_wavelen, inv / factor, inv).astype(np.float32)
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    if not high > low:  # an empty band (equal factors: Llama-4-Scout's): nothing smoothed
+        return scaled, 1.0
     smooth = ((old / wavelen - low) / (high - low)).astype(np.float32)
     smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
 
 

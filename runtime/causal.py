@@ -66,7 +66,8 @@ class CausalOptions:
     ``embeddings.norm``, NanoChatModel's weightless ``norm`` run before the layers too).
     ``sinusoidal``: the position table is computed (``Sinusoidal``), not loaded (None:
     learned). ``final_norm``: ``model.norm`` before ``lm_head`` (false: the last layer's
-    output is the head's input, as OpenAIGPTModel). ``head_rows``: ``lm_head``'s rows, the
+    output is the head's input, as OpenAIGPTModel); ``final_norm_eps``: its eps where it
+    differs from ``norm``'s (JetMoeModel's; None: ``norm``'s). ``head_rows``: ``lm_head``'s rows, the
     logits' width, where fewer than ``vocab_size`` (the embedding's; Apertus1p5's pruned
     ``output_vocab_size``: ids from ``head_rows`` on are read, never drawn; None: all).
     ``head_transform``: a dense layer, an activation and a norm between the final norm and
@@ -105,6 +106,7 @@ class CausalOptions:
     embedding_norm: bool = False
     sinusoidal: "Sinusoidal | None" = None
     final_norm: bool = True
+    final_norm_eps: float | None = None
     head_rows: int | None = None
     head_transform: "HeadTransformOptions | None" = None
     altup: AltUpOptions | None = None
@@ -209,7 +211,7 @@ class Decoder(Module):
         for j, rs in readers.items():
             for i in rs:
                 self.layers[i].self_attn.share(self.layers[j].self_attn)
-        self.norm = Norm(E, o.norm) if o.final_norm else None
+        self.norm = Norm(E, _final(o)) if o.final_norm else None
         if r is not None:
             self._recurrence(o, r)
         p = o.per_layer_input
@@ -251,7 +253,7 @@ class Decoder(Module):
             if hasattr(self, name):
                 raise ValueError(f"stack {name!r} is named as a part of the model already")
             stack = Stack([self._layer(o, i) for i in range(len(o.layers))],
-                          Norm(o.hidden_size, o.norm) if final else None)
+                          Norm(o.hidden_size, _final(o)) if final else None)
             setattr(self, name, stack)
             stacks[name] = stack.layers
         for name, init in r.states:
@@ -966,3 +968,8 @@ def drawn(token, V: int) -> int:
 def greedy(logits: np.ndarray) -> int:
     """The id of the largest logit (the lowest id on ties), as transformers' argmax."""
     return int(np.argmax(logits))
+
+
+def _final(o: CausalOptions) -> NormOptions:
+    """The final norm's options: the layers', with ``final_norm_eps`` where given."""
+    return o.norm if o.final_norm_eps is None else replace(o.norm, eps=o.final_norm_eps)

@@ -153,10 +153,12 @@ def rope_scaling(scaling: Any, where: str, theta: float) -> None:
                 raise ValueError(f"{at} is missing: rope_type {kind} needs it")
             continue
         CHECKS[check](scaling[key], at)
-    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
-        raise ValueError(f"{where}.high_freq_factor {scaling['high_freq_factor']} is not above "
+    if kind == "llama3" and scaling["high_freq_factor"] < scaling["low_freq_factor"]:
+        # Equal factors are an empty band (Llama-4-Scout's 1.0 and 1.0): every frequency is
+        # scaled or kept, none smoothed, as transformers' _compute_llama3_parameters gives.
+        raise ValueError(f"{where}.high_freq_factor {scaling['high_freq_factor']} is below "
                          f"low_freq_factor {scaling['low_freq_factor']} (the band between them "
-                         "divides by their difference)")
+                         "is from low to high)")
     if kind == "longrope" and scaling.get("original_max_position_embeddings") is not None \
             and scaling["original_max_position_embeddings"] < 2:
         raise ValueError(f"{where}.original_max_position_embeddings is "

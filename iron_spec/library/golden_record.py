@@ -179,7 +179,10 @@ def routing(model, history: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
     if not logits:
         raise ValueError(f"transformers' {type(model).__name__} returns no router logits")
     if len(taken) != len(logits):
-        k = [model.config.num_experts_per_tok] * len(logits)
+        # A composite's (Llama4ForConditionalGeneration's) is its text config's.
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+            else model.config
+        k = [text.num_experts_per_tok] * len(logits)
         taken = [np.sort(np.argsort(-l, axis=-1, kind="stable")[:, :kk], axis=-1)
                  for l, kk in zip(logits, k)]
     return [(t.astype(np.int16), l.astype(np.float32)) for t, l in zip(taken, logits)]

@@ -24,7 +24,7 @@ from .loader import Spec
 from .options.attention import _differential, _with_relative
 from .options.checkpoint import checkpoint_layout
 from .options.embedding import _positions, _sinusoidal
-from .options.head import _head_rows, _head_transform
+from .options.head import _final_eps, _head_rows, _head_transform
 from .options.experts import experts_layers
 from .options.layer import _first_attention_norm, _layer, _layer_types, _share_kv
 from .options.positions import position_parts
@@ -182,6 +182,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         embedding_norm=_flag_option(spec, r, ("embedding", "norm"), False),
         sinusoidal=_sinusoidal(spec, r, positions, v["hidden_size"]),
         final_norm=_flag_option(spec, r, ("head", "norm"), True),
+        final_norm_eps=_final_eps(spec, r),
         head_rows=_head_rows(spec, r, v["vocab_size"]),
         head_transform=_head_transform(spec, r), altup=layers[0].altup,
         recurrence=recurrence(spec, r, v["num_hidden_layers"]),

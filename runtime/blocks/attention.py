@@ -16,6 +16,7 @@ import numpy as np
 
 from ..graph import Handle, Recorder
 from ..module import Module, Param, State
+from .experts import Router, RouterOptions
 from .norms import HeadNorms, Norm, NormOptions
 from .projections import Linear, fused_qkv
 from .rope import POSITIONS, QUERIES
@@ -51,7 +52,10 @@ class AttentionOptions:
     ``clip_qkv``: q, k and v clamped to ``[-clip_qkv, clip_qkv]`` right after their
     projections, as OlmoAttention (None: none). ``qk_norm_bias``: whether a LayerNorm q/k
     norm holds a bias, where it differs from the layer's norms (StableLmLayerNormPerHead's
-    ``bias=False`` beside biased layer norms; None: as the layer's). ``qk_norm_after_rope``:
+    ``bias=False`` beside biased layer norms; None: as the layer's). ``qk_norm_weight``:
+    whether the q/k norms hold a weight where it differs from the layer's norms
+    (Llama4TextAttention's ``Llama4TextWeightlessRMSNorm``: none; None: as the layer's).
+    ``qk_norm_after_rope``:
     a per-head q/k norm runs on the turned queries and keys, not before RoPE
     (HunYuanDenseV1Attention, NanoChatAttention: ``apply_rotary_pos_emb`` then ``q_norm``).
     ``alibi``: per-head ALiBi slopes added to the scores by distance (the attention
@@ -88,6 +92,15 @@ class AttentionOptions:
     ``runtime.towers``), this layer lets them (``attention_reach``); false: the layer stays
     causal, as Gemma4Model's full-attention layers under ``use_bidirectional_attention``
     ``vision`` (``create_masks_for_vision_model``).
+    ``chunk``: chunked attention, each query seeing the keys of its own ``chunk`` positions
+    alone (the attention operator's ``chunk``: Llama4TextAttention's layers of layer type
+    ``chunked_attention``, ``create_chunked_causal_mask`` of ``attention_chunk_size``); None:
+    none. ``temperature``: ``(attn_scale, floor_scale)``, each query times ``1 + attn_scale *
+    log1p(floor((p + 1) / floor_scale))`` at its position ``p`` after RoPE and the q norm
+    (Llama4TextAttention's ``attn_temperature_tuning``, the operator's ``temperature``);
+    None: none. ``experts``: a mixture of attention heads (``AttentionExpertsOptions``,
+    JetMoeMoA): each row's query and output projections are its routed experts', keys and
+    values one ``kv_proj``; None: none.
     """
 
     heads: int
@@ -111,6 +124,7 @@ class AttentionOptions:
     clip_qkv: float | None = None
     clip_after_norm: bool = False
     qk_norm_bias: bool | None = None
+    qk_norm_weight: bool | None = None
     qk_norm_after_rope: bool = False
     alibi: tuple[float, ...] | None = None
     alibi_bf16: float | None = None
@@ -124,6 +138,44 @@ class AttentionOptions:
     relative: tuple | None = None
     sees: str = "own"
     reach: bool = True
+    chunk: int | None = None
+    temperature: tuple[float, float] | None = None
+    experts: "AttentionExpertsOptions | None" = None
+
+
+@dataclass(frozen=True)
+class AttentionExpertsOptions:
+    """A mixture of attention heads, as transformers' JetMoeAttention with its JetMoeMoA:
+    ``count`` experts, each a query projection ``(kv_heads * head_dim, hidden)`` and an
+    output projection ``(hidden, kv_heads * head_dim)``; a router (JetMoeTopKGating: the
+    ``top_k`` largest logits, weights their softmax) picks ``top_k`` of them a row. Each
+    chosen expert's queries are ``kv_heads`` heads over the one ``kv_proj``'s keys and values
+    (its rows k then v, ``chunk(2)``), the row's heads ``top_k`` slots of them, slot-major
+    (query head ``s * kv_heads + g`` reads kv head ``g``: ``key_states.repeat(1, top_k, 1,
+    1)``, the attention operator's ``kv_tiled``); each slot's attention output through its
+    expert's output projection times its weight, summed, plus ``bias`` ``(hidden,)``. The
+    attention's ``heads`` are ``top_k * kv_heads`` (JetMoeConfig's ``num_attention_heads``).
+    Params as transformers names them under the attention: ``experts.router.layer.weight``
+    ``(count, hidden)``, ``experts.input_linear.weight`` ``(count, kv_heads * head_dim,
+    hidden)``, ``experts.output_linear.weight`` ``(count, hidden, kv_heads * head_dim)``,
+    ``experts.bias``, ``kv_proj.weight`` ``(2 kv_heads * head_dim, hidden)``."""
+
+    count: int
+    top_k: int
+
+
+class AttentionExperts(Module):
+    """``AttentionExpertsOptions``' params: the router and the experts' stacked projections."""
+
+    def __init__(self, hidden_size: int, width: int, o: AttentionExpertsOptions):
+        self.router = Module()
+        self.router.layer = Router(hidden_size, o.count, RouterOptions(
+            top_k=o.top_k, score="logits", select="logits", weights="softmax"))
+        self.input_linear = Module()
+        self.input_linear.weight = Param(o.count, width, hidden_size)
+        self.output_linear = Module()
+        self.output_linear.weight = Param(o.count, hidden_size, width)
+        self.bias = Param(hidden_size)
 
 
 @dataclass(frozen=True)
@@ -162,6 +214,9 @@ class Attention(Module):
                              f"{o.qk_norm!r} is not one of {', '.join(PER_HEAD_QK_NORMS)}")
         H, G, D = o.heads, o.kv_heads, o.head_dim
         own = o.kv_from is None
+        if o.experts is not None:
+            self._routed(hidden_size, o, max_seq_len)
+            return
         if o.fused_qkv:
             self.qkv_proj = fused_qkv(hidden_size, o)
         elif o.qkv_layout != "blocks":
@@ -183,6 +238,8 @@ class Attention(Module):
         self.o_proj = Linear(H * D, hidden_size, o.o_bias)
         if o.qk_norm_bias is not None:
             norm = replace(norm, bias=o.qk_norm_bias)
+        if o.qk_norm_weight is not None:
+            norm = replace(norm, weight=o.qk_norm_weight)
         if o.qk_norm == "per_head_stacked":
             self.q_norm = Norm((H, D), norm)
             if own:
@@ -199,6 +256,10 @@ class Attention(Module):
             self.v_norm = Norm(D, NormOptions("rms", norm.eps, weight=False))
         if o.sinks:
             self.sinks = Param(H)
+        if (o.chunk is not None or o.temperature is not None) and (
+                o.differential is not None or o.sees != "own"):
+            raise ValueError("chunked attention and a query temperature are the attention "
+                             "operator's: not with differential attention or sees call")
         if o.differential is not None:
             if H % 2 or G % 2 or o.sinks or o.alibi is not None or o.softcap is not None:
                 raise ValueError(f"differential attention pairs heads: an even number of heads "
@@ -233,6 +294,66 @@ class Attention(Module):
         else:
             self.shared: tuple[State, State] | None = None  # set by share()
 
+    def _routed(self, hidden_size: int, o: AttentionOptions, max_seq_len: int) -> None:
+        """A mixture of attention heads' params and cache (``AttentionExpertsOptions``).
+
+        Raises:
+            ValueError: heads other than top_k * kv_heads, or an option the mixture's
+                attention is not built with (q/k norms, fused or shared k/v, gates, sinks,
+                ALiBi, latent or differential attention, a dynamic mask, a relative bias).
+        """
+        e, G, D = o.experts, o.kv_heads, o.head_dim
+        if o.heads != e.top_k * G:
+            raise ValueError(f"a mixture of attention heads has top_k * kv_heads = "
+                             f"{e.top_k} * {G} heads, not {o.heads}")
+        if o.qk_norm is not None or o.fused_qkv or o.kv_from is not None or \
+                o.values_from_keys or o.output_gate or o.sinks or o.alibi is not None or \
+                o.latent is not None or o.differential is not None or o.dynamic_mask or \
+                o.sub_norm or o.v_norm or o.relative is not None or o.clip_qkv is not None:
+            raise ValueError("a mixture of attention heads is built with RoPE, a window, a "
+                             "chunk, a scale and a softcap alone (no q/k norms, fused or "
+                             "shared k/v, gates, sinks, ALiBi, latent, differential or "
+                             "relative attention, dynamic masks, sub norms or clamps)")
+        self.experts = AttentionExperts(hidden_size, G * D, e)
+        self.kv_proj = Linear(hidden_size, 2 * G * D, o.bias)
+        self.options = o
+        self.keys = State(G, max_seq_len, D, axis=1, initial=0, kv=True)
+        self.values = State(G, max_seq_len, D, axis=1, initial=0, kv=True)
+        self.shared = None
+
+    def _routed_call(self, rec: Recorder, x: Handle, ropes) -> Handle:
+        """JetMoeAttention's forward: the router's choice, each slot's queries by its expert
+        (``experts`` linear, ``slots`` each), keys and values by ``kv_proj``, RoPE, attention
+        with the kv heads tiled over the slots, each slot's output by its expert's output
+        projection weighted and summed (``slots`` sum), plus ``bias``."""
+        o, n = self.options, x.shape[0]
+        G, D, K = o.kv_heads, o.head_dim, o.experts.top_k
+        ex = self.experts
+        routing = ex.router.layer(rec, x)
+        w_q = rec.hold("param", ex.where("input_linear.weight"), ex.input_linear.weight.array)
+        q = rec.step("experts", x, routing, w_q, None, None, None, None,
+                     where=ex.where("input_linear"),
+                     kind="linear", slots="each")
+        kv = self.kv_proj(rec, x)
+        k, v = (rec.view(rec.step("columns", kv, where=self.where("kv_proj"), begin=a,
+                                  end=a + G * D), (n, G, D)) for a in (0, G * D))
+        if o.rope is not None:
+            k = self._turn(rec, k, ropes[o.rope], "k", ropes)
+        q = self._queries(rec, rec.view(q, (n, K * G * D)), ropes)
+        start = rec.call.start
+        keys = rec.state(self.where("keys"), self.keys)
+        values = rec.state(self.where("values"), self.values)
+        rec.step("kv_write", k, keys, where=self.where("keys"), start=start, ring=self.keys.ring)
+        rec.step("kv_write", v, values, where=self.where("values"), start=start,
+                 ring=self.values.ring)
+        a = self._attend(rec, q, self.keys, self.values, None, ropes)
+        w_o = rec.hold("param", ex.where("output_linear.weight"),
+                       ex.output_linear.weight.array)
+        y = rec.step("experts", rec.view(a, (n, K, G * D)), routing, w_o, None, None, None, None,
+                     where=ex.where("output_linear"), kind="linear", slots="sum")
+        b = rec.hold("param", ex.where("bias"), ex.bias.array)
+        return rec.step("add", y, b, where=ex.where("bias"))
+
     def share(self, source: "Attention") -> None:
         """Read ``source``'s KV cache (``kv_from``'s layer) instead of holding one.
 
@@ -250,7 +371,7 @@ class Attention(Module):
     def packs(self) -> list[tuple[Param, ...]]:
         """The projections of one input, stacked at load (``runtime.module.pack``)."""
         o = self.options
-        if o.fused_qkv or o.kv_from is not None:
+        if o.fused_qkv or o.kv_from is not None or o.experts is not None:
             return []
         if o.values_from_keys:
             return [(self.q_proj.weight, self.k_proj.weight)]
@@ -273,6 +394,8 @@ class Attention(Module):
 
     def __call__(self, rec: Recorder, x: Handle, ropes: dict[str, tuple[Handle, Handle]]) -> Handle:
         o, n = self.options, x.shape[0]
+        if o.experts is not None:
+            return self._routed_call(rec, x, ropes)
         G, D = o.kv_heads, o.head_dim
         start = rec.call.start
         q, k, v = self._project(rec, x)
@@ -373,13 +496,20 @@ class Attention(Module):
                 bias["relative"] = o.relative
             if o.sees != "own":
                 bias["sees"] = o.sees
+            if o.chunk is not None:
+                bias["chunk"] = o.chunk
+            if o.temperature is not None:
+                bias["temperature"] = o.temperature
+            if o.experts is not None:
+                bias["kv_tiled"] = True
             while extra and extra[-1] is None:
                 extra.pop()
             if ropes is not None and REACH in ropes and o.reach:
                 if extra or bias:
                     raise ValueError(f"{self.path}: rows reaching past their own position "
                                      "(an image's) are not built beside sinks, a dynamic "
-                                     "mask, a relative bias, ALiBi or another key reach")
+                                     "mask, a relative bias, ALiBi, chunks, a temperature "
+                                     "or another key reach")
                 a = rec.step("attention_reach", q, keys, values, ropes[REACH], where=self.path,
                              start=start, scale=o.scale, window=o.window, softcap=o.softcap,
                              ring=ring)
@@ -388,6 +518,8 @@ class Attention(Module):
                              where=self.path, start=start,
                              scale=o.scale, window=o.window, softcap=o.softcap, ring=ring,
                              **bias)
+        if o.experts is not None:  # each slot's output projection is its expert's
+            return a
         if gate is not None:
             # sigmoid(gate) * a: the gated MLP's step with sigmoid for its activation.
             a = rec.step("gated_activation", gate, rec.view(a, gate.shape),

@@ -59,7 +59,7 @@ CASES = [
     ("low_freq_zero", rope(low_freq_factor=0), "rope_parameters.low_freq_factor is 0"),
     ("low_freq_nan", rope(low_freq_factor=NAN), "rope_parameters.low_freq_factor is nan"),
     ("high_freq_text", rope(high_freq_factor="4"), "rope_parameters.high_freq_factor is '4'"),
-    ("freq_band_empty", rope(high_freq_factor=1.0), "high_freq_factor 1.0 is not above"),
+    ("freq_band_reversed", rope(high_freq_factor=0.5), "high_freq_factor 0.5 is below"),
     ("original_negative", rope(original_max_position_embeddings=-64),
      "rope_parameters.original_max_position_embeddings is -64"),
     ("original_fraction", rope(original_max_position_embeddings=2.5),

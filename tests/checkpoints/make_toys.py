@@ -47,6 +47,11 @@ ids where the copy has no other address):
   script quotes them (search id 68507971559: hidden 3072, 26 layers, intermediate 9216, 32
   heads, 8 key-value heads); the rope_parameters' keys as public loaders quote the hub's
   (ids 71024905976, 63417845068). No copy of the hub's whole file was found.
+- Llama-4-Scout-17B-16E: https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/resolve/main/config.json
+  as transformers 4.51 prints it (Llama4Config, every key; search id 41112263523), its
+  moe_layers printed "0..47": every layer. No copy of the hub's file itself was found. Its
+  text_config's attn_temperature_tuning is 4, which transformers 5.25's strict
+  Llama4TextConfig refuses (a bool field): the toy's is true, the one value changed.
 
 The task-head toys (sequence and token classification) are bert-base-uncased's config with
 the architecture and the labels a fine-tuned checkpoint's config.json adds (``id2label``,
@@ -249,6 +254,39 @@ QWEN3_5_08B = {
     "vision_end_token_id": 248054, "vision_start_token_id": 248053}
 
 
+# meta-llama/Llama-4-Scout-17B-16E's config, every key as printed (see the docstring).
+LLAMA_4_SCOUT = {
+    "architectures": ["Llama4ForConditionalGeneration"], "boi_token_index": 200080,
+    "eoi_token_index": 200081, "image_token_index": 200092, "model_type": "llama4",
+    "text_config": {
+        "attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0,
+        "attn_scale": 0.1, "attn_temperature_tuning": 4, "bos_token_id": 200000,
+        "eos_token_id": [200001, 200007, 200008], "floor_scale": 8192,
+        "for_llm_compressor": False, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+        "initializer_range": 0.02, "interleave_moe_layer_step": 1, "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384, "max_position_embeddings": 262144,
+        "model_type": "llama4_text", "moe_layers": list(range(48)),
+        "no_rope_layers": [1, 1, 1, 0] * 12, "num_attention_heads": 40,
+        "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+        "num_local_experts": 16, "output_router_logits": False, "pad_token_id": 200018,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+        "torch_dtype": "bfloat16", "use_cache": True, "use_qk_norm": True,
+        "vocab_size": 202048},
+    "tie_word_embeddings": False, "transformers_version": "4.51.0",
+    "vision_config": {
+        "attention_dropout": 0.0, "hidden_act": "gelu", "hidden_size": 1408, "image_size": 336,
+        "initializer_range": 0.02, "intermediate_size": 5632,
+        "model_type": "llama4_vision_model", "multi_modal_projector_bias": False,
+        "norm_eps": 1e-05, "num_attention_heads": 16, "num_channels": 3,
+        "num_hidden_layers": 34, "patch_size": 14, "pixel_shuffle_ratio": 0.5,
+        "projector_dropout": 0.0, "projector_input_dim": 4096, "projector_output_dim": 4096,
+        "rope_theta": 10000, "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "default", "vision_output_dim": 4096}}
+
+
 def gemma4_composite() -> dict:
     """No Gemma 4 composite config.json was found in a public copy: specs/gemma4.yaml's toy
     text config inside the config Gemma4Config writes around it (its own top-level keys and
@@ -355,6 +393,33 @@ def toys() -> dict[str, tuple[dict, str | None]]:
                                                   "num_attention_heads": 2,
                                                   "num_hidden_layers": 1}}, None),
         "gemma4-composite-toy": (gemma4_composite(), None),
+        # Four layers (RoPE and chunked at 0-2, NoPE at 3), every one a mixture of four
+        # experts; the ids the file names moved into 256 rows; chunks of 16 positions so the
+        # golden crosses them; attn_temperature_tuning true (docstring).
+        "llama-4-scout-toy": ({**LLAMA_4_SCOUT,
+                               "boi_token_index": 250, "eoi_token_index": 251,
+                               "image_token_index": 252,
+                               "text_config": {**LLAMA_4_SCOUT["text_config"],
+                                               "hidden_size": 64, "num_attention_heads": 4,
+                                               "num_key_value_heads": 2, "head_dim": 16,
+                                               "intermediate_size": 104,
+                                               "intermediate_size_mlp": 208,
+                                               "num_hidden_layers": 4,
+                                               "moe_layers": [0, 1, 2, 3],
+                                               "no_rope_layers": [1, 1, 1, 0],
+                                               "num_local_experts": 4, "vocab_size": 256,
+                                               "bos_token_id": 240,
+                                               "eos_token_id": [241, 247, 248],
+                                               "pad_token_id": 249,
+                                               "attention_chunk_size": 16,
+                                               "attn_temperature_tuning": True},
+                               "vision_config": {**LLAMA_4_SCOUT["vision_config"],
+                                                 "hidden_size": 16, "intermediate_size": 64,
+                                                 "num_attention_heads": 2,
+                                                 "num_hidden_layers": 1, "image_size": 28,
+                                                 "projector_input_dim": 32,
+                                                 "projector_output_dim": 32,
+                                                 "vision_output_dim": 32}}, None),
         # Four layers, the delta rule at 0-2 (2 key heads over 4 value heads) and gated
         # attention at 3; a quarter of head_dim 32 turned, mrope_section halved twice to fit it.
         "qwen3.5-0.8b-toy": ({**QWEN3_5_08B,

@@ -620,3 +620,54 @@ def test_a_call_seen_whole_with_a_relative_bias(run_kernel, randn, start, n):
 def test_seeing_the_call_is_refused_beside_a_window():
     with pytest.raises(ValueError, match="sees 'call' is own or call"):
         OP.shape((2, 2, 4), (1, 8, 4), (1, 8, 4), sees="call", window=4)
+
+
+# --- chunked attention and a query temperature (Llama 4) ----------------------------------
+
+def test_chunk_is_attention_within_each_chunk_alone(run_kernel, randn):
+    # create_chunked_causal_mask: a query at p sees keys p - p % chunk .. p, so each chunk of
+    # a sequence is a sequence of its own (a hand split, no mask of ours involved).
+    n, chunk = 11, 4
+    q, keys, values = randn(n, 4, 8), randn(2, n, 8), randn(2, n, 8)
+    alone = np.concatenate([OP.reference(q[c:c + chunk], keys[:, c:c + chunk].copy(),
+                                         values[:, c:c + chunk].copy())
+                            for c in range(0, n, chunk)])
+    for got in _both(run_kernel, q, keys, values, chunk=chunk):
+        np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
+    for start in (3, 5, 8):  # decode steps and chunks starting mid-chunk
+        for rows in (1, n - start):
+            for got in _both(run_kernel, q[start:start + rows], keys, values, start=start,
+                             chunk=chunk):
+                np.testing.assert_allclose(got, alone[start:start + rows], rtol=1e-5,
+                                           atol=1e-6)
+
+
+def test_temperature_scales_each_query_by_its_position(run_kernel, randn):
+    # Llama4TextAttention: q times 1 + attn_scale * log1p(floor((p + 1) / floor_scale)).
+    n, a, f = 9, 0.5, 3
+    q, keys, values = randn(n, 2, 8), randn(1, n, 8), randn(1, n, 8)
+    factor = 1 + a * np.log1p(np.floor((np.arange(n) + 1) / f))
+    want = OP.reference(q * factor[:, None, None], keys, values)
+    assert not np.allclose(want, OP.reference(q, keys, values))
+    for got in _both(run_kernel, q, keys, values, temperature=(a, f)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got in _both(run_kernel, q[6:7], keys, values, start=6, temperature=(a, f)):
+        np.testing.assert_allclose(got, want[6:7], rtol=1e-5, atol=1e-6)
+
+
+def test_chunk_refuses_a_ring_or_seeing_the_call():
+    with pytest.raises(ValueError, match="chunk"):
+        OP.shape((2, 2, 4), (1, 8, 4), (1, 8, 4), chunk=4, ring=8, window=4)
+    with pytest.raises(ValueError, match="chunk"):
+        OP.shape((2, 2, 4), (1, 8, 4), (1, 8, 4), chunk=4, sees="call")
+
+
+def test_kv_tiled_is_transformers_repeat_of_the_kv_heads(run_kernel, randn):
+    # JetMoeAttention: key_states.repeat(1, top_k, 1, 1): query head h reads kv head h % G.
+    q, keys, values = randn(5, 6, 8), randn(2, 5, 8), randn(2, 5, 8)
+    want = OP.reference(q, np.tile(keys, (3, 1, 1)), np.tile(values, (3, 1, 1)))
+    assert not np.allclose(want, OP.reference(q, keys, values))
+    for got in _both(run_kernel, q, keys, values, kv_tiled=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got in _both(run_kernel, q[3:4], keys, values, start=3, kv_tiled=True):
+        np.testing.assert_allclose(got, want[3:4], rtol=1e-5, atol=1e-6)

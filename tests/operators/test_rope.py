@@ -80,6 +80,19 @@ def test_llama3_matches_meta_formula(dim, theta):
         assert ((expected != base) & (expected != base / 8)).any()
 
 
+def test_llama3_equal_factors_scale_or_keep_each_frequency():
+    # Llama-4-Scout's low_freq_factor = high_freq_factor = 1.0: no band between them, so a
+    # frequency whose wavelength is past original / low is divided by factor, the others kept
+    # (transformers' _compute_llama3_parameters: no frequency is smoothed).
+    scout = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+             "high_freq_factor": 1.0, "original_max_position_embeddings": 64}
+    plain, _ = rope_inv_freq(16, 500000.0)
+    inv, _ = rope_inv_freq(16, 500000.0, scout)
+    long = 2 * math.pi / plain > 64
+    assert long.any() and (~long).any()
+    np.testing.assert_array_equal(inv, np.where(long, plain / np.float32(8.0), plain))
+
+
 @pytest.mark.parametrize("kind", ["ntk", "su", "mrope2"])
 def test_unknown_rope_type_raises(kind):
     with pytest.raises(ValueError, match=kind):

@@ -104,7 +104,11 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
     # table read a row (per-layer inputs' outside_row) and the add of a learned initial
     # state's one row to every row (a recurrence's), a relative position bias (a sixth input,
     # its table, which the C pool has no term for), a prompt chunk whose rows see the whole
-    # call (attention.sees call: the C pool's chunk is causal) and the segment rows added by
+    # call (attention.sees call: the C pool's chunk is causal), chunked attention and a
+    # query temperature (Llama 4's attention.chunk and attention.temperature: the C pool's
+    # window is one width for every query), kv heads tiled over a mixture of attention heads'
+    # slots (JetMoE's attention.experts: the C pool reads repeat_kv's grouping) and the
+    # segment rows added by
     # position, a mixture's sparsemixer router, its experts with linear or per-slot forms
     # (JetMoE's attention experts) and its shared expert's gate (a (rows, 1) sigmoid times the rows), and a
     # prompt chunk's chunked SSD and gated delta rule (their segment sums and triangular
@@ -121,6 +125,9 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
                          "gaussian_topk", "stack_streams", "match_rms", "altup_predict",
                          "altup_correct", "add_to_streams", "tanh", "segment_rows")
                or (op == "attention" and (len(ins) in (4, 5, 6) or a.get("sees") == "call"
+                                          or a.get("chunk") is not None
+                                          or a.get("temperature") is not None
+                                          or a.get("kv_tiled")
                                           or ins[0].shape[2] != ins[2].shape[2]))
                or (op == "add" and ins[0].shape != ins[1].shape)
                or (op in ("router", "experts") and (a.get("sparsemixer") is not None

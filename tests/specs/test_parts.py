@@ -109,6 +109,19 @@ def test_a_text_model_from_its_conditional_generation_checkpoint(spec, name, cls
     judge(loaded, golden)
 
 
+def test_llama_4_scout_from_its_conditional_generation_checkpoint():
+    # meta-llama/Llama-4-Scout-17B-16E's config (as printed), shrunk: its text model (chunked
+    # attention, NoPE layers, the mixture on every layer, llama3 RoPE with an empty band)
+    # against Llama4ForConditionalGeneration on text alone, 40 steps teacher-forced; the head
+    # untied by text_config's own tie_word_embeddings; the vision model left unread.
+    loaded = load_model(SPECS / "llama4_text.yaml", checkpoint=TOYS / "llama-4-scout-toy")
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    assert golden.meta["model"] == "Llama4ForConditionalGeneration" and golden.routing
+    assert not loaded.lm.config.tied
+    assert any("vision_model." in n for n in loaded.report.ignored)
+    judge(loaded, golden)
+
+
 def test_qwen3_5s_multi_token_prediction_tensors_are_left_unread(tmp_path):
     # Qwen3.5's published files hold its multi-token-prediction layers (mtp.*) beside the
     # text model; transformers' Qwen3_5ForConditionalGeneration leaves them unread, so do we,

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from iron_spec.operators.attention import alibi_slopes
-from iron_spec.runtime.blocks.attention import (PER_HEAD_QK_NORMS, AttentionOptions,
-                                                DifferentialOptions)
+from iron_spec.runtime.blocks.attention import (PER_HEAD_QK_NORMS, AttentionExpertsOptions,
+                                                AttentionOptions, DifferentialOptions)
 from iron_spec.runtime.latent import LatentOptions
 from iron_spec.runtime.layers import LayerOptions
 from iron_spec.runtime.values import MAX_INT
@@ -71,6 +71,9 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         values_from_keys=flag(*a, "values_from_keys"), clip_qkv=_clip(*opt(*a, "clip_qkv")),
         clip_after_norm=flag(*a, "clip_after_norm"),
         qk_norm_bias=_maybe_flag(*opt(*a, "qk_norm_bias")),
+        qk_norm_weight=_maybe_flag(*opt(*a, "qk_norm_weight")),
+        chunk=_window(spec, *opt(*a, "chunk")), temperature=_temperature(spec, read),
+        experts=_experts(spec, read),
         qk_norm_after_rope=flag(*a, "qk_norm_after_rope"), sinks=flag(*a, "sinks"),
         sub_norm=flag(*a, "sub_norm"), dynamic_mask=flag(*a, "dynamic_mask"),
         output_gate=flag(*a, "output_gate"), gate_in_query=flag(*a, "gate_in_query"),
@@ -86,6 +89,11 @@ def attention_options(spec: Spec, r: Resolved, read: LayerReader) -> AttentionOp
         raise spec.error(opt(*a, "clip_after_norm")[1], "clip_after_norm clamps what the "
                          "whole projections' norms give: it needs qk_norm all (not "
                          f"{attention.qk_norm!r})")
+    if (attention.chunk is not None or attention.temperature is not None) and (
+            attention.sees != "own" or attention.latent is not None):
+        raise spec.error(opt(*a, "chunk" if attention.chunk is not None else "temperature")[1],
+                         "attention.chunk and attention.temperature are built for causal "
+                         "attention (sees own), not latent attention")
     if attention.qk_norm_after_rope and attention.qk_norm not in PER_HEAD_QK_NORMS:
         raise spec.error(opt(*a, "qk_norm_after_rope")[1], "qk_norm_after_rope norms each "
                          f"turned head: it needs qk_norm one of {', '.join(PER_HEAD_QK_NORMS)} "
@@ -172,6 +180,50 @@ def _alibi(spec: Spec, a: AttentionOptions, max_bias: Any, at: tuple, scaled: An
     if scaled:
         slopes = tuple(float(np.float32(x * scale)) for x in slopes)
     return replace(a, alibi=slopes)
+
+
+def _temperature(spec: Spec, read: LayerReader) -> tuple[float, float] | None:
+    """``attention.temperature``: ``(attn_scale, floor_scale)`` of Llama 4's query
+    temperature (``runtime.blocks.attention.AttentionOptions``), None where absent or
+    ``attention.temperature_on`` is false.
+
+    Raises:
+        SpecError: at the option, a mapping without a number for its scale, or a floor not
+            above 0.
+    """
+    t = ("attention", "temperature")
+    on = read.flag("attention", "temperature_on", default=True)
+    raw, at = read.word(*t)
+    if raw is None or not on:
+        return None
+    if not isinstance(raw, dict):
+        raise spec.error(at, "attention.temperature is a mapping {scale, floor}")
+    scale, floor = read.number(*t, "scale"), read.number(*t, "floor")
+    if scale is None or floor is None or not floor > 0:
+        raise spec.error(at, f"attention.temperature's scale {scale} and floor {floor}: "
+                             "numbers, the floor above 0 (a config's attn_scale, floor_scale)")
+    return (float(scale), float(floor))
+
+
+def _experts(spec: Spec, read: LayerReader) -> AttentionExpertsOptions | None:
+    """``attention.experts``: a mixture of attention heads' ``count`` and ``top_k``
+    (``runtime.blocks.attention.AttentionExpertsOptions``, JetMoeMoA), None where absent.
+
+    Raises:
+        SpecError: at the option, a count or top_k that is not a whole number >= 1, or a
+            top_k above the count.
+    """
+    t = ("attention", "experts")
+    raw, at = read.word(*t)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise spec.error(at, "attention.experts is a mapping {count, top_k}")
+    count, top_k = read.whole(*t, "count"), read.whole(*t, "top_k")
+    if count is None or top_k is None or not 1 <= top_k <= count:
+        raise spec.error(at, f"attention.experts' count {count} and top_k {top_k}: whole "
+                             "numbers, 1 <= top_k <= count")
+    return AttentionExpertsOptions(count=count, top_k=top_k)
 
 
 def _latent(spec: Spec, r: Resolved) -> LatentOptions | None:

@@ -11,7 +11,7 @@ from iron_spec.runtime.causal import HeadTransformOptions
 
 from ..config import Resolved
 from ..loader import Spec
-from .reading import _flag_option, _option, _whole
+from .reading import _flag_option, _number, _option, _whole
 
 
 def _head_transform(spec: Spec, r: Resolved) -> HeadTransformOptions | None:
@@ -49,3 +49,17 @@ def _head_rows(spec: Spec, r: Resolved, vocab: int) -> int | None:
         raise spec.error(at, f"head.vocab_size {rows} is narrower than the embedding "
                              f"({vocab}): a tied lm_head is the embedding, all its rows")
     return rows
+
+
+def _final_eps(spec: Spec, r: Resolved) -> float | None:
+    """``head.norm_eps``: the final norm's eps where it differs from the layers' (None:
+    theirs).
+
+    Raises:
+        SpecError: at the option, an eps that is not a number above 0.
+    """
+    at = ("head", "norm_eps")
+    eps = _number(spec, at, _option(spec, r, at, None))
+    if eps is not None and not eps > 0:
+        raise spec.error(at, f"head.norm_eps is {eps}, not a number above 0 (null: the layers')")
+    return eps
