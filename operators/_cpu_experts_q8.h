@@ -78,7 +78,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static inlin
     __attribute__((always_inline)) void eq8_tile(const uint8_t *wp, const float *dw,
                                                  const int8_t *xq, const int32_t *xc,
                                                  const float *dx, Py_ssize_t B, const int MR,
-                                                 const int wide, float *o) {
+                                                 const int wide, const uint8_t *next,
+                                                 Py_ssize_t rb, float *o) {
     if (wide) {
         __m512 c[EQ_MR];
         for (int r = 0; r < MR; r++)
@@ -86,6 +87,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static inlin
         for (Py_ssize_t b = 0; b < B; b++) {
             const uint8_t *wb = wp + b * EQ_MR * 32;
             const int8_t *xb = xq + b * 8 * EQ_LANES * 4;
+            if (next)  /* the next tile's rows, from memory while this one computes */
+                for (int r = 0; r < EQ_MR; r++)
+                    _mm_prefetch((const char *)(next + r * rb + 34 * b), _MM_HINT_T1);
             const __m512i start = _mm512_loadu_si512(xc + b * EQ_LANES);
             __m512i s[EQ_MR];
             for (int r = 0; r < MR; r++)
@@ -101,7 +105,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static inlin
             const __m512 d = _mm512_loadu_ps(dx + b * EQ_LANES);
             for (int r = 0; r < MR; r++)
                 c[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
-                                       _mm512_mul_ps(d, _mm512_set1_ps(dw[b * EQ_MR + r])), c[r]);
+                                       _mm512_mul_ps(d, _mm512_set1_ps(dw[r * B + b])), c[r]);
         }
         for (int r = 0; r < MR; r++)
             _mm512_storeu_ps(o + r * EQ_LANES, c[r]);
@@ -113,6 +117,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static inlin
     for (Py_ssize_t b = 0; b < B; b++) {
         const uint8_t *wb = wp + b * EQ_MR * 32;
         const int8_t *xb = xq + b * 8 * EQ_LANES * 4;
+        if (next)  /* the next tile's rows, from memory while this one computes */
+            for (int r = 0; r < EQ_MR; r++)
+                _mm_prefetch((const char *)(next + r * rb + 34 * b), _MM_HINT_T1);
         const __m256i start = _mm256_loadu_si256((const __m256i *)(xc + b * EQ_LANES));
         __m256i s[EQ_MR];
         for (int r = 0; r < MR; r++)
@@ -128,32 +135,48 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static inlin
         const __m256 d = _mm256_loadu_ps(dx + b * EQ_LANES);
         for (int r = 0; r < MR; r++)
             c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]),
-                                   _mm256_mul_ps(d, _mm256_set1_ps(dw[b * EQ_MR + r])), c[r]);
+                                   _mm256_mul_ps(d, _mm256_set1_ps(dw[r * B + b])), c[r]);
     }
     for (int r = 0; r < MR; r++)
         _mm256_storeu_ps(o + r * EQ_LANES, c[r]);
 }
 
-/* Rows [j, j + mr) of w: their blocks XORed into wp (B, EQ_MR, 32), their scales into dw. */
+/* Rows [j, j + mr) of w: their blocks XORed into wp (B, EQ_MR, 32), their scales into dw
+ * (EQ_MR, B) as half_to_float widens them (16 at a time: the float16's bits moved into a
+ * float32's place and rescaled by 2^112, exactly). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void eq8_pack(const eq8_gemm *a,
                                                                           Py_ssize_t j, int mr,
                                                                           uint8_t *wp,
                                                                           float *dw) {
     const Py_ssize_t B = a->B, rb = B * 34;
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                            12, 13, 14, 15),
+                                          _mm512_set1_epi32(34));
     for (int r = 0; r < mr; r++) {
         const uint8_t *row = a->w + (j + r) * rb;
         for (Py_ssize_t b = 0; b < B; b++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(row + 34 * b + 2));
             _mm256_storeu_si256((__m256i *)(wp + (b * EQ_MR + r) * 32), _mm256_xor_si256(v, flip));
-            dw[b * EQ_MR + r] = half_to_float(row + 34 * b);
         }
+        Py_ssize_t b = 0;
+        for (; b + 16 <= B; b += 16) { /* a scale's 2 bytes and the next 2 (the block's) */
+            const __m512i h = _mm512_i32gather_epi32(at, (const void *)(row + 34 * b), 1);
+            const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(h, _mm512_set1_epi32(0x7fff)), 13);
+            const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(0x1p112f));
+            const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(h, _mm512_set1_epi32(0x8000)), 16);
+            _mm512_storeu_ps(dw + r * B + b, _mm512_castsi512_ps(
+                                                  _mm512_or_si512(_mm512_castps_si512(f), sign)));
+        }
+        for (; b < B; b++)
+            dw[r * B + b] = half_to_float(row + 34 * b);
     }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static void eq8_run_tile(
     const eq8_gemm *a, const uint8_t *wp, const float *dw, Py_ssize_t p, int mr, int wide,
-    float *o) {
+    const uint8_t *next, float *o) {
+    const Py_ssize_t rb = a->B * 34;
     const Py_ssize_t at = p * a->B;
     const int8_t *xq = a->xq + at * 8 * EQ_LANES * 4;
     const int32_t *xc = a->xc + at * EQ_LANES;
@@ -161,17 +184,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) static void 
 #define EQ8_CASE(M)                                                                          \
     case M:                                                                                  \
         if (wide)                                                                            \
-            eq8_tile(wp, dw, xq, xc, dx, a->B, M, 1, o);                                     \
+            eq8_tile(wp, dw, xq, xc, dx, a->B, M, 1, next, rb, o);                                     \
         else                                                                                 \
-            eq8_tile(wp, dw, xq, xc, dx, a->B, M, 0, o);                                     \
+            eq8_tile(wp, dw, xq, xc, dx, a->B, M, 0, next, rb, o);                                     \
         break;
     switch (mr) {
         EQ8_CASE(1) EQ8_CASE(2) EQ8_CASE(3) EQ8_CASE(4) EQ8_CASE(5) EQ8_CASE(6) EQ8_CASE(7)
         default:
             if (wide)
-                eq8_tile(wp, dw, xq, xc, dx, a->B, EQ_MR, 1, o);
+                eq8_tile(wp, dw, xq, xc, dx, a->B, EQ_MR, 1, next, rb, o);
             else
-                eq8_tile(wp, dw, xq, xc, dx, a->B, EQ_MR, 0, o);
+                eq8_tile(wp, dw, xq, xc, dx, a->B, EQ_MR, 0, next, rb, o);
     }
 #undef EQ8_CASE
 }
@@ -190,7 +213,7 @@ static void eq8_part(const void *args, int part, int parts) {
                 a->out[i * a->n + j] = NAN;
         return;
     }
-    float *dw = (float *)(wp + a->B * EQ_MR * 32);
+    float *dw = (float *)(wp + a->B * EQ_MR * 32); /* (EQ_MR, B) */
     float o[EQ_MR * EQ_LANES];
     const Py_ssize_t P = (a->rows + EQ_LANES - 1) / EQ_LANES;
     for (Py_ssize_t j = j0; j < j1; j += EQ_MR) {
@@ -199,7 +222,10 @@ static void eq8_part(const void *args, int part, int parts) {
         for (Py_ssize_t p = 0; p < P; p++) {
             const Py_ssize_t lanes = a->rows - p * EQ_LANES < EQ_LANES ? a->rows - p * EQ_LANES
                                                                         : EQ_LANES;
-            eq8_run_tile(a, wp, dw, p, mr, lanes > 8, o);
+            /* the first panel's tile fetches the next tile's rows (whole tiles only) */
+            const uint8_t *next = p == 0 && j + 2 * EQ_MR <= j1 ? a->w + (j + EQ_MR) * a->B * 34
+                                                                : NULL;
+            eq8_run_tile(a, wp, dw, p, mr, lanes > 8, next, o);
             for (Py_ssize_t i = 0; i < lanes; i++) {
                 float *out = a->out + (p * EQ_LANES + i) * a->n + j;
                 for (int r = 0; r < mr; r++)
