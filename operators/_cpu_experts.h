@@ -147,6 +147,8 @@ static void experts_norm(const experts_call *c, Py_ssize_t e, float *y) {
         y[q] = y[q] * r * nw[q];
 }
 
+#include "_cpu_experts_q8.h"
+
 /* A prompt chunk's m rows (the file's opening comment): one GEMM per expert hit. */
 static const char *experts_chunk(const experts_call *c) {
     const Py_ssize_t m = c->m, k = c->k, E = c->E, H = c->H, R = c->R, I = c->I, Ho = c->Hout;
@@ -186,6 +188,10 @@ static const char *experts_chunk(const experts_call *c) {
             for (Py_ssize_t j = 0; j < k; j++)
                 pairs[at[(Py_ssize_t)c->route[r * 2 * k + j]]++] = r * k + j;
         free(at);
+    }
+    if (form == HELD_Q8_0 && H % 32 == 0 && I % 32 == 0 && eq8_ready()) {
+        why = experts_q8_chunk(c, start, pairs, most);  /* _cpu_experts_q8.h */
+        goto done;
     }
     /* An expert one row chose runs as two (the row twice): every product of a chunk is the
      * GEMM's, never the one-row GEMV's, whose x a block form rounds (operators/held.py). */

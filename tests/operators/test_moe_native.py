@@ -240,3 +240,113 @@ def test_router_step_over_a_chunks_rows_chooses_as_transformers(case):
     np.testing.assert_array_equal(got[:, 0], rt.GOLDEN[f"{case}.indices"], err_msg=case)
     np.testing.assert_allclose(got[:, 1], rt.GOLDEN[f"{case}.weights"], rtol=2e-5, atol=1e-6,
                                err_msg=case)
+
+
+# ---- a chunk's experts on Q8_0 stacks (_cpu_experts_q8.h) -----------------------------------
+
+def _routed(counts, k, rng):
+    """Routing (rows, 2, k) whose experts are hit by ``counts[e]`` rows each (k distinct
+    experts a row, ascending: no count above the rows), with drawn weights, rows shuffled."""
+    slots = np.array([e for e, c in enumerate(counts) for _ in range(c)])
+    rows = len(slots) // k
+    assert rows * k == len(slots) and max(counts) <= rows
+    chosen = slots.reshape(k, rows).T[rng.permutation(rows)]  # row r: slots r, r + rows, ...
+    weights = rng.uniform(0.1, 1.0, (rows, k))
+    return np.stack([chosen, weights], axis=1).astype(np.float32)
+
+
+# Rows an expert hit: one (a lone row), 8 (one 8-row vector), 9 and 16 (one 16-row panel),
+# 17 and 24 (a panel and an 8-row vector), 41 (two panels and a vector), and experts no row
+# chose.
+Q8_COUNTS = [1, 0, 8, 9, 16, 0, 17, 24, 41, 4]
+
+
+def _judge_held(got, x, routing, held_in, held_down, attrs):
+    """``got`` against the float64 reference on the held stacks themselves (which rounds x
+    and the hidden values as the chunk's Q8_0 GEMMs meet them: ``Experts.reference_inputs``,
+    ``_hidden_rounding``), a value at a rounding midpoint allowed either way
+    (``Experts.reconcile``), within the operator's tolerance."""
+    inputs = EXPERTS.reference_inputs([x, routing, held_in, held_down, None, None, None],
+                                      [x, routing, held_in, held_down])
+    ref = EXPERTS.reference(*inputs, **attrs)
+    ref = EXPERTS.reconcile(ref, got, inputs, attrs)
+    bound = EXPERTS.tolerance(x.shape, routing.shape, held_in.shape, held_down.shape,
+                              **attrs).bound(EXPERTS.scale(ref, *inputs, **attrs))
+    err = np.abs(got - ref)
+    assert (err <= bound).all(), f"worst {err.max()} vs {bound.min()}"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_q8_0_chunk_is_the_dense_q8_0_gemm_per_expert(bias):
+    """A chunk on Q8_0 stacks: each expert's rows through the dense prompt GEMM on held Q8_0
+    (``_cpu.gemm``: x as 8-bit blocks by VPDPBUSD, _cpu_held_gemm.h), relu between, the
+    outputs added weighted in the experts' order: the same bits, whatever the rows per
+    expert."""
+    from iron_spec.operators import held
+    if "avx512" not in native.LIB.available():
+        pytest.skip("this CPU lacks AVX-512")
+    rng = np.random.default_rng(17)
+    E, I, H, k = len(Q8_COUNTS), 96, 64, 2
+    routing = _routed(Q8_COUNTS, k, rng)
+    rows = routing.shape[0]
+    x = rng.standard_normal((rows, H)).astype(np.float32)
+    held_in = _held_stack((rng.standard_normal((E, I, H)) / 8).astype(np.float32), "Q8_0", rng)
+    held_down = _held_stack((rng.standard_normal((E, H, I)) / 8).astype(np.float32), "Q8_0", rng)
+    b_in = rng.standard_normal((E, I)).astype(np.float32) if bias else None
+    b_down = rng.standard_normal((E, H)).astype(np.float32) if bias else None
+    attrs = dict(kind="plain", act="relu")
+    got = _run([x, routing, held_in, held_down, b_in, b_down], attrs, rows)
+
+    def gemm(v, stack, e, b):
+        n = stack.shape[1]
+        w = stack.raw()[e * n:(e + 1) * n]  # expert e's held rows, as they are
+        twice = v.shape[0] == 1  # one row is the GEMV's: the chunk runs it as two
+        v = np.concatenate([v, v]) if twice else v
+        out = np.empty((v.shape[0], n), np.float32)
+        native.LIB.gemm(out, v, w, None if b is None else b[e], held.code(stack.matrix))
+        return out[:1] if twice else out
+
+    want = np.zeros((rows, H), np.float32)
+    idx = routing[:, 0].astype(int)
+    for e in range(E):
+        r, s = np.nonzero(idx == e)
+        if len(r):
+            y = gemm(np.maximum(gemm(x[r], held_in, e, b_in), np.float32(0)), held_down, e,
+                     b_down)
+            want[r] += y * routing[r, 1, s][:, None]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_q8_0_chunk_rows_come_out_alone():
+    """On Q8_0 stacks each row's output bits are its own: a row's bits are the same run with
+    the whole chunk or with only some of its rows (its expert's panel shared or not)."""
+    rng = np.random.default_rng(19)
+    E, I, H, k = len(Q8_COUNTS), 64, 96, 2
+    routing = _routed(Q8_COUNTS, k, rng)
+    rows = routing.shape[0]
+    x = rng.standard_normal((rows, H)).astype(np.float32)
+    held_in = _held_stack((rng.standard_normal((E, 2 * I, H)) / 8).astype(np.float32), "Q8_0", rng)
+    held_down = _held_stack((rng.standard_normal((E, H, I)) / 8).astype(np.float32), "Q8_0", rng)
+    whole = _run([x, routing, held_in, held_down], {}, rows)
+    for lo, hi in ((0, 2), (3, 20), (20, rows)):
+        part = _run([x[lo:hi], routing[lo:hi], held_in, held_down], {}, hi - lo)
+        if hi - lo > 1:
+            np.testing.assert_array_equal(part, whole[lo:hi])
+    _judge_held(whole, x, routing, held_in, held_down, {})
+
+
+@pytest.mark.parametrize("attrs", [dict(weight_input=True), dict(gate_up="interleaved",
+                                                                  limit=7.0, alpha=1.702,
+                                                                  up_offset=1.0)])
+def test_q8_0_chunk_other_experts_within_reference(attrs):
+    """Llama 4's weighted inputs (each slot's x its own, quantized per slot) and gpt-oss's
+    clamped interleaved experts on a chunk of Q8_0 stacks, within the reference's tolerance."""
+    rng = np.random.default_rng(23)
+    E, I, H, k = len(Q8_COUNTS), 64, 64, 2
+    routing = _routed(Q8_COUNTS, k, rng)
+    rows = routing.shape[0]
+    x = rng.standard_normal((rows, H)).astype(np.float32)
+    held_in = _held_stack((rng.standard_normal((E, 2 * I, H)) / 8).astype(np.float32), "Q8_0", rng)
+    held_down = _held_stack((rng.standard_normal((E, H, I)) / 8).astype(np.float32), "Q8_0", rng)
+    got = _run([x, routing, held_in, held_down], attrs, rows)
+    _judge_held(got, x, routing, held_in, held_down, attrs)
