@@ -125,29 +125,34 @@ class SharedMLP(MLP):
     this use's adapter of it (``gate_up_adapters``; ``Zamba2MLP.forward``: ``gate_up_state +
     gate_up_proj_adapter_list[use](hidden_state)``), then ``down_proj(act(gate) * up)``.
 
+    Without an adapter (``rank`` 0) it is the ``MLP`` its options say (ZambaMLP's
+    ``gate_proj``, ``up_proj`` apart).
+
     Raises:
-        ValueError: an MLP other than gated and fused, or scaled or sparse (what transformers'
-            block has not).
+        ValueError: an adapter on an MLP other than gated and fused, or scaled or sparse
+            (what transformers' block has not).
     """
 
     def __init__(self, hidden_size: int, o: MLPOptions, uses: tuple[int, ...], use: int,
                  rank: int):
-        if o.kind != "gated" or not o.fused or o.sub_norm is not None or \
-                o.activation_sparsity or o.down_scale != 1.0:
-            raise ValueError("a shared block's MLP is gated with gate_up_proj fused (Zamba2MLP), "
-                             "without sub_norm, sparsity or scales")
+        if rank and (o.kind != "gated" or not o.fused or o.sub_norm is not None or
+                     o.activation_sparsity or o.down_scale != 1.0):
+            raise ValueError("a shared block's MLP adapter adds to a fused gate_up_proj: a gated "
+                             "MLP with fused: true (Zamba2MLP), without sub_norm, sparsity or "
+                             "scales")
         super().__init__(hidden_size, o)
         if rank:
             self.gate_up_adapters = Adapters(uses, hidden_size, rank, 2 * o.intermediate_size)
         self.use, self.rank = use, rank
 
     def __call__(self, rec: Recorder, x: Handle) -> Handle:
+        if not self.rank:
+            return super().__call__(rec, x)
         o = self.options
         params = self.act_fn(rec) if hasattr(self, "act_fn") else []
         gate_up = self.gate_up_proj(rec, x)
-        if self.rank:
-            gate_up = rec.step("add", gate_up, self.gate_up_adapters(rec, x, self.use),
-                               where=self.where("gate_up_adapters"))
+        gate_up = rec.step("add", gate_up, self.gate_up_adapters(rec, x, self.use),
+                           where=self.where("gate_up_adapters"))
         h = rec.step("gated_activation", gate_up, None, *params, where=self.path, act=o.act)
         return self.down_proj(rec, h)
 
