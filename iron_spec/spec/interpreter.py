@@ -149,6 +149,10 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
             built[key] = _layer(spec, ri, t, per_type)
         keys.append(key)
     layers = [built[k] for k in keys]
+    if spec.get("layer", "shared_block") is not None and \
+            not any(lo.shared_block is not None for lo in layers):
+        raise spec.error(("layer", "shared_block"), "layer.shared_block is run by no layer: "
+                         "a layer type says runs_shared_block: true (Zamba2's hybrid layers)")
     model_fields = r
     ropes = {}
     for name in spec.get("rope", default={}) or {}:

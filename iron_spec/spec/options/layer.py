@@ -120,7 +120,14 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
     shared_norm, at = opt("shared_norm", default=True)
     # A layer running the model's shared block (Zamba2HybridLayer): the block's options,
     # one set for every such layer (layer.shared_block).
-    shared = shared_block_options(spec, r, norm) if flag("runs_shared_block") else None
+    runs, at_runs = opt("runs_shared_block", default=False)
+    shared = shared_block_options(spec, r, norm) if _flag(spec, at_runs, runs) else None
+    if shared is not None and (mlp.kind != "none" or experts is not None or parallel or
+                               placement != "pre" or mixers["mixer"] == ("none",) or
+                               spec.get("layer", "kind") != "decoder"):
+        raise spec.error(at_runs, "a layer running the shared block is a pre decoder of its "
+                                  "token mixer alone (mlp kind none, no experts: "
+                                  "Zamba2MambaDecoderLayer), not this layer type")
     return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"), **mixers,
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
