@@ -407,7 +407,7 @@ class HybridLayer(Module):
         if o.kind != "decoder" or o.placement != "pre" or o.parallel or o.mlp.kind != "none" \
                 or o.experts is not None or o.mixer == ("none",) or not o.attention_norm:
             raise ValueError("a layer running the shared block is a pre decoder of its mixer "
-                             "alone (mlp kind none; Zamba2MambaDecoderLayer)")
+                             "alone (mlp kind none, no experts)")
         use, uses = shared_use
         self.shared_block = SharedBlock(hidden_size, o.shared_block, max_seq_len, uses, use)
         self.shared_linear = Linear(hidden_size, hidden_size)

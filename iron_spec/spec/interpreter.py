@@ -152,7 +152,7 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
     if spec.get("layer", "shared_block") is not None and \
             not any(lo.shared_block is not None for lo in layers):
         raise spec.error(("layer", "shared_block"), "layer.shared_block is run by no layer: "
-                         "a layer type says runs_shared_block: true (Zamba2's hybrid layers)")
+                         "no layer type says runs_shared_block: true")
     model_fields = r
     ropes = {}
     for name in spec.get("rope", default={}) or {}:

@@ -138,7 +138,7 @@ class SharedMLP(MLP):
         if rank and (o.kind != "gated" or not o.fused or o.sub_norm is not None or
                      o.activation_sparsity or o.down_scale != 1.0):
             raise ValueError("a shared block's MLP adapter adds to a fused gate_up_proj: a gated "
-                             "MLP with fused: true (Zamba2MLP), without sub_norm, sparsity or "
+                             "MLP with fused: true, without sub_norm, sparsity or "
                              "scales")
         super().__init__(hidden_size, o)
         if rank:

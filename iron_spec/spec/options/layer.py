@@ -126,8 +126,8 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
                                placement != "pre" or mixers["mixer"] == ("none",) or
                                spec.get("layer", "kind") != "decoder"):
         raise spec.error(at_runs, "a layer running the shared block is a pre decoder of its "
-                                  "token mixer alone (mlp kind none, no experts: "
-                                  "Zamba2MambaDecoderLayer), not this layer type")
+                                  "token mixer alone (mlp kind none, no experts), "
+                                  "not this layer type")
     return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"), **mixers,
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
