@@ -109,7 +109,9 @@ class SharedAttention(Attention):
 
     def packs(self) -> list[tuple[Param, ...]]:
         # A use reading another's weights (``tie``) leaves them stacked as the source has.
-        return super().packs() if self.source else []
+        # With adapters, q, k and v stay apart: each then one contiguous output the adapter's
+        # add reads in the native program (the stacked product's column views are not).
+        return super().packs() if self.source and not self.rank else []
 
     def _project(self, rec: Recorder, x: Handle):
         q, k, v = super()._project(rec, x)
