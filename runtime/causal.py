@@ -37,8 +37,9 @@ from .blocks.mlp import ActivationParams
 from .blocks.norms import Norm, NormOptions
 from .blocks.projections import Linear
 from .blocks.rope import POSITIONS, QUERIES, RopeOptions, rope_switch, rope_table
+from .blocks.shared import tie
 from .graph import CallSpec, Handle, Recorder
-from .layers import DecoderLayer, LayerOptions, PerLayerInputOptions
+from .layers import DecoderLayer, HybridLayer, LayerOptions, PerLayerInputOptions
 from .module import STATE_DTYPES, Module, Param, State
 from .plan import Plan
 from .recurrence import DEFAULT_STACK, RecurrenceOptions, Schedule, Stack, run_schedule
@@ -211,6 +212,7 @@ class Decoder(Module):
         for j, rs in readers.items():
             for i in rs:
                 self.layers[i].self_attn.share(self.layers[j].self_attn)
+        self._tie_shared(o)
         self.norm = Norm(E, _final(o)) if o.final_norm else None
         if r is not None:
             self._recurrence(o, r)
@@ -226,12 +228,35 @@ class Decoder(Module):
             self.altup_projections = [Linear(E, E) for _ in range(1, K)]
             self.altup_unembed_projections = [Linear(E, E) for _ in range(1, K)]
 
-    def _layer(self, o: CausalOptions, i: int) -> DecoderLayer:
-        """Layer ``i`` as the options say, its sliding-window cache a ring where it may be."""
+    def _layer(self, o: CausalOptions, i: int) -> DecoderLayer | HybridLayer:
+        """Layer ``i`` as the options say, its sliding-window cache a ring where it may be;
+        a ``HybridLayer`` where it runs the shared block."""
+        if o.layers[i].shared_block is not None:
+            return HybridLayer(o.hidden_size, o.layers[i], o.max_seq_len, shared_use(o, i))
         layer = DecoderLayer(o.hidden_size, o.layers[i], o.max_seq_len)
         if o.recurrence is not None and layer.self_attn is not None:
             self._hold_window(layer.self_attn, [], o.prefill_chunk, o.max_seq_len)
         return layer
+
+    def _tie_shared(self, o: CausalOptions) -> None:
+        """Each use of the shared block (``LayerOptions.shared_block``) past its weight
+        set's first reads that first use's weights (``runtime.blocks.shared.tie``): held
+        once, as transformers ties ``layers.{i}.shared_transformer`` to the first use's.
+
+        Raises:
+            ValueError: the layers running the block disagree on its options.
+        """
+        runs = [i for i, lo in enumerate(o.layers) if lo.shared_block is not None]
+        if not runs or not self.layers:
+            return
+        if len({o.layers[i].shared_block for i in runs}) != 1:
+            raise ValueError("the layers running the shared block give it different options")
+        blocks = o.layers[runs[0]].shared_block.blocks
+        if not o.layers[runs[0]].shared_block.tied:
+            return
+        for u, i in enumerate(runs):
+            if u >= blocks:
+                tie(self.layers[i].shared_block, self.layers[runs[u % blocks]].shared_block)
 
     def _recurrence(self, o: CausalOptions, r: RecurrenceOptions) -> None:
         """The stacks other than ``layers`` (``model.<name>``), the learned initial states
@@ -243,9 +268,10 @@ class Decoder(Module):
                 parts, or what ``Schedule`` refuses.
         """
         if o.per_layer_input is not None or o.altup is not None or any(
-                lo.attention.kv_from is not None for lo in o.layers):
+                lo.attention.kv_from is not None or lo.shared_block is not None
+                for lo in o.layers):
             raise ValueError("a recurrent schedule runs layers several times: not with KV "
-                             "sharing, per-layer inputs or AltUp streams")
+                             "sharing, a shared block, per-layer inputs or AltUp streams")
         stacks = {DEFAULT_STACK: self.layers} if self.layers else {}
         for name, final in r.stacks:
             if name == DEFAULT_STACK:
@@ -689,6 +715,7 @@ class CausalLM(Module):
                          start=replace(c.start, offset=c.start.offset + o.position_offset))
         if o.embedding_norm:
             x = self.model.embed_norm(rec, x)
+        embeddings = x  # what a shared block reads beside each layer's input (Zamba2Model's)
         per_layer = [None] * len(self.model.layers)
         if o.per_layer_input is not None:
             per_layer = self.model.per_layer_inputs(rec, ids, x, o.per_layer_input)
@@ -702,7 +729,7 @@ class CausalLM(Module):
         for layer, extra in zip(self.model.layers if o.recurrence is None else [], per_layer):
             if c.hidden:  # each layer's input: the embeddings, then each layer's output
                 rec.kept.append(x)
-            x = layer(rec, x, ropes, extra)
+            x = layer(rec, x, ropes, extra, embeddings)
         if o.altup is not None:
             x = merge(rec, self.model, x)
         if c.prompt and not c.every_row:
@@ -876,6 +903,17 @@ class Version:
                   extra: dict | None = None, caches: Caches | None = None):
         return self._call(self._reference.run, ids, token, position, start, rows, sampler,
                           output, extra, caches, kind="reference")
+
+
+def shared_use(o: CausalOptions, i: int) -> tuple[int, tuple[int, ...]] | None:
+    """Layer ``i``'s use of the shared block: its index among the layers running it (in
+    order) and the uses of its weight set (``u % blocks``), as ``Zamba2Model.get_layers``
+    counts them; None where the layer runs none."""
+    if o.layers[i].shared_block is None:
+        return None
+    runs = [j for j, lo in enumerate(o.layers) if lo.shared_block is not None]
+    u, blocks = runs.index(i), o.layers[i].shared_block.blocks
+    return u, tuple(v for v in range(len(runs)) if v % blocks == u % blocks)
 
 
 def recurrent_arrays(states: list[State], mirrors: dict[int, np.ndarray],

@@ -7,7 +7,7 @@ Not for: the blocks themselves (``blocks``) or the model around the layers (``ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from .blocks.ssd import SSDMixer, SSDOptions
 from .blocks.mlp import MLP, MLPOptions
 from .blocks.norms import Norm, NormOptions
 from .blocks.projections import Linear
+from .blocks.shared import SharedBlock, SharedBlockOptions
 from .blocks.short_conv import ShortConv, ShortConvOptions
 from .graph import Handle, Recorder
 from .latent import LatentAttention
@@ -77,7 +78,12 @@ class LayerOptions:
     MLP layers), whose norm is then ``input_layernorm``. An MLP of kind ``none`` leaves the
     layer its mixer alone (MambaBlock, NemotronH's mixer layers). ``mixer_scales``: each
     mixer's input and output times ``(in, out)`` (FalconH1's ``attention_in_multiplier``,
-    ``attention_out_multiplier``, ``ssm_in_multiplier``, ``ssm_out_multiplier``); None: 1."""
+    ``attention_out_multiplier``, ``ssm_in_multiplier``, ``ssm_out_multiplier``); None: 1.
+
+    ``shared_block``: the layer runs the model's shared transformer block first (its options,
+    ``runtime.blocks.shared``; None: it does not): a ``HybridLayer`` around a pre decoder of
+    its mixer alone, ``x + mixer(input_layernorm(x + shared_linear(block(x, embeddings))))``,
+    as Zamba2HybridLayer then Zamba2MambaDecoderLayer."""
 
     attention: AttentionOptions
     mlp: MLPOptions
@@ -100,6 +106,7 @@ class LayerOptions:
     selective_scan: SelectiveScanOptions | None = None
     ssd: SSDOptions | None = None
     gated_delta: GatedDeltaOptions | None = None
+    shared_block: SharedBlockOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -287,9 +294,11 @@ class DecoderLayer(Module):
             out = y if out is None else rec.step("add", out, y, where=self.path)
         return out
 
-    def __call__(self, rec: Recorder, x: Handle, ropes, per_layer: Handle | None = None) -> Handle:
+    def __call__(self, rec: Recorder, x: Handle, ropes, per_layer: Handle | None = None,
+                 embeddings: Handle | None = None) -> Handle:
         """The attention then the MLP, each around its norms and added to ``x``; for kind
-        ``ple``, then ``per_layer`` ``(n, size)`` gated in and the sum times the scalar."""
+        ``ple``, then ``per_layer`` ``(n, size)`` gated in and the sum times the scalar.
+        ``embeddings``: the model's (read by a ``HybridLayer``'s shared block; unread here)."""
         if self.options.altup is not None:
             return self._altup(rec, x, ropes, per_layer)
         x = self._blocks(rec, x, ropes)
@@ -373,6 +382,47 @@ class DecoderLayer(Module):
             y = rec.step("mul", y, rec.hold("const", f"{where}.branch", on_branch), where=where)
             x = rec.step("mul", x, rec.hold("const", f"{where}.stream", on_stream), where=where)
         return rec.step("add", x, y, where=self.path, scale=self.options.residual_scale)
+
+
+class HybridLayer(Module):
+    """A layer that runs the model's shared transformer block before its own mixer, as
+    transformers' Zamba2HybridLayer: ``shared_block`` (this use of it,
+    ``runtime.blocks.shared.SharedBlock``), ``shared_linear`` ``(hidden, hidden)`` (its
+    ``linear``) and ``decoder``, the layer's own pre decoder of its mixer alone
+    (Zamba2MambaDecoderLayer, its ``mamba_decoder``): ``x + mixer(input_layernorm(x + t))``,
+    ``t = shared_linear(shared_block(x, embeddings))`` added to the mixer's input, not to its
+    residual. ``shared_use``: this use's index among the block's uses and the uses of its
+    weight set (``runtime.causal.shared_use``). ``self_attn`` is None (the decoder's mixer
+    is no attention); ``options`` are the layer's.
+
+    Raises:
+        ValueError: the decoder is not a pre decoder of its mixer alone (mlp kind none, no
+            experts), or ``o`` has no shared block.
+    """
+
+    def __init__(self, hidden_size: int, o: LayerOptions, max_seq_len: int,
+                 shared_use: tuple[int, tuple[int, ...]]):
+        if o.shared_block is None:
+            raise ValueError("a hybrid layer runs the shared block: its options hold none")
+        if o.kind != "decoder" or o.placement != "pre" or o.parallel or o.mlp.kind != "none" \
+                or o.experts is not None or o.mixer == ("none",) or not o.attention_norm:
+            raise ValueError("a layer running the shared block is a pre decoder of its mixer "
+                             "alone (mlp kind none, no experts)")
+        use, uses = shared_use
+        self.shared_block = SharedBlock(hidden_size, o.shared_block, max_seq_len, uses, use)
+        self.shared_linear = Linear(hidden_size, hidden_size)
+        self.decoder = DecoderLayer(hidden_size, replace(o, shared_block=None), max_seq_len)
+        self.self_attn = None
+        self.options = o
+
+    def __call__(self, rec: Recorder, x: Handle, ropes, per_layer: Handle | None = None,
+                 embeddings: Handle | None = None) -> Handle:
+        """``x`` ``(n, hidden)`` and the model's ``embeddings`` ``(n, hidden)`` to the
+        layer's output ``(n, hidden)``."""
+        t = self.shared_linear(rec, self.shared_block(rec, x, embeddings, ropes))
+        d = self.decoder
+        h = d.input_layernorm(rec, rec.step("add", x, t, where=self.path))
+        return d.residual(rec, x, d._mix(rec, h, ropes))
 
 
 class ResidualGate(Module):

@@ -24,7 +24,7 @@ import numpy as np
 from iron_spec.runtime.encoder_golden import EncoderGolden
 from iron_spec.runtime.golden import Golden, config_digest
 from iron_spec.runtime.parts import under
-from iron_spec.runtime.renames import Pattern, matching
+from iron_spec.runtime.renames import Pattern, matching, source
 
 from iron_spec.spec.build import Loaded
 
@@ -81,7 +81,11 @@ def hugging_face(loaded: Loaded, auto: str = "AutoModelForCausalLM", dtype: str 
     # A name the spec declares unused (checkpoint.unused) is one the model never reads: the
     # drawn weights do not hold it, and transformers keeps its own (a buffer, such as the
     # quantization state of I-BERT's Quant* modules, unread where quant_mode is off).
+    # A tied name (lm_head's, a shared block's later uses) by the checkpoint's name too: a
+    # checkpoint holds the shared param under its first name alone, and transformers reports
+    # the others missing before it ties them.
     tied, unused = set(loaded.report.tied), loaded.expanded.unused
+    tied |= {source(name, loaded.expanded.renames) for name in loaded.report.tied}
     others = [] if loaded.part is None else [Pattern(u) for u in loaded.part.part.unused]
     missing = [k for k in info["missing_keys"] if k not in tied and not matching(k, unused)
                and not any(under(k, o) is not None for o in others)]

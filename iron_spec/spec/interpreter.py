@@ -101,6 +101,26 @@ def traced(spec: Spec, r: Resolved, e: SpecError, source: str) -> SpecError:
     return traced
 
 
+def _turned(spec: Spec, ropes: dict, a):
+    """Attention options ``a`` with its RoPE table's layout (``rope_interleaved``); the
+    table checked to rotate an even number of columns within ``a``'s head_dim (and at least
+    4 under dynamic scaling)."""
+    name = a.rope
+    if name is None or name not in ropes:
+        return a
+    width = ropes[name].rotary_dim
+    if width < 2 or width % 2 or width > a.head_dim:
+        raise spec.error(("rope", name), f"rope table {name!r} rotates {width} columns: an even "
+                         f"number from 2 to the head_dim ({a.head_dim}) of the "
+                         "layers reading it")
+    scaling = ropes[name].scaling or {}
+    if width == 2 and scaling.get("rope_type", scaling.get("type")) == "dynamic":
+        raise spec.error(("rope", name, "scaling"), f"rope table {name!r} rotates 2 columns "
+                         "with dynamic scaling, whose base grows by a power dim / (dim - 2) "
+                         "(transformers' _compute_dynamic_ntk_parameters): at least 4")
+    return replace(a, rope_interleaved=ropes[name].interleaved)
+
+
 def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len: int | None,
             prefill_chunk: int | None, source: str) -> Expanded:
     v = r.values
@@ -129,6 +149,10 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
             built[key] = _layer(spec, ri, t, per_type)
         keys.append(key)
     layers = [built[k] for k in keys]
+    if spec.get("layer", "shared_block") is not None and \
+            not any(lo.shared_block is not None for lo in layers):
+        raise spec.error(("layer", "shared_block"), "layer.shared_block is run by no layer: "
+                         "no layer type says runs_shared_block: true")
     model_fields = r
     ropes = {}
     for name in spec.get("rope", default={}) or {}:
@@ -140,20 +164,14 @@ def _expand(spec: Spec, config_json: Mapping[str, Any], r: Resolved, max_seq_len
         _own_tables(spec, built, dict(zip(keys, rs)), ropes, source)
     r = model_fields
     for t, lo in built.items():
+        if lo.shared_block is not None:  # the shared block's attention turns by its table too
+            sb = lo.shared_block
+            lo = built[t] = replace(lo, shared_block=replace(sb, attention=_turned(
+                spec, ropes, sb.attention)))
         name = lo.attention.rope
         if name is None or name not in ropes:
             continue
-        built[t] = replace(lo, attention=replace(lo.attention, rope_interleaved=ropes[name].interleaved))
-        width = ropes[name].rotary_dim
-        if width < 2 or width % 2 or width > lo.attention.head_dim:
-            raise spec.error(("rope", name), f"rope table {name!r} rotates {width} columns: an even "
-                             f"number from 2 to the head_dim ({lo.attention.head_dim}) of the "
-                             "layers reading it")
-        scaling = ropes[name].scaling or {}
-        if width == 2 and scaling.get("rope_type", scaling.get("type")) == "dynamic":
-            raise spec.error(("rope", name, "scaling"), f"rope table {name!r} rotates 2 columns "
-                             "with dynamic scaling, whose base grows by a power dim / (dim - 2) "
-                             "(transformers' _compute_dynamic_ntk_parameters): at least 4")
+        built[t] = replace(lo, attention=_turned(spec, ropes, lo.attention))
     layers = _first_attention_norm(spec, r, [built[k] for k in keys])
     layers = experts_layers(spec, rs, layers)
     layers = _differential(spec, r, layers)

@@ -31,7 +31,10 @@ class SSDOptions:
     times five factors, over z, x, B, C and dt (FalconH1's ``ssm_multipliers``, its
     ``mup_vector``); None: none. ``act``: the convolution's activation (``hidden_act``).
     ``out_bias``: ``out_proj``'s bias where it differs from ``bias`` (FalconH1Mixer's
-    ``projectors_bias``; None: ``bias``)."""
+    ``projectors_bias``; None: ``bias``). ``decode_limit``: the decode step clamps dt to the
+    limit too (Mamba2's, Bamba's); false, the prompt chunk alone does (Zamba2's
+    ``mamba2_scan_forward`` passes ``time_step_limit`` to its chunked form only: its
+    recurrent form, ``mamba2_selective_state_update``, takes no limit)."""
 
     heads: int
     head_dim: int
@@ -49,6 +52,7 @@ class SSDOptions:
     inner: int | None = None
     act: str = "silu"
     out_bias: bool | None = None
+    decode_limit: bool = True
 
     @property
     def width(self) -> int:
@@ -110,9 +114,11 @@ class SSDMixer(Module):
         held = [rec.hold("param", self.where(n), getattr(self, n).array)
                 for n in ("A_log", "D", "dt_bias")]
         state = rec.state(self.where("ssm_state"), self.ssm_state)
+        limited = rec.call.prompt or o.decode_limit
         y = rec.step("ssd", h, dt, held[0], B, C, held[1], held[2], state, where=self.path,
-                     start=rec.call.start, heads=o.heads, groups=o.groups, dt_min=o.dt_min,
-                     dt_max=o.dt_max)
+                     start=rec.call.start, heads=o.heads, groups=o.groups,
+                     dt_min=o.dt_min if limited else 0.0,
+                     dt_max=o.dt_max if limited else math.inf)
         if o.norm == "none":
             y = rec.step("gated_activation", z, y, where=self.path, act="silu")
         else:

@@ -24,6 +24,7 @@ from .mixers import mixer_options
 from .mlp import mlp_options
 from .norms import norm_options
 from .reading import LayerReader, _flag, _flag_option, _number, _option, _whole
+from .shared import shared_block_options
 
 
 def _type_text(t: Any) -> str:
@@ -117,6 +118,16 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
         raise spec.error(("layer", "parallel"), "a parallel layer is kind decoder, placement pre "
                          f"(not {spec.get('layer', 'kind')}, {placement})")
     shared_norm, at = opt("shared_norm", default=True)
+    # A layer running the model's shared block (Zamba2HybridLayer): the block's options,
+    # one set for every such layer (layer.shared_block).
+    runs, at_runs = opt("runs_shared_block", default=False)
+    shared = shared_block_options(spec, r, norm) if _flag(spec, at_runs, runs) else None
+    if shared is not None and (mlp.kind != "none" or experts is not None or parallel or
+                               placement != "pre" or mixers["mixer"] == ("none",) or
+                               spec.get("layer", "kind") != "decoder"):
+        raise spec.error(at_runs, "a layer running the shared block is a pre decoder of its "
+                                  "token mixer alone (mlp kind none, no experts), "
+                                  "not this layer type")
     return LayerOptions(attention, mlp, norm, kind=spec.get("layer", "kind"), **mixers,
                         residual_scale=number("residual_scale", default=1.0),
                         placement=placement, per_layer_input=_per_layer_input(spec, r),
@@ -124,7 +135,7 @@ def _layer(spec: Spec, r: Resolved, t: Any, per_type: set | None = None) -> Laye
                         residual_weights=flag("residual_weights"),
                         residual_gates=flag("residual_gates"),
                         laurel_rank=_laurel_rank(spec, *opt("laurel", "rank", default=0)),
-                        altup=_altup(spec, r), experts=experts)
+                        altup=_altup(spec, r), experts=experts, shared_block=shared)
 
 
 def _laurel_rank(spec: Spec, value: Any, at: tuple) -> int:

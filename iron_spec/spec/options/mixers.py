@@ -36,7 +36,8 @@ DEFAULTS = {
             "groups": "n_groups", "conv_kernel": "conv_kernel", "conv_bias": "use_conv_bias",
             "bias": "use_bias", "time_step_limit": "time_step_limit", "norm": "gate_first",
             "norm_groups": "n_groups", "eps": "layer_norm_epsilon", "inner": None,
-            "projection_scales": None, "act": "hidden_act", "out_bias": None},
+            "projection_scales": None, "act": "hidden_act", "out_bias": None,
+            "decode_limit": True},
     "gated_delta": {"k_heads": "linear_num_key_heads", "v_heads": "linear_num_value_heads",
                     "k_head_dim": "linear_key_head_dim", "v_head_dim": "linear_value_head_dim",
                     "conv_kernel": "linear_conv_kernel_dim", "layout": "grouped",
@@ -154,7 +155,13 @@ def _selective_scan(spec: Spec, read: LayerReader) -> SelectiveScanOptions:
 
 def _ssd(spec: Spec, read: LayerReader) -> SSDOptions:
     s = "ssd"
-    limit, at = read.opt(s, "time_step_limit", default=DEFAULTS[s]["time_step_limit"])
+    raw, at = read.word(s, "time_step_limit", default=DEFAULTS[s]["time_step_limit"])
+    if isinstance(raw, list):  # [min, max], each a literal or an expression (Zamba2's
+        # (time_step_min, inf): Zamba2MambaMixer's time_step_limit)
+        limit = [evaluate_option(spec, at + (i,), v, read.r, "a number") for i, v in
+                 enumerate(raw)]
+    else:
+        limit, at = read.opt(s, "time_step_limit", default=DEFAULTS[s]["time_step_limit"])
     if not isinstance(limit, (list, tuple)) or len(limit) != 2 or any(
             isinstance(v, bool) or not isinstance(v, (int, float)) for v in limit) or \
             not 0 <= limit[0] <= limit[1]:
@@ -191,7 +198,8 @@ def _ssd(spec: Spec, read: LayerReader) -> SSDOptions:
         bias=read.flag(s, "bias", default=DEFAULTS[s]["bias"]),
         dt_min=float(limit[0]), dt_max=float(limit[1]), norm=norm, norm_groups=norm_groups,
         eps=_eps(spec, read, s), projection_scales=scales, act=_act(spec, read, s),
-        out_bias=_maybe_flag(spec, read, s, "out_bias"))
+        out_bias=_maybe_flag(spec, read, s, "out_bias"),
+        decode_limit=read.flag(s, "decode_limit", default=DEFAULTS[s]["decode_limit"]))
 
 
 def _gated_delta(spec: Spec, read: LayerReader) -> GatedDeltaOptions:
