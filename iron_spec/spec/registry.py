@@ -201,7 +201,8 @@ def picked_by(checkpoint: str | Path, path: Path, folder: Path | None = None) ->
     config = read_config(directory)
     archs = config.get("architectures")
     archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-    served = {a for e in entries(folder) if e.path == path for a in e.architectures}
+    # The folder's broken files were said when the spec was picked: not again here.
+    served = {a for e in entries(folder, skipped=[]) if e.path == path for a in e.architectures}
     if any(a in served for a in archs):
         return "config.json architectures"
     return (f"config.json model_type {config.get('model_type')} (its architectures "

@@ -407,8 +407,8 @@ def test_a_checkpoint_that_is_nowhere_is_named_as_load_s_argument(tmp_path):
     # Found by trying: from Python it said "--checkpoint PATH", a flag the caller never gave.
     import iron_spec
 
-    with pytest.raises(FileNotFoundError, match=f"^checkpoint='{tmp_path / 'nope'}': not a "
-                                                "checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match=f"^checkpoint='{tmp_path / 'nope'}': nothing "
+                                                "is there; give a checkpoint directory"):
         iron_spec.load(LLAMA, str(tmp_path / "nope"))
 
 
