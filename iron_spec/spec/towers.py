@@ -150,7 +150,8 @@ def processor_settings(directory: Path | None, key: str = "image_processor"
 def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
     """Every tower ``loaded``'s spec declares for its checkpoint (``loaded``: a
     ``build.Loaded`` text model, a part of a composite checkpoint): none where the
-    checkpoint is the text model alone or the weights are drawn on a toy.
+    checkpoint is the text model alone or the weights are drawn on a toy, and none whose
+    config key is null (``options.towers.held``: Gemma4Config's ``vision_config: null``).
 
     Raises:
         SpecError: a tower's config key missing, or its keys unaccounted (each named), or
@@ -161,10 +162,9 @@ def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
         return []
     spec = loaded.expanded.spec
     whole = loaded.part.whole
-    archs = whole.get("architectures") or []
     out = []
     for entry in options.entries(spec):
-        if not set(entry.architectures) & set(archs):
+        if not options.held(entry, whole):
             continue
         out.append(_load(entry, loaded, whole, allow_unread_config))
     return out

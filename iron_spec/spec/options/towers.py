@@ -138,6 +138,15 @@ def entries(spec: Spec) -> list[TowerEntry]:
     return out
 
 
+def held(entry: TowerEntry, whole: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint whose whole config.json is ``whole`` holds ``entry``'s tower: its
+    architectures the entry's and its ``from`` key not null (transformers builds no tower
+    for a null sub-config: Gemma4Model's ``vision_tower`` is None without a
+    ``vision_config``)."""
+    return bool(set(entry.architectures) & set(whole.get("architectures") or [])) \
+        and whole.get(entry.source_key) is not None
+
+
 def not_built(spec: Spec, whole: Mapping[str, Any]) -> dict[str, str]:
     """The towers ``spec`` declares but does not build (``not_built``) that a checkpoint's
     whole config.json ``whole`` holds (its ``from`` key not null, its architectures the
