@@ -5,7 +5,8 @@ teacher-forced over the tokens transformers drew (KL, top-1).
 
 A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the inputs left
 out; absent where the golden gives its prompt's ids itself, make_axial_towers.py's), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
-``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features``,
+``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features`` (a
+conformer's: the sound's own frames),
 ``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32, and the ``fingerprint`` of the
 inputs it was recorded on (``inputs_fingerprint``: config.json, the tensors, and the
 tokenizer's and processor's files): a golden judges those inputs alone.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iron_spec.runtime.golden import kl_stats, log_softmax
+from iron_spec.runtime.towers.conformer import ConformerTower
 from iron_spec.runtime.session import Session
 
 
@@ -111,6 +113,8 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
     # An image's pixels, a sound's features (with its frames), or an image's patch rows
     # (with their grid: Gemma 4's).
     pixels = front[0] if isinstance(front, tuple) else front
+    if isinstance(tower.tower, ConformerTower):  # the sound's own frames, as recorded
+        pixels = pixels[: front[1]]
     soft = tower.soft_tokens(raw)
     session = session or Session(model.loaded.lm)
     every = golden["ids"].tolist()
