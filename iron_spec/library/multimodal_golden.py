@@ -88,7 +88,8 @@ class OtherInputs(ValueError):
 
 def judge(model, golden, session: Session | None = None, other_inputs: bool = False
           ) -> Judged:
-    """``model`` (``api.Model`` with towers) against ``golden`` (an ``np.load``'ed golden).
+    """``model`` (``api.Model`` with towers) against ``golden`` (an ``np.load``'ed golden,
+    or a dict of it).
 
     Raises:
         OtherInputs: the golden was recorded on other inputs (``inputs_fingerprint``),
@@ -96,7 +97,8 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
     """
     from . import multimodal
 
-    theirs = str(golden["fingerprint"]) if "fingerprint" in golden.files else "none"
+    keys = set(getattr(golden, "files", golden))  # an NpzFile, or the dict of one
+    theirs = str(golden["fingerprint"]) if "fingerprint" in keys else "none"
     ours = inputs_fingerprint(model.loaded)
     if theirs != ours and not other_inputs:
         raise OtherInputs(f"the golden was recorded on other inputs ({theirs}) than "
@@ -105,7 +107,7 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
 
     tower = model.loaded.towers[0]
     raw = golden["image"] if tower.modality == "image" else golden["audio"]
-    if "messages" in golden.files:
+    if "messages" in keys:
         ids, inputs = multimodal.encode(model, messages_with(golden))
     else:  # a golden over given ids (no tokenizer): its placeholders as they are
         ids, inputs = golden["prompt_ids"].tolist(), {tower.placeholder: [raw]}

@@ -111,7 +111,11 @@ class ClippableLinear(Module):
         self.clipped = clipped
         if clipped:
             for name in ("input_min", "input_max", "output_min", "output_max"):
-                setattr(self, name, Param())
+                # Drawn (a toy without a checkpoint) so they clip: between 0.5 and 3 off 0.
+                low = name.endswith("_min")
+                bound = Param(draw=("uniform", -3.0, -0.5) if low else ("uniform", 0.5, 3.0))
+                bound.infinite = True  # transformers' own init: +-inf, clipping nothing
+                setattr(self, name, bound)
 
     def _clip(self, rec: Recorder, x, low: str, high: str):
         lo, hi = float(getattr(self, low).array), float(getattr(self, high).array)

@@ -1,7 +1,7 @@
 """Gemma 4's vision tower toy and its golden, as transformers 5.25 computes them.
 
     python tests/checkpoints/make_gemma4_towers.py        # writes gemma4-vision-toy and its golden
-    python tests/checkpoints/make_gemma4_towers.py audio  # gemma4-audio-toy and its golden
+    python tests/checkpoints/make_gemma4_towers.py audio  # gemma4-audio-toy, its goldens
 
 The toy is specs/gemma4.yaml's toy text model (experts beside every MLP, KV sharing, per-layer
 inputs) inside Gemma4Config with a small Gemma4VisionConfig (2 layers, 32 wide, 2 heads of 16,
@@ -376,11 +376,71 @@ def record_audio(directory: Path, golden: Path) -> None:
     print(f"{golden}: {frames} frames of {mask.shape[1]}, {n} soft tokens, {len(ids)} ids")
 
 
+#: Gemma4AudioAttention's windows recorded beside the toy's: (chunk, context_left,
+#: context_right, logit_cap, sound rows): as published, a right context (its relative rows
+#: shifted past the row's own), a chunk longer than the left context, one chunk.
+ATTENTION_CASES = [(12, 13, 0, 50.0, 40), (4, 3, 2, 1.0, 17), (5, 7, 3, 3.0, 31),
+                   (8, 4, 1, 2.0, 12)]
+
+
+def record_local_attention(golden: Path) -> None:
+    """Gemma4AudioAttention (transformers 5.25) in a one-layer Gemma4AudioModel on drawn
+    features, each of ``ATTENTION_CASES``, three frames of padding masked: its scaled queries
+    and keys, values and relative keys as it forms them (``q``, ``k``, ``v``, ``rel``), and its
+    output before ``post`` (``out``), the sound's rows alone."""
+    import math
+
+    import torch
+    import transformers
+    from transformers.models.gemma4 import modeling_gemma4 as mg
+
+    torch.manual_seed(0)
+    out = {}
+    for case, (chunk, left, right, cap, n) in enumerate(ATTENTION_CASES):
+        cfg = transformers.Gemma4AudioConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+            attention_chunk_size=chunk, attention_context_left=left,
+            attention_context_right=right, attention_logit_cap=cap, use_clipped_linears=False,
+            subsampling_conv_channels=[128, 4])
+        cfg._attn_implementation = "eager"
+        model = mg.Gemma4AudioModel(cfg).eval()
+        attn = model.layers[0].self_attn
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape) * (p.shape[-1] ** -0.5 if p.ndim >= 2 else 0.3))
+            attn.post.linear.weight.copy_(torch.eye(32))  # its output is the attention's
+        seen = {}
+
+        def hook(module, args, kwargs, result):
+            seen.update(x=kwargs["hidden_states"][0], pos=kwargs["position_embeddings"][0],
+                        out=result[0][0])
+
+        attn.register_forward_hook(hook, with_kwargs=True)
+        frames = 4 * n
+        with torch.no_grad():
+            model(torch.randn(1, frames, 128), torch.arange(frames)[None] < frames - 3)
+            x, H, D = seen["x"], 2, 16
+            q = attn.q_proj(x).view(-1, H, D) * attn.q_scale * \
+                torch.nn.functional.softplus(attn.per_dim_scale)
+            k = attn.k_proj(x).view(-1, H, D) * attn.k_scale
+            v = attn.v_proj(x).view(-1, H, D)
+            rel = attn.relative_k_proj(seen["pos"]).view(-1, H, D)
+        rows = -(-(frames - 3) // 4)
+        for name, value in (("q", q[:rows]), ("k", k[:rows]), ("v", v[:rows]), ("rel", rel),
+                            ("out", seen["out"][:rows])):
+            out[f"{case}.{name}"] = value.numpy().astype(np.float32)
+        assert math.isfinite(float(seen["out"].abs().max()))
+    np.savez_compressed(golden, cases=np.array(ATTENTION_CASES),
+                        transformers=transformers.__version__, **out)
+    print(golden)
+
+
 def main() -> None:
     goldens = HERE.parent / "goldens" / "towers"
     if sys.argv[1:] == ["audio"]:
         make_audio(HERE / "gemma4-audio-toy")
         record_audio(HERE / "gemma4-audio-toy", goldens / "gemma4" / "gemma4-audio-toy.npz")
+        record_local_attention(goldens / "gemma4" / "gemma4-audio-attention.npz")
         return
     directory = HERE / "gemma4-vision-toy"
     make(directory)
