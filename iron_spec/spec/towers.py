@@ -220,7 +220,7 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
     if kind == "conformer":
         if options.front_kind(entry) != "semicausal_log_mel":
             raise spec.error(entry.at + ("front", "kind"), "a conformer tower reads "
-                             "semicausal_log_mel frames (Gemma4AudioFeatureExtractor's)")
+                             "semicausal_log_mel frames")
         front = conformer_towers.audio_front(entry, settings, where, options._front_settings)
         o = conformer_towers.options(entry, expanded.resolved, expanded.options, text_hidden,
                                      front.feature_size)

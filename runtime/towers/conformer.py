@@ -297,8 +297,7 @@ class ConformerTower(Module):
         if o.bins != o.channels[0] // 4:
             raise ValueError(f"{o.mels} mel bins leave {o.bins} after the subsampling's two "
                              f"stride-2 convolutions, and its projection takes "
-                             f"subsampling_conv_channels[0] // 4 = {o.channels[0] // 4} "
-                             "(transformers' Gemma4AudioSubSampleConvProjection)")
+                             f"subsampling_conv_channels[0] // 4 = {o.channels[0] // 4}")
         E = o.hidden_size
         self.subsample_conv_projection = _Subsample(o)
         self.layers = [_Layer(o) for _ in range(o.layers)]

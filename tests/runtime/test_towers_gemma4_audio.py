@@ -191,3 +191,29 @@ def test_a_tower_declared_not_built_refuses_its_input_naming_its_config_key(tmp_
     with pytest.raises(ValueError, match=r"this model's audio tower is not built \(audio_config: "
                                          r"not today"):
         encode(model, "hear this", {"audio": [np.zeros(1600, np.float32)]})
+
+
+#: google/gemma-4's released audio_config, every key as published (quoted from ollama's
+#: x/models/gemma4 tests, releasedGemma4AudioConfig), the sizes shrunk to the toy's tensors.
+RELEASED_AUDIO_CONFIG = {
+    "model_type": "gemma4_audio", "attention_chunk_size": 12, "attention_context_left": 13,
+    "attention_context_right": 0, "attention_invalid_logits_value": -1000000000.0,
+    "attention_logit_cap": 50.0, "conv_kernel_size": 5, "gradient_clipping": 10000000000.0,
+    "hidden_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 12,
+    "output_proj_dims": 1536, "residual_weight": 0.5, "rms_norm_eps": 0.000001,
+    "subsampling_conv_channels": [128, 32], "use_clipped_linears": True}
+SHRUNK = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2,
+          "output_proj_dims": 24, "subsampling_conv_channels": [128, 8]}
+
+
+def test_the_released_audio_config_loads_every_key_read(tmp_path, golden):
+    copy = tmp_path / "toy"
+    shutil.copytree(TOY, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["audio_config"] = {**RELEASED_AUDIO_CONFIG, **SHRUNK}
+    (copy / "config.json").write_text(json.dumps(config))
+    tower = load(SPECS / "gemma4.yaml", copy).loaded.towers[0]
+    o = tower.tower.options
+    assert (o.chunk, o.left, o.right, o.logit_cap, o.clip, o.clipped, o.conv_kernel) == \
+        (12, 13, 0, 50.0, 1e10, True, 5)
+    assert tower.soft_tokens(golden["audio"]).shape == golden["soft_tokens"].shape
