@@ -1,4 +1,4 @@
-"""A 1-D convolution over rows, as an audio tower's front convolutions run it.
+"""1-D and 2-D convolutions, as audio towers' front convolutions run them.
 
 ``conv1d``: ``x`` ``(n, in_channels)`` (one row per frame) by ``weight`` ``(out_channels,
 in_channels, kernel)`` (torch's ``nn.Conv1d`` layout) with ``stride`` and zero ``padding``
@@ -6,6 +6,9 @@ on both ends, plus an optional ``bias``: ``((n + 2 * padding - kernel) // stride
 out_channels)``, as ``nn.Conv1d`` on ``x.T``. The kernel gathers each output row's
 ``kernel`` input rows side by side (im2col) and runs one GEMM by the weight packed
 ``(kernel * in_channels, out_channels)``.
+
+``conv2d``: a channels-last feature map ``(rows, cols, in_channels)`` by torch's
+``nn.Conv2d`` weight (``Conv2d``'s docstring), im2col and one GEMM likewise.
 """
 
 from __future__ import annotations
