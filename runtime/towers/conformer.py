@@ -29,7 +29,7 @@ checkpoint's under ``model.audio_tower`` (``Gemma4ClippableLinear`` kept as it i
 transformers runs a batch's padded frames and masks them (the convolutions' inputs, the
 keys); only the sound's own frames are run here, which gives its soft tokens the same
 values (a padded frame reaches no kept row but as a zero the convolutions read past the
-end). A version is compiled per count of frames and kept.
+end). A version is compiled per count of frames, the last few kept.
 
 Not for: the log-mel frames (``semicausal_log_mel``), where soft tokens go (``multimodal``).
 """
@@ -284,8 +284,10 @@ class ConformerTower(Module):
             convolutions).
     """
 
-    #: Versions kept (each one frame count's plan).
-    KEEP = 8
+    #: Versions kept (each one frame count's plan): a version's arena is about 47 KiB a
+    #: frame (140 MiB for 30 s of sound at the released widths, most of it the subsampling's
+    #: maps) and compiles in tens of milliseconds, so few are kept.
+    KEEP = 2
 
     def __init__(self, o: ConformerOptions):
         if o.left < 2 and o.right < 1:
@@ -342,7 +344,7 @@ class ConformerTower(Module):
         return e.embedding_projection(rec, e.embedding_pre_projection_norm(rec, x))
 
     def version(self, frames: int) -> "ConformerVersion":
-        """The tower compiled for ``frames`` frames, compiled once (the last ``KEEP`` kept).
+        """The tower compiled for ``frames`` frames (the last ``KEEP`` counts' kept).
 
         Raises:
             ValueError: no frame.
