@@ -334,8 +334,10 @@ def record_audio(directory: Path, golden: Path) -> None:
     """The audio toy's golden: the sound, the extractor's features (its valid frames), the
     soft tokens ``get_audio_features`` gives (after ``embed_audio``, its padding rows
     dropped; in float32), ids around ``<boa> <audio>*n <eoa>`` as
-    Gemma4Processor.replace_audio_token writes a sound's, 6 tokens drawn greedily, and the
-    logits of Gemma4ForConditionalGeneration at every position of ``ids``."""
+    Gemma4Processor.replace_audio_token writes a sound's, 6 tokens drawn greedily, the
+    logits of Gemma4ForConditionalGeneration at every position of ``ids``, and the sound's
+    soft tokens batched beside a longer sound (``soft_tokens_in_batch``: its frames padded
+    and masked, ``padded_frames`` of them)."""
     import torch
     import transformers
 
@@ -359,6 +361,13 @@ def record_audio(directory: Path, golden: Path) -> None:
         got = model.model.get_audio_features(out["input_features"], mask, return_dict=True)
         soft = got.pooler_output[0][got.attention_mask[0]]
         assert len(soft) == n, (len(soft), n)
+        # The same sound batched beside a longer one (itself then half a second more): its
+        # frames padded past it and masked, as transformers runs a batch.
+        batch = extractor([wave, np.concatenate([wave, wave[:8000]])], return_tensors="pt")
+        both = model.model.get_audio_features(batch["input_features"],
+                                              batch["input_features_mask"], return_dict=True)
+        in_batch = both.pooler_output[0][both.attention_mask[0]]
+        padded = int(batch["input_features_mask"][0].numel() - batch["input_features_mask"][0].sum())
         ids = model.generate(input_ids=torch.tensor([prompt]), **inputs, max_new_tokens=6,
                              do_sample=False)[0]
         logits = model(input_ids=ids[None], **inputs).logits[0]
@@ -371,9 +380,11 @@ def record_audio(directory: Path, golden: Path) -> None:
         golden, audio=wave, prompt_ids=np.array(prompt, np.int64), ids=ids.numpy(),
         input_features=out["input_features"][:, :frames].numpy().astype(np.float32),
         soft_tokens=soft.numpy().astype(np.float32), logits=logits.numpy().astype(np.float32),
+        soft_tokens_in_batch=in_batch.numpy().astype(np.float32), padded_frames=padded,
         fingerprint=fp, transformers=np.array(transformers.__version__),
         torch=np.array(torch.__version__))
-    print(f"{golden}: {frames} frames of {mask.shape[1]}, {n} soft tokens, {len(ids)} ids")
+    print(f"{golden}: {frames} frames of {mask.shape[1]}, {n} soft tokens, {len(ids)} ids; "
+          f"in a batch {padded} frames of padding")
 
 
 #: Gemma4AudioAttention's windows recorded beside the toy's: (chunk, context_left,

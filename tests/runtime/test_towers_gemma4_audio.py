@@ -51,6 +51,15 @@ def test_the_toys_frames_and_soft_tokens_are_transformers(model, golden):
     assert tower.count(golden["audio"]) == list(golden["ids"]).count(AUDIO)
 
 
+def test_the_sounds_own_frames_give_what_transformers_gives_it_padded_in_a_batch(model,
+                                                                                golden):
+    # transformers runs a batch's padded frames and masks them (the convolutions' inputs,
+    # the keys); ours runs the sound's own: the same soft tokens.
+    assert int(golden["padded_frames"]) > 0
+    soft = model.loaded.towers[0].soft_tokens(golden["audio"])
+    assert np.abs(soft - golden["soft_tokens_in_batch"]).max() <= 1e-5
+
+
 @pytest.mark.parametrize("chunk", [None, 16])
 def test_the_model_with_its_sound_is_transformers(model, golden, chunk):
     # Whole, and through prompt chunks of 16 that split the sound's 28 soft tokens.
