@@ -1,10 +1,10 @@
 """A tower's cost: ours against transformers', side by side, at published tower sizes.
 
-    python bench/towers.py [--tower gemma3 gemma4 qwen2-audio] [--side ours|torch]
+    python bench/towers.py [--tower gemma3 gemma4 qwen2-audio gemma4-audio] [--side ours|torch]
                            [--layers 2] [--runs 3] [--threads 2]
                            [--images 224 448 896] [--budgets 70 280 1120] [--seconds 5 30]
 
-Three towers, each at its published widths on drawn weights (both sides draw their own of
+Four towers, each at its published widths on drawn weights (both sides draw their own of
 the same shapes: a GEMM's time does not depend on the values), ``--layers`` of their layers
 (a tower's time is linear in its layers: multiply by the layer count over ``--layers``):
 
@@ -20,6 +20,11 @@ the same shapes: a GEMM's time does not depend on the values), ``--layers`` of t
   intermediate 5120, 128 mels, 32 layers; to Qwen2-7B's 4096), per length of sound
   (``--seconds``): transformers runs the whole 30 s window (its feature extractor pads to
   it), ours the rows that hold the sound (the rest reach no soft token).
+- ``gemma4-audio``: Gemma 4's audio tower (Gemma4AudioConfig's defaults, the released
+  audio_config's: hidden 1024, 8 heads, subsampling channels 128 and 32, chunks of 12 with a
+  left context of 13, 12 layers; output 1536 to a 1536-wide text model), per length of sound
+  (``--seconds``): both sides run the sound's own frames (Gemma4AudioFeatureExtractor pads to
+  128 samples alone), 100 a second.
 
 Per input: the seconds one input's soft tokens take (front end output in, soft tokens out;
 median of ``--runs`` after a warm-up) and soft tokens per second. Without ``--side`` each
@@ -43,7 +48,9 @@ G4_HIDDEN, G4_HEADS, G4_HEAD_DIM, G4_INTERMEDIATE, G4_TEXT, G4_IMAGE = 768, 12, 
     (960, 1280)
 # Qwen2AudioEncoderConfig's defaults (Whisper large's encoder), Qwen2-7B's width.
 A_HIDDEN, A_HEADS, A_INTERMEDIATE, A_MELS, A_TEXT, A_FRAMES = 1280, 20, 5120, 128, 4096, 3000
-LAYERS = {"gemma3": 27, "gemma4": 16, "qwen2-audio": 32}
+# Gemma4AudioConfig's defaults (the released audio_config).
+GA_HIDDEN, GA_HEADS, GA_CHANNELS, GA_OUT, GA_TEXT = 1024, 8, (128, 32), 1536, 1536
+LAYERS = {"gemma3": 27, "gemma4": 16, "qwen2-audio": 32, "gemma4-audio": 12}
 
 
 def _ours(layers: int, side: int):
@@ -228,8 +235,64 @@ def _torch_audio(layers: int, seconds: int):
     return run, soft
 
 
+def _gemma4_audio_frames(seconds: int) -> tuple[int, int]:
+    """Frames of ``seconds`` of sound and the soft tokens Gemma 4's tower gives them."""
+    frames = seconds * 100
+    return frames, ((frames + 1) // 2 + 1) // 2
+
+
+def _ours_gemma4_audio(layers: int, seconds: int):
+    from iron_spec.runtime.checkpoint import fill
+    from iron_spec.runtime.towers.conformer import ConformerOptions, ConformerTower
+    from iron_spec.runtime.weights import draw_weights
+    import numpy as np
+
+    o = ConformerOptions(hidden_size=GA_HIDDEN, layers=layers, heads=GA_HEADS,
+                         head_dim=GA_HIDDEN // GA_HEADS, act="silu", eps=1e-6,
+                         channels=GA_CHANNELS, mels=128, conv_kernel=5, residual_weight=0.5,
+                         chunk=12, left=13, right=0, logit_cap=50.0, clip=1e10, clipped=True,
+                         output=GA_OUT, text_hidden=GA_TEXT)
+    tower = ConformerTower(o)
+    fill(tower, draw_weights(tower, 0))
+    frames, soft = _gemma4_audio_frames(seconds)
+    features = np.random.default_rng(0).standard_normal((frames, 128)).astype(np.float32)
+    version = tower.version(frames)
+    assert tower.soft(frames) == soft
+    return lambda: version(features), soft
+
+
+def _torch_gemma4_audio(layers: int, seconds: int):
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    import torch
+    import transformers
+
+    config = transformers.Gemma4Config(
+        audio_config={"hidden_size": GA_HIDDEN, "num_attention_heads": GA_HEADS,
+                      "num_hidden_layers": layers, "subsampling_conv_channels": list(GA_CHANNELS),
+                      "output_proj_dims": GA_OUT},
+        text_config={"hidden_size": GA_TEXT, "num_hidden_layers": 1, "vocab_size": 16,
+                     "vocab_size_per_layer_input": 16, "intermediate_size": 16,
+                     "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 16,
+                     "global_head_dim": 16, "hidden_size_per_layer_input": 4,
+                     "layer_types": ["full_attention"]},
+        vision_config=None)
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    frames, soft = _gemma4_audio_frames(seconds)
+    features = torch.randn(1, frames, 128)
+    mask = torch.ones(1, frames, dtype=torch.bool)
+
+    def run():
+        with torch.no_grad():
+            out = model.model.get_audio_features(features, mask, return_dict=True)
+            return out.pooler_output[0][out.attention_mask[0]]
+
+    return run, soft
+
+
 BUILDERS = {"gemma3": (_ours, _torch), "gemma4": (_ours_gemma4, _torch_gemma4),
-            "qwen2-audio": (_ours_audio, _torch_audio)}
+            "qwen2-audio": (_ours_audio, _torch_audio),
+            "gemma4-audio": (_ours_gemma4_audio, _torch_gemma4_audio)}
 
 
 def _side(side: str, tower: str, layers: int, inputs: list[int], runs: int) -> dict:
@@ -250,9 +313,10 @@ def _side(side: str, tower: str, layers: int, inputs: list[int], runs: int) -> d
 
 
 UNITS = {"gemma3": ("image", "pixels a side"), "gemma4": ("budget", "max_soft_tokens"),
-         "qwen2-audio": ("sound", "seconds")}
+         "qwen2-audio": ("sound", "seconds"), "gemma4-audio": ("sound", "seconds")}
 TITLES = {"gemma3": "Gemma 3's SigLIP tower", "gemma4": "Gemma 4's image tower",
-          "qwen2-audio": "Qwen2-Audio's Whisper-large encoder"}
+          "qwen2-audio": "Qwen2-Audio's Whisper-large encoder",
+          "gemma4-audio": "Gemma 4's conformer audio tower"}
 
 
 def main() -> None:
@@ -266,7 +330,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
-    given = {"gemma3": a.images, "gemma4": a.budgets, "qwen2-audio": a.seconds}
+    given = {"gemma3": a.images, "gemma4": a.budgets, "qwen2-audio": a.seconds,
+             "gemma4-audio": a.seconds}
     if a.side is not None:
         if a.side == "torch":
             import torch

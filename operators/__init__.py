@@ -16,7 +16,7 @@ from .delta_rule import GatedDeltaRule
 from .differential import DifferentialAttention
 from .disentangled import DisentangledAttention
 from .dynamic_mask import DynamicMask
-from .elementwise import Add, Affine, Clamp, Columns, JoinHeads, Mul, TakeRow
+from .elementwise import Add, Affine, Clamp, Clip, Columns, JoinHeads, Mul, TakeRow
 from .embedding import Embedding
 from .experts import Experts
 from .fourier import FourierMix
@@ -24,6 +24,7 @@ from .gated_norm import GatedRMSNorm
 from .grouped import GroupedLinear
 from .global_attention import GlobalWindowAttention
 from .landmark import LandmarkAttention
+from .local_attention import LocalAttention
 from .lsh_expectation import LshExpectationAttention
 from .layernorm import LayerNorm
 from .linear import Linear
@@ -36,7 +37,7 @@ from .sampling import Sampler
 from .selective_scan import SelectiveScan
 from .self_attention import SelfAttention
 from .softcap import Softcap
-from .conv import Conv1d
+from .conv import Conv1d, Conv2d
 from .soft_tokens import AveragePool, CallRows, GatherRows, PairMean, PixelShuffle, PlaceRows, \
     PrependRow, ReachAttention, RowRange
 from .span_conv import DepthwiseConv, DynamicConv
@@ -51,14 +52,14 @@ OPERATORS: dict[str, Operator] = {
         Embedding(), Linear(), RMSNorm(), Rope(), Attention(), KVWrite(),
         Activation(), GatedActivation(), Add(), Mul(), TakeRow(), Columns(), Softcap(),
         LayerNorm(), SelfAttention(), MeanRows(), L2Normalize(), Tanh(),
-        AddRows(), SegmentRows(), Clamp(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
+        AddRows(), SegmentRows(), Clamp(), Clip(), TokenDropoutRescale(), JoinHeads(), DifferentialAttention(),
         DisentangledAttention(),
         DynamicMask(),
         GaussianTopK(), FourierMix(), Affine(), Trigram(), DepthwiseConv(), DynamicConv(),
-        LandmarkAttention(), LshExpectationAttention(), GlobalWindowAttention(),
+        LandmarkAttention(), LocalAttention(), LshExpectationAttention(), GlobalWindowAttention(),
         GroupedLinear(),
         StackStreams(), MatchRMS(), AltUpPredict(), AltUpCorrect(), AddToStreams(),
-        AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(),
+        AveragePool(), PlaceRows(), PrependRow(), ReachAttention(), RowRange(), Conv1d(), Conv2d(),
         CallRows(), PairMean(), PixelShuffle(), GatherRows(), RopeSections(),
         Router(), Experts(),
         CausalConv(), SelectiveScan(), SSD(), GatedDeltaRule(), GatedRMSNorm(),
@@ -67,13 +68,13 @@ OPERATORS: dict[str, Operator] = {
 
 __all__ = [
     "OPERATORS", "Operator", "AveragePool", "PlaceRows", "PrependRow", "ReachAttention",
-    "RowRange", "Conv1d", "CallRows", "PairMean", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
+    "RowRange", "Conv1d", "Conv2d", "CallRows", "PairMean", "PerCall", "Tolerance", "Embedding", "Linear", "RMSNorm",
     "Rope", "rope_inv_freq", "rope_switch", "rope_table", "rope_tables", "Attention", "KVWrite", "Activation",
     "GatedActivation", "Add", "Mul", "TakeRow", "Columns", "Softcap", "Sampler",
     "LayerNorm", "SelfAttention", "MeanRows", "L2Normalize", "Tanh", "AddRows", "SegmentRows", "Clamp",
-    "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
+    "Clip", "sinusoidal_table", "TokenDropoutRescale", "JoinHeads", "DifferentialAttention",
     "DisentangledAttention", "FourierMix", "Affine", "Trigram", "DepthwiseConv",
-    "DynamicConv", "LandmarkAttention", "LshExpectationAttention",
+    "DynamicConv", "LandmarkAttention", "LocalAttention", "LshExpectationAttention",
     "GlobalWindowAttention", "GroupedLinear",
     "DynamicMask",
     "GaussianTopK", "std_multiplier",

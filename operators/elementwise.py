@@ -210,6 +210,31 @@ class Clamp(Operator):
         return Tolerance(atol=0.0, rtol=EPS32)
 
 
+class Clip(Operator):
+    """``x`` clipped to ``[low, high]``, of ``x``'s shape: transformers'
+    Gemma4ClippableLinear (``torch.clamp`` of a projection's input and output between bounds
+    the checkpoint holds, ``input_min`` .. ``output_max``). Attributes ``low`` and ``high``
+    (either may be infinite; the kernel clips to them rounded to float32, as the float32
+    bounds torch reads)."""
+
+    name = "clip"
+    rows_alone = True
+
+    def shape(self, x, low=-np.inf, high=np.inf):
+        if not low <= high:
+            raise ValueError(f"clip: low {low} is above high {high}")
+        return x
+
+    def reference(self, x, low=-np.inf, high=np.inf):
+        return np.clip(as64(x), low, high)
+
+    def kernel(self, out, x, scratch=None, low=-np.inf, high=np.inf):
+        np.clip(x, np.float32(low), np.float32(high), out=out)
+
+    def tolerance(self, x, low=-np.inf, high=np.inf):
+        return Tolerance(atol=0.0, rtol=EPS32)
+
+
 class JoinHeads(Operator):
     """Each head's columns of ``a`` ``(n, ha, da)`` then of ``b`` ``(n, hb, db)``, as ``(n,
     heads, da + db)``: a head axis of 1 serves every head (``heads`` the other's, or 1). The

@@ -458,7 +458,8 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
         array = param.array
         # A float64 sum is finite exactly when every value is (float32 values cannot add up
         # past float64's range), and takes no array of the tensor's size.
-        if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
+        total = np.add.reduce(array, axis=None, dtype=np.float64)
+        if not np.isfinite(total) and not (param.infinite and not np.isnan(array).any()):
             raise CheckpointError(_not_finite(checkpoint, source, array))
         filled = getattr(param, "filled", None)  # a stack held once its tensors are read
         if filled is not None:

@@ -46,6 +46,9 @@ class Param:
         # A stack of matrices stored as their rows one after another, (E * rows, cols) of
         # the stored matrices (turned first where transposed): DbrxExpertGLU's w1, v1, w2.
         self.flat = False
+        # May hold +-inf as stored (a clip's bound that clips nothing, as transformers
+        # initializes Gemma4ClippableLinear's): loading refuses NaN in it alone.
+        self.infinite = False
 
     @property
     def _turned(self) -> tuple[int, ...]:

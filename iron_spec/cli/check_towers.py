@@ -23,6 +23,7 @@ from iron_spec.library.api import Model
 from iron_spec.library.multimodal_golden import inputs_fingerprint, judge
 from iron_spec.runtime import checks
 from iron_spec.runtime.towers.axial import AxialTower
+from iron_spec.runtime.towers.conformer import ConformerTower
 from iron_spec.runtime.towers.images import patches
 from iron_spec.spec.gates import kl_gate
 from iron_spec.spec.options.axial_towers import check_front
@@ -78,7 +79,13 @@ def compiled_vs_reference(tower: LoadedTower, seed: int = 0) -> checks.Result:
 def _compiled_vs_reference(tower: LoadedTower, seed: int) -> checks.Result:
     rng = np.random.default_rng(seed)
     version = tower.tower.version
-    if tower.modality == "audio":
+    if isinstance(tower.tower, ConformerTower):  # a version per sound's frames
+        rate = tower.processor.sampling_rate
+        features, frames = tower.processor(rng.uniform(-0.5, 0.5, DRAWN_SECONDS * rate))
+        version = tower.tower.version(frames)
+        pairs = [(version(features[:frames]), version.reference(features[:frames]))]
+        drawn = f"{DRAWN_SECONDS} s of drawn noise ({frames} frames)"
+    elif tower.modality == "audio":
         rate = tower.processor.sampling_rate
         features, frames = tower.processor(rng.uniform(-0.5, 0.5, DRAWN_SECONDS * rate))
         pairs = [(version(features, frames), version.reference(features, frames))]

@@ -38,7 +38,7 @@ from iron_spec.spec.loader import Spec, load_spec
 from iron_spec.spec.options.recurrence import outline
 from iron_spec.spec.shapes import fields_of
 from iron_spec.spec.tree import build_tree
-from iron_spec.spec.options.towers import entries as tower_entries
+from iron_spec.spec.options.towers import entries as tower_entries, held
 from iron_spec.spec.towers import tower_tree
 
 from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, UsageError,
@@ -162,10 +162,9 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
             view.placement.not_float = [s for s in view.placement.sources.values()
                                         if view.tensors[s].dtype not in FLOATS]
         if part is not None and not gguf_files.is_gguf(directory):
-            archs = set(whole.get("architectures") or [])
             view.towers = [_tower(spec, e, whole, directory, options.hidden_size,
                                   allow_unread_config)
-                           for e in tower_entries(spec) if set(e.architectures) & archs]
+                           for e in tower_entries(spec) if held(e, whole)]
             theirs = {n for t in view.towers for n in t.tensors}
             # The text part leaves the towers' tensors unread; the towers read them.
             view.placement.unused = [n for n in view.placement.unused if n not in theirs]

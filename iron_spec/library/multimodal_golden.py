@@ -5,7 +5,8 @@ teacher-forced over the tokens transformers drew (KL, top-1).
 
 A golden (``tests/checkpoints/make_towers.py``) holds ``messages`` (JSON, the inputs left
 out; absent where the golden gives its prompt's ids itself, make_axial_towers.py's), ``image`` (the one image, uint8) or ``audio`` (the one sound's samples), ``prompt_ids``,
-``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features``,
+``ids`` (the prompt and the greedy tokens), ``pixel_values`` or ``input_features`` (a
+conformer's: the sound's own frames),
 ``soft_tokens`` and ``logits`` ``(len(ids), vocab)`` float32, and the ``fingerprint`` of the
 inputs it was recorded on (``inputs_fingerprint``: config.json, the tensors, and the
 tokenizer's and processor's files): a golden judges those inputs alone.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iron_spec.runtime.golden import kl_stats, log_softmax
+from iron_spec.runtime.towers.conformer import ConformerTower
 from iron_spec.runtime.session import Session
 
 
@@ -86,7 +88,8 @@ class OtherInputs(ValueError):
 
 def judge(model, golden, session: Session | None = None, other_inputs: bool = False
           ) -> Judged:
-    """``model`` (``api.Model`` with towers) against ``golden`` (an ``np.load``'ed golden).
+    """``model`` (``api.Model`` with towers) against ``golden`` (an ``np.load``'ed golden,
+    or a dict of it).
 
     Raises:
         OtherInputs: the golden was recorded on other inputs (``inputs_fingerprint``),
@@ -94,7 +97,8 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
     """
     from . import multimodal
 
-    theirs = str(golden["fingerprint"]) if "fingerprint" in golden.files else "none"
+    keys = set(getattr(golden, "files", golden))  # an NpzFile, or the dict of one
+    theirs = str(golden["fingerprint"]) if "fingerprint" in keys else "none"
     ours = inputs_fingerprint(model.loaded)
     if theirs != ours and not other_inputs:
         raise OtherInputs(f"the golden was recorded on other inputs ({theirs}) than "
@@ -103,7 +107,7 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
 
     tower = model.loaded.towers[0]
     raw = golden["image"] if tower.modality == "image" else golden["audio"]
-    if "messages" in golden.files:
+    if "messages" in keys:
         ids, inputs = multimodal.encode(model, messages_with(golden))
     else:  # a golden over given ids (no tokenizer): its placeholders as they are
         ids, inputs = golden["prompt_ids"].tolist(), {tower.placeholder: [raw]}
@@ -111,6 +115,8 @@ def judge(model, golden, session: Session | None = None, other_inputs: bool = Fa
     # An image's pixels, a sound's features (with its frames), or an image's patch rows
     # (with their grid: Gemma 4's).
     pixels = front[0] if isinstance(front, tuple) else front
+    if isinstance(tower.tower, ConformerTower):  # the sound's own frames, as recorded
+        pixels = pixels[: front[1]]
     soft = tower.soft_tokens(raw)
     session = session or Session(model.loaded.lm)
     every = golden["ids"].tolist()

@@ -21,6 +21,7 @@ from iron_spec.runtime.files import read_object
 from iron_spec.runtime.parts import moved, subtree
 from iron_spec.runtime.towers.audio_tower import AudioTower
 from iron_spec.runtime.towers.axial import AxialTower
+from iron_spec.runtime.towers.conformer import ConformerTower
 from iron_spec.runtime.towers.images import TileProcessor, patches
 from iron_spec.runtime.towers.multimodal import TowerRun, naming
 from iron_spec.runtime.towers.qwen_images import GridProcessor
@@ -30,7 +31,7 @@ from iron_spec.runtime.weights import draw_weights
 
 from .accounting import account
 from .encoder import expand_encoder
-from .options import axial_towers
+from .options import axial_towers, conformer_towers
 from .options import towers as options
 from .options.qwen_vision import grid_processor, qwen_vision_options
 from .shapes import explainer
@@ -40,9 +41,10 @@ log = logging.getLogger("iron_spec")
 
 @dataclass
 class LoadedTower:
-    """A tower ready to run: its ``tower`` (weights filled: a vision ``Tower`` or an
-    ``AudioTower``), ``processor`` (the front end: ``ImageProcessor``, ``TileProcessor`` or
-    ``LogMel``), its ``modality`` (``image`` or ``audio``: the content items it reads), the
+    """A tower ready to run: its ``tower`` (weights filled: a vision ``Tower``,
+    ``AxialTower`` or ``QwenVisionTower``, an ``AudioTower`` or ``ConformerTower``),
+    ``processor`` (the front end: ``ImageProcessor``, ``TileProcessor``, ``GridProcessor``,
+    ``AspectPatchProcessor``, ``LogMel`` or ``SemicausalLogMel``), its ``modality`` (``image`` or ``audio``: the content items it reads), the
     ``placeholder`` token its soft tokens replace, whether one input's rows see each other
     (``bidirectional``), the processor's expansion of the text's marker (``prompt``:
     ``options.towers.Expansion`` or None) and where each weight came from."""
@@ -85,6 +87,11 @@ class LoadedTower:
             return self._soft_tokens(raw)
 
     def _soft_tokens(self, raw) -> "Any":
+        if isinstance(self.tower, ConformerTower):
+            features, frames = self.processor(raw)
+            if frames == 0 or self.tower.soft(frames) == 0:
+                return np.zeros((0, self.tower.options.text_hidden), np.float32)
+            return self.tower.version(frames)(features[:frames])
         if self.modality == "audio":
             features, frames = self.processor(raw)
             return self.tower.version(features, frames)
@@ -108,6 +115,8 @@ class LoadedTower:
             return self._layout(raw)
 
     def _layout(self, raw) -> tuple[int, int, int]:
+        if isinstance(self.tower, ConformerTower):
+            return self.tower.soft(self.processor(raw)[1]), 0, 0
         if self.modality == "audio":
             return self.tower.options.soft(self.processor(raw)[1]), 0, 0
         if self.gridded:
@@ -159,7 +168,8 @@ def processor_settings(directory: Path | None, key: str = "image_processor"
 def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
     """Every tower ``loaded``'s spec declares for its checkpoint (``loaded``: a
     ``build.Loaded`` text model, a part of a composite checkpoint): none where the
-    checkpoint is the text model alone or the weights are drawn on a toy.
+    checkpoint is the text model alone or the weights are drawn on a toy, and none whose
+    config key is null (``options.towers.held``: Gemma4Config's ``vision_config: null``).
 
     Raises:
         SpecError: a tower's config key missing, or its keys unaccounted (each named), or
@@ -170,10 +180,9 @@ def load_towers(loaded, allow_unread_config: bool = False) -> list[LoadedTower]:
         return []
     spec = loaded.expanded.spec
     whole = loaded.part.whole
-    archs = whole.get("architectures") or []
     out = []
     for entry in options.entries(spec):
-        if not set(entry.architectures) & set(archs):
+        if not options.held(entry, whole):
             continue
         out.append(_load(entry, loaded, whole, allow_unread_config))
     return out
@@ -213,10 +222,18 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
     account(entry.spec, config, source, allow_unread_config)
     expanded = expand_encoder(entry.spec, config, source=source)
     audio = options.front_kind(entry) == "log_mel"
-    settings, where = processor_settings(directory,
-                                         "feature_extractor" if audio else "image_processor")
-    axial = axial_towers.kind(entry) == "axial"
-    if options.front_kind(entry) == "grid":
+    kind = axial_towers.kind(entry)
+    settings, where = processor_settings(
+        directory, "feature_extractor" if audio or kind == "conformer" else "image_processor")
+    axial = kind == "axial"
+    if kind == "conformer":
+        if options.front_kind(entry) != "semicausal_log_mel":
+            raise spec.error(entry.at + ("front", "kind"), "a conformer tower reads "
+                             "semicausal_log_mel frames")
+        front = conformer_towers.audio_front(entry, settings, where, options._front_settings)
+        o = conformer_towers.options(entry, expanded.resolved, expanded.options, text_hidden,
+                                     front.feature_size)
+    elif options.front_kind(entry) == "grid":
         o = qwen_vision_options(entry, expanded.resolved, text_hidden)
         front = grid_processor(entry, settings, where, o)
     elif audio:
@@ -234,8 +251,9 @@ def tower_tree(spec, entry, whole: dict, directory: Path | None, text_hidden: in
         else:
             front = options.processor(entry, settings, where)
     try:
-        tower = AudioTower(o) if audio else QwenVisionTower(o) \
-            if isinstance(front, GridProcessor) else AxialTower(o) if axial else Tower(o)
+        tower = ConformerTower(o) if kind == "conformer" else AudioTower(o) if audio else \
+            QwenVisionTower(o) if isinstance(front, GridProcessor) else \
+            AxialTower(o) if axial else Tower(o)
     except ValueError as e:
         raise spec.error(entry.at, f"the tower does not build on {source}: {e}") from None
     mark_transposed(tower, expanded.transposed)
@@ -248,7 +266,7 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     built = tower_tree(spec, entry, whole, loaded.directory, text.hidden_size, allow_unread_config)
     entry, expanded, o, tower, front = (built.entry, built.expanded, built.options,
                                         built.tree, built.front)
-    audio = options.front_kind(entry) == "log_mel"
+    audio = options.front_kind(entry) in ("log_mel", "semicausal_log_mel")
     if loaded.random_weights is not None:
         report = fill(tower, draw_weights(tower, loaded.random_weights))
     else:
@@ -261,7 +279,10 @@ def _load(entry, loaded, whole: dict, allow_unread_config: bool) -> LoadedTower:
     token = options.placeholder(entry, expanded.resolved, text.vocab_size)
     prompt = options.with_token_texts(entry, options.prompt_text(entry), expanded.resolved,
                                       loaded.directory)
-    if audio:
+    if isinstance(tower, ConformerTower):
+        log.info("tower %s: %d mel bins, sounds of any length, %d conformer layers, at "
+                 "placeholder %d", entry.name, o.mels, o.layers, token)
+    elif audio:
         log.info("tower %s: %d mel bins, %d frames a window, %d layers, at placeholder %d",
                  entry.name, o.mels, o.frames, len(o.encoder.layers), token)
     elif isinstance(front, GridProcessor):

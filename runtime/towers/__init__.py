@@ -13,7 +13,8 @@ placeholder tokens (the seeds' ``Tower``, ``ImagePatches``, ``LogMel`` and ``Mul
 - ``axial``: an axial-RoPE vision tower (Gemma 4's: patches at their (x, y) places, sandwich-
   normed layers, pooling by position), a version per patch grid; ``aspect_images``: its front
   end (an image resized keeping its aspect ratio within a patch budget).
-- ``semicausal_log_mel``: Gemma 4's audio front end (Gemma4AudioFeatureExtractor's log-mel).
+- ``semicausal_log_mel``: Gemma 4's audio front end (Gemma4AudioFeatureExtractor's log-mel);
+  ``conformer``: its audio tower (Gemma4AudioModel's conformer), a version per sound's frames.
 - ``multimodal``: a causal text model with its towers; the prompt chunk that takes soft
   tokens at placeholder rows, and a session's placement (a tower runs once per image).
 

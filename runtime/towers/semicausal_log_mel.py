@@ -18,8 +18,7 @@ float32 and the filter bank's product and log in float64, as the extractor compu
 ``soft(frames)`` is the soft tokens the tower gives them, as ``Gemma4Processor``
 counts them (two stride-2 convolutions on the frames' mask).
 
-Not for: the audio tower (not built: specs/gemma4.yaml says why), Whisper's log-mel
-(``audio``).
+Not for: the audio tower (``conformer``), Whisper's log-mel (``audio``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Gemma 4's vision tower toy and its golden, as transformers 5.25 computes them.
 
     python tests/checkpoints/make_gemma4_towers.py        # writes gemma4-vision-toy and its golden
+    python tests/checkpoints/make_gemma4_towers.py audio  # gemma4-audio-toy, its goldens
 
 The toy is specs/gemma4.yaml's toy text model (experts beside every MLP, KV sharing, per-layer
 inputs) inside Gemma4Config with a small Gemma4VisionConfig (2 layers, 32 wide, 2 heads of 16,
@@ -259,10 +260,201 @@ def record_sounds(golden: Path) -> None:
     print(golden)
 
 
+# ---- Gemma 4's audio tower ----
+
+#: The audio toy's tower: Gemma4AudioConfig with every key shrunk but the mel width the
+#: subsampling's flattening ties to 128 (subsampling_conv_channels[0] // 4 frequency rows
+#: after two stride-2 convolutions of 128 mel bins), the attention's chunk and context as
+#: published (12, 13, 0), and a logit cap and a clip of the gradients small enough to bite.
+AUDIO_CONFIG = {"model_type": "gemma4_audio", "hidden_size": 32, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "hidden_act": "silu",
+                "subsampling_conv_channels": [128, 8], "conv_kernel_size": 5,
+                "residual_weight": 0.5, "attention_chunk_size": 12,
+                "attention_context_left": 13, "attention_context_right": 0,
+                "attention_logit_cap": 2.0, "attention_invalid_logits_value": -1.0e9,
+                "use_clipped_linears": True, "rms_norm_eps": 1e-6,
+                "gradient_clipping": 4.0, "output_proj_dims": 24}
+
+
+def audio_config() -> dict:
+    """The audio toy's config.json: the text toy inside Gemma4Config, an audio tower
+    (``AUDIO_CONFIG``), no vision tower."""
+    out = config()
+    out["vision_config"] = None
+    out["audio_config"] = dict(AUDIO_CONFIG)
+    return out
+
+
+def make_audio(directory: Path) -> None:
+    """The audio toy: weights drawn as ``make``'s, each clipped linear's bounds drawn
+    around the magnitudes it meets (so some inputs and outputs clip), the feature extractor
+    saved with its class defaults."""
+    import shutil
+
+    import torch
+    import transformers
+    from make_toys import spread
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    torch.manual_seed(0)
+    settings = {k: v for k, v in audio_config().items()
+                if k not in ("architectures", "model_type", "torch_dtype")}
+    parsed = transformers.Gemma4Config(**settings)
+    model = transformers.Gemma4ForConditionalGeneration(parsed).eval()
+    spread(model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.add_(1.0)
+        for name, b in model.named_buffers():
+            # Gemma4ClippableLinear's bounds: asymmetric, from 0.5 to 2.5 away from 0.
+            if name.endswith(("input_min", "input_max", "output_min", "output_max")):
+                size = 0.5 + 2.0 * torch.rand((), generator=gen)
+                b.copy_(-size if name.endswith("min") else size)
+    model.save_pretrained(directory)
+    (directory / "config.json").write_text(json.dumps(audio_config(), indent=2) + "\n")
+    transformers.Gemma4AudioFeatureExtractor().save_pretrained(directory)
+
+
+def audio_sound() -> np.ndarray:
+    """pygame's boom.wav (a recorded sound shipped in its wheel, 11025 Hz, 8-bit, 1.13 s),
+    read at 16 kHz by runtime.towers.audio.read_audio (soundfile and soxr), as
+    make_towers.sound reads Qwen2-Audio's golden's."""
+    import importlib.util
+
+    from iron_spec.runtime.towers.audio import read_audio
+
+    data = Path(importlib.util.find_spec("pygame").origin).parent / "examples" / "data"
+    return read_audio(data / "boom.wav", 16000)
+
+
+def record_audio(directory: Path, golden: Path) -> None:
+    """The audio toy's golden: the sound, the extractor's features (its valid frames), the
+    soft tokens ``get_audio_features`` gives (after ``embed_audio``, its padding rows
+    dropped; in float32), ids around ``<boa> <audio>*n <eoa>`` as
+    Gemma4Processor.replace_audio_token writes a sound's, 6 tokens drawn greedily, the
+    logits of Gemma4ForConditionalGeneration at every position of ``ids``, and the sound's
+    soft tokens batched beside a longer sound (``soft_tokens_in_batch``: its frames padded
+    and masked, ``padded_frames`` of them)."""
+    import torch
+    import transformers
+
+    model = transformers.Gemma4ForConditionalGeneration.from_pretrained(
+        directory, dtype=torch.float32).eval()
+    extractor = transformers.Gemma4AudioFeatureExtractor.from_pretrained(directory)
+    wave = audio_sound()
+    out = extractor([wave], return_tensors="pt")
+    mask = out["input_features_mask"]
+    frames = int(mask[0].sum())
+    t, m = mask.shape[1], mask[0].numpy()
+    for _ in range(2):
+        t = (t + 2 - 3) // 2 + 1
+        m = m[::2][:t]
+    n = int(m.sum())
+    prompt = [2, 17, 40, 33, BOA] + [AUDIO] * n + [EOA, 60, 71, 9, 120]
+    inputs = {"input_features": out["input_features"], "input_features_mask": mask}
+    with torch.no_grad():
+        # In float32: Gemma4AudioAttention computes in float32 whatever the model's dtype
+        # (its .float()), so a float64 model does not run.
+        got = model.model.get_audio_features(out["input_features"], mask, return_dict=True)
+        soft = got.pooler_output[0][got.attention_mask[0]]
+        assert len(soft) == n, (len(soft), n)
+        # The same sound batched beside a longer one (itself then half a second more): its
+        # frames padded past it and masked, as transformers runs a batch.
+        batch = extractor([wave, np.concatenate([wave, wave[:8000]])], return_tensors="pt")
+        both = model.model.get_audio_features(batch["input_features"],
+                                              batch["input_features_mask"], return_dict=True)
+        in_batch = both.pooler_output[0][both.attention_mask[0]]
+        padded = int(batch["input_features_mask"][0].numel() - batch["input_features_mask"][0].sum())
+        ids = model.generate(input_ids=torch.tensor([prompt]), **inputs, max_new_tokens=6,
+                             do_sample=False)[0]
+        logits = model(input_ids=ids[None], **inputs).logits[0]
+    from iron_spec import load
+    from iron_spec.library.multimodal_golden import inputs_fingerprint
+
+    fp = inputs_fingerprint(load(HERE.parents[1] / "specs" / "gemma4.yaml", directory).loaded)
+    golden.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        golden, audio=wave, prompt_ids=np.array(prompt, np.int64), ids=ids.numpy(),
+        input_features=out["input_features"][:, :frames].numpy().astype(np.float32),
+        soft_tokens=soft.numpy().astype(np.float32), logits=logits.numpy().astype(np.float32),
+        soft_tokens_in_batch=in_batch.numpy().astype(np.float32), padded_frames=padded,
+        fingerprint=fp, transformers=np.array(transformers.__version__),
+        torch=np.array(torch.__version__))
+    print(f"{golden}: {frames} frames of {mask.shape[1]}, {n} soft tokens, {len(ids)} ids; "
+          f"in a batch {padded} frames of padding")
+
+
+#: Gemma4AudioAttention's windows recorded beside the toy's: (chunk, context_left,
+#: context_right, logit_cap, sound rows): as published, a right context (its relative rows
+#: shifted past the row's own), a chunk longer than the left context, one chunk.
+ATTENTION_CASES = [(12, 13, 0, 50.0, 40), (4, 3, 2, 1.0, 17), (5, 7, 3, 3.0, 31),
+                   (8, 4, 1, 2.0, 12)]
+
+
+def record_local_attention(golden: Path) -> None:
+    """Gemma4AudioAttention (transformers 5.25) in a one-layer Gemma4AudioModel on drawn
+    features, each of ``ATTENTION_CASES``, three frames of padding masked: its scaled queries
+    and keys, values and relative keys as it forms them (``q``, ``k``, ``v``, ``rel``), and its
+    output before ``post`` (``out``), the sound's rows alone."""
+    import math
+
+    import torch
+    import transformers
+    from transformers.models.gemma4 import modeling_gemma4 as mg
+
+    torch.manual_seed(0)
+    out = {}
+    for case, (chunk, left, right, cap, n) in enumerate(ATTENTION_CASES):
+        cfg = transformers.Gemma4AudioConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+            attention_chunk_size=chunk, attention_context_left=left,
+            attention_context_right=right, attention_logit_cap=cap, use_clipped_linears=False,
+            subsampling_conv_channels=[128, 4])
+        cfg._attn_implementation = "eager"
+        model = mg.Gemma4AudioModel(cfg).eval()
+        attn = model.layers[0].self_attn
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape) * (p.shape[-1] ** -0.5 if p.ndim >= 2 else 0.3))
+            attn.post.linear.weight.copy_(torch.eye(32))  # its output is the attention's
+        seen = {}
+
+        def hook(module, args, kwargs, result):
+            seen.update(x=kwargs["hidden_states"][0], pos=kwargs["position_embeddings"][0],
+                        out=result[0][0])
+
+        attn.register_forward_hook(hook, with_kwargs=True)
+        frames = 4 * n
+        with torch.no_grad():
+            model(torch.randn(1, frames, 128), torch.arange(frames)[None] < frames - 3)
+            x, H, D = seen["x"], 2, 16
+            q = attn.q_proj(x).view(-1, H, D) * attn.q_scale * \
+                torch.nn.functional.softplus(attn.per_dim_scale)
+            k = attn.k_proj(x).view(-1, H, D) * attn.k_scale
+            v = attn.v_proj(x).view(-1, H, D)
+            rel = attn.relative_k_proj(seen["pos"]).view(-1, H, D)
+        rows = -(-(frames - 3) // 4)
+        for name, value in (("q", q[:rows]), ("k", k[:rows]), ("v", v[:rows]), ("rel", rel),
+                            ("out", seen["out"][:rows])):
+            out[f"{case}.{name}"] = value.numpy().astype(np.float32)
+        assert math.isfinite(float(seen["out"].abs().max()))
+    np.savez_compressed(golden, cases=np.array(ATTENTION_CASES),
+                        transformers=transformers.__version__, **out)
+    print(golden)
+
+
 def main() -> None:
+    goldens = HERE.parent / "goldens" / "towers"
+    if sys.argv[1:] == ["audio"]:
+        make_audio(HERE / "gemma4-audio-toy")
+        record_audio(HERE / "gemma4-audio-toy", goldens / "gemma4" / "gemma4-audio-toy.npz")
+        record_local_attention(goldens / "gemma4" / "gemma4-audio-attention.npz")
+        return
     directory = HERE / "gemma4-vision-toy"
     make(directory)
-    goldens = HERE.parent / "goldens" / "towers"
     record(directory, goldens / "gemma4" / "gemma4-vision-toy.npz")
     record_vision_mode(directory, goldens / "gemma4" / "gemma4-vision-toy-vision-mode.npz",
                        goldens / "gemma4" / "gemma4-vision-toy.npz")

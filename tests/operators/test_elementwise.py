@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from iron_spec.operators import Add, Affine, Clamp, Mul, TakeRow
+from iron_spec.operators import Add, Affine, Clamp, Clip, Mul, TakeRow
 
 A = np.array([[1.0, 2.0], [-3.0, 4.0]], np.float32)
 B = np.array([[10.0, 20.0], [0.5, -8.0]], np.float32)
@@ -122,3 +122,16 @@ def test_affine_is_x_times_weight_plus_bias(check_kernel):
     np.testing.assert_array_equal(got, [[2.0, -1.0, -0.5], [8.0, 0.0, 1.0]])
     with pytest.raises(ValueError, match=r"affine: bias \(2,\) is not \(3,\)"):
         op.shape((2, 3), (3,), (2,))
+
+
+def test_clip_hand(run_kernel):
+    # Gemma4ClippableLinear's bounds: asymmetric, either may be infinite (none).
+    x = np.array([[-3.0, -0.5, 0.25, 2.0]], np.float32)
+    got = run_kernel(Clip(), x, low=-1.0, high=0.5)
+    assert got.tolist() == [[-1.0, -0.5, 0.25, 0.5]]
+    assert run_kernel(Clip(), x, low=-np.inf, high=0.0).tolist() == [[-3.0, -0.5, 0.0, 0.0]]
+
+
+def test_clip_refuses_bounds_out_of_order():
+    with pytest.raises(ValueError, match="low 1.0 is above high 0.0"):
+        Clip().shape((2, 2), low=1.0, high=0.0)

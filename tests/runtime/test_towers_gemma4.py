@@ -152,26 +152,6 @@ def test_log_mel_refuses_dither_and_a_per_bin_table_of_another_width():
         SemicausalLogMel(per_bin_mean=(0.0, 0.0, 0.0))
 
 
-def test_sound_for_gemma4s_audio_tower_is_refused_naming_audio_config(tmp_path):
-    # The audio tower is declared not_built: its checkpoint still serves text and images,
-    # and a sound is refused saying why, naming the config key.
-    import json
-    import shutil
-
-    from iron_spec.library.multimodal import encode
-
-    copy = tmp_path / "toy"
-    shutil.copytree(TOY, copy)
-    config = json.loads((copy / "config.json").read_text())
-    config["audio_config"] = {"model_type": "gemma4_audio"}
-    (copy / "config.json").write_text(json.dumps(config))
-    model = load(SPECS / "gemma4.yaml", copy)
-    assert [t.name for t in model.loaded.towers] == ["image"]
-    with pytest.raises(ValueError, match=r"this model's audio tower is not built \(audio_config: "
-                                         r"Gemma4AudioModel's conformer layers"):
-        encode(model, "hear this", {"audio": [np.zeros(1600, np.float32)]})
-
-
 VISION_MODE = TESTS / "goldens" / "towers" / "gemma4" / "gemma4-vision-toy-vision-mode.npz"
 
 

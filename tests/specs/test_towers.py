@@ -25,7 +25,8 @@ from tests.conftest import SPECS
 TOYS = Path(__file__).resolve().parents[1] / "checkpoints"
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens" / "towers"
 CASES = [("gemma3", "gemma3-vision-toy"), ("llama3", "llava-1.5-toy"),
-         ("qwen2", "qwen2-audio-toy"), ("llama3", "smolvlm2-toy")]
+         ("qwen2", "qwen2-audio-toy"), ("llama3", "smolvlm2-toy"),
+         ("gemma4", "gemma4-audio-toy")]
 
 
 def gates(spec: str) -> dict:

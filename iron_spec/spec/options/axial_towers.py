@@ -21,12 +21,12 @@ from iron_spec.runtime.towers.axial import AxialTowerOptions
 from ..config import Resolved
 from .reading import _flag_option, _number, _option, _whole
 
-KINDS = ("encoder", "axial")
+KINDS = ("encoder", "axial", "conformer")
 
 
 def kind(entry) -> str:
-    """The tower's kind: ``encoder`` (default: ``runtime.towers.tower``) or
-    ``axial``.
+    """The tower's kind: ``encoder`` (default: ``runtime.towers.tower``), ``axial`` or
+    ``conformer`` (``conformer_towers``: Gemma 4's audio tower).
 
     Raises:
         SpecError: another.

@@ -19,7 +19,8 @@ An entry says, for the checkpoints of its ``architectures`` (a ``parts`` entry's
   image's rows attend to each other both ways in the text model (Gemma 3's);
 - ``front``: the front end and its settings (``runtime.towers.images.ImageProcessor``; kind
   ``tiles``: ``TileProcessor``, an image cut into tiles beside a global image; ``log_mel``:
-  ``runtime.towers.audio.LogMel``), read from the checkpoint's ``preprocessor_config.json``
+  ``runtime.towers.audio.LogMel``; ``semicausal_log_mel``: Gemma 4's,
+  ``runtime.towers.semicausal_log_mel``), read from the checkpoint's ``preprocessor_config.json``
   over ``defaults`` (the processor class's), its other keys ``ignore``d or ``refuse``d as
   config.json's are;
 - ``prompt``: how the processor expands the text's image marker (``marker``) into the soft
@@ -50,7 +51,7 @@ from .norms import norm_options
 from .reading import _flag_option, _option, _whole
 
 
-FRONT_ENDS = ("image", "tiles", "log_mel", "grid", "aspect_patches")
+FRONT_ENDS = ("image", "tiles", "log_mel", "grid", "aspect_patches", "semicausal_log_mel")
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,11 @@ def entries(spec: Spec) -> list[TowerEntry]:
             "config": config, "ignore": list(e.get("ignore") or []),
             "layer": e.get("layer"), "pooling": {"kind": "none"},
             "embedding": {"norm": False},
-            # A grid's rows follow the image (runtime.towers.qwen_vision): no bound here.
+            # A grid's rows follow the image (runtime.towers.qwen_vision), a conformer's the
+            # sound (runtime.towers.conformer): no bound here.
             "runtime": {"max_tokens": e["rows"] if "rows" in e else 1 << 20
-                        if (e.get("front") or {}).get("kind") == "grid" else
+                        if (e.get("front") or {}).get("kind") == "grid"
+                        or e.get("kind") == "conformer" else
                         f"({_expr(e, 'image')} // {_expr(e, 'size')}) ** 2"},
         }
         for key in ("refuse", "checkpoint"):
@@ -136,6 +139,15 @@ def entries(spec: Spec) -> list[TowerEntry]:
                               e.get("from"), outer, dict(e.get("tensors") or {}),
                               _rebased(spec, at, data), _rebased(spec, at, e)))
     return out
+
+
+def held(entry: TowerEntry, whole: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint whose whole config.json is ``whole`` holds ``entry``'s tower: its
+    architectures the entry's and its ``from`` key not null (transformers builds no tower
+    for a null sub-config: Gemma4Model's ``vision_tower`` is None without a
+    ``vision_config``)."""
+    return bool(set(entry.architectures) & set(whole.get("architectures") or [])) \
+        and whole.get(entry.source_key) is not None
 
 
 def not_built(spec: Spec, whole: Mapping[str, Any]) -> dict[str, str]:
@@ -386,7 +398,7 @@ def tiles(entry: TowerEntry, settings: Mapping[str, Any], source: str,
 
 
 def front_kind(entry: TowerEntry) -> str:
-    """The front end's kind: ``image``, ``tiles`` or ``log_mel``.
+    """The front end's kind (``FRONT_ENDS``).
 
     Raises:
         SpecError: another.

@@ -106,3 +106,14 @@ def test_gemma4s_image_tower_is_checked_against_its_golden():
     # The composite toy's processor file gives its tower's 4-pixel patches.
     result = check("gemma4", "--checkpoint", TOYS / "gemma4-composite-toy", "--self-only")
     assert result.exit_code == 0, result.output
+
+
+def test_gemma4s_audio_tower_is_checked_against_its_golden():
+    # Gemma 4's audio tower (kind conformer): a version per sound's frames, its golden over
+    # given ids (make_gemma4_towers.py audio), found by the inputs' fingerprint.
+    out = check("gemma4", "--checkpoint", TOYS / "gemma4-audio-toy").output
+    assert re.search(r"PASS  audio tower = reference .* on 2 s of drawn noise \(199 frames\)",
+                     out), out
+    line = re.search(r"PASS  towers KL vs golden +(.*)", out).group(1)
+    assert line.startswith("ids equal, features within 0, soft tokens within ")
+    assert "0 top-1 mismatches over 7 positions" in line
