@@ -43,10 +43,11 @@ REDUCED_KL = {
 # 270M), and our GEMV meets x at 8 bits as llama.cpp's does, so on the same file ours cost
 # what llama.cpp's do (docs/checking.md has both models' table).
 BLOCK_FORMS = ("q8_0", "q5_0", "q5_1", "q4_0", "q4_1")
-# llama.cpp 0.3.36 on SmolLM2-135M-Instruct's file of each type (llama_model_quantize of its
-# BF16 GGUF), KL against its golden's float32 rows over the 40 teacher-forced steps, as
+# llama.cpp's cost where no golden records its model's: llama.cpp 0.3.36 on
+# SmolLM2-135M-Instruct's file of each type (llama_model_quantize of its BF16 GGUF), KL
+# against its golden's float32 rows over the 40 teacher-forced steps, as
 # check's KL line (2026-12-05; docs/checking.md).
-SMOLLM2_LLAMA_CPP = {
+FALLBACK_COST = {
     "q8_0": {"mean": 0.00334, "p90": 0.00796, "max": 0.0172, "top1_mismatches": 0},
     "q5_0": {"mean": 0.0856, "p90": 0.163, "max": 0.303, "top1_mismatches": 5},
     "q5_1": {"mean": 0.0786, "p90": 0.178, "max": 0.248, "top1_mismatches": 4},
@@ -72,9 +73,9 @@ def _looser(*gates: dict) -> dict:
 # statistics: SmolLM2's weights are a Q4_1 file's values, so Q4_1 costs them a hundredth of
 # what Q4_0 does; Gemma 3 270M's are a Q4_K_M file's (mostly Q5_0), so Q5_0 and Q5_1 cost it
 # a tenth of what they cost SmolLM2, and Q4_0 twice as much (docs/checking.md).
-_FALLBACK = {"q8_0": twice(SMOLLM2_LLAMA_CPP["q8_0"]),
-             "q5_0": _looser(twice(SMOLLM2_LLAMA_CPP["q5_0"]), twice(SMOLLM2_LLAMA_CPP["q5_1"])),
-             "q4_0": _looser(twice(SMOLLM2_LLAMA_CPP["q4_0"]), twice(SMOLLM2_LLAMA_CPP["q4_1"]))}
+_FALLBACK = {"q8_0": twice(FALLBACK_COST["q8_0"]),
+             "q5_0": _looser(twice(FALLBACK_COST["q5_0"]), twice(FALLBACK_COST["q5_1"])),
+             "q4_0": _looser(twice(FALLBACK_COST["q4_0"]), twice(FALLBACK_COST["q4_1"]))}
 WEIGHTS_KL = {
     "bfloat16": REDUCED_KL["bfloat16-rounded"],
     "float16": REDUCED_KL["bfloat16-rounded"],

@@ -247,9 +247,9 @@ def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_mor
     # tolerance of its reference on the blocks it reads, the rounding within the conversion's
     # gate; the float64 reference would read the blocks too, so the spec is not verified by
     # this run (exit 3): check --weights stored verifies it.
-    from iron_spec.spec.gates import SMOLLM2_LLAMA_CPP
+    from iron_spec.spec.gates import FALLBACK_COST
     # No llama.cpp cost recorded in the toy's golden: twice SmolLM2's (gates.WEIGHTS_KL).
-    mean = 2 * SMOLLM2_LLAMA_CPP[weights]["mean"]
+    mean = 2 * FALLBACK_COST[weights]["mean"]
     result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--weights", weights,
                    "--json")
     assert result.exit_code == 3, result.output
