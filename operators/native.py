@@ -77,9 +77,12 @@ def threads() -> int:
     return cores()
 
 
-def describe(tiles: bool = True) -> str:
+def describe(tiles: bool = True, held_rows: bool = False) -> str:
     """Which kernels a decode step runs on, for logs and bench reports; ``tiles``: and the
-    kernel bfloat16 prefill weights' GEMMs run on (say it only where they ran)."""
+    kernel bfloat16 prefill weights' GEMMs run on where they read bfloat16 tiles (float32
+    weights rounded at load); ``held_rows``: where they read weights held as bfloat16 rows in
+    place, x rounded to bfloat16 (``_cpu_held_gemm.h``: VDPBF16PS, or the widening GEMM where
+    the tiles run portable). Say each only where it ran."""
     if LIB is None:
         return "numpy (" + ("IRON_SPEC_NATIVE off" if BUILT else "operators._cpu stale: rebuild "
                             "with pip install -e ." if STALE else "operators._cpu not built") + ")"
@@ -89,6 +92,9 @@ def describe(tiles: bool = True) -> str:
             + "; prompt GEMMs: "
             + ("operators._cpu" if GEMM == "native" else "numpy's BLAS (IRON_SPEC_GEMM=blas)")
             + (f", on bfloat16 tiles {LIB.tiles()}" if tiles else "")
+            + (", on the held bfloat16 rows in place ("
+               + ("portable" if LIB.tiles() == "portable" else "avx512bf16")
+               + ", x rounded to bfloat16)" if held_rows else "")
             + "; compiled steps: " + ("one native call" if PROGRAM else
                                      "a Python call each (IRON_SPEC_PROGRAM=0)"))
 

@@ -176,6 +176,30 @@ def held_forms(loaded: Loaded) -> str:
     return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
 
 
+def bfloat16_prompt(loaded: Loaded, prefill: tuple[str, ...]) -> dict[str, bool]:
+    """Where a bfloat16 prompt chunk (one of ``prefill``) reads its projections:
+    ``describe``'s ``tiles`` (a projection's weight not held as bfloat16 is rounded into
+    tiles at compile) and ``held_rows`` (one held as bfloat16 is read in place, x rounded:
+    ``operators.linear``'s bfloat16-tiles form)."""
+    if "bfloat16" not in prefill:
+        return {"tiles": False, "held_rows": False}
+    forms = {held.form(w) if held.is_held(w) else "F32" for w in projections(loaded)}
+    return {"tiles": bool(forms - {"BF16"}), "held_rows": "BF16" in forms}
+
+
+def projections(loaded: Loaded) -> list:
+    """The weights a prompt chunk's GEMMs read: every projection's but the output head's
+    (on the chunk's last row alone, a GEMV)."""
+    from iron_spec.runtime.blocks.projections import Linear
+    out, todo, head = [], [loaded.lm], getattr(loaded.lm, "lm_head", None)
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Linear) and m is not head and m.weight.array is not None:
+            out.append(m.weight.array)
+        todo += [child for _, child in m.children()]
+    return out
+
+
 def transformers_installed() -> bool:
     """Whether torch and transformers (the ``golden`` extra) can be imported."""
     try:
@@ -335,8 +359,8 @@ def measure(loaded: Loaded, runs: int = 3, peer: bool = True, gguf=(),
     own_kv = loaded.lm.kv_cache
     result = {"threads": n_threads, "runs": runs, "max_seq_len": loaded.lm.config.max_seq_len,
               "prefill_chunk": loaded.lm.config.prefill_chunk,
-              # The bfloat16 tiles' kernel named only where a prompt chunk ran on them.
-              "decode_kernels": describe(tiles="bfloat16" in (own_prefill, *also_prefill)),
+              # The bfloat16 prompt's kernel named only where a prompt chunk ran on it.
+              "decode_kernels": describe(**bfloat16_prompt(loaded, (own_prefill, *also_prefill))),
               "decode_weights": own, "also_decode_weights": list(also),
               "prefill_weights": own_prefill, "also_prefill_weights": list(also_prefill),
               "kv_cache": own_kv, "also_kv_caches": list(also_kv)}

@@ -246,7 +246,7 @@ def run_checks(loaded: Loaded, golden: Golden | None, steps: int = STEPS,
         ValueError: the model's max_seq_len is too short for them (``require_length``).
     """
     lm, spec = loaded.lm, loaded.expanded.spec
-    bounds = kl_gate(loaded)
+    bounds = kl_gate(loaded, golden)
     # Reduced precision may swap two near-equal tokens (found by a new user's trial: toys'
     # int8 and bfloat16-cache checks failed on reference gaps of 0.007-0.045 nats).
     tie = gates.tie(lm)
@@ -428,7 +428,7 @@ def command(
                 typer.echo(f"recorded {path}; {said}", err=True)
             found, note = (None, "self-consistency only") if self_only else \
                 find_golden(loaded, golden, steps)
-            precision = _precision(loaded)
+            precision = _precision(loaded, found)
             if precision["reduced"]:
                 shape += (f"; {', '.join(precision['reduced'])}, KL gate " +
                           ", ".join(f"at most {v:g} top-1 mismatches" if k == "top1_mismatches"
@@ -457,17 +457,18 @@ def command(
             precision=precision)
 
 
-def _precision(loaded) -> dict:
-    """What ran in which precision and the KL gate that judges it, for the header and
-    ``--json``: ``decode_weights``, ``prefill_weights``, ``kv_cache`` (their names),
-    ``kl_gate`` (``kl_gate``'s bounds) and ``reduced`` (the words for those not float32)."""
+def _precision(loaded, golden: Golden | None = None) -> dict:
+    """What ran in which precision and the KL gate that judges it (against ``golden``, where
+    one judges), for the header and ``--json``: ``decode_weights``, ``prefill_weights``,
+    ``kv_cache`` (their names), ``kl_gate`` (``kl_gate``'s bounds) and ``reduced`` (the
+    words for those not float32)."""
     lm = loaded.lm
     named = {"decode_weights": lm.decode_weights, "prefill_weights": lm.prefill_weights,
              "kv_cache": lm.kv_cache}
     words = {"decode_weights": "decode weights", "prefill_weights": "prefill weights",
              "kv_cache": "KV cache"}
     held = getattr(lm, "weights", "stored")
-    return {**named, "weights": held, "kl_gate": kl_gate(loaded),
+    return {**named, "weights": held, "kl_gate": kl_gate(loaded, golden),
             "reduced": ([f"weights {held}"] if held in WEIGHTS_KL else []) +
                        [f"{words[k]} {w}" for k, w in named.items() if w != "float32"]}
 

@@ -15,7 +15,7 @@ import pytest
 
 from iron_spec.spec.build import load_model
 from iron_spec.cli.check import golden_path
-from iron_spec.spec.gates import float64_gate, kl_gate
+from iron_spec.spec.gates import BLOCK_FORMS, PREFILL_KL, float64_gate, kl_gate, tie
 from iron_spec.spec.loader import load_spec
 from iron_spec.operators import native
 from iron_spec.operators.activation import ACTIVATION_PARAMS
@@ -30,7 +30,7 @@ REAL = {"llama3": ["smollm2-135m-instruct"], "gemma3": ["gemma-3-270m"]}
 
 
 def judge(loaded, golden: Golden, float64_steps: int | None = None) -> dict:
-    bounds = kl_gate(loaded)  # check's own: validation.kl over the default
+    bounds = kl_gate(loaded, golden)  # check's own: validation.kl over the default
     stats = kl_stats(teacher_forced(golden, Session(loaded.lm).logits))
     for k, bound in bounds.items():
         assert stats[k] <= bound, f"{k} KL {stats[k]:.3g} > {bound}"
@@ -144,7 +144,6 @@ def test_every_decode_step_and_prompt_chunk_is_one_native_call(spec: Path, promp
 def test_bfloat16_prefill_on_a_real_checkpoint_is_within_its_gate(spec: str, name: str):
     # The prompt chunk on bfloat16 tiles (weights and inputs rounded): transformers' float32
     # golden judges the rounding by the reduced gate (gates.PREFILL_KL), with no top-1 miss.
-    from iron_spec.spec.gates import PREFILL_KL
     loaded = load_model(SPECS / f"{spec}.yaml", checkpoint=checkpoint(name), max_seq_len=2048,
                         prefill_weights="bfloat16")
     golden = Golden.read(golden_path(loaded), loaded.fingerprint())
@@ -153,3 +152,21 @@ def test_bfloat16_prefill_on_a_real_checkpoint_is_within_its_gate(spec: str, nam
         assert stats[k] <= PREFILL_KL[k], f"{k} KL {stats[k]:.3g} > {PREFILL_KL[k]}"
     assert stats["top1_mismatches"] == 0, stats
     assert stats["mean"] > 0  # the rounding costs something: the tiles did run
+
+
+@pytest.mark.parametrize("weights", BLOCK_FORMS)
+@pytest.mark.parametrize("spec,name", [(s, c) for s, cs in REAL.items() for c in cs])
+def test_a_real_checkpoint_converted_costs_at_most_twice_llama_cpps_own_file(spec, name, weights):
+    # --weights at each block form (the bytes of llama.cpp's own file of that type) against
+    # transformers' float32 golden, by check's KL gate: twice what llama.cpp's file costs on
+    # this model, as the golden records it (tests/goldens/add_llama_cpp.py); check's own KL
+    # line (a swap within gates.BLOCK_TIE a tie, not a mismatch).
+    loaded = load_model(SPECS / f"{spec}.yaml", checkpoint=checkpoint(name), max_seq_len=2048,
+                        weights=weights)
+    golden = Golden.read(golden_path(loaded), loaded.fingerprint())
+    theirs = golden.meta["llama_cpp"]["cost"][weights]
+    gate = kl_gate(loaded, golden)
+    assert gate["mean"] <= max(2 * theirs["mean"], PREFILL_KL["mean"])  # the model's own gate
+    prompt = golden.tokens[: golden.prompt_len].tolist()
+    line = checks.kl_against(loaded.lm, gate, golden, prompt, golden.steps, tie=tie(loaded.lm))
+    assert line.passed, f"{line.figure} (llama.cpp's file: {theirs})"

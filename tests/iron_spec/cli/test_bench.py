@@ -198,6 +198,20 @@ def test_the_lines_are_true_to_what_ran(short, monkeypatch):
         use_prefill_weights(loaded, "bfloat16")
         tiles = bench.measure(loaded, runs=1, peer=False, also_prefill=("bfloat16",))
         assert "on bfloat16 tiles" in tiles["decode_kernels"]
+        assert "held bfloat16 rows" not in tiles["decode_kernels"]
+
+
+@pytest.mark.skipif(native.LIB is None, reason="bfloat16 prompt GEMMs need operators._cpu")
+def test_a_bfloat16_prompt_on_held_bfloat16_rows_is_not_said_to_run_on_tiles(short):
+    # Found by the lead: --prefill-weights bfloat16 on weights held as bfloat16 reads the
+    # held rows in place (held.RoundingX, no tiles), and the header said "on bfloat16 tiles".
+    from iron_spec.operators import held
+    loaded = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True, weights="bfloat16")
+    r = bench.measure(loaded, runs=1, peer=False, also_prefill=("bfloat16",))
+    assert not any(a.ndim == 4 for a in loaded.lm.packed.values())  # no tiles were made
+    assert any(isinstance(a, held.RoundingX) for a in loaded.lm.packed.values())
+    assert "bfloat16 tiles" not in r["decode_kernels"], r["decode_kernels"]
+    assert "on the held bfloat16 rows in place" in r["decode_kernels"]
 
 
 def test_max_seq_len_says_why_its_least_is_what_it_is(monkeypatch):

@@ -241,12 +241,15 @@ def test_exact_bfloat16_of_float32_weights_is_refused_naming_the_rounded_choice(
     assert "--decode-weights bfloat16-rounded rounds them" in result.output
 
 
-@pytest.mark.parametrize("weights, mean", [("q8_0", 7e-3), ("q4_0", 0.37)])  # gates.WEIGHTS_KL
-def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_more(weights, mean):
+@pytest.mark.parametrize("weights", ["q8_0", "q4_0"])
+def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_more(weights):
     # The toy's float32 weights quantized at load (runtime.holding): every kernel within its
     # tolerance of its reference on the blocks it reads, the rounding within the conversion's
     # gate; the float64 reference would read the blocks too, so the spec is not verified by
     # this run (exit 3): check --weights stored verifies it.
+    from iron_spec.spec.gates import FALLBACK_COST
+    # No llama.cpp cost recorded in the toy's golden: twice SmolLM2's (gates.WEIGHTS_KL).
+    mean = 2 * FALLBACK_COST[weights]["mean"]
     result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--weights", weights,
                    "--json")
     assert result.exit_code == 3, result.output
@@ -257,6 +260,29 @@ def test_weights_converted_at_load_pass_their_own_kl_gate_and_verify_nothing_mor
     assert kl["passed"] and 0 < kl["numbers"]["mean"] <= mean
     assert "check --weights stored to verify the spec" in kl["figure"]
     assert f"weights {weights}, KL gate mean {mean:g}" in result.stderr
+
+
+@pytest.mark.parametrize("recorded, passes", [(0.2, True), (0.002, False)])
+def test_a_conversions_gate_is_twice_llama_cpps_cost_where_the_golden_records_it(
+        tmp_path, recorded, passes):
+    # A golden recording what llama.cpp's own Q4_0 file cost its model (meta llama_cpp, as
+    # tests/goldens/add_llama_cpp.py writes it) judges --weights q4_0 by twice that cost,
+    # not by SmolLM2's: a cost ours cannot meet twice over fails the KL line. (The toy's
+    # Q4_0 costs it KL mean 0.013; each bound then the looser of that and the prompt
+    # chunk's, as every reduced gate: its Q8_0 lm_head rounds the chunk's x.)
+    from iron_spec.runtime.golden import Golden, add_arrays
+    golden = tmp_path / "toy-seed0.npz"
+    shutil.copy(CHECKOUT_GOLDEN, golden)
+    steps = Golden.read(golden, None).steps
+    cost = {"mean": recorded, "p90": 2 * recorded, "max": 4 * recorded, "top1_mismatches": 3}
+    add_arrays(golden, {}, {"llama_cpp": {"version": "0.3.36", "steps": steps,
+                                          "cost": {"q4_0": cost}}})
+    result = check(SPECS / "llama3.yaml", "--random-weights", 0, "--toy", "--weights", "q4_0",
+                   "--golden", golden, "--json")
+    assert f"weights q4_0, KL gate mean {2 * recorded:g}, p90 {4 * recorded:g}," in result.stderr
+    assert "at most 6 top-1 mismatches" in result.stderr
+    kl = {c["name"]: c for c in json.loads(result.stdout)["checks"]}["KL vs golden"]
+    assert kl["passed"] is passes and result.exit_code == (3 if passes else 1), result.output
 
 
 def test_a_mixtures_routing_is_judged_on_weights_as_stored_only():
