@@ -371,6 +371,8 @@ typedef struct {
  * place of the AVX-512 one where the CPU has VNNI (PyInit) and ``vnni`` has not turned it off. */
 static int held_vnni = 0, held_vnni_offered = 0;
 static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
+static int skinny_x8_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
+                          Py_ssize_t xs, Py_ssize_t ys);  /* _cpu_skinny.h's */
 
 /* One body (_cpu_vec.h, _cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
@@ -379,6 +381,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -397,6 +400,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -419,6 +423,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -439,6 +444,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #define W 16
 #define X8_VNNI 1
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #undef X8_VNNI
 #undef SUFFIX
 #undef W
@@ -497,8 +503,9 @@ static void gemv_batch_part(const void *args, int part, int parts) {
     const gemv_batch_args *b = args;
     Py_ssize_t r0, r1;
     share(b->a.n, GEMV_GROUP, part, parts, &r0, &r1);
-    if (r0 >= r1 || BY_SIMD(gemv_rows_multi, &b->a, r0, r1, b->m, b->xs, b->ys))
-        return;  /* float32 and bfloat16: each weight row loaded once for the x rows */
+    if (r0 >= r1 || BY_SIMD(gemv_rows_multi, &b->a, r0, r1, b->m, b->xs, b->ys) ||
+        BY_SIMD(skinny_rows, &b->a, r0, r1, b->m, b->xs, b->ys))
+        return;  /* each weight row read once for the x rows (held: _cpu_skinny.h) */
     Py_ssize_t block = GEMV_BLOCK / gemv_row_bytes(&b->a) / GEMV_GROUP * GEMV_GROUP;
     if (block < GEMV_GROUP)
         block = GEMV_GROUP;
@@ -1785,6 +1792,8 @@ static int gemv_held_run(float *y, const float *x, const void *w, int form, cons
 static int gemv_held_batch_run(float *y, const float *x, const void *w, int form,
                                const float *b, Py_ssize_t n, Py_ssize_t k, Py_ssize_t m) {
     gemv_batch_args g = {{NULL, x, b, NULL, NULL, y, n, k}, m, k, n};
+    if (form == HELD_BF16_X)  /* rows of a decode step: x as it is, as gemv_held_run's */
+        form = HELD_BF16;
     if (form == HELD_F32) {
         g.a.w = w;
         pool_run(gemv_batch_part, &g);
