@@ -6,7 +6,8 @@
 A whole decode step's projections (SmolLM2-135M's shapes by default: per layer q, k and v
 fused, o, gate and up fused, down; then the head) on drawn weights held in each form, run as
 one native program of OP_GEMV steps over B rows (the batched decode step's: runtime/batch.py)
-for each B in turn, interleaved, median of ``--runs``. Prints each B's milliseconds a step,
+for each B in turn, interleaved, median of ``--runs`` (``--before``: and as before
+operators/_cpu_skinny.h, side by side). Prints each B's milliseconds a step,
 its cost over one row's, and the weights' read rate at one row. Q4_K needs rows of whole
 256-value super-blocks: where ``--hidden`` is not, its k is rounded up to one (said so).
 """
@@ -73,8 +74,11 @@ def main() -> None:
     ap.add_argument("--kv", type=int, default=192)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--before", action="store_true", help="also without _cpu_skinny.h's "
+                    "kernels (each row's one-row kernel a block at a time), interleaved")
     args = ap.parse_args()
-    if native.lib() is None:
+    lib = native.lib()
+    if lib is None:
         raise SystemExit("operators._cpu is not built or is off (IRON_SPEC_NATIVE)")
     rows = [int(b) for b in args.rows.split(",")]
     rng = np.random.default_rng(0)
@@ -86,18 +90,30 @@ def main() -> None:
             print(f"{form}: hidden {args.hidden} is no whole super-block: {hidden} instead")
         mats = shapes(args.layers, hidden, args.inter, args.vocab, args.kv)
         prog, count, nbytes = build(form, mats, max(rows), rng)
-        seen = {b: [] for b in rows}
-        for b in rows:  # warm
-            native.run(prog, {"rows": b}, 0, count)
-        for _ in range(args.runs):
-            for b in rows:
-                t = time.perf_counter()
-                native.run(prog, {"rows": b}, 0, count)
-                seen[b].append(time.perf_counter() - t)
-        one = np.median(seen[rows[0]])
-        cells = "  ".join(f"B={b}: {np.median(seen[b]) * 1e3:6.2f} ms ({np.median(seen[b]) / one:4.2f}x)"
-                          for b in rows)
-        print(f"{form:5s} {nbytes / 1e6:6.0f} MB, {nbytes / one / 1e9:5.1f} GB/s at B={rows[0]}:  {cells}")
+        ways = (True, False) if args.before else (True,)
+        seen = {(s, b): [] for s in ways for b in rows}
+        was = lib.skinny()
+        try:
+            for s in ways:  # warm
+                lib.skinny(s)
+                for b in rows:
+                    native.run(prog, {"rows": b}, 0, count)
+            for _ in range(args.runs):
+                for s in ways:
+                    lib.skinny(s)
+                    for b in rows:
+                        t = time.perf_counter()
+                        native.run(prog, {"rows": b}, 0, count)
+                        seen[s, b].append(time.perf_counter() - t)
+        finally:
+            lib.skinny(was)
+        for s in ways:
+            one = np.median(seen[s, rows[0]])
+            cells = "  ".join(f"B={b}: {np.median(seen[s, b]) * 1e3:6.2f} ms "
+                              f"({np.median(seen[s, b]) / one:4.2f}x)" for b in rows)
+            name = form + ("" if s else " before")
+            print(f"{name:12s} {nbytes / 1e6:4.0f} MB, {nbytes / one / 1e9:4.1f} GB/s at "
+                  f"B={rows[0]}: {cells}", flush=True)
         del prog
 
 

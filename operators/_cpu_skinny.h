@@ -202,6 +202,55 @@ static inline __attribute__((always_inline)) void SK_FN(sk_x8_multi)(int form, c
     }
 }
 
+#ifdef X8_VNNI
+/* Q8_0 on VNNI: x_j's int8 stored plus 128 (xu, unsigned) meets the block's int8 w in one
+ * VPDPBUSD a row, begun from -128 * (each four of w's sum) (made once a block for all the
+ * rows): sum (x + 128) w - 128 sum w = sum x w, the same exact int32 lanes as dot_ss's
+ * |w| against x given w's signs. Scales d * dx a row in a block's turn; then x8_dot's
+ * float32 steps. dxT: x's scales block-major (dxT[b * m + j]). */
+/* Block b of a Q8_0 row against M rows of xu into acc. */
+static inline __attribute__((always_inline)) void sk_q8_vnni_block(const uint8_t *row, Py_ssize_t b,
+                                                                   const uint8_t *xu,
+                                                                   const float *dxT, Py_ssize_t m,
+                                                                   Py_ssize_t K, __m256 *acc,
+                                                                   const int M) {
+    const uint8_t *blk = row + 34 * b;
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m256i corr = _mm256_sub_epi32(
+        _mm256_setzero_si256(),
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wv));
+    const float d = half_avx512(blk);
+    for (int j = 0; j < M; j++) {
+        const __m256i v = _mm256_dpbusd_epi32(
+            corr, _mm256_loadu_si256((const __m256i *)(xu + j * K + 32 * b)), wv);
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d * dxT[b * m + j]),
+                                 acc[j]);
+    }
+}
+
+static inline __attribute__((always_inline)) void sk_q8_vnni(const uint8_t *row, const uint8_t *xu,
+                                                             const float *dxT, Py_ssize_t m,
+                                                             Py_ssize_t K, float *out, const int M) {
+    __m256 acc0[SK_MB], acc1[SK_MB];
+    for (int j = 0; j < M; j++)
+        acc0[j] = acc1[j] = _mm256_setzero_ps();
+    Py_ssize_t b = 0;
+    for (; b + 1 < K / 32; b += 2) {  /* x8_dot's order: even blocks into acc0, odd acc1 */
+        if (gemv_ahead[AHEAD_Q8])
+            __builtin_prefetch((const char *)(row + 34 * b) + gemv_ahead[AHEAD_Q8], 0, 3);
+        sk_q8_vnni_block(row, b, xu, dxT, m, K, acc0, M);
+        sk_q8_vnni_block(row, b + 1, xu, dxT, m, K, acc1, M);
+    }
+    if (b < K / 32)
+        sk_q8_vnni_block(row, b, xu, dxT, m, K, acc0, M);
+    for (int j = 0; j < M; j++) {
+        const SK_F32V a = (SK_F32V)acc0[j] + (SK_F32V)acc1[j];
+        const float t = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        out[j] = t + 0.0f;  /* x8_dot's t + off * (m0 + m1), off and m 0 */
+    }
+}
+#endif
+
 #define SK_MULTI(fn, M, ...)                                                                \
     switch (M) {                                                                            \
     case 1: fn(__VA_ARGS__, 1); break;                                                      \
@@ -255,7 +304,8 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
         return skinny_x8_vnni(a, r0, r1, m, xs, ys);
 #endif
     const Py_ssize_t K = a->k, B = K / 32;
-    int8_t *q = malloc((size_t)(m * K) + (size_t)m * 4 * B * sizeof(float));
+    /* x8 rows (m K bytes; 4 m B floats), then room for Q8_0's on VNNI (m K bytes, m B floats) */
+    int8_t *q = malloc((size_t)(2 * m * K) + (size_t)m * 5 * B * sizeof(float));
     if (!q) {
         for (Py_ssize_t j = 0; j < m; j++)
             for (Py_ssize_t r = r0; r < r1; r++)
@@ -266,6 +316,29 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
     for (Py_ssize_t j = 0; j < m; j++)
         SK_FN(quantize_x8)(a->x + j * xs, K, q + j * K, dx + j * B, xsum + j * B, xh + 2 * j * B);
     const SK_FN(sk_x8rows) X = {q, dx, xsum, xh, K, B};
+#ifdef X8_VNNI
+    if (a->form == HELD_Q8_0) {
+        uint8_t *xu = (uint8_t *)(xh + 2 * m * B);
+        float *dxT = (float *)(xu + m * K);  /* K a multiple of 32: aligned */
+        for (Py_ssize_t i = 0; i < m * K; i++)
+            xu[i] = (uint8_t)q[i] ^ 0x80u;
+        for (Py_ssize_t j = 0; j < m; j++)
+            for (Py_ssize_t b = 0; b < B; b++)
+                dxT[b * m + j] = dx[j * B + b];
+        float out[SK_MB];
+        for (Py_ssize_t r = r0; r < r1; r++) {
+            const uint8_t *row = a->wh + r * a->rb;
+            for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_MB) {
+                const int M = (int)(m - j0 < SK_MB ? m - j0 : SK_MB);
+                SK_MULTI(sk_q8_vnni, M, row, xu + j0 * K, dxT + j0, m, K, out)
+                for (int j = 0; j < M; j++)
+                    a->y[(j0 + j) * ys + r] = a->b ? out[j] + a->b[r] : out[j];
+            }
+        }
+        free(q);
+        return 1;
+    }
+#endif
     switch (a->form) {
     case HELD_Q8_0: SK_FN(sk_x8_form)(a, HELD_Q8_0, r0, r1, &X, m, ys); break;
     case HELD_Q4_0: SK_FN(sk_x8_form)(a, HELD_Q4_0, r0, r1, &X, m, ys); break;
@@ -368,12 +441,104 @@ static int SK_FN(skinny_bf16)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, 
 }
 #undef SK_BF
 
-/* A held weight's rows [r0, r1) against m rows of x: 1 where done (bfloat16, the block forms),
- * 0 where the form has no skinny kernel here. */
+#if W == 16
+/* ---- float32 rows (f32_group's sums for each row of x) ----------------------------------
+ * A tile of NR weight rows by M rows of x: per 32-value chunk each weight row's two vectors
+ * and each x row's two loaded once, for NR * M pairs of (lo, hi) chains (2 x 4: 16 of the 32
+ * registers), so a chunk's 16 FMAs take 12 loads where one weight row against the x rows
+ * took 18. Then f32_group's hsum of lo + hi (lane 0 first, in order), its tail and bias. */
+#define SK_FR 2
+#define SK_FX 4
+static inline __attribute__((always_inline)) void SK_FN(sk_f32_tile)(
+        const gemv_args *a, Py_ssize_t r, const float *X, Py_ssize_t xs, float *Y,
+        Py_ssize_t ys, const int NR, const int M) {
+    const Py_ssize_t K = a->k, C = K / 32, T = K % 32;
+    const float *w = a->w + r * K;
+    SK_FN(fv) lo[SK_FR][SK_FX], hi[SK_FR][SK_FX];
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < M; j++)
+            lo[i][j] = hi[i][j] = (SK_FN(fv)){0};
+    for (Py_ssize_t c = 0; c < C; c++) {
+        SK_FN(fv) w0[SK_FR], w1[SK_FR];
+        for (int i = 0; i < NR; i++) {
+            const float *wc = w + i * K + c * 32;
+            GEMV_AHEAD(wc, AHEAD_F32);
+            GEMV_AHEAD(wc + 16, AHEAD_F32);
+            w0[i] = SK_FN(xload)(wc);
+            w1[i] = SK_FN(xload)(wc + 16);
+        }
+        for (int j = 0; j < M; j++) {
+            const float *x = X + j * xs + c * 32;
+            const SK_FN(fv) x0 = SK_FN(xload)(x), x1 = SK_FN(xload)(x + 16);
+            for (int i = 0; i < NR; i++) {
+                lo[i][j] = SK_FN(madd)(w0[i], x0, lo[i][j]);
+                hi[i][j] = SK_FN(madd)(w1[i], x1, hi[i][j]);
+            }
+        }
+    }
+    float lanes[SK_FR * SK_FX][16], sums[SK_FR * SK_FX];
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < M; j++) {
+            const SK_FN(fv) v = lo[i][j] + hi[i][j];
+            memcpy(lanes[i * M + j], &v, sizeof v);
+        }
+    for (int p = 0; p < NR * M; p++)
+        sums[p] = lanes[p][0];
+    for (int l = 1; l < 16; l++)  /* each pair's sum lane by lane in order, pairs side by side */
+        for (int p = 0; p < NR * M; p++)
+            sums[p] += lanes[p][l];
+    for (int i = 0; i < NR; i++)
+        for (int j = 0; j < M; j++) {
+            const float *x = X + j * xs, *wr = w + i * K;
+            float t = sums[i * M + j];
+            for (Py_ssize_t c = 0; c < T; c++)
+                t = fmaf(wr[C * 32 + c], x[C * 32 + c], t);
+            Y[j * ys + r + i] = a->b ? t + a->b[r + i] : t;
+        }
+}
+
+/* M (<= SK_FX) rows of x from X against NR weight rows from r. */
+static inline __attribute__((always_inline)) void SK_FN(sk_f32_rows)(
+        const gemv_args *a, Py_ssize_t r, const float *X, Py_ssize_t xs, float *Y,
+        Py_ssize_t ys, const int NR, int M) {
+    switch (M) {
+    case 1: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 1); break;
+    case 2: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 2); break;
+    case 3: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 3); break;
+    default: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 4); break;
+    }
+}
+
+/* Weight rows [r0, r1) a tile at a time, each tile against every pass of x's rows (its rows
+ * then in L1 for the next pass: each weight read from memory once). */
+static int SK_FN(skinny_f32)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
+                             Py_ssize_t xs, Py_ssize_t ys) {
+    Py_ssize_t r = r0;
+    for (; r + SK_FR <= r1; r += SK_FR)
+        for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_FX)
+            SK_FN(sk_f32_rows)(a, r, a->x + j0 * xs, xs, a->y + j0 * ys, ys, SK_FR,
+                               (int)(m - j0 < SK_FX ? m - j0 : SK_FX));
+    for (; r < r1; r++)
+        for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_FX)
+            SK_FN(sk_f32_rows)(a, r, a->x + j0 * xs, xs, a->y + j0 * ys, ys, 1,
+                               (int)(m - j0 < SK_FX ? m - j0 : SK_FX));
+    return 1;
+}
+#undef SK_FR
+#undef SK_FX
+#endif
+
+/* A weight's rows [r0, r1) against m rows of x: 1 where done (float32 on AVX-512, held
+ * bfloat16, the block forms), 0 where the form has no skinny kernel here. */
 static int SK_FN(skinny_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
                               Py_ssize_t xs, Py_ssize_t ys) {
-    if (!a->held)
+    if (!a->held) {
+#if W == 16
+        if (a->w)
+            return SK_FN(skinny_f32)(a, r0, r1, m, xs, ys);
+#endif
         return 0;
+    }
     if (a->form == HELD_BF16)
         return SK_FN(skinny_bf16)(a, r0, r1, m, xs, ys);
     return SK_FN(skinny_x8)(a, r0, r1, m, xs, ys) != 0;
