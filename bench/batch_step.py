@@ -6,11 +6,12 @@ row's, and where it goes.
 
 B sessions, each with a prompt of its own (``--prompt`` drawn ids), decode ``--steps`` steps
 side by side as the server's engine runs them (``BatchDecode.step``; B = 1 is the decode
-step itself), each B in turn after one warm step; then one more pass under
-``native.profile`` for the split by step code (``gemv``: the projections; ``attend``: each
-row's attention over its own cache; the rest) and the wall time outside the native calls
-(Python: assembling the program, copying the logits). A GGUF file as ``--checkpoint`` is
-served from its blocks with ``--weights stored``.
+step itself), each B in turn, three timed steps after an untimed one at the same B (which
+assembles the batch's program again for its rows, as the server does when its batch changes); then one more pass under
+``native.profile`` for the native steps' time by step code (``gemv``: the projections;
+``attend``: each row's attention over its own cache; the rest). A GGUF file as ``--checkpoint`` is
+served from its blocks with ``--weights stored``. ``--before``: each step also run
+without operators/_cpu_skinny.h's kernels, interleaved, side by side.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seq-len", type=int, default=1024)
+    ap.add_argument("--before", action="store_true", help="also without operators/"
+                    "_cpu_skinny.h's kernels (_cpu.skinny(False)), interleaved")
     args = ap.parse_args()
     rows = [int(b) for b in args.rows.split(",")]
     model = iron_spec.load(checkpoint=args.checkpoint, weights=args.weights,
@@ -58,22 +61,41 @@ def main() -> None:
                 h.append(int(np.argmax(logits)))
         return (time.perf_counter() - t) / n
 
-    seen = {}
-    for b in rows:
-        steps(b, 1)  # the program assembled for these rows, the caches grown
-        seen[b] = steps(b, args.steps)
-    one = seen[rows[0]]
+    lib = native.lib()
+    ways = (True, False) if args.before else (True,)
+    seen = {(w, b): [] for w in ways for b in rows}
+    profs = {}
+    was = lib.skinny()
+    try:
+        for b in rows:
+            steps(b, 1)  # the program assembled for these rows, the caches grown
+        for _ in range(args.steps):  # interleaved: the machine's load alike for each
+            for w in ways:
+                lib.skinny(w)
+                for b in rows:
+                    steps(b, 1)  # untimed: the program assembled again for b rows
+                    seen[w, b] += [steps(b, 1) for _ in range(3)]
+        for w in ways:
+            lib.skinny(w)
+            for b in rows:
+                with native.profile() as prof:
+                    t = steps(b, 2)
+                profs[w, b] = (prof, t)
+    finally:
+        lib.skinny(was)
     print(f"{args.checkpoint} held as {args.weights}, {args.threads} threads, prompts of "
-          f"{args.prompt}, {args.steps} steps a B:")
-    for b in rows:
-        with native.profile() as prof:
-            t = steps(b, 2) * 2
-        inside = sum(sec for _, sec in prof.values())
-        split = "  ".join(f"{k} {sec / 2 * 1e3:.1f}" for k, (_, sec) in
-                          sorted(prof.items(), key=lambda kv: -kv[1][1])[:4])
-        print(f"  B={b:2d}: {seen[b] * 1e3:7.1f} ms a step ({seen[b] / one:4.2f}x one row's; "
-              f"{b / seen[b]:6.1f} tokens/s, {b * one / seen[b]:4.2f}x one row's); ms by code: "
-              f"{split}; outside native {(t - inside) / 2 * 1e3:.1f}")
+          f"{args.prompt}, median of {3 * args.steps} steps a B:")
+    for w in ways:
+        one = np.median(seen[w, rows[0]])
+        for b in rows:
+            t = np.median(seen[w, b])
+            prof, pt = profs[w, b]
+            inside = sum(sec for _, sec in prof.values())
+            split = " ".join(f"{k} {sec / inside:.0%}" for k, (_, sec) in
+                             sorted(prof.items(), key=lambda kv: -kv[1][1])[:3])
+            print(f"  {'' if w else 'before '}B={b:2d}: {t * 1e3:6.1f} ms a step ({t / one:4.2f}x "
+                  f"one row's; {b / t:5.1f} tokens/s, {b * one / t:4.2f}x one row's); a "
+                  f"profiled step {pt * 1e3:.1f} ms, its native steps' time: {split}")
 
 
 if __name__ == "__main__":

@@ -441,104 +441,14 @@ static int SK_FN(skinny_bf16)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, 
 }
 #undef SK_BF
 
-#if W == 16
-/* ---- float32 rows (f32_group's sums for each row of x) ----------------------------------
- * A tile of NR weight rows by M rows of x: per 32-value chunk each weight row's two vectors
- * and each x row's two loaded once, for NR * M pairs of (lo, hi) chains (2 x 4: 16 of the 32
- * registers), so a chunk's 16 FMAs take 12 loads where one weight row against the x rows
- * took 18. Then f32_group's hsum of lo + hi (lane 0 first, in order), its tail and bias. */
-#define SK_FR 2
-#define SK_FX 4
-static inline __attribute__((always_inline)) void SK_FN(sk_f32_tile)(
-        const gemv_args *a, Py_ssize_t r, const float *X, Py_ssize_t xs, float *Y,
-        Py_ssize_t ys, const int NR, const int M) {
-    const Py_ssize_t K = a->k, C = K / 32, T = K % 32;
-    const float *w = a->w + r * K;
-    SK_FN(fv) lo[SK_FR][SK_FX], hi[SK_FR][SK_FX];
-    for (int i = 0; i < NR; i++)
-        for (int j = 0; j < M; j++)
-            lo[i][j] = hi[i][j] = (SK_FN(fv)){0};
-    for (Py_ssize_t c = 0; c < C; c++) {
-        SK_FN(fv) w0[SK_FR], w1[SK_FR];
-        for (int i = 0; i < NR; i++) {
-            const float *wc = w + i * K + c * 32;
-            GEMV_AHEAD(wc, AHEAD_F32);
-            GEMV_AHEAD(wc + 16, AHEAD_F32);
-            w0[i] = SK_FN(xload)(wc);
-            w1[i] = SK_FN(xload)(wc + 16);
-        }
-        for (int j = 0; j < M; j++) {
-            const float *x = X + j * xs + c * 32;
-            const SK_FN(fv) x0 = SK_FN(xload)(x), x1 = SK_FN(xload)(x + 16);
-            for (int i = 0; i < NR; i++) {
-                lo[i][j] = SK_FN(madd)(w0[i], x0, lo[i][j]);
-                hi[i][j] = SK_FN(madd)(w1[i], x1, hi[i][j]);
-            }
-        }
-    }
-    float lanes[SK_FR * SK_FX][16], sums[SK_FR * SK_FX];
-    for (int i = 0; i < NR; i++)
-        for (int j = 0; j < M; j++) {
-            const SK_FN(fv) v = lo[i][j] + hi[i][j];
-            memcpy(lanes[i * M + j], &v, sizeof v);
-        }
-    for (int p = 0; p < NR * M; p++)
-        sums[p] = lanes[p][0];
-    for (int l = 1; l < 16; l++)  /* each pair's sum lane by lane in order, pairs side by side */
-        for (int p = 0; p < NR * M; p++)
-            sums[p] += lanes[p][l];
-    for (int i = 0; i < NR; i++)
-        for (int j = 0; j < M; j++) {
-            const float *x = X + j * xs, *wr = w + i * K;
-            float t = sums[i * M + j];
-            for (Py_ssize_t c = 0; c < T; c++)
-                t = fmaf(wr[C * 32 + c], x[C * 32 + c], t);
-            Y[j * ys + r + i] = a->b ? t + a->b[r + i] : t;
-        }
-}
 
-/* M (<= SK_FX) rows of x from X against NR weight rows from r. */
-static inline __attribute__((always_inline)) void SK_FN(sk_f32_rows)(
-        const gemv_args *a, Py_ssize_t r, const float *X, Py_ssize_t xs, float *Y,
-        Py_ssize_t ys, const int NR, int M) {
-    switch (M) {
-    case 1: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 1); break;
-    case 2: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 2); break;
-    case 3: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 3); break;
-    default: SK_FN(sk_f32_tile)(a, r, X, xs, Y, ys, NR, 4); break;
-    }
-}
-
-/* Weight rows [r0, r1) a tile at a time, each tile against every pass of x's rows (its rows
- * then in L1 for the next pass: each weight read from memory once). */
-static int SK_FN(skinny_f32)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
-                             Py_ssize_t xs, Py_ssize_t ys) {
-    Py_ssize_t r = r0;
-    for (; r + SK_FR <= r1; r += SK_FR)
-        for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_FX)
-            SK_FN(sk_f32_rows)(a, r, a->x + j0 * xs, xs, a->y + j0 * ys, ys, SK_FR,
-                               (int)(m - j0 < SK_FX ? m - j0 : SK_FX));
-    for (; r < r1; r++)
-        for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_FX)
-            SK_FN(sk_f32_rows)(a, r, a->x + j0 * xs, xs, a->y + j0 * ys, ys, 1,
-                               (int)(m - j0 < SK_FX ? m - j0 : SK_FX));
-    return 1;
-}
-#undef SK_FR
-#undef SK_FX
-#endif
-
-/* A weight's rows [r0, r1) against m rows of x: 1 where done (float32 on AVX-512, held
- * bfloat16, the block forms), 0 where the form has no skinny kernel here. */
+/* A held weight's rows [r0, r1) against m rows of x: 1 where done (bfloat16, the block
+ * forms but Q6_K), 0 where the form has no skinny kernel here. */
 static int SK_FN(skinny_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
                               Py_ssize_t xs, Py_ssize_t ys) {
-    if (!a->held) {
-#if W == 16
-        if (a->w)
-            return SK_FN(skinny_f32)(a, r0, r1, m, xs, ys);
-#endif
+    if (!a->held)  /* float32: gemv_rows_multi's (tiles of weight rows by x rows measured no
+                    * faster on SmolLM2's decode step, two weight rows' streams slower at B 2-4) */
         return 0;
-    }
     if (a->form == HELD_BF16)
         return SK_FN(skinny_bf16)(a, r0, r1, m, xs, ys);
     return SK_FN(skinny_x8)(a, r0, r1, m, xs, ys) != 0;
