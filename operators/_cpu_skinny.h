@@ -50,6 +50,8 @@ typedef struct {
     const int8_t *q;
     const float *dx, *xs, *xh;
     Py_ssize_t K, B;
+    const float *dxT, *xsT;  /* dx and xs block-major: block b's rows from b * m */
+    Py_ssize_t m;
 } SK_FN(sk_x8rows);
 
 /* Block b of a 32-value form's row against M rows of x (x8_dot's block32 for each), the
@@ -87,11 +89,14 @@ static inline __attribute__((always_inline)) void SK_FN(sk_block32)(
         u |= SK_FN(fifth)(qh);
     }
     const float hm = mins ? SK_BASE(half)(blk + 2) : 0.0f;
-    for (int j = 0; j < M; j++) {
-        const float dx = X->dx[j * X->B + b], xs = X->xs[j * X->B + b], s = d * dx;
-        acc[j] = SK_FN(fma)(SK_FN(dot_us)(u, X->q + j * X->K + 32 * b), s, acc[j]);
-        mm[j] += mins ? hm * dx * xs : s * xs;
-    }
+    const float *dx = X->dxT + b * X->m, *xs = X->xsT + b * X->m;
+    float S[SK_MB];
+    for (int j = 0; j < M; j++)  /* the rows' scales side by side */
+        S[j] = d * dx[j];
+    for (int j = 0; j < M; j++)
+        acc[j] = SK_FN(fma)(SK_FN(dot_us)(u, X->q + j * X->K + 32 * b), S[j], acc[j]);
+    for (int j = 0; j < M; j++)
+        mm[j] += mins ? hm * dx[j] * xs[j] : S[j] * xs[j];
 }
 
 /* One weight row of a block form against M rows of x into out[j] (x8_dot's value for each). */
@@ -274,7 +279,8 @@ static inline __attribute__((always_inline)) void SK_FN(sk_x8_form)(
         for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_MB) {
             const int M = (int)(m - j0 < SK_MB ? m - j0 : SK_MB);
             SK_FN(sk_x8rows) P = {X->q + j0 * X->K, X->dx + j0 * X->B, X->xs + j0 * X->B,
-                               X->xh + 2 * j0 * X->B, X->K, X->B};
+                               X->xh + 2 * j0 * X->B, X->K, X->B, X->dxT + j0, X->xsT + j0,
+                               X->m};
             SK_MULTI(SK_FN(sk_x8_multi), M, form, row, &P, out)
             for (int j = 0; j < M; j++)
                 a->y[(j0 + j) * ys + r] = a->b ? out[j] + a->b[r] : out[j];
@@ -304,8 +310,9 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
         return skinny_x8_vnni(a, r0, r1, m, xs, ys);
 #endif
     const Py_ssize_t K = a->k, B = K / 32;
-    /* x8 rows (m K bytes; 4 m B floats), then room for Q8_0's on VNNI (m K bytes, m B floats) */
-    int8_t *q = malloc((size_t)(2 * m * K) + (size_t)m * 5 * B * sizeof(float));
+    /* x8 rows (m K bytes; 4 m B floats), room for Q8_0's on VNNI (m K bytes, m B floats),
+     * then dx and xs block-major (2 m B floats) */
+    int8_t *q = malloc((size_t)(2 * m * K) + (size_t)m * 7 * B * sizeof(float));
     if (!q) {
         for (Py_ssize_t j = 0; j < m; j++)
             for (Py_ssize_t r = r0; r < r1; r++)
@@ -315,16 +322,18 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
     float *dx = (float *)(q + m * K + (-(m * K) & 3)), *xsum = dx + m * B, *xh = xsum + m * B;
     for (Py_ssize_t j = 0; j < m; j++)
         SK_FN(quantize_x8)(a->x + j * xs, K, q + j * K, dx + j * B, xsum + j * B, xh + 2 * j * B);
-    const SK_FN(sk_x8rows) X = {q, dx, xsum, xh, K, B};
+    float *dxT = (float *)(q + 2 * m * K) + 4 * m * B, *xsT = dxT + m * B;  /* K % 32 == 0 */
+    for (Py_ssize_t j = 0; j < m; j++)
+        for (Py_ssize_t b = 0; b < B; b++) {
+            dxT[b * m + j] = dx[j * B + b];
+            xsT[b * m + j] = xsum[j * B + b];
+        }
+    const SK_FN(sk_x8rows) X = {q, dx, xsum, xh, K, B, dxT, xsT, m};
 #ifdef X8_VNNI
     if (a->form == HELD_Q8_0) {
         uint8_t *xu = (uint8_t *)(xh + 2 * m * B);
-        float *dxT = (float *)(xu + m * K);  /* K a multiple of 32: aligned */
         for (Py_ssize_t i = 0; i < m * K; i++)
             xu[i] = (uint8_t)q[i] ^ 0x80u;
-        for (Py_ssize_t j = 0; j < m; j++)
-            for (Py_ssize_t b = 0; b < B; b++)
-                dxT[b * m + j] = dx[j * B + b];
         float out[SK_MB];
         for (Py_ssize_t r = r0; r < r1; r++) {
             const uint8_t *row = a->wh + r * a->rb;
