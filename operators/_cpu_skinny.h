@@ -14,7 +14,8 @@
  * (tests/operators/test_skinny.py holds it against the one-row entry).
  *
  * Not here: float32 and the decode forms (row-grouped bfloat16, Q8_0 with int16 x), whose
- * batched rows are _cpu_gemv.h's gemv_rows_multi.
+ * batched rows are _cpu_gemv.h's gemv_rows_multi; Q6_K and float16 (skinny_x8's why), which
+ * gemv_batch_part runs a block of rows at a time for every row.
  */
 
 #define SK_CAT_(a, b) a##b
@@ -165,40 +166,6 @@ static inline __attribute__((always_inline)) void SK_FN(sk_x8_multi)(int form, c
         off = -1.0f;
         break;
     }
-    case HELD_Q6_K:
-        for (Py_ssize_t b = 0; b < K / QK_K; b++) {
-            const uint8_t *blk = row + 210 * b;
-            if (gemv_ahead[AHEAD_Q8])
-                for (int l = 0; l < 210; l += 64)
-                    __builtin_prefetch((const char *)(blk + l) + gemv_ahead[AHEAD_Q8], 0, 3);
-            const float d = SK_BASE(half)(blk + 208);
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            for (int h = 0; h < 2; h++) {
-                const SK_U8V qh = SK_FN(load32)(blk + 128 + 32 * h);
-                for (int r = 0; r < 4; r++) {
-                    const Py_ssize_t s = 8 * b + 4 * h + r;
-                    const int at = 8 * h + 2 * r;
-                    const SK_U8V ql = SK_FN(load32)(blk + 64 * h + 32 * (r & 1));
-                    const SK_U8V u = ((ql >> (4 * (r >> 1))) & 0xF) | ((qh >> (2 * r)) & 3) << 4;
-                    for (int j = 0; j < M; j++) {
-                        const float *dx = X->dx + j * X->B, *xh = X->xh + 2 * j * X->B;
-                        const float D0 = d * sc[at] * dx[s], D1 = d * sc[at + 1] * dx[s];
-                        const SK_F32V Dv = {D0, D0, D0, D0, D1, D1, D1, D1};
-                        const SK_F32V t = SK_FN(fl)(SK_FN(dot_us)(u, X->q + j * K + 32 * s)) * Dv;
-                        const float m = D0 * xh[2 * s] + D1 * xh[2 * s + 1];
-                        if (r & 1) {
-                            acc1[j] += t;
-                            m1[j] += m;
-                        } else {
-                            acc0[j] += t;
-                            m0[j] += m;
-                        }
-                    }
-                }
-            }
-        }
-        off = -32.0f;
-        break;
     }
     for (int j = 0; j < M; j++) {
         const SK_F32V a = acc0[j] + acc1[j];
@@ -302,8 +269,10 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
     switch (a->form) {
     case HELD_Q8_0: case HELD_Q4_0: case HELD_Q4_1: case HELD_Q5_0: case HELD_Q5_1:
     case HELD_Q4_K: case HELD_Q5_K: break;
-    default: return 0;  /* Q6_K too: its scalar terms' contraction into FMAs followed the
-                         * rows' count here, not the one-row kernel (off in the last bit) */
+    default: return 0;  /* Q6_K too: written as x8_dot's, GCC contracted its scalar terms
+                         * into FMAs as the rows' count led it, not as in the one-row kernel
+                         * (the last bit off at 3, 8, 9 and 16 rows on AVX2): a block of
+                         * rows at a time there (gemv_batch_part) */
     }
 #if W == 16 && !defined(X8_VNNI)
     if (held_vnni)
@@ -355,8 +324,7 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
     case HELD_Q5_0: SK_FN(sk_x8_form)(a, HELD_Q5_0, r0, r1, &X, m, ys); break;
     case HELD_Q5_1: SK_FN(sk_x8_form)(a, HELD_Q5_1, r0, r1, &X, m, ys); break;
     case HELD_Q4_K: SK_FN(sk_x8_form)(a, HELD_Q4_K, r0, r1, &X, m, ys); break;
-    case HELD_Q5_K: SK_FN(sk_x8_form)(a, HELD_Q5_K, r0, r1, &X, m, ys); break;
-    default: SK_FN(sk_x8_form)(a, HELD_Q6_K, r0, r1, &X, m, ys); break;
+    default: SK_FN(sk_x8_form)(a, HELD_Q5_K, r0, r1, &X, m, ys); break;
     }
     free(q);
     return 1;
