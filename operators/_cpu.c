@@ -371,6 +371,9 @@ typedef struct {
  * place of the AVX-512 one where the CPU has VNNI (PyInit) and ``vnni`` has not turned it off. */
 static int held_vnni = 0, held_vnni_offered = 0;
 static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
+static int skinny_on = 1;  /* _cpu_skinny.h's batched GEMVs in use (py_skinny) */
+static int skinny_x8_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
+                          Py_ssize_t xs, Py_ssize_t ys);  /* _cpu_skinny.h's */
 
 /* One body (_cpu_vec.h, _cpu_gemv.h, _cpu_chunk.h), compiled once per instruction set. */
 #define SUFFIX _portable
@@ -379,6 +382,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -397,6 +401,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -419,6 +424,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #include "_cpu_gemv.h"
 #include "_cpu_held.h"
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #include "_cpu_chunk.h"
 #include "_cpu_recurrent.h"
 #undef SUFFIX
@@ -439,6 +445,7 @@ static void x8_rows_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1);
 #define W 16
 #define X8_VNNI 1
 #include "_cpu_held_x8.h"
+#include "_cpu_skinny.h"
 #undef X8_VNNI
 #undef SUFFIX
 #undef W
@@ -497,8 +504,9 @@ static void gemv_batch_part(const void *args, int part, int parts) {
     const gemv_batch_args *b = args;
     Py_ssize_t r0, r1;
     share(b->a.n, GEMV_GROUP, part, parts, &r0, &r1);
-    if (r0 >= r1 || BY_SIMD(gemv_rows_multi, &b->a, r0, r1, b->m, b->xs, b->ys))
-        return;  /* float32 and bfloat16: each weight row loaded once for the x rows */
+    if (r0 >= r1 || (skinny_on && BY_SIMD(skinny_rows, &b->a, r0, r1, b->m, b->xs, b->ys)) ||
+        BY_SIMD(gemv_rows_multi, &b->a, r0, r1, b->m, b->xs, b->ys))
+        return;  /* each weight row read once for the x rows (held: _cpu_skinny.h) */
     Py_ssize_t block = GEMV_BLOCK / gemv_row_bytes(&b->a) / GEMV_GROUP * GEMV_GROUP;
     if (block < GEMV_GROUP)
         block = GEMV_GROUP;
@@ -1785,6 +1793,8 @@ static int gemv_held_run(float *y, const float *x, const void *w, int form, cons
 static int gemv_held_batch_run(float *y, const float *x, const void *w, int form,
                                const float *b, Py_ssize_t n, Py_ssize_t k, Py_ssize_t m) {
     gemv_batch_args g = {{NULL, x, b, NULL, NULL, y, n, k}, m, k, n};
+    if (form == HELD_BF16_X)  /* rows of a decode step: x as it is, as gemv_held_run's */
+        form = HELD_BF16;
     if (form == HELD_F32) {
         g.a.w = w;
         pool_run(gemv_batch_part, &g);
@@ -2253,6 +2263,18 @@ static PyObject *py_vnni(PyObject *self, PyObject *args) {
     return PyBool_FromLong(was);
 }
 
+/* skinny([on]): whether a batched decode step's GEMV runs _cpu_skinny.h's kernels (else each
+ * row's one-row kernel a block at a time, as before them: bench/batch_gemv.py's side by side). */
+static PyObject *py_skinny(PyObject *self, PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on))
+        return NULL;
+    const int was = skinny_on;
+    if (on >= 0)
+        skinny_on = on; /* between calls: the pool is idle */
+    return PyBool_FromLong(was);
+}
+
 static PyObject *py_tiles(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(TILES_NAMES[tiles_running()]);
 }
@@ -2279,6 +2301,8 @@ static PyObject *py_use_tiles(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"start", py_start, METH_O, "start(threads): start the pool once; returns its threads"},
     {"threads", py_threads, METH_NOARGS, "the pool's threads (0: not started)"},
+    {"skinny", py_skinny, METH_VARARGS, "skinny([on]): whether a batched decode step's GEMV "
+     "reads each weight once for all its rows (_cpu_skinny.h); with on, set it, return what was"},
     {"vnni", py_vnni, METH_VARARGS, "vnni([on]): whether a held block form's decode GEMV runs "
      "on AVX-512 VNNI (VPDPBUSD); with on, set it and return what was (ValueError where the "
      "CPU lacks it)"},
