@@ -45,47 +45,68 @@ static inline __attribute__((always_inline)) __m512i kz_four(int a) {
                              a + 3, a + 3, a + 3, a + 3);
 }
 
+/* Four vectors of int32 dot products summed down to one, exactly: per 128-bit chunk c,
+ * lane 4c + t the sum of a[t]'s chunk c (t = 0..3, a = {p, q, r, s}). Four lanes of one
+ * 16-byte-aligned run of x (Q4_K: half a sub-block; Q6_K: a 16-value run) land in one lane,
+ * so the floats take one conversion, one permute and one FMA a super-block, not four. */
+static inline __attribute__((always_inline)) __m512i kz_fold(__m512i p, __m512i q, __m512i r,
+                                                             __m512i s) {
+    const __m512i pq = _mm512_add_epi32(_mm512_unpacklo_epi32(p, q), _mm512_unpackhi_epi32(p, q));
+    const __m512i rs = _mm512_add_epi32(_mm512_unpacklo_epi32(r, s), _mm512_unpackhi_epi32(r, s));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(pq, rs), _mm512_unpackhi_epi64(pq, rs));
+}
+
+/* A Q4_K super-block's 12 bytes of packed 6-bit scales and minimums (at q; 16 bytes read,
+ * the 4 past them its nibbles) as 16 bytes: sc_0..7, then m_0..7 (ggml's get_scale_min_k4 for
+ * every j, in the registers: j < 4 from q[j] and q[j + 4] & 63; j >= 4 from q[j + 4]'s
+ * nibbles and the top two bits of q[j - 4] and q[j]). */
+static inline __attribute__((always_inline)) __m128i kz_scales_mins(const uint8_t *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);
+    const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+    const __m128i high = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+    const __m128i lo = _mm_or_si128(_mm_and_si128(a, keep), _mm_and_si128(_mm_srli_epi16(a, 4), high));
+    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
+}
+
 /* One Q4_K row (K / 256 super-blocks of 144 bytes: d, dmin, 12 bytes of 6-bit scales and
  * minimums, 128 bytes of nibbles) against x8 (xq, dx and xs as quantize_x8 makes them): sum
  * over sub-blocks j of (d * sc_j * dx_j) (q_j . x_j) - (dmin * m_j * dx_j) xs_j. */
 static float kz_q4_k(const uint8_t *row, Py_ssize_t K, const int8_t *xq, const float *dx,
                      const float *xs) {
     const __m512i low = _mm512_set1_epi8(0xF);
-    const __m512i ix[4] = {kz_two(0, 1), kz_two(2, 3), kz_two(4, 5), kz_two(6, 7)};
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    __m256 mins = _mm256_setzero_ps();
+    /* kz_fold's lane 4c + i: sub-block 2i (c < 2) or 2i + 1 */
+    const __m512i at = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7);
+    const __m512i dmins = kz_two(0, 1);
+    __m512 acc = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+    const Py_ssize_t ahead = gemv_ahead[AHEAD_Q8];
     for (Py_ssize_t b = 0; b < K / QK_K; b++) {
         const uint8_t *blk = row + 144 * b;
-        if (gemv_ahead[AHEAD_Q8]) {
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8], 0, 3);
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8] + 64, 0, 3);
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8] + 143, 0, 3);
+        if (ahead) {
+            __builtin_prefetch((const char *)blk + ahead, 0, 3);
+            __builtin_prefetch((const char *)blk + ahead + 64, 0, 3);
+            __builtin_prefetch((const char *)blk + ahead + 143, 0, 3);
         }
-        uint8_t sm[16];
-        k_scales_avx512(blk + 4, sm);
-        const __m256 dxv = _mm256_loadu_ps(dx + 8 * b);
-        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
-        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
-        /* x8_dot's D[j] = d * sm[j] * dxb[j], and (dmin * sm[8 + j]) * dxb[j] * xsb[j] */
-        const __m512 F = _mm512_castps256_ps512(
-            _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(half_avx512(blk)), sc), dxv));
-        mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(half_avx512(blk + 2)), mn), dxv),
-                               _mm256_loadu_ps(xs + 8 * b), mins);
+        /* lanes 0..7 the factors d * sc_j * dx_j (x8_dot's D[j]), 8..15 dmin * m_j * dx_j */
+        uint32_t dd;
+        memcpy(&dd, blk, 4);
+        const __m512 d2 = _mm512_permutexvar_ps(dmins, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd))));
+        const __m512 sm = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(kz_scales_mins(blk + 4)));
+        const __m512 F = _mm512_mul_ps(_mm512_mul_ps(d2, sm), _mm512_broadcast_f32x8(_mm256_loadu_ps(dx + 8 * b)));
+        mins = _mm512_fmadd_ps(F, _mm512_broadcast_f32x8(_mm256_loadu_ps(xs + 8 * b)), mins);
         const int8_t *xb = xq + QK_K * b;
-        for (int i = 0; i < 4; i++) {  /* sub-blocks 2i (low nibbles) and 2i + 1 (high) */
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * i));
-            const __m512i u = _mm512_and_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), low);
-            const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
-                                                  _mm512_loadu_si512(xb + 64 * i));
-            const __m512 t = _mm512_permutexvar_ps(ix[i], F);
-            if (i & 1)
-                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), t, acc1);
-            else
-                acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), t, acc0);
+        __m512i d[4];
+        for (int i = 0; i < 4; i++) {  /* sub-blocks 2i (low nibbles: lanes 0..7) and 2i + 1 */
+            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * i)));
+            const __m512i u = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFFFF0000u, v, 4), low);
+            d[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(xb + 64 * i));
         }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kz_fold(d[0], d[1], d[2], d[3])),
+                              _mm512_permutexvar_ps(at, F), acc);
     }
-    return kz_hsum(_mm512_add_ps(acc0, acc1)) - kz_hsum8(mins);
+    /* mins' lanes 8..15 hold the minimums' terms (0..7: the factors times xs, unused) */
+    return kz_hsum(acc) - kz_hsum8(_mm512_extractf32x8_ps(mins, 1));
 }
 
 /* One Q6_K row (K / 256 super-blocks of 210 bytes: 128 of low nibbles, 64 of high bit pairs,
@@ -95,22 +116,25 @@ static float kz_q6_k(const uint8_t *row, Py_ssize_t K, const int8_t *xq, const f
                      const float *xh) {
     const __m512i low = _mm512_set1_epi8(0xF), two = _mm512_set1_epi8(3);
     const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i ix[4] = {kz_four(0), kz_four(4), kz_four(8), kz_four(12)};
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), offs = _mm512_setzero_ps();
+    /* kz_fold's lane 4c + t: run 4t + c's sum, t the vector (h = t / 2; runs r = 0, 1 or 2, 3) */
+    const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 acc = _mm512_setzero_ps(), offs = _mm512_setzero_ps();
+    const Py_ssize_t ahead = gemv_ahead[AHEAD_Q8];
     for (Py_ssize_t b = 0; b < K / QK_K; b++) {
         const uint8_t *blk = row + 210 * b;
-        if (gemv_ahead[AHEAD_Q8]) {
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8], 0, 3);
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8] + 64, 0, 3);
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8] + 128, 0, 3);
-            __builtin_prefetch((const char *)blk + gemv_ahead[AHEAD_Q8] + 209, 0, 3);
+        if (ahead) {
+            __builtin_prefetch((const char *)blk + ahead, 0, 3);
+            __builtin_prefetch((const char *)blk + ahead + 64, 0, 3);
+            __builtin_prefetch((const char *)blk + ahead + 128, 0, 3);
+            __builtin_prefetch((const char *)blk + ahead + 209, 0, 3);
         }
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192))));
         const __m512 dx2 = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(dx + 8 * b)));
-        /* x8_dot's D = d * sc[at] * dx[s] */
+        /* x8_dot's D = d * sc[at] * dx[s], a lane each of the 16 runs */
         const __m512 F = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half_avx512(blk + 208)), sc), dx2);
         offs = _mm512_fmadd_ps(F, _mm512_loadu_ps(xh + 16 * b), offs);
         const int8_t *xb = xq + QK_K * b;
+        __m512i d[4];
         for (int h = 0; h < 2; h++) {
             const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
@@ -120,13 +144,11 @@ static float kz_q6_k(const uint8_t *row, Py_ssize_t K, const int8_t *xq, const f
                                                 _mm512_slli_epi16(_mm512_and_si512(h01, two), 4));
             const __m512i u23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low),
                                                 _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h01, 4), two), 4));
-            const __m512i d01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u01,
-                                                    _mm512_loadu_si512(xb + 128 * h));
-            const __m512i d23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u23,
-                                                    _mm512_loadu_si512(xb + 128 * h + 64));
-            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(ix[2 * h], F), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(ix[2 * h + 1], F), acc1);
+            d[2 * h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u01, _mm512_loadu_si512(xb + 128 * h));
+            d[2 * h + 1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u23, _mm512_loadu_si512(xb + 128 * h + 64));
         }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kz_fold(d[0], d[1], d[2], d[3])),
+                              _mm512_permutexvar_ps(at, F), acc);
     }
-    return kz_hsum(_mm512_add_ps(acc0, acc1)) - 32.0f * kz_hsum(offs);
+    return kz_hsum(acc) - 32.0f * kz_hsum(offs);
 }
