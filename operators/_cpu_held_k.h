@@ -9,10 +9,12 @@
  * dozen scalar float operations per 32 values, on the same pipes as the vectors) and its
  * products in 32-byte halves; on Zen 4 that bound the Llama-3.1-8B-shaped Q4_K_M file's
  * GEMV by its arithmetic, not by its reads (docs/design-native.md). Here a super-block's
- * eight factors d * sc_j * dx_j (Q6_K: sixteen, a scale per 16 values) are one vector,
- * spread to the dot products' lanes by a permute; the minimums' term (Q4_K: dmin * m_j * dx_j
- * times x's block sums; Q6_K's offset 32: the factors times x's 16-value sums) is one
- * fused multiply-add a super-block into a vector summed at the row's end.
+ * eight factors d * sc_j * dx_j (Q6_K: sixteen, a scale per 16 values) are one vector (Q4_K's
+ * scales and minimums unpacked in the registers); its four 64-byte dot products are folded to
+ * one vector by exact int32 adds (kz_fold), so the floats take one conversion, one permute of
+ * the factors to the folded lanes and one FMA a super-block; the minimums' term (Q4_K:
+ * dmin * m_j * dx_j times x's block sums; Q6_K's offset 32: the factors times x's 16-value
+ * sums) is one FMA a super-block into a vector summed at the row's end.
  *
  * Sums: each sub-block's integer dot product is exact (VPDPBUSD: the stored integers, 0..15
  * or 0..63, as unsigned bytes against x's int8); each lane's is converted to float32 exactly
@@ -37,12 +39,6 @@ static inline __attribute__((always_inline)) float kz_hsum8(__m256 h) {
 /* Lanes 0..15 of a permute's index: lanes 0..7 take a, 8..15 take b. */
 static inline __attribute__((always_inline)) __m512i kz_two(int a, int b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(a)), _mm256_set1_epi32(b), 1);
-}
-
-/* Lanes 4q .. 4q + 3 take a + q (q < 4). */
-static inline __attribute__((always_inline)) __m512i kz_four(int a) {
-    return _mm512_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 2, a + 2, a + 2, a + 2,
-                             a + 3, a + 3, a + 3, a + 3);
 }
 
 /* Four vectors of int32 dot products summed down to one, exactly: per 128-bit chunk c,
