@@ -72,6 +72,20 @@ static int simd = SIMD_PORTABLE, simd_best = SIMD_PORTABLE;
  * prefetchnta instead lost float32 and bfloat16 40% and 20%). _cpu.prefetch() sets them. */
 enum { AHEAD_F32, AHEAD_BF16, AHEAD_Q8 };
 static Py_ssize_t gemv_ahead[3] = {4096, 4096, 4096};
+/* The cache level the bfloat16 GEMV's prefetches fill (the fifth figure _cpu.prefetch()
+ * sets; the other forms' fill L1): 3, prefetcht0 (L1 and L2), on Intel; 2, prefetcht1 (L2
+ * only), on AMD, where t0 held the stream below the hardware prefetcher's own rate (Zen 4,
+ * one thread, the 1B shape's bfloat16 rows: 16.4 GB/s a CPU-second at t0, 18.9 none, 20.6
+ * at t1, read 21.8), while the block forms' GEMVs lost 12% at t1 (docs/design-native.md).
+ * PyInit picks by the CPU's vendor. */
+static int gemv_level = 3;
+
+static inline __attribute__((always_inline)) void gemv_prefetch(const char *p) {
+    if (gemv_level == 2)
+        __builtin_prefetch(p, 0, 2);
+    else
+        __builtin_prefetch(p, 0, 3);
+}
 /* A decode step's attention asks for the cache rows it walks as far ahead (bytes; 0: not
  * at all), for the same reason: the fourth distance _cpu.prefetch() sets. */
 static Py_ssize_t attend_ahead = 4096;
@@ -444,6 +458,7 @@ static int skinny_x8_vnni(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_s
 #define SUFFIX _vnni
 #define W 16
 #define X8_VNNI 1
+#include "_cpu_held_k.h"
 #include "_cpu_held_x8.h"
 #include "_cpu_skinny.h"
 #undef X8_VNNI
@@ -2231,15 +2246,22 @@ static PyObject *py_use(PyObject *self, PyObject *arg) {
 
 static PyObject *py_prefetch(PyObject *self, PyObject *args) {
     Py_ssize_t f = gemv_ahead[0], b = gemv_ahead[1], q = gemv_ahead[2], at = attend_ahead;
-    if (!PyArg_ParseTuple(args, "|nnnn", &f, &b, &q, &at))
+    int level = gemv_level;
+    if (!PyArg_ParseTuple(args, "|nnnni", &f, &b, &q, &at, &level))
         return NULL;
     if (f < 0 || b < 0 || q < 0 || at < 0 || f > 65536 || b > 65536 || q > 65536 ||
         at > 65536) {
         PyErr_SetString(PyExc_ValueError, "prefetch distances are bytes from 0 to 65536");
         return NULL;
     }
-    PyObject *was = Py_BuildValue("(nnnn)", gemv_ahead[0], gemv_ahead[1], gemv_ahead[2],
-                                  attend_ahead);
+    if (level != 2 && level != 3) {
+        PyErr_Format(PyExc_ValueError, "prefetch level %d: 3 (prefetcht0, into L1) or 2 "
+                     "(prefetcht1, into L2)", level);
+        return NULL;
+    }
+    PyObject *was = Py_BuildValue("(nnnni)", gemv_ahead[0], gemv_ahead[1], gemv_ahead[2],
+                                  attend_ahead, gemv_level);
+    gemv_level = level;
     gemv_ahead[0] = f; /* between calls: the pool is idle */
     gemv_ahead[1] = b;
     gemv_ahead[2] = q;
@@ -2327,9 +2349,11 @@ static PyMethodDef methods[] = {
      "widen(out, w, form): out (rows, k) float32 = the values of w's rows held in form (a "
      "GGML type number: operators.held), as ggml's dequantize_row_* gives them"},
     {"prefetch", py_prefetch, METH_VARARGS,
-     "prefetch([float32, bfloat16, int8, attend]): how far ahead (bytes, 0: off) a GEMV asks "
-     "for its weights, per form, and a decode step's attention for its cache rows; returns "
-     "the distances before"},
+     "prefetch([float32, bfloat16, int8, attend, level]): how far ahead (bytes, 0: off) a "
+     "GEMV asks for its weights, per form, and a decode step's attention for its cache rows, "
+     "and the cache level the bfloat16 GEMV's requests fill (3: prefetcht0, 2: prefetcht1); "
+     "returns "
+     "the settings before"},
     {"profile", py_profile, METH_O,
      "profile(on): count each program step's calls and ns by its code from now (True) or "
      "stop (False); returns {code: (calls, ns)} since the last call, and clears it"},
@@ -2382,6 +2406,8 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         simd_best = SIMD_AVX512;
     simd = simd_best;
     held_vnni = held_vnni_offered = simd_best == SIMD_AVX512 && __builtin_cpu_supports("avx512vnni");
+    if (__builtin_cpu_is("amd"))
+        gemv_level = 2;
 #endif
     tiles_init();
     pthread_atfork(NULL, NULL, pool_after_fork);

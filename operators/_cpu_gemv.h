@@ -21,12 +21,16 @@
 #define FV GEMV_FN(fv)
 
 /* A part's weight stream is asked for gemv_ahead[form] bytes ahead of its loads (_cpu.c's
- * reasons), one prefetch a cache line; past the stream's end harmless (never a fault). */
-#define GEMV_PREFETCH_HINT 3
+ * reasons), one prefetch a cache line (bfloat16's into gemv_level's cache, the others' into
+ * L1); past the stream's end harmless (never a fault). */
 #define GEMV_AHEAD(p, form)                                                                  \
     do {                                                                                     \
-        if (gemv_ahead[form])                                                                \
-            __builtin_prefetch((const char *)(p) + gemv_ahead[form], 0, GEMV_PREFETCH_HINT); \
+        if (gemv_ahead[form]) {                                                              \
+            if ((form) == AHEAD_BF16)                                                        \
+                gemv_prefetch((const char *)(p) + gemv_ahead[form]);                         \
+            else                                                                             \
+                __builtin_prefetch((const char *)(p) + gemv_ahead[form], 0, 3);              \
+        }                                                                                    \
     } while (0)
 
 /* c + a * b, fused where the instruction set has it: written out, so that the float32 and

@@ -333,7 +333,12 @@ static void X8_FN(x8_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1) {
             case HELD_Q4_1: t = X8_FN(x8_dot)(HELD_Q4_1, a->wh + r * a->rb, K, xq, dx, xs, xh); break;
             case HELD_Q5_0: t = X8_FN(x8_dot)(HELD_Q5_0, a->wh + r * a->rb, K, xq, dx, xs, xh); break;
             case HELD_Q5_1: t = X8_FN(x8_dot)(HELD_Q5_1, a->wh + r * a->rb, K, xq, dx, xs, xh); break;
+#ifdef X8_VNNI  /* the K forms of Q4_K_M files a super-block in 64-byte vectors: _cpu_held_k.h */
+            case HELD_Q4_K: t = kz_q4_k(a->wh + r * a->rb, K, xq, dx, xs); break;
+            case HELD_Q6_K: t = kz_q6_k(a->wh + r * a->rb, K, xq, dx, xh); break;
+#else
             case HELD_Q4_K: t = X8_FN(x8_dot)(HELD_Q4_K, a->wh + r * a->rb, K, xq, dx, xs, xh); break;
+#endif
             case HELD_Q5_K: t = X8_FN(x8_dot)(HELD_Q5_K, a->wh + r * a->rb, K, xq, dx, xs, xh); break;
             default: t = X8_FN(x8_dot)(HELD_Q6_K, a->wh + r * a->rb, K, xq, dx, xs, xh); break;
             }
