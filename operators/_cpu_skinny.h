@@ -274,6 +274,12 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
                          * (the last bit off at 3, 8, 9 and 16 rows on AVX2): a block of
                          * rows at a time there (gemv_batch_part) */
     }
+#ifdef X8_VNNI
+    if (a->form == HELD_Q4_K)  /* the one-row kernel on VNNI is _cpu_held_k.h's kz_q4_k, which
+                                * adds a super-block's sums in another order: each row that
+                                * kernel's bits, a block of rows at a time (gemv_batch_part) */
+        return 0;
+#endif
 #if W == 16 && !defined(X8_VNNI)
     if (held_vnni)
         return skinny_x8_vnni(a, r0, r1, m, xs, ys);
