@@ -59,10 +59,15 @@ def serve(args: list[str], tmp: Path, env: dict | None = None,
         wait_ready(base + "/health", proc, log, timeout)
         yield base
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """``proc`` (a server) stopped as a user stops one: SIGINT, then killed past 20 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -370,9 +370,10 @@ def test_a_body_nested_past_the_recursion_limit_or_past_the_size_bound_is_refuse
 def test_port_0_serves_on_the_port_the_system_gave_and_says_which(tmp_path):
     # Found by a new user's trial: `serve --port 0` said "on http://127.0.0.1:0/v1".
     import re
-    import signal
     import subprocess
     import sys
+
+    from tests.serving import stop
 
     proc = subprocess.Popen([sys.executable, "-c", "from iron_spec.cli.app import app; app()",
                              "serve", "llama3", "--toy", "--random-weights", "0", "--port", "0"],
@@ -388,12 +389,7 @@ def test_port_0_serves_on_the_port_the_system_gave_and_says_which(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/health") as r:
             assert r.status == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def test_max_seq_len_is_each_causal_models_and_an_encoder_beside_them_keeps_its_own():
