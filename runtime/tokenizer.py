@@ -328,6 +328,11 @@ class Tokenizer:
             raise jinja2.TemplateError(f"{where}: line {e.lineno}: {e.message}") from None
         except jinja2.TemplateError as e:  # its own class kept (SecurityError, bounds)
             raise type(e)(f"{where}: {e}") from None
+        except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as e:
+            # The template's own code failed on these messages (a string plus a number, a
+            # content that is a list where it expects text): said as the template's failure.
+            raise jinja2.TemplateError(f"{where}: the chat template fails on these messages: "
+                                       f"{type(e).__name__}: {e}") from None
         return text
 
 

@@ -768,6 +768,9 @@ class Conversation:
         (images first, then the text), as transformers' chat messages give them to a
         processor's template (LLaVA's reads items alone)."""
         if self.model.multimodal is None:
+            given = {k: v for k, v in (("image", images), ("audio", audio)) if v}
+            if given:  # as generate refuses them: never dropped unread
+                multimodal.refuse_missing(self.model, (), given)
             return text
         return [{"type": "image", "image": im} for im in images or []] + \
             [{"type": "audio", "audio": a} for a in audio or []] + \

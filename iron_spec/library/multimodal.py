@@ -122,7 +122,7 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
     """
     towers = getattr(model.loaded, "towers", None) or []
     given = {kind: list(v or []) for kind, v in (media or {}).items() if v}
-    _refuse_missing(model, towers, given)
+    refuse_missing(model, towers, given)
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ValueError("a prompt with images or audio needs the checkpoint's tokenizer")
@@ -137,7 +137,7 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
         given = inside or given
         text = tokenizer.chat_text(messages)
     by_kind = {t.modality: t for t in towers}
-    _refuse_missing(model, towers, given)
+    refuse_missing(model, towers, given)
     inputs = {}
     for kind, tower in by_kind.items():
         text = expand(text, tower, given.get(kind, []))
@@ -150,7 +150,7 @@ def encode(model, prompt, media: dict | None = None) -> tuple[list[int], dict[in
     return tokenizer.encode(text, add_special_tokens=special), inputs
 
 
-def _refuse_missing(model, towers, given: dict) -> None:
+def refuse_missing(model, towers, given: dict) -> None:
     """Inputs of a modality no loaded tower reads are refused: a tower the spec declares
     ``not_built`` says why."""
     have = {t.modality for t in towers}

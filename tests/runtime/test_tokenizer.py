@@ -309,3 +309,12 @@ def test_a_gguf_template_error_names_its_metadata_key(tmp_path):
         gguf_vocab.tokenizer(GGUFFile(tmp_path / "m.gguf")).chat(HI)
     assert str(e.value) == (f"{tmp_path / 'm.gguf'}: tokenizer.chat_template: the chat "
                             "template refuses these messages (raise_exception): no system role")
+
+
+def test_a_template_whose_own_code_fails_is_a_template_error_naming_it(tiny):
+    # Found by a new user's trial: `{{ m.content + 1 }}` ended `run --chat` in a traceback
+    # (TypeError), where the template's other failures are one line naming the file.
+    tok = with_template(tiny, "{% for m in messages %}{{ m.content + 1 }}{% endfor %}")
+    with pytest.raises(jinja2.TemplateError, match="the chat template fails on these messages: "
+                                                   "TypeError"):
+        tok.chat(HI)

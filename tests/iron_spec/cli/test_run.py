@@ -445,3 +445,17 @@ def test_a_config_key_transformers_leaves_unread_is_said_once(worded):
     assert result.exit_code == 0, result.output
     assert result.output.count("unread, as transformers leaves them") == 1, result.output
     assert "rms_norm_epss (did you mean rms_norm_eps?)" in result.output
+
+
+def test_a_chat_turn_with_an_image_on_a_text_model_is_refused_as_generate_refuses_it(worded,
+                                                                                    tmp_path):
+    # Found by a new user's trial: chat().send(text, images=[...]) on a text model dropped the
+    # images unread (the file never opened), where generate refuses them.
+    directory, _ = worded
+    model = iron_spec.load(checkpoint=str(directory))
+    chat = model.chat()
+    for given in ({"images": [str(tmp_path / "nowhere.png")]}, {"audio": ["clip.wav"]}):
+        with pytest.raises(ValueError, match="this model has no (image|audio) tower"):
+            chat.send("t1 t2", max_new_tokens=2, **given)
+    assert chat.messages == []  # nothing kept
+    assert chat.send("t1 t2", max_new_tokens=2)
