@@ -111,6 +111,8 @@ def read_config(path: str | Path) -> ServeConfig:
         entries.append(ModelEntry(name, spec, checkpoint,
                                   {k: v for k, v in entry.items() if k in LOAD_OPTIONS}))
     key = data.get("api_key")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigError(f"{path}: api_key is {key!r}: text (quote it: api_key: \"12345\")")
     env = data.get("api_key_env")
     if env is not None:
         if not isinstance(env, str) or env not in os.environ:

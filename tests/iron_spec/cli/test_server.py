@@ -319,7 +319,9 @@ def test_a_port_in_use_is_refused_before_anything_loads():
     ("prefill_tokens: 0", "prefill_tokens is 0: a count >= 1"),
     ("held_bytes: 1.5", "held_bytes is 1.5: a count >= 0"),
     ("batched: 'no'", "batched is 'no': true or false"),
-    ("threads: 0", "threads 0 is not a count >= 1")])
+    ("threads: 0", "threads 0 is not a count >= 1"),
+    ("api_key: 12345", "api_key is 12345: text"),  # was an AttributeError once loaded
+    ("api_key: ''", "api_key is '': text")])
 def test_a_serve_files_bad_engine_option_is_refused_naming_the_file_before_anything_loads(
         tmp_path, line, says):
     # Found by a new user's trial: max_batch 0 was refused only once the weights had loaded.
