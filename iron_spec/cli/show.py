@@ -411,7 +411,8 @@ def _data(view: View) -> dict[str, Any]:
                                "tied_to": tied.get(name), "source": None}
         if p is not None and name in p.sources:
             t = view.tensors[p.sources[name]]
-            row.update(source=p.sources[name], source_dtype=t.dtype, source_shape=list(t.shape))
+            row.update(source=p.sources[name], source_dtype=getattr(t, "stored", t.dtype),
+                       source_shape=list(t.shape))  # a GGUF tensor's block form, as the text
         rows.append(row)
     data: dict[str, Any] = {
         "spec": view.spec.file, "name": view.spec.get("name"), "model": view.spec.get("model"),

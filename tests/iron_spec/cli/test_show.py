@@ -207,3 +207,24 @@ def test_a_tower_that_does_not_fit_its_tensors_fails_show(tmp_path):
     assert result.exit_code == 1, result.output
     assert "mis-shaped: checkpoint tensor model.vision_model.encoder.layers.0.mlp.fc1.weight" \
         in result.stdout
+
+
+def test_json_names_a_gguf_tensors_stored_block_form_as_the_text_does(tmp_path):
+    # Found by a new user's trial: `show --checkpoint X.q8_0.gguf --format json` gave
+    # source_dtype F32 for every tensor where the text view says Q8_0.
+    import gguf
+    import numpy as np
+
+    from iron_spec.spec.build import load_model
+    from tests.specs.gguf import convert
+
+    toy = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    config = dict(toy.config_json)
+    config.pop("rope_scaling")  # llama3 scaling is a rope_freqs tensor: refused
+    path = convert.write(tmp_path / "toy.q8_0.gguf", "llama", config,
+                         {n: np.asarray(t) for n, t in toy.weights().items()},
+                         qtype=gguf.GGMLQuantizationType.Q8_0)
+    rows = json.loads(show(LLAMA, "--checkpoint", str(path), "--format", "json").stdout)["params"]
+    forms = {r["name"]: r["source_dtype"] for r in rows if r["source"]}
+    assert forms["model.layers.0.self_attn.q_proj.weight"] == "Q8_0"
+    assert forms["model.norm.weight"] == "F32"  # a vector stays float32, as llama.cpp writes it
