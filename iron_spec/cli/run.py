@@ -50,7 +50,7 @@ def command(
     top_p: Optional[float] = typer.Option(None, callback=number(0, 1, low_open=True), help="keep the most likely tokens up to probability P"),
     min_p: Optional[float] = typer.Option(None, callback=number(0, 1), help="keep the tokens at least P times as likely as the most likely one"),
     repetition_penalty: Optional[float] = typer.Option(None, callback=number(0, low_open=True), help="divide the scores of tokens already in the text by this (multiply the negative ones), as transformers; 1 is none"),
-    presence_penalty: Optional[float] = typer.Option(None, callback=number(), help="subtract this from the scores of tokens already drawn, as the OpenAI API; 0 is none"),
+    presence_penalty: Optional[float] = typer.Option(None, callback=number(-2, 2), help="subtract this from the scores of tokens already drawn, as the OpenAI API (-2 to 2, its range); 0 is none"),
     stop: Optional[List[str]] = typer.Option(None, "--stop", metavar="TEXT", help="end the text before this string (repeat for several)"),
     seed: Optional[int] = typer.Option(None, min=0, max=2**64 - 1, help="the sampler's seed, a whole number in 0..2**64-1 (numpy's SeedSequence takes it whole; default: a fresh one, printed on stderr)"),
     threads: Optional[int] = typer.Option(None, min=1, help="threads for the kernels (default: OPENBLAS_NUM_THREADS, else every core)"),

@@ -98,6 +98,7 @@ def test_prompt_ids_continue_as_transformers_does(tmp_path):
     (["--prompt", "x", "--prompt-file", "f"], "not both"),
     (["--stop", ""], "would stop before anything"),
     (["--min-p", "1.5"], "1.5 is not a finite number >= 0 and <= 1"),
+    (["--presence-penalty", "9"], "9.0 is not a finite number >= -2"),  # OpenAI's range
     (["--repetition-penalty", "0"], "0.0 is not a finite number > 0"),
 ])
 def test_bad_usage_exits_2(args, says):
