@@ -98,7 +98,8 @@ def convert(values, form: str, name: str):
     rows, k = values.shape
     if form in held.BLOCKS and k % held.BLOCKS[form][0]:
         raise ValueError(f"{name}: rows of {k} values are not whole {form} blocks of "
-                         f"{held.BLOCKS[form][0]}")
+                         f"{held.BLOCKS[form][0]}, so this model cannot be held as {form}; "
+                         "hold it as stored, bfloat16 or float32 (--weights / weights=)")
     step = max(1, PIECE_BYTES // (4 * k))
     if form == "BF16":
         out = np.empty((rows, k), np.uint16)

@@ -180,3 +180,13 @@ def test_peak_memory_is_the_weights_as_held_and_the_cache(tmp_path):
     assert stored["peak"] <= 1.15 * (stored["weights"] + stored["cache"]) + overhead, stored
     wide = measured(folder, "float32")  # the bound tells the two apart
     assert wide["peak"] > 1.15 * (stored["weights"] + stored["cache"]) + overhead, wide
+
+
+def test_rows_that_are_not_whole_blocks_say_which_forms_would_hold_them():
+    # Found by a new user's trial: zamba2's rank-8 adapters under --weights q8_0 named the
+    # tensor but not what would work.
+    from iron_spec.runtime.holding import convert
+    with pytest.raises(ValueError, match=r"^adapter: rows of 8 values are not whole Q8_0 blocks "
+                                         r"of 32, so this model cannot be held as Q8_0; hold it "
+                                         r"as stored, bfloat16 or float32"):
+        convert(np.ones((4, 8), np.float32), "Q8_0", "adapter")
