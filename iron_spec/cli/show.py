@@ -76,6 +76,7 @@ class View:
     # A composite checkpoint's towers, each a view of its own (no towers of their own).
     towers: list["View"] = field(default_factory=list)
     name: Optional[str] = None  # a tower's name (the spec's towers[].name)
+    renames: dict[str, str] = field(default_factory=dict)  # as the config resolves them
 
     @property
     def fits(self) -> bool:
@@ -130,7 +131,8 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
     else:
         refuse_other_architecture(spec, config_json, on)
     accounted = account(spec, config_json, on, allow_unread_config)
-    tree = build_tree(spec, config_json, on, part)
+    renames: dict = {}  # as this config resolves them: a {when: ...} target chosen
+    tree = build_tree(spec, config_json, on, part, renames)
     resolved = resolve(spec, config_json, source)
     options = getattr(tree, "config", None)
     view = View(spec, on, {n: {"value": v, "source": resolved.sources[n]}
@@ -143,7 +145,7 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         view.recurrence = outline(spec, resolved, schedule, resolved.values["num_hidden_layers"])
     if directory is not None:
         view.checkpoint = str(directory)
-        renames = spec.get("checkpoint", "renames", default={}) or {}
+        view.renames = renames
         view.tensors = gguf_files.checkpoint(
             spec, directory, config_json, checkpoint_names(tree, renames),
             checkpoint_names(tree, renames, transposed=True)).tensors \
@@ -379,8 +381,8 @@ def _summary(view: View) -> list[str]:
            f"{len(p.misshaped)} mis-shaped" +
            (f", {len(p.not_float)} not float" if p.not_float else "")]
     for name, first in p.tied.items():
-        state = "its tensor ignored" if any(renamed(s, view.spec.get("checkpoint", "renames",
-                default={}) or {}) == name for s in p.ignored) else "no tensor of its own"
+        state = "its tensor ignored" if any(renamed(s, view.renames) == name
+                                            for s in p.ignored) else "no tensor of its own"
         out.append(f"  tied: {name} -> {first} ({state})")
     out += [f"  unused: {s}" for s in p.unused]
     out += [f"  left over: {s}" + (f" (renamed {t})" if t != s else "") for s, t in p.unplaced]

@@ -18,10 +18,12 @@ from .encoder import expand_encoder
 from .interpreter import expand
 
 
-def build_tree(spec, config_json: dict, source: str, part=None):
+def build_tree(spec, config_json: dict, source: str, part=None, renames: dict | None = None):
     """The module tree ``spec`` expands to on ``config_json``, at a small size (what lint
     builds to check a spec): a CausalLM, or an Encoder for ``model: encoder`` (with the
-    pooler and task head ``part`` says the checkpoint holds, a ``parts.Part``).
+    pooler and task head ``part`` says the checkpoint holds, a ``parts.Part``). Where
+    ``renames`` is given, it is filled with the checkpoint's renames as this config resolves
+    them (a ``{when, then, else}`` target chosen), as a load reads them.
 
     Raises:
         SpecError: the spec does not expand on the config.
@@ -40,4 +42,6 @@ def build_tree(spec, config_json: dict, source: str, part=None):
                                                     "16-token prompt chunk's activations"))
         tree = CausalLM(expanded.options)
     mark_transposed(tree, expanded.transposed)
+    if renames is not None:
+        renames.update(expanded.renames)
     return tree

@@ -228,3 +228,23 @@ def test_json_names_a_gguf_tensors_stored_block_form_as_the_text_does(tmp_path):
     forms = {r["name"]: r["source_dtype"] for r in rows if r["source"]}
     assert forms["model.layers.0.self_attn.q_proj.weight"] == "Q8_0"
     assert forms["model.norm.weight"] == "F32"  # a vector stays float32, as llama.cpp writes it
+
+
+def test_a_checkpoint_read_through_a_chosen_rename_target_is_placed(tmp_path):
+    # Found writing a spec from the docs alone: a rename whose target is a choice ({when,
+    # then, else}: granitemoehybrid's) made `show --checkpoint` fail (TypeError: unhashable
+    # dict); load and check resolve it.
+    import iron_spec
+
+    spec = str(SPECS / "granitemoehybrid.yaml")
+    loaded = iron_spec.load(spec, random_weights=0, toy=True).loaded
+    save_file({source: np.ascontiguousarray(p.array).reshape(p.stored_shape)  # shapes alone
+               for name, p in loaded.lm.named_params()  # matter to show
+               for source in [loaded.report.sources.get(name)] if source is not None},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(loaded.config_json))
+    result = show(spec, "--checkpoint", str(tmp_path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    placed = data["checkpoint"]
+    assert placed["fits"] and placed["placed"] == placed["tensors"] == 52, placed
