@@ -253,9 +253,17 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
         model = find(e.model, EncoderModel)
 
         def run():
-            vectors = model.embed(e.texts)
-            tokens = sum(len(model.tokenizer.encode(t, "input")[0]) for t in e.texts)
-            return vectors, tokens
+            # Past the model's tokens a text would be cut (the library truncates as
+            # sentence-transformers does); an API request is refused instead, as OpenAI's and
+            # vLLM's are: a client never gets a vector of half its text unawares.
+            encoded = [model.tokenizer.encode(t, f"input[{i}]") for i, t in enumerate(e.texts)]
+            cut = [i for i, (_, _, truncated) in enumerate(encoded) if truncated]
+            if cut:
+                which = f"input[{cut[0]}]" if len(e.texts) > 1 else "the input"
+                raise ApiError(f"{which} holds more than this model's {model.tokenizer.max_tokens} "
+                               "tokens; give a shorter text (nothing is truncated)", "input", 400,
+                               "context_length_exceeded")
+            return model.embed(e.texts), sum(len(ids) for ids, _, _ in encoded)
 
         try:
             vectors, tokens = await run_in_threadpool(run)

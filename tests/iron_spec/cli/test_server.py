@@ -276,6 +276,12 @@ def test_embeddings_on_minilm_are_the_librarys(real):
     assert r.usage.prompt_tokens == 4  # [CLS] a text [SEP]
     raw = base64.b64encode(want[0].astype("<f4").tobytes()).decode()
     assert len(raw) > 0
+    # Found by a new user's trial: a 5000-word input came back embedded from its first 256
+    # tokens, said only in the server's log. Refused, as OpenAI's API refuses it.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="minilm", input=["short", "word " * 5000])
+    assert e.value.body["code"] == "context_length_exceeded"
+    assert "input[1] holds more than this model's 256 tokens" in e.value.body["message"]
 
 
 def test_a_serve_files_weights_hold_the_models_weights_so(tmp_path):
