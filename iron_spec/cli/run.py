@@ -166,6 +166,7 @@ def _images(files: Optional[List[Path]], ids: bool, flag: str) -> list[Path]:
     Raises:
         FlagError: files beside ``--prompt-ids`` (whose placeholders no processor wrote).
         FileNotFoundError: a file that is not there.
+        ValueError: a file its front end cannot read (``_readable``).
     """
     files = list(files or [])
     if files and ids:
@@ -176,7 +177,32 @@ def _images(files: Optional[List[Path]], ids: bool, flag: str) -> list[Path]:
             raise FlagError(f"{flag} {f} is a directory, not a file")
         if not f.expanduser().is_file():
             raise FileNotFoundError(f"{flag} {f}: no such file")
+        _readable(f.expanduser(), flag)
     return [f.expanduser() for f in files]
+
+
+def _readable(path: Path, flag: str) -> None:
+    """Refuse, before the weights load (minutes on a large model), a file the front end will
+    not read: an image Pillow cannot decode, a sound libsndfile cannot, or holding no
+    samples. Where the audio extra is missing, the front end says so when it runs.
+
+    Raises:
+        ValueError: naming the flag and the file.
+    """
+    if flag == "--image":
+        from iron_spec.runtime.towers.images import open_image
+        open_image(path)  # ValueError naming the file where Pillow cannot read it
+        return
+    try:
+        import soundfile
+    except ImportError:
+        return
+    try:
+        frames = soundfile.info(str(path)).frames
+    except (RuntimeError, soundfile.LibsndfileError) as e:
+        raise ValueError(f"{flag} {path}: not a sound soundfile can read ({e})") from None
+    if frames == 0:
+        raise ValueError(f"{flag} {path}: holds no samples (an empty sound)")
 
 
 def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], toy: bool,

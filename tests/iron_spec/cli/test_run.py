@@ -460,3 +460,20 @@ def test_a_chat_turn_with_an_image_on_a_text_model_is_refused_as_generate_refuse
             chat.send("t1 t2", max_new_tokens=2, **given)
     assert chat.messages == []  # nothing kept
     assert chat.send("t1 t2", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("flag, name, content, says", [
+    ("--image", "photo.jpg", b"not an image", "not an image Pillow can read"),
+    ("--audio", "clip.wav", b"not a sound", "not a sound soundfile can read")])
+def test_an_image_or_sound_that_cannot_be_read_is_refused_before_the_weights_load(
+        tmp_path, flag, name, content, says):
+    # Found by a new user's trial: an image that is no image was refused only after the
+    # weights loaded and the towers compiled (minutes on a large model).
+    if flag == "--audio":
+        pytest.importorskip("soundfile")
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = run("llama3", *TOY, "--prompt", "x", flag, str(path), env={"COLUMNS": "300"})
+    assert result.exit_code == 1, result.output
+    assert says in result.output and str(path) in result.output
+    assert "loading" not in result.output
