@@ -444,6 +444,10 @@ def command(
                 results.append(call())
                 results[-1].seconds = time.perf_counter() - began
                 _line(results[-1], as_json)
+            if found is None and not self_only and getattr(loaded, "towers", None):
+                # The towers' line above is judged by their own golden; this verdict is the
+                # text model's (found by a new user's trial: it read as a contradiction).
+                note = f"the text model, whose towers are judged above: {note}"
     except (*EXPECTED, GoldenError) as e:
         if not _said(e, printed, toy):
             refuse(e)

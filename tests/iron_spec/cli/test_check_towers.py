@@ -117,3 +117,15 @@ def test_gemma4s_audio_tower_is_checked_against_its_golden():
     line = re.search(r"PASS  towers KL vs golden +(.*)", out).group(1)
     assert line.startswith("ids equal, features within 0, soft tokens within ")
     assert "0 top-1 mismatches over 7 positions" in line
+
+
+def test_a_composites_verdict_without_a_text_golden_says_it_is_the_text_models():
+    # Found by a new user's trial: "PASS towers KL vs golden" then "NOT VERIFIED against
+    # transformers: no golden for these inputs" read as a contradiction.
+    toy = TOYS / "qwen2-audio-toy"
+    result = CliRunner().invoke(app, ["check", "--checkpoint", str(toy)], env={"COLUMNS": "400"})
+    said = " ".join(result.output.split())
+    assert result.exit_code == 3, result.output
+    assert "PASS towers KL vs golden" in said
+    assert "NOT VERIFIED against transformers: the text model, whose towers are judged above: " \
+        "no golden for these inputs" in said
