@@ -27,6 +27,16 @@ class FileError(ValueError):
     JSON, not the JSON object expected); the message starts with its path."""
 
 
+def named(error: Exception, where: str) -> Exception:
+    """``error`` of the same class (a caller's ``except`` still holds) with ``where`` (a
+    file, a prompt's index) before its message; ``error`` itself where its class takes more
+    than a message to build."""
+    try:
+        return type(error)(f"{where}: {error}")
+    except Exception:
+        return error
+
+
 def regular(path: str | Path, what: str = "file") -> Path:
     """``path`` itself, when it is a regular file (a symlink to one counts).
 

@@ -189,20 +189,18 @@ def _readable(path: Path, flag: str) -> None:
     Raises:
         ValueError: naming the flag and the file.
     """
-    if flag == "--image":
-        from iron_spec.runtime.towers.images import open_image
-        open_image(path)  # ValueError naming the file where Pillow cannot read it
-        return
+    from iron_spec.runtime.towers.audio import check_sound
+    from iron_spec.runtime.towers.images import open_image
+
     try:
-        import soundfile
-    except ImportError:
+        if flag == "--image":
+            open_image(path)
+        else:
+            check_sound(path)
+    except ImportError:  # the front end says so when it runs
         return
-    try:
-        frames = soundfile.info(str(path)).frames
-    except (RuntimeError, soundfile.LibsndfileError) as e:
-        raise ValueError(f"{flag} {path}: not a sound soundfile can read ({e})") from None
-    if frames == 0:
-        raise ValueError(f"{flag} {path}: holds no samples (an empty sound)")
+    except ValueError as e:
+        raise ValueError(f"{flag} {e}") from None
 
 
 def _before_loading(checkpoint: Optional[str], random_weights: Optional[int], toy: bool,

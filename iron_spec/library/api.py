@@ -30,6 +30,7 @@ import numpy as np
 
 from iron_spec.operators.native import threads as native_threads
 from iron_spec.operators.threads import set_threads
+from iron_spec.runtime.files import named
 from iron_spec.runtime.session import Busy, Session
 from iron_spec.runtime.tokenizer import PIECE
 
@@ -559,7 +560,7 @@ class Model:
             try:
                 requests.append(self.request(p, top_logprobs=0 if logprobs else None, **options))
             except (TypeError, ValueError, IndexError) as e:
-                raise _of_prompt(e, i, len(prompts)) from e
+                raise named(e, f"prompt {i} (of {len(prompts)}, counted from 0)") from e
         engine = self.engine()
         tickets = [engine.submit(r) for r in requests]
         try:
@@ -922,15 +923,6 @@ def _stream_options(stream, caller: str, options: dict) -> dict:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
                         f"(it takes {', '.join(takes)})")
     return options
-
-
-def _of_prompt(error: Exception, i: int, n: int) -> Exception:
-    """``error`` raised by prompt ``i`` of ``n`` given together, its message naming which (the
-    same class, so a caller's ``except ContextFull`` still holds)."""
-    try:
-        return type(error)(f"prompt {i} (of {n}, counted from 0): {error}")
-    except Exception:  # a class whose constructor takes more than a message
-        return error
 
 
 def _many(prompt) -> bool:

@@ -50,16 +50,30 @@ def read_audio(source, sampling_rate: int) -> np.ndarray:
     except ImportError:
         raise ImportError("reading a sound file needs soundfile and soxr: pip install "
                           "'iron-spec[audio]'") from None
-    try:
-        samples, rate = soundfile.read(str(path), dtype="float64", always_2d=True)
-    except (RuntimeError, soundfile.LibsndfileError) as e:
-        raise ValueError(f"{path}: not a sound soundfile can read ({e})") from None
-    if not len(samples):  # soundfile reads a header-only file as no samples, no error
-        raise ValueError(f"{path}: holds no samples (an empty sound)")
+    check_sound(path)
+    samples, rate = soundfile.read(str(path), dtype="float64", always_2d=True)
     mono = samples.mean(axis=1)
     if rate != sampling_rate:
         mono = soxr.resample(mono, rate, sampling_rate)
     return mono.astype(np.float32)
+
+
+def check_sound(path: Path) -> None:
+    """Refuse a file libsndfile does not read as a sound, or one of no samples (soundfile
+    reads a header-only file as none, no error), from its header alone: ``read_audio``
+    before it decodes, and ``iron-spec run --audio`` before the weights load.
+
+    Raises:
+        ValueError: naming ``path``.
+        ImportError: soundfile is not installed (the ``audio`` extra).
+    """
+    import soundfile
+    try:
+        frames = soundfile.info(str(path)).frames
+    except (RuntimeError, soundfile.LibsndfileError) as e:
+        raise ValueError(f"{path}: not a sound soundfile can read ({e})") from None
+    if frames == 0:
+        raise ValueError(f"{path}: holds no samples (an empty sound)")
 
 
 def hertz_to_mel(freq: np.ndarray) -> np.ndarray:

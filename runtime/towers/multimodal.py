@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..causal import CausalLM, Version
+from ..files import named
 from .mrope import rope_positions
 
 
@@ -62,11 +63,7 @@ def naming(raw):
         name = str(Path(raw).expanduser())
         if name in str(e):
             raise
-        try:
-            named = type(e)(f"{name}: {e}")
-        except Exception:  # a class whose constructor takes more than a message
-            raise e from None
-        raise named from None
+        raise named(e, name) from None
 
 
 def runs(where: np.ndarray) -> list[tuple[int, int]]:
