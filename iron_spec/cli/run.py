@@ -33,8 +33,8 @@ from iron_spec.spec.loader import load_spec
 from iron_spec.spec.registry import find
 from iron_spec.library.api import Model, load
 
-from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, choice,
-                      log_to_stderr, number, pick_spec, refuse, stages, whole)
+from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, REFUSED, SPEC_HELP,
+                      choice, log_to_stderr, number, pick_spec, refuse, stages, whole)
 
 
 def command(
@@ -42,7 +42,7 @@ def command(
     checkpoint: Optional[str] = typer.Option(None, metavar=CHECKPOINT_METAVAR, help=CHECKPOINT_HELP),
     prompt: Optional[str] = typer.Option(None, help="the text to continue (with --chat, the first message); - reads it from stdin"),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="read the prompt from this file (- is stdin)"),
-    chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without a prompt, read turns from stdin, one a line"),
+    chat: bool = typer.Option(False, "--chat", help="render messages with the checkpoint's chat template; without a prompt, read turns from stdin, one a line (a turn refused is skipped, the chat going on as it was; the exit status is then 1)"),
     system: Optional[str] = typer.Option(None, help="with --chat: the system message the conversation starts with"),
     num_tokens: Optional[int] = typer.Option(None, "--num-tokens", min=1, help="most tokens to draw per turn (default: generation_config.json's max_new_tokens, else 64, cut to the room the context leaves; in a chat 512, ending at the end of the turn)"),
     temperature: Optional[float] = typer.Option(None, callback=number(0), help="0 is greedy (default: generation_config.json's, else greedy)"),
@@ -488,36 +488,48 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
           out: _Output, images: Optional[list] = None, sounds: Optional[list] = None,
           pending: Optional[list] = None) -> None:
     """Turns from ``first`` or stdin, one a line; each reply ends at the end of the
-    assistant's turn, at ``--num-tokens``, or where the context is full. A turn too long for
-    the context is refused alone: said on stderr, the conversation goes on as it was; so is a
-    reply an interrupt (^C) stops."""
+    assistant's turn, at ``--num-tokens``, or where the context is full. A turn refused (too
+    long for the context, not UTF-8, its template's refusal) is refused alone: said on
+    stderr, the conversation goes on as it was (the ``--image``/``--audio`` files still wait
+    for the first turn kept); so is a reply an interrupt (^C) stops. Once the input ends, a
+    chat where a turn was refused ends as a refusal (exit 1, as a shell expects of a run
+    where something failed), the count said on stderr.
+
+    Raises:
+        typer.Exit: ``REFUSED`` at the end of a chat where a turn was refused.
+    """
     conversation = model.chat(system)
     if first is not None:
         out.show(conversation.stream(first, images or None, sounds or None, **gen))
         return
-    lines, most = 0, min(MAX_TEXT, model.max_prompt_bytes() or MAX_TEXT)
+    lines, refused, most = 0, [], min(MAX_TEXT, model.max_prompt_bytes() or MAX_TEXT)
     while True:
         typer.echo("> ", nl=False, err=True)
         # pending: read before loading (each within MAX_TEXT; the turn refuses the rest)
         line, past = pending.pop(0) if pending else _read_line(most)
         if not line and not past:  # end of input ends the chat; an empty line is no turn
-            return
+            break
         lines += 1
         if past:
             typer.echo(f"error: line {lines} is {past} bytes, more than a turn can hold "
                        f"({most}: {model.max_seq_len} tokens of this tokenizer's longest "
                        f"token at most); skipped unread, the conversation goes on as it was",
                        err=True)
+            refused.append(lines)
             continue
         text = line.rstrip("\r\n")
         if not text.strip():
             continue
+        # The files go with the first turn the conversation keeps: a turn refused or
+        # interrupted before it changes nothing, so neither does it take them.
+        shown = len(conversation.messages) == (system is not None)
         try:
             utf8_text(text, f"line {lines}")
-            stream = conversation.stream(text, images if lines == 1 else None,
-                                         sounds if lines == 1 else None, **gen)
+            stream = conversation.stream(text, images if shown else None,
+                                         sounds if shown else None, **gen)
         except EXPECTED as e:  # that turn is refused, not the chat (a template's refusal too)
             typer.echo(f"{message(e)}; skipped", err=True)
+            refused.append(lines)
             continue
         try:
             out.show(stream)
@@ -525,6 +537,15 @@ def _chat(model: Model, first: Optional[str], system: Optional[str], gen: dict,
             stream.close()
             typer.echo("\n(interrupted: that reply is dropped, the conversation goes on as it "
                        "was; end of input (^D) or ^C at the prompt ends it)", err=True)
+        except EXPECTED as e:  # refused at its first piece: the stream dropped the turn
+            typer.echo(f"\n{message(e)}; skipped, the conversation goes on as it was", err=True)
+            refused.append(lines)
+    if refused:
+        n = len(refused)
+        typer.echo(f"error: {n} turn{'s' * (n != 1)} of this chat {'were' if n != 1 else 'was'} "
+                   f"refused (line{'s' * (n != 1)} {', '.join(map(str, refused))} of stdin)",
+                   err=True)
+        raise typer.Exit(REFUSED)
 
 
 def _read_line(most: int = MAX_TEXT) -> tuple[str, int]:

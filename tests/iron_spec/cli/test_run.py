@@ -213,9 +213,13 @@ def test_a_chat_turn_too_long_is_refused_alone(worded):
     long_line = " ".join(["t9"] * 40)
     result = run("llama3", "--checkpoint", str(directory), "--chat", "--max-seq-len", "32",
                  "--num-tokens", "2", input=f"t1 t2\n{long_line}\nt3 t4\n")
-    assert result.exit_code == 0, result.output
+    # Found by a fresh user's trial: the chat went on but exited 0, as if every turn had
+    # been answered; a shell user reads a failure from the status (as `set -e` does).
+    assert result.exit_code == 1, result.output
     assert "is refused, the conversation kept as it was" in result.output
     assert result.output.count("[prefill]") == 2  # the turns before and after it ran
+    assert result.stderr.rstrip().endswith("error: 1 turn of this chat was refused (line 2 of "
+                                           "stdin)"), result.stderr
     # In the library: the refused turn changes nothing, and the next one goes on.
     chat = iron_spec.load("llama3", directory, max_seq_len=32).chat()
     chat.send("t1 t2", max_new_tokens=2)
@@ -225,6 +229,24 @@ def test_a_chat_turn_too_long_is_refused_alone(worded):
     assert chat.messages == messages and chat.session.held == held
     chat.send("t3", max_new_tokens=2)
     assert [m["content"] for m in chat.messages][:3] == ["t1 t2", messages[1]["content"], "t3"]
+
+
+def test_a_chat_with_refused_turns_ends_non_zero_and_each_refusal_changes_nothing(worded):
+    directory, _ = worded
+    # Line 2 is no UTF-8, line 4 past the context: both refused, the chat going on; the
+    # turns answered are those of a chat never sent them (greedy: the same tokens).
+    turns = b"t1 t2\n\xff t3\nt4 t5\n" + b" ".join([b"t9"] * 40) + b"\nt6\n"
+    flags = ["llama3", "--checkpoint", str(directory), "--chat", "--max-seq-len", "32",
+             "--num-tokens", "2", "--temperature", "0", "--json"]
+    result = run(*flags, input=turns)
+    assert result.exit_code == 1, result.output
+    assert "line 2" in result.stderr and "is refused, the conversation kept" in result.stderr
+    assert "error: 2 turns of this chat were refused (lines 2, 4 of stdin)" in result.stderr
+    clean = run(*flags, input="t1 t2\nt4 t5\nt6\n")
+    assert clean.exit_code == 0, clean.output
+    assert [json.loads(l)["token_ids"] for l in result.stdout.splitlines()] == \
+        [json.loads(l)["token_ids"] for l in clean.stdout.splitlines()]
+    assert len(clean.stdout.splitlines()) == 3
 
 
 @pytest.mark.parametrize("flags, stdin, says", [
@@ -477,3 +499,22 @@ def test_an_image_or_sound_that_cannot_be_read_is_refused_before_the_weights_loa
     assert result.exit_code == 1, result.output
     assert says in result.output and str(path) in result.output
     assert "loading" not in result.output
+
+
+def test_a_chat_s_image_goes_with_the_first_turn_kept_not_a_refused_or_blank_one(tmp_path):
+    # Found by a fresh user's trial: --image went with stdin's line 1 whatever it was; a
+    # blank line or a refused turn there took the image with it, a refusal that changed the
+    # chat.
+    from PIL import Image
+    toy = ROOT / "tests" / "checkpoints" / "gemma3-vision-toy"
+    golden = np.load(ROOT / "tests" / "goldens" / "towers" / "gemma3" / "gemma3-vision-toy.npz")
+    picture = tmp_path / "picture.png"
+    Image.fromarray(golden["image"]).save(picture)
+    result = run("--checkpoint", str(toy), "--image", str(picture), "--chat", "--num-tokens",
+                 "1", "--temperature", "0", "--json", input=b"\n\xff\nWhat is it?\n")
+    assert result.exit_code == 1, result.output
+    assert "error: 1 turn of this chat was refused (line 2 of stdin)" in result.stderr
+    model = iron_spec.load("gemma3", toy)
+    assert json.loads(result.stdout)["prompt_tokens"] == len(model.encode(
+        [{"role": "user", "content": [{"type": "image", "image": str(picture)},
+                                      {"type": "text", "text": "What is it?"}]}]))
