@@ -31,9 +31,7 @@ EXTRA = ("the server needs the serve extra: pip install 'iron-spec[serve]' (star
 
 
 def _entries(spec: Optional[str], checkpoint: Optional[str], name: Optional[str],
-             models: list[str], options: dict) -> list[ModelEntry]:
-    # A context (--max-seq-len) is a causal model's: an encoder served beside it keeps its own.
-    causal = {k: options.pop(k) for k in ("max_seq_len",) if k in options}
+             models: list[str], options: dict, causal: dict) -> list[ModelEntry]:
     entries = []
     if spec is not None or checkpoint is not None:
         where = checkpoint if checkpoint is not None else spec
@@ -103,9 +101,16 @@ def command(
         if toy:
             options["toy"] = True
         cfg = read_config(config) if config is not None else ServeConfig([])
-        entries = _entries(spec, checkpoint, name, model, options)
+        # A context (--max-seq-len) is a causal model's: an encoder served beside it keeps
+        # its own.
+        causal = {k: options.pop(k) for k in ("max_seq_len",) if k in options}
+        entries = _entries(spec, checkpoint, name, model, options, causal)
         if entries:
             cfg.models = entries
+        for e in cfg.models if not entries else ():  # the file's: a flag given overrides it
+            e.options.update(options)
+            e.causal.update(causal)
+            e.flags = frozenset((*options, *causal))
         if not cfg.models:
             raise FlagError("give a model: SPEC --checkpoint DIR, --model NAME=DIR or "
                             "--config FILE")

@@ -144,7 +144,7 @@ def load(spec: str | Path | None = None, checkpoint: str | Path | None = None, *
         if not isinstance(value, str):
             raise TypeError(f"{name} is {value!r}; it is one of {', '.join(map(repr, choices))}")
         if value not in choices:
-            raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+            raise ValueError(f"{arguments.said(name, value)} is not one of {', '.join(choices)}")
     if isinstance(checkpoint, (str, Path)) and str(checkpoint).startswith("~"):
         checkpoint = Path(checkpoint).expanduser()
     if spec is None and checkpoint is None:  # the library's words, not the CLI's

@@ -12,11 +12,16 @@ Not for: the range a value must fall in that only the spec and the checkpoint kn
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 _UNSAID = object()
+#: The arguments the call in progress took from a YAML file (a serve file's model entry),
+#: named as the file spells them: ``given_in``.
+_FILE_KEYS: ContextVar[frozenset] = ContextVar("iron_spec_file_keys", default=frozenset())
 
 
 def _held(value: Any) -> str:
@@ -81,14 +86,33 @@ def said(name: str, value: Any = _UNSAID, *, placeholder: str | None = None) -> 
     """The argument ``name`` (``iron_spec.load``'s keyword, ``max_seq_len``) as the caller
     wrote it, with ``value`` (or a ``placeholder`` such as ``SEED``) where given:
     ``max_seq_len=64`` from Python, ``--max-seq-len 64`` inside an ``iron-spec`` command (a
-    typer command runs), so a message never tells a library user of a flag, nor a
-    shell user of a keyword. A flag's True is the switch alone (``--toy``)."""
+    typer command runs), ``max_seq_len: 64`` where a YAML file gave it (``given_in``: a serve
+    file's model entry), so a message never tells a library user of a flag, nor a shell user
+    of a keyword, nor a file's writer of either. A flag's True is the switch alone
+    (``--toy``; ``toy: true`` in a file)."""
     from typer.main import get_current_context  # typer's own click, on first use
 
     shown = placeholder if placeholder is not None else None if value is _UNSAID else value
+    if name in _FILE_KEYS.get():
+        if shown is None:
+            return name
+        return f"{name}: {str(shown).lower() if isinstance(shown, bool) else shown}"
     if get_current_context(silent=True) is not None:
         flag = "--" + name.replace("_", "-")
         return flag if shown is None or shown is True else f"{flag} {shown}"
     if shown is None:
         return f"{name}="
     return f"{name}={shown if placeholder is not None else repr(shown)}"
+
+
+@contextmanager
+def given_in(keys: Iterable[str]) -> Iterator[None]:
+    """Inside the ``with`` block (on this thread), ``said`` names each of ``keys`` as a YAML
+    file does (``max_seq_len: 64``): the arguments a file gave a call, or could have (a
+    serve file's model entry; the caller names the file and the entry). Blocks nest: the
+    innermost's keys."""
+    token = _FILE_KEYS.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _FILE_KEYS.reset(token)

@@ -44,12 +44,17 @@ class ConfigError(ValueError):
 @dataclass
 class ModelEntry:
     """A model to serve; ``causal``: options that apply where it is a causal model alone
-    (``serve --max-seq-len`` beside an encoder: a context is a causal model's)."""
+    (``serve --max-seq-len`` beside an encoder: a context is a causal model's). ``source``:
+    the file the entry is read from (None: the command's flags), its errors naming the file,
+    the entry and its keys as the file spells them (``max_seq_len: 64``), but for ``flags``,
+    the options a flag overrode it with (named ``--max-seq-len 64``)."""
     name: str
     spec: str | None = None
     checkpoint: str | None = None
     options: dict = field(default_factory=dict)
     causal: dict = field(default_factory=dict)
+    source: str | None = None
+    flags: frozenset = frozenset()
 
 
 @dataclass
@@ -109,7 +114,8 @@ def read_config(path: str | Path) -> ServeConfig:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{where}.{key}: text, not {value!r}")
         entries.append(ModelEntry(name, spec, checkpoint,
-                                  {k: v for k, v in entry.items() if k in LOAD_OPTIONS}))
+                                  {k: v for k, v in entry.items() if k in LOAD_OPTIONS},
+                                  source=str(path)))
     key = data.get("api_key")
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigError(f"{path}: api_key is {key!r}: text (quote it: api_key: \"12345\")")
@@ -140,21 +146,30 @@ def load_models(config: ServeConfig, progress: bool = False) -> dict[str, Any]:
     """Each entry loaded (``iron_spec.load``), by name.
 
     Raises:
-        ConfigError: what ``iron_spec.load`` refused, the entry's name added.
+        ConfigError: what ``iron_spec.load`` refused, the entry's name added (and a file's
+            entry its file, ``serve.yaml: models.NAME: max_seq_len: 100000 is ...``).
     """
     from iron_spec.library.api import load
+    from iron_spec.spec.arguments import given_in
 
     out: dict[str, Any] = {}
     for e in config.models:
         if e.name in out:
             raise ConfigError(f"two models are named {e.name!r}")
+        where = f"{e.source}: models.{e.name}" if e.source is not None else f"model {e.name!r}"
+        file_keys = set() if e.source is None else {"spec", "checkpoint", *LOAD_OPTIONS}
         try:
-            options = dict(e.options)
-            if e.causal and _is_causal(e):
+            options, flags = dict(e.options), set(e.flags)
+            with given_in(file_keys - flags):
+                causal = bool(e.causal) and _is_causal(e)
+            if causal:
                 options.update(e.causal)
-            out[e.name] = load(e.spec, e.checkpoint, threads=config.threads, **options)
+            else:  # the file's own value stands
+                flags -= set(e.causal)
+            with given_in(file_keys - flags):
+                out[e.name] = load(e.spec, e.checkpoint, threads=config.threads, **options)
         except (ValueError, TypeError, OSError) as err:
-            raise ConfigError(f"model {e.name!r}: {err}") from None
+            raise ConfigError(f"{where}: {err}") from None
     return out
 
 
@@ -163,4 +178,7 @@ def _is_causal(entry: ModelEntry) -> bool:
     from iron_spec.spec.loader import load_spec
     from iron_spec.spec.registry import find
 
-    return load_spec(find(entry.spec, entry.checkpoint)).get("model") == "causal"
+    checkpoint = entry.checkpoint
+    if checkpoint is not None and checkpoint.startswith("~"):  # as iron_spec.load takes it
+        checkpoint = str(Path(checkpoint).expanduser())
+    return load_spec(find(entry.spec, checkpoint)).get("model") == "causal"
