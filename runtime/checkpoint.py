@@ -405,7 +405,8 @@ def _some(items: list[str], sep: str = ", ") -> str:
 def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {},
          progress: Callable[[int, int], None] | None = None,
          unused: Iterable[str] = (), expects: Callable[[str], str] | None = None,
-         weights: str = "stored") -> LoadReport:
+         weights: str = "stored",
+         requantizing: Callable[[dict[str, int]], None] | None = None) -> LoadReport:
     """Fill every param of ``module`` from ``checkpoint``, strictly (``bind``).
 
     A projection's or embedding's matrix (``Param.holdable``) is held as ``weights`` says
@@ -419,7 +420,10 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
     holding NaN or infinities is refused (CheckpointError naming it); ``progress(done,
     total)`` follows the reads; ``expects`` as ``bind``'s. The pages of what was read into
     float32 are unmapped afterwards, so they stop counting as resident memory; a held view
-    keeps its file mapped.
+    keeps its file mapped. ``requantizing(forms)``, where given, is called once before any
+    tensor is read where ``weights`` converts matrices the file holds as quantized blocks
+    (a GGUF's Q8_0, Q4_K, ...) to another form: ``forms`` counts them by stored form
+    (``requantized``).
 
     Raises:
         ValueError: ``weights`` is none of ``holding.WEIGHTS``, or a conversion it asks for
@@ -438,6 +442,9 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
                               f"where float weights belong hold integers or booleans: "
                               f"{_some(wrong)} (weights are {', '.join(FLOATS)})")
     output = {holding.OUTPUT, found.tied.get(holding.OUTPUT, holding.OUTPUT)}
+    again = requantized(found, checkpoint, form, output)
+    if again and requantizing is not None:
+        requantizing(again)
     for i, (name, source) in enumerate(found.sources.items()):
         param = found.params[name]
         kept = _hold(param, checkpoint, source, holding.form_for(name, form, output)) \
@@ -468,6 +475,28 @@ def load(module: Module, checkpoint: Checkpoint, renames: Mapping[str, str] = {}
             progress(i + 1, len(found.sources))
     checkpoint.close()
     return found.report()
+
+
+def requantized(found: Placement, checkpoint, form: str | None,
+                output: set[str]) -> dict[str, int]:
+    """The matrices ``load`` converts to ``form`` (``holding.WEIGHTS``' values) from blocks
+    the file holds quantized (``operators.held.BLOCKS``: a GGUF's Q8_0, Q4_K, ...), counted
+    by stored form: each is widened and quantized (or rounded) again, its values carrying
+    both roundings, where converting the original float weights would carry one (what
+    llama.cpp's llama-quantize refuses without ``--allow-requantize``). Nothing under
+    ``stored`` or ``float32`` (widening is exact), nor for a matrix stored in the form asked
+    (held as stored)."""
+    if form in (None, "F32"):
+        return {}
+    again: dict[str, int] = {}
+    for name, source in found.sources.items():
+        param = found.params[name]
+        stored = getattr(checkpoint.tensors[source], "stored", None)
+        converted = param.holdable or getattr(param, "filled", None) is not None  # a stack
+        if converted and stored in holding.held.BLOCKS and \
+                holding.form_for(name, form, output) != stored:
+            again[stored] = again.get(stored, 0) + 1
+    return again
 
 
 def _hold(param: Param, checkpoint, source: str, form: str | None):

@@ -16,7 +16,10 @@ the user asks for, converted at load.
   32-value blocks quantized at load by gguf-py's ``quants.quantize`` (llama.cpp's reference
   quantizers, the bytes its ``llama-quantize`` writes for these types), from the values the
   file holds; a tensor stored in that form is held as stored, one in another block form is
-  widened first (quantized twice: what llama.cpp's ``--allow-requantize`` does).
+  widened first (quantized twice: what llama.cpp's ``--allow-requantize`` does; its
+  llama-quantize refuses it without, here it is done and a load says so once, a warning
+  on the ``iron_spec`` logger: ``runtime.checkpoint.requantized``). So is a block form
+  rounded to ``bfloat16`` or ``float16``.
 
 What every other param holds (norm weights, biases, tables other operators read) is float32.
 What a conversion costs is judged by ``check``'s KL gates, as any reduced precision.

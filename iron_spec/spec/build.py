@@ -502,10 +502,28 @@ def fill_weights(model, directory: Path | None, random_weights: int | None, draw
             checkpoint = subtree(checkpoint, part.part.tensors, part.part.unused)
     shapes = {n: p.stored_shape for n, p in model.named_params()}
     report = load(model, checkpoint, renames, progress, unused,
-                  explainer(fields or {}, shapes), weights)
+                  explainer(fields or {}, shapes), weights,
+                  lambda forms: _requantizing(forms, weights, directory))
     if part is not None:
         report.ignored = sorted(report.ignored + checkpoint.left)
     return report, checkpoint
+
+
+def _requantizing(forms: dict[str, int], weights: str, where: Path) -> None:
+    """Say, once a load, that ``weights`` converts matrices ``where`` already holds quantized
+    (``forms``: stored form -> matrices, ``runtime.checkpoint.requantized``): done, as asked
+    (the file is left as it is; llama.cpp's llama-quantize, which writes a file, refuses it
+    without --allow-requantize), but lossier than converting the original weights."""
+    n = sum(forms.values())
+    log.warning(
+        "%s converts %d matri%s from blocks %s already holds quantized (%s): each is "
+        "widened and %s again, carrying both roundings, which costs more accuracy than "
+        "converting the original (float16, bfloat16 or float32) weights would; convert "
+        "from the original checkpoint for the least loss, or hold them as stored (%s)",
+        said("weights", weights), n, "ces" if n != 1 else "x", where.name,
+        ", ".join(f"{f}: {k}" for f, k in sorted(forms.items(), key=lambda kv: -kv[1])),
+        "rounded" if holding.choice(weights) in ("BF16", "F16") else "quantized",
+        said("weights", "stored"))
 
 
 def checkpoint_names(model, renames: dict, transposed: bool = False) -> list[str]:

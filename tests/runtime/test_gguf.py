@@ -84,6 +84,13 @@ def write_gguf(path: Path, arch: str, meta: dict, tensors: dict[str, np.ndarray]
 def toy_llama(tmp_path_factory):
     """The llama3 spec's toy (2 layers, 4 heads, 2 kv heads, head_dim 16), drawn, written as
     a Q8_0 GGUF; returns (path, the drawn weights in transformers' layout, as stored)."""
+    path = tmp_path_factory.mktemp("gguf") / "toy-llama.Q8_0.gguf"
+    return (path, *toy_gguf(path))
+
+
+def toy_gguf(path: Path, qtype=gguf.GGMLQuantizationType.Q8_0) -> tuple[dict, dict]:
+    """``toy_llama``'s file at ``path``, its matrices stored as ``qtype``; returns the
+    weights it holds as Q8_0 would (transformers' layout) and the toy's config."""
     toy = load_model(LLAMA, random_weights=0, toy=True)
     cfg = toy.config_json
     table = tensor_names(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
@@ -100,7 +107,6 @@ def toy_llama(tmp_path_factory):
         held = gguf.quants.dequantize(gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0),
                                       gguf.GGMLQuantizationType.Q8_0) if t.ndim == 2 else t
         expected[name] = held.astype(np.float32)
-    path = tmp_path_factory.mktemp("gguf") / "toy-llama.Q8_0.gguf"
     write_gguf(path, "llama", {
         "llama.block_count": cfg["num_hidden_layers"], "llama.context_length": 512,
         "llama.embedding_length": cfg["hidden_size"],
@@ -108,8 +114,8 @@ def toy_llama(tmp_path_factory):
         "llama.attention.head_count": cfg["num_attention_heads"],
         "llama.attention.head_count_kv": cfg["num_key_value_heads"],
         "llama.rope.freq_base": 10000.0, "llama.attention.layer_norm_rms_epsilon": 1e-5,
-        "llama.rope.dimension_count": cfg["head_dim"]}, tensors)
-    return path, expected, cfg
+        "llama.rope.dimension_count": cfg["head_dim"]}, tensors, qtype)
+    return expected, cfg
 
 
 def test_a_gguf_loads_as_the_checkpoint_it_was_converted_from(toy_llama):
@@ -197,3 +203,34 @@ def test_not_gguf_at_all(tmp_path):
     path.write_bytes(b"GGUF" + (7).to_bytes(4, "little"))
     with pytest.raises(GGUFError, match="GGUF version 7; this reader reads versions 2, 3"):
         GGUFFile(path)
+
+
+def test_converting_already_quantized_blocks_is_said_once(toy_llama, tmp_path, caplog):
+    # Found by a fresh user's trial: --weights q4_0 on a Q8_0 GGUF re-quantized every matrix
+    # without a word (llama.cpp's llama-quantize refuses it without --allow-requantize; a
+    # conversion at load leaves the file alone, so it is done, and said, once).
+    import logging
+
+    path, expected, _ = toy_llama
+    matrices = sum(t.ndim == 2 for t in expected.values())  # each stored Q8_0 (write_gguf)
+    said = {}
+    for weights in ("q4_0", "bfloat16", "q8_0", "float32", "stored"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="iron_spec"):
+            load_model(LLAMA, checkpoint=path, max_seq_len=64, weights=weights)
+        said[weights] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # q4_0 holds the output matrix at Q8_0 (as llama.cpp's quantizer): that one is kept.
+    for weights, n, how in (("q4_0", matrices - 1, "quantized"), ("bfloat16", matrices, "rounded")):
+        assert len(said[weights]) == 1, said[weights]
+        assert said[weights][0].startswith(
+            f"weights={weights!r} converts {n} matrices from blocks {path.name} already holds "
+            f"quantized (Q8_0: {n}): each is widened and {how} again"), said[weights]
+        assert "(weights='stored')" in said[weights][0]
+    assert said["q8_0"] == said["float32"] == said["stored"] == []  # as stored; widening is exact
+    # Float weights in the file: a first quantization, nothing to say.
+    f16 = tmp_path / "toy-llama.F16.gguf"
+    toy_gguf(f16, gguf.GGMLQuantizationType.F16)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="iron_spec"):
+        load_model(LLAMA, checkpoint=f16, max_seq_len=64, weights="q4_0")
+    assert not caplog.records, caplog.records
