@@ -225,9 +225,16 @@ class Checkpoint:
     def stored(self, name: str) -> np.ndarray | None:
         """Tensor ``name`` as a held form (``runtime.holding.STORED``: bfloat16, float16), a
         read-only view of the mapped file; None where it is stored otherwise."""
-        if self.tensors[name].dtype not in holding.STORED or len(self.tensors[name].shape) != 2:
+        if self.stored_form(name) is None:
             return None
         return self.raw(name)
+
+    def stored_form(self, name: str) -> str | None:
+        """The held form ``stored(name)`` gives (``BF16``, ``F16``), from the header alone;
+        None where it gives None."""
+        t = self.tensors[name]
+        return holding.STORED[t.dtype] if t.dtype in holding.STORED and len(t.shape) == 2 \
+            else None
 
     def raw(self, name: str) -> np.ndarray:
         """Tensor ``name`` as stored (its own dtype), a read-only view of the mapped file."""

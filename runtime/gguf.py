@@ -951,8 +951,7 @@ class GGUFCheckpoint:
         rows are put back: ``blocks``); None where it is float32, not a matrix, or stored
         transposed from transformers' layout (GPT-2's Conv1D: read widened by ``raw``)."""
         t = self.tensors[name]
-        if len(t.shape) != 2 or t.format.name == "F32" or self._source[name].transposed or (
-                self.layout.norm_offset and name.endswith("norm.weight")):
+        if self.stored_form(name) is None:
             return None
         fmt, rows = self.blocks(name)
         if fmt.name == "F16":
@@ -960,6 +959,15 @@ class GGUFCheckpoint:
         if fmt.name == "BF16":
             return rows.view(ml_dtypes.bfloat16).reshape(t.shape)
         return holding.blocks(fmt.name, np.ascontiguousarray(rows), t.shape)
+
+    def stored_form(self, name: str) -> str | None:
+        """The form ``stored(name)`` holds (``Q4_0``, ``BF16``, ...), from the header alone;
+        None where it gives None."""
+        t = self.tensors[name]
+        if len(t.shape) != 2 or t.format.name == "F32" or self._source[name].transposed or (
+                self.layout.norm_offset and name.endswith("norm.weight")):
+            return None
+        return t.format.name
 
     def release(self, name: str) -> None:
         self.file.release(self._source[name].gguf)

@@ -176,13 +176,30 @@ def hold_all(module, weights: str) -> None:
             p.array = convert(p.array, form_for(name, form, {name} if id(p) in out else set()), name)
 
 
+def held_stored(param, stored: str | None) -> str:
+    """The form ``param`` is held in under ``weights="stored"`` (the default) where its
+    tensor is stored as ``stored`` (a checkpoint's ``stored_form``: None where it is read
+    into float32): that form for a holdable matrix (``Param.holdable``) whose layout it can
+    take (``layout``), else F32: what ``runtime.checkpoint.load`` holds, said from the
+    headers alone (``iron-spec show``)."""
+    if not param.holdable or stored is None or (stored in held.BLOCKS and not _lays_out(param)):
+        return "F32"
+    return stored
+
+
+def _lays_out(param) -> bool:
+    """Whether blocks stored along a row can be put in ``param``'s layout (rows moved, not
+    transposed nor reshaped)."""
+    return not param.transposed and param.reshaped is None
+
+
 def layout(param, stored):
     """A stored matrix (a held form's array or blocks) in ``param``'s model layout, its rows
     C-contiguous: the view itself where the layouts agree, else a copy in the same form (rows
     moved, or a transposed float form). None where the form cannot be laid out so (blocks run
     along a stored row: a transposed block form is widened instead)."""
     if isinstance(stored, Blocks):
-        if param.transposed or param.reshaped is not None:
+        if not _lays_out(param):
             return None
         if param.rows is None:
             return stored

@@ -141,6 +141,10 @@ class CheckpointPart:
         form, a view of the file), or None where it is read into float32 instead."""
         return self.whole.stored(self._source[name])
 
+    def stored_form(self, name: str) -> str | None:
+        """``stored(name)``'s form from the header alone (``Checkpoint.stored_form``)."""
+        return self.whole.stored_form(self._source[name])
+
     def release(self, name: str, upto: int | None = None) -> None:
         self.whole.release(self._source[name], upto)
 

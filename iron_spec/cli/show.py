@@ -4,7 +4,8 @@ On a checkpoint's config.json (``--checkpoint``) or the spec's toy one (``--toy`
 default): every config field's value and source, the layer pattern (each run of alike
 layers: kind, window, RoPE table), a ``recurrence:`` schedule (its stacks, states and
 steps, repeats with their counts), the RoPE tables, the module tree with each parameter's
-shape and dtype and, given a checkpoint, the tensor it loads from after renames; then the
+shape and dtype (given a checkpoint, the form a load holds it in: ``held_forms``) and,
+given a checkpoint, the tensor it loads from after renames; then the
 tensors nothing loads and the parameters nothing fills; a composite checkpoint's towers
 (the spec's ``towers:`` for its architecture) likewise, each after the text model. Only the
 checkpoint's headers are read, never its weights. ``--format json`` gives the same for scripts.
@@ -23,7 +24,9 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from iron_spec.runtime.blocks.experts import Experts, stacks_form
 from iron_spec.runtime.checkpoint import FLOATS, Checkpoint, Placement, TensorInfo, place, renamed
+from iron_spec.runtime.holding import held_stored
 from iron_spec.runtime.host import checkpoint_directory
 from iron_spec.runtime.module import Module, Param
 from iron_spec.runtime.parts import moved, subtree
@@ -45,7 +48,7 @@ from .command import (CHECKPOINT_HELP, CHECKPOINT_METAVAR, EXPECTED, SPEC_HELP, 
                       pick_spec, refuse)
 
 FORMATS = ("text", "json")
-PARAM_DTYPE = "float32"  # every parameter is held in float32, whatever the checkpoint's dtype
+PARAM_DTYPE = "float32"  # a parameter's dtype on no checkpoint (drawn weights: float32)
 _ITEMSIZE = {"float32": 4}
 
 
@@ -77,6 +80,9 @@ class View:
     towers: list["View"] = field(default_factory=list)
     name: Optional[str] = None  # a tower's name (the spec's towers[].name)
     renames: dict[str, str] = field(default_factory=dict)  # as the config resolves them
+    # Given a checkpoint, the form each param is held in under --weights stored (the
+    # default), by the param's id (a tied one shares its param's): ``held_forms``.
+    held: dict[int, str] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -146,10 +152,11 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
     if directory is not None:
         view.checkpoint = str(directory)
         view.renames = renames
-        view.tensors = gguf_files.checkpoint(
+        read = gguf_files.checkpoint(
             spec, directory, config_json, checkpoint_names(tree, renames),
-            checkpoint_names(tree, renames, transposed=True)).tensors \
-            if gguf_files.is_gguf(directory) else Checkpoint(directory).tensors
+            checkpoint_names(tree, renames, transposed=True)) \
+            if gguf_files.is_gguf(directory) else Checkpoint(directory)
+        view.tensors = read.tensors
         left = []
         if part is not None:
             view_part = subtree(Checkpoint(directory), part.tensors, part.unused)
@@ -163,6 +170,8 @@ def gather(spec_path: Path, checkpoint: Optional[str], allow_unread_config: bool
         if not gguf_files.is_gguf(directory):  # a GGUF's quantized types are dequantized
             view.placement.not_float = [s for s in view.placement.sources.values()
                                         if view.tensors[s].dtype not in FLOATS]
+        # A part's tensors go by the whole file's names now: its forms are the whole's.
+        view.held = held_forms(tree, view.placement, view.tensors, read.stored_form)
         if part is not None and not gguf_files.is_gguf(directory):
             view.towers = [_tower(spec, e, whole, directory, options.hidden_size,
                                   allow_unread_config)
@@ -210,7 +219,34 @@ def _tower(spec: Spec, entry, whole: dict, directory: Path, hidden: int,
                  for n, v in ex.resolved.values.items()},
                 built.tree, [_flat(lo) for lo in layers if dataclasses.is_dataclass(lo)], {},
                 checkpoint=str(directory), tensors=tensors, placement=placement,
-                name=entry.name)
+                name=entry.name,
+                held=held_forms(built.tree, placement, tensors, whole_ckpt.stored_form))
+
+
+def held_forms(tree: Module, placement: Placement, tensors: dict[str, TensorInfo],
+               stored_form: Callable[[str], Optional[str]]) -> dict[int, str]:
+    """The form each placed param of ``tree`` is held in under ``--weights stored`` (the
+    default), by the param's id, from the checkpoint's headers alone: as
+    ``runtime.checkpoint.load`` holds it (``holding.held_stored``: a holdable matrix in
+    its stored form, ``stored_form(tensor)``, where that is one a kernel reads, else F32),
+    a mixture's expert stacks as ``experts.stacks_form`` holds them (each stack's tensors
+    by their stored forms: one BF16 or F16 form kept, else F32)."""
+    names = {id(p): n for n, p in tree.named_params()}
+    out: dict[int, str] = {}
+    todo = [tree]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Experts):
+            params = m.stack_params()
+            sources = [placement.sources.get(names.get(id(p), "")) for p in params]
+            form = "F32" if m.options.params == "split" or None in sources else stacks_form(
+                [getattr(tensors[s], "stored", tensors[s].dtype) for s in sources])
+            out.update((id(p), form) for p in params)
+        todo += [child for _, child in m.children()]
+    for name, param in tree.named_params():
+        if id(param) not in out and name in placement.sources:
+            out[id(param)] = held_stored(param, stored_form(placement.sources[name]))
+    return out
 
 
 def sizes(view: View) -> dict[str, Any]:
@@ -340,7 +376,9 @@ def _body(view: View) -> list[str]:
         out += ["", "rope tables"]
         for name, r in view.ropes.items():
             out.append(f"  {name}: " + ", ".join(f"{k} {_short(v)}" for k, v in r.items()))
-    out += ["", "modules and parameters" + (" (<- checkpoint tensor)" if view.placement else "")]
+    out += ["", "modules and parameters" + (" (held as by --weights stored, the default; <- "
+                                             "checkpoint tensor as stored)"
+                                             if view.placement else "")]
     out += _tree_lines(view, view.tree, type(view.tree).__name__, 1)
     if view.placement is not None:
         out += [""] + _summary(view)
@@ -356,7 +394,7 @@ def _tree_lines(view: View, module: Module, label: str, depth: int) -> list[str]
             continue
         name = module.where(attr)
         shape = "[" + ", ".join(map(str, value.shape)) + "]"
-        line = f"{pad}{attr:<8} {shape:<14} {PARAM_DTYPE}"
+        line = f"{pad}{attr:<8} {shape:<14} {_held(view, value):<7}"
         if p is not None:
             if name in p.tied:
                 line += f"  tied: shares {p.tied[name]}"
@@ -369,6 +407,12 @@ def _tree_lines(view: View, module: Module, label: str, depth: int) -> list[str]
     for name, child in module.children():
         lines += _tree_lines(view, child, f"{name}  {type(child).__name__}", depth + 1)
     return lines
+
+
+def _held(view: View, param: Param) -> str:
+    """What ``param`` is held as: on a checkpoint its form under --weights stored (a param
+    nothing fills: float32, as drawn), else float32."""
+    return view.held.get(id(param), PARAM_DTYPE)
 
 
 def _summary(view: View) -> list[str]:
@@ -410,6 +454,7 @@ def _data(view: View) -> dict[str, Any]:
     rows = []
     for name, param in view.tree.named_params():
         row: dict[str, Any] = {"name": name, "shape": list(param.shape), "dtype": PARAM_DTYPE,
+                               "held": view.held.get(id(param)) if p is not None else None,
                                "tied_to": tied.get(name), "source": None}
         if p is not None and name in p.sources:
             t = view.tensors[p.sources[name]]

@@ -360,16 +360,22 @@ def _rows(matrix, lo: int, hi: int, step: int = 1):
     return matrix[lo:hi:step]
 
 
+def stacks_form(stored: list[str]) -> str:
+    """The form a mixture's stacks are held in under ``weights="stored"`` whose tensors a
+    file stores as ``stored`` (each a ``STORED_FORMS`` name, a dtype or a GGUF block form):
+    theirs where every one is stored so and it is one of ``STORED_FORMS``, else F32."""
+    forms = set(stored)
+    return forms.pop() if len(forms) == 1 and forms <= set(STORED_FORMS) else "F32"
+
+
 def _stored_form(stored: list[str], where: str) -> str:
     """The form stacks are held in whose tensors a file stores as ``stored``: theirs where
     every one is stored so and it is one of ``STORED_FORMS``, else float32 (said)."""
-    forms = set(stored)
-    if len(forms) == 1 and (form := forms.pop()) in STORED_FORMS:
-        return form
-    if forms - {"F32", "F64"}:
+    form = stacks_form(stored)
+    if form == "F32" and set(stored) - {"F32", "F64"}:
         log.info("%s: experts stored as %s are held float32 (held as stored: %s)", where,
                  ", ".join(sorted(set(stored))), ", ".join(STORED_FORMS))
-    return "F32"
+    return form
 
 
 def hold_experts(model: Module, weights: str, when_filled: bool) -> None:

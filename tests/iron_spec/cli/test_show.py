@@ -189,7 +189,9 @@ def test_a_composite_checkpoint_shows_each_tower_and_places_its_tensors():
     assert data["checkpoint"]["unused"] == []  # the tower's tensors are no longer "unused"
     out = show(LLAMA, "--checkpoint", str(directory)).stdout
     assert "\ntower     image (Tower)\n" in out
-    assert "patch_embedding  Linear\n      weight   [32, 48]       float32  <- " \
+    # A tower's weights are read into float32 (held so: only the text model's matrices are
+    # held as stored).
+    assert "patch_embedding  Linear\n      weight   [32, 48]       F32      <- " \
         "model.vision_model.embeddings.patch_embedding.weight (BF16 [32, 3, 4, 4])" in out
 
 
@@ -248,3 +250,71 @@ def test_a_checkpoint_read_through_a_chosen_rename_target_is_placed(tmp_path):
     data = json.loads(result.stdout)
     placed = data["checkpoint"]
     assert placed["fits"] and placed["placed"] == placed["tensors"] == 52, placed
+
+
+def _held_by_a_load(checkpoint) -> dict[str, str]:
+    """Each param's held form (``operators.held.form``) once ``iron_spec.load`` has read
+    ``checkpoint`` with --weights stored: the text model's params and each tower's, by name
+    (a tower's prefixed by ``{tower}:``)."""
+    import iron_spec
+    from iron_spec.operators import held
+
+    loaded = iron_spec.load(checkpoint=str(checkpoint), max_seq_len=64).loaded
+    out = {n: held.form(p.array) for n, p in loaded.lm.named_params()}
+    for t in loaded.towers:
+        out.update((f"{t.name}:{n}", held.form(p.array)) for n, p in t.tower.named_params())
+    return out
+
+
+def _held_by_show(checkpoint) -> tuple[dict[str, str], str]:
+    data = json.loads(show("--checkpoint", str(checkpoint), "--format", "json").stdout)
+    out = {p["name"]: p["held"] for p in data["params"]}
+    for t in data["towers"]:
+        out.update((f"{t['tower']}:{p['name']}", p["held"]) for p in t["params"])
+    return out, show("--checkpoint", str(checkpoint)).stdout
+
+
+def test_the_tree_shows_each_parameter_held_as_a_load_holds_it(tmp_path):
+    # Found by a fresh user's trial: `show --checkpoint X` listed every parameter float32;
+    # only the `stored` line said the weights are held as BF16 (or a GGUF's blocks). Each
+    # param's form is judged by what a load holds it as.
+    import shutil
+
+    import gguf
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    from iron_spec.spec.build import load_model
+    from tests.specs.gguf import convert
+
+    toy = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
+    config = dict(toy.config_json)
+    config.pop("rope_scaling")  # llama3 scaling is a rope_freqs tensor: refused
+    q4 = convert.write(tmp_path / "toy.q4_0.gguf", "llama", config,
+                       {n: np.asarray(t) for n, t in toy.weights().items()},
+                       qtype=gguf.GGMLQuantizationType.Q4_0)
+    # A mixture of experts stored bfloat16 (its stacks held so) beside a vision tower.
+    scout = tmp_path / "scout-bf16"
+    shutil.copytree(TOYS / "llama-4-scout-toy", scout)
+    tensors = load_file(str(scout / "model.safetensors"))
+    save_file({n: t.astype(ml_dtypes.bfloat16) for n, t in tensors.items()},
+              str(scout / "model.safetensors"))
+    for checkpoint in (q4, scout, TOYS / "smolvlm2-toy"):
+        shown, text = _held_by_show(checkpoint)
+        assert shown == _held_by_a_load(checkpoint), checkpoint
+        assert set(shown.values()) > {"F32"}, shown  # some matrices are held as stored
+    assert "q_proj  Linear\n          weight   [64, 64]       Q4_0     <- " \
+        "model.layers.0.self_attn.q_proj.weight (Q4_0 [64, 64])" in _held_by_show(q4)[1]
+    assert "input_layernorm  Norm\n        weight   [64]           F32      <- " \
+        "model.layers.0.input_layernorm.weight (F32 [64])" in _held_by_show(q4)[1]
+    shown, _ = _held_by_show(scout)
+    assert {v for k, v in shown.items() if ".experts." in k} == {"BF16"}, shown
+
+
+def test_smollm2_s_tree_shows_its_matrices_bf16_and_its_norms_float32(smollm2):
+    shown, text = _held_by_show(smollm2)
+    assert shown == _held_by_a_load(smollm2)
+    assert "weight   [576, 576]     BF16     <- model.layers.0.self_attn.q_proj.weight " \
+        "(BF16 [576, 576])" in text
+    assert "weight   [576]          F32      <- model.norm.weight (BF16 [576])" in text
+    assert "weight   [49152, 576]   BF16     tied: shares model.embed_tokens.weight" in text
