@@ -123,11 +123,12 @@ def test_a_60_mb_chat_line_is_refused_alone_and_the_chat_goes_on(toy_dir):
     lines = "hello\n" + "x" * (60 * 2**20) + "\nbye\n"
     result = runner.invoke(app, ["run", LLAMA, "--checkpoint", str(toy_dir), "--chat",
                                  "--num-tokens", "3", "--temperature", "0"], input=lines)
-    assert result.exit_code == 0, result.output[-2000:]
+    assert result.exit_code == 1, result.output[-2000:]  # a turn was refused: said at the end
     said = _unboxed(result.output)
     assert f"error: line 2 is {60 * 2**20 + 1} bytes, more than a turn can hold" in said
     assert "skipped unread, the conversation goes on as it was" in said
     assert said.count("[prefill]") == 2  # lines 1 and 3 each answered
+    assert "error: 1 turn of this chat was refused (line 2 of stdin)" in said
 
 
 # -- examples: ---------------------------------------------------------------------------------------
