@@ -211,11 +211,10 @@ def test_a_tower_that_does_not_fit_its_tensors_fails_show(tmp_path):
         in result.stdout
 
 
-def test_json_names_a_gguf_tensors_stored_block_form_as_the_text_does(tmp_path):
-    # Found by a new user's trial: `show --checkpoint X.q8_0.gguf --format json` gave
-    # source_dtype F32 for every tensor where the text view says Q8_0.
+def _toy_gguf(path, qtype: str):
+    """The llama3 toy (drawn at seed 0) written as llama.cpp's converter writes a GGUF, its
+    matrices stored as ``qtype`` (``Q8_0``, ``Q4_0``)."""
     import gguf
-    import numpy as np
 
     from iron_spec.spec.build import load_model
     from tests.specs.gguf import convert
@@ -223,9 +222,15 @@ def test_json_names_a_gguf_tensors_stored_block_form_as_the_text_does(tmp_path):
     toy = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
     config = dict(toy.config_json)
     config.pop("rope_scaling")  # llama3 scaling is a rope_freqs tensor: refused
-    path = convert.write(tmp_path / "toy.q8_0.gguf", "llama", config,
+    return convert.write(path, "llama", config,
                          {n: np.asarray(t) for n, t in toy.weights().items()},
-                         qtype=gguf.GGMLQuantizationType.Q8_0)
+                         qtype=gguf.GGMLQuantizationType[qtype])
+
+
+def test_json_names_a_gguf_tensors_stored_block_form_as_the_text_does(tmp_path):
+    # Found by a new user's trial: `show --checkpoint X.q8_0.gguf --format json` gave
+    # source_dtype F32 for every tensor where the text view says Q8_0.
+    path = _toy_gguf(tmp_path / "toy.q8_0.gguf", "Q8_0")
     rows = json.loads(show(LLAMA, "--checkpoint", str(path), "--format", "json").stdout)["params"]
     forms = {r["name"]: r["source_dtype"] for r in rows if r["source"]}
     assert forms["model.layers.0.self_attn.q_proj.weight"] == "Q8_0"
@@ -280,19 +285,10 @@ def test_the_tree_shows_each_parameter_held_as_a_load_holds_it(tmp_path):
     # param's form is judged by what a load holds it as.
     import shutil
 
-    import gguf
     import ml_dtypes
     from safetensors.numpy import load_file
 
-    from iron_spec.spec.build import load_model
-    from tests.specs.gguf import convert
-
-    toy = load_model(SPECS / "llama3.yaml", random_weights=0, toy=True)
-    config = dict(toy.config_json)
-    config.pop("rope_scaling")  # llama3 scaling is a rope_freqs tensor: refused
-    q4 = convert.write(tmp_path / "toy.q4_0.gguf", "llama", config,
-                       {n: np.asarray(t) for n, t in toy.weights().items()},
-                       qtype=gguf.GGMLQuantizationType.Q4_0)
+    q4 = _toy_gguf(tmp_path / "toy.q4_0.gguf", "Q4_0")
     # A mixture of experts stored bfloat16 (its stacks held so) beside a vision tower.
     scout = tmp_path / "scout-bf16"
     shutil.copytree(TOYS / "llama-4-scout-toy", scout)
