@@ -173,7 +173,11 @@ def main() -> None:
     p.add_argument("--checkpoint", required=True, help="the checkpoint (its tokenizer.json "
                    "makes the prompts; served where no --gguf)")
     p.add_argument("--gguf", help="a GGUF of the same model: both servers serve it")
-    p.add_argument("--peer", action="store_true", help="llama_cpp.server beside, on --gguf")
+    p.add_argument("--peer", action="store_true", help="llama.cpp's server beside, on --gguf: "
+                   "llama-server where --llama-server names it, else llama_cpp.server")
+    p.add_argument("--llama-server", help="llama.cpp's own llama-server binary (built from the "
+                   "llama.cpp that llama-cpp-python 0.3.36 vendors: docs/serving.md#load); run "
+                   "with as many parallel slots as the most streams")
     p.add_argument("--streams", default="1,8", help="concurrent streams, comma-separated")
     p.add_argument("--requests", type=int, default=3, help="requests each stream sends")
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -209,15 +213,27 @@ def main() -> None:
         if not args.gguf:
             raise SystemExit("--peer needs --gguf FILE")
         port = free_port()
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--model_alias",
-               "model", "--n_threads", str(args.threads), "--n_threads_batch",
-               str(args.threads), "--n_ctx", str(args.max_seq_len), "--host", "127.0.0.1",
-               "--port", str(port),
-               # Its default cuts a streaming request short as soon as another arrives: each
-               # request is served to its end, one at a time (llama_cpp.server has one
-               # model behind a lock, no parallel slots).
-               "--interrupt_requests", "False"]
-        sides.append(run_side("llama.cpp", cmd, port, env, "model", args, tokenizer, logs))
+        slots = max(args.streams)
+        if args.llama_server:
+            # Continuous batching over `slots` slots, each with the context our server gives
+            # a request, in one KV cache (its default when slots are set is one cache each);
+            # its own prompt cache reuse across requests, as ours.
+            cmd = [args.llama_server, "--model", args.gguf, "--alias", "model", "--threads",
+                   str(args.threads), "--threads-batch", str(args.threads), "--parallel",
+                   str(slots), "--ctx-size", str(args.max_seq_len * slots), "--cont-batching",
+                   "--metrics", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
+            sides.append(run_side("llama-server", cmd, port, env, "model", args, tokenizer,
+                                  logs))
+        else:
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf,
+                   "--model_alias", "model", "--n_threads", str(args.threads),
+                   "--n_threads_batch", str(args.threads), "--n_ctx", str(args.max_seq_len),
+                   "--host", "127.0.0.1", "--port", str(port),
+                   # Its default cuts a streaming request short as soon as another arrives:
+                   # each request is served to its end, one at a time (llama_cpp.server has
+                   # one model behind a lock, no parallel slots).
+                   "--interrupt_requests", "False"]
+            sides.append(run_side("llama.cpp", cmd, port, env, "model", args, tokenizer, logs))
     lo, hi = min(args.streams), max(args.streams)
     for s in sides:
         a, b = s.get(f"streams_{lo}"), s.get(f"streams_{hi}")
