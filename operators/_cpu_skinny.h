@@ -178,48 +178,71 @@ static inline __attribute__((always_inline)) void SK_FN(sk_x8_multi)(int form, c
 /* Q8_0 on VNNI: x_j's int8 stored plus 128 (xu, unsigned) meets the block's int8 w in one
  * VPDPBUSD a row, begun from -128 * (each four of w's sum) (made once a block for all the
  * rows): sum (x + 128) w - 128 sum w = sum x w, the same exact int32 lanes as dot_ss's
- * |w| against x given w's signs. Scales d * dx a row in a block's turn; then x8_dot's
- * float32 steps. dxT: x's scales block-major (dxT[b * m + j]). */
-/* Block b of a Q8_0 row against M rows of xu into acc. */
-static inline __attribute__((always_inline)) void sk_q8_vnni_block(const uint8_t *row, Py_ssize_t b,
-                                                                   const uint8_t *xu,
-                                                                   const float *dxT, Py_ssize_t m,
-                                                                   Py_ssize_t K, __m256 *acc,
-                                                                   const int M) {
-    const uint8_t *blk = row + 34 * b;
+ * |w| against x given w's signs. Then x8_dot's float32 steps for each row: the lanes
+ * converted, times d * dx (the same float32 product), added by one FMA into the even or
+ * odd blocks' sums. A weight row's factors d_b * dx_jb for all its blocks and the pass's
+ * rows are made first, sixteen a vector product, so each row's FMA takes its factor as a
+ * broadcast load: where a scalar product and a broadcast a row and block were (2.05 cycles
+ * a block and row of x on Zen 4, in L2, to 1.52; blocks paired in 64-byte vectors measured
+ * no faster: Zen 4 splits them in two), and the rows' last sums eight at once (sk_sum8). */
+/* Block b of a Q8_0 row against M rows of xu into acc (x8_dot's lanes for each), the rows'
+ * factors d_b * dx_jb at S[j]. */
+static inline __attribute__((always_inline)) void sk_q8_vnni_bs(const uint8_t *blk, const uint8_t *xb,
+                                                                const float *S, Py_ssize_t K,
+                                                                __m256 *acc, const int M) {
     const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
     const __m256i corr = _mm256_sub_epi32(
         _mm256_setzero_si256(),
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wv));
-    const float d = half_avx512(blk);
     for (int j = 0; j < M; j++) {
         const __m256i v = _mm256_dpbusd_epi32(
-            corr, _mm256_loadu_si256((const __m256i *)(xu + j * K + 32 * b)), wv);
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d * dxT[b * m + j]),
-                                 acc[j]);
+            corr, _mm256_loadu_si256((const __m256i *)(xb + j * K)), wv);
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_broadcast_ss(S + j), acc[j]);
     }
 }
 
+/* Eight rows' x8_dot sums, each in its own order ((a0 + a4) + (a1 + a5)) + ((a2 + a6) +
+ * (a3 + a7)) of its a = acc0 + acc1, eight at once: lane j row j's. */
+static inline __attribute__((always_inline)) __m256 sk_sum8(const __m256 *a) {
+    __m256 u[4];
+    for (int j = 0; j < 4; j++)  /* rows j and j + 4: [a0+a4, a1+a5, a2+a6, a3+a7] each */
+        u[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[j], a[j + 4], 0x20),
+                             _mm256_permute2f128_ps(a[j], a[j + 4], 0x31));
+    return _mm256_hadd_ps(_mm256_hadd_ps(u[0], u[1]), _mm256_hadd_ps(u[2], u[3]));
+}
+
+/* A Q8_0 row against M rows of xu (x8_dot's value for each into out). dxQ: the pass's rows'
+ * dx by blocks (block b's eight at 8b, rows past M zero); S: room for 8 K / 32 floats. */
 static inline __attribute__((always_inline)) void sk_q8_vnni(const uint8_t *row, const uint8_t *xu,
-                                                             const float *dxT, Py_ssize_t m,
-                                                             Py_ssize_t K, float *out, const int M) {
-    __m256 acc0[SK_MB], acc1[SK_MB];
-    for (int j = 0; j < M; j++)
-        acc0[j] = acc1[j] = _mm256_setzero_ps();
+                                                             const float *dxQ, float *S,
+                                                             Py_ssize_t K, float *out,
+                                                             const int M) {
+    const Py_ssize_t B = K / 32;
     Py_ssize_t b = 0;
-    for (; b + 1 < K / 32; b += 2) {  /* x8_dot's order: even blocks into acc0, odd acc1 */
+    for (; b + 1 < B; b += 2) {  /* the factors, sixteen a product: d * dx as x8_dot's */
+        const __m512 dv = _mm512_insertf32x8(_mm512_set1_ps(half_avx512(row + 34 * b)),
+                                             _mm256_set1_ps(half_avx512(row + 34 * b + 34)), 1);
+        _mm512_storeu_ps(S + 8 * b, _mm512_mul_ps(dv, _mm512_loadu_ps(dxQ + 8 * b)));
+    }
+    if (b < B)
+        _mm256_storeu_ps(S + 8 * b, _mm256_mul_ps(_mm256_set1_ps(half_avx512(row + 34 * b)),
+                                                  _mm256_loadu_ps(dxQ + 8 * b)));
+    __m256 acc0[8], acc1[8];
+    for (int j = 0; j < 8; j++)
+        acc0[j] = acc1[j] = _mm256_setzero_ps();
+    for (b = 0; b + 1 < B; b += 2) {  /* x8_dot's order: even blocks into acc0, odd acc1 */
         if (gemv_ahead[AHEAD_Q8])
             __builtin_prefetch((const char *)(row + 34 * b) + gemv_ahead[AHEAD_Q8], 0, 3);
-        sk_q8_vnni_block(row, b, xu, dxT, m, K, acc0, M);
-        sk_q8_vnni_block(row, b + 1, xu, dxT, m, K, acc1, M);
+        sk_q8_vnni_bs(row + 34 * b, xu + 32 * b, S + 8 * b, K, acc0, M);
+        sk_q8_vnni_bs(row + 34 * b + 34, xu + 32 * b + 32, S + 8 * b + 8, K, acc1, M);
     }
-    if (b < K / 32)
-        sk_q8_vnni_block(row, b, xu, dxT, m, K, acc0, M);
-    for (int j = 0; j < M; j++) {
-        const SK_F32V a = (SK_F32V)acc0[j] + (SK_F32V)acc1[j];
-        const float t = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-        out[j] = t + 0.0f;  /* x8_dot's t + off * (m0 + m1), off and m 0 */
-    }
+    if (b < B)
+        sk_q8_vnni_bs(row + 34 * b, xu + 32 * b, S + 8 * b, K, acc0, M);
+    __m256 a[8];
+    for (int j = 0; j < 8; j++)
+        a[j] = _mm256_add_ps(acc0[j], acc1[j]);
+    /* x8_dot's t + off * (m0 + m1), off and m 0 */
+    _mm256_storeu_ps(out, _mm256_add_ps(sk_sum8(a), _mm256_setzero_ps()));
 }
 #endif
 
@@ -309,16 +332,35 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
         uint8_t *xu = (uint8_t *)(xh + 2 * m * B);
         for (Py_ssize_t i = 0; i < m * K; i++)
             xu[i] = (uint8_t)q[i] ^ 0x80u;
-        float out[SK_MB];
+        /* x's scales by passes of SK_MB rows, block by block (sk_q8_vnni's dxQ), and room
+         * for a weight row's factors */
+        const Py_ssize_t passes = (m + SK_MB - 1) / SK_MB;
+        float *dxQ = malloc((size_t)((passes + 1) * B * 8 + 8) * sizeof(float));
+        if (!dxQ) {
+            free(q);
+            for (Py_ssize_t j = 0; j < m; j++)
+                for (Py_ssize_t r = r0; r < r1; r++)
+                    a->y[j * ys + r] = NAN;
+            return -1;
+        }
+        float *S = dxQ + passes * B * 8;
+        for (Py_ssize_t g = 0; g < passes; g++)
+            for (Py_ssize_t bb = 0; bb < B; bb++)
+                for (int i = 0; i < 8; i++) {
+                    const Py_ssize_t j = g * SK_MB + i;
+                    dxQ[(g * B + bb) * 8 + i] = i < SK_MB && j < m ? dx[j * B + bb] : 0.0f;
+                }
+        float out[8];
         for (Py_ssize_t r = r0; r < r1; r++) {
             const uint8_t *row = a->wh + r * a->rb;
             for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_MB) {
                 const int M = (int)(m - j0 < SK_MB ? m - j0 : SK_MB);
-                SK_MULTI(sk_q8_vnni, M, row, xu + j0 * K, dxT + j0, m, K, out)
+                SK_MULTI(sk_q8_vnni, M, row, xu + j0 * K, dxQ + j0 / SK_MB * B * 8, S, K, out)
                 for (int j = 0; j < M; j++)
                     a->y[(j0 + j) * ys + r] = a->b ? out[j] + a->b[r] : out[j];
             }
         }
+        free(dxQ);
         free(q);
         return 1;
     }
@@ -341,7 +383,9 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
  * Each x row's four chains over the weight row; the weight's 2W values loaded and widened
  * once for the SK_BF rows of x; the four rows' totals summed across by hsum4 at once (each
  * lane of hsum4's result its own vector's sum, whatever the others). x rows in the kernel's
- * order (held_bf16_order), xs floats apart. */
+ * order (held_bf16_order), xs floats apart. On AVX-512, tiles of four weight rows by two x
+ * rows instead (sk_bf16_tile: each x vector loaded once for four weight rows; here every
+ * FMA loaded its x, two loads a 64-byte FMA, which bound it on Zen 4). */
 #if W == 16
 #define SK_BF 4
 #else
@@ -398,12 +442,107 @@ static inline __attribute__((always_inline)) void SK_FN(sk_bf16_multi)(
     }
 }
 
+#if W == 16
+/* R weight rows from r against M rows of x, one chunk parity a sweep: odd 0 sums each pair's
+ * first 2W values (the one-row kernel's chains lo0, hi0: chunks 0, 2, 4, .. and a last odd
+ * chunk), odd 1 its second (lo1, hi1: chunks 1, 3, ..), each chain's FMAs in the one-row
+ * kernel's order. A widened weight vector meets M rows of x, an x vector R weight rows (x's
+ * loads half the FMAs, not one each). lo, hi: [R * M + ...], the sweep's chains. */
+static inline __attribute__((always_inline)) void SK_FN(sk_bf16_sweep)(
+        const gemv_args *a, Py_ssize_t r, const float *xp, Py_ssize_t xs, int odd, int ahead,
+        SK_FN(fv) *lo, SK_FN(fv) *hi, const int R, const int M) {
+    const Py_ssize_t C = a->k / (2 * W);
+    for (int i = 0; i < R * M; i++)
+        lo[i] = hi[i] = (SK_FN(fv)){0};
+    for (Py_ssize_t c = odd; c < C; c += 2) {
+        SK_FN(fv) wl[4], wh[4];
+        for (int i = 0; i < R; i++) {
+            const uint16_t *p = (const uint16_t *)(a->wh + (r + i) * a->rb) + c * 2 * W;
+            if (ahead && gemv_ahead[AHEAD_BF16])  /* the next tile's line, at the chosen level */
+                gemv_prefetch((const char *)p + 4 * a->rb);
+            SK_FN(uv) v;
+            memcpy(&v, p, sizeof v);
+            wl[i] = (SK_FN(fv))(v << 16);
+            wh[i] = (SK_FN(fv))(v & 0xffff0000u);
+        }
+        for (int j = 0; j < M; j++) {
+            const float *xj = xp + j * xs + c * 2 * W;
+            const SK_FN(fv) x0 = SK_FN(xload)(xj), x1 = SK_FN(xload)(xj + W);
+            for (int i = 0; i < R; i++) {
+                lo[i * M + j] = SK_FN(madd)(wl[i], x0, lo[i * M + j]);
+                hi[i * M + j] = SK_FN(madd)(wh[i], x1, hi[i * M + j]);
+            }
+        }
+    }
+}
+
+/* bf16_rows_seq's results for R (1..4) weight rows from r and M (1, 2) rows of x: each
+ * (weight row, x row)'s four chains, summed as there (both, hsum4), its tail and bias. */
+static inline __attribute__((always_inline)) void SK_FN(sk_bf16_tile)(
+        const gemv_args *a, Py_ssize_t r, const float *xp, const float *x, Py_ssize_t xs,
+        float *y, Py_ssize_t ys, int ahead, const int R, const int M) {
+    const Py_ssize_t K = a->k, C = K / (2 * W);
+    SK_FN(fv) lo0[8], hi0[8], lo1[8], hi1[8];
+    SK_FN(sk_bf16_sweep)(a, r, xp, xs, 0, ahead, lo0, hi0, R, M);
+    SK_FN(sk_bf16_sweep)(a, r, xp, xs, 1, ahead, lo1, hi1, R, M);
+    for (int i = 0; i < R; i++) {
+        SK_FN(fv) both[4];
+        for (int j = 0; j < M; j++)
+            both[j] = (lo0[i * M + j] + hi0[i * M + j]) + (lo1[i * M + j] + hi1[i * M + j]);
+        float sums[4];
+        SK_FN(hsum4)(both, M, sums);
+        const uint16_t *row = (const uint16_t *)(a->wh + (r + i) * a->rb);
+        for (int j = 0; j < M; j++) {
+            const float *xj = x + j * xs;
+            float t = sums[j];
+            for (Py_ssize_t e = C * 2 * W; e < K; e++)
+                t = fmaf(bf16_to_float(row[e]), xj[e], t);
+            y[j * ys + r + i] = a->b ? t + a->b[r + i] : t;
+        }
+    }
+}
+
+#define SK_TILE(R, M) SK_FN(sk_bf16_tile)(a, r, xp, x, xs, y, ys, j0 == 0, R, M)
+/* Four weight rows against two rows of x a tile (16 chains, the 8 weight vectors and 4 of x
+ * loaded once a chunk: 1.17 cycles a 64-byte FMA at k = 576 where four x rows against one
+ * weight row took 2.0, in L2 on Zen 4), the four rows' weights in L1 for the next two. */
+static int SK_FN(skinny_bf16_tiles)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
+                                    Py_ssize_t xs, Py_ssize_t ys) {
+    for (Py_ssize_t r = r0; r < r1; r += 4) {
+        const int R = (int)(r1 - r < 4 ? r1 - r : 4);
+        for (Py_ssize_t j0 = 0; j0 < m; j0 += 2) {
+            const float *xp = a->xp + j0 * xs, *x = a->x + j0 * xs;
+            float *y = a->y + j0 * ys;
+            if (m - j0 >= 2)
+                switch (R) {
+                case 1: SK_TILE(1, 2); break;
+                case 2: SK_TILE(2, 2); break;
+                case 3: SK_TILE(3, 2); break;
+                default: SK_TILE(4, 2); break;
+                }
+            else
+                switch (R) {
+                case 1: SK_TILE(1, 1); break;
+                case 2: SK_TILE(2, 1); break;
+                case 3: SK_TILE(3, 1); break;
+                default: SK_TILE(4, 1); break;
+                }
+        }
+    }
+    return 1;
+}
+#undef SK_TILE
+#endif
+
 /* bfloat16 held rows [r0, r1) against m rows of x (a->x, its kernel's order a->xp; xs floats
  * apart): 1 where done, 0 where the form is not bfloat16. */
 static int SK_FN(skinny_bf16)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
                               Py_ssize_t xs, Py_ssize_t ys) {
     if (a->form != HELD_BF16 || !a->xp)
         return 0;
+#if W == 16
+    return SK_FN(skinny_bf16_tiles)(a, r0, r1, m, xs, ys);
+#else
     for (Py_ssize_t r = r0; r < r1; r++)
         for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_BF) {
             const int M = (int)(m - j0 < SK_BF ? m - j0 : SK_BF);
@@ -421,6 +560,7 @@ static int SK_FN(skinny_bf16)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, 
             }
         }
     return 1;
+#endif
 }
 #undef SK_BF
 

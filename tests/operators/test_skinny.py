@@ -52,6 +52,24 @@ def test_each_batched_row_is_the_one_row_gemv(form, m, on):
     assert np.all(np.abs(got - (xv @ values.T + b)) <= bound(xv, values) + 1e-6)
 
 
+@pytest.mark.parametrize("form,k", [("Q8_0", 800), ("BF16", 32 * 27 + 7), ("BF16", 16 * 27)])
+@pytest.mark.parametrize("m", [3, 8, 9])
+def test_odd_counts_of_blocks_and_chunks_are_the_one_row_gemv(form, k, m, on):
+    # Q8_0: 25 blocks (the last one alone, the even blocks' sum); bfloat16: 27 runs of 32
+    # values on AVX-512 (the last run alone) and a tail, or 27 runs of 16 (AVX2's 8-lane
+    # runs odd too); weight rows 4 tiles and a rest
+    rng = np.random.default_rng(100 + m)
+    n = 23
+    w, _ = weight(form, n, k, rng)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    got = batched(w, x, b)
+    for j in range(m):
+        one = np.empty(n, np.float32)
+        native.LIB.gemv(one, x[j], held.raw(w), b, held.code(w))
+        assert got[j].tobytes() == one.tobytes(), f"row {j} of {m} differs from its GEMV"
+
+
 def test_a_batched_gemv_without_a_bias_is_the_one_row_gemv(on):
     rng = np.random.default_rng(3)
     w, _ = weight("Q4_K", 9, 512, rng)
