@@ -55,6 +55,43 @@ typedef struct {
     Py_ssize_t m;
 } SK_FN(sk_x8rows);
 
+#if W == 16
+/* quantize_x8's values, bit for bit, faster where a block's 32 values are all finite: its
+ * zs (the sum of each value times 0, four cycles a value in one dependent chain) is then
+ * +0 and dx = d + 0 = d, and its largest |x|, its products x * id, their rounding and the
+ * exact integer sums are the same operations on the same values, 16 lanes at a time. A
+ * block with an infinity or a NaN goes to quantize_x8 itself. */
+static void SK_FN(sk_quantize_x8)(const float *x, Py_ssize_t K, int8_t *q, float *dx, float *xs,
+                                  float *xh) {
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    for (Py_ssize_t b = 0; b < K / 32; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+        if ((__mmask16)(_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) &
+                        _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ)) != 0xFFFF) {
+            SK_FN(quantize_x8)(x + 32 * b, 32, q + 32 * b, dx + b, xs + b, xh + 2 * b);
+            continue;
+        }
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        const float d = amax >= 0x1p-100f ? amax / 127.0f : 0.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        dx[b] = d + 0.0f;
+        const __m512 idv = _mm512_set1_ps(id);
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
+        _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
+        const int s0 = _mm512_reduce_add_epi32(i0), s1 = _mm512_reduce_add_epi32(i1);
+        xh[2 * b] = (float)s0;
+        xh[2 * b + 1] = (float)s1;
+        xs[b] = (float)(s0 + s1);
+    }
+}
+#define SK_QUANTIZE SK_FN(sk_quantize_x8)
+#else
+#define SK_QUANTIZE SK_FN(quantize_x8)
+#endif
+
 /* Block b of a 32-value form's row against M rows of x (x8_dot's block32 for each), the
  * block's bytes decoded once. */
 static inline __attribute__((always_inline)) void SK_FN(sk_block32)(
@@ -319,7 +356,7 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
     }
     float *dx = (float *)(q + m * K + (-(m * K) & 3)), *xsum = dx + m * B, *xh = xsum + m * B;
     for (Py_ssize_t j = 0; j < m; j++)
-        SK_FN(quantize_x8)(a->x + j * xs, K, q + j * K, dx + j * B, xsum + j * B, xh + 2 * j * B);
+        SK_QUANTIZE(a->x + j * xs, K, q + j * K, dx + j * B, xsum + j * B, xh + 2 * j * B);
     float *dxT = (float *)(q + 2 * m * K) + 4 * m * B, *xsT = dxT + m * B;  /* K % 32 == 0 */
     for (Py_ssize_t j = 0; j < m; j++)
         for (Py_ssize_t b = 0; b < B; b++) {
@@ -582,6 +619,7 @@ static int SK_FN(skinny_rows)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, 
 #pragma GCC diagnostic pop
 #endif
 #undef SK_MULTI
+#undef SK_QUANTIZE
 #undef SK_MB
 #undef SK_U8V
 #undef SK_S8V

@@ -70,6 +70,24 @@ def test_odd_counts_of_blocks_and_chunks_are_the_one_row_gemv(form, k, m, on):
         assert got[j].tobytes() == one.tobytes(), f"row {j} of {m} differs from its GEMV"
 
 
+@pytest.mark.parametrize("form", ["Q8_0", "Q4_0", "BF16"])
+def test_rows_with_an_infinity_or_a_nan_are_the_one_row_gemv(form, on):
+    # x's non-finite blocks take quantize_x8's own path (the batched one's faster path is for
+    # finite blocks): each row still its one-row GEMV's bits, not finite where x was not
+    rng = np.random.default_rng(7)
+    n, k, m = 9, 256, 5
+    w, _ = weight(form, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[1, 40] = np.inf
+    x[3, 200] = np.nan
+    got = batched(w, x, None)
+    for j in range(m):
+        one = np.empty(n, np.float32)
+        native.LIB.gemv(one, x[j], held.raw(w), None, held.code(w))
+        assert got[j].tobytes() == one.tobytes(), f"row {j} differs from its GEMV"
+    assert not np.isfinite(got[[1, 3]]).any() and np.isfinite(got[[0, 2, 4]]).all()
+
+
 def test_a_batched_gemv_without_a_bias_is_the_one_row_gemv(on):
     rng = np.random.default_rng(3)
     w, _ = weight("Q4_K", 9, 512, rng)
