@@ -420,9 +420,9 @@ static int SK_FN(skinny_x8)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py
  * Each x row's four chains over the weight row; the weight's 2W values loaded and widened
  * once for the SK_BF rows of x; the four rows' totals summed across by hsum4 at once (each
  * lane of hsum4's result its own vector's sum, whatever the others). x rows in the kernel's
- * order (held_bf16_order), xs floats apart. On AVX-512, tiles of four weight rows by two x
- * rows instead (sk_bf16_tile: each x vector loaded once for four weight rows; here every
- * FMA loaded its x, two loads a 64-byte FMA, which bound it on Zen 4). */
+ * order (held_bf16_order), xs floats apart. (Tiles of four weight rows by two x rows, each
+ * x vector loaded once for four weight rows, ran 1.7x faster with the weights in L2 on Zen 4
+ * but no faster on SmolLM2's 270 MB streamed from memory, one thread or two: not kept.) */
 #if W == 16
 #define SK_BF 4
 #else
@@ -479,107 +479,12 @@ static inline __attribute__((always_inline)) void SK_FN(sk_bf16_multi)(
     }
 }
 
-#if W == 16
-/* R weight rows from r against M rows of x, one chunk parity a sweep: odd 0 sums each pair's
- * first 2W values (the one-row kernel's chains lo0, hi0: chunks 0, 2, 4, .. and a last odd
- * chunk), odd 1 its second (lo1, hi1: chunks 1, 3, ..), each chain's FMAs in the one-row
- * kernel's order. A widened weight vector meets M rows of x, an x vector R weight rows (x's
- * loads half the FMAs, not one each). lo, hi: [R * M + ...], the sweep's chains. */
-static inline __attribute__((always_inline)) void SK_FN(sk_bf16_sweep)(
-        const gemv_args *a, Py_ssize_t r, const float *xp, Py_ssize_t xs, int odd, int ahead,
-        SK_FN(fv) *lo, SK_FN(fv) *hi, const int R, const int M) {
-    const Py_ssize_t C = a->k / (2 * W);
-    for (int i = 0; i < R * M; i++)
-        lo[i] = hi[i] = (SK_FN(fv)){0};
-    for (Py_ssize_t c = odd; c < C; c += 2) {
-        SK_FN(fv) wl[4], wh[4];
-        for (int i = 0; i < R; i++) {
-            const uint16_t *p = (const uint16_t *)(a->wh + (r + i) * a->rb) + c * 2 * W;
-            if (ahead && gemv_ahead[AHEAD_BF16])  /* the next tile's line, at the chosen level */
-                gemv_prefetch((const char *)p + 4 * a->rb);
-            SK_FN(uv) v;
-            memcpy(&v, p, sizeof v);
-            wl[i] = (SK_FN(fv))(v << 16);
-            wh[i] = (SK_FN(fv))(v & 0xffff0000u);
-        }
-        for (int j = 0; j < M; j++) {
-            const float *xj = xp + j * xs + c * 2 * W;
-            const SK_FN(fv) x0 = SK_FN(xload)(xj), x1 = SK_FN(xload)(xj + W);
-            for (int i = 0; i < R; i++) {
-                lo[i * M + j] = SK_FN(madd)(wl[i], x0, lo[i * M + j]);
-                hi[i * M + j] = SK_FN(madd)(wh[i], x1, hi[i * M + j]);
-            }
-        }
-    }
-}
-
-/* bf16_rows_seq's results for R (1..4) weight rows from r and M (1, 2) rows of x: each
- * (weight row, x row)'s four chains, summed as there (both, hsum4), its tail and bias. */
-static inline __attribute__((always_inline)) void SK_FN(sk_bf16_tile)(
-        const gemv_args *a, Py_ssize_t r, const float *xp, const float *x, Py_ssize_t xs,
-        float *y, Py_ssize_t ys, int ahead, const int R, const int M) {
-    const Py_ssize_t K = a->k, C = K / (2 * W);
-    SK_FN(fv) lo0[8], hi0[8], lo1[8], hi1[8];
-    SK_FN(sk_bf16_sweep)(a, r, xp, xs, 0, ahead, lo0, hi0, R, M);
-    SK_FN(sk_bf16_sweep)(a, r, xp, xs, 1, ahead, lo1, hi1, R, M);
-    for (int i = 0; i < R; i++) {
-        SK_FN(fv) both[4];
-        for (int j = 0; j < M; j++)
-            both[j] = (lo0[i * M + j] + hi0[i * M + j]) + (lo1[i * M + j] + hi1[i * M + j]);
-        float sums[4];
-        SK_FN(hsum4)(both, M, sums);
-        const uint16_t *row = (const uint16_t *)(a->wh + (r + i) * a->rb);
-        for (int j = 0; j < M; j++) {
-            const float *xj = x + j * xs;
-            float t = sums[j];
-            for (Py_ssize_t e = C * 2 * W; e < K; e++)
-                t = fmaf(bf16_to_float(row[e]), xj[e], t);
-            y[j * ys + r + i] = a->b ? t + a->b[r + i] : t;
-        }
-    }
-}
-
-#define SK_TILE(R, M) SK_FN(sk_bf16_tile)(a, r, xp, x, xs, y, ys, j0 == 0, R, M)
-/* Four weight rows against two rows of x a tile (16 chains, the 8 weight vectors and 4 of x
- * loaded once a chunk: 1.17 cycles a 64-byte FMA at k = 576 where four x rows against one
- * weight row took 2.0, in L2 on Zen 4), the four rows' weights in L1 for the next two. */
-static int SK_FN(skinny_bf16_tiles)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
-                                    Py_ssize_t xs, Py_ssize_t ys) {
-    for (Py_ssize_t r = r0; r < r1; r += 4) {
-        const int R = (int)(r1 - r < 4 ? r1 - r : 4);
-        for (Py_ssize_t j0 = 0; j0 < m; j0 += 2) {
-            const float *xp = a->xp + j0 * xs, *x = a->x + j0 * xs;
-            float *y = a->y + j0 * ys;
-            if (m - j0 >= 2)
-                switch (R) {
-                case 1: SK_TILE(1, 2); break;
-                case 2: SK_TILE(2, 2); break;
-                case 3: SK_TILE(3, 2); break;
-                default: SK_TILE(4, 2); break;
-                }
-            else
-                switch (R) {
-                case 1: SK_TILE(1, 1); break;
-                case 2: SK_TILE(2, 1); break;
-                case 3: SK_TILE(3, 1); break;
-                default: SK_TILE(4, 1); break;
-                }
-        }
-    }
-    return 1;
-}
-#undef SK_TILE
-#endif
-
 /* bfloat16 held rows [r0, r1) against m rows of x (a->x, its kernel's order a->xp; xs floats
  * apart): 1 where done, 0 where the form is not bfloat16. */
 static int SK_FN(skinny_bf16)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t m,
                               Py_ssize_t xs, Py_ssize_t ys) {
     if (a->form != HELD_BF16 || !a->xp)
         return 0;
-#if W == 16
-    return SK_FN(skinny_bf16_tiles)(a, r0, r1, m, xs, ys);
-#else
     for (Py_ssize_t r = r0; r < r1; r++)
         for (Py_ssize_t j0 = 0; j0 < m; j0 += SK_BF) {
             const int M = (int)(m - j0 < SK_BF ? m - j0 : SK_BF);
@@ -597,7 +502,6 @@ static int SK_FN(skinny_bf16)(const gemv_args *a, Py_ssize_t r0, Py_ssize_t r1, 
             }
         }
     return 1;
-#endif
 }
 #undef SK_BF
 
