@@ -1222,19 +1222,6 @@ static void attend_setup(attend_args *a, const float *q, const void *keys, const
     *a = made;
 }
 
-typedef struct {
-    const attend_args *a;
-    Py_ssize_t n;
-} attend_rows_args;
-
-/* Part ``part`` of each query's positions, query after query: each (query, part) is what
- * attend_run's dispatch computes for that query, so every query's result is its own. */
-static void attend_rows_part(const void *args, int part, int parts) {
-    const attend_rows_args *r = args;
-    for (Py_ssize_t k = 0; k < r->n; k++)
-        attend_part(&r->a[k], part, parts);
-}
-
 /* The parts' softmax numerators of one query (attend_args a, T parts) merged into out. */
 static void attend_merge(float *out, const attend_args *a0, int T) {
     const attend_args a = *a0;

@@ -51,6 +51,17 @@ def test_each_row_is_its_sessions_own_decode_step(spec):
     assert same, f"{spec}: a batched row differs from its decode step by {err}"
 
 
+@pytest.mark.parametrize("lengths", [(3, 5, 4, 6, 2, 7, 5, 4), (3, 60, 4, 5), (6, 6, 6)])
+def test_each_row_is_its_decode_step_however_its_attention_shares_the_threads(lengths):
+    # A layer's rows' attention runs as one dispatch (operators/_cpu_attend_rows.h): a query
+    # owned by one thread, which computes its parts in turn, or split over the threads (a
+    # long history beside short ones; the shortest left over when the rows do not share the
+    # threads evenly). Either way its bits are its decode step's.
+    lm = iron_spec.load("llama3", random_weights=0, toy=True).loaded.lm
+    same, err = _decode_side_by_side(lm, lengths, steps=6)
+    assert same, f"{lengths}: a batched row differs from its decode step by {err}"
+
+
 @pytest.mark.parametrize("spec", ["lfm2", "mamba", "qwen3_next", "falcon_h1"])
 def test_each_row_carries_its_own_recurrent_state(spec):
     # A short convolution, a selective scan, the gated delta rule (Qwen3-Next's toy with
