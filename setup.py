@@ -21,7 +21,7 @@ setup(ext_modules=[Extension(
              "operators/_cpu_chunk.h", "operators/_cpu_tiles.h", "operators/_cpu_held.h",
              "operators/_cpu_held_x8.h", "operators/_cpu_experts.h", "operators/_cpu_experts_q8.h",
              "operators/_cpu_recurrent.h", "operators/_cpu_held_gemm.h", "operators/_cpu_skinny.h",
-             "operators/_cpu_held_k.h"],
+             "operators/_cpu_held_k.h", "operators/_cpu_attend_rows.h"],
     optional=True,
     define_macros=[("IRON_SPEC_SOURCE_DIGEST", f'"{_sources.digest("operators")}"')],
     extra_compile_args=["-O3", "-pthread", "-fno-strict-aliasing"],

@@ -90,11 +90,22 @@ static inline __attribute__((always_inline)) void gemv_prefetch(const char *p) {
  * at all), for the same reason: the fourth distance _cpu.prefetch() sets. */
 static Py_ssize_t attend_ahead = 4096;
 
+/* The cache level attention's requests fill (the sixth figure _cpu.prefetch() sets): as
+ * gemv_level, prefetcht1 on AMD, where it ran the batched decode step's attention 6-18%
+ * faster than prefetcht0 (Zen 4, 2 threads, SmolLM2 Q8_0's float32 caches, 8 rows and one,
+ * 190 and 620 positions: docs/design-native.md); prefetcht0 elsewhere (not measured). */
+static int attend_level = 3;
+
 /* Every cache line of the n bytes from p, attend_ahead bytes on. */
 static inline __attribute__((always_inline)) void ask_ahead(const char *p, Py_ssize_t n) {
-    if (attend_ahead)
-        for (Py_ssize_t b = 0; b < n; b += 64)
-            __builtin_prefetch(p + attend_ahead + b, 0, 3);
+    if (attend_ahead) {
+        if (attend_level == 2)
+            for (Py_ssize_t b = 0; b < n; b += 64)
+                __builtin_prefetch(p + attend_ahead + b, 0, 2);
+        else
+            for (Py_ssize_t b = 0; b < n; b += 64)
+                __builtin_prefetch(p + attend_ahead + b, 0, 3);
+    }
 }
 
 static inline void relax(void) {
@@ -1222,19 +1233,6 @@ static void attend_setup(attend_args *a, const float *q, const void *keys, const
     *a = made;
 }
 
-typedef struct {
-    const attend_args *a;
-    Py_ssize_t n;
-} attend_rows_args;
-
-/* Part ``part`` of each query's positions, query after query: each (query, part) is what
- * attend_run's dispatch computes for that query, so every query's result is its own. */
-static void attend_rows_part(const void *args, int part, int parts) {
-    const attend_rows_args *r = args;
-    for (Py_ssize_t k = 0; k < r->n; k++)
-        attend_part(&r->a[k], part, parts);
-}
-
 /* The parts' softmax numerators of one query (attend_args a, T parts) merged into out. */
 static void attend_merge(float *out, const attend_args *a0, int T) {
     const attend_args a = *a0;
@@ -2246,22 +2244,23 @@ static PyObject *py_use(PyObject *self, PyObject *arg) {
 
 static PyObject *py_prefetch(PyObject *self, PyObject *args) {
     Py_ssize_t f = gemv_ahead[0], b = gemv_ahead[1], q = gemv_ahead[2], at = attend_ahead;
-    int level = gemv_level;
-    if (!PyArg_ParseTuple(args, "|nnnni", &f, &b, &q, &at, &level))
+    int level = gemv_level, at_level = attend_level;
+    if (!PyArg_ParseTuple(args, "|nnnnii", &f, &b, &q, &at, &level, &at_level))
         return NULL;
     if (f < 0 || b < 0 || q < 0 || at < 0 || f > 65536 || b > 65536 || q > 65536 ||
         at > 65536) {
         PyErr_SetString(PyExc_ValueError, "prefetch distances are bytes from 0 to 65536");
         return NULL;
     }
-    if (level != 2 && level != 3) {
+    if ((level != 2 && level != 3) || (at_level != 2 && at_level != 3)) {
         PyErr_Format(PyExc_ValueError, "prefetch level %d: 3 (prefetcht0, into L1) or 2 "
-                     "(prefetcht1, into L2)", level);
+                     "(prefetcht1, into L2)", level != 2 && level != 3 ? level : at_level);
         return NULL;
     }
-    PyObject *was = Py_BuildValue("(nnnni)", gemv_ahead[0], gemv_ahead[1], gemv_ahead[2],
-                                  attend_ahead, gemv_level);
+    PyObject *was = Py_BuildValue("(nnnnii)", gemv_ahead[0], gemv_ahead[1], gemv_ahead[2],
+                                  attend_ahead, gemv_level, attend_level);
     gemv_level = level;
+    attend_level = at_level;
     gemv_ahead[0] = f; /* between calls: the pool is idle */
     gemv_ahead[1] = b;
     gemv_ahead[2] = q;
@@ -2349,9 +2348,10 @@ static PyMethodDef methods[] = {
      "widen(out, w, form): out (rows, k) float32 = the values of w's rows held in form (a "
      "GGML type number: operators.held), as ggml's dequantize_row_* gives them"},
     {"prefetch", py_prefetch, METH_VARARGS,
-     "prefetch([float32, bfloat16, int8, attend, level]): how far ahead (bytes, 0: off) a "
-     "GEMV asks for its weights, per form, and a decode step's attention for its cache rows, "
-     "and the cache level the bfloat16 GEMV's requests fill (3: prefetcht0, 2: prefetcht1); "
+     "prefetch([float32, bfloat16, int8, attend, level, attend_level]): how far ahead (bytes, "
+     "0: off) a GEMV asks for its weights, per form, and a decode step's attention for its "
+     "cache rows, and the cache level the bfloat16 GEMV's and the attention's requests fill "
+     "(3: prefetcht0, 2: prefetcht1); "
      "returns "
      "the settings before"},
     {"profile", py_profile, METH_O,
@@ -2407,7 +2407,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
     simd = simd_best;
     held_vnni = held_vnni_offered = simd_best == SIMD_AVX512 && __builtin_cpu_supports("avx512vnni");
     if (__builtin_cpu_is("amd"))
-        gemv_level = 2;
+        gemv_level = attend_level = 2;
 #endif
     tiles_init();
     pthread_atfork(NULL, NULL, pool_after_fork);

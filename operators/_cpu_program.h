@@ -1015,42 +1015,7 @@ static const char *step_run(const step_t *s, const Py_ssize_t *call, Py_ssize_t 
     return "an unknown step";
 }
 
-/* One-query attention steps from ``at`` on (a batched decode step's rows of one layer:
- * runtime/batch.py puts them side by side, each on a scratch of its own) run as one
- * dispatch of the pool: each query's parts and merge are attend_run's, so each result is
- * the one its step alone gives. Returns how many steps ran (0: fewer than two such steps,
- * or one that attend_any would refuse: the steps then run one at a time, as ever). */
-static Py_ssize_t attend_rows(const program_t *p, Py_ssize_t at, Py_ssize_t last,
-                              const Py_ssize_t *call, Py_ssize_t ncall) {
-    attend_args args[CALL_ROWS];
-    Py_ssize_t n = 0;
-    for (Py_ssize_t k = at; k < last && n < CALL_ROWS; k++, n++) {
-        const step_t *s = &p->steps[k];
-        if (s->op != OP_ATTEND || s->i[6] != 1 || s->start_from >= ncall)
-            break;
-        const Py_ssize_t start = s->start_offset + (s->start_from < 0 ? 0 : call[s->start_from]);
-        const Py_ssize_t L = s->i[3], ring = s->i[5];
-        if (start < 0 || (start >= L && !(ring > 0 && L == ring)) ||
-            s->len[4] / 4 < attend_need((int)s->i[0], (int)s->i[1], (int)s->i[2], start, s->i[4]))
-            break;
-        int shared = 0;
-        for (Py_ssize_t j = at; j < k; j++)
-            shared |= p->steps[j].a[4] == s->a[4] || p->steps[j].a[0] == s->a[0];
-        if (shared)
-            break;
-        attend_setup(&args[n], s->a[1], s->a[2], s->a[3], s->kind == WEIGHTS_BF16, s->a[4],
-                     (int)s->i[0], (int)s->i[1], (int)s->i[2], L, start, s->i[4], s->f[0],
-                     s->f[1], ring, s->a[5]);
-    }
-    if (n < 2)
-        return 0;
-    attend_rows_args r = {args, n};
-    pool_run(attend_rows_part, &r);
-    const int T = pool.threads ? pool.threads : 1;
-    for (Py_ssize_t k = 0; k < n; k++)
-        attend_merge(p->steps[at + k].a[0], &args[k], T);
-    return n;
-}
+#include "_cpu_attend_rows.h"
 
 /* run(program, start, rows, position, first, last[, positions]): steps first .. last, GIL
  * released; positions, a tuple of ints, each row's position (a batched decode step's).

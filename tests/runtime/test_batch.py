@@ -51,6 +51,17 @@ def test_each_row_is_its_sessions_own_decode_step(spec):
     assert same, f"{spec}: a batched row differs from its decode step by {err}"
 
 
+@pytest.mark.parametrize("lengths", [(3, 5, 4, 6, 2, 7, 5, 4), (3, 60, 4, 5), (6, 6, 6)])
+def test_each_row_is_its_decode_step_however_its_attention_shares_the_threads(lengths):
+    # A layer's rows' attention runs as one dispatch (operators/_cpu_attend_rows.h): a query
+    # owned by one thread, which computes its parts in turn, or split over the threads (a
+    # long history beside short ones; the shortest left over when the rows do not share the
+    # threads evenly). Either way its bits are its decode step's.
+    lm = iron_spec.load("llama3", random_weights=0, toy=True).loaded.lm
+    same, err = _decode_side_by_side(lm, lengths, steps=6)
+    assert same, f"{lengths}: a batched row differs from its decode step by {err}"
+
+
 @pytest.mark.parametrize("spec", ["lfm2", "mamba", "qwen3_next", "falcon_h1"])
 def test_each_row_carries_its_own_recurrent_state(spec):
     # A short convolution, a selective scan, the gated delta rule (Qwen3-Next's toy with
@@ -117,6 +128,27 @@ def test_a_step_with_no_native_form_at_one_row_is_refused_at_start_not_at_a_call
     together = model.complete(prompts, max_new_tokens=6)
     assert model.engine().batch is None
     assert [c.token_ids for c in together] == alone
+
+
+def test_sessions_leaving_and_joining_keep_their_rows_and_their_bits():
+    # A session keeps its row while it runs, one leaving frees its row for another
+    # (BatchDecode._order): the others' steps are not encoded again. Each row is still its
+    # session's own decode step, each session given its own logits.
+    lm = iron_spec.load("llama3", random_weights=0, toy=True).loaded.lm
+    rng = np.random.default_rng(3)
+    histories = [rng.integers(1, lm.config.vocab_size, n).tolist() for n in (5, 9, 3, 12, 7)]
+    alone, batched = [Session(lm) for _ in histories], [Session(lm) for _ in histories]
+    for s, h in zip(alone + batched, histories + histories):
+        s.logits(h[:-1])
+    batch = BatchDecode(lm, 4)
+    for members in [(0, 1, 2, 3), (0, 1, 2, 3), (0, 2, 3), (0, 2, 3, 4), (4, 3, 2), (1, 4)]:
+        want = [alone[i].logits(histories[i]) for i in members]
+        got = batch.step([batched[i] for i in members], [histories[i] for i in members])
+        assert all(np.array_equal(w, g) for w, g in zip(want, got)), members
+        if members == (0, 2, 3):  # session 1 left row 1: the last row's session takes it
+            assert batch._slots == [id(batched[i]) for i in (0, 3, 2)]
+        for i, logits in zip(members, got):
+            histories[i].append(int(np.argmax(logits)) or 1)
 
 
 def test_rows_past_the_capacity_run_in_several_calls():

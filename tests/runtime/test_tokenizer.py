@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.exceptions
+import numpy as np
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
@@ -127,6 +128,23 @@ def test_smollm2_stream_holds_back_split_characters(smollm2, text):
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
     assert "" in pieces  # something was held back
+
+
+def test_smollm2_stream_pieces_are_what_the_whole_text_adds(smollm2):
+    # A push decodes a window of the ids, not all of them: each piece is still what the
+    # whole text gains at that id (nothing while a character is split), on text and on
+    # ids drawn at random (special tokens and split characters among them).
+    tok = Tokenizer(smollm2)
+    rng = np.random.default_rng(0)
+    runs = [tok.encode("héllo 🎉 世界! don't .  , a\n\n  b 日本語 🙂🙂", add_special_tokens=False)]
+    runs += [rng.integers(0, 49152, 200).tolist() for _ in range(5)]
+    for ids in runs:
+        stream, shown, want = TextStream(tok), 0, []
+        for n in range(1, len(ids) + 1):
+            text = tok.decode(ids[:n])
+            want.append("" if text.endswith("\ufffd") else text[shown:])
+            shown = shown if text.endswith("\ufffd") else len(text)
+        assert [stream.push(i) for i in ids] == want
 
 
 def test_smollm2_eos_union(smollm2, tmp_path):

@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import time
+from collections import deque
 from typing import Any, Mapping
 
 from starlette.applications import Starlette
@@ -41,6 +42,37 @@ log = logging.getLogger("iron_spec")
 #: Bytes of a request body read at most: past it, 413 (a context of a million tokens is
 #: ~4 MB of text, or ~8 MB of token ids as JSON).
 MAX_BODY = 16 * 2**20
+
+
+class Inbox:
+    """Events from the engine's thread to the event loop (``put`` from any thread; ``get``
+    on the loop): every event put since the last ``get``, the loop woken once for as many
+    as arrive before it runs. Why: ``call_soon_threadsafe`` an event writes to the loop's
+    wake-up pipe and runs a callback, for every token of every stream (8 streams: 8 a
+    decode step), where one a step serves them all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop, self._items, self._ready = loop, deque(), asyncio.Event()
+        self._posted = False  # a wake-up is on its way to the loop
+
+    def put(self, *event) -> None:
+        self._items.append(event)
+        if not self._posted:  # else the wake-up on its way is to come after this append
+            self._posted = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._posted = False
+        self._ready.set()
+
+    async def get(self) -> list[tuple]:
+        """The events put since the last call, in order; waits for one at least."""
+        while not self._items:
+            self._ready.clear()
+            if not self._items:
+                await self._ready.wait()
+        items = self._items
+        return [items.popleft() for _ in range(len(items))]
 
 
 def too_large() -> ApiError:
@@ -118,12 +150,12 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
         return await generate(request, find(gen.model, Model), gen)
 
     async def generate(request: Request, model: Model, gen: protocol.Generation) -> Response:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        events = Inbox(asyncio.get_running_loop())
         param = "messages" if gen.chat else "prompt"
-
-        def put(*event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+        put = events.put
+        # A piece matters to a response streamed, or one with log-probabilities; to the
+        # others only the end does (no event a token).
+        pieces_wanted = gen.stream or gen.logprobs is not None
 
         def build() -> list:
             out = []
@@ -135,7 +167,8 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
                     options["max_new_tokens"] = max(1, model.max_seq_len - len(ids) + 1)
                     bound = True
                 r = model.request(ids, top_logprobs=gen.logprobs,
-                                  on_piece=lambda p, i=i: put(i, "piece", p),
+                                  on_piece=(lambda p, i=i: put(i, "piece", p))
+                                  if pieces_wanted else None,
                                   on_finish=lambda c, i=i: put(i, "end", c), **options)
                 r.context_bound = bound
                 out.append(r)
@@ -158,12 +191,12 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
             results: dict[int, Any] = {}
             pieces: dict[int, list] = {i: [] for i in range(len(requests))}
             while len(results) < len(requests):
-                i, kind, data = await events.get()
-                if kind == "piece":
-                    if data.logprob is not None:
-                        pieces[i].append(data.logprob)
-                else:
-                    results[i] = data
+                for i, kind, data in await events.get():
+                    if kind == "piece":
+                        if data.logprob is not None:
+                            pieces[i].append(data.logprob)
+                    else:
+                        results[i] = data
         finally:
             for t in tickets:
                 t.cancel()
@@ -224,20 +257,23 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
             if gen.chat:
                 yield chunk([delta(i, role=True) for i in range(len(requests))])
             while ended < len(requests):
-                i, what, data = await events.get()
-                if what == "piece":
-                    if data.text or data.logprob is not None:
-                        yield chunk([delta(i, data.text, data.logprob)])
-                    continue
-                ended += 1
-                drawn += len(data.token_ids)
-                if tickets[i].error is not None:
-                    err = ApiError(f"the model call failed: {tickets[i].error}", None, 500,
-                                   "internal_error", "server_error")
-                    yield f"data: {json.dumps(err.body())}\n\n"
-                    continue
-                yield chunk([delta(i, None if gen.chat else "", None,
-                                   protocol.FINISH[data.finish_reason])])
+                out = []  # the events come a few at a time: one write for them
+                for i, what, data in await events.get():
+                    if what == "piece":
+                        if data.text or data.logprob is not None:
+                            out.append(chunk([delta(i, data.text, data.logprob)]))
+                        continue
+                    ended += 1
+                    drawn += len(data.token_ids)
+                    if tickets[i].error is not None:
+                        err = ApiError(f"the model call failed: {tickets[i].error}", None, 500,
+                                       "internal_error", "server_error")
+                        out.append(f"data: {json.dumps(err.body())}\n\n")
+                        continue
+                    out.append(chunk([delta(i, None if gen.chat else "", None,
+                                            protocol.FINISH[data.finish_reason])]))
+                if out:
+                    yield "".join(out)
             if gen.include_usage:
                 body = {"id": rid, "object": kind, "created": created, "model": gen.model,
                         "choices": [], "system_fingerprint": None,

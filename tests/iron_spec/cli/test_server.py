@@ -8,9 +8,11 @@ tokens ``iron-spec check`` holds to transformers), and ``/v1/embeddings`` is ``e
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures as futures
 import json
+import threading
 import urllib.error
 import urllib.request
 
@@ -21,6 +23,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 import iron_spec  # noqa: E402
+from iron_spec.cli.server.app import Inbox  # noqa: E402
 from iron_spec.operators import native  # noqa: E402
 from tests.conftest import checkpoint  # noqa: E402
 from tests.serving import serve  # noqa: E402
@@ -420,3 +423,25 @@ def test_a_serve_file_that_is_not_yaml_is_said_at_its_line_and_column(tmp_path):
         read_config(path)
     said = str(raised.value)
     assert said.startswith(f"{path}:4:1: not YAML: ") and "\n" not in said, said
+
+
+def test_the_inbox_gives_every_event_in_order_with_fewer_wake_ups():
+    # The engine's thread puts a streamed request's events (a token each); the event loop
+    # takes them a few at a time, woken once for as many as arrive before it runs.
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox, wakes = Inbox(loop), []
+        calls = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakes.append(1), calls(*a))[1]
+        n = 5000
+        thread = threading.Thread(target=lambda: [inbox.put(k, "piece") for k in range(n)])
+        thread.start()
+        got = []
+        while len(got) < n:
+            got += await inbox.get()
+        thread.join()
+        return got, len(wakes)
+
+    got, wakes = asyncio.run(main())
+    assert got == [(k, "piece") for k in range(5000)]
+    assert wakes < 5000
