@@ -3,7 +3,7 @@ GGUF and threads): concurrent streams of streamed completions, through the ``ope
 
     python bench/serve_load.py --checkpoint ~/.cache/iron-spec/checkpoints/smollm2-135m-instruct \\
         --streams 1,8 --requests 3 --max-tokens 64 --threads 2 \\
-        [--gguf FILE.gguf --peer] [--prefix 2000] [--json]
+        [--gguf FILE.gguf --peer [--llama-server PATH]] [--prefix 2000] [--json]
 
 Each stream sends ``--requests`` completions one after another (a prompt of
 ``--prompt-tokens`` tokens of its own, greedy, ``--max-tokens`` drawn); all streams start
@@ -14,10 +14,12 @@ scenario it reports the aggregate tokens/s (every token drawn over the scenario'
 time), the mean time to first token, and the ratios the serving issue asks for (8 streams
 against one: tokens/s and TTFT). ``--prefix N`` sends two requests sharing a
 prompt of N tokens (their last tokens differ) and reports the second's TTFT over the
-first's: a held session's caches reused. ``--peer`` runs the same scenarios on
-``llama_cpp.server`` (llama-cpp-python, ``pip install 'iron-spec[peer]'`` plus its server's
-own dependencies) over ``--gguf``, with ``--threads`` threads; our server serves the same
-GGUF where ``--gguf`` is given, else ``--checkpoint``. One run on a shared machine: read the
+first's: a held session's caches reused. ``--peer`` runs the same scenarios on llama.cpp's
+server over ``--gguf``, with ``--threads`` threads: ``--llama-server PATH``, llama.cpp's own
+(continuous batching over as many slots as the most streams; built from the llama.cpp that
+llama-cpp-python vendors, docs/serving.md#load), else ``llama_cpp.server`` (llama-cpp-python,
+``pip install 'iron-spec[peer]'`` plus its server's own dependencies; one request at a time);
+our server serves the same GGUF where ``--gguf`` is given, else ``--checkpoint``. One run on a shared machine: read the
 ratios, side by side, not the absolute figures.
 
 Servers listen on 127.0.0.1 only and are stopped at the end.
@@ -98,13 +100,21 @@ async def one(client, model: str, prompt: str, max_tokens: int) -> dict:
             "decode": ((usage or chunks) - 1) / (end - first) if first and end > first else 0.0}
 
 
+def client_of(url: str):
+    """The ``openai`` client of one scenario: no retries (a failure is reported, not hidden
+    in a time), and a connection a request (``Connection: close``): llama-server closes a
+    kept-alive connection after a few requests, and a request sent on it as it closes fails
+    with "Server disconnected"; a fresh connection costs both servers the same."""
+    import openai
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                              timeout=3600, default_headers={"Connection": "close"})
+
+
 async def scenario(url: str, model: str, prompts: list[list[str]], max_tokens: int,
                    stagger: float = 0.0) -> dict:
     """Each list of ``prompts`` a stream, its requests one after another; stream ``s``
     starts ``s * stagger`` seconds after the first (0: all at once)."""
-    import openai
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                timeout=3600)
+    client = client_of(url)
 
     async def stream(ps, s):
         await asyncio.sleep(s * stagger)
@@ -123,9 +133,7 @@ async def scenario(url: str, model: str, prompts: list[list[str]], max_tokens: i
 
 
 async def prefix_reuse(url: str, model: str, shared: str, tails: list[str]) -> dict:
-    import openai
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                timeout=3600)
+    client = client_of(url)
     async with client:
         a = await one(client, model, shared + tails[0], 4)
         b = await one(client, model, shared + tails[1], 4)
@@ -194,9 +202,10 @@ def main() -> None:
     from tokenizers import Tokenizer
     checkpoint = Path(args.checkpoint).expanduser()
     tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    # llama.cpp's OpenMP threads spin at every barrier by default, and on a machine whose
-    # cores other jobs hold lose them (iron-spec bench's peer runs so too).
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
+    # Each server as it runs by default: llama.cpp's OpenMP threads spin at its barriers (on a
+    # machine whose cores other jobs hold they lose them: OMP_WAIT_POLICY=PASSIVE in the
+    # environment then, said in the results).
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads)}
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load.{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     sides = []
