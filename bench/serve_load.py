@@ -147,9 +147,14 @@ def run_side(name, cmd, port, env, model, args, tokenizer, log_dir) -> dict:
     try:
         # Warm-up: one request (compiles, pages weights in).
         asyncio.run(scenario(url, model, [[text_of(tokenizer, 16, 999)]], 8))
-        for n in args.streams:
-            prompts = [[text_of(tokenizer, args.prompt_tokens, 100 * s + r)
-                        for r in range(args.requests)] for s in range(n)]
+        def prompts_of(n: int, scenario: int) -> list[list[str]]:
+            # Prompts no earlier scenario sent: a server's held caches (ours, llama-server's
+            # slots and prompt cache) reuse none of them.
+            return [[text_of(tokenizer, args.prompt_tokens, 10000 * scenario + 100 * s + r)
+                     for r in range(args.requests)] for s in range(n)]
+
+        for i, n in enumerate(args.streams):
+            prompts = prompts_of(n, 2 * i + 1)
             out[f"streams_{n}"] = r = asyncio.run(scenario(url, model, prompts, args.max_tokens))
             print(f"{name}: {n} stream(s) at once: {r['tokens_per_s']:.1f} tok/s aggregate, "
                   f"TTFT mean {r['ttft_mean'] * 1e3:.0f} ms (median "
@@ -160,7 +165,8 @@ def run_side(name, cmd, port, env, model, args, tokenizer, log_dir) -> dict:
                 # streams do not march in step, each new prompt meeting the others' decoding.
                 one_request = out[f"streams_{min(args.streams)}"]["wall"] / args.requests
                 out[f"staggered_{n}"] = r = asyncio.run(scenario(
-                    url, model, prompts, args.max_tokens, stagger=one_request / n))
+                    url, model, prompts_of(n, 2 * i + 2), args.max_tokens,
+                    stagger=one_request / n))
                 print(f"{name}: {n} streams arriving {one_request / n:.2f} s apart: "
                       f"{r['tokens_per_s']:.1f} tok/s aggregate (the ramp counted), TTFT mean "
                       f"{r['ttft_mean'] * 1e3:.0f} ms (median {r['ttft_median'] * 1e3:.0f})",
