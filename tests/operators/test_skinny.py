@@ -31,6 +31,16 @@ def batched(w, x: np.ndarray, b) -> np.ndarray:
     return y
 
 
+def assert_rows_are_one_row_gemvs(got: np.ndarray, w, x: np.ndarray, b) -> None:
+    """Each row of ``got`` (the batched GEMV of x's rows) has the bits of the one-row GEMV
+    of that row of x (the decode step's kernel, an independent entry)."""
+    for j in range(x.shape[0]):
+        one = np.empty(w.shape[0], np.float32)
+        native.LIB.gemv(one, x[j], held.raw(w), b, held.code(w))
+        assert got[j].tobytes() == one.tobytes(), \
+            f"row {j} of {x.shape[0]} differs from its GEMV"
+
+
 @pytest.mark.parametrize("form", BLOCK_FORMS + FLOAT_FORMS)
 @pytest.mark.parametrize("m", [2, 3, 8, 9, 16])
 def test_each_batched_row_is_the_one_row_gemv(form, m, on):
@@ -44,10 +54,7 @@ def test_each_batched_row_is_the_one_row_gemv(form, m, on):
     x[m - 1, 32:64] = 0.0
     b = rng.standard_normal(n).astype(np.float32)
     got = batched(w, x, b)
-    for j in range(m):
-        one = np.empty(n, np.float32)
-        native.LIB.gemv(one, x[j], held.raw(w), b, held.code(w))
-        assert got[j].tobytes() == one.tobytes(), f"row {j} of {m} differs from its GEMV"
+    assert_rows_are_one_row_gemvs(got, w, x, b)
     xv = formats.x8_values(x) if form in BLOCK_FORMS else x.astype(np.float64)
     assert np.all(np.abs(got - (xv @ values.T + b)) <= bound(xv, values) + 1e-6)
 
@@ -64,10 +71,7 @@ def test_odd_counts_of_blocks_and_chunks_are_the_one_row_gemv(form, k, m, on):
     x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     got = batched(w, x, b)
-    for j in range(m):
-        one = np.empty(n, np.float32)
-        native.LIB.gemv(one, x[j], held.raw(w), b, held.code(w))
-        assert got[j].tobytes() == one.tobytes(), f"row {j} of {m} differs from its GEMV"
+    assert_rows_are_one_row_gemvs(got, w, x, b)
 
 
 @pytest.mark.parametrize("form", ["Q8_0", "Q4_0", "BF16"])
@@ -81,10 +85,7 @@ def test_rows_with_an_infinity_or_a_nan_are_the_one_row_gemv(form, on):
     x[1, 40] = np.inf
     x[3, 200] = np.nan
     got = batched(w, x, None)
-    for j in range(m):
-        one = np.empty(n, np.float32)
-        native.LIB.gemv(one, x[j], held.raw(w), None, held.code(w))
-        assert got[j].tobytes() == one.tobytes(), f"row {j} differs from its GEMV"
+    assert_rows_are_one_row_gemvs(got, w, x, None)
     assert not np.isfinite(got[[1, 3]]).any() and np.isfinite(got[[0, 2, 4]]).all()
 
 
@@ -93,7 +94,4 @@ def test_a_batched_gemv_without_a_bias_is_the_one_row_gemv(on):
     w, _ = weight("Q4_K", 9, 512, rng)
     x = rng.standard_normal((5, 512)).astype(np.float32)
     got = batched(w, x, None)
-    for j in range(5):
-        one = np.empty(9, np.float32)
-        native.LIB.gemv(one, x[j], held.raw(w), None, held.code(w))
-        assert got[j].tobytes() == one.tobytes()
+    assert_rows_are_one_row_gemvs(got, w, x, None)
