@@ -42,6 +42,9 @@ log = logging.getLogger("iron_spec")
 #: Bytes of a request body read at most: past it, 413 (a context of a million tokens is
 #: ~4 MB of text, or ~8 MB of token ids as JSON).
 MAX_BODY = 16 * 2**20
+#: Seconds between looks, while a response that is not streamed waits for its tokens,
+#: whether its client is still there.
+DISCONNECT_POLL = 0.5
 
 
 class Inbox:
@@ -187,17 +190,30 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
             return StreamingResponse(sse(rid, model, gen, requests, tickets, events),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+        waiting = None
         try:
             results: dict[int, Any] = {}
             pieces: dict[int, list] = {i: [] for i in range(len(requests))}
             while len(results) < len(requests):
-                for i, kind, data in await events.get():
+                # A client that went away (a timeout, a closed connection) ends its requests
+                # at once, as a streamed one's do: nothing draws on for nobody, and a shutdown
+                # does not wait on them. Looked for while no event comes.
+                waiting = waiting or asyncio.ensure_future(events.get())
+                done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL)
+                if not done:
+                    if await request.is_disconnected():
+                        return Response(status_code=499)  # nginx's "client closed request"
+                    continue
+                events_now, waiting = waiting.result(), None
+                for i, kind, data in events_now:
                     if kind == "piece":
                         if data.logprob is not None:
                             pieces[i].append(data.logprob)
                     else:
                         results[i] = data
         finally:
+            if waiting is not None:
+                waiting.cancel()
             for t in tickets:
                 t.cancel()
         for i, t in enumerate(tickets):

@@ -89,7 +89,9 @@ def _fields(body: Any, allowed: set[str]) -> dict:
 
 
 def _number(body: dict, key: str, low: float | None = None, high: float | None = None,
-            *, whole: bool = False):
+            *, whole: bool = False, valid: str | None = None):
+    """``body[key]`` as a finite number within [low, high] (None where absent or null);
+    ``valid`` says what is valid where the bounds alone do not (an open bound)."""
     value = body.get(key)
     if value is None:
         return None
@@ -101,8 +103,9 @@ def _number(body: dict, key: str, low: float | None = None, high: float | None =
     # through numpy, whose int64 cannot hold 2^64.
     if (isinstance(value, float) and not math.isfinite(value)) or \
             (low is not None and value < low) or (high is not None and value > high):
-        bounds = (f"within [{low}, {high}]" if low is not None and high is not None
-                  else f">= {low}" if low is not None else f"<= {high}")
+        bounds = valid or (f"within [{low}, {high}]" if low is not None and high is not None
+                           else f">= {low}" if low is not None else f"<= {high}"
+                           if high is not None else "a finite number")
         raise ApiError(f"'{key}' is {_json(value)}: it must be {bounds}", key,
                        code="invalid_value")
     return int(value) if whole else float(value)
@@ -145,19 +148,18 @@ def _common(body: dict, chat: bool) -> tuple[dict, bool, bool]:
     """The sampling settings, stop strings, seed and max tokens of either endpoint, and
     whether to stream (with usage)."""
     options: dict = {}
+    valid = {"top_p": "within (0, 1]", "repetition_penalty": "a finite number > 0 (1 is none)"}
     for key, low, high, whole in (("temperature", 0, 2, False), ("top_p", 0, 1, False),
                                   ("presence_penalty", -2, 2, False),
                                   ("frequency_penalty", -2, 2, False),
                                   ("seed", 0, 2**64 - 1, True), ("top_k", -1, None, True),
                                   ("min_p", 0, 1, False),
                                   ("repetition_penalty", None, None, False)):
-        value = _number(body, key, low, high, whole=whole)
+        value = _number(body, key, low, high, whole=whole, valid=valid.get(key))
         if value is None:
             continue
-        if key == "top_p" and value == 0:
-            raise ApiError("'top_p' is 0: it must be within (0, 1]", key, code="invalid_value")
-        if key == "repetition_penalty" and value <= 0:
-            raise ApiError(f"'repetition_penalty' is {value}: it must be > 0 (1 is none)", key,
+        if key in ("top_p", "repetition_penalty") and value <= 0:
+            raise ApiError(f"'{key}' is {_json(body[key])}: it must be {valid[key]}", key,
                            code="invalid_value")
         if key == "top_k" and value in (-1, 0):  # vLLM's -1 and llama-server's 0: every token
             continue
@@ -233,8 +235,11 @@ def chat_request(body: Any) -> Generation:
             raise ApiError(f"'{where}.role' is {role!r}: this server takes system, developer, "
                            "user and assistant messages (no tool messages)", f"{where}.role",
                            code="invalid_value")
-        for key in m:
-            if key not in ("role", "content", "name"):
+        for key, value in m.items():
+            # A field that is null is as if absent: the openai client resends the assistant
+            # message this server gave (its "refusal": null, and its own tool_calls, audio,
+            # annotations, function_call: null) when a conversation goes on.
+            if key not in ("role", "content", "name") and value is not None:
                 raise ApiError(f"'{where}.{key}' is not supported by this server "
                                "(a message holds a role and its text content)",
                                f"{where}.{key}", code="unsupported_parameter")
@@ -242,12 +247,15 @@ def chat_request(body: Any) -> Generation:
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or \
-                        not isinstance(part.get("text"), str):
+                if not isinstance(part, dict) or part.get("type") != "text":
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                     raise ApiError(f"'{where}.content[{j}]' is of type {kind!r}: this server "
                                    "reads text parts only", f"{where}.content[{j}]",
                                    code="unsupported_value")
+                if not isinstance(part.get("text"), str):
+                    raise ApiError(f"'{where}.content[{j}].text' is "
+                                   f"{_json(part.get('text'))}: a text part's text is a string",
+                                   f"{where}.content[{j}].text", code="invalid_type")
                 parts.append(part["text"])
             content = "".join(parts)
         if not isinstance(content, str):

@@ -190,6 +190,42 @@ def test_a_number_past_int64_is_refused_naming_its_field_or_served(client, key, 
     assert refused in (e.value.body["param"], e.value.body["code"]), e.value.body
 
 
+def refusal(url: str, route: str, body: str) -> dict:
+    """The error body of a 400 to ``body`` (JSON text as sent) posted to ``route``."""
+    req = urllib.request.Request(url + route, data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 400
+    return json.loads(e.value.read())["error"]
+
+
+# Found by a new user's trial of serving: a NaN penalty was said "it must be <= None", a text
+# part without text "is of type 'text': this server reads text parts only", and top_p's range
+# differently at each end.
+@pytest.mark.parametrize("body,param,said", [
+    ('{"repetition_penalty": NaN}', "repetition_penalty",
+     "'repetition_penalty' is NaN: it must be a finite number > 0 (1 is none)"),
+    ('{"repetition_penalty": 0}', "repetition_penalty",
+     "'repetition_penalty' is 0: it must be a finite number > 0 (1 is none)"),
+    ('{"top_p": 1.5}', "top_p", "'top_p' is 1.5: it must be within (0, 1]"),
+    ('{"top_p": 0}', "top_p", "'top_p' is 0: it must be within (0, 1]")])
+def test_a_sampling_value_out_of_range_says_what_is_valid(toy_url, body, param, said):
+    e = refusal(toy_url, "/v1/completions",
+                '{"model": "toy", "prompt": [1, 2], ' + body[1:])
+    assert e["param"] == param and e["message"] == said
+
+
+@pytest.mark.parametrize("part,said", [
+    ({"type": "text"}, "'messages[0].content[0].text' is null: a text part's text is a string"),
+    ({"type": "text", "text": 5},
+     "'messages[0].content[0].text' is 5: a text part's text is a string")])
+def test_a_text_part_without_text_says_so(toy_url, part, said):
+    e = refusal(toy_url, "/v1/chat/completions", json.dumps(
+        {"model": "toy", "messages": [{"role": "user", "content": [part]}]}))
+    assert e["message"] == said and e["param"] == "messages[0].content[0].text"
+
+
 def test_a_wrong_type_is_said_in_jsons_words(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="toy", prompt=[1, 2], extra_body={"max_tokens": True})
@@ -265,6 +301,57 @@ def test_chat_on_smollm2_is_the_librarys(real):
     assert r.choices[0].finish_reason == "stop"
     top = r.choices[0].logprobs.content[0].top_logprobs
     assert len(top) == 2 and top[0].logprob >= top[1].logprob
+
+
+def test_a_conversation_resent_with_the_servers_own_reply_goes_on(real):
+    # The openai client resends the assistant message as the server gave it ("refusal":
+    # null) and with its own null fields (tool_calls, audio, ...): a null is as if absent.
+    client, smollm2, _ = real
+    model = iron_spec.load("llama3", smollm2, max_seq_len=1024)
+    first = client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=8,
+                                           temperature=0)
+    reply = first.choices[0].message
+    assert reply.refusal is None and reply.tool_calls is None
+    turns = MESSAGES + [reply, {"role": "user", "content": "And of Italy?"}]
+    r = client.chat.completions.create(model="smollm2", messages=turns, max_tokens=8,
+                                       temperature=0)
+    want = model.complete(MESSAGES + [{"role": "assistant", "content": reply.content},
+                                      {"role": "user", "content": "And of Italy?"}],
+                          max_new_tokens=8, temperature=0)
+    assert r.choices[0].message.content == want.text
+    with pytest.raises(openai.BadRequestError) as e:  # a field given a value is still refused
+        client.chat.completions.create(model="smollm2", max_tokens=2, messages=[
+            {"role": "user", "content": "hi", "audio": {"id": "a1"}}])
+    assert e.value.body["param"] == "messages[0].audio"
+
+
+def test_a_client_gone_before_its_answer_not_streamed_ends_its_request(real):
+    # A response not streamed whose client left (a timeout, a closed connection) ends its
+    # request, as a streamed one's does: nothing draws on for nobody (it went on to its
+    # max_tokens, and a shutdown waited on it).
+    import socket
+    import time
+    client, _, _ = real
+    url = str(client.base_url).rstrip("/").rsplit("/v1", 1)[0]
+    port = int(url.rsplit(":", 1)[1])
+    key_run, key_drawn = ('iron_spec_requests_running{model="smollm2"}',
+                          'iron_spec_generation_tokens_total{model="smollm2"}')
+    before = metrics(url)[key_drawn]
+    body = json.dumps({"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 900,
+                       "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+        end = time.monotonic() + 60
+        while metrics(url)[key_drawn] < before + 20:  # drawing
+            assert time.monotonic() < end, "the request did not start drawing"
+            time.sleep(0.05)
+    end = time.monotonic() + 10
+    while metrics(url)[key_run] != 0:
+        assert time.monotonic() < end, "the request went on after its client left"
+        time.sleep(0.1)
+    assert metrics(url)[key_drawn] - before < 900  # cut short, not run to its end
 
 
 def test_embeddings_on_minilm_are_the_librarys(real):
