@@ -264,9 +264,13 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
                     c["logprobs"] = protocol.chat_logprobs(model.tokenizer, [lp])
             else:
                 c = {"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}
-                if lp is not None:
-                    c["logprobs"] = protocol.completion_logprobs(model.tokenizer, [lp])
+                if lp is not None:  # text_offset counts from the choice's first token
+                    c["logprobs"] = protocol.completion_logprobs(model.tokenizer, [lp],
+                                                                 offsets[i])
+                    offsets[i] += len(c["logprobs"]["tokens"][0])
             return c
+
+        offsets = [0] * len(requests)
 
         ended, drawn = 0, 0
         try:

@@ -190,6 +190,23 @@ def test_a_number_past_int64_is_refused_naming_its_field_or_served(client, key, 
     assert refused in (e.value.body["param"], e.value.body["code"]), e.value.body
 
 
+def test_a_streamed_completions_text_offsets_count_from_its_first_token(client):
+    # Each chunk's text_offset is where its token begins in the choice's text, as the
+    # response not streamed gives them (a new user's trial: every chunk said [0]).
+    whole = client.completions.create(model="toy", prompt=[3, 1, 4], max_tokens=6,
+                                      temperature=0, logprobs=1).choices[0].logprobs
+    tokens, offsets = [], []
+    for chunk in client.completions.create(model="toy", prompt=[3, 1, 4], max_tokens=6,
+                                           temperature=0, logprobs=1, stream=True):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                tokens += c.logprobs.tokens
+                offsets += c.logprobs.text_offset
+    assert tokens == whole.tokens and len(tokens) == 6
+    assert offsets == whole.text_offset == [sum(map(len, tokens[:k])) for k in range(6)]
+    assert offsets[-1] > 0
+
+
 def refusal(url: str, route: str, body: str) -> dict:
     """The error body of a 400 to ``body`` (JSON text as sent) posted to ``route``."""
     req = urllib.request.Request(url + route, data=body.encode(),
