@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -131,11 +131,15 @@ def build_app(models: Mapping[str, Model | EncoderModel], *, api_key: str | None
         if declared.isdigit() and int(declared) > MAX_BODY:
             raise too_large()
         chunks, size = [], 0
-        async for chunk in request.stream():  # bounded as it arrives, never read whole first
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise too_large()
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():  # bounded as it arrives, never whole first
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise too_large()
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before its body ended: answered (to no one), no trace
+            raise ApiError("the client left before its request body ended", None, 499,
+                           "client_closed_request") from None
         try:
             return json.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as e:
