@@ -30,6 +30,9 @@ EXTRA = ("the server needs the serve extra: pip install 'iron-spec[serve]' (star
          "uvicorn)")
 
 
+#: Seconds the requests in flight get to end once the server is told to stop.
+SHUTDOWN_GRACE = 5
+
 def _entries(spec: Optional[str], checkpoint: Optional[str], name: Optional[str],
              models: list[str], options: dict, causal: dict) -> list[ModelEntry]:
     entries = []
@@ -133,7 +136,11 @@ def command(
         refuse(e)
     typer.echo(f"serving {', '.join(served)} on http://{cfg.host}:{cfg.port}/v1"
                + (" (API key required)" if cfg.api_key else ""), err=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    # On SIGINT or SIGTERM, requests in flight get SHUTDOWN_GRACE seconds to end, then are
+    # cancelled (each its engine request with it): a stream of thousands of tokens does not
+    # keep a server told to stop running, as uvicorn's default (no bound) would.
+    uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                  timeout_graceful_shutdown=SHUTDOWN_GRACE)).run(sockets=[sock])
 
 
 def _listen(host: str, port: int) -> socket.socket:
