@@ -33,6 +33,7 @@ EXTRA = ("the server needs the serve extra: pip install 'iron-spec[serve]' (star
 #: Seconds the requests in flight get to end once the server is told to stop.
 SHUTDOWN_GRACE = 5
 
+
 def _entries(spec: Optional[str], checkpoint: Optional[str], name: Optional[str],
              models: list[str], options: dict, causal: dict) -> list[ModelEntry]:
     entries = []
@@ -110,10 +111,11 @@ def command(
         entries = _entries(spec, checkpoint, name, model, options, causal)
         if entries:
             cfg.models = entries
-        for e in cfg.models if not entries else ():  # the file's: a flag given overrides it
-            e.options.update(options)
-            e.causal.update(causal)
-            e.flags = frozenset((*options, *causal))
+        else:  # the file's models: a flag given overrides the file's value
+            for e in cfg.models:
+                e.options.update(options)
+                e.causal.update(causal)
+                e.flags = frozenset((*options, *causal))
         if not cfg.models:
             raise FlagError("give a model: SPEC --checkpoint DIR, --model NAME=DIR or "
                             "--config FILE")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from iron_spec.runtime.blocks.experts import Experts, stacks_form
+from iron_spec.runtime.blocks.experts import Experts
 from iron_spec.runtime.checkpoint import FLOATS, Checkpoint, Placement, TensorInfo, place, renamed
 from iron_spec.runtime.holding import held_stored
 from iron_spec.runtime.host import checkpoint_directory
@@ -229,7 +229,7 @@ def held_forms(tree: Module, placement: Placement, tensors: dict[str, TensorInfo
     default), by the param's id, from the checkpoint's headers alone: as
     ``runtime.checkpoint.load`` holds it (``holding.held_stored``: a holdable matrix in
     its stored form, ``stored_form(tensor)``, where that is one a kernel reads, else F32),
-    a mixture's expert stacks as ``experts.stacks_form`` holds them (each stack's tensors
+    a mixture's expert stacks as ``Experts.held_as_stored`` says (each stack's tensors
     by their stored forms: one BF16 or F16 form kept, else F32)."""
     names = {id(p): n for n, p in tree.named_params()}
     out: dict[int, str] = {}
@@ -239,7 +239,7 @@ def held_forms(tree: Module, placement: Placement, tensors: dict[str, TensorInfo
         if isinstance(m, Experts):
             params = m.stack_params()
             sources = [placement.sources.get(names.get(id(p), "")) for p in params]
-            form = "F32" if m.options.params == "split" or None in sources else stacks_form(
+            form = "F32" if None in sources else m.held_as_stored(
                 [getattr(tensors[s], "stored", tensors[s].dtype) for s in sources])
             out.update((id(p), form) for p in params)
         todo += [child for _, child in m.children()]

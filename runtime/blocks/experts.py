@@ -286,6 +286,13 @@ class Experts(Module):
         for p in self.stack_params():
             p.filled = filled
 
+    def held_as_stored(self, stored: list[str]) -> str:
+        """The form these stacks are held in under ``weights="stored"`` whose tensors a file
+        stores as ``stored`` (``stacks_form``; F32 for split params, which stay float32
+        views): what ``hold_when_filled`` holds, said from the headers alone (``iron-spec
+        show``)."""
+        return "F32" if self.options.params == "split" else stacks_form(stored)
+
     def hold(self, form: str) -> None:
         """The stacks (float32, filled) held in ``form`` (``operators.held``'s names), each
         ``HeldStack`` of ``(E * rows, cols)`` rows, converted a piece at a time
