@@ -317,21 +317,26 @@ def test_q8_0_chunk_is_the_dense_q8_0_gemm_per_expert(bias):
     np.testing.assert_array_equal(got, want)
 
 
+def _q8_chunk(rng, H: int, I: int = 64, k: int = 2):
+    """A chunk routed over Q8_COUNTS' experts (top-k): x (rows, H), its routing, and Q8_0
+    stacks gate-up (E, 2I, H) and down (E, H, I) drawn at rng."""
+    E = len(Q8_COUNTS)
+    routing = _routed(Q8_COUNTS, k, rng)
+    x = rng.standard_normal((routing.shape[0], H)).astype(np.float32)
+    held_in = _held_stack((rng.standard_normal((E, 2 * I, H)) / 8).astype(np.float32), "Q8_0", rng)
+    held_down = _held_stack((rng.standard_normal((E, H, I)) / 8).astype(np.float32), "Q8_0", rng)
+    return x, routing, held_in, held_down
+
+
 def test_q8_0_chunk_rows_come_out_alone():
     """On Q8_0 stacks each row's output bits are its own: a row's bits are the same run with
     the whole chunk or with only some of its rows (its expert's panel shared or not)."""
-    rng = np.random.default_rng(19)
-    E, I, H, k = len(Q8_COUNTS), 64, 96, 2
-    routing = _routed(Q8_COUNTS, k, rng)
+    x, routing, held_in, held_down = _q8_chunk(np.random.default_rng(19), H=96)
     rows = routing.shape[0]
-    x = rng.standard_normal((rows, H)).astype(np.float32)
-    held_in = _held_stack((rng.standard_normal((E, 2 * I, H)) / 8).astype(np.float32), "Q8_0", rng)
-    held_down = _held_stack((rng.standard_normal((E, H, I)) / 8).astype(np.float32), "Q8_0", rng)
     whole = _run([x, routing, held_in, held_down], {}, rows)
     for lo, hi in ((0, 2), (3, 20), (20, rows)):
         part = _run([x[lo:hi], routing[lo:hi], held_in, held_down], {}, hi - lo)
-        if hi - lo > 1:
-            np.testing.assert_array_equal(part, whole[lo:hi])
+        np.testing.assert_array_equal(part, whole[lo:hi])
     _judge_held(whole, x, routing, held_in, held_down, {})
 
 
@@ -341,12 +346,7 @@ def test_q8_0_chunk_rows_come_out_alone():
 def test_q8_0_chunk_other_experts_within_reference(attrs):
     """Llama 4's weighted inputs (each slot's x its own, quantized per slot) and gpt-oss's
     clamped interleaved experts on a chunk of Q8_0 stacks, within the reference's tolerance."""
-    rng = np.random.default_rng(23)
-    E, I, H, k = len(Q8_COUNTS), 64, 64, 2
-    routing = _routed(Q8_COUNTS, k, rng)
+    x, routing, held_in, held_down = _q8_chunk(np.random.default_rng(23), H=64)
     rows = routing.shape[0]
-    x = rng.standard_normal((rows, H)).astype(np.float32)
-    held_in = _held_stack((rng.standard_normal((E, 2 * I, H)) / 8).astype(np.float32), "Q8_0", rng)
-    held_down = _held_stack((rng.standard_normal((E, H, I)) / 8).astype(np.float32), "Q8_0", rng)
     got = _run([x, routing, held_in, held_down], attrs, rows)
     _judge_held(got, x, routing, held_in, held_down, attrs)
